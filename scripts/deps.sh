@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# deps.sh — install the Debian 12 packages strata builds with, only those missing.
+set -euo pipefail
+pkgs="build-essential cmake pkg-config libnng-dev libmsgpack-dev check libsubunit-dev
+      libmicrohttpd-dev libjansson-dev libpcre2-dev libxxhash-dev clang libclang-rt-14-dev"
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "deps: installing$missing"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
+fi

@@ -1,0 +1,66 @@
+#include "tests/testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *test_data_path(const char *rel)
+{
+    static char buf[4096];
+    const char *env = getenv("STRATA_SHARED_DATA");
+    if (env && *env)
+        snprintf(buf, sizeof buf, "%s/%s", env, rel);
+    else
+        snprintf(buf, sizeof buf, "%s/../shared/data/%s", STRATA_SOURCE_DIR, rel);
+    struct stat st;
+    if (stat(buf, &st) != 0) {
+        printf("SKIP %s: ../shared/data is absent (set STRATA_SHARED_DATA to run it)\n", rel);
+        return NULL;
+    }
+    return buf;
+}
+
+const char *test_tmpdir(void)
+{
+    static char dir[512];
+    if (!dir[0]) {
+        const char *t = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/strata-test-XXXXXX", t && *t ? t : "/tmp");
+        if (!mkdtemp(dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return dir;
+}
+
+int test_run(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}
+
+char *test_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len) *len = (size_t)n;
+    }
+    return buf;
+}

@@ -1,0 +1,26 @@
+/* testutil — helpers shared by the Check tests.
+ *
+ * Shared data (../shared/data beside the checkout) is optional: tests that need it call
+ * test_data_path(), which returns NULL and prints why when it is absent, so the test skips with a
+ * message instead of failing. STRATA_SHARED_DATA overrides the location.
+ */
+#ifndef STRATA_TESTUTIL_H
+#define STRATA_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+
+/* test_data_path returns "<shared>/data/<rel>" in a static buffer if it exists, else NULL after
+ * printing "SKIP <rel>: ../shared/data is absent". */
+const char *test_data_path(const char *rel);
+
+/* test_tmpdir returns a fresh directory under $TMPDIR for this process (created once). */
+const char *test_tmpdir(void);
+
+/* test_run runs suite s (CK_FORK as Check defaults) and returns the exit status for main. */
+int test_run(Suite *s);
+
+/* test_read_file reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
+char *test_read_file(const char *path, size_t *len);
+
+#endif
