@@ -11,6 +11,10 @@
 #ifndef STRATA_ERR_H
 #define STRATA_ERR_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum strata_err {
     STRATA_OK = 0,
     STRATA_EINVAL = 1,   /* an argument or option is invalid */
@@ -54,4 +58,7 @@ const char *strata_errdetail(void);
 /* strata_errclear forgets this thread's detail message. */
 void strata_errclear(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum qtype {
     QT_F32 = 0,
     QT_F16 = 1,
@@ -66,4 +70,7 @@ int qtype_parse(const char *name);
  * unknown type or n not a multiple of the block size, STRATA_EOVERFLOW on overflow. */
 int qtype_row_bytes(uint32_t type, uint64_t n, uint64_t *out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
