@@ -102,6 +102,8 @@ struct gguf_file {
     uint32_t n_splits;
     struct gguf_split *splits;
     uint64_t header_bytes;        /* first split: bytes of header + KV + tensor infos (unpadded) */
+    uint64_t *index;              /* private to gguf.c: hash slots (tensor index + 1, 0 = empty) */
+    uint64_t index_mask;          /* slots - 1; with index NULL gguf_tensor_find scans instead */
 };
 
 /* ---- reader ---------------------------------------------------------------------------------- */
