@@ -1,0 +1,207 @@
+/* strata-kbench — GB/s of the CUDA kernels at the shapes of the qwen3-30b-a3b fixture, against the
+ * memory roofline (the device's measured copy bandwidth and its datasheet figure). Outside the main
+ * build's tests, as llm.c's dev/cuda: scripts/gpu-check runs the parity tests (kernels_gputest)
+ * first and this only after they pass; weights are rotated over enough copies to exceed the L2
+ * cache so every repeat streams from HBM.  Usage: strata-kbench [--peak-gbs 4800] [--reps N] */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/qtype.h"
+#include "common/quant.h"
+#include "kernels/cuda/attn.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matvec.h"
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t rng = 7;
+static float frand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+static double copy_gbs(void)
+{
+    size_t n = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < 5; i++) CK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+    cudaEventRecord(e1, 0);
+    cudaEventSynchronize(e1);
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaFree(a), cudaFree(b);
+    return 2.0 * n * 5 / (ms * 1e-3) / 1e9; /* read + write */
+}
+
+/* A weight matrix quantized once on the host, then replicated on the device. */
+static void *make_weights(uint32_t type, int64_t nrows, int64_t ncols, int copies, uint64_t *bytes)
+{
+    uint64_t rb;
+    qtype_row_bytes(type, ncols, &rb);
+    *bytes = rb * nrows;
+    unsigned char *h = malloc(*bytes);
+    float *src = malloc(sizeof(float) * ncols);
+    for (int64_t r = 0; r < nrows; r++) {
+        for (int64_t i = 0; i < ncols; i++) src[i] = frand();
+        quant_quantize(type, src, h + r * rb, ncols);
+    }
+    unsigned char *d;
+    CK(cudaMalloc((void **)&d, *bytes * copies));
+    for (int c = 0; c < copies; c++) CK(cudaMemcpy(d + *bytes * c, h, *bytes, cudaMemcpyHostToDevice));
+    free(h), free(src);
+    return d;
+}
+
+static int reps = 50;
+
+static void bench_matvec(uint32_t type, int64_t nrows, int64_t ncols, int n_act, double roof)
+{
+    uint64_t bytes, rb;
+    qtype_row_bytes(type, ncols, &rb);
+    int copies = (int)(300e6 / (double)(rb * nrows)) + 1; /* 5x the 60 MB L2 */
+    unsigned char *w = make_weights(type, nrows, ncols, copies, &bytes);
+    float *x, *y;
+    CK(cudaMalloc((void **)&x, sizeof(float) * ncols * n_act));
+    CK(cudaMalloc((void **)&y, sizeof(float) * nrows * n_act));
+    CK(cudaMemset(x, 0, sizeof(float) * ncols * n_act));
+    for (int c = 0; c < copies; c++) cu_matvec(type, w + bytes * c, ncols, nrows, x, n_act, y, NULL);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < reps; i++)
+        cu_matvec(type, w + bytes * (i % copies), ncols, nrows, x, n_act, y, NULL);
+    cudaEventRecord(e1, 0);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    double us = ms * 1e3 / reps;
+    double gbs = (bytes + 4.0 * ncols * n_act + 4.0 * nrows * n_act) / (us * 1e-6) / 1e9;
+    printf("| matvec | %-5s | %6lld x %-5lld | %2d | %9.2f | %7.0f | %5.1f%% |\n", qtype_name(type),
+           (long long)nrows, (long long)ncols, n_act, us, gbs, 100.0 * gbs / roof);
+    cudaFree(w), cudaFree(x), cudaFree(y);
+}
+
+static void bench_matmul(uint32_t type, int64_t nrows, int64_t ncols, int64_t ntok)
+{
+    uint64_t bytes;
+    unsigned char *w = make_weights(type, nrows, ncols, 1, &bytes);
+    float *x, *y;
+    CK(cudaMalloc((void **)&x, sizeof(float) * ncols * ntok));
+    CK(cudaMalloc((void **)&y, sizeof(float) * nrows * ntok));
+    CK(cudaMemset(x, 0, sizeof(float) * ncols * ntok));
+    cu_matmul(type, w, ncols, nrows, x, ntok, y, NULL);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < 10; i++) cu_matmul(type, w, ncols, nrows, x, ntok, y, NULL);
+    cudaEventRecord(e1, 0);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    double s = ms * 1e-3 / 10;
+    printf("| matmul | %-5s | %6lld x %-5lld | %4lld tok | %9.1f us | %6.1f TFLOP/s |\n",
+           qtype_name(type), (long long)nrows, (long long)ncols, (long long)ntok, s * 1e6,
+           2.0 * nrows * ncols * ntok / s / 1e12);
+    cudaFree(w), cudaFree(x), cudaFree(y);
+}
+
+static void bench_attn(int64_t ctx, int n_seq, double roof)
+{
+    const int n_head = 32, n_kv = 4, hd = 128, bs = 16;
+    int64_t nb = (ctx + bs - 1) / bs;
+    size_t kv_floats = (size_t)n_seq * nb * n_kv * bs * hd;
+    float *k, *v, *q, *o;
+    CK(cudaMalloc((void **)&k, kv_floats * 4));
+    CK(cudaMalloc((void **)&v, kv_floats * 4));
+    CK(cudaMemset(k, 0, kv_floats * 4));
+    CK(cudaMemset(v, 0, kv_floats * 4));
+    CK(cudaMalloc((void **)&q, (size_t)n_seq * n_head * hd * 4));
+    CK(cudaMemset(q, 0, (size_t)n_seq * n_head * hd * 4));
+    CK(cudaMalloc((void **)&o, (size_t)n_seq * n_head * hd * 4));
+    int32_t *bt = malloc(sizeof(int32_t) * n_seq * nb), *seq = malloc(sizeof(int32_t) * n_seq),
+            *len = malloc(sizeof(int32_t) * n_seq);
+    for (int s = 0; s < n_seq; s++) {
+        for (int64_t b = 0; b < nb; b++) bt[s * nb + b] = (int32_t)(s * nb + b);
+        seq[s] = s, len[s] = (int32_t)ctx;
+    }
+    int32_t *dbt, *dseq, *dlen;
+    CK(cudaMalloc((void **)&dbt, sizeof(int32_t) * n_seq * nb));
+    CK(cudaMalloc((void **)&dseq, sizeof(int32_t) * n_seq));
+    CK(cudaMalloc((void **)&dlen, sizeof(int32_t) * n_seq));
+    cudaMemcpy(dbt, bt, sizeof(int32_t) * n_seq * nb, cudaMemcpyHostToDevice);
+    cudaMemcpy(dseq, seq, sizeof(int32_t) * n_seq, cudaMemcpyHostToDevice);
+    cudaMemcpy(dlen, len, sizeof(int32_t) * n_seq, cudaMemcpyHostToDevice);
+    struct cu_kv kv = {k, v, bs, n_kv, hd};
+    int split = cu_attn_splits(ctx, n_seq, n_head);
+    void *ws;
+    CK(cudaMalloc(&ws, cu_attn_workspace_bytes(n_seq, n_head, hd, split)));
+    cu_attention(q, n_seq, n_head, &kv, dbt, nb, dseq, dlen, split, ws, o, NULL);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < reps; i++)
+        cu_attention(q, n_seq, n_head, &kv, dbt, nb, dseq, dlen, split, ws, o, NULL);
+    cudaEventRecord(e1, 0);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    double us = ms * 1e3 / reps;
+    double gbs = 2.0 * kv_floats * 4 / (us * 1e-6) / 1e9;
+    printf("| attention decode | ctx %6lld | %2d seqs | %2d splits | %9.2f us | %7.0f GB/s | %5.1f%% |\n",
+           (long long)ctx, n_seq, split, us, gbs, 100.0 * gbs / roof);
+    cudaFree(k), cudaFree(v), cudaFree(q), cudaFree(o), cudaFree(ws), cudaFree(dbt), cudaFree(dseq),
+        cudaFree(dlen);
+    free(bt), free(seq), free(len);
+}
+
+int main(int argc, char **argv)
+{
+    double peak = 4800;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--peak-gbs") == 0 && i + 1 < argc) peak = atof(argv[++i]);
+        if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+    }
+    struct cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    double copy = copy_gbs();
+    printf("device %s, %d SMs, L2 %d MiB; datasheet %.0f GB/s, measured copy %.0f GB/s (roofline "
+           "below: the measured copy)\n\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20,
+           peak, copy);
+    printf("| kernel | type | rows x cols | act | us | GB/s | of roofline |\n|---|---|---|---|---|---|---|\n");
+    const int64_t shapes[][2] = {{4096, 2048}, {2048, 4096}, {512, 2048}, {768, 2048}, {2048, 768},
+                                 {151936, 2048}};
+    const uint32_t types[] = {QT_Q4_K, QT_Q6_K, QT_Q8_0, QT_Q5_0, QT_F16, QT_BF16, QT_F32};
+    const int acts[] = {1, 4, 16};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t a = 0; a < 3; a++) {
+                if (types[t] == QT_F32 && shapes[s][0] == 151936 && acts[a] > 1) continue;
+                bench_matvec(types[t], shapes[s][0], shapes[s][1], acts[a], copy);
+            }
+    printf("\n");
+    for (size_t t = 0; t < 4; t++) bench_matmul(types[t], 4096, 2048, 512);
+    printf("\n");
+    bench_attn(4096, 1, copy);
+    bench_attn(4096, 16, copy);
+    bench_attn(32768, 1, copy);
+    bench_attn(32768, 16, copy);
+    return 0;
+}

@@ -1,0 +1,27 @@
+/* norm — RMSNorm (whole rows, or per head for q/k norms) and rotary embeddings on the GPU.
+ *
+ * cu_rmsnorm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, rows of width floats; one warp per row.
+ * q/k norms are the same call: per-head norms (qwen3moe) use rows = n_tok * n_head, width =
+ * head_dim; full-width norms (olmoe) rows = n_tok, width = n_head * head_dim. x may equal y.
+ * cu_rope rotates the first n_rot dims of each head in place: normal (adjacent pairs, llama) or NeoX
+ * (pairs i, i + n_rot/2; qwen, olmoe), angle pos * base^(-2i/n_rot). Asynchronous on stream.
+ */
+#ifndef STRATA_CUDA_NORM_H
+#define STRATA_CUDA_NORM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t width, float eps,
+               void *stream);
+
+int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, int head_dim, int n_rot,
+            float base, int neox, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
