@@ -1,0 +1,299 @@
+#include "arena-server/arena_build.h"
+#include "common/err.h"
+#include "common/gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define DEFAULT_CHUNK (32ull << 20)
+#define GAP_MAX       (64u << 10) /* file padding up to this is read into a scratch buffer, so
+                                     that alignment gaps between tensors do not split a read */
+#define IOV_CAP       1024        /* IOV_MAX on Linux */
+#define HASH_BATCH    16          /* blobs a hash thread claims at once */
+
+/* A chunk: len bytes of one file from src, feeding extents from ext_first (skip bytes into it). */
+struct chunk {
+    uint64_t src, len;
+    uint64_t ext_first, skip;
+    uint32_t split;
+};
+
+struct job {
+    const struct arena_layout *L;
+    const struct gguf_file *f;
+    uint8_t *img;
+    int *fds;
+    struct chunk *chunks;
+    uint64_t n_chunks;
+    bool keep_cache;
+    _Atomic uint64_t next;      /* next chunk (or blob batch in the hash phase) to claim */
+    _Atomic uint64_t done;      /* bytes read so far */
+    _Atomic uint64_t reads;
+    _Atomic int running;        /* threads not yet finished */
+    _Atomic int err;            /* first error, 0 if none */
+    pthread_mutex_t err_mu;
+    char err_detail[1024];
+    struct arena view;          /* for the hash phase */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void set_err(struct job *j, int rv)
+{
+    int zero = 0;
+    pthread_mutex_lock(&j->err_mu);
+    if (atomic_compare_exchange_strong(&j->err, &zero, rv))
+        snprintf(j->err_detail, sizeof j->err_detail, "%s", strata_errdetail());
+    pthread_mutex_unlock(&j->err_mu);
+}
+
+/* plan_chunks groups the sorted extents into reads of up to chunk bytes of contiguous file range. */
+static int plan_chunks(struct job *j, uint64_t chunk)
+{
+    const struct arena_layout *L = j->L;
+    uint64_t cap = 0;
+    struct chunk *cur = NULL;
+    uint32_t n_iov = 0;
+    for (uint64_t i = 0; i < L->n_ext; i++) {
+        const struct arena_extent *x = &L->ext[i];
+        uint64_t off = 0;
+        while (off < x->len) {
+            uint64_t pos = x->src + off;
+            if (cur && cur->split == x->split && pos >= cur->src + cur->len &&
+                pos - (cur->src + cur->len) <= GAP_MAX && n_iov + 2 <= IOV_CAP) {
+                uint64_t gap = pos - (cur->src + cur->len);
+                if (cur->len + gap < chunk) {
+                    uint64_t piece = x->len - off;
+                    if (piece > chunk - cur->len - gap) piece = chunk - cur->len - gap;
+                    cur->len += gap + piece;
+                    n_iov += gap ? 2 : 1;
+                    off += piece;
+                    continue;
+                }
+            }
+            if (j->n_chunks == cap) {
+                cap = cap ? cap * 2 : 1024;
+                struct chunk *c = realloc(j->chunks, cap * sizeof *c);
+                if (!c) return STRATA_ENOMEM;
+                j->chunks = c;
+            }
+            cur = &j->chunks[j->n_chunks++];
+            uint64_t piece = x->len - off < chunk ? x->len - off : chunk;
+            *cur = (struct chunk){.src = pos, .len = piece, .ext_first = i, .skip = off,
+                                  .split = x->split};
+            n_iov = 1;
+            off += piece;
+        }
+    }
+    return 0;
+}
+
+/* read_chunk rebuilds the chunk's iovec from its extents (as plan_chunks grouped them) and reads. */
+static int read_chunk(struct job *j, const struct chunk *c, uint8_t *scratch)
+{
+    static _Thread_local struct iovec iov[IOV_CAP];
+    const struct arena_layout *L = j->L;
+    int n = 0;
+    uint64_t left = c->len, pos = c->src, skip = c->skip;
+    for (uint64_t i = c->ext_first; left > 0 && i < L->n_ext; i++) {
+        const struct arena_extent *x = &L->ext[i];
+        if (x->len == 0) continue;
+        uint64_t at = x->src + skip;
+        if (at > pos) { /* alignment padding between tensors */
+            iov[n++] = (struct iovec){scratch, at - pos};
+            left -= at - pos;
+            pos = at;
+        }
+        uint64_t take = x->len - skip < left ? x->len - skip : left;
+        iov[n++] = (struct iovec){j->img + x->dst + skip, take};
+        left -= take;
+        pos += take;
+        skip = 0;
+    }
+    int fd = j->fds[c->split];
+    struct iovec *v = iov;
+    uint64_t off = c->src, want = c->len;
+    while (want > 0) {
+        ssize_t r = preadv(fd, v, n < IOV_CAP ? n : IOV_CAP, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return strata_errf(strata_errno(errno), "read of %llu bytes at offset %llu of %s: %s",
+                               (unsigned long long)want, (unsigned long long)off,
+                               j->f->splits[c->split].path, strerror(errno));
+        if (r == 0)
+            return strata_errf(STRATA_ETRUNC, "%s ends at %llu, before its tensor data",
+                               j->f->splits[c->split].path, (unsigned long long)off);
+        atomic_fetch_add_explicit(&j->reads, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&j->done, (uint64_t)r, memory_order_relaxed);
+        off += (uint64_t)r;
+        want -= (uint64_t)r;
+        while (r > 0 && n > 0) {
+            if ((size_t)r >= v->iov_len) {
+                r -= (ssize_t)v->iov_len;
+                v++;
+                n--;
+            } else {
+                v->iov_base = (uint8_t *)v->iov_base + r;
+                v->iov_len -= (size_t)r;
+                r = 0;
+            }
+        }
+    }
+    if (!j->keep_cache) posix_fadvise(fd, (off_t)c->src, (off_t)c->len, POSIX_FADV_DONTNEED);
+    return 0;
+}
+
+static void *read_main(void *arg)
+{
+    struct job *j = arg;
+    uint8_t *scratch = malloc(GAP_MAX);
+    if (!scratch) set_err(j, STRATA_ENOMEM);
+    while (scratch && atomic_load(&j->err) == 0) {
+        uint64_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n_chunks) break;
+        int rv = read_chunk(j, &j->chunks[i], scratch);
+        if (rv != 0) set_err(j, rv);
+    }
+    free(scratch);
+    atomic_fetch_sub(&j->running, 1);
+    return NULL;
+}
+
+uint64_t arena_build_hash_blob(const struct arena *a, uint32_t l, uint32_t e)
+{
+    const uint8_t *b = arena_blob_at(a, l, e);
+    return b ? XXH3_64bits(b, a->layers[l].blob_bytes) : 0;
+}
+
+static void *hash_main(void *arg)
+{
+    struct job *j = arg;
+    const struct arena_header *h = j->view.hdr;
+    uint64_t n = (uint64_t)h->n_layers * h->n_expert;
+    uint64_t *out = (uint64_t *)(j->img + h->hashes_off);
+    for (;;) {
+        uint64_t first = atomic_fetch_add(&j->next, HASH_BATCH);
+        if (first >= n) break;
+        for (uint64_t i = first; i < n && i < first + HASH_BATCH; i++) {
+            uint32_t l = (uint32_t)(i / h->n_expert), e = (uint32_t)(i % h->n_expert);
+            out[i] = arena_build_hash_blob(&j->view, l, e);
+            atomic_fetch_add_explicit(&j->done, j->view.layers[l].blob_bytes,
+                                      memory_order_relaxed);
+        }
+    }
+    atomic_fetch_sub(&j->running, 1);
+    return NULL;
+}
+
+static void draw_bar(const char *what, uint64_t done, uint64_t total, double t0)
+{
+    double frac = total ? (double)done / total : 1.0, dt = now_s() - t0;
+    int fill = (int)(frac * 30);
+    char bar[31];
+    memset(bar, '=', (size_t)fill);
+    memset(bar + fill, ' ', (size_t)(30 - fill));
+    bar[30] = '\0';
+    fprintf(stderr, "\r%s [%s] %3.0f%% %.1f/%.1f GiB %.2f GiB/s ", what, bar, frac * 100,
+            done / 1073741824.0, total / 1073741824.0, dt > 0 ? done / 1073741824.0 / dt : 0.0);
+}
+
+/* run_phase runs fn on n threads and, while they work, redraws the progress bar. */
+static int run_phase(struct job *j, void *(*fn)(void *), int n, bool progress, const char *what,
+                     uint64_t total)
+{
+    pthread_t th[64];
+    double t0 = now_s();
+    atomic_store(&j->next, 0);
+    atomic_store(&j->done, 0);
+    atomic_store(&j->running, n);
+    int started = 0;
+    for (; started < n; started++)
+        if (pthread_create(&th[started], NULL, fn, j) != 0) break;
+    if (started < n) {
+        atomic_fetch_sub(&j->running, n - started);
+        if (started == 0) return strata_errf(STRATA_ENOMEM, "cannot start a thread");
+    }
+    while (atomic_load(&j->running) > 0) {
+        struct timespec ts = {0, 100 * 1000000};
+        nanosleep(&ts, NULL);
+        if (progress) draw_bar(what, atomic_load(&j->done), total, t0);
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (progress) {
+        draw_bar(what, atomic_load(&j->done), total, t0);
+        fputc('\n', stderr);
+    }
+    int rv = atomic_load(&j->err);
+    if (rv != 0) return strata_errf(rv, "%s", j->err_detail);
+    return 0;
+}
+
+int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, uint8_t *img,
+                     const struct arena_build_opts *opts, struct arena_build_stats *stats)
+{
+    int rv = 0;
+    struct job j = {.L = L, .f = f, .img = img, .keep_cache = opts->keep_cache};
+    pthread_mutex_init(&j.err_mu, NULL);
+    int n = opts->threads;
+    if (n <= 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus < 1 ? 1 : cpus > 8 ? 8 : (int)cpus;
+    }
+    if (n > 64) n = 64;
+    memset(stats, 0, sizeof *stats);
+    stats->threads = n;
+    j.fds = calloc(f->n_splits, sizeof *j.fds);
+    if (!j.fds) {
+        rv = STRATA_ENOMEM;
+        goto out;
+    }
+    for (uint32_t s = 0; s < f->n_splits; s++) j.fds[s] = -1;
+    for (uint32_t s = 0; s < f->n_splits; s++) {
+        j.fds[s] = open(f->splits[s].path, O_RDONLY | O_CLOEXEC);
+        if (j.fds[s] < 0) {
+            rv = strata_errf(strata_errno(errno), "open %s: %s", f->splits[s].path,
+                             strerror(errno));
+            goto out;
+        }
+        posix_fadvise(j.fds[s], 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    arena_layout_write_tables(L, img);
+    if ((rv = plan_chunks(&j, opts->chunk_bytes ? opts->chunk_bytes : DEFAULT_CHUNK)) != 0)
+        goto out;
+
+    double t0 = now_s();
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < j.n_chunks; i++) total += j.chunks[i].len;
+    if ((rv = run_phase(&j, read_main, n, opts->progress, "reading", total)) != 0) goto out;
+    stats->bytes_read = atomic_load(&j.done);
+    stats->reads = atomic_load(&j.reads);
+    stats->read_s = now_s() - t0;
+
+    t0 = now_s();
+    arena_view(img, L->hdr.total_bytes, &j.view);
+    if ((rv = run_phase(&j, hash_main, n, opts->progress, "hashing", L->blob_bytes_sum)) != 0)
+        goto out;
+    stats->hash_s = now_s() - t0;
+out:
+    if (j.fds)
+        for (uint32_t s = 0; s < f->n_splits; s++)
+            if (j.fds[s] >= 0) close(j.fds[s]);
+    free(j.fds);
+    free(j.chunks);
+    pthread_mutex_destroy(&j.err_mu);
+    return rv;
+}
