@@ -1,0 +1,69 @@
+/* kv — the KV cache: a pool of fixed-size blocks, and per sequence a block table.
+ *
+ * A block holds block_tokens consecutive positions of one sequence for every layer: for layer l,
+ * K rows (k_dim floats each) then V rows (v_dim floats). A sequence's block table maps logical
+ * block i (positions i*block_tokens ...) to a pool block, so sequences grow, shrink and are freed
+ * without moving data, and the worker can later page, share or preempt blocks.
+ * Blocks are allocated from the heap on first use, up to max_blocks; a sequence is refused past
+ * n_ctx positions (STRATA_ELIMIT) and the pool past max_blocks (STRATA_ENOSPC).
+ * Not thread-safe: one thread (the worker's decode loop) resizes sequences; during a forward pass
+ * any thread may read and write rows of blocks a sequence holds.
+ */
+#ifndef STRATA_KV_H
+#define STRATA_KV_H
+
+#include <stdint.h>
+
+#include "kernels/ref/ops.h"
+
+struct kv_config {
+    uint32_t n_layer;
+    uint32_t k_dim;        /* floats of one position's keys in one layer (n_head_kv*head_dim) */
+    uint32_t v_dim;        /* floats of its values (n_head_kv*head_dim_v) */
+    uint32_t block_tokens; /* positions per block */
+    uint32_t n_ctx;        /* most positions of one sequence */
+    uint32_t max_blocks;   /* blocks in the pool, over all sequences */
+};
+
+struct kv_cache;
+
+/* A sequence's block table. Zero-initialize it (or kv_seq_init); free it with kv_seq_fini. */
+struct kv_seq {
+    uint32_t n_tokens; /* positions held: 0 .. n_tokens-1 */
+    uint32_t n_blocks; /* entries of blocks in use */
+    uint32_t cap;      /* entries allocated */
+    float **blocks;    /* logical block -> pool block base */
+};
+
+/* kv_init checks cfg and creates an empty pool (no block memory yet). Caller owns *out. */
+int kv_init(const struct kv_config *cfg, struct kv_cache **out);
+
+/* kv_fini frees the pool and every block; sequences must have been kv_seq_fini'd. NULL is fine. */
+void kv_fini(struct kv_cache *kv);
+
+/* kv_config_of: the cache's configuration. */
+const struct kv_config *kv_config_of(const struct kv_cache *kv);
+
+/* kv_blocks_free: blocks still available to sequences. */
+uint32_t kv_blocks_free(const struct kv_cache *kv);
+
+void kv_seq_init(struct kv_seq *s);
+
+/* kv_seq_resize makes s hold exactly n_tokens positions: growing takes blocks (contents of new
+ * positions undefined until written), shrinking returns the blocks past the end (to re-prefill
+ * from the middle). STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, ENOMEM;
+ * on error s is unchanged. */
+int kv_seq_resize(struct kv_cache *kv, struct kv_seq *s, uint32_t n_tokens);
+
+/* kv_seq_fini returns all of s's blocks to the pool. */
+void kv_seq_fini(struct kv_cache *kv, struct kv_seq *s);
+
+/* kv_k / kv_v: the K (k_dim floats) / V (v_dim floats) row of position pos < s->n_tokens. */
+float *kv_k(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t pos);
+float *kv_v(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t pos);
+
+/* kv_view: the ops_attention view of s's KV head `head` (head_dim, head_dim_v floats) of layer. */
+void kv_view(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t head,
+             uint32_t head_dim, uint32_t head_dim_v, struct ops_kv_view *out);
+
+#endif

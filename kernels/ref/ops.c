@@ -1,0 +1,130 @@
+#include "kernels/ref/ops.h"
+#include "common/quant.h"
+#include "kernels/ref/qdot.h"
+
+#include <math.h>
+
+void ops_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+    double sum = 0.0; /* double, as ggml's rms_norm: float sums drift on wide rows */
+    for (uint32_t i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (uint32_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+void ops_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+              float theta, bool neox)
+{
+    const float theta_scale = powf(theta, -2.0f / (float)n_rot);
+    const uint32_t half = n_rot / 2;
+    for (uint32_t h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * head_dim;
+        float t = (float)pos;
+        for (uint32_t i = 0; i < half; i++) {
+            const float c = cosf(t), s = sinf(t);
+            const uint32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+            t *= theta_scale;
+        }
+    }
+}
+
+void ops_softmax(float *x, uint32_t n)
+{
+    float max = -INFINITY;
+    for (uint32_t i = 0; i < n; i++) max = x[i] > max ? x[i] : max;
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void ops_topk(const float *x, uint32_t n, uint32_t k, uint32_t *idx)
+{
+    /* O(n*k) selection: k <= 8 and n <= a few hundred experts; a sort would cost more. */
+    for (uint32_t j = 0; j < k; j++) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t i = 0; i < n; i++) {
+            bool taken = false;
+            for (uint32_t p = 0; p < j && !taken; p++) taken = idx[p] == i;
+            if (taken) continue;
+            if (best == UINT32_MAX || x[i] > x[best]) best = i;
+        }
+        idx[j] = best;
+    }
+}
+
+float ops_silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+void ops_swiglu(float *out, const float *gate, const float *up, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) out[i] = ops_silu(gate[i]) * up[i];
+}
+
+int ops_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                      uint32_t n_tok, void *dst, size_t act_stride)
+{
+    for (uint32_t t = 0; t < n_tok; t++) {
+        int rv = quant_activations(wtype, x + t * x_stride, (uint8_t *)dst + t * act_stride, n_in);
+        if (rv) return rv;
+    }
+    return 0;
+}
+
+void ops_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in, uint32_t row0,
+                uint32_t row1, const void *acts, size_t act_stride, uint32_t n_tok, float *out,
+                size_t out_stride)
+{
+    /* Rows outer, tokens inner: a weight row is read once per call while it is in cache. */
+    for (uint32_t r = row0; r < row1; r++) {
+        const uint8_t *wr = (const uint8_t *)w + r * row_bytes;
+        for (uint32_t t = 0; t < n_tok; t++)
+            out[t * out_stride + r] =
+                qdot_ref(wtype, n_in, wr, (const uint8_t *)acts + t * act_stride);
+    }
+}
+
+void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                   const struct ops_kv_view *kv, uint32_t n_keys)
+{
+    float s[OPS_ATTN_BLOCK];
+    const float *vrow[OPS_ATTN_BLOCK];
+    float m = -INFINITY, l = 0.0f;
+    for (uint32_t d = 0; d < head_dim_v; d++) out[d] = 0.0f;
+    for (uint32_t j0 = 0; j0 < n_keys; j0 += OPS_ATTN_BLOCK) {
+        const uint32_t nb = n_keys - j0 < OPS_ATTN_BLOCK ? n_keys - j0 : OPS_ATTN_BLOCK;
+        float bm = -INFINITY;
+        for (uint32_t j = 0; j < nb; j++) {
+            const uint32_t key = j0 + j;
+            const float *base = kv->blocks[key / kv->block_tokens];
+            const uint32_t slot = key % kv->block_tokens;
+            const float *k = base + kv->k_off + slot * kv->k_stride;
+            vrow[j] = base + kv->v_off + slot * kv->v_stride;
+            float dot = 0.0f;
+            for (uint32_t d = 0; d < head_dim; d++) dot += q[d] * k[d];
+            s[j] = dot * scale;
+            bm = s[j] > bm ? s[j] : bm;
+        }
+        const float mn = bm > m ? bm : m;
+        const float c = expf(m - mn); /* 0 on the first block, where m is -inf */
+        l *= c;
+        for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= c;
+        for (uint32_t j = 0; j < nb; j++) {
+            const float p = expf(s[j] - mn);
+            l += p;
+            for (uint32_t d = 0; d < head_dim_v; d++) out[d] += p * vrow[j][d];
+        }
+        m = mn;
+    }
+    const float inv = 1.0f / l;
+    for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= inv;
+}

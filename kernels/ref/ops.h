@@ -1,0 +1,73 @@
+/* ops — the plain-C reference of every op of the forward pass: RMSNorm, RoPE, softmax, top-k,
+ * SwiGLU, the weight matmul and attention over a paged KV cache.
+ *
+ * These define the numbers: the SIMD and CUDA kernels are tested against them, and bit-exact mode
+ * (DESIGN 3.4) rests on their fixed reduction orders. Each output element is reduced in one order
+ * whatever the batch: a matmul output is qdot_ref of one weight row with one token's quantized
+ * activations (no batch-dependent blocking), attention walks keys in blocks of OPS_ATTN_BLOCK with
+ * an online softmax, the same for prefill and decode.
+ * Activations: weights are never dequantized for a matmul; activations are quantized with
+ * quant_activations (Q8_0 / Q8_K, or kept F32 for float weights) and dotted with qdot_ref, the
+ * arithmetic the fast kernels reproduce. Attention, norms and softmax are F32 (sums of squares and
+ * softmax denominators in double, as ggml).
+ * All functions are pure and thread-safe; callers split rows or heads across threads.
+ */
+#ifndef STRATA_OPS_H
+#define STRATA_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define OPS_ATTN_BLOCK 32 /* keys per online-softmax step: fixed, so decode and prefill agree */
+
+/* ops_rmsnorm: out = x / sqrt(mean(x^2) + eps) * w over n elements; out may be x. */
+void ops_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+
+/* ops_rope rotates the first n_rot dims of each of n_head heads of head_dim in x (in place) for
+ * position pos: adjacent pairs when neox is false, halves (i, i + n_rot/2) when true. The angle of
+ * pair i is pos * theta^(-2i/n_rot), built by repeated multiplication as ggml does. */
+void ops_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+              float theta, bool neox);
+
+/* ops_softmax: x = exp(x - max) / sum, in place. */
+void ops_softmax(float *x, uint32_t n);
+
+/* ops_topk writes the indices of the k largest of x[0..n) to idx, largest first; ties go to the
+ * lower index, so the choice is a pure function of x. */
+void ops_topk(const float *x, uint32_t n, uint32_t k, uint32_t *idx);
+
+/* ops_silu: x * sigmoid(x). */
+float ops_silu(float x);
+
+/* ops_swiglu: out[i] = silu(gate[i]) * up[i]; out may alias gate or up. */
+void ops_swiglu(float *out, const float *gate, const float *up, uint32_t n);
+
+/* ops_quantize_acts quantizes n_tok rows of n_in floats (row t at x + t*x_stride) for a matmul
+ * with wtype weights: row t lands at dst + t*act_stride (act_stride >= quant_act_bytes(wtype,
+ * n_in)). Returns quant_activations' error. */
+int ops_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                      uint32_t n_tok, void *dst, size_t act_stride);
+
+/* ops_matmul computes rows [row0, row1) of W . act for n_tok tokens: out[t*out_stride + r] =
+ * qdot_ref(wtype, n_in, w + r*row_bytes, acts + t*act_stride). Each element is one dot in one order,
+ * independent of n_tok and of how rows are split. */
+void ops_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in, uint32_t row0,
+                uint32_t row1, const void *acts, size_t act_stride, uint32_t n_tok, float *out,
+                size_t out_stride);
+
+/* A view of one KV head of one layer of a paged cache: key j's row is at
+ * blocks[j / block_tokens] + k_off + (j % block_tokens) * k_stride (floats), values likewise. */
+struct ops_kv_view {
+    float *const *blocks;  /* per block of block_tokens positions: its base */
+    uint32_t block_tokens; /* positions per cache block */
+    size_t k_off, v_off;   /* floats from a block's base to this layer's and head's first K / V */
+    size_t k_stride, v_stride; /* floats between consecutive positions */
+};
+
+/* ops_attention: out (head_dim_v) = softmax(scale * q . K^T) . V over keys [0, n_keys) of kv, in
+ * blocks of OPS_ATTN_BLOCK keys with an online softmax. n_keys >= 1. */
+void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                   const struct ops_kv_view *kv, uint32_t n_keys);
+
+#endif
