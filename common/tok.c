@@ -460,7 +460,7 @@ int tok_piece(const struct tok *t, int32_t id, unsigned flags, struct tok_buf *o
         return tok_buf_put(out, p, n);
     }
     default:
-        return t->model == TOK_MODEL_BPE ? tok_bpe_decode(p, n, out) : tok_spm_decode(p, n, out);
+        return t->model == TOK_MODEL_BPE ? tok_bpe_decode(t, p, n, out) : tok_spm_decode(p, n, out);
     }
 }
 

@@ -41,39 +41,28 @@ int tok_bpe_byte_char(uint8_t b, char out[2])
 
 void tok_bpe_init(struct tok *t)
 {
+    for (unsigned cp = 0; cp < TOK_BYTE_CPS; cp++)
+        t->cp_byte[cp] = -1;
     for (int b = 0; b < 256; b++) {
         char c[2];
         int n = tok_bpe_byte_char((uint8_t)b, c);
         t->byte_str[b] = tok_lookup(t, c, (size_t)n);
+        t->cp_byte[byte_to_cp((unsigned)b)] = (int16_t)b;
     }
 }
 
-/* cp_to_byte inverts byte_to_cp; -1 for a code point outside the map. */
-static int cp_to_byte(unsigned cp)
-{
-    static int16_t inv[256 + 68];
-    static bool ready; /* idempotent fill: a race writes identical values */
-    if (!ready) {
-        for (unsigned b = 0; b < 256; b++)
-            inv[byte_to_cp(b)] = (int16_t)b;
-        ready = true;
-    }
-    if (cp >= 256 + 68) return -1;
-    if (cp < 256 && !byte_is_self(cp)) return -1;
-    return inv[cp];
-}
-
-int tok_bpe_decode(const char *text, size_t len, struct tok_buf *out)
+int tok_bpe_decode(const struct tok *t, const char *text, size_t len, struct tok_buf *out)
 {
     int rv = tok_grow(&out->p, &out->cap, out->n + len + 1, 1);
     const uint8_t *p = (const uint8_t *)text;
     for (size_t i = 0; rv == 0 && i < len;) {
         int l = tok_utf8_len(p + i, len - i);
-        int b = -1;
+        unsigned cp = TOK_BYTE_CPS;
         if (l == 1)
-            b = cp_to_byte(p[i]);
+            cp = p[i];
         else if (l == 2)
-            b = cp_to_byte(((p[i] & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu));
+            cp = ((p[i] & 0x1Fu) << 6) | (p[i + 1] & 0x3Fu);
+        int b = cp < TOK_BYTE_CPS ? t->cp_byte[cp] : -1;
         if (l <= 0) l = 1;
         if (b >= 0) {
             char c = (char)b;

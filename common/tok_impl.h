@@ -14,7 +14,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#define TOK_MAX_RE 6 /* regexes per pre-tokenizer (deepseek-llm uses 6) */
+#define TOK_MAX_RE   6          /* regexes per pre-tokenizer (deepseek-llm uses 6) */
+#define TOK_BYTE_CPS (256 + 68) /* code points of the GPT-2 byte map: U+0000..U+0143 */
 
 struct tok_span {
     uint32_t off, len; /* into tok.pool */
@@ -48,6 +49,8 @@ struct tok {
     struct tok_merge *mt; /* BPE merges by id pair; mt_mask + 1 slots */
     uint32_t mt_mask;
     int32_t byte_str[256]; /* BPE: string id of byte b's GPT-2 character; SPM: token of byte b */
+    int16_t
+        cp_byte[TOK_BYTE_CPS]; /* BPE: the byte a code point of the byte map stands for, or -1 */
     int32_t *special; /* ids of CONTROL/USER_DEFINED/UNKNOWN tokens by first byte, longest first */
     uint32_t special_at[257]; /* special[special_at[b] .. special_at[b+1]) start with byte b */
     int32_t bos, eos, unk;
@@ -118,7 +121,7 @@ int tok_bpe_byte_char(uint8_t b, char out[2]);
 int tok_bpe_word(const struct tok *t, const uint8_t *w, size_t n, struct tok_scratch *s,
                  struct tok_ids *out);
 /* tok_bpe_decode appends the bytes a byte-level token text stands for. */
-int tok_bpe_decode(const char *text, size_t len, struct tok_buf *out);
+int tok_bpe_decode(const struct tok *t, const char *text, size_t len, struct tok_buf *out);
 
 /* tok_spm_init finds the byte tokens (<0xAB>) of t (byte_str). */
 void tok_spm_init(struct tok *t);

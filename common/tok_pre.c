@@ -12,6 +12,7 @@
 
 #include "common/err.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,8 +26,8 @@
                  "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_QWEN35                                                                                  \
     CONTRACTIONS                                                                                   \
-        "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"       \
-        "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"           \
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* llama.cpp runs gpt-4o's and tekken's [\p{Lu}...]*[\p{Ll}...]+ as "letters that are not a-z" then
  * "letters that are not A-Z" over collapsed text, where every non-ASCII letter is both. */
 #define UPPER "[^\\P{L}a-z]"
@@ -133,18 +134,21 @@ const struct tok_pre_def *tok_pre_find(const char *name)
     return NULL;
 }
 
+static char pre_names[1024];
+static pthread_once_t pre_names_once = PTHREAD_ONCE_INIT;
+
+static void fill_pre_names(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < N_PRE; i++)
+        n += (size_t)snprintf(pre_names + n, sizeof pre_names - n, "%s%s", i ? ", " : "",
+                              pre_defs[i].name);
+}
+
 const char *tok_pre_names(void)
 {
-    static char names[1024];
-    static bool ready; /* idempotent fill: a race writes identical bytes */
-    if (!ready) {
-        size_t n = 0;
-        for (size_t i = 0; i < N_PRE; i++)
-            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "",
-                                  pre_defs[i].name);
-        ready = true;
-    }
-    return names;
+    pthread_once(&pre_names_once, fill_pre_names);
+    return pre_names;
 }
 
 int tok_pre_compile(struct tok *t)
