@@ -218,8 +218,8 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
 
     if ((rv = arch_u32(f, a, "embedding_length", NULL, &hp->n_embd)) != 0) return rv;
     if ((rv = arch_u32(f, a, "block_count", NULL, &hp->n_layer)) != 0) return rv;
-    if ((rv = arch_u32(f, a, "head_count", NULL, &hp->n_head)) != 0) return rv;
-    if ((rv = arch_u32(f, a, "head_count_kv", &hp->n_head, &hp->n_head_kv)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "attention.head_count", NULL, &hp->n_head)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "attention.head_count_kv", &hp->n_head, &hp->n_head_kv)) != 0) return rv;
     if ((rv = arch_u32(f, a, "context_length", NULL, &hp->n_ctx_train)) != 0) return rv;
     if (hp->n_embd == 0 || hp->n_layer == 0 || hp->n_head == 0 || hp->n_head_kv == 0 ||
         hp->n_head % hp->n_head_kv != 0 || hp->n_ctx_train == 0)

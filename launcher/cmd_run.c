@@ -1,0 +1,363 @@
+/* strata run — one-shot generation in this process: `strata run MODEL.gguf -p TEXT`.
+ *
+ * The model is read in place from the GGUF mapping (no arena, no worker) and computed by the
+ * plain-C reference forward pass (gpu-worker/fwd.h) on --threads CPU threads; prompts go in chunks
+ * of --chunk tokens. The output is the generated text (or ids, for a file without a tokenizer), or
+ * with --json one line {"prompt_ids", "ids", "text", "top_logprobs", "seed", "finish_reason"}.
+ * The reference backend is bit-exact (DESIGN 3.4) in every mode: the same model, prompt, sampling
+ * options and seed give the same tokens whatever the thread count or chunk size.
+ */
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/model.h"
+#include "common/tok.h"
+#include "gpu-worker/fwd.h"
+#include "gpu-worker/kv.h"
+#include "gpu-worker/sample.h"
+#include "launcher/cmd.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PENALTY_LAST_N 64 /* tokens of history the penalties look at, as llama.cpp's default */
+#define SEED_MAX       ((1ull << 53) - 1)
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: strata run MODEL.gguf (-p TEXT | --ids 1,2,3) [options]\n\n"
+            "Generates text with the model in this process, on the CPU (reference backend).\n"
+            "  -p, --prompt TEXT     the prompt (tokenized with the model's tokenizer, BOS added)\n"
+            "  --ids LIST            the prompt as comma-separated token ids\n"
+            "  -n N                  tokens to generate (default 64); stops early at EOS\n"
+            "  --ignore-eos          do not stop at the end-of-sequence token\n"
+            "  --temp T              temperature (default 0.8; 0 is greedy)\n"
+            "  --top-k K             keep the K most likely tokens (default 40; 0 off)\n"
+            "  --top-p P             keep the smallest set of probability >= P (default 0.95)\n"
+            "  --min-p P             keep tokens with p >= P * p_max (default 0.05)\n"
+            "  --repeat-penalty R    penalize the last %d tokens (default 1.0: off)\n"
+            "  --presence-penalty X  subtract X from tokens present in them (default 0)\n"
+            "  --frequency-penalty X subtract X per occurrence (default 0)\n"
+            "  --seed S              the random stream's seed (default: a random one, reported)\n"
+            "  --logprobs N          report the N most likely alternatives per token (--json)\n"
+            "  --ctx N               context length (default: the model's trained context)\n"
+            "  --threads N           compute threads (default: the online CPUs)\n"
+            "  --chunk N             prompt tokens per forward pass (default 256)\n"
+            "  --bit-exact           ask for bit-exact results; the reference backend always is\n"
+            "  --json                print one JSON line: prompt_ids, ids, text, top_logprobs,\n"
+            "                        seed, finish_reason (\"stop\" at EOS, \"length\" otherwise)\n",
+            PENALTY_LAST_N);
+}
+
+struct run_opts {
+    const char *model, *prompt, *ids;
+    uint32_t n_predict, ctx, threads, chunk;
+    bool json, ignore_eos, seed_given;
+    struct sample_params sp;
+};
+
+static int parse_u32(const char *s, const char *opt, uint32_t min, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > UINT32_MAX || s[0] == '-')
+        return strata_errf(STRATA_EINVAL, "%s '%s': expected an integer >= %u", opt, s, min);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int parse_f32(const char *s, const char *opt, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return strata_errf(STRATA_EINVAL, "%s '%s': expected a number", opt, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_ids(const char *s, struct tok_ids *out)
+{
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            return strata_errf(STRATA_EINVAL, "--ids '%s': expected comma-separated token ids", s);
+        if (out->n == out->cap) {
+            size_t cap = out->cap ? 2 * out->cap : 64;
+            int32_t *nv = realloc(out->v, cap * sizeof *nv);
+            if (!nv) return STRATA_ENOMEM;
+            out->v = nv;
+            out->cap = cap;
+        }
+        out->v[out->n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!out->n) return strata_errf(STRATA_EINVAL, "--ids is empty");
+    return 0;
+}
+
+enum { O_IDS = 256, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED, O_LOGPROBS,
+       O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP };
+
+/* parse_args returns 0, or 2 for a usage error (message printed), or -1 after --help. */
+static int parse_args(int argc, char **argv, struct run_opts *o)
+{
+    static const struct option longopts[] = {
+        {"prompt", required_argument, NULL, 'p'}, {"ids", required_argument, NULL, O_IDS},
+        {"temp", required_argument, NULL, O_TEMP}, {"top-k", required_argument, NULL, O_TOPK},
+        {"top-p", required_argument, NULL, O_TOPP}, {"min-p", required_argument, NULL, O_MINP},
+        {"repeat-penalty", required_argument, NULL, O_REP},
+        {"presence-penalty", required_argument, NULL, O_PRES},
+        {"frequency-penalty", required_argument, NULL, O_FREQ},
+        {"seed", required_argument, NULL, O_SEED},
+        {"logprobs", required_argument, NULL, O_LOGPROBS},
+        {"ctx", required_argument, NULL, O_CTX}, {"threads", required_argument, NULL, O_THREADS},
+        {"chunk", required_argument, NULL, O_CHUNK}, {"bit-exact", no_argument, NULL, O_BITEXACT},
+        {"json", no_argument, NULL, O_JSON}, {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0},
+    };
+    *o = (struct run_opts){.n_predict = 64, .chunk = 256};
+    sample_params_default(&o->sp);
+    o->sp.temperature = 0.8f;
+    o->sp.top_k = 40;
+    o->sp.top_p = 0.95f;
+    o->sp.min_p = 0.05f;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o->threads = ncpu > 0 ? (uint32_t)ncpu : 1;
+    optind = 1;
+    int c, rv = 0;
+    while (rv == 0 && (c = getopt_long(argc, argv, "p:n:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'p': o->prompt = optarg; break;
+        case O_IDS: o->ids = optarg; break;
+        case 'n': rv = parse_u32(optarg, "-n", 1, &o->n_predict); break;
+        case O_TEMP: rv = parse_f32(optarg, "--temp", &o->sp.temperature); break;
+        case O_TOPK: rv = parse_u32(optarg, "--top-k", 0, &o->sp.top_k); break;
+        case O_TOPP: rv = parse_f32(optarg, "--top-p", &o->sp.top_p); break;
+        case O_MINP: rv = parse_f32(optarg, "--min-p", &o->sp.min_p); break;
+        case O_REP: rv = parse_f32(optarg, "--repeat-penalty", &o->sp.repeat_penalty); break;
+        case O_PRES: rv = parse_f32(optarg, "--presence-penalty", &o->sp.presence_penalty); break;
+        case O_FREQ: rv = parse_f32(optarg, "--frequency-penalty", &o->sp.frequency_penalty); break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            o->sp.seed = strtoull(optarg, &end, 10);
+            /* At most 2^53 - 1: the seed travels in JSON, whose readers keep doubles. */
+            if (errno || end == optarg || *end || optarg[0] == '-' || o->sp.seed > SEED_MAX)
+                rv = strata_errf(STRATA_EINVAL, "--seed '%s': expected an integer 0..%llu",
+                                 optarg, (unsigned long long)SEED_MAX);
+            o->seed_given = true;
+            break;
+        }
+        case O_LOGPROBS:
+            rv = parse_u32(optarg, "--logprobs", 0, &o->sp.n_logprobs);
+            if (!rv && o->sp.n_logprobs > SAMPLE_MAX_LOGPROBS)
+                rv = strata_errf(STRATA_EINVAL, "--logprobs %u: at most %d", o->sp.n_logprobs,
+                                 SAMPLE_MAX_LOGPROBS);
+            break;
+        case O_CTX: rv = parse_u32(optarg, "--ctx", 1, &o->ctx); break;
+        case O_THREADS: rv = parse_u32(optarg, "--threads", 1, &o->threads); break;
+        case O_CHUNK: rv = parse_u32(optarg, "--chunk", 1, &o->chunk); break;
+        case O_BITEXACT: break; /* the reference backend has no other mode */
+        case O_JSON: o->json = true; break;
+        case O_IGNORE_EOS: o->ignore_eos = true; break;
+        case 'h':
+        case O_HELP: usage(stdout); return -1;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (rv) {
+        fprintf(stderr, "strata run: %s\n", strata_errdetail());
+        return 2;
+    }
+    if (optind != argc - 1 || (!o->prompt == !o->ids)) {
+        fprintf(stderr, "strata run: give one MODEL.gguf and one of -p TEXT or --ids LIST\n");
+        usage(stderr);
+        return 2;
+    }
+    o->model = argv[optind];
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static json_t *ids_json(const int32_t *ids, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *logprob_json(const struct sample_result *r)
+{
+    json_t *top = json_array();
+    for (uint32_t j = 0; j < r->n_top; j++)
+        json_array_append_new(top, json_pack("{s:i, s:f}", "id", r->top[j].id, "logprob",
+                                             (double)r->top[j].logprob));
+    return json_pack("{s:i, s:f, s:o}", "id", r->id, "logprob", (double)r->logprob, "top", top);
+}
+
+static int run(int argc, char **argv)
+{
+    struct run_opts o;
+    int prv = parse_args(argc, argv, &o);
+    if (prv) return prv < 0 ? 0 : prv;
+
+    struct gguf_file *gf = NULL;
+    struct model *m = NULL;
+    struct tok *tk = NULL;
+    struct kv_cache *kv = NULL;
+    struct fwd *fw = NULL;
+    struct sample *smp = NULL;
+    struct kv_seq seq;
+    struct tok_ids hist = {0};
+    struct tok_buf text = {0};
+    json_t *lps = json_array();
+    float *logits = NULL;
+    const char *what = o.model;
+    int rv, status = 1;
+    kv_seq_init(&seq);
+
+    if ((rv = gguf_open(o.model, &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
+    const struct model_hparams *hp = &m->hp;
+    int tok_rv = tok_from_gguf(gf, NULL, &tk);
+    if (o.prompt) {
+        what = "tokenizer";
+        if ((rv = tok_rv) != 0) goto fail;
+        what = "prompt";
+        if ((rv = tok_encode(tk, o.prompt, strlen(o.prompt), TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL,
+                             &hist)) != 0)
+            goto fail;
+    } else {
+        what = "--ids";
+        if ((rv = parse_ids(o.ids, &hist)) != 0) goto fail;
+    }
+    const size_t n_prompt = hist.n;
+    if (!n_prompt) {
+        rv = strata_errf(STRATA_EINVAL, "the prompt has no tokens");
+        goto fail;
+    }
+    if (!o.seed_given) {
+        if (getrandom(&o.sp.seed, sizeof o.sp.seed, 0) != sizeof o.sp.seed)
+            o.sp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+        o.sp.seed &= SEED_MAX;
+    }
+
+    what = "setup";
+    struct kv_config kc;
+    fwd_kv_config(m, o.ctx, 1, &kc);
+    struct fwd_opts fo = {o.threads, o.chunk < kc.n_ctx ? o.chunk : kc.n_ctx};
+    logits = malloc((size_t)hp->n_vocab * sizeof *logits);
+    int32_t *grown = realloc(hist.v, (n_prompt + o.n_predict) * sizeof *hist.v);
+    if (grown) hist.v = grown;
+    if (!logits || !grown) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for %u logits", hp->n_vocab);
+        goto fail;
+    }
+    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &fw)) != 0 ||
+        (rv = sample_init(hp->n_vocab, &smp)) != 0)
+        goto fail;
+
+    what = "prompt";
+    double t0 = now_s();
+    if ((rv = fwd_prompt(fw, &seq, hist.v, (uint32_t)n_prompt, o.chunk, logits)) != 0) goto fail;
+    double t1 = now_s();
+    const int32_t eos = tk ? tok_eos(tk) : -1;
+    const char *finish = "length";
+    struct tok_stream ts;
+    if (tk) tok_stream_init(&ts, tk, 0);
+    what = "generation";
+    for (uint32_t i = 0; i < o.n_predict; i++) {
+        struct sample_result r;
+        size_t w0 = hist.n > PENALTY_LAST_N ? hist.n - PENALTY_LAST_N : 0;
+        if ((rv = sample_token(smp, &o.sp, logits, hist.v + w0, (uint32_t)(hist.n - w0), hist.n,
+                               &r)) != 0)
+            goto fail;
+        hist.v[hist.n++] = r.id;
+        json_array_append_new(lps, logprob_json(&r));
+        if (!o.json) {
+            if (tk) {
+                size_t before = text.n;
+                if ((rv = tok_stream_feed(&ts, r.id, &text)) != 0) goto fail;
+                fwrite(text.p + before, 1, text.n - before, stdout);
+            } else {
+                printf("%s%d", i ? " " : "", r.id);
+            }
+            fflush(stdout);
+        } else if (tk && (rv = tok_stream_feed(&ts, r.id, &text)) != 0) {
+            goto fail;
+        }
+        if (r.id == eos && !o.ignore_eos) {
+            finish = "stop";
+            break;
+        }
+        if (i + 1 == o.n_predict) break;
+        if (seq.n_tokens == kc.n_ctx) {
+            fprintf(stderr, "strata run: the context of %u tokens is full; stopping (--ctx)\n",
+                    kc.n_ctx);
+            break;
+        }
+        struct fwd_token ft = {&seq, r.id, true};
+        if ((rv = fwd_eval(fw, &ft, 1, logits)) != 0) goto fail;
+    }
+    if (tk) {
+        size_t before = text.n;
+        if ((rv = tok_stream_flush(&ts, &text)) != 0) goto fail;
+        if (!o.json) fwrite(text.p + before, 1, text.n - before, stdout);
+    }
+    double t2 = now_s();
+    const size_t n_gen = hist.n - n_prompt;
+    if (o.json) {
+        json_t *out = json_pack("{s:o, s:o, s:s%, s:O, s:I, s:s}", "prompt_ids",
+                                ids_json(hist.v, n_prompt), "ids",
+                                ids_json(hist.v + n_prompt, n_gen), "text",
+                                text.p ? text.p : "", text.n, "top_logprobs", lps, "seed",
+                                (json_int_t)o.sp.seed, "finish_reason", finish);
+        char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
+        if (s) puts(s);
+        free(s);
+        json_decref(out);
+    } else {
+        putchar('\n');
+    }
+    fprintf(stderr,
+            "strata run: prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s "
+            "(%.1f tok/s), seed %llu\n",
+            n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, t2 - t1,
+            n_gen > 1 ? (n_gen - 1) / (t2 - t1) : 0.0, (unsigned long long)o.sp.seed);
+    status = 0;
+fail:
+    if (status) status = strata_cmd_fail("run", what, rv);
+    json_decref(lps);
+    free(text.p);
+    free(hist.v);
+    free(logits);
+    sample_fini(smp);
+    fwd_close(fw);
+    if (kv) kv_seq_fini(kv, &seq);
+    kv_fini(kv);
+    tok_free(tk);
+    model_free(m);
+    gguf_close(gf);
+    return status;
+}
+
+const struct strata_cmd strata_cmd_run = {"run", "generate text from a GGUF model in this process",
+                                          run};
