@@ -52,7 +52,7 @@ uint16_t quant_f32_to_f16(float f)
     uint32_t u = f32_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
     uint32_t a = u & 0x7fffffff;
-    if (a > 0x7f800000) return sign | 0x7e00; /* NaN: a quiet NaN, as ggml */
+    if (a > 0x7f800000) return sign | 0x7e00;  /* NaN: a quiet NaN, as ggml */
     if (a >= 0x477ff000) return sign | 0x7c00; /* >= 65520 rounds to infinity */
     if (a >= 0x38800000) {                     /* a normal half: rebias the exponent, round */
         uint32_t h = a - (112u << 23);
@@ -80,7 +80,8 @@ uint16_t quant_f32_to_bf16(float f)
 
 #define F16(h) quant_f16_to_f32(h)
 
-/* ---- 32-element formats: ggml's quantize_row_*_ref and dequantize_row_* ------------------------ */
+/* ---- 32-element formats: ggml's quantize_row_*_ref and dequantize_row_* ------------------------
+ */
 
 /* amax_signed returns the element of largest magnitude (the first one on ties), 0 for none. */
 static float amax_signed(const float *x, int n)
@@ -173,7 +174,8 @@ static void q5_1_quantize(const float *x, struct blk_q5_1 *y, int64_t nb)
         y[i].d = quant_f32_to_f16(d);
         y[i].m = quant_f32_to_f16(min);
         /* no clamp: (x - min) * id + 0.5 stays below 32 (ggml does not clamp either) */
-        for (int j = 0; j < QK_LEGACY; j++) q[j] = (int)((x[j] - min) * id + 0.5f);
+        for (int j = 0; j < QK_LEGACY; j++)
+            q[j] = (int)((x[j] - min) * id + 0.5f);
         pack5(q, y[i].qs, y[i].qh);
     }
 }
@@ -182,11 +184,13 @@ static void q8_0_quantize(const float *x, struct blk_q8_0 *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += QK_LEGACY) {
         float amax = 0.0f;
-        for (int j = 0; j < QK_LEGACY; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < QK_LEGACY; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
         const float d = amax / 127;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = quant_f32_to_f16(d);
-        for (int j = 0; j < QK_LEGACY; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+        for (int j = 0; j < QK_LEGACY; j++)
+            y[i].qs[j] = (int8_t)roundf(x[j] * id);
     }
 }
 
@@ -229,7 +233,8 @@ static void q5_0_dequantize(const struct blk_q5_0 *x, float *y, int64_t nb)
     for (int64_t i = 0; i < nb; i++, y += QK_LEGACY) {
         const float d = F16(x[i].d);
         unpack5(x[i].qs, x[i].qh, q);
-        for (int j = 0; j < QK_LEGACY; j++) y[j] = (q[j] - 16) * d;
+        for (int j = 0; j < QK_LEGACY; j++)
+            y[j] = (q[j] - 16) * d;
     }
 }
 
@@ -239,7 +244,8 @@ static void q5_1_dequantize(const struct blk_q5_1 *x, float *y, int64_t nb)
     for (int64_t i = 0; i < nb; i++, y += QK_LEGACY) {
         const float d = F16(x[i].d), m = F16(x[i].m);
         unpack5(x[i].qs, x[i].qh, q);
-        for (int j = 0; j < QK_LEGACY; j++) y[j] = q[j] * d + m;
+        for (int j = 0; j < QK_LEGACY; j++)
+            y[j] = q[j] * d + m;
     }
 }
 
@@ -247,11 +253,13 @@ static void q8_0_dequantize(const struct blk_q8_0 *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, y += QK_LEGACY) {
         const float d = F16(x[i].d);
-        for (int j = 0; j < QK_LEGACY; j++) y[j] = x[i].qs[j] * d;
+        for (int j = 0; j < QK_LEGACY; j++)
+            y[j] = x[i].qs[j] * d;
     }
 }
 
-/* ---- Q8_K activations (ggml's quantize_row_q8_K_ref) ------------------------------------------ */
+/* ---- Q8_K activations (ggml's quantize_row_q8_K_ref) ------------------------------------------
+ */
 
 void quant_q8_K(const float *x, struct blk_q8_K *y, int64_t nb)
 {
@@ -269,7 +277,8 @@ void quant_q8_K(const float *x, struct blk_q8_K *y, int64_t nb)
         }
         for (int j = 0; j < QK_K / 16; j++) {
             int sum = 0;
-            for (int l = 0; l < 16; l++) sum += y[i].qs[16 * j + l];
+            for (int l = 0; l < 16; l++)
+                sum += y[i].qs[16 * j + l];
             y[i].bsums[j] = (int16_t)sum;
         }
         y[i].d = 1 / iscale;
@@ -283,12 +292,14 @@ static int check_row(uint32_t type, int64_t n, const char *what, int64_t *nb)
 {
     const struct qtype_info *t = qtype_get(type);
     if (!t || !t->computable)
-        return strata_errf(STRATA_EUNSUPPORTED,
-                           "cannot %s tensor type %s: strata computes with f32, f16, bf16, q4_0, q4_1, "
-                           "q5_0, q5_1, q8_0, q2_K..q6_K, iq4_nl and iq4_xs",
-                           what, qtype_name(type));
+        return strata_errf(
+            STRATA_EUNSUPPORTED,
+            "cannot %s tensor type %s: strata computes with f32, f16, bf16, q4_0, q4_1, "
+            "q5_0, q5_1, q8_0, q2_K..q6_K, iq4_nl and iq4_xs",
+            what, qtype_name(type));
     if (n < 0 || n % t->blck)
-        return strata_errf(STRATA_EINVAL, "cannot %s %lld elements as %s: not a multiple of its %u-element block",
+        return strata_errf(STRATA_EINVAL,
+                           "cannot %s %lld elements as %s: not a multiple of its %u-element block",
                            what, (long long)n, t->name, t->blck);
     *nb = n / t->blck;
     return 0;
@@ -300,21 +311,39 @@ int quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
     int rv = check_row(type, n, "dequantize", &nb);
     if (rv) return rv;
     switch (type) {
-    case QT_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case QT_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
     case QT_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(((const uint16_t *)src)[i]);
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = quant_f16_to_f32(((const uint16_t *)src)[i]);
         break;
     case QT_BF16:
-        for (int64_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = quant_bf16_to_f32(((const uint16_t *)src)[i]);
         break;
-    case QT_Q4_0: q4_0_dequantize(src, dst, nb); break;
-    case QT_Q4_1: q4_1_dequantize(src, dst, nb); break;
-    case QT_Q5_0: q5_0_dequantize(src, dst, nb); break;
-    case QT_Q5_1: q5_1_dequantize(src, dst, nb); break;
-    case QT_Q8_0: q8_0_dequantize(src, dst, nb); break;
+    case QT_Q4_0:
+        q4_0_dequantize(src, dst, nb);
+        break;
+    case QT_Q4_1:
+        q4_1_dequantize(src, dst, nb);
+        break;
+    case QT_Q5_0:
+        q5_0_dequantize(src, dst, nb);
+        break;
+    case QT_Q5_1:
+        q5_1_dequantize(src, dst, nb);
+        break;
+    case QT_Q8_0:
+        q8_0_dequantize(src, dst, nb);
+        break;
     case QT_IQ4_NL:
-    case QT_IQ4_XS: quant_iq_dequantize(type, src, dst, nb); break;
-    default: quant_k_dequantize(type, src, dst, nb); break;
+    case QT_IQ4_XS:
+        quant_iq_dequantize(type, src, dst, nb);
+        break;
+    default:
+        quant_k_dequantize(type, src, dst, nb);
+        break;
     }
     return 0;
 }
@@ -331,21 +360,39 @@ int quant_quantize(uint32_t type, const float *src, void *dst, int64_t n)
     int rv = check_row(type, n, "quantize to", &nb);
     if (rv) return rv;
     switch (type) {
-    case QT_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case QT_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        break;
     case QT_F16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = quant_f32_to_f16(src[i]);
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = quant_f32_to_f16(src[i]);
         break;
     case QT_BF16:
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = quant_f32_to_bf16(src[i]);
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = quant_f32_to_bf16(src[i]);
         break;
-    case QT_Q4_0: q4_0_quantize(src, dst, nb); break;
-    case QT_Q4_1: q4_1_quantize(src, dst, nb); break;
-    case QT_Q5_0: q5_0_quantize(src, dst, nb); break;
-    case QT_Q5_1: q5_1_quantize(src, dst, nb); break;
-    case QT_Q8_0: q8_0_quantize(src, dst, nb); break;
+    case QT_Q4_0:
+        q4_0_quantize(src, dst, nb);
+        break;
+    case QT_Q4_1:
+        q4_1_quantize(src, dst, nb);
+        break;
+    case QT_Q5_0:
+        q5_0_quantize(src, dst, nb);
+        break;
+    case QT_Q5_1:
+        q5_1_quantize(src, dst, nb);
+        break;
+    case QT_Q8_0:
+        q8_0_quantize(src, dst, nb);
+        break;
     case QT_IQ4_NL:
-    case QT_IQ4_XS: quant_iq_quantize(type, src, dst, nb); break;
-    default: quant_k_quantize(type, src, dst, nb); break;
+    case QT_IQ4_XS:
+        quant_iq_quantize(type, src, dst, nb);
+        break;
+    default:
+        quant_k_quantize(type, src, dst, nb);
+        break;
     }
     return 0;
 }
@@ -370,9 +417,15 @@ int quant_activations(uint32_t wtype, const float *x, void *dst, int64_t n)
     int rv = check_row(wtype, n, "quantize activations for", &nb);
     if (rv) return rv;
     switch (quant_act_type(wtype)) {
-    case QT_F32: memcpy(dst, x, (size_t)n * sizeof(float)); break;
-    case QT_Q8_0: q8_0_quantize(x, dst, n / QK_LEGACY); break;
-    default: quant_q8_K(x, dst, n / QK_K); break;
+    case QT_F32:
+        memcpy(dst, x, (size_t)n * sizeof(float));
+        break;
+    case QT_Q8_0:
+        q8_0_quantize(x, dst, n / QK_LEGACY);
+        break;
+    default:
+        quant_q8_K(x, dst, n / QK_K);
+        break;
     }
     return 0;
 }

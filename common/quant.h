@@ -1,10 +1,10 @@
 /* quant — the weight formats of real MoE GGUF files: dequantizers (bit-exact with ggml),
  * quantizers (ggml's reference algorithm, no importance matrix), and activation quantization.
  *
- * Formats (qtype.h ids): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
- * IQ4_NL, IQ4_XS. Rows are n elements, n a multiple of the type's block size (qtype_get()->blck).
- * All functions are pure and thread-safe. Block layouts: common/quant_blocks.h. The reference dot
- * products live in kernels/ref/qdot.h.
+ * Formats (qtype.h ids): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K, IQ4_NL, IQ4_XS. Rows are n elements, n a multiple of the type's block size
+ * (qtype_get()->blck). All functions are pure and thread-safe. Block layouts:
+ * common/quant_blocks.h. The reference dot products live in kernels/ref/qdot.h.
  */
 #ifndef STRATA_QUANT_H
 #define STRATA_QUANT_H
@@ -26,11 +26,12 @@ bool quant_can_quantize(uint32_t type);
  * for types with fp16 scales, small enough that a scale fits fp16 (|x| < ~60000 * 8 for Q4_0).
  * Round trip: |x_i - dequantize(quantize(x))_i| <= c * amax_B + 2 * M * 2^-25, B the element's
  * block (32, or 256 for the K-quants and IQ4_XS), M the largest integer factor of an fp16 scale
- * (the fp16 scale may be subnormal for amax below ~1e-3). c is analytic for the float and 32-element
- * formats, measured (+30%) for the K and IQ formats' least-squares searches:
+ * (the fp16 scale may be subnormal for amax below ~1e-3). c is analytic for the float and
+ * 32-element formats, measured (+30%) for the K and IQ formats' least-squares searches:
  *   f16 2^-11, bf16 2^-8, q8_0 1/254 + 2^-11, q4_0 1/8 + 2^-11 (ggml clamps the top level),
- *   q4_1 1/15 + 3 * 2^-11, q5_0 1/16 + 2^-11, q5_1 1/31 + 3 * 2^-11, q2_K 0.45, q3_K 0.25,
- *   q4_K 0.12, q5_K 0.06, q6_K 0.025, iq4_nl 0.14, iq4_xs 0.13 (quant_test.c checks them). */
+ *   q4_1 1/15 + 3 * 2^-11, q5_0 1/16 + 2^-11, q5_1 1/31 + 3 * 2^-11,
+ *   q2_K 0.45, q3_K 0.25, q4_K 0.12, q5_K 0.06, q6_K 0.025, iq4_nl 0.14, iq4_xs 0.13.
+ * quant_test.c checks them. */
 int quant_quantize(uint32_t type, const float *src, void *dst, int64_t n);
 
 /* quant_act_type is the type activations are quantized to for a dot product with a weight row of

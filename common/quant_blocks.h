@@ -1,10 +1,11 @@
-/* quant_blocks — the byte layouts of ggml's quant blocks, shared by the quantizers (common/quant*.c),
- * the reference dot products (kernels/ref/qdot.c) and, later, the SIMD and CUDA kernels.
+/* quant_blocks — the byte layouts of ggml's quant blocks, shared by the quantizers
+ * (common/quant*.c), the reference dot products (kernels/ref/qdot.c) and, later, the SIMD and CUDA
+ * kernels.
  *
  * Each struct is one block exactly as GGUF stores it (ggml-common.h's block_*): little-endian, no
  * padding (the static asserts below check every size against the type table in qtype.c). fp16
- * fields are raw IEEE half bits (quant_f16_to_f32). Q8_K is not a weight format of GGUF files: it is
- * the activation layout for dot products with 256-element weight types (quant_activations).
+ * fields are raw IEEE half bits (quant_f16_to_f32). Q8_K is not a weight format of GGUF files: it
+ * is the activation layout for dot products with 256-element weight types (quant_activations).
  *
  * Also the family entry points that quant.c dispatches to (quant_k.c: the K-quants; quant_iq.c:
  * IQ4_NL and IQ4_XS): not for use outside common/quant*.c. They take a count of blocks, not of
@@ -16,35 +17,36 @@
 #include <stdint.h>
 #include <string.h>
 
-#define QK_LEGACY 32 /* elements of a Q4_0..Q8_0 and IQ4_NL block */
+#define QK_LEGACY 32  /* elements of a Q4_0..Q8_0 and IQ4_NL block */
 #define QK_K      256 /* elements of a K-quant / IQ4_XS super-block */
 
 struct blk_q4_0 {
-    uint16_t d;      /* scale: w = d * (q - 8) */
-    uint8_t qs[16];  /* element j in the low nibble of qs[j], element j+16 in the high nibble */
+    uint16_t d;     /* scale: w = d * (q - 8) */
+    uint8_t qs[16]; /* element j in the low nibble of qs[j], element j+16 in the high nibble */
 };
 struct blk_q4_1 {
-    uint16_t d, m;   /* w = d * q + m */
-    uint8_t qs[16];  /* as q4_0 */
+    uint16_t d, m;  /* w = d * q + m */
+    uint8_t qs[16]; /* as q4_0 */
 };
 struct blk_q5_0 {
-    uint16_t d;      /* w = d * (q - 16) */
-    uint8_t qh[4];   /* bit j: 5th bit of element j (little-endian uint32) */
-    uint8_t qs[16];  /* low 4 bits, as q4_0 */
+    uint16_t d;     /* w = d * (q - 16) */
+    uint8_t qh[4];  /* bit j: 5th bit of element j (little-endian uint32) */
+    uint8_t qs[16]; /* low 4 bits, as q4_0 */
 };
 struct blk_q5_1 {
-    uint16_t d, m;   /* w = d * q + m */
+    uint16_t d, m; /* w = d * q + m */
     uint8_t qh[4];
     uint8_t qs[16];
 };
 struct blk_q8_0 {
-    uint16_t d;      /* w = d * q */
+    uint16_t d; /* w = d * q */
     int8_t qs[32];
 };
 struct blk_q2_K {
     uint8_t scales[16]; /* per 16 elements: scale in the low nibble, min in the high nibble */
-    uint8_t qs[64];     /* 2 bits each; byte l of each 32-byte half holds elements l, l+32, l+64, l+96 */
-    uint16_t d, dmin;   /* w = d * sc * q - dmin * m */
+    /* 2 bits each; byte l of each 32-byte group holds elements l, l+32, l+64, l+96 of its 128 */
+    uint8_t qs[64];
+    uint16_t d, dmin; /* w = d * sc * q - dmin * m */
 };
 struct blk_q3_K {
     uint8_t hmask[32];  /* high bit: element j at bit j/32 of hmask[j%32]; clear means q - 4 */
@@ -60,29 +62,30 @@ struct blk_q4_K {
 struct blk_q5_K {
     uint16_t d, dmin;
     uint8_t scales[12];
-    uint8_t qh[32];     /* 5th bit: element 64*g + j at bit 2g of qh[j], element 64*g+32+j at bit 2g+1 */
+    /* 5th bits: element 64g + j at bit 2g of qh[j], element 64g + 32 + j at bit 2g + 1 */
+    uint8_t qh[32];
     uint8_t qs[128];
 };
 struct blk_q6_K {
-    uint8_t ql[128];    /* low 4 bits */
-    uint8_t qh[64];     /* high 2 bits */
-    int8_t scales[16];  /* per 16 elements */
-    uint16_t d;         /* w = d * sc * (q - 32) */
+    uint8_t ql[128];   /* low 4 bits */
+    uint8_t qh[64];    /* high 2 bits */
+    int8_t scales[16]; /* per 16 elements */
+    uint16_t d;        /* w = d * sc * (q - 32) */
 };
 struct blk_q8_K {
-    float d;            /* x = d * q */
+    float d; /* x = d * q */
     int8_t qs[256];
-    int16_t bsums[16];  /* sum of each 16 consecutive qs, for the min terms of K-quant dots */
+    int16_t bsums[16]; /* sum of each 16 consecutive qs, for the min terms of K-quant dots */
 };
 struct blk_iq4_nl {
-    uint16_t d;         /* w = d * quant_iq4nl_values[q] */
-    uint8_t qs[16];     /* as q4_0 */
+    uint16_t d;     /* w = d * quant_iq4nl_values[q] */
+    uint8_t qs[16]; /* as q4_0 */
 };
 struct blk_iq4_xs {
     uint16_t d;
-    uint16_t scales_h;  /* high 2 bits of the 8 6-bit scales */
+    uint16_t scales_h;   /* high 2 bits of the 8 6-bit scales */
     uint8_t scales_l[4]; /* low 4 bits, two per byte */
-    uint8_t qs[128];    /* per 32 elements 16 bytes, as q4_0 */
+    uint8_t qs[128];     /* per 32 elements 16 bytes, as q4_0 */
 };
 
 _Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 block");
@@ -134,7 +137,8 @@ static inline int quant_nearest_int(float f)
     return (i & 0x007fffff) - 0x00400000;
 }
 
-/* Family entry points (see the header comment). src/dst are nb blocks and nb * block-size floats. */
+/* Family entry points (see the header comment). src/dst are nb blocks and nb * block-size floats.
+ */
 void quant_k_dequantize(uint32_t type, const void *src, float *dst, int64_t nb);
 void quant_k_quantize(uint32_t type, const float *src, void *dst, int64_t nb);
 void quant_iq_dequantize(uint32_t type, const void *src, float *dst, int64_t nb);

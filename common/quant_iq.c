@@ -82,7 +82,8 @@ static float block_scale(const float *xb, uint8_t *L)
 
 static void pack4(const uint8_t *L, uint8_t *qs)
 {
-    for (int j = 0; j < 16; ++j) qs[j] = (uint8_t)(L[j] | (L[16 + j] << 4));
+    for (int j = 0; j < 16; ++j)
+        qs[j] = (uint8_t)(L[j] | (L[16 + j] << 4));
 }
 
 static void iq4_nl_quantize(const float *x, struct blk_iq4_nl *y, int64_t nb)
@@ -93,7 +94,8 @@ static void iq4_nl_quantize(const float *x, struct blk_iq4_nl *y, int64_t nb)
         y[i].d = quant_f32_to_f16(d);
         /* requantize with the final scale (ggml does, for ntry > 0) */
         float id = d ? 1 / d : 0;
-        for (int j = 0; j < 32; ++j) L[j] = (uint8_t)best_index(id * x[j]);
+        for (int j = 0; j < 32; ++j)
+            L[j] = (uint8_t)best_index(id * x[j]);
         pack4(L, y[i].qs);
     }
 }
@@ -120,7 +122,8 @@ static void iq4_xs_quantize(const float *x, struct blk_iq4_xs *y, int64_t nb)
             l = l < -32 ? -32 : l > 31 ? 31 : l;
             const float dl = d * l;
             const float idl = dl ? 1 / dl : 0.f;
-            for (int j = 0; j < 32; ++j) L[32 * ib + j] = (uint8_t)best_index(idl * x[32 * ib + j]);
+            for (int j = 0; j < 32; ++j)
+                L[32 * ib + j] = (uint8_t)best_index(idl * x[32 * ib + j]);
             l += 32;
             if (ib % 2 == 0)
                 y[i].scales_l[ib / 2] = (uint8_t)(l & 0xf);
@@ -128,7 +131,8 @@ static void iq4_xs_quantize(const float *x, struct blk_iq4_xs *y, int64_t nb)
                 y[i].scales_l[ib / 2] |= (uint8_t)((l & 0xf) << 4);
             y[i].scales_h |= (uint16_t)((l >> 4) << (2 * ib));
         }
-        for (int ib = 0; ib < QK_K / 32; ++ib) pack4(L + 32 * ib, y[i].qs + 16 * ib);
+        for (int ib = 0; ib < QK_K / 32; ++ib)
+            pack4(L + 32 * ib, y[i].qs + 16 * ib);
     }
 }
 
@@ -144,14 +148,16 @@ void quant_iq_dequantize(uint32_t type, const void *src, float *dst, int64_t nb)
 {
     if (type == QT_IQ4_NL) {
         const struct blk_iq4_nl *x = src;
-        for (int64_t i = 0; i < nb; i++) iq4_dequantize_32(quant_f16_to_f32(x[i].d), x[i].qs, dst + 32 * i);
+        for (int64_t i = 0; i < nb; i++)
+            iq4_dequantize_32(quant_f16_to_f32(x[i].d), x[i].qs, dst + 32 * i);
         return;
     }
     const struct blk_iq4_xs *x = src;
     for (int64_t i = 0; i < nb; i++) {
         const float d = quant_f16_to_f32(x[i].d);
         for (int ib = 0; ib < QK_K / 32; ++ib) {
-            const int ls = ((x[i].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((x[i].scales_h >> 2 * ib) & 3) << 4);
+            const int ls = ((x[i].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) |
+                           (((x[i].scales_h >> 2 * ib) & 3) << 4);
             iq4_dequantize_32(d * (ls - 32), x[i].qs + 16 * ib, dst + QK_K * i + 32 * ib);
         }
     }

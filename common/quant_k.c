@@ -18,15 +18,16 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define F16(h)   quant_f16_to_f32(h)
-#define TO16(f)  quant_f32_to_f16(f)
+#define F16(h)     quant_f16_to_f32(h)
+#define TO16(f)    quant_f32_to_f16(f)
 #define MINI(a, b) ((a) < (b) ? (a) : (b))
 #define MAXI(a, b) ((a) > (b) ? (a) : (b))
 
 /* Below this magnitude a group counts as all zero (ggml's GROUP_MAX_EPS). */
 #define GROUP_MAX_EPS 1e-15f
 
-/* ---- scale searches (ggml's make_qx_quants, make_q3_quants, make_qkx2_quants) ------------------ */
+/* ---- scale searches (ggml's make_qx_quants, make_q3_quants, make_qkx2_quants) ------------------
+ */
 
 /* qx_quants: symmetric levels -nmax..nmax-1, weights x^2, best of 19 trial scales (Q6_K). */
 static float qx_quants(int n, int nmax, const float *x, int8_t *L)
@@ -123,7 +124,8 @@ static float q3_quants(int n, int nmax, const float *x, int8_t *L)
         }
         if (!n_changed) break;
     }
-    for (int i = 0; i < n; ++i) L[i] = (int8_t)(L[i] + nmax);
+    for (int i = 0; i < n; ++i)
+        L[i] = (int8_t)(L[i] + nmax);
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
@@ -216,14 +218,17 @@ static void q2_K_quantize(const float *x, struct blk_q2_K *y, int64_t nb)
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
         float max_scale = 0, max_min = 0;
         for (int j = 0; j < QK_K / 16; ++j) {
-            for (int l = 0; l < 16; ++l) weights[l] = fabsf(x[16 * j + l]);
-            scales[j] = qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f, 15, true);
+            for (int l = 0; l < 16; ++l)
+                weights[l] = fabsf(x[16 * j + l]);
+            scales[j] = qkx2_quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], -0.5f, 0.1f,
+                                    15, true);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
         if (max_scale > 0) {
             float iscale = q4scale / max_scale;
-            for (int j = 0; j < QK_K / 16; ++j) y[i].scales[j] = (uint8_t)quant_nearest_int(iscale * scales[j]);
+            for (int j = 0; j < QK_K / 16; ++j)
+                y[i].scales[j] = (uint8_t)quant_nearest_int(iscale * scales[j]);
             y[i].d = TO16(max_scale / q4scale);
         } else {
             memset(y[i].scales, 0, sizeof y[i].scales);
@@ -262,7 +267,8 @@ static void q2_K_dequantize(const struct blk_q2_K *x, float *y, int64_t nb)
                 for (int half = 0; half < 2; half++) {
                     uint8_t sc = x[i].scales[is++];
                     float dl = d * (sc & 0xF), ml = min * (sc >> 4);
-                    for (int l = 0; l < 16; ++l) *y++ = dl * ((q[l + 16 * half] >> shift) & 3) - ml;
+                    for (int l = 0; l < 16; ++l)
+                        *y++ = dl * ((q[l + 16 * half] >> shift) & 3) - ml;
                 }
             }
         }
@@ -342,7 +348,8 @@ static void q3_K_dequantize(const struct blk_q3_K *x, float *y, int64_t nb)
     }
 }
 
-/* ---- Q4_K / Q5_K ------------------------------------------------------------------------------ */
+/* ---- Q4_K / Q5_K ------------------------------------------------------------------------------
+ */
 
 /* k45_scales runs the sub-block searches of a Q4_K (nmax 15) or Q5_K (nmax 31) super-block, packs
  * the 6-bit scales and mins and the two fp16 factors, and requantizes x against the rounded
@@ -355,11 +362,13 @@ static void k45_scales(const float *x, int nmax, uint8_t *scales12, uint16_t *dh
     const bool q4 = nmax == 15;
     for (int j = 0; j < QK_K / 32; ++j) {
         float sum_x2 = 0;
-        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+        for (int l = 0; l < 32; ++l)
+            sum_x2 += x[32 * j + l] * x[32 * j + l];
         float av_x = sqrtf(sum_x2 / 32);
-        for (int l = 0; l < 32; ++l) weights[l] = av_x + fabsf(x[32 * j + l]);
-        scales[j] = qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], q4 ? -1.f : -0.5f, 0.1f,
-                                q4 ? 20 : 15, false);
+        for (int l = 0; l < 32; ++l)
+            weights[l] = av_x + fabsf(x[32 * j + l]);
+        scales[j] = qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j],
+                                q4 ? -1.f : -0.5f, 0.1f, q4 ? 20 : 15, false);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -401,7 +410,8 @@ static void q4_K_quantize(const float *x, struct blk_q4_K *y, int64_t nb)
         k45_scales(x, 15, y[i].scales, &y[i].d, &y[i].dmin, L);
         uint8_t *q = y[i].qs;
         for (int j = 0; j < QK_K; j += 64, q += 32)
-            for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+            for (int l = 0; l < 32; ++l)
+                q[l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
     }
 }
 
@@ -441,8 +451,10 @@ static void q4_K_dequantize(const struct blk_q4_K *x, float *y, int64_t nb)
             const float d1 = d * sc, m1 = min * m;
             quant_k4_scale_min(is + 1, x[i].scales, &sc, &m);
             const float d2 = d * sc, m2 = min * m;
-            for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
-            for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+            for (int l = 0; l < 32; ++l)
+                *y++ = d1 * (q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; ++l)
+                *y++ = d2 * (q[l] >> 4) - m2;
         }
     }
 }
@@ -459,8 +471,10 @@ static void q5_K_dequantize(const struct blk_q5_K *x, float *y, int64_t nb)
             const float d1 = d * sc, m1 = min * m;
             quant_k4_scale_min(is + 1, x[i].scales, &sc, &m);
             const float d2 = d * sc, m2 = min * m;
-            for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-            for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+            for (int l = 0; l < 32; ++l)
+                *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; ++l)
+                *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
         }
     }
 }
@@ -486,7 +500,8 @@ static void q6_K_quantize(const float *x, struct blk_q6_K *y, int64_t nb)
         }
         float iscale = -128.f / max_scale;
         y[i].d = TO16(1 / iscale);
-        for (int ib = 0; ib < QK_K / 16; ++ib) y[i].scales[ib] = (int8_t)MINI(127, quant_nearest_int(iscale * scales[ib]));
+        for (int ib = 0; ib < QK_K / 16; ++ib)
+            y[i].scales[ib] = (int8_t)MINI(127, quant_nearest_int(iscale * scales[ib]));
         for (int j = 0; j < QK_K / 16; ++j) {
             float d = F16(y[i].d) * y[i].scales[j];
             if (!d) continue;
@@ -503,7 +518,8 @@ static void q6_K_quantize(const float *x, struct blk_q6_K *y, int64_t nb)
                 const int8_t *g = L + j + l;
                 ql[l] = (uint8_t)((g[0] & 0xF) | ((g[64] & 0xF) << 4));
                 ql[l + 32] = (uint8_t)((g[32] & 0xF) | ((g[96] & 0xF) << 4));
-                qh[l] = (uint8_t)((g[0] >> 4) | ((g[32] >> 4) << 2) | ((g[64] >> 4) << 4) | ((g[96] >> 4) << 6));
+                qh[l] = (uint8_t)((g[0] >> 4) | ((g[32] >> 4) << 2) | ((g[64] >> 4) << 4) |
+                                  ((g[96] >> 4) << 6));
             }
         }
     }
@@ -531,26 +547,47 @@ static void q6_K_dequantize(const struct blk_q6_K *x, float *y, int64_t nb)
     }
 }
 
-/* ---- dispatch (quant.c has checked type and length) ------------------------------------------- */
+/* ---- dispatch (quant.c has checked type and length) -------------------------------------------
+ */
 
 void quant_k_dequantize(uint32_t type, const void *src, float *dst, int64_t nb)
 {
     switch (type) {
-    case QT_Q2_K: q2_K_dequantize(src, dst, nb); break;
-    case QT_Q3_K: q3_K_dequantize(src, dst, nb); break;
-    case QT_Q4_K: q4_K_dequantize(src, dst, nb); break;
-    case QT_Q5_K: q5_K_dequantize(src, dst, nb); break;
-    default: q6_K_dequantize(src, dst, nb); break;
+    case QT_Q2_K:
+        q2_K_dequantize(src, dst, nb);
+        break;
+    case QT_Q3_K:
+        q3_K_dequantize(src, dst, nb);
+        break;
+    case QT_Q4_K:
+        q4_K_dequantize(src, dst, nb);
+        break;
+    case QT_Q5_K:
+        q5_K_dequantize(src, dst, nb);
+        break;
+    default:
+        q6_K_dequantize(src, dst, nb);
+        break;
     }
 }
 
 void quant_k_quantize(uint32_t type, const float *src, void *dst, int64_t nb)
 {
     switch (type) {
-    case QT_Q2_K: q2_K_quantize(src, dst, nb); break;
-    case QT_Q3_K: q3_K_quantize(src, dst, nb); break;
-    case QT_Q4_K: q4_K_quantize(src, dst, nb); break;
-    case QT_Q5_K: q5_K_quantize(src, dst, nb); break;
-    default: q6_K_quantize(src, dst, nb); break;
+    case QT_Q2_K:
+        q2_K_quantize(src, dst, nb);
+        break;
+    case QT_Q3_K:
+        q3_K_quantize(src, dst, nb);
+        break;
+    case QT_Q4_K:
+        q4_K_quantize(src, dst, nb);
+        break;
+    case QT_Q5_K:
+        q5_K_quantize(src, dst, nb);
+        break;
+    default:
+        q6_K_quantize(src, dst, nb);
+        break;
     }
 }

@@ -46,7 +46,8 @@ static void *guarded(size_t n)
 static void check_guard(const void *p, size_t n, const char *what)
 {
     const unsigned char *g = (const unsigned char *)p + n;
-    for (int i = 0; i < GUARD; i++) ck_assert_msg(g[i] == 0xA5, "%s wrote past its %zu bytes", what, n);
+    for (int i = 0; i < GUARD; i++)
+        ck_assert_msg(g[i] == 0xA5, "%s wrote past its %zu bytes", what, n);
 }
 
 /* ---- fp16 / bf16 ----------------------------------------------------------------------------- */
@@ -61,7 +62,8 @@ START_TEST(test_f16_every_value_and_midpoint)
             ck_assert(isnan(quant_f16_to_f32(quant_f32_to_f16(f))));
             continue;
         }
-        ck_assert_msg(quant_f32_to_f16(f) == h, "f16 %04x -> %a -> %04x", h, f, quant_f32_to_f16(f));
+        ck_assert_msg(quant_f32_to_f16(f) == h, "f16 %04x -> %a -> %04x", h, f,
+                      quant_f32_to_f16(f));
     }
     /* between each pair of neighbours: the midpoint goes to the even one, a hair off it to the
      * nearer one (subnormals included) */
@@ -69,7 +71,8 @@ START_TEST(test_f16_every_value_and_midpoint)
         float a = quant_f16_to_f32((uint16_t)h), b = quant_f16_to_f32((uint16_t)(h + 1));
         float mid = (float)(((double)a + b) / 2);
         uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
-        ck_assert_msg(quant_f32_to_f16(mid) == even, "midpoint of %04x: %04x", h, quant_f32_to_f16(mid));
+        ck_assert_msg(quant_f32_to_f16(mid) == even, "midpoint of %04x: %04x", h,
+                      quant_f32_to_f16(mid));
         ck_assert_uint_eq(quant_f32_to_f16(nextafterf(mid, 0)), h);
         ck_assert_uint_eq(quant_f32_to_f16(nextafterf(mid, INFINITY)), h + 1);
         ck_assert_uint_eq(quant_f32_to_f16(-mid), even | 0x8000);
@@ -112,19 +115,21 @@ END_TEST
 
 START_TEST(test_unsupported_and_bad_lengths)
 {
-    static const uint32_t bad[] = {QT_Q8_1, QT_Q8_K, QT_IQ2_XXS, QT_IQ1_S, QT_I32, QT_TQ1_0, QT_MXFP4, 4, 99};
+    static const uint32_t bad[] = {QT_Q8_1,  QT_Q8_K,  QT_IQ2_XXS, QT_IQ1_S, QT_I32,
+                                   QT_TQ1_0, QT_MXFP4, 4,          99};
     float f[256] = {0};
     unsigned char q[1024];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert(!quant_can_quantize(bad[i]));
         ck_assert_int_eq(quant_dequantize(bad[i], q, f, 256), STRATA_EUNSUPPORTED);
-        ck_assert_msg(strstr(strata_errdetail(), qtype_name(bad[i])), "detail '%s' does not name %s",
-                      strata_errdetail(), qtype_name(bad[i]));
+        ck_assert_msg(strstr(strata_errdetail(), qtype_name(bad[i])),
+                      "detail '%s' does not name %s", strata_errdetail(), qtype_name(bad[i]));
         ck_assert_int_eq(quant_quantize(bad[i], f, q, 256), STRATA_EUNSUPPORTED);
         ck_assert_int_eq(quant_activations(bad[i], f, q, 256), STRATA_EUNSUPPORTED);
     }
     ck_assert(quant_can_quantize(QT_F32));
-    for (int t = 0; t < NTYPES; t++) ck_assert(quant_can_quantize(types[t]));
+    for (int t = 0; t < NTYPES; t++)
+        ck_assert(quant_can_quantize(types[t]));
     ck_assert_int_eq(quant_quantize(QT_Q4_0, f, q, 33), STRATA_EINVAL);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "33"));
     ck_assert_int_eq(quant_dequantize(QT_Q4_K, q, f, 128), STRATA_EINVAL);
@@ -147,7 +152,8 @@ static bool golden_open(const char *file, struct gguf_file **g)
     return true;
 }
 
-static const struct gguf_tensor *golden_tensor(const struct gguf_file *g, const char *name, uint32_t type)
+static const struct gguf_tensor *golden_tensor(const struct gguf_file *g, const char *name,
+                                               uint32_t type)
 {
     const struct gguf_tensor *t = gguf_tensor_find(g, name);
     ck_assert_msg(t != NULL, "golden file has no tensor %s", name);
@@ -159,7 +165,8 @@ static const struct gguf_tensor *golden_tensor(const struct gguf_file *g, const 
 static void golden_file_name(uint32_t type, char *buf, size_t len)
 {
     snprintf(buf, len, "golden-%s.gguf", qtype_name(type));
-    for (char *c = buf; *c; c++) *c = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+    for (char *c = buf; *c; c++)
+        *c = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
 }
 
 START_TEST(test_golden_dequantize)
@@ -206,12 +213,14 @@ START_TEST(test_golden_quantize)
     memcpy(x, src->data, 65536 * 4); /* the mapping is only 32-byte aligned: take an aligned copy */
     /* row by row, as llama-quantize does (256 rows of 256) */
     uint64_t row_bytes = bytes / 256;
-    for (int r = 0; r < 256; r++) ck_assert_int_eq(quant_quantize(type, x + 256 * r, out + row_bytes * r, 256), 0);
+    for (int r = 0; r < 256; r++)
+        ck_assert_int_eq(quant_quantize(type, x + 256 * r, out + row_bytes * r, 256), 0);
     check_guard(out, bytes, "quantize");
     uint64_t bad = 0, first = 0;
     for (uint64_t i = 0; i < bytes; i++)
         if (out[i] != q->data[i] && bad++ == 0) first = i;
-    ck_assert_msg(bad == 0, "%s: %llu of %llu bytes differ from ggml's, first at byte %llu (block %llu)",
+    ck_assert_msg(bad == 0,
+                  "%s: %llu of %llu bytes differ from ggml's, first at byte %llu (block %llu)",
                   qtype_name(type), (unsigned long long)bad, (unsigned long long)bytes,
                   (unsigned long long)first, (unsigned long long)(first / qtype_get(type)->bytes));
     free(x);
@@ -227,10 +236,10 @@ END_TEST
  * element's block (32 elements; 256 for the K-quants and IQ4_XS). For the float and 32-element
  * formats c is analytic (level step / 2, or a full step where ggml clamps the top level, plus the
  * fp16 rounding of the scales); for the K and IQ formats, whose least-squares scale searches have
- * no closed-form worst case, c is the worst seen over many rows plus about 30%. tau = 2 * M * 2^-25:
- * a scale that falls into fp16's subnormal range (amax below ~1e-3) is rounded by up to 2^-25,
- * multiplied by the largest integer factor M a weight applies to it. rms: the largest relative RMS
- * error of gaussian rows. */
+ * no closed-form worst case, c is the worst seen over many rows plus about 30%. tau = 2 * M *
+ * 2^-25: a scale that falls into fp16's subnormal range (amax below ~1e-3) is rounded by up to
+ * 2^-25, multiplied by the largest integer factor M a weight applies to it. rms: the largest
+ * relative RMS error of gaussian rows. */
 static const struct {
     uint32_t type;
     double c, M, rms;
@@ -252,19 +261,32 @@ static const struct {
 };
 
 enum rowkind { ROW_GAUSS, ROW_ZERO, ROW_HUGE, ROW_MIXED, ROW_TINY, ROW_OFFSET, ROW_KINDS };
-static const char *const rowkind_name[] = {"gauss", "zeros", "one huge", "mixed magnitudes", "tiny", "offset"};
+static const char *const rowkind_name[] = {"gauss", "zeros", "one huge", "mixed magnitudes",
+                                           "tiny",  "offset"};
 
 static void fill_row(enum rowkind k, float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
         float g = gauss();
         switch (k) {
-        case ROW_GAUSS: x[i] = g; break;
-        case ROW_ZERO: x[i] = 0; break;
-        case ROW_HUGE: x[i] = g; break;
-        case ROW_MIXED: x[i] = i % 5 ? g * 3e3f : g * 1e-3f; break; /* within fp16's range */
-        case ROW_TINY: x[i] = g * 1e-4f; break;
-        default: x[i] = g + 4.0f; break; /* all positive: exercises the min of affine formats */
+        case ROW_GAUSS:
+            x[i] = g;
+            break;
+        case ROW_ZERO:
+            x[i] = 0;
+            break;
+        case ROW_HUGE:
+            x[i] = g;
+            break;
+        case ROW_MIXED:
+            x[i] = i % 5 ? g * 3e3f : g * 1e-3f;
+            break; /* within fp16's range */
+        case ROW_TINY:
+            x[i] = g * 1e-4f;
+            break;
+        default:
+            x[i] = g + 4.0f;
+            break; /* all positive: exercises the min of affine formats */
         }
     }
     if (k == ROW_HUGE) x[(int64_t)(unif() * (double)n)] = 2e4f;
@@ -298,24 +320,27 @@ START_TEST(test_roundtrip_bounds)
                 double se = 0, sx = 0;
                 for (int64_t b = 0; b < n; b += B) {
                     double amax = 0;
-                    for (int64_t i = b; i < b + B; i++) amax = fmax(amax, fabs(x[i]));
+                    for (int64_t i = b; i < b + B; i++)
+                        amax = fmax(amax, fabs(x[i]));
                     for (int64_t i = b; i < b + B; i++) {
                         double e = fabs((double)y[i] - x[i]);
-                        ck_assert_msg(isfinite(y[i]) && e <= bounds[_i].c * amax + tau,
-                                      "%s, %s row of %lld, element %lld: %g -> %g, error %g > %g * %g + %g",
-                                      ti->name, rowkind_name[k], (long long)n, (long long)i, x[i], y[i], e,
-                                      bounds[_i].c, amax, tau);
+                        ck_assert_msg(
+                            isfinite(y[i]) && e <= bounds[_i].c * amax + tau,
+                            "%s, %s row of %lld, element %lld: %g -> %g, error %g > %g * %g + %g",
+                            ti->name, rowkind_name[k], (long long)n, (long long)i, x[i], y[i], e,
+                            bounds[_i].c, amax, tau);
                         if (amax > 0) worst = fmax(worst, (e - tau) / amax);
                         se += e * e;
                         sx += (double)x[i] * x[i];
                     }
                 }
                 if (k == ROW_ZERO)
-                    for (int64_t i = 0; i < n; i++) ck_assert_msg(y[i] == 0, "%s: zero row gives %g", ti->name, y[i]);
+                    for (int64_t i = 0; i < n; i++)
+                        ck_assert_msg(y[i] == 0, "%s: zero row gives %g", ti->name, y[i]);
                 if (k == ROW_GAUSS) {
                     worst_rms = fmax(worst_rms, sqrt(se / sx));
-                    ck_assert_msg(sqrt(se / sx) <= bounds[_i].rms, "%s: relative rms error %g > %g", ti->name,
-                                  sqrt(se / sx), bounds[_i].rms);
+                    ck_assert_msg(sqrt(se / sx) <= bounds[_i].rms, "%s: relative rms error %g > %g",
+                                  ti->name, sqrt(se / sx), bounds[_i].rms);
                 }
             }
         }
@@ -323,8 +348,9 @@ START_TEST(test_roundtrip_bounds)
         free(y);
         free(q);
     }
-    printf("%-7s round trip: worst error %.4f * block amax (bound %.4f), worst rms %.4f (bound %.4f)\n", ti->name,
-           worst, bounds[_i].c, worst_rms, bounds[_i].rms);
+    printf("%-7s round trip: worst error %.4f * block amax (bound %.4f), worst rms %.4f (bound "
+           "%.4f)\n",
+           ti->name, worst, bounds[_i].c, worst_rms, bounds[_i].rms);
 }
 END_TEST
 
@@ -334,8 +360,10 @@ START_TEST(test_activations)
 {
     const int64_t n = 768;
     float x[768];
-    for (int64_t i = 0; i < n; i++) x[i] = gauss() * (i % 100 == 7 ? 50 : 1);
-    for (int i = 0; i < 64; i++) x[256 + i] = 0; /* a zero Q8_0 block */
+    for (int64_t i = 0; i < n; i++)
+        x[i] = gauss() * (i % 100 == 7 ? 50 : 1);
+    for (int i = 0; i < 64; i++)
+        x[256 + i] = 0; /* a zero Q8_0 block */
     for (int t = 0; t < NTYPES + 1; t++) {
         const uint32_t w = t < NTYPES ? types[t] : QT_F32;
         const struct qtype_info *ti = qtype_get(w);
@@ -358,15 +386,18 @@ START_TEST(test_activations)
             const struct blk_q8_K *b = (const void *)a;
             for (int k = 0; k < n / QK_K; k++) {
                 double amax = 0;
-                for (int i = 0; i < QK_K; i++) amax = fmax(amax, fabs(x[QK_K * k + i]));
+                for (int i = 0; i < QK_K; i++)
+                    amax = fmax(amax, fabs(x[QK_K * k + i]));
                 for (int s = 0; s < 16; s++) {
                     int sum = 0;
-                    for (int i = 0; i < 16; i++) sum += b[k].qs[16 * s + i];
+                    for (int i = 0; i < 16; i++)
+                        sum += b[k].qs[16 * s + i];
                     ck_assert_int_eq(b[k].bsums[s], sum);
                 }
                 for (int i = 0; i < QK_K; i++) {
                     double e = fabs((double)b[k].d * b[k].qs[i] - x[QK_K * k + i]);
-                    ck_assert_msg(e <= amax / 254 * (1 + 0x1p-14), "q8_K element %d: error %g, amax %g", i, e, amax);
+                    ck_assert_msg(e <= amax / 254 * (1 + 0x1p-14),
+                                  "q8_K element %d: error %g, amax %g", i, e, amax);
                 }
             }
         }

@@ -38,7 +38,8 @@ static void fifth_bits(const uint8_t *qh, int32_t *q)
 {
     uint32_t h;
     memcpy(&h, qh, 4);
-    for (int j = 0; j < 32; j++) q[j] |= (int32_t)((h >> j) & 1) << 4;
+    for (int j = 0; j < 32; j++)
+        q[j] |= (int32_t)((h >> j) & 1) << 4;
 }
 
 /* decode fills b from the block at p of type t (a computable quantized type). */
@@ -52,7 +53,8 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
         const struct blk_q4_0 *x = (const void *)p;
         b->d = F16(x->d);
         nibbles32(x->qs, b->q);
-        for (int j = 0; j < 32; j++) b->q[j] -= 8;
+        for (int j = 0; j < 32; j++)
+            b->q[j] -= 8;
         return;
     }
     case QT_Q4_1: {
@@ -67,7 +69,8 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
         b->d = F16(x->d);
         nibbles32(x->qs, b->q);
         fifth_bits(x->qh, b->q);
-        for (int j = 0; j < 32; j++) b->q[j] -= 16;
+        for (int j = 0; j < 32; j++)
+            b->q[j] -= 16;
         return;
     }
     case QT_Q5_1: {
@@ -81,17 +84,20 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
     case QT_Q8_0: {
         const struct blk_q8_0 *x = (const void *)p;
         b->d = F16(x->d);
-        for (int j = 0; j < 32; j++) b->q[j] = x->qs[j];
+        for (int j = 0; j < 32; j++)
+            b->q[j] = x->qs[j];
         return;
     }
     case QT_IQ4_NL: {
         const struct blk_iq4_nl *x = (const void *)p;
         b->d = F16(x->d);
         nibbles32(x->qs, b->q);
-        for (int j = 0; j < 32; j++) b->q[j] = quant_iq4nl_values[b->q[j]];
+        for (int j = 0; j < 32; j++)
+            b->q[j] = quant_iq4nl_values[b->q[j]];
         return;
     }
-    default: break;
+    default:
+        break;
     }
     b->n = QK_K;
     switch (t) {
@@ -104,7 +110,8 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
             b->sc[s] = x->scales[s] & 0xF;
             b->mn[s] = x->scales[s] >> 4;
         }
-        for (int e = 0; e < QK_K; e++) b->q[e] = (x->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+        for (int e = 0; e < QK_K; e++)
+            b->q[e] = (x->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
         return;
     }
     case QT_Q3_K: {
@@ -113,7 +120,8 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
         b->sublen = 16;
         b->d = F16(x->d);
         quant_k3_scales(x->scales, sc);
-        for (int s = 0; s < 16; s++) b->sc[s] = sc[s] - 32;
+        for (int s = 0; s < 16; s++)
+            b->sc[s] = sc[s] - 32;
         for (int e = 0; e < QK_K; e++) {
             int low = (x->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
             int high = (x->hmask[e % 32] >> (e / 32)) & 1;
@@ -147,7 +155,8 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
         const struct blk_q6_K *x = (const void *)p;
         b->sublen = 16;
         b->d = F16(x->d);
-        for (int s = 0; s < 16; s++) b->sc[s] = x->scales[s];
+        for (int s = 0; s < 16; s++)
+            b->sc[s] = x->scales[s];
         for (int e = 0; e < QK_K; e++) {
             int h = e / 128, k = e % 128 / 32, l = e % 32;
             uint8_t lo = x->ql[64 * h + l + 32 * (k & 1)];
@@ -162,11 +171,13 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
         b->sublen = 32;
         b->d = F16(x->d);
         for (int s = 0; s < 8; s++) {
-            int ls = ((x->scales_l[s / 2] >> 4 * (s % 2)) & 0xf) | (((x->scales_h >> 2 * s) & 3) << 4);
+            int ls =
+                ((x->scales_l[s / 2] >> 4 * (s % 2)) & 0xf) | (((x->scales_h >> 2 * s) & 3) << 4);
             b->sc[s] = ls - 32;
             nibbles32(x->qs + 16 * s, b->q + 32 * s);
         }
-        for (int e = 0; e < QK_K; e++) b->q[e] = quant_iq4nl_values[b->q[e]];
+        for (int e = 0; e < QK_K; e++)
+            b->q[e] = quant_iq4nl_values[b->q[e]];
         return;
     }
     }
@@ -209,7 +220,8 @@ float qdot_f32(uint32_t wtype, int64_t n, const void *w_row, const float *x)
     for (int64_t e = 0; e < n; e += QK_K, p += chunk_bytes) {
         int64_t len = n - e < QK_K ? n - e : QK_K;
         quant_dequantize(wtype, p, w, len);
-        for (int64_t i = 0; i < len; i++) sum += (double)w[i] * x[e + i];
+        for (int64_t i = 0; i < len; i++)
+            sum += (double)w[i] * x[e + i];
     }
     return (float)sum;
 }
@@ -255,7 +267,8 @@ double qdot_ref_bound(uint32_t wtype, int64_t n, const void *w_row, const float 
         for (int64_t e = 0; e < n; e += QK_K, p += chunk_bytes) {
             int64_t len = n - e < QK_K ? n - e : QK_K;
             quant_dequantize(wtype, p, w, len);
-            for (int64_t i = 0; i < len; i++) s += fabs((double)w[i] * x[e + i]);
+            for (int64_t i = 0; i < len; i++)
+                s += fabs((double)w[i] * x[e + i]);
         }
         return s * 0x1p-23;
     }
@@ -272,11 +285,13 @@ double qdot_ref_bound(uint32_t wtype, int64_t n, const void *w_row, const float 
         quant_dequantize(wtype, p, w, ti->blck);
         for (int a = 0; a < b.n; a += ablk) {
             double amax = 0, wabs = 0;
-            for (int i = a; i < a + ablk; i++) amax = fmax(amax, fabs(x[e + i]));
+            for (int i = a; i < a + ablk; i++)
+                amax = fmax(amax, fabs(x[e + i]));
             const double delta = amax * rho + tau;
             for (int i = a; i < a + ablk; i++) {
                 const int s = i / b.sublen;
-                const double P = fabs((double)b.d * b.sc[s] * b.q[i]) + fabs((double)b.dmin * b.mn[s]) + fabs(b.m);
+                const double P = fabs((double)b.d * b.sc[s] * b.q[i]) +
+                                 fabs((double)b.dmin * b.mn[s]) + fabs(b.m);
                 wabs += fabs(w[i]);
                 parts += P * (fabs(x[e + i]) + delta);
             }

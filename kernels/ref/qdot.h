@@ -3,14 +3,16 @@
  * against. Pure functions; any thread.
  *
  * qdot_ref's reduction order, per weight type:
- *   quantized weights: activations come as quant_activations() made them (Q8_0 per 32, Q8_K per 256
- *   elements). For each weight block in row order, the integer sums are exact (int32):
- *     isum = sum over sub-blocks s of sc_s * sum_{i in s} q_i * qx_i,  msum = sum_s m_s * sum_{i in s} qx_i,
- *     xsum = sum_i qx_i,
- *   where a weight is w_i = d * sc_s * q_i - dmin * m_s + m (sc_s = 1, m_s = 0 for the 32-element
- *   formats; m is Q4_1/Q5_1's offset, 0 otherwise). The block adds, in float and in this order,
+ *   quantized weights: activations come as quant_activations() made them (Q8_0 per 32, Q8_K per
+ *   256 elements). A weight is w_i = d * sc_s * q_i - dmin * m_s + m, s its sub-block (sc_s = 1,
+ *   m_s = 0 for the 32-element formats; m is Q4_1/Q5_1's offset, 0 otherwise). For each weight
+ *   block in row order, with qx the integer activations, three exact int32 sums:
+ *     isum = sum_s sc_s * sum_{i in s} q_i * qx_i
+ *     msum = sum_s m_s * sum_{i in s} qx_i
+ *     xsum = sum_i qx_i
+ *   and the block adds, in float and in this order, to a float accumulator:
  *     blk = (dx * d) * (float)isum - (dx * dmin) * (float)msum + (dx * m) * (float)xsum
- *   to a float accumulator, block after block (dx: the activation block's scale).
+ *   (dx: the activation block's scale), block after block.
  *   F32/F16/BF16 weights: activations stay F32; products summed in double in index order, rounded
  *   once at the end (as qdot_f32).
  */
@@ -20,13 +22,13 @@
 #include <stdint.h>
 
 /* qdot_ref returns the dot product of n weights of wtype at w_row with act, n activations that
- * quant_activations(wtype, ...) produced. n must be a multiple of wtype's block; NAN for a type that
- * is not computable. */
+ * quant_activations(wtype, ...) produced. n must be a multiple of wtype's block; NAN for a type
+ * that is not computable. */
 float qdot_ref(uint32_t wtype, int64_t n, const void *w_row, const void *act);
 
 /* qdot_f32 returns the dot product of the dequantized row with float activations x: dequantized as
- * quant_dequantize does, accumulated in double in index order, rounded to float once. NAN for a type
- * that is not computable. */
+ * quant_dequantize does, accumulated in double in index order, rounded to float once. NAN for a
+ * type that is not computable. */
 float qdot_f32(uint32_t wtype, int64_t n, const void *w_row, const float *x);
 
 /* qdot_ref_bound returns E, a bound that holds for every row and input (finite, |x| < 8e6):

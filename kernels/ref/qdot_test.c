@@ -11,8 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1,   QT_Q5_0,  QT_Q5_1,
-                                 QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q4_0,
+                                 QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K,   QT_Q3_K,
+                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
@@ -37,11 +38,21 @@ static void fill_x(enum xkind k, float *x, int64_t n)
     for (int64_t i = 0; i < n; i++) {
         float g = gauss();
         switch (k) {
-        case X_GAUSS: x[i] = g; break;
-        case X_HUGE: x[i] = g; break;
-        case X_MIXED: x[i] = i % 3 ? g * 1e3f : g * 1e-3f; break;
-        case X_TINY: x[i] = g * 1e-5f; break; /* Q8_0's fp16 scale goes subnormal */
-        default: x[i] = unif() < 0.9 ? 0 : g; break;
+        case X_GAUSS:
+            x[i] = g;
+            break;
+        case X_HUGE:
+            x[i] = g;
+            break;
+        case X_MIXED:
+            x[i] = i % 3 ? g * 1e3f : g * 1e-3f;
+            break;
+        case X_TINY:
+            x[i] = g * 1e-5f;
+            break; /* Q8_0's fp16 scale goes subnormal */
+        default:
+            x[i] = unif() < 0.9 ? 0 : g;
+            break;
         }
     }
     if (k == X_HUGE) x[(int64_t)(unif() * (double)n)] = 5e4f;
@@ -51,7 +62,8 @@ static void fill_x(enum xkind k, float *x, int64_t n)
 static void make_row(uint32_t t, int64_t n, bool offset, void *w, float *wf)
 {
     float *src = malloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) src[i] = gauss() * 0.05f + (offset ? 0.2f : 0);
+    for (int64_t i = 0; i < n; i++)
+        src[i] = gauss() * 0.05f + (offset ? 0.2f : 0);
     ck_assert_int_eq(quant_quantize(t, src, w, n), 0);
     ck_assert_int_eq(quant_dequantize(t, w, wf, n), 0);
     free(src);
@@ -86,14 +98,15 @@ START_TEST(test_bound_holds)
                 const float got = qdot_ref(t, n, w, act);
                 const double E = qdot_ref_bound(t, n, w, x);
                 const double err = fabs((double)(got - exact));
-                ck_assert_msg(isfinite(got) && err <= E,
-                              "%s, n %lld, x kind %d: qdot_ref %.9g, exact %.9Lg, error %g > bound %g", ti->name,
-                              (long long)n, xk, got, exact, err, E);
+                ck_assert_msg(
+                    isfinite(got) && err <= E,
+                    "%s, n %lld, x kind %d: qdot_ref %.9g, exact %.9Lg, error %g > bound %g",
+                    ti->name, (long long)n, xk, got, exact, err, E);
                 if (E > 0) worst_ratio = fmax(worst_ratio, err / E);
                 if (xk == X_GAUSS) {
                     /* the bound is not vacuous: a few percent of sum |w x| on ordinary inputs */
-                    ck_assert_msg(E <= 0.03 * (double)mag, "%s: bound %g is %g of sum |w x|", ti->name, E,
-                                  E / (double)mag);
+                    ck_assert_msg(E <= 0.03 * (double)mag, "%s: bound %g is %g of sum |w x|",
+                                  ti->name, E, E / (double)mag);
                     worst_rel_bound = fmax(worst_rel_bound, E / (double)mag);
                 }
                 /* qdot_f32: one rounding of a double sum */
@@ -107,8 +120,8 @@ START_TEST(test_bound_holds)
         free(wf);
         free(x);
     }
-    printf("%-7s qdot_ref: worst error %.3f of the bound; bound <= %.4f * sum|w x| on gaussian x\n", ti->name,
-           worst_ratio, worst_rel_bound);
+    printf("%-7s qdot_ref: worst error %.3f of the bound; bound <= %.4f * sum|w x| on gaussian x\n",
+           ti->name, worst_ratio, worst_rel_bound);
 }
 END_TEST
 
@@ -125,15 +138,17 @@ START_TEST(test_one_hot_positions)
     float wf[512], x[512];
     make_row(t, n, true, w, wf);
     float amax = 0;
-    for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(wf[i]));
+    for (int64_t i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(wf[i]));
     for (int64_t k = 0; k < n; k++) {
         memset(x, 0, sizeof x);
         x[k] = 1;
         ck_assert_int_eq(quant_activations(t, x, act, n), 0);
         const float got = qdot_ref(t, n, w, act);
         /* Q8_0 represents 1 as 127 * fp16(1/127): off by up to 2^-11 */
-        ck_assert_msg(fabsf(got - wf[k]) <= 0x1p-10f * amax, "%s position %lld: qdot_ref %g, weight %g", ti->name,
-                      (long long)k, got, wf[k]);
+        ck_assert_msg(fabsf(got - wf[k]) <= 0x1p-10f * amax,
+                      "%s position %lld: qdot_ref %g, weight %g", ti->name, (long long)k, got,
+                      wf[k]);
     }
     free(w);
     free(act);

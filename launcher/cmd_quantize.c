@@ -1,0 +1,82 @@
+/* strata quantize — `strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]`, as
+ * llama-quantize: options -> quantize_opts -> quantize_file (tools/quantize.h). */
+#include "common/err.h"
+#include "common/qtype.h"
+#include "common/quant.h"
+#include "launcher/cmd.h"
+#include "tools/quantize.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *out)
+{
+    fprintf(
+        out,
+        "usage: strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]\n\n"
+        "Rewrites IN with every weight matrix (2-D and 3-D tensors named *.weight) in TYPE, byte "
+        "for\n"
+        "byte as llama-quantize without an importance matrix. TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 "
+        "q5_0\n"
+        "q5_1 q2_K q3_K q4_K q5_K q6_K iq4_nl iq4_xs. Sources of any of these types are "
+        "dequantized\n"
+        "first. Other tensors and all metadata are copied; general.file_type and\n"
+        "general.quantization_version are set. Prints what it did to each tensor.\n"
+        "  --pure       no exceptions: without it, 1-D tensors, norms and routers (ffn_gate_inp)\n"
+        "               become f32; with it 1-D tensors are kept as they are\n"
+        "  --threads N  threads over rows (default: all CPUs)\n"
+        "A row length that TYPE's block does not divide falls back as llama.cpp does: q2_K, q3_K,\n"
+        "iq4_xs -> iq4_nl, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, and f16 when 32 does not "
+        "divide it.\n");
+}
+
+static int run(int argc, char **argv)
+{
+    const char *pos[3];
+    int npos = 0;
+    struct quantize_opts o = {.report = stdout};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--pure") == 0) {
+            o.pure = true;
+        } else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (*end || n < 1 || n > 256) {
+                fprintf(stderr, "strata quantize: --threads %s: give a number from 1 to 256\n",
+                        argv[i]);
+                return 2;
+            }
+            o.threads = (int)n;
+        } else if (argv[i][0] == '-' || npos == 3) {
+            fprintf(stderr, "strata quantize: unexpected argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        } else {
+            pos[npos++] = argv[i];
+        }
+    }
+    if (npos != 3) {
+        usage(stderr);
+        return 2;
+    }
+    int type = qtype_parse(pos[2]);
+    if (type < 0 || !quant_can_quantize((uint32_t)type)) {
+        fprintf(stderr,
+                "strata quantize: '%s' is not a type strata quantizes to; pick f32, f16, bf16, "
+                "q8_0, q4_0, "
+                "q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl or iq4_xs\n",
+                pos[2]);
+        return 2;
+    }
+    o.type = (uint32_t)type;
+    int rv = quantize_file(pos[0], pos[1], &o, NULL);
+    if (rv) return strata_cmd_fail("quantize", "nothing written", rv);
+    return 0;
+}
+
+const struct strata_cmd strata_cmd_quantize = {
+    "quantize", "quantize a GGUF file's weights (as llama-quantize)", run};
