@@ -55,6 +55,7 @@ struct tok {
     uint32_t special_at[257]; /* special[special_at[b] .. special_at[b+1]) start with byte b */
     int32_t bos, eos, unk;
     bool add_bos, add_eos, add_space_prefix;
+    bool spm_segments; /* SPM: no token has "▁" inside, so text splits at spaces (tok_spm.c) */
     const struct tok_pre_def *pre;
     pcre2_code *re[TOK_MAX_RE];
     int n_re;

@@ -13,8 +13,24 @@
 
 static const char space_mark[] = "\xE2\x96\x81"; /* U+2581 "▁" */
 
+/* A fragment splits into independent segments before each "▁" that follows another character,
+ * when no token has a "▁" after its leading run of them: then no token can span such a boundary, so
+ * merging each segment alone gives the same result with a heap of a word, not of the whole text. */
+static bool segments_are_safe(const struct tok *t)
+{
+    for (uint32_t i = 0; i < t->n_vocab; i++) {
+        const char *p = t->pool + t->str[i].off;
+        size_t n = t->str[i].len, k = 0;
+        while (k + 3 <= n && memcmp(p + k, space_mark, 3) == 0)
+            k += 3;
+        if (n - k >= 3 && memmem(p + k, n - k, space_mark, 3)) return false;
+    }
+    return true;
+}
+
 void tok_spm_init(struct tok *t)
 {
+    t->spm_segments = segments_are_safe(t);
     for (int b = 0; b < 256; b++) {
         char hex[8];
         snprintf(hex, sizeof hex, "<0x%02X>", b);
@@ -48,7 +64,7 @@ static int try_pair(const struct tok *t, struct tok_scratch *s, size_t *n, const
 {
     if (left < 0 || right < 0) return 0;
     uint32_t size = sym[left].len + sym[right].len;
-    int32_t id = tok_lookup(t, s->bytes + sym[left].start, size);
+    int32_t id = tok_lookup(t, (const uint8_t *)s->bytes + sym[left].start, size);
     if (id < 0 || (uint32_t)id >= t->n_vocab) return 0;
     int rv = tok_grow(&s->heap, &s->cap_heap, *n + 1, sizeof(struct spair));
     if (rv) return rv;
@@ -97,32 +113,15 @@ static int emit(const struct tok *t, const uint8_t *text, const struct ssym *y, 
     return 0;
 }
 
-int tok_spm_fragment(const struct tok *t, const char *text, size_t len, bool prefix,
-                     struct tok_scratch *s, struct tok_ids *out)
+/* merge_segment runs the merges over e[a, b) and appends its ids. */
+static int merge_segment(const struct tok *t, const uint8_t *e, size_t a, size_t b,
+                         struct tok_scratch *s, struct tok_ids *out)
 {
     int rv;
-    if (len > (UINT32_MAX - 3) / 3)
-        return strata_errf(STRATA_ELIMIT, "tokenizer: a text of %zu bytes is too long", len);
-    if ((rv = tok_grow(&s->bytes, &s->cap_bytes, 3 * len + 3, 1)) != 0) return rv;
-    uint8_t *e = s->bytes;
-    size_t m = 0;
-    if (prefix) {
-        memcpy(e, space_mark, 3);
-        m = 3;
-    }
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] == ' ') {
-            memcpy(e + m, space_mark, 3);
-            m += 3;
-        } else {
-            e[m++] = (uint8_t)text[i];
-        }
-    }
-    if ((rv = tok_grow(&s->sym, &s->cap_sym, m, sizeof(struct ssym))) != 0) return rv;
     struct ssym *sym = s->sym;
     int32_t n_sym = 0;
-    for (size_t i = 0; i < m;) {
-        int l = tok_utf8_len(e + i, m - i);
+    for (size_t i = a; i < b;) {
+        int l = tok_utf8_len(e + i, b - i);
         if (l <= 0) l = 1; /* an invalid byte is a symbol of its own; byte fallback spells it */
         sym[n_sym] = (struct ssym){(uint32_t)i, (uint32_t)l, n_sym - 1, n_sym + 1};
         n_sym++;
@@ -145,6 +144,43 @@ int tok_spm_fragment(const struct tok *t, const char *text, size_t len, bool pre
     }
     for (int32_t i = 0; i >= 0; i = sym[i].next)
         if ((rv = emit(t, e, &sym[i], out)) != 0) return rv;
+    return 0;
+}
+
+int tok_spm_fragment(const struct tok *t, const char *text, size_t len, bool prefix,
+                     struct tok_scratch *s, struct tok_ids *out)
+{
+    int rv;
+    if (len > (UINT32_MAX - 3) / 3)
+        return strata_errf(STRATA_ELIMIT, "tokenizer: a text of %zu bytes is too long", len);
+    if ((rv = tok_grow(&s->bytes, &s->cap_bytes, 3 * len + 3, 1)) != 0) return rv;
+    uint8_t *e = s->bytes;
+    size_t m = 0;
+    if (prefix) {
+        memcpy(e, space_mark, 3);
+        m = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') {
+            memcpy(e + m, space_mark, 3);
+            m += 3;
+        } else {
+            e[m++] = (uint8_t)text[i];
+        }
+    }
+    if ((rv = tok_grow(&s->sym, &s->cap_sym, m, sizeof(struct ssym))) != 0) return rv;
+    for (size_t a = 0; a < m;) {
+        size_t b = m;
+        if (t->spm_segments) { /* up to the next "▁" that follows another character */
+            b = a;
+            while (b < m && b + 3 <= m && memcmp(e + b, space_mark, 3) == 0)
+                b += 3;
+            const uint8_t *nx = b < m ? memmem(e + b, m - b, space_mark, 3) : NULL;
+            b = nx ? (size_t)(nx - e) : m;
+        }
+        if ((rv = merge_segment(t, e, a, b, s, out)) != 0) return rv;
+        a = b;
+    }
     return 0;
 }
 

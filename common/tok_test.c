@@ -315,13 +315,14 @@ START_TEST(unknown_pre_is_named)
 }
 END_TEST
 
-/* tiny_spm: <unk> <s> </s>, the 256 byte tokens, then a few pieces with scores */
-static struct tok *tiny_spm(void)
+/* tiny_spm: <unk> <s> </s>, the 256 byte tokens, then a few pieces with scores; inner adds "i▁h",
+ * a token with "▁" inside, which a merge can form across a space. */
+static struct tok *tiny_spm(bool inner)
 {
     static char bytes[256][8];
-    const char *toks[265];
-    int32_t types[265];
-    float scores[265] = {0};
+    const char *toks[266];
+    int32_t types[266];
+    float scores[266] = {0};
     toks[0] = "<unk>";
     types[0] = TOK_TYPE_UNKNOWN;
     toks[1] = "<s>";
@@ -340,8 +341,10 @@ static struct tok *tiny_spm(void)
         types[259 + i] = TOK_TYPE_NORMAL;
         scores[259 + i] = sc[i];
     }
+    toks[265] = "i\xE2\x96\x81h";
+    types[265] = TOK_TYPE_NORMAL;
     struct tok_config c = {.model = TOK_MODEL_SPM,
-                           .n_vocab = 265,
+                           .n_vocab = inner ? 266 : 265,
                            .tokens = toks,
                            .types = types,
                            .scores = scores,
@@ -357,7 +360,7 @@ static struct tok *tiny_spm(void)
 
 START_TEST(spm_scores_byte_fallback_prefix)
 {
-    struct tok *t = tiny_spm();
+    struct tok *t = tiny_spm(false);
     expect_ids(t, "hi", 0, (const int32_t[]){263}, 1);
     expect_ids(t, "hi", TOK_ADD_SPECIAL, (const int32_t[]){1, 263}, 2);
     /* "é" is not a piece: its two bytes */
@@ -369,13 +372,18 @@ START_TEST(spm_scores_byte_fallback_prefix)
     ck_assert_int_eq(tok_decode(t, ids, 6, TOK_DECODE_STRIP_PREFIX, &b), 0);
     ck_assert_str_eq(b.p, "h\xC3\xA9  hi");
     free(b.p);
+    /* without "i▁h" the text splits at spaces; with it, "▁i▁h" merges ▁h then i+▁h across */
+    expect_ids(t, "i h", 0, (const int32_t[]){259, 261, 262}, 3);
+    tok_free(t);
+    t = tiny_spm(true);
+    expect_ids(t, "i h", 0, (const int32_t[]){259, 265}, 2);
     tok_free(t);
 }
 END_TEST
 
 START_TEST(stream_holds_partial_utf8)
 {
-    struct tok *t = tiny_spm();
+    struct tok *t = tiny_spm(false);
     /* 🦙 = F0 9F A6 99 as four byte tokens, then "▁hi" */
     const int32_t ids[] = {3 + 0xF0, 3 + 0x9F, 3 + 0xA6, 3 + 0x99, 263};
     struct tok_stream s;
