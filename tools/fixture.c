@@ -1,0 +1,900 @@
+#include "tools/fixture.h"
+
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/qtype.h"
+#include "common/quant.h"
+#include "tools/fixture_vocab.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum arch { ARCH_QWEN3MOE, ARCH_LLAMA, ARCH_OLMOE, ARCH_QWEN2MOE, ARCH_COUNT };
+
+static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama", "olmoe", "qwen2moe"};
+
+struct shape {
+    const char *name;
+    struct fixture_hparams hp;
+    bool large; /* FIXTURE_AUTO writes random blocks */
+};
+
+/* Widths are multiples of 256 so every K-quant applies to every matrix (llama.cpp would fall back
+ * to Q5_0/Q8_0 for rows of other lengths); the tiny head size (128) differs from n_embd/n_head (64)
+ * to exercise attention.key_length. qwen3-30b-a3b is Qwen/Qwen3-30B-A3B's config.json. */
+static const struct shape shapes[] = {
+    {"tiny", {2, 256, 4, 2, 128, 8, 2, 768, 256, 512, 512, 4096, 1e-6f, 1e6f}, false},
+    {"qwen3-mini", {8, 1024, 16, 4, 64, 64, 8, 3072, 512, 2048, 151936, 40960, 1e-6f, 1e6f}, true},
+    {"qwen3-30b-a3b",
+     {48, 2048, 32, 4, 128, 128, 8, 6144, 768, 3072, 151936, 40960, 1e-6f, 1e6f},
+     true},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+/* llama.cpp's llama_ftype values for general.file_type. */
+enum {
+    FTYPE_ALL_F32 = 0,
+    FTYPE_F16 = 1,
+    FTYPE_Q4_0 = 2,
+    FTYPE_Q4_1 = 3,
+    FTYPE_Q8_0 = 7,
+    FTYPE_Q5_0 = 8,
+    FTYPE_Q5_1 = 9,
+    FTYPE_Q2_K = 10,
+    FTYPE_Q3_K_S = 11,
+    FTYPE_Q4_K_S = 14,
+    FTYPE_Q4_K_M = 15,
+    FTYPE_Q5_K_S = 16,
+    FTYPE_Q6_K = 18,
+    FTYPE_IQ4_NL = 25,
+    FTYPE_IQ4_XS = 30,
+    FTYPE_BF16 = 32,
+};
+
+static uint32_t file_type(bool mix, uint32_t type)
+{
+    if (mix) return FTYPE_Q4_K_M;
+    switch (type) {
+    case QT_F16:
+        return FTYPE_F16;
+    case QT_Q4_0:
+        return FTYPE_Q4_0;
+    case QT_Q4_1:
+        return FTYPE_Q4_1;
+    case QT_Q8_0:
+        return FTYPE_Q8_0;
+    case QT_Q5_0:
+        return FTYPE_Q5_0;
+    case QT_Q5_1:
+        return FTYPE_Q5_1;
+    case QT_Q2_K:
+        return FTYPE_Q2_K;
+    case QT_Q3_K:
+        return FTYPE_Q3_K_S;
+    case QT_Q4_K:
+        return FTYPE_Q4_K_S;
+    case QT_Q5_K:
+        return FTYPE_Q5_K_S;
+    case QT_Q6_K:
+        return FTYPE_Q6_K;
+    case QT_IQ4_NL:
+        return FTYPE_IQ4_NL;
+    case QT_IQ4_XS:
+        return FTYPE_IQ4_XS;
+    case QT_BF16:
+        return FTYPE_BF16;
+    default:
+        return FTYPE_ALL_F32;
+    }
+}
+
+/* Where each block type keeps its fp16 fields (ggml-common.h's block_* layouts): the scale d and,
+ * for the types with one, the min (Q4_1 m, Q5_1 m, K-quant dmin). Random blocks get a bounded d
+ * here; every other byte is any value the format allows. */
+struct blk_fields {
+    uint32_t type;
+    int off_d, off_min; /* -1: none */
+};
+static const struct blk_fields blk_fields[] = {
+    {QT_Q4_0, 0, -1}, {QT_Q4_1, 0, 2},    {QT_Q5_0, 0, -1},   {QT_Q5_1, 0, 2},
+    {QT_Q8_0, 0, -1}, {QT_Q2_K, 80, 82},  {QT_Q3_K, 108, -1}, {QT_Q4_K, 0, 2},
+    {QT_Q5_K, 0, 2},  {QT_Q6_K, 208, -1}, {QT_IQ4_NL, 0, -1}, {QT_IQ4_XS, 0, -1},
+};
+#define N_BLK_FIELDS (sizeof blk_fields / sizeof blk_fields[0])
+
+/* How random blocks of one type are scaled, measured once per write (calibrate). */
+struct blk_cal {
+    const struct blk_fields *f;
+    float unit;      /* std of the weights when d = 1 */
+    float min_ratio; /* min field = min_ratio * d centres the weights on 0 */
+};
+
+/* What a tensor's elements are, so its spread follows from the model's shape. */
+enum role {
+    ROLE_EMBD,   /* token_embd: unit spread (plus the sink coordinate with zipf routing) */
+    ROLE_OUTPUT, /* output: logits with a spread of ~16 */
+    ROLE_NORM,   /* RMSNorm weights: 1 +- 0.17 */
+    ROLE_BIAS,   /* q/k/v biases */
+    ROLE_IN,     /* matrices reading the normalized stream: q, k, v, gate, up, routers */
+    ROLE_RESID,  /* matrices writing the residual stream: attn_output, ffn_down */
+};
+
+/* Element 0 of each row may be fixed: the zipf router's sink coordinate (see plan_router). */
+enum col0 { COL0_RANDOM, COL0_SET, COL0_ROUTER };
+
+struct tdesc {
+    char name[64];
+    uint32_t type;
+    uint32_t n_dims;
+    uint64_t ne[GGUF_MAX_DIMS];
+    uint64_t n_rows;    /* ne[1] * ne[2] * ne[3] */
+    uint64_t row_bytes; /* bytes of ne[0] elements of type */
+    int layer;          /* -1: not in a block */
+    float mean, half;   /* elements are uniform in mean +- half */
+    uint64_t key;       /* RNG stream of this tensor */
+    enum col0 col0;
+    float col0_val;
+    bool zero_row0;            /* row 0 of each matrix is zero: nothing is written to the sink */
+    const struct blk_cal *cal; /* random blocks; NULL: generated from floats */
+};
+
+struct fx {
+    enum arch arch;
+    const struct shape *shape;
+    struct fixture_hparams hp;
+    bool mix;
+    uint32_t type;
+    bool blocks;
+    uint64_t seed;
+    double zipf;
+    bool old_layout, tied;
+    uint32_t n_vocab;
+    float *router_col0; /* [n_layer][n_expert] with zipf routing */
+    struct blk_cal cal[N_BLK_FIELDS];
+    struct tdesc *t;
+    uint32_t n_t, cap_t;
+    uint64_t max_ne0;
+};
+
+/* ---- counter-based RNG: splitmix64 keyed by (seed, tensor), positioned by element -------------
+ */
+
+#define GAMMA 0x9e3779b97f4a7c15ull
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The i-th output of splitmix64 started at key: any element is computed on its own, so threads
+ * and chunk sizes never change a byte. */
+static uint64_t rng_at(uint64_t key, uint64_t i)
+{
+    return mix64(key + (i + 1) * GAMMA);
+}
+
+/* rng_sym: uniform in [-1, 1). */
+static float rng_sym(uint64_t key, uint64_t i)
+{
+    return (float)(rng_at(key, i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+static uint64_t name_key(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    return mix64(mix64(seed + GAMMA) ^ h);
+}
+
+/* ---- options -----------------------------------------------------------------------------------
+ */
+
+static int parse_arch(const char *name, enum arch *out)
+{
+    for (int a = 0; a < ARCH_COUNT; a++) {
+        if (strcmp(name, arch_names[a]) == 0) {
+            *out = (enum arch)a;
+            return 0;
+        }
+    }
+    return strata_errf(STRATA_EINVAL,
+                       "unknown architecture '%s': use qwen3moe, llama, olmoe or "
+                       "qwen2moe",
+                       name);
+}
+
+static int find_shape(const char *name, const struct shape **out)
+{
+    for (size_t i = 0; i < N_SHAPES; i++) {
+        if (strcmp(name, shapes[i].name) == 0) {
+            *out = &shapes[i];
+            return 0;
+        }
+    }
+    return strata_errf(STRATA_EINVAL, "unknown shape '%s': use tiny, qwen3-mini or qwen3-30b-a3b",
+                       name);
+}
+
+/* adapt: the per-architecture facts of llama.cpp's loaders. olmoe and qwen2moe size q and the
+ * attention output as (n_embd, n_embd), so their head size is n_embd/n_head; olmoe has as many KV
+ * heads as heads; llama and olmoe read the expert width from feed_forward_length. */
+static void adapt(enum arch a, struct fixture_hparams *hp)
+{
+    switch (a) {
+    case ARCH_QWEN3MOE:
+        break;
+    case ARCH_LLAMA:
+        hp->n_ff = hp->n_ff_exp;
+        hp->rms_eps = 1e-5f;
+        break;
+    case ARCH_OLMOE:
+        hp->n_head_kv = hp->n_head;
+        hp->head_dim = hp->n_embd / hp->n_head;
+        hp->n_ff = hp->n_ff_exp;
+        hp->rms_eps = 1e-5f;
+        hp->rope_base = 10000.0f;
+        break;
+    case ARCH_QWEN2MOE:
+        hp->head_dim = hp->n_embd / hp->n_head;
+        break;
+    case ARCH_COUNT:
+        break;
+    }
+    if (a != ARCH_QWEN2MOE) hp->n_ff_shexp = 0;
+}
+
+int fixture_hparams(const char *arch, const char *shape, struct fixture_hparams *out)
+{
+    enum arch a = ARCH_QWEN3MOE;
+    const struct shape *s = &shapes[0];
+    int rv;
+    if ((arch && (rv = parse_arch(arch, &a)) != 0) || (shape && (rv = find_shape(shape, &s)) != 0))
+        return rv;
+    *out = s->hp;
+    adapt(a, out);
+    return 0;
+}
+
+/* ---- tensor plan -------------------------------------------------------------------------------
+ */
+
+/* use_more_bits is llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type) for the layers
+ * whose attn_v and ffn_down get Q6_K in a Q4_K_M file: the first and last eighth, and every third
+ * layer in between. */
+static bool use_more_bits(int i, int n)
+{
+    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/* mix_type: Q4_K_M as llama_tensor_get_type assigns it (llama-quant.cpp), for the tensors these
+ * architectures have: output (or token_embd when tied) Q6_K; attn_v Q6_K in use_more_bits layers;
+ * ffn_down* (experts, per-expert and shared) Q6_K in use_more_bits layers; and the 8-expert bumps
+ * (Mixtral's): attn_v and attn_k Q8_0, attn_output Q5_K. Everything else Q4_K. */
+static uint32_t mix_type(const struct fx *fx, const char *name, int layer)
+{
+    int n = (int)fx->hp.n_layer;
+    bool eight = fx->hp.n_expert == 8;
+    if (strcmp(name, "output.weight") == 0 || (fx->tied && strcmp(name, "token_embd.weight") == 0))
+        return QT_Q6_K;
+    if (strstr(name, "attn_v.weight"))
+        return eight ? QT_Q8_0 : use_more_bits(layer, n) ? QT_Q6_K : QT_Q4_K;
+    if (strstr(name, "attn_k.weight")) return eight ? QT_Q8_0 : QT_Q4_K;
+    if (strstr(name, "ffn_down")) return use_more_bits(layer, n) ? QT_Q6_K : QT_Q4_K;
+    if (strstr(name, "attn_output.weight")) return eight ? QT_Q5_K : QT_Q4_K;
+    return QT_Q4_K;
+}
+
+static int add(struct fx *fx, enum role role, int layer, const char *fmt, uint32_t n_dims,
+               uint64_t ne0, uint64_t ne1, uint64_t ne2, ...) __attribute__((format(printf, 4, 9)));
+
+/* add declares one tensor: name from fmt (layer and expert numbers follow ne2), its type, its
+ * spread from its role (GPT-2's init: residual writers scaled by 1/sqrt(2 n_layer)). */
+static int add(struct fx *fx, enum role role, int layer, const char *fmt, uint32_t n_dims,
+               uint64_t ne0, uint64_t ne1, uint64_t ne2, ...)
+{
+    if (fx->n_t == fx->cap_t) {
+        uint32_t cap = fx->cap_t ? fx->cap_t * 2 : 256;
+        struct tdesc *t = realloc(fx->t, cap * sizeof *t);
+        if (!t) return strata_errf(STRATA_ENOMEM, "fixture: %u tensor descriptions", cap);
+        fx->t = t;
+        fx->cap_t = cap;
+    }
+    struct tdesc *t = &fx->t[fx->n_t];
+    memset(t, 0, sizeof *t);
+    va_list ap;
+    va_start(ap, ne2);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->n_dims = n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->ne[3] = 1;
+    t->n_rows = ne1 * ne2;
+    t->layer = layer;
+    t->key = name_key(fx->seed, t->name);
+
+    bool matrix = n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight");
+    t->type = !matrix ? QT_F32 : fx->mix ? mix_type(fx, t->name, layer) : fx->type;
+    const struct qtype_info *qi = qtype_get(t->type);
+    if (ne0 % qi->blck != 0)
+        return strata_errf(STRATA_EINVAL,
+                           "%s has rows of %llu elements, not a multiple of %s's block of %u: "
+                           "choose another type",
+                           t->name, (unsigned long long)ne0, qi->name, qi->blck);
+    t->row_bytes = ne0 / qi->blck * qi->bytes;
+
+    float in = 1.0f / sqrtf((float)ne0);
+    float std = 1.0f;
+    switch (role) {
+    case ROLE_EMBD:
+        std = 1.0f;
+        break;
+    case ROLE_OUTPUT:
+        std = 16.0f * in;
+        break;
+    case ROLE_NORM:
+        t->mean = 1.0f, std = 0.1f;
+        break;
+    case ROLE_BIAS:
+        std = 0.1f;
+        break;
+    case ROLE_IN:
+        std = in;
+        break;
+    case ROLE_RESID:
+        std = in / sqrtf(2.0f * (float)fx->hp.n_layer);
+        break;
+    }
+    t->half = std * sqrtf(3.0f);
+    if (fx->blocks) {
+        for (size_t i = 0; i < N_BLK_FIELDS; i++)
+            if (fx->cal[i].f && fx->cal[i].f->type == t->type) t->cal = &fx->cal[i];
+    }
+    if (ne0 > fx->max_ne0) fx->max_ne0 = ne0;
+    fx->n_t++;
+    return 0;
+}
+
+/* The last tensor added. */
+static struct tdesc *last(struct fx *fx)
+{
+    return &fx->t[fx->n_t - 1];
+}
+
+/* plan_router: Zipf-like routing without a router bias (these architectures have none). Token
+ * embeddings get a constant "sink" coordinate 0 (c = sqrt(n_embd - 1), as much energy as the
+ * other coordinates together, like the massive activations of trained models). Nothing writes
+ * coordinate 0 of the residual (row 0 of attn_output and ffn_down is zero) and attn_norm and
+ * output_norm zero it, so it reaches only the routers, through ffn_norm, as h0 ~ sqrt(n_embd / 2)
+ * for every token. Router row e gets column 0 = beta * log(p_e) / h0 with p_e ~ rank^-S, rank a
+ * seeded permutation per layer: every token's logit for e is shifted by beta * log(p_e) on top of
+ * the random part's noise (std ~ 1/sqrt 2). beta is about the scale of a Gumbel of that noise's
+ * variance, under which top-1 choice frequencies would be exactly p_e; the top-k flattens the head.
+ * The residual grows a little with depth (GPT-2 init keeps it bounded), which weakens the skew of
+ * the last layers slightly. fixture_test measures the popularity; strata trace measures it in vivo.
+ */
+static int plan_router(struct fx *fx)
+{
+    uint32_t ne = fx->hp.n_expert, nl = fx->hp.n_layer;
+    float n = (float)fx->hp.n_embd;
+    uint32_t *perm = malloc(ne * sizeof *perm);
+    fx->router_col0 = malloc((size_t)nl * ne * sizeof *fx->router_col0);
+    if (!perm || !fx->router_col0) {
+        free(perm);
+        return strata_errf(STRATA_ENOMEM, "fixture: router plan of %u x %u", nl, ne);
+    }
+    float h0 = sqrtf(n / 2.0f), noise = 1.0f / sqrtf(2.0f);
+    /* 0.8: Gaussian noise has lighter tails than the Gumbel of its variance, which made the
+     * measured top-1 exponent 1.25 S (fixture_test prints it) */
+    float beta = 0.8f * noise * sqrtf(6.0f) / 3.14159265f;
+    for (uint32_t l = 0; l < nl; l++) {
+        uint64_t key = name_key(fx->seed ^ l, "router-ranking");
+        for (uint32_t e = 0; e < ne; e++)
+            perm[e] = e;
+        for (uint32_t e = ne - 1; e > 0; e--) { /* Fisher-Yates */
+            uint32_t j = (uint32_t)(rng_at(key, e) % (e + 1));
+            uint32_t tmp = perm[e];
+            perm[e] = perm[j];
+            perm[j] = tmp;
+        }
+        for (uint32_t r = 0; r < ne; r++)
+            fx->router_col0[(size_t)l * ne + perm[r]] =
+                beta * (float)(-fx->zipf * log((double)r + 1.0)) / h0;
+    }
+    free(perm);
+    return 0;
+}
+
+static void set_col0(struct tdesc *t, float v)
+{
+    t->col0 = COL0_SET;
+    t->col0_val = v;
+}
+
+/* plan: every tensor llama.cpp's loader creates for the architecture, in file order. */
+static int plan(struct fx *fx)
+{
+    const struct fixture_hparams *hp = &fx->hp;
+    uint64_t E = hp->n_embd, V = fx->n_vocab, X = hp->n_expert, F = hp->n_ff_exp;
+    uint64_t QW = (uint64_t)hp->n_head * hp->head_dim, KW = (uint64_t)hp->n_head_kv * hp->head_dim;
+    bool sink = fx->zipf > 0;
+    int rv;
+
+    if ((rv = add(fx, ROLE_EMBD, -1, "token_embd.weight", 2, E, V, 1)) != 0) return rv;
+    if (sink) set_col0(last(fx), sqrtf((float)(E - 1)));
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        int il = (int)l;
+        if ((rv = add(fx, ROLE_NORM, il, "blk.%u.attn_norm.weight", 1, E, 1, 1, l)) != 0) return rv;
+        if (sink) set_col0(last(fx), 0.0f);
+        if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_q.weight", 2, E, QW, 1, l)) != 0 ||
+            (rv = add(fx, ROLE_IN, il, "blk.%u.attn_k.weight", 2, E, KW, 1, l)) != 0 ||
+            (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v.weight", 2, E, KW, 1, l)) != 0)
+            return rv;
+        if (fx->arch == ARCH_QWEN2MOE &&
+            ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_q.bias", 1, QW, 1, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_k.bias", 1, KW, 1, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_v.bias", 1, KW, 1, 1, l)) != 0))
+            return rv;
+        if ((rv = add(fx, ROLE_RESID, il, "blk.%u.attn_output.weight", 2, QW, E, 1, l)) != 0)
+            return rv;
+        last(fx)->zero_row0 = sink;
+        if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_OLMOE) {
+            /* qwen3moe normalizes each head; olmoe the whole projection */
+            uint64_t qn = fx->arch == ARCH_OLMOE ? QW : hp->head_dim;
+            uint64_t kn = fx->arch == ARCH_OLMOE ? KW : hp->head_dim;
+            if ((rv = add(fx, ROLE_NORM, il, "blk.%u.attn_q_norm.weight", 1, qn, 1, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_k_norm.weight", 1, kn, 1, 1, l)) != 0)
+                return rv;
+        }
+        if ((rv = add(fx, ROLE_NORM, il, "blk.%u.ffn_norm.weight", 1, E, 1, 1, l)) != 0) return rv;
+        if (sink) set_col0(last(fx), 1.0f);
+        if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_inp.weight", 2, E, X, 1, l)) != 0)
+            return rv;
+        if (sink) last(fx)->col0 = COL0_ROUTER;
+        if (fx->old_layout) {
+            for (uint32_t e = 0; e < hp->n_expert; e++) {
+                if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate.%u.weight", 2, E, F, 1, l, e)) !=
+                        0 ||
+                    (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down.%u.weight", 2, F, E, 1, l, e)) !=
+                        0)
+                    return rv;
+                last(fx)->zero_row0 = sink;
+                if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up.%u.weight", 2, E, F, 1, l, e)) != 0)
+                    return rv;
+            }
+        } else {
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_exps.weight", 3, E, F, X, l)) != 0 ||
+                (rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up_exps.weight", 3, E, F, X, l)) != 0 ||
+                (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down_exps.weight", 3, F, E, X, l)) != 0)
+                return rv;
+            last(fx)->zero_row0 = sink;
+        }
+        if (fx->arch == ARCH_QWEN2MOE) {
+            /* ffn_gate_inp_shexp has one output: llama.cpp creates it 1-D, {n_embd} */
+            uint64_t S = hp->n_ff_shexp;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_inp_shexp.weight", 1, E, 1, 1, l)) !=
+                    0 ||
+                (rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_shexp.weight", 2, E, S, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up_shexp.weight", 2, E, S, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down_shexp.weight", 2, S, E, 1, l)) != 0)
+                return rv;
+            last(fx)->zero_row0 = sink;
+        }
+    }
+    if ((rv = add(fx, ROLE_NORM, -1, "output_norm.weight", 1, E, 1, 1)) != 0) return rv;
+    if (sink) set_col0(last(fx), 0.0f);
+    if (!fx->tied && (rv = add(fx, ROLE_OUTPUT, -1, "output.weight", 2, E, V, 1)) != 0) return rv;
+    return 0;
+}
+
+/* ---- metadata ----------------------------------------------------------------------------------
+ */
+
+static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct gguf_file *vocab)
+{
+    const struct fixture_hparams *hp = &fx->hp;
+    const char *a = arch_names[fx->arch];
+    char key[128], name[96];
+    int rv;
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, a), key)
+    snprintf(name, sizeof name, "strata fixture %s %s", a, fx->shape->name);
+    if ((rv = gguf_w_str(w, "general.architecture", a)) != 0 ||
+        (rv = gguf_w_str(w, "general.name", name)) != 0 ||
+        (rv = gguf_w_u32(w, "general.file_type", file_type(fx->mix, fx->type))) != 0 ||
+        (rv = gguf_w_u32(w, "general.quantization_version", 2)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("context_length"), hp->n_ctx)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("embedding_length"), hp->n_embd)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("feed_forward_length"), hp->n_ff)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("attention.head_count"), hp->n_head)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("attention.head_count_kv"), hp->n_head_kv)) != 0 ||
+        (rv = gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), hp->rms_eps)) != 0 ||
+        (rv = gguf_w_f32(w, KEY("rope.freq_base"), hp->rope_base)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("expert_count"), hp->n_expert)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("expert_used_count"), hp->n_expert_used)) != 0)
+        return rv;
+    /* convert_hf_to_gguf.py writes the head size when config.json has head_dim (Qwen3 always);
+     * llama.cpp needs it whenever it is not n_embd/n_head */
+    if (fx->arch == ARCH_QWEN3MOE || hp->head_dim * hp->n_head != hp->n_embd) {
+        if ((rv = gguf_w_u32(w, KEY("attention.key_length"), hp->head_dim)) != 0 ||
+            (rv = gguf_w_u32(w, KEY("attention.value_length"), hp->head_dim)) != 0)
+            return rv;
+    }
+    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE) {
+        if ((rv = gguf_w_u32(w, KEY("expert_feed_forward_length"), hp->n_ff_exp)) != 0) return rv;
+    }
+    if (fx->arch == ARCH_QWEN2MOE &&
+        (rv = gguf_w_u32(w, KEY("expert_shared_feed_forward_length"), hp->n_ff_shexp)) != 0)
+        return rv;
+    if (fx->arch == ARCH_LLAMA &&
+        ((rv = gguf_w_u32(w, KEY("rope.dimension_count"), hp->head_dim)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("vocab_size"), fx->n_vocab)) != 0))
+        return rv;
+#undef KEY
+    if (!vocab) return fixture_vocab_write(w, fx->n_vocab);
+    for (uint64_t i = 0; i < vocab->n_kv; i++) {
+        const struct gguf_kv *kv = &vocab->kv[i];
+        if (strncmp(kv->key, "tokenizer.", 10) == 0 &&
+            (rv = gguf_w_value(w, kv->key, &kv->val)) != 0)
+            return rv;
+    }
+    return 0;
+}
+
+/* ---- data --------------------------------------------------------------------------------------
+ */
+
+/* gen_row: the floats of one row (row counts over all matrices of a 3-D tensor). */
+static void gen_row(const struct fx *fx, const struct tdesc *t, uint64_t row, float *out)
+{
+    uint64_t ne0 = t->ne[0], base = row * ne0;
+    if (t->zero_row0 && row % t->ne[1] == 0) {
+        memset(out, 0, ne0 * sizeof *out);
+        return;
+    }
+    for (uint64_t j = 0; j < ne0; j++)
+        out[j] = t->mean + t->half * rng_sym(t->key, base + j);
+    if (t->col0 == COL0_SET)
+        out[0] = t->col0_val;
+    else if (t->col0 == COL0_ROUTER)
+        out[0] = fx->router_col0[(size_t)t->layer * fx->hp.n_expert + row];
+}
+
+/* fill_random: bytes [off, off + n) of the tensor's random byte stream, 8 per RNG output. */
+static void fill_random(uint64_t key, uint64_t off, uint8_t *dst, size_t n)
+{
+    while (n > 0) {
+        uint64_t v = rng_at(key, off / 8);
+        size_t skip = off % 8, take = 8 - skip < n ? 8 - skip : n;
+        if (take == 8) {
+            memcpy(dst, &v, 8);
+        } else {
+            for (size_t i = 0; i < take; i++)
+                dst[i] = (uint8_t)(v >> (8 * (skip + i)));
+        }
+        dst += take;
+        off += take;
+        n -= take;
+    }
+}
+
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = quant_f32_to_f16(v);
+    memcpy(p, &h, 2);
+}
+
+/* set_scales: every block's d (and min) for weights of spread std: d varies by +-25% between
+ * blocks, as trained weights' scales do, and stays finite and bounded. */
+static void set_scales(const struct blk_cal *c, uint32_t bbytes, uint64_t key, uint64_t blk0,
+                       uint8_t *dst, size_t n_blk, float std)
+{
+    float d0 = std / c->unit;
+    for (size_t b = 0; b < n_blk; b++) {
+        float d = d0 * (1.0f + 0.25f * rng_sym(key ^ 0x5ca1e5ull, blk0 + b));
+        put_f16(dst + b * bbytes + c->f->off_d, d);
+        if (c->f->off_min >= 0) put_f16(dst + b * bbytes + c->f->off_min, d * c->min_ratio);
+    }
+}
+
+/* gen_rows: n rows of t from row r0 into dst; scratch holds one row of floats. */
+static int gen_rows(const struct fx *fx, const struct tdesc *t, uint64_t r0, uint64_t n,
+                    uint8_t *dst, float *scratch)
+{
+    const struct qtype_info *qi = qtype_get(t->type);
+    int rv;
+    if (!t->cal) {
+        for (uint64_t r = 0; r < n; r++) {
+            gen_row(fx, t, r0 + r, scratch);
+            if ((rv = quant_quantize(t->type, scratch, dst + r * t->row_bytes,
+                                     (int64_t)t->ne[0])) != 0)
+                return rv;
+        }
+        return 0;
+    }
+    uint64_t blk_per_row = t->ne[0] / qi->blck;
+    fill_random(t->key, r0 * t->row_bytes, dst, n * t->row_bytes);
+    set_scales(t->cal, qi->bytes, t->key, r0 * blk_per_row, dst, n * blk_per_row,
+               t->half / sqrtf(3.0f));
+    for (uint64_t r = 0; r < n; r++) {
+        uint8_t *row = dst + r * t->row_bytes;
+        if (t->zero_row0 && (r0 + r) % t->ne[1] == 0) {
+            memset(row, 0, t->row_bytes); /* zero scales: all formats decode to 0 */
+        } else if (t->col0 != COL0_RANDOM) {
+            /* the fixed element needs real quantization: only the row's first block */
+            gen_row(fx, t, r0 + r, scratch);
+            if ((rv = quant_quantize(t->type, scratch, row, qi->blck)) != 0) return rv;
+        }
+    }
+    return 0;
+}
+
+/* calibrate measures a block type's weight spread with d = 1 and the min that centres it, from
+ * 64 random blocks through quant_dequantize, so scales need no per-format algebra. */
+static int calibrate(const struct blk_fields *f, struct blk_cal *c)
+{
+    enum { NB = 64 };
+    const struct qtype_info *qi = qtype_get(f->type);
+    uint8_t *blk = malloc((size_t)NB * qi->bytes);
+    float *v = malloc((size_t)NB * qi->blck * sizeof *v);
+    double mean[2] = {0, 0}, sq = 0;
+    size_t n = (size_t)NB * qi->blck;
+    int rv = 0;
+    if (!blk || !v) {
+        rv = strata_errf(STRATA_ENOMEM, "fixture: calibrating %s", qi->name);
+        goto fail;
+    }
+    /* pass 0: min 0; pass 1: min 1 (the mean moves linearly with it); pass 2: centred */
+    float min_field[3] = {0.0f, 1.0f, 0.0f};
+    for (int pass = f->off_min < 0 ? 2 : 0; pass < 3; pass++) {
+        if (pass == 2 && f->off_min >= 0) min_field[2] = (float)(-mean[0] / (mean[1] - mean[0]));
+        fill_random(0x0ddba11ull, 0, blk, (size_t)NB * qi->bytes);
+        for (size_t b = 0; b < NB; b++) {
+            put_f16(blk + b * qi->bytes + f->off_d, 1.0f);
+            if (f->off_min >= 0) put_f16(blk + b * qi->bytes + f->off_min, min_field[pass]);
+        }
+        if ((rv = quant_dequantize(f->type, blk, v, (int64_t)n)) != 0) goto fail;
+        double s = 0;
+        for (size_t i = 0; i < n; i++)
+            s += v[i];
+        double m = s / (double)n;
+        if (pass < 2) mean[pass] = m;
+        for (size_t i = 0; pass == 2 && i < n; i++)
+            sq += ((double)v[i] - m) * ((double)v[i] - m);
+    }
+    c->min_ratio = min_field[2];
+    c->f = f;
+    c->unit = (float)sqrt(sq / (double)n);
+fail:
+    free(blk);
+    free(v);
+    return rv;
+}
+
+/* ---- parallel generation, written in order -----------------------------------------------------
+ */
+
+struct item {
+    uint32_t t;
+    uint64_t r0, n;
+};
+
+struct slot {
+    const struct fx *fx;
+    const struct item *it;
+    uint8_t *buf;
+    float *scratch;
+    pthread_t th;
+    bool running;
+    int rv;
+    char detail[256]; /* the worker's strata_errdetail, which is per thread */
+};
+
+static void *slot_run(void *arg)
+{
+    struct slot *s = arg;
+    const struct tdesc *t = &s->fx->t[s->it->t];
+    s->rv = gen_rows(s->fx, t, s->it->r0, s->it->n, s->buf, s->scratch);
+    if (s->rv) snprintf(s->detail, sizeof s->detail, "%s: %s", t->name, strata_errdetail());
+    return NULL;
+}
+
+static int start_batch(struct slot *set, int nthreads, const struct item *items, size_t n_items,
+                       size_t first)
+{
+    for (int k = 0; k < nthreads; k++) {
+        set[k].running = false;
+        if (first + (size_t)k >= n_items) continue;
+        set[k].it = &items[first + (size_t)k];
+        set[k].rv = 0;
+        int e = pthread_create(&set[k].th, NULL, slot_run, &set[k]);
+        if (e != 0) return strata_errf(strata_errno(e), "fixture: starting a generator thread");
+        set[k].running = true;
+    }
+    return 0;
+}
+
+static int join_batch(struct slot *set, int nthreads)
+{
+    int rv = 0;
+    for (int k = 0; k < nthreads; k++) {
+        if (!set[k].running) continue;
+        pthread_join(set[k].th, NULL);
+        set[k].running = false;
+        if (set[k].rv && !rv) rv = strata_errf(set[k].rv, "%s", set[k].detail);
+    }
+    return rv;
+}
+
+/* write_data: items of up to FIXTURE_CHUNK_BYTES in file order; batch b+1 is generated by the
+ * threads while the main thread writes batch b. */
+static int write_data(const struct fx *fx, struct gguf_writer *w, int nthreads)
+{
+    size_t n_items = 0, cap = 0;
+    struct item *items = NULL;
+    struct slot *slots = calloc(2 * (size_t)nthreads, sizeof *slots);
+    int rv = 0;
+    if (!slots) return strata_errf(STRATA_ENOMEM, "fixture: %d generator slots", nthreads);
+    for (uint32_t ti = 0; ti < fx->n_t; ti++) {
+        const struct tdesc *t = &fx->t[ti];
+        uint64_t per = FIXTURE_CHUNK_BYTES / t->row_bytes ? FIXTURE_CHUNK_BYTES / t->row_bytes : 1;
+        for (uint64_t r = 0; r < t->n_rows; r += per) {
+            if (n_items == cap) {
+                cap = cap ? cap * 2 : 1024;
+                struct item *ni = realloc(items, cap * sizeof *ni);
+                if (!ni) {
+                    rv = strata_errf(STRATA_ENOMEM, "fixture: %zu work items", cap);
+                    goto fail;
+                }
+                items = ni;
+            }
+            items[n_items++] = (struct item){ti, r, t->n_rows - r < per ? t->n_rows - r : per};
+        }
+    }
+    uint64_t max_bytes = 0;
+    for (size_t i = 0; i < n_items; i++) {
+        uint64_t b = items[i].n * fx->t[items[i].t].row_bytes;
+        if (b > max_bytes) max_bytes = b;
+    }
+    for (int k = 0; k < 2 * nthreads; k++) {
+        slots[k].fx = fx;
+        slots[k].buf = malloc(max_bytes);
+        slots[k].scratch = malloc(fx->max_ne0 * sizeof(float));
+        if (!slots[k].buf || !slots[k].scratch) {
+            rv = strata_errf(STRATA_ENOMEM, "fixture: %d buffers of %llu bytes", 2 * nthreads,
+                             (unsigned long long)max_bytes);
+            goto fail;
+        }
+    }
+    size_t n_batches = (n_items + (size_t)nthreads - 1) / (size_t)nthreads;
+    if ((rv = start_batch(slots, nthreads, items, n_items, 0)) != 0 ||
+        (rv = join_batch(slots, nthreads)) != 0)
+        goto fail;
+    for (size_t b = 0; b < n_batches; b++) {
+        struct slot *cur = &slots[(b % 2) * (size_t)nthreads];
+        struct slot *next = &slots[((b + 1) % 2) * (size_t)nthreads];
+        if (b + 1 < n_batches &&
+            (rv = start_batch(next, nthreads, items, n_items, (b + 1) * (size_t)nthreads)) != 0)
+            goto fail;
+        for (int k = 0; k < nthreads && b * (size_t)nthreads + (size_t)k < n_items; k++) {
+            const struct item *it = cur[k].it;
+            if ((rv = gguf_writer_data(w, cur[k].buf, it->n * fx->t[it->t].row_bytes)) != 0)
+                goto fail;
+        }
+        if ((rv = join_batch(next, nthreads)) != 0) goto fail;
+    }
+fail:
+    for (int k = 0; k < 2 * nthreads; k++) {
+        if (slots[k].running) pthread_join(slots[k].th, NULL);
+        free(slots[k].buf);
+        free(slots[k].scratch);
+    }
+    free(slots);
+    free(items);
+    return rv;
+}
+
+/* ---- entry -------------------------------------------------------------------------------------
+ */
+
+static int setup(const struct fixture_opts *o, struct fx *fx)
+{
+    int rv;
+    if ((rv = parse_arch(o->arch ? o->arch : "qwen3moe", &fx->arch)) != 0 ||
+        (rv = find_shape(o->shape ? o->shape : "tiny", &fx->shape)) != 0)
+        return rv;
+    fx->hp = fx->shape->hp;
+    adapt(fx->arch, &fx->hp);
+    const char *type = o->type ? o->type : "q4_k_m";
+    fx->mix = strcmp(type, "q4_k_m") == 0;
+    if (!fx->mix) {
+        int t = qtype_parse(type);
+        if (t < 0 || !qtype_get((uint32_t)t)->computable || !quant_can_quantize((uint32_t)t))
+            return strata_errf(STRATA_EINVAL,
+                               "type '%s' is not one strata computes with: use q4_k_m, f32, f16, "
+                               "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, iq4_nl or iq4_xs",
+                               type);
+        fx->type = (uint32_t)t;
+    }
+    if (o->old_layout && fx->arch != ARCH_LLAMA)
+        return strata_errf(STRATA_EINVAL, "--old-layout is Mixtral's (arch llama), not %s's",
+                           arch_names[fx->arch]);
+    if (o->tied && fx->arch != ARCH_LLAMA && fx->arch != ARCH_QWEN3MOE)
+        return strata_errf(STRATA_EINVAL, "llama.cpp requires output.weight for %s: drop --tied",
+                           arch_names[fx->arch]);
+    if (!(o->zipf >= 0 && o->zipf <= 16))
+        return strata_errf(STRATA_EINVAL, "zipf exponent %g is outside [0, 16]", o->zipf);
+    if (o->threads < 0 || o->threads > 256)
+        return strata_errf(STRATA_EINVAL, "%d threads: use 1..256, or 0 for one per CPU",
+                           o->threads);
+    fx->seed = o->seed;
+    fx->zipf = o->zipf;
+    fx->old_layout = o->old_layout;
+    fx->tied = o->tied;
+    fx->n_vocab = fx->hp.n_vocab;
+    fx->blocks = o->mode == FIXTURE_BLOCKS || (o->mode == FIXTURE_AUTO && fx->shape->large);
+    if (fx->blocks) {
+        for (size_t i = 0; i < N_BLK_FIELDS; i++) {
+            uint32_t t = blk_fields[i].type;
+            bool used = fx->mix ? (t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0)
+                                : t == fx->type;
+            if (used && (rv = calibrate(&blk_fields[i], &fx->cal[i])) != 0) return rv;
+        }
+    }
+    return 0;
+}
+
+static int auto_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
+
+int fixture_write(const struct fixture_opts *o, const char *path)
+{
+    struct fx fx = {0};
+    struct gguf_file *vocab = NULL;
+    struct gguf_writer *w = NULL;
+    int rv;
+
+    if ((rv = setup(o, &fx)) != 0) goto fail;
+    if (o->vocab) {
+        const struct gguf_value *toks;
+        if ((rv = gguf_open(o->vocab, &vocab)) != 0 ||
+            (rv = gguf_get_arr(vocab, "tokenizer.ggml.tokens", GGUF_STRING, &toks)) != 0)
+            goto fail;
+        if (toks->arr.n == 0 || toks->arr.n > UINT32_MAX) {
+            rv = strata_errf(STRATA_EFORMAT, "%s: %llu tokens in tokenizer.ggml.tokens", o->vocab,
+                             (unsigned long long)toks->arr.n);
+            goto fail;
+        }
+        fx.n_vocab = (uint32_t)toks->arr.n;
+    }
+    if (fx.zipf > 0 && (rv = plan_router(&fx)) != 0) goto fail;
+    if ((rv = plan(&fx)) != 0) goto fail;
+    if ((rv = gguf_writer_open(path, 0, &w)) != 0 || (rv = write_kv(&fx, w, vocab)) != 0) goto fail;
+    for (uint32_t i = 0; i < fx.n_t; i++) {
+        const struct tdesc *t = &fx.t[i];
+        if ((rv = gguf_w_tensor(w, t->name, t->type, t->n_dims, t->ne)) != 0) goto fail;
+    }
+    if ((rv = gguf_writer_begin(w)) != 0 ||
+        (rv = write_data(&fx, w, o->threads ? o->threads : auto_threads())) != 0)
+        goto fail;
+    rv = gguf_writer_finish(w);
+    w = NULL;
+fail:
+    gguf_writer_abort(w);
+    gguf_close(vocab);
+    free(fx.t);
+    free(fx.router_col0);
+    return rv;
+}
