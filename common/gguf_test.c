@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char *tmp_path(const char *name)
@@ -216,6 +217,62 @@ START_TEST(round_trip_every_type)
     ck_assert_int_eq(gguf_open(path, &f), 0);
     ck_assert_uint_eq(f->alignment, 64);
     check_everything(f);
+    gguf_close(f);
+}
+END_TEST
+
+START_TEST(version_2_reads)
+{
+    const char *path = tmp_path("v2.gguf");
+    write_everything(path, 0);
+    size_t size;
+    char *buf = test_read_file(path, &size);
+    buf[4] = 2; /* v2 differs from v3 only in what big-endian files may claim */
+    struct gguf_file *f;
+    ck_assert_int_eq(gguf_open_mem(buf, size, true, &f), 0);
+    ck_assert_uint_eq(f->version, 2);
+    ck_assert_uint_eq(f->n_tensors, 3);
+    gguf_close(f);
+    free(buf);
+}
+END_TEST
+
+/* Big models hold ~20,000 tensors: names are found through the hash index, not a scan. */
+START_TEST(twenty_thousand_tensors)
+{
+    enum { N = 20000 };
+    const char *path = tmp_path("many.gguf");
+    struct gguf_writer *w;
+    ck_assert_int_eq(gguf_writer_open(path, 0, &w), 0);
+    uint64_t ne[] = {32};
+    char name[64];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i / 3, i % 3 == 0 ? "gate" : i % 3 == 1 ? "up" : "down");
+        ck_assert_int_eq(gguf_w_tensor(w, name, QT_Q8_0, 1, ne), 0);
+    }
+    ck_assert_int_eq(gguf_w_tensor(w, "blk.0.ffn_up_exps.weight", QT_Q8_0, 1, ne), STRATA_EEXIST);
+    ck_assert_int_eq(gguf_writer_begin(w), 0);
+    static uint8_t data[N * 34];
+    for (int i = 0; i < N; i++) memset(data + i * 34, i & 0xff, 34);
+    ck_assert_int_eq(gguf_writer_data(w, data, sizeof data), 0);
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+
+    struct gguf_file *f;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_uint_eq(f->n_tensors, N);
+    ck_assert_ptr_nonnull(f->index);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i / 3, i % 3 == 0 ? "gate" : i % 3 == 1 ? "up" : "down");
+        const struct gguf_tensor *t = gguf_tensor_find(f, name);
+        ck_assert_ptr_eq(t, &f->tensors[i]);
+        ck_assert_uint_eq(t->data[33], (uint8_t)(i & 0xff));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("gguf: %d tensor lookups in %.2f ms\n", N,
+           (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    ck_assert_ptr_eq(gguf_tensor_find(f, "blk.9999.ffn_up_exps.weight"), NULL);
     gguf_close(f);
 }
 END_TEST
@@ -742,6 +799,8 @@ int main(void)
     Suite *s = suite_create("gguf");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, round_trip_every_type);
+    tcase_add_test(tc, version_2_reads);
+    tcase_add_test(tc, twenty_thousand_tensors);
     tcase_add_loop_test(tc, each_check_has_its_error, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, messages_name_the_file);
     tcase_add_test(tc, truncated_everywhere);
