@@ -1,0 +1,472 @@
+/* GPU parity: every CUDA kernel against its plain-C reference on seeded random inputs and odd
+ * shapes, with guard bytes after every device output (a kernel that writes one element too many
+ * fails). Tolerances are stated per kernel beside its test. Needs a GPU: label "gpu". */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/qtype.h"
+#include "common/quant.h"
+#include "kernels/cuda/attn.h"
+#include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matvec.h"
+#include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/router.h"
+#include "kernels/ref/ops.h"
+#include "tests/testutil.h"
+
+#define GUARD 64 /* guard floats after each output */
+#define GUARD_BYTE 0xA5
+
+static uint64_t rng = 12345;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+static void *dev_upload(const void *h, size_t n)
+{
+    void *d;
+    ck_assert_int_eq(cudaMalloc(&d, n), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+
+/* dev_out: n floats with GUARD guard floats after them, the guard filled with GUARD_BYTE. */
+static float *dev_out(size_t n)
+{
+    float *d;
+    ck_assert_int_eq(cudaMalloc((void **)&d, (n + GUARD) * sizeof(float)), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(d, GUARD_BYTE, (n + GUARD) * sizeof(float)), cudaSuccess);
+    return d;
+}
+
+/* fetch: copy n floats back and check the guard is intact. */
+static float *fetch(const float *d, size_t n)
+{
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    unsigned char *h = malloc((n + GUARD) * sizeof(float));
+    ck_assert_int_eq(cudaMemcpy(h, d, (n + GUARD) * sizeof(float), cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+    for (size_t i = n * sizeof(float); i < (n + GUARD) * sizeof(float); i++)
+        ck_assert_msg(h[i] == GUARD_BYTE, "guard byte %zu after the output was overwritten",
+                      i - n * sizeof(float));
+    return (float *)h;
+}
+
+/* random_weights: nrows x ncols random floats quantized to type; *deq gets their dequantization
+ * (what the reference multiplies). */
+static void *random_weights(uint32_t type, int64_t nrows, int64_t ncols, float **deq)
+{
+    uint64_t rb;
+    ck_assert_int_eq(qtype_row_bytes(type, ncols, &rb), 0);
+    unsigned char *w = malloc(rb * nrows);
+    float *src = malloc(sizeof(float) * ncols);
+    *deq = malloc(sizeof(float) * ncols * nrows);
+    for (int64_t r = 0; r < nrows; r++) {
+        for (int64_t i = 0; i < ncols; i++) src[i] = frand();
+        ck_assert_int_eq(quant_quantize(type, src, w + r * rb, ncols), 0);
+        ck_assert_int_eq(quant_dequantize(type, w + r * rb, *deq + r * ncols, ncols), 0);
+    }
+    free(src);
+    return w;
+}
+
+static double ref_dot(const float *a, const float *b, int64_t n, double *absdot)
+{
+    double s = 0, sa = 0;
+    for (int64_t i = 0; i < n; i++) s += (double)a[i] * b[i], sa += fabs((double)a[i] * b[i]);
+    if (absdot) *absdot = sa;
+    return s;
+}
+
+static const uint32_t gpu_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q5_0, QT_Q4_K, QT_Q6_K};
+
+/* matvec: fp32 products of exactly dequantized weights, so the only error is the summation order:
+ * |y - ref| <= 1e-5 * sum|w_i x_i| + 1e-6. */
+START_TEST(matvec_matches_reference)
+{
+    const int64_t shapes[][2] = {{256, 1}, {512, 37}, {2048, 129}, {768, 64}};
+    const int acts[] = {1, 3, 4, 7, 16};
+    for (size_t ti = 0; ti < sizeof gpu_types / sizeof gpu_types[0]; ti++) {
+        uint32_t t = gpu_types[ti];
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t ncols = shapes[si][0], nrows = shapes[si][1];
+            float *deq;
+            void *w = random_weights(t, nrows, ncols, &deq);
+            uint64_t rb;
+            qtype_row_bytes(t, ncols, &rb);
+            void *dw = dev_upload(w, rb * nrows);
+            for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
+                int na = acts[ai];
+                float *x = malloc(sizeof(float) * ncols * na);
+                for (int64_t i = 0; i < ncols * na; i++) x[i] = frand();
+                float *dx = dev_upload(x, sizeof(float) * ncols * na);
+                float *dy = dev_out(nrows * na);
+                ck_assert_int_eq(cu_matvec(t, dw, ncols, nrows, dx, na, dy, NULL), 0);
+                float *y = fetch(dy, nrows * na);
+                for (int b = 0; b < na; b++)
+                    for (int64_t r = 0; r < nrows; r++) {
+                        double ad, ref = ref_dot(deq + r * ncols, x + b * ncols, ncols, &ad);
+                        ck_assert_msg(fabs(y[b * nrows + r] - ref) <= 1e-5 * ad + 1e-6,
+                                      "%s %lldx%lld act %d row %lld: %g vs %g", qtype_name(t),
+                                      (long long)nrows, (long long)ncols, b, (long long)r,
+                                      y[b * nrows + r], ref);
+                    }
+                free(y), free(x), cudaFree(dx), cudaFree(dy);
+            }
+            free(w), free(deq), cudaFree(dw);
+        }
+    }
+}
+END_TEST
+
+START_TEST(matvec_refuses_cpu_types)
+{
+    ck_assert_int_eq(cu_matvec(QT_Q2_K, NULL, 256, 1, NULL, 1, NULL, NULL), STRATA_EUNSUPPORTED);
+    ck_assert_int_eq(cu_matvec(QT_Q4_K, NULL, 100, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
+    ck_assert_int_eq(cu_matvec(QT_Q8_0, NULL, 64, 1, NULL, 17, NULL, NULL), STRATA_EINVAL);
+}
+END_TEST
+
+/* matmul: activations rounded to fp16 (relative 2^-11 each), weights rounded to fp16 too (they
+ * are exact in fp16 only for the quantized types' small integers times scales): bound
+ * |y - ref| <= 2e-3 * sum|w_i x_i| + 1e-4. */
+START_TEST(matmul_matches_reference)
+{
+    const int64_t shapes[][3] = {{256, 64, 64}, {512, 100, 37}, {2048, 129, 130}, {768, 64, 16}};
+    for (size_t ti = 0; ti < sizeof gpu_types / sizeof gpu_types[0]; ti++) {
+        uint32_t t = gpu_types[ti];
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t ncols = shapes[si][0], nrows = shapes[si][1], ntok = shapes[si][2];
+            float *deq;
+            void *w = random_weights(t, nrows, ncols, &deq);
+            uint64_t rb;
+            qtype_row_bytes(t, ncols, &rb);
+            void *dw = dev_upload(w, rb * nrows);
+            float *x = malloc(sizeof(float) * ncols * ntok);
+            for (int64_t i = 0; i < ncols * ntok; i++) x[i] = frand();
+            float *dx = dev_upload(x, sizeof(float) * ncols * ntok);
+            float *dy = dev_out(nrows * ntok);
+            ck_assert_int_eq(cu_matmul(t, dw, ncols, nrows, dx, ntok, dy, NULL), 0);
+            float *y = fetch(dy, nrows * ntok);
+            for (int64_t m = 0; m < ntok; m++)
+                for (int64_t r = 0; r < nrows; r++) {
+                    double ad, ref = ref_dot(deq + r * ncols, x + m * ncols, ncols, &ad);
+                    ck_assert_msg(fabs(y[m * nrows + r] - ref) <= 2e-3 * ad + 1e-4,
+                                  "%s tok %lld row %lld: %g vs %g", qtype_name(t), (long long)m,
+                                  (long long)r, y[m * nrows + r], ref);
+                }
+            free(y), free(x), free(w), free(deq), cudaFree(dx), cudaFree(dy), cudaFree(dw);
+        }
+    }
+}
+END_TEST
+
+/* rmsnorm: the reference sums squares in double, the GPU in float per lane then a tree:
+ * relative 1e-5. Per-head rows (q/k norms) are the same kernel with width = head_dim. */
+START_TEST(rmsnorm_matches_reference)
+{
+    const int64_t shapes[][2] = {{1, 2048}, {37, 128}, {5, 4096}, {130, 64}, {3, 100}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int64_t rows = shapes[si][0], width = shapes[si][1];
+        float *x = malloc(sizeof(float) * rows * width), *w = malloc(sizeof(float) * width);
+        for (int64_t i = 0; i < rows * width; i++) x[i] = 3.0f * frand();
+        for (int64_t i = 0; i < width; i++) w[i] = frand();
+        float *dx = dev_upload(x, sizeof(float) * rows * width), *dw = dev_upload(w, sizeof(float) * width);
+        float *dy = dev_out(rows * width);
+        ck_assert_int_eq(cu_rmsnorm(dx, dw, dy, rows, width, 1e-6f, NULL), 0);
+        float *y = fetch(dy, rows * width);
+        float *ref = malloc(sizeof(float) * width);
+        for (int64_t r = 0; r < rows; r++) {
+            ops_rmsnorm(ref, x + r * width, w, (uint32_t)width, 1e-6f);
+            for (int64_t i = 0; i < width; i++)
+                ck_assert_msg(fabsf(y[r * width + i] - ref[i]) <= 1e-5f * fabsf(ref[i]) + 1e-6f,
+                              "rmsnorm %lldx%lld [%lld][%lld]: %g vs %g", (long long)rows,
+                              (long long)width, (long long)r, (long long)i, y[r * width + i], ref[i]);
+        }
+        free(x), free(w), free(y), free(ref), cudaFree(dx), cudaFree(dw), cudaFree(dy);
+    }
+}
+END_TEST
+
+/* rope: same angle construction as the reference; sin/cos of the GPU's libm may differ by 2 ulp,
+ * times positions up to 40K: absolute 2e-3 on unit-scale inputs. */
+START_TEST(rope_matches_reference)
+{
+    const int n_head = 6, head_dim = 128;
+    const int rots[] = {128, 64};
+    const int32_t pos[] = {0, 1, 17, 511, 4095, 40000};
+    const int n_tok = 6;
+    for (int neox = 0; neox < 2; neox++)
+        for (int ri = 0; ri < 2; ri++) {
+            size_t n = (size_t)n_tok * n_head * head_dim;
+            float *x = malloc(sizeof(float) * n);
+            for (size_t i = 0; i < n; i++) x[i] = frand();
+            float *dx = dev_out(n);
+            cudaMemcpy(dx, x, sizeof(float) * n, cudaMemcpyHostToDevice);
+            int32_t *dp = dev_upload(pos, sizeof pos);
+            ck_assert_int_eq(cu_rope(dx, dp, n_tok, n_head, head_dim, rots[ri], 1e6f, neox, NULL), 0);
+            float *y = fetch(dx, n);
+            for (int t = 0; t < n_tok; t++)
+                ops_rope(x + (size_t)t * n_head * head_dim, n_head, head_dim, rots[ri], pos[t], 1e6f,
+                         neox);
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(fabsf(y[i] - x[i]) <= 2e-3f, "rope neox=%d n_rot=%d [%zu]: %g vs %g",
+                              neox, rots[ri], i, y[i], x[i]);
+            free(x), free(y), cudaFree(dx), cudaFree(dp);
+        }
+}
+END_TEST
+
+/* router: same experts chosen (ties to the lower id in both), weights within 1e-5 relative. */
+START_TEST(router_matches_reference)
+{
+    const int cfg[][3] = {{128, 8, 0}, {64, 8, 1}, {8, 2, 1}, {60, 4, 0}, {256, 16, 1}};
+    const int n_tok = 33;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            int n_exp = cfg[ci][0], k = cfg[ci][1], renorm = cfg[ci][2];
+            float *l = malloc(sizeof(float) * n_tok * n_exp);
+            for (int i = 0; i < n_tok * n_exp; i++) l[i] = 4.0f * frand();
+            l[3] = l[4]; /* a tie */
+            float *dl = dev_upload(l, sizeof(float) * n_tok * n_exp);
+            int32_t *di;
+            ck_assert_int_eq(cudaMalloc((void **)&di, sizeof(int32_t) * n_tok * k), cudaSuccess);
+            float *dw = dev_out((size_t)n_tok * k);
+            ck_assert_int_eq(cu_router_topk(dl, n_tok, n_exp, k, mode, renorm, di, dw, NULL), 0);
+            float *w = fetch(dw, (size_t)n_tok * k);
+            int32_t *ids = malloc(sizeof(int32_t) * n_tok * k);
+            cudaMemcpy(ids, di, sizeof(int32_t) * n_tok * k, cudaMemcpyDeviceToHost);
+            for (int t = 0; t < n_tok; t++) {
+                float p[256], rw[16];
+                uint32_t idx[16];
+                memcpy(p, l + t * n_exp, sizeof(float) * n_exp);
+                if (mode == CU_ROUTER_SOFTMAX_TOPK) ops_softmax(p, n_exp);
+                ops_topk(p, n_exp, k, idx);
+                float sum = 0;
+                for (int j = 0; j < k; j++) rw[j] = p[idx[j]], sum += rw[j];
+                if (mode == CU_ROUTER_TOPK_SOFTMAX) ops_softmax(rw, k);
+                else if (renorm)
+                    for (int j = 0; j < k; j++) rw[j] /= sum;
+                for (int j = 0; j < k; j++) {
+                    ck_assert_int_eq(ids[t * k + j], (int32_t)idx[j]);
+                    ck_assert_msg(fabsf(w[t * k + j] - rw[j]) <= 1e-5f * rw[j] + 1e-7f,
+                                  "router mode %d tok %d j %d: %g vs %g", mode, t, j, w[t * k + j], rw[j]);
+                }
+            }
+            free(l), free(w), free(ids), cudaFree(dl), cudaFree(di), cudaFree(dw);
+        }
+}
+END_TEST
+
+/* attention: decode rows (one per sequence, several splits) and a causal prompt chunk, GQA,
+ * against ops_attention over the same paged cache; relative 1e-4 of the output scale. */
+START_TEST(attention_matches_reference)
+{
+    const int n_head = 8, n_kv = 2, hd = 128, bs = 16;
+    const int lens[] = {1, 15, 16, 17, 300, 2500};
+    const int n_seq = 6, max_blocks = (2500 + bs - 1) / bs;
+    const int n_blocks = n_seq * max_blocks;
+    size_t blk_floats = (size_t)n_kv * bs * hd;
+    /* K and V pools in one allocation, so the reference's view reaches V at a fixed offset from
+     * each K block (v_off) */
+    float *k = malloc(sizeof(float) * 2 * n_blocks * blk_floats), *v = k + n_blocks * blk_floats;
+    for (size_t i = 0; i < n_blocks * blk_floats; i++) k[i] = frand(), v[i] = frand();
+    /* block tables: a shuffled assignment so logical order differs from physical order */
+    int32_t *bt = malloc(sizeof(int32_t) * n_seq * max_blocks);
+    for (int i = 0; i < n_seq * max_blocks; i++) bt[i] = (i * 7919) % n_blocks;
+    float *q = malloc(sizeof(float) * n_seq * n_head * hd);
+    for (int i = 0; i < n_seq * n_head * hd; i++) q[i] = 2.0f * frand();
+    int32_t seq[6], len[6];
+    for (int s = 0; s < n_seq; s++) seq[s] = s, len[s] = lens[s];
+    float *dk = dev_upload(k, sizeof(float) * n_blocks * blk_floats);
+    float *dv = dev_upload(v, sizeof(float) * n_blocks * blk_floats);
+    int32_t *dbt = dev_upload(bt, sizeof(int32_t) * n_seq * max_blocks);
+    float *dq = dev_upload(q, sizeof(float) * n_seq * n_head * hd);
+    int32_t *dseq = dev_upload(seq, sizeof seq), *dlen = dev_upload(len, sizeof len);
+    struct cu_kv kv = {dk, dv, bs, n_kv, hd};
+    float **blocks = malloc(sizeof(float *) * n_blocks);
+    const int splits[] = {1, 3, 8};
+    for (int si = 0; si < 3; si++) {
+        void *ws;
+        cudaMalloc(&ws, cu_attn_workspace_bytes(n_seq, n_head, hd, splits[si]));
+        float *dout = dev_out((size_t)n_seq * n_head * hd);
+        ck_assert_int_eq(cu_attention(dq, n_seq, n_head, &kv, dbt, max_blocks, dseq, dlen, splits[si],
+                                      ws, dout, NULL), 0);
+        float *out = fetch(dout, (size_t)n_seq * n_head * hd);
+        for (int s = 0; s < n_seq; s++)
+            for (int h = 0; h < n_head; h++) {
+                int kvh = h / (n_head / n_kv);
+                for (int b = 0; b < max_blocks; b++) blocks[b] = k + (size_t)bt[s * max_blocks + b] * blk_floats;
+                float ref[128];
+                struct ops_kv_view view = {(float *const *)blocks, bs, (size_t)kvh * bs * hd,
+                                           (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd,
+                                           hd, hd};
+                ops_attention(ref, q + (s * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd), &view,
+                              lens[s]);
+                for (int d = 0; d < hd; d++)
+                    ck_assert_msg(fabsf(out[(s * n_head + h) * hd + d] - ref[d]) <= 1e-4f,
+                                  "attention split %d seq %d head %d dim %d: %g vs %g", splits[si], s,
+                                  h, d, out[(s * n_head + h) * hd + d], ref[d]);
+            }
+        free(out), cudaFree(dout), cudaFree(ws);
+    }
+    /* A causal prompt chunk: 40 tokens of sequence 5 at positions 100..139. */
+    const int n_q = 40, p0 = 100;
+    int32_t cseq[40], clen[40];
+    for (int i = 0; i < n_q; i++) cseq[i] = 5, clen[i] = p0 + i + 1;
+    float *cq = malloc(sizeof(float) * n_q * n_head * hd);
+    for (int i = 0; i < n_q * n_head * hd; i++) cq[i] = frand();
+    float *dcq = dev_upload(cq, sizeof(float) * n_q * n_head * hd);
+    int32_t *dcseq = dev_upload(cseq, sizeof cseq), *dclen = dev_upload(clen, sizeof clen);
+    void *ws;
+    cudaMalloc(&ws, cu_attn_workspace_bytes(n_q, n_head, hd, 1));
+    float *dout = dev_out((size_t)n_q * n_head * hd);
+    ck_assert_int_eq(cu_attention(dcq, n_q, n_head, &kv, dbt, max_blocks, dcseq, dclen, 1, ws, dout,
+                                  NULL), 0);
+    float *out = fetch(dout, (size_t)n_q * n_head * hd);
+    for (int b = 0; b < max_blocks; b++) blocks[b] = k + (size_t)bt[5 * max_blocks + b] * blk_floats;
+    for (int i = 0; i < n_q; i++)
+        for (int h = 0; h < n_head; h++) {
+            int kvh = h / (n_head / n_kv);
+            struct ops_kv_view view = {(float *const *)blocks, bs, (size_t)kvh * bs * hd,
+                                       (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd, hd, hd};
+            float ref[128];
+            ops_attention(ref, cq + (i * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd), &view,
+                          clen[i]);
+            for (int d = 0; d < hd; d++)
+                ck_assert_msg(fabsf(out[(i * n_head + h) * hd + d] - ref[d]) <= 1e-4f,
+                              "prefill attention tok %d head %d dim %d", i, h, d);
+        }
+    free(out), free(cq), free(k), free(bt), free(q), free(blocks);
+    cudaFree(dout), cudaFree(ws), cudaFree(dcq), cudaFree(dcseq), cudaFree(dclen), cudaFree(dk),
+        cudaFree(dv), cudaFree(dbt), cudaFree(dq), cudaFree(dseq), cudaFree(dlen);
+}
+END_TEST
+
+/* Expert FFN from a slot table: 16 experts, 10 resident, 5 tokens top-4 (pairs on missing experts
+ * are computed by the "CPU" — here the reference — and copied in before the combine, as the worker
+ * does). Against fp64 dots of the dequantized parts: relative 1e-4 of sum|terms|. */
+START_TEST(moe_ffn_matches_reference)
+{
+    const uint32_t mixes[][3] = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {QT_Q8_0, QT_Q8_0, QT_Q8_0},
+                                 {QT_F16, QT_BF16, QT_Q5_0}};
+    const int n_exp = 16, n_tok = 5, k = 4;
+    const int64_t n_embd = 512, n_ff = 256;
+    for (int mi = 0; mi < 3; mi++) {
+        struct cu_moe_parts parts = {{mixes[mi][0], mixes[mi][1], mixes[mi][2]}, {0, 0, 0}, n_embd, n_ff};
+        float *deq[16][3];
+        uint64_t psz[3], off = 0;
+        for (int p = 0; p < 3; p++) {
+            uint64_t rb;
+            qtype_row_bytes(parts.type[p], p == CU_PART_DOWN ? n_ff : n_embd, &rb);
+            psz[p] = rb * (p == CU_PART_DOWN ? n_embd : n_ff);
+            parts.off[p] = off;
+            off = (off + psz[p] + 255) / 256 * 256;
+        }
+        uint64_t blob_bytes = off;
+        uint8_t *blobs = calloc(n_exp, blob_bytes);
+        for (int e = 0; e < n_exp; e++)
+            for (int p = 0; p < 3; p++) {
+                int64_t rows = p == CU_PART_DOWN ? n_embd : n_ff, cols = p == CU_PART_DOWN ? n_ff : n_embd;
+                void *w = random_weights(parts.type[p], rows, cols, &deq[e][p]);
+                memcpy(blobs + e * blob_bytes + parts.off[p], w, psz[p]);
+                free(w);
+            }
+        uint8_t *dblobs = dev_upload(blobs, n_exp * blob_bytes);
+        uint8_t resident[16];
+        const uint8_t *slot[16];
+        for (int e = 0; e < n_exp; e++) {
+            resident[e] = (e % 3) != 1;
+            slot[e] = resident[e] ? dblobs + e * blob_bytes : NULL;
+        }
+        const uint8_t **dslot = dev_upload(slot, sizeof slot);
+        int32_t ids[20];
+        float pw[20], *x = malloc(sizeof(float) * n_tok * n_embd);
+        for (int t = 0; t < n_tok; t++)
+            for (int j = 0; j < k; j++) ids[t * k + j] = (t * 5 + j * 3) % n_exp, pw[t * k + j] = 0.1f + 0.2f * j;
+        for (int64_t i = 0; i < n_tok * n_embd; i++) x[i] = frand();
+        struct cu_moe_group groups[20];
+        int32_t pair_idx[20];
+        int ng = cu_moe_group(ids, n_tok, k, resident, groups, pair_idx);
+        for (int g = 1; g < ng; g++) ck_assert_int_lt(groups[g - 1].expert, groups[g].expert);
+        /* reference per pair */
+        float *ref = malloc(sizeof(float) * n_tok * k * n_embd), *h = malloc(sizeof(float) * n_ff);
+        float *gate = malloc(sizeof(float) * n_ff), *up = malloc(sizeof(float) * n_ff);
+        for (int pi = 0; pi < n_tok * k; pi++) {
+            int e = ids[pi], t = pi / k;
+            for (int64_t r = 0; r < n_ff; r++) {
+                gate[r] = (float)ref_dot(deq[e][0] + r * n_embd, x + t * n_embd, n_embd, NULL);
+                up[r] = (float)ref_dot(deq[e][1] + r * n_embd, x + t * n_embd, n_embd, NULL);
+            }
+            ops_swiglu(h, gate, up, n_ff);
+            for (int64_t d = 0; d < n_embd; d++)
+                ref[pi * n_embd + d] = pw[pi] * (float)ref_dot(deq[e][2] + d * n_ff, h, n_ff, NULL);
+        }
+        struct cu_moe_group *dg = dev_upload(groups, sizeof(groups[0]) * (ng ? ng : 1));
+        int32_t *dpi = dev_upload(pair_idx, sizeof pair_idx), *dids = dev_upload(ids, sizeof ids);
+        float *dpw = dev_upload(pw, sizeof pw), *dx = dev_upload(x, sizeof(float) * n_tok * n_embd);
+        float *dh;
+        cudaMalloc((void **)&dh, sizeof(float) * n_tok * k * n_ff);
+        float *dout = dev_out((size_t)n_tok * k * n_embd);
+        ck_assert_int_eq(cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, k, dx, dh, dout, NULL), 0);
+        float *out = fetch(dout, (size_t)n_tok * k * n_embd);
+        for (int pi = 0; pi < n_tok * k; pi++) {
+            if (!resident[ids[pi]]) continue;
+            for (int64_t d = 0; d < n_embd; d++)
+                ck_assert_msg(fabsf(out[pi * n_embd + d] - ref[pi * n_embd + d]) <=
+                                  1e-4f * (fabsf(ref[pi * n_embd + d]) + 1.0f),
+                              "moe mix %d pair %d dim %lld: %g vs %g", mi, pi, (long long)d,
+                              out[pi * n_embd + d], ref[pi * n_embd + d]);
+        }
+        /* the CPU's pairs copied in, then the combine in expert-id order */
+        for (int pi = 0; pi < n_tok * k; pi++)
+            if (!resident[ids[pi]])
+                cudaMemcpy(dout + pi * n_embd, ref + pi * n_embd, sizeof(float) * n_embd,
+                           cudaMemcpyHostToDevice);
+        float *dy = dev_out((size_t)n_tok * n_embd);
+        ck_assert_int_eq(cu_moe_combine(dout, dids, n_tok, k, n_embd, dy, NULL), 0);
+        float *y = fetch(dy, (size_t)n_tok * n_embd);
+        for (int t = 0; t < n_tok; t++)
+            for (int64_t d = 0; d < n_embd; d++) {
+                double s = 0;
+                for (int j = 0; j < k; j++) s += ref[(t * k + j) * n_embd + d];
+                ck_assert_msg(fabs(y[t * n_embd + d] - s) <= 1e-4 * (fabs(s) + 1.0),
+                              "combine tok %d dim %lld", t, (long long)d);
+            }
+        for (int e = 0; e < n_exp; e++)
+            for (int p = 0; p < 3; p++) free(deq[e][p]);
+        free(blobs), free(x), free(ref), free(h), free(gate), free(up), free(out), free(y);
+        cudaFree(dblobs), cudaFree(dslot), cudaFree(dg), cudaFree(dpi), cudaFree(dids), cudaFree(dpw),
+            cudaFree(dx), cudaFree(dh), cudaFree(dout), cudaFree(dy);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    int n;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA device: the GPU tests need one (run scripts/gpu-check on a GPU machine)\n");
+        return 1;
+    }
+    Suite *s = suite_create("cuda kernels");
+    TCase *tc = tcase_create("parity");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, matvec_matches_reference);
+    tcase_add_test(tc, matvec_refuses_cpu_types);
+    tcase_add_test(tc, matmul_matches_reference);
+    tcase_add_test(tc, rmsnorm_matches_reference);
+    tcase_add_test(tc, rope_matches_reference);
+    tcase_add_test(tc, router_matches_reference);
+    tcase_add_test(tc, attention_matches_reference);
+    tcase_add_test(tc, moe_ffn_matches_reference);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}
