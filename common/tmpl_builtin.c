@@ -653,18 +653,16 @@ static int f_indent(struct trt *rt, struct tv in, const struct targs *x, struct 
         memset(ind->p, ' ', (size_t)n);
     }
     /* Jinja2 appends "\n" and splits lines, so a trailing newline is dropped */
-    size_t i = 0;
-    bool firstline = true;
     if (first) rv = tbuf_add(&b, ind->p, ind->n);
-    while (!rv && i < s->n) {
+    for (size_t i = 0; !rv;) {
         const char *nl = memchr(s->p + i, '\n', s->n - i);
         size_t e = nl ? (size_t)(nl - s->p) : s->n;
-        if (!firstline) {
+        if (i > 0) {
             rv = tbuf_add(&b, "\n", 1);
             if (!rv && (blank || e > i)) rv = tbuf_add(&b, ind->p, ind->n);
         }
         if (!rv) rv = tbuf_add(&b, s->p + i, e - i);
-        firstline = false;
+        if (e == s->n) break;
         i = e + 1;
     }
     return ret_str(rt, &b, rv, out);

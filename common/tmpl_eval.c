@@ -157,8 +157,8 @@ static int loop_attr(struct trt *rt, const struct tloop *lp, const char *name, s
     else if (!strcmp(name, "first")) *out = tv_bool(i == 0);
     else if (!strcmp(name, "last")) *out = tv_bool(i == n - 1);
     else if (!strcmp(name, "length")) *out = tv_int(n);
-    else if (!strcmp(name, "depth")) *out = tv_int((int64_t)lp->depth);
-    else if (!strcmp(name, "depth0")) *out = tv_int((int64_t)lp->depth - 1);
+    else if (!strcmp(name, "depth")) *out = tv_int(1); /* only recursive loops nest deeper */
+    else if (!strcmp(name, "depth0")) *out = tv_int(0);
     else if (!strcmp(name, "previtem"))
         *out = i > 0 ? lp->items->v[i - 1] : tv_undef("there is no previous item");
     else if (!strcmp(name, "nextitem"))
@@ -758,8 +758,6 @@ static int run_for(struct trt *rt, const struct tnode *n)
         goto out;
     }
     lp->items = items;
-    struct tv outer_loop = lookup(rt, "loop", 4);
-    lp->depth = outer_loop.k == TV_LOOP ? outer_loop.u.loop->depth + 1 : 1;
     for (lp->i = 0; lp->i < items->n; lp->i++) {
         if ((rv = step(rt)) != 0) goto out;
         if (!(rt->sc = push_scope(rt, outer))) {

@@ -78,7 +78,6 @@ struct tmacro {
 struct tloop {
     struct tlist *items;
     size_t i;
-    size_t depth;
 };
 struct tv {
     enum tv_kind k;

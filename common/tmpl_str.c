@@ -347,7 +347,6 @@ static int split(struct trt *rt, const struct tstr *s, const struct tstr *sep, i
     int64_t done = 0;
     for (;;) {
         if (!sep) {
-            struct tv t;
             /* skip whitespace on the working side */
             while (a < b) {
                 uint32_t c;
@@ -364,13 +363,9 @@ static int split(struct trt *rt, const struct tstr *s, const struct tstr *sep, i
                 }
             }
             if (a >= b) break;
-            if (max >= 0 && done >= max) {
-                /* the rest, with its far-side whitespace stripped */
+            if (max >= 0 && done >= max) { /* the rest, as it is */
                 struct tstr *r = tmpl_rt_str(rt, s->p + a, b - a);
-                if (!r) return tmpl_rt_oom(rt);
-                if (tmpl_str_strip(rt, r, NULL, from_right ? 1 : 2, &t) != 0) return tmpl_rt_oom(rt);
-                piece = t;
-                if (tv_list_push(&rt->arena, l, piece) != 0) return tmpl_rt_oom(rt);
+                if (!r || tv_list_push(&rt->arena, l, tv_s(r)) != 0) return tmpl_rt_oom(rt);
                 break;
             }
             size_t e;
