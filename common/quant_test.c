@@ -15,6 +15,13 @@
 
 #define GUARD 64 /* bytes after every output buffer that must stay untouched */
 
+/* CHECK is ck_assert_msg for loops of millions: Check reports every passing ck_assert to its parent
+ * process (one write each), which made this test take seconds of system time. */
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                    \
+    } while (0)
+
 /* The computable types, in the order of the golden files' list. */
 static const uint32_t types[] = {QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0,   QT_Q5_1,
                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
@@ -47,7 +54,7 @@ static void check_guard(const void *p, size_t n, const char *what)
 {
     const unsigned char *g = (const unsigned char *)p + n;
     for (int i = 0; i < GUARD; i++)
-        ck_assert_msg(g[i] == 0xA5, "%s wrote past its %zu bytes", what, n);
+        CHECK(g[i] == 0xA5, "%s wrote past its %zu bytes", what, n);
 }
 
 /* ---- fp16 / bf16 ----------------------------------------------------------------------------- */
@@ -58,12 +65,10 @@ START_TEST(test_f16_every_value_and_midpoint)
         float f = quant_f16_to_f32((uint16_t)h);
         bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
         if (nan) {
-            ck_assert(isnan(f));
-            ck_assert(isnan(quant_f16_to_f32(quant_f32_to_f16(f))));
+            CHECK(isnan(f) && isnan(quant_f16_to_f32(quant_f32_to_f16(f))), "f16 NaN %04x", h);
             continue;
         }
-        ck_assert_msg(quant_f32_to_f16(f) == h, "f16 %04x -> %a -> %04x", h, f,
-                      quant_f32_to_f16(f));
+        CHECK(quant_f32_to_f16(f) == h, "f16 %04x -> %a -> %04x", h, f, quant_f32_to_f16(f));
     }
     /* between each pair of neighbours: the midpoint goes to the even one, a hair off it to the
      * nearer one (subnormals included) */
@@ -71,11 +76,11 @@ START_TEST(test_f16_every_value_and_midpoint)
         float a = quant_f16_to_f32((uint16_t)h), b = quant_f16_to_f32((uint16_t)(h + 1));
         float mid = (float)(((double)a + b) / 2);
         uint16_t even = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
-        ck_assert_msg(quant_f32_to_f16(mid) == even, "midpoint of %04x: %04x", h,
-                      quant_f32_to_f16(mid));
-        ck_assert_uint_eq(quant_f32_to_f16(nextafterf(mid, 0)), h);
-        ck_assert_uint_eq(quant_f32_to_f16(nextafterf(mid, INFINITY)), h + 1);
-        ck_assert_uint_eq(quant_f32_to_f16(-mid), even | 0x8000);
+        CHECK(quant_f32_to_f16(mid) == even, "midpoint of %04x: %04x", h, quant_f32_to_f16(mid));
+        CHECK(quant_f32_to_f16(nextafterf(mid, 0)) == h, "below the midpoint of %04x", h);
+        CHECK(quant_f32_to_f16(nextafterf(mid, INFINITY)) == h + 1, "above the midpoint of %04x",
+              h);
+        CHECK(quant_f32_to_f16(-mid) == (even | 0x8000), "negative midpoint of %04x", h);
     }
     ck_assert_uint_eq(quant_f32_to_f16(65519.99f), 0x7bff);
     ck_assert_uint_eq(quant_f32_to_f16(65520.0f), 0x7c00);
@@ -93,7 +98,7 @@ START_TEST(test_bf16_nearest_even)
         memcpy(&f, &u, 4);
         uint16_t h = quant_f32_to_bf16(f);
         if (isnan(f)) {
-            ck_assert(isnan(quant_bf16_to_f32(h)));
+            CHECK(isnan(quant_bf16_to_f32(h)), "bf16 of a NaN: %04x", h);
             continue;
         }
         if (isinf(quant_bf16_to_f32(h)) && !isinf(f)) continue; /* rounded past the largest bf16 */
@@ -103,7 +108,7 @@ START_TEST(test_bf16_nearest_even)
             uint16_t o = (uint16_t)(h + d);
             if ((o & 0x7f80) == 0x7f80 || (o & 0x8000) != (h & 0x8000)) continue;
             double e1 = fabs((double)f - quant_bf16_to_f32(o));
-            ck_assert_msg(e0 < e1 || (e0 == e1 && !(h & 1)), "bf16 of %a: %04x", f, h);
+            CHECK(e0 < e1 || (e0 == e1 && !(h & 1)), "bf16 of %a: %04x", f, h);
         }
     }
     ck_assert_uint_eq(quant_f32_to_bf16(1.0f), 0x3f80);
@@ -324,11 +329,10 @@ START_TEST(test_roundtrip_bounds)
                         amax = fmax(amax, fabs(x[i]));
                     for (int64_t i = b; i < b + B; i++) {
                         double e = fabs((double)y[i] - x[i]);
-                        ck_assert_msg(
-                            isfinite(y[i]) && e <= bounds[_i].c * amax + tau,
-                            "%s, %s row of %lld, element %lld: %g -> %g, error %g > %g * %g + %g",
-                            ti->name, rowkind_name[k], (long long)n, (long long)i, x[i], y[i], e,
-                            bounds[_i].c, amax, tau);
+                        CHECK(isfinite(y[i]) && e <= bounds[_i].c * amax + tau,
+                              "%s, %s row of %lld, element %lld: %g -> %g, error %g > %g * %g + %g",
+                              ti->name, rowkind_name[k], (long long)n, (long long)i, x[i], y[i], e,
+                              bounds[_i].c, amax, tau);
                         if (amax > 0) worst = fmax(worst, (e - tau) / amax);
                         se += e * e;
                         sx += (double)x[i] * x[i];
@@ -336,7 +340,7 @@ START_TEST(test_roundtrip_bounds)
                 }
                 if (k == ROW_ZERO)
                     for (int64_t i = 0; i < n; i++)
-                        ck_assert_msg(y[i] == 0, "%s: zero row gives %g", ti->name, y[i]);
+                        CHECK(y[i] == 0, "%s: zero row gives %g", ti->name, y[i]);
                 if (k == ROW_GAUSS) {
                     worst_rms = fmax(worst_rms, sqrt(se / sx));
                     ck_assert_msg(sqrt(se / sx) <= bounds[_i].rms, "%s: relative rms error %g > %g",
@@ -392,12 +396,12 @@ START_TEST(test_activations)
                     int sum = 0;
                     for (int i = 0; i < 16; i++)
                         sum += b[k].qs[16 * s + i];
-                    ck_assert_int_eq(b[k].bsums[s], sum);
+                    CHECK(b[k].bsums[s] == sum, "q8_K bsums[%d] %d, sum %d", s, b[k].bsums[s], sum);
                 }
                 for (int i = 0; i < QK_K; i++) {
                     double e = fabs((double)b[k].d * b[k].qs[i] - x[QK_K * k + i]);
-                    ck_assert_msg(e <= amax / 254 * (1 + 0x1p-14),
-                                  "q8_K element %d: error %g, amax %g", i, e, amax);
+                    CHECK(e <= amax / 254 * (1 + 0x1p-14), "q8_K element %d: error %g, amax %g", i,
+                          e, amax);
                 }
             }
         }
