@@ -199,6 +199,19 @@ static struct tv lookup(struct trt *rt, const char *name, size_t n)
 
 static int set_var(struct trt *rt, struct tscope *sc, const char *name, size_t n, struct tv v)
 {
+    struct tv *slot = tv_dict_gets(&sc->vars, name, n);
+    if (slot) {
+        *slot = v;
+        return 0;
+    }
+    /* A loop scope emptied for the next iteration still holds last iteration's keys past n:
+     * reuse the key when it is the same name, so iterations allocate nothing. */
+    struct tdict *d = &sc->vars;
+    if (d->n < d->cap && d->k[d->n].k == TV_STR && d->k[d->n].u.s->n == n &&
+        memcmp(d->k[d->n].u.s->p, name, n) == 0) {
+        d->v[d->n++] = v;
+        return 0;
+    }
     struct tstr *k = tmpl_rt_str(rt, name, n);
     if (!k || tv_dict_set(&rt->arena, &sc->vars, tv_s(k), v) != 0) return tmpl_rt_oom(rt);
     return 0;
@@ -736,16 +749,17 @@ static int run_for(struct trt *rt, const struct tnode *n)
     struct tlist *items;
     int rv;
     if ((rv = ev(rt, n->b, &it)) != 0 || (rv = tmpl_rt_iter(rt, it, &items)) != 0) return rv;
-    struct tscope *outer = rt->sc;
+    struct tscope *outer = rt->sc, *inner = push_scope(rt, outer);
+    if (!inner) return tmpl_rt_oom(rt);
+    /* Each iteration starts with no variables of its own (Jinja2 forgets an iteration's sets);
+     * the one scope is emptied rather than reallocated, so long loops need no memory. */
+    rt->sc = inner;
     if (n->c) { /* for x in xs if cond: filter first, so loop.length counts what is run */
         size_t k = 0;
         for (size_t i = 0; i < items->n; i++) {
             struct tv keep;
             if ((rv = step(rt)) != 0) goto out;
-            if (!(rt->sc = push_scope(rt, outer))) {
-                rv = tmpl_rt_oom(rt);
-                goto out;
-            }
+            inner->vars.n = 0;
             if ((rv = assign(rt, n->a, items->v[i])) != 0 || (rv = ev(rt, n->c, &keep)) != 0)
                 goto out;
             if (tv_truthy(keep)) items->v[k++] = items->v[i];
@@ -760,10 +774,7 @@ static int run_for(struct trt *rt, const struct tnode *n)
     lp->items = items;
     for (lp->i = 0; lp->i < items->n; lp->i++) {
         if ((rv = step(rt)) != 0) goto out;
-        if (!(rt->sc = push_scope(rt, outer))) {
-            rv = tmpl_rt_oom(rt);
-            goto out;
-        }
+        inner->vars.n = 0;
         if ((rv = assign(rt, n->a, items->v[lp->i])) != 0) goto out;
         if ((rv = set_var(rt, rt->sc, "loop", 4, (struct tv){.k = TV_LOOP, .u.loop = lp})) != 0)
             goto out;
@@ -773,10 +784,7 @@ static int run_for(struct trt *rt, const struct tnode *n)
         if (flow == FLOW_BREAK) break;
     }
     if (items->n == 0 && n->m) {
-        if (!(rt->sc = push_scope(rt, outer))) {
-            rv = tmpl_rt_oom(rt);
-            goto out;
-        }
+        inner->vars.n = 0;
         rv = run(rt, n->w, n->m);
     }
 out:
