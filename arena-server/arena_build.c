@@ -35,10 +35,12 @@ struct job {
     struct chunk *chunks;
     uint64_t n_chunks;
     bool keep_cache;
+    const _Atomic int *cancel;
     _Atomic uint64_t next;      /* next chunk (or blob batch in the hash phase) to claim */
     _Atomic uint64_t done;      /* bytes read so far */
     _Atomic uint64_t reads;
-    _Atomic int running;        /* threads not yet finished */
+    int running;                /* threads not yet finished, under err_mu */
+    pthread_cond_t finished;    /* signalled when running drops to 0 */
     _Atomic int err;            /* first error, 0 if none */
     pthread_mutex_t err_mu;
     char err_detail[1024];
@@ -58,6 +60,13 @@ static void set_err(struct job *j, int rv)
     pthread_mutex_lock(&j->err_mu);
     if (atomic_compare_exchange_strong(&j->err, &zero, rv))
         snprintf(j->err_detail, sizeof j->err_detail, "%s", strata_errdetail());
+    pthread_mutex_unlock(&j->err_mu);
+}
+
+static void thread_done(struct job *j)
+{
+    pthread_mutex_lock(&j->err_mu);
+    if (--j->running == 0) pthread_cond_signal(&j->finished);
     pthread_mutex_unlock(&j->err_mu);
 }
 
@@ -165,11 +174,15 @@ static void *read_main(void *arg)
     while (scratch && atomic_load(&j->err) == 0) {
         uint64_t i = atomic_fetch_add(&j->next, 1);
         if (i >= j->n_chunks) break;
+        if (j->cancel && atomic_load(j->cancel)) {
+            set_err(j, strata_errf(STRATA_ECANCELED, "build canceled"));
+            break;
+        }
         int rv = read_chunk(j, &j->chunks[i], scratch);
         if (rv != 0) set_err(j, rv);
     }
     free(scratch);
-    atomic_fetch_sub(&j->running, 1);
+    thread_done(j);
     return NULL;
 }
 
@@ -195,7 +208,7 @@ static void *hash_main(void *arg)
                                       memory_order_relaxed);
         }
     }
-    atomic_fetch_sub(&j->running, 1);
+    thread_done(j);
     return NULL;
 }
 
@@ -219,19 +232,25 @@ static int run_phase(struct job *j, void *(*fn)(void *), int n, bool progress, c
     double t0 = now_s();
     atomic_store(&j->next, 0);
     atomic_store(&j->done, 0);
-    atomic_store(&j->running, n);
+    j->running = n;
     int started = 0;
     for (; started < n; started++)
         if (pthread_create(&th[started], NULL, fn, j) != 0) break;
-    if (started < n) {
-        atomic_fetch_sub(&j->running, n - started);
-        if (started == 0) return strata_errf(STRATA_ENOMEM, "cannot start a thread");
-    }
-    while (atomic_load(&j->running) > 0) {
-        struct timespec ts = {0, 100 * 1000000};
-        nanosleep(&ts, NULL);
+    pthread_mutex_lock(&j->err_mu);
+    j->running -= n - started;
+    while (j->running > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000; /* redraw the bar ten times a second */
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&j->finished, &j->err_mu, &ts);
         if (progress) draw_bar(what, atomic_load(&j->done), total, t0);
     }
+    pthread_mutex_unlock(&j->err_mu);
+    if (started == 0) return strata_errf(STRATA_ENOMEM, "cannot start a thread");
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     if (progress) {
         draw_bar(what, atomic_load(&j->done), total, t0);
@@ -246,8 +265,10 @@ int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, ui
                      const struct arena_build_opts *opts, struct arena_build_stats *stats)
 {
     int rv = 0;
-    struct job j = {.L = L, .f = f, .img = img, .keep_cache = opts->keep_cache};
+    struct job j = {.L = L, .f = f, .img = img, .keep_cache = opts->keep_cache,
+                    .cancel = opts->cancel};
     pthread_mutex_init(&j.err_mu, NULL);
+    pthread_cond_init(&j.finished, NULL);
     int n = opts->threads;
     if (n <= 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -294,6 +315,7 @@ out:
             if (j.fds[s] >= 0) close(j.fds[s]);
     free(j.fds);
     free(j.chunks);
+    pthread_cond_destroy(&j.finished);
     pthread_mutex_destroy(&j.err_mu);
     return rv;
 }

@@ -12,6 +12,7 @@
 
 #include "arena-server/arena_layout.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -22,6 +23,8 @@ struct arena_build_opts {
     uint64_t chunk_bytes; /* bytes per read; 0: 32 MiB */
     bool progress;        /* draw a progress bar on stderr */
     bool keep_cache;      /* do not drop source pages (benchmarks of a warm build) */
+    const _Atomic int *cancel; /* when non-NULL and set (e.g. by a signal handler), the build stops
+                                  with STRATA_ECANCELED */
 };
 
 struct arena_build_stats {

@@ -30,8 +30,10 @@ static bool is_pow2(uint64_t v)
     return v && !(v & (v - 1));
 }
 
+/* check_dims: dims, a known type, and bytes equal to what the shape takes in that type (a reader
+ * sizes its loops by the shape, so the two must agree). */
 static int check_dims(const char *what, uint64_t i, uint32_t n_dims, const uint64_t *ne,
-                      uint32_t type)
+                      uint32_t type, uint64_t bytes)
 {
     if (n_dims < 1 || n_dims > ARENA_MAX_DIMS)
         return strata_errf(STRATA_EFORMAT, "%s %llu has %u dims", what, (unsigned long long)i,
@@ -43,6 +45,18 @@ static int check_dims(const char *what, uint64_t i, uint32_t n_dims, const uint6
     if (!qtype_get(type))
         return strata_errf(STRATA_EFORMAT, "%s %llu has unknown type %u", what,
                            (unsigned long long)i, type);
+    uint64_t total;
+    if (qtype_row_bytes(type, ne[0], &total) != 0)
+        return strata_errf(STRATA_EFORMAT, "%s %llu: rows of %llu do not fit type %s", what,
+                           (unsigned long long)i, (unsigned long long)ne[0], qtype_name(type));
+    for (uint32_t d = 1; d < ARENA_MAX_DIMS; d++)
+        if (__builtin_mul_overflow(total, ne[d], &total))
+            return strata_errf(STRATA_EFORMAT, "%s %llu: size overflows", what,
+                               (unsigned long long)i);
+    if (total != bytes)
+        return strata_errf(STRATA_EFORMAT, "%s %llu: %llu bytes, its shape takes %llu", what,
+                           (unsigned long long)i, (unsigned long long)bytes,
+                           (unsigned long long)total);
     return 0;
 }
 
@@ -93,7 +107,7 @@ int arena_check(const uint8_t *img, uint64_t size)
 
     const struct arena_tensor *dt = (const void *)(img + h->dense_table_off);
     for (uint64_t i = 0; i < h->n_dense; i++) {
-        int rv = check_dims("dense tensor", i, dt[i].n_dims, dt[i].ne, dt[i].type);
+        int rv = check_dims("dense tensor", i, dt[i].n_dims, dt[i].ne, dt[i].type, dt[i].bytes);
         if (rv != 0) return rv;
         if (dt[i].name_off >= h->strings_bytes || dt[i].offset % ARENA_PART_ALIGN != 0 ||
             dt[i].offset < h->dense_off ||
@@ -128,7 +142,7 @@ int arena_check(const uint8_t *img, uint64_t size)
         uint64_t part_end = 0;
         for (uint32_t p = 0; p < L->n_parts; p++) {
             const struct arena_part *P = &pt[L->part_first + p];
-            int rv = check_dims("part", L->part_first + p, P->n_dims, P->ne, P->type);
+            int rv = check_dims("part", L->part_first + p, P->n_dims, P->ne, P->type, P->bytes);
             if (rv != 0) return rv;
             if (P->name_off >= h->strings_bytes || P->offset % ARENA_PART_ALIGN != 0 ||
                 P->offset < part_end || !in_image(P->offset, P->bytes, L->blob_bytes))
