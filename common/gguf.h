@@ -113,8 +113,9 @@ struct gguf_file {
 int gguf_open(const char *path, struct gguf_file **out);
 
 /* gguf_open_mem parses a buffer (no copy; the buffer must outlive the object). For the fuzzer and
- * for readers of the metadata a strata arena stores. Tensor data offsets are checked against size
- * only when check_data is true (an arena keeps the header without the data). */
+ * for readers of the metadata a strata arena stores. Tensor data offsets are checked against size,
+ * and for overlaps, only when check_data is true (an arena keeps the header without the data, and
+ * its merged tensor infos of all splits repeat offsets); otherwise every tensor's data is NULL. */
 int gguf_open_mem(const void *buf, size_t size, bool check_data, struct gguf_file **out);
 
 /* gguf_close unmaps and frees; NULL is fine. */

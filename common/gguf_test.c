@@ -360,8 +360,8 @@ static const struct bad bad_cases[] = {
     {"bool element 5", STRATA_EFORMAT, "bool element 1 of KV 'k' is 5"},
     {"string past the end", STRATA_ETRUNC, "string of KV 'k' claims 99 bytes"},
     {"value past the end", STRATA_ETRUNC, "value of KV 'k' needs 8 bytes"},
-    {"alignment type", STRATA_EFORMAT, "general.alignment has type uint64; it must be uint32"},
-    {"alignment 0", STRATA_EFORMAT, "general.alignment is 0; it must be a nonzero power of two"},
+    {"alignment type", STRATA_EFORMAT, "offset 24: general.alignment has type uint64; it must be uint32"},
+    {"alignment 0", STRATA_EFORMAT, "offset 24: general.alignment is 0; it must be a nonzero power of two"},
     {"alignment 48", STRATA_EFORMAT, "general.alignment is 48; it must be a nonzero power of two"},
     {"empty tensor name", STRATA_EFORMAT, "name of tensor #0 is empty"},
     {"5 dims", STRATA_EFORMAT, "tensor 'w' has 5 dimensions; it must have 1 to 4"},
@@ -450,6 +450,20 @@ START_TEST(each_check_has_its_error)
                      strata_errdetail(), bad_cases[_i].code, bad_cases[_i].msg);
     ck_assert_ptr_eq(f, NULL);
     free(buf);
+}
+END_TEST
+
+/* An arena's metadata holds the tensor infos of all splits, whose offsets overlap: without the
+ * data, offsets are not checked for overlap. */
+START_TEST(metadata_without_data)
+{
+    struct bb b;
+    build_bad(35, &b);
+    struct gguf_file *f;
+    ck_assert_int_eq(gguf_open_mem(b.b, b.n, false, &f), 0);
+    ck_assert_uint_eq(f->n_tensors, 2);
+    ck_assert_ptr_eq(gguf_tensor_find(f, "b")->data, NULL);
+    gguf_close(f);
 }
 END_TEST
 
@@ -802,6 +816,7 @@ int main(void)
     tcase_add_test(tc, version_2_reads);
     tcase_add_test(tc, twenty_thousand_tensors);
     tcase_add_loop_test(tc, each_check_has_its_error, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
+    tcase_add_test(tc, metadata_without_data);
     tcase_add_test(tc, messages_name_the_file);
     tcase_add_test(tc, truncated_everywhere);
     tcase_add_test(tc, writer_refuses_misuse);
