@@ -579,11 +579,10 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
     }
     pt->header_bytes = r.off;
     pt->data_off = round_up(r.off, pt->alignment);
-    for (uint64_t i = 0; i < n; i++) {
+    for (uint64_t i = 0; check_data && i < n; i++) {
         struct gguf_tensor *x = &t[first + i];
         /* offset + nbytes < 2^63 (checked), so adding data_off < 2^64 cannot wrap. */
         uint64_t beg = pt->data_off + x->offset, end = beg + x->nbytes;
-        if (!check_data) continue;
         if (end > size) {
             char q[100];
             rv = strata_errf(STRATA_ETRUNC, "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64
@@ -675,7 +674,11 @@ static int split_u64(const char *file, const struct part *pt, const char *key, u
     if (rv == STRATA_ENOENT)
         return strata_errf(STRATA_EFORMAT, "%s: split file lacks the key %s: it was not written by gguf-split",
                            file, key);
-    if (rv) return strata_errf(rv, "%s: %s", file, strata_errdetail());
+    if (rv) {
+        char why[512]; /* the detail is rewritten below: copy it out first */
+        snprintf(why, sizeof why, "%s", strata_errdetail());
+        return strata_errf(rv, "%s: %s", file, why);
+    }
     return 0;
 }
 

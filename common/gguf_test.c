@@ -705,6 +705,10 @@ START_TEST(split_set_errors)
     ck_assert_int_eq(split_case("nokeys", nokeys, 3, &f), STRATA_EFORMAT);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "m-00002-of-00003.gguf: split file lacks the key split.no"));
 
+    /* split.no of the wrong type: the getter's own message, prefixed with the file */
+    ck_assert_int_eq(split_case("signed", (const struct split_spec[3]){{0, 3, 4, {"a", NULL}}, {1, 3, -4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}}, 3, &f), STRATA_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "m-00002-of-00003.gguf: GGUF key split.tensors.count is -4; a nonnegative value was expected"));
+
     const struct split_spec dup[3] = {{0, 3, 4, {"a", NULL}}, {1, 3, 4, {"b", "c"}}, {2, 3, 4, {"a", NULL}}};
     ck_assert_int_eq(split_case("dup", dup, 3, &f), STRATA_EFORMAT);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "duplicate tensor name 'a' (tensor #0 here; first seen as tensor #0 of split 1)"));
