@@ -805,6 +805,25 @@ START_TEST(cmd_info)
     ck_assert_ptr_nonnull(strstr(text, "\"x\\x00y\""));
     free(text);
 
+    /* long values are summarized in the table */
+    const char *lpath = tmp_path("long.gguf");
+    struct gguf_writer *w;
+    ck_assert_int_eq(gguf_writer_open(lpath, 0, &w), 0);
+    const char *toks[20];
+    for (int i = 0; i < 20; i++) toks[i] = "tok";
+    ck_assert_int_eq(gguf_w_arr_str(w, "tokenizer.ggml.tokens", 20, toks, NULL), 0);
+    char longs[201];
+    memset(longs, 'z', 200);
+    longs[200] = '\0';
+    ck_assert_int_eq(gguf_w_str(w, "tokenizer.chat_template", longs), 0);
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+    char *long_args[] = {"gguf", "info", (char *)lpath, NULL};
+    ck_assert_int_eq(run_cmd(out, 3, long_args), 0);
+    text = test_read_file(out, NULL);
+    ck_assert_ptr_nonnull(strstr(text, "[20 strings]"));
+    ck_assert_ptr_nonnull(strstr(text, "zzz\"... (200 bytes)"));
+    free(text);
+
     char *usage_args[] = {"gguf", NULL};
     ck_assert_int_eq(run_cmd(out, 1, usage_args), 2);
     char *missing_args[] = {"gguf", "info", (char *)tmp_path("absent.gguf"), NULL};
