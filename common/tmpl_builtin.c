@@ -1,7 +1,6 @@
-/* tmpl_builtin — Jinja2's filters and tests that chat templates use, the globals (range,
- * namespace, dict, raise_exception, strftime_now) and the methods of dicts, lists and the loop
- * object. Behaviour follows Jinja2 3.1's definitions (e.g. sort, unique and dictsort ignore case
- * unless told; `title` splits words at spaces and -([{< as Jinja2 does, unlike str.title). */
+/* tmpl_builtin — Jinja2's filters that chat templates use. Behaviour follows Jinja2 3.1's
+ * definitions (e.g. sort, unique and dictsort ignore case unless told; `title` splits words at
+ * spaces and -([{< as Jinja2 does, unlike str.title). */
 #include "common/tmpl_int.h"
 
 #include "common/err.h"
@@ -44,8 +43,10 @@ static int ret_str(struct trt *rt, struct tbuf *b, int rv, struct tv *out)
 {
     if (!rv) {
         struct tstr *s = tmpl_rt_str(rt, b->p ? b->p : "", b->n);
-        if (!s) rv = tmpl_rt_oom(rt);
-        else *out = tv_s(s);
+        if (!s)
+            rv = tmpl_rt_oom(rt);
+        else
+            *out = tv_s(s);
     }
     free(b->p);
     return rv;
@@ -56,7 +57,8 @@ static struct tbuf newbuf(struct trt *rt)
     return (struct tbuf){.limit = rt->t->lim.max_memory};
 }
 
-/* attr_path: getattr along "a.b.c" (an integer part indexes a list), as Jinja2's make_attrgetter. */
+/* attr_path: getattr along "a.b.c" (an integer part indexes a list), as Jinja2's make_attrgetter.
+ */
 static int attr_path(struct trt *rt, struct tv v, const struct tstr *path, struct tv *out)
 {
     size_t i = 0;
@@ -100,11 +102,15 @@ static int merge_sort(struct skey *v, struct skey *tmp, size_t n, bool rev)
         int c;
         if ((rv = tv_cmp(v[j].key, v[i].key, &c, 0)) != 0) return rv;
         /* take from the right only when strictly before: keeps equal keys in order */
-        if (rev ? c > 0 : c < 0) tmp[k++] = v[j++];
-        else tmp[k++] = v[i++];
+        if (rev ? c > 0 : c < 0)
+            tmp[k++] = v[j++];
+        else
+            tmp[k++] = v[i++];
     }
-    while (i < h) tmp[k++] = v[i++];
-    while (j < n) tmp[k++] = v[j++];
+    while (i < h)
+        tmp[k++] = v[i++];
+    while (j < n)
+        tmp[k++] = v[j++];
     memcpy(v, tmp, n * sizeof *v);
     return 0;
 }
@@ -134,7 +140,8 @@ static int sorted(struct trt *rt, struct tlist *l, const struct tv *attr, bool c
     }
     if ((rv = merge_sort(v, v + l->n + 1, l->n, rev)) != 0)
         return tmpl_rt_err(rt, rv, "sort: %s", strata_errdetail());
-    for (size_t i = 0; i < l->n; i++) l->v[i] = v[i].val;
+    for (size_t i = 0; i < l->n; i++)
+        l->v[i] = v[i].val;
     return 0;
 }
 
@@ -172,15 +179,24 @@ static int f_trim(struct trt *rt, struct tv in, const struct targs *x, struct tv
 static int f_length(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)
 {
     switch (in.k) {
-    case TV_UNDEF: *out = tv_int(0); return 0;
-    case TV_STR: *out = tv_int((int64_t)tmpl_u8_len(in.u.s->p, in.u.s->n)); return 0;
-    case TV_LIST: *out = tv_int((int64_t)in.u.l->n); return 0;
+    case TV_UNDEF:
+        *out = tv_int(0);
+        return 0;
+    case TV_STR:
+        *out = tv_int((int64_t)tmpl_u8_len(in.u.s->p, in.u.s->n));
+        return 0;
+    case TV_LIST:
+        *out = tv_int((int64_t)in.u.l->n);
+        return 0;
     case TV_DICT:
         if (in.u.d->ns) break;
         *out = tv_int((int64_t)in.u.d->n);
         return 0;
-    case TV_LOOP: *out = tv_int((int64_t)in.u.loop->items->n); return 0;
-    default: break;
+    case TV_LOOP:
+        *out = tv_int((int64_t)in.u.loop->items->n);
+        return 0;
+    default:
+        break;
     }
     return tmpl_rt_err(rt, STRATA_EINVAL, "object of type '%s' has no len()", tv_typename(in));
 }
@@ -289,8 +305,10 @@ static bool parse_int(const struct tstr *s, int64_t *out)
     char buf[64];
     size_t k = 0;
     const char *p = s->p, *e = s->p + s->n;
-    while (p < e && (*p == ' ' || (*p >= '\t' && *p <= '\r'))) p++;
-    while (e > p && (e[-1] == ' ' || (e[-1] >= '\t' && e[-1] <= '\r'))) e--;
+    while (p < e && (*p == ' ' || (*p >= '\t' && *p <= '\r')))
+        p++;
+    while (e > p && (e[-1] == ' ' || (e[-1] >= '\t' && e[-1] <= '\r')))
+        e--;
     if (p < e && (*p == '+' || *p == '-')) buf[k++] = *p++;
     if (p == e) return false;
     for (; p < e; p++) {
@@ -315,7 +333,8 @@ static bool parse_float(const struct tstr *s, double *out)
     buf[s->n] = 0;
     char *end;
     *out = strtod(buf, &end);
-    while (*end == ' ' || (*end >= '\t' && *end <= '\r')) end++;
+    while (*end == ' ' || (*end >= '\t' && *end <= '\r'))
+        end++;
     return end != buf && !*end;
 }
 
@@ -324,12 +343,16 @@ static int f_int(struct trt *rt, struct tv in, const struct targs *x, struct tv 
     const struct tv *d = A(x, 0, "default");
     int64_t i;
     double f;
-    if (tv_isint(in)) *out = tv_int(tv_asint(in));
-    else if (in.k == TV_FLOAT && isfinite(in.u.f) && fabs(in.u.f) < 9.2e18) *out = tv_int((int64_t)in.u.f);
-    else if (in.k == TV_STR && parse_int(in.u.s, &i)) *out = tv_int(i);
+    if (tv_isint(in))
+        *out = tv_int(tv_asint(in));
+    else if (in.k == TV_FLOAT && isfinite(in.u.f) && fabs(in.u.f) < 9.2e18)
+        *out = tv_int((int64_t)in.u.f);
+    else if (in.k == TV_STR && parse_int(in.u.s, &i))
+        *out = tv_int(i);
     else if (in.k == TV_STR && parse_float(in.u.s, &f) && isfinite(f) && fabs(f) < 9.2e18)
         *out = tv_int((int64_t)f);
-    else *out = d ? *d : tv_int(0);
+    else
+        *out = d ? *d : tv_int(0);
     return 0;
 }
 
@@ -337,17 +360,23 @@ static int f_float(struct trt *rt, struct tv in, const struct targs *x, struct t
 {
     const struct tv *d = A(x, 0, "default");
     double f;
-    if (tv_isnum(in)) *out = tv_float(tv_asdbl(in));
-    else if (in.k == TV_STR && parse_float(in.u.s, &f)) *out = tv_float(f);
-    else *out = d ? *d : tv_float(0);
+    if (tv_isnum(in))
+        *out = tv_float(tv_asdbl(in));
+    else if (in.k == TV_STR && parse_float(in.u.s, &f))
+        *out = tv_float(f);
+    else
+        *out = d ? *d : tv_float(0);
     return 0;
 }
 
 static int f_abs(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)
 {
-    if (in.k == TV_FLOAT) *out = tv_float(fabs(in.u.f));
-    else if (tv_isint(in) && tv_asint(in) != INT64_MIN) *out = tv_int(llabs(tv_asint(in)));
-    else return tmpl_rt_err(rt, STRATA_EINVAL, "bad operand type for abs(): '%s'", tv_typename(in));
+    if (in.k == TV_FLOAT)
+        *out = tv_float(fabs(in.u.f));
+    else if (tv_isint(in) && tv_asint(in) != INT64_MIN)
+        *out = tv_int(llabs(tv_asint(in)));
+    else
+        return tmpl_rt_err(rt, STRATA_EINVAL, "bad operand type for abs(): '%s'", tv_typename(in));
     return 0;
 }
 
@@ -360,8 +389,10 @@ static int f_round(struct trt *rt, struct tv in, const struct targs *x, struct t
         return tmpl_rt_err(rt, STRATA_EINVAL, "round: '%s' is not a number", tv_typename(in));
     if (p < -300 || p > 300) p = p < 0 ? -300 : 300;
     double v = tv_asdbl(in), r, scale = pow(10, (double)p);
-    if (!strcmp(m, "ceil")) r = ceil(v * scale) / scale;
-    else if (!strcmp(m, "floor")) r = floor(v * scale) / scale;
+    if (!strcmp(m, "ceil"))
+        r = ceil(v * scale) / scale;
+    else if (!strcmp(m, "floor"))
+        r = floor(v * scale) / scale;
     else if (strcmp(m, "common") != 0)
         return tmpl_rt_err(rt, STRATA_EINVAL, "round: method must be common, ceil or floor");
     else if (tv_isint(in) && p >= 0) {
@@ -440,8 +471,10 @@ static int f_map(struct trt *rt, struct tv in, const struct targs *x, struct tv 
     for (size_t i = 0; i < l->n; i++) {
         struct tv v = l->v[i];
         if (attr) {
-            if (attr->k != TV_STR) return tmpl_rt_err(rt, STRATA_EINVAL, "map: attribute= must "
-                                                      "be a string");
+            if (attr->k != TV_STR)
+                return tmpl_rt_err(rt, STRATA_EINVAL,
+                                   "map: attribute= must "
+                                   "be a string");
             if ((rv = attr_path(rt, v, attr->u.s, &v)) != 0) return rv;
             if (v.k == TV_UNDEF && def) v = *def;
         } else if ((rv = tmpl_filter(rt, name->u.s->p, v, x->a + 1, x->n - 1, x->kn, x->kv, x->nk,
@@ -523,7 +556,8 @@ static int f_unique(struct trt *rt, struct tv in, const struct targs *x, struct 
         struct tv k;
         bool dup = false;
         if ((rv = sort_key(rt, l->v[i], attr, cs, &k)) != 0) return rv;
-        for (size_t j = 0; j < seen->n && !dup; j++) dup = tv_eq(seen->v[j], k, 0);
+        for (size_t j = 0; j < seen->n && !dup; j++)
+            dup = tv_eq(seen->v[j], k, 0);
         if (dup) continue;
         seen->v[seen->n++] = k;
         o->v[o->n++] = l->v[i];
@@ -608,7 +642,8 @@ static int f_reverse(struct trt *rt, struct tv in, const struct targs *x, struct
         return 0;
     }
     struct tbuf b = newbuf(rt);
-    for (size_t i = 0; !rv && i < l->n; i++) rv = tbuf_add(&b, l->v[i].u.s->p, l->v[i].u.s->n);
+    for (size_t i = 0; !rv && i < l->n; i++)
+        rv = tbuf_add(&b, l->v[i].u.s->p, l->v[i].u.s->n);
     return ret_str(rt, &b, rv, out);
 }
 
@@ -629,7 +664,8 @@ static int f_batch(struct trt *rt, struct tv in, const struct targs *x, struct t
         }
         cur->v[cur->n++] = l->v[i];
     }
-    while (fill && cur && cur->n < n) cur->v[cur->n++] = *fill;
+    while (fill && cur && cur->n < n)
+        cur->v[cur->n++] = *fill;
     *out = tv_l(o);
     return 0;
 }
@@ -647,8 +683,8 @@ static int f_indent(struct trt *rt, struct tv in, const struct targs *x, struct 
     } else {
         int64_t n = w && tv_isint(*w) ? tv_asint(*w) : 4;
         if (n < 0) n = 0;
-        if (n > 4096) return tmpl_rt_err(rt, STRATA_ELIMIT, "indent: width %lld is too large",
-                                         (long long)n);
+        if (n > 4096)
+            return tmpl_rt_err(rt, STRATA_ELIMIT, "indent: width %lld is too large", (long long)n);
         if (!(ind = tmpl_rt_str(rt, NULL, (size_t)n))) return tmpl_rt_oom(rt);
         memset(ind->p, ' ', (size_t)n);
     }
@@ -675,12 +711,23 @@ static int f_escape(struct trt *rt, struct tv in, const struct targs *x, struct 
     int rv = tmpl_rt_tostr(rt, in, &s);
     for (size_t i = 0; !rv && i < s->n; i++) {
         switch (s->p[i]) {
-        case '&': rv = tbuf_puts(&b, "&amp;"); break;
-        case '<': rv = tbuf_puts(&b, "&lt;"); break;
-        case '>': rv = tbuf_puts(&b, "&gt;"); break;
-        case '"': rv = tbuf_puts(&b, "&#34;"); break;
-        case '\'': rv = tbuf_puts(&b, "&#39;"); break;
-        default: rv = tbuf_add(&b, &s->p[i], 1);
+        case '&':
+            rv = tbuf_puts(&b, "&amp;");
+            break;
+        case '<':
+            rv = tbuf_puts(&b, "&lt;");
+            break;
+        case '>':
+            rv = tbuf_puts(&b, "&gt;");
+            break;
+        case '"':
+            rv = tbuf_puts(&b, "&#34;");
+            break;
+        case '\'':
+            rv = tbuf_puts(&b, "&#39;");
+            break;
+        default:
+            rv = tbuf_add(&b, &s->p[i], 1);
         }
     }
     return ret_str(rt, &b, rv, out);
@@ -744,7 +791,8 @@ static int f_format(struct trt *rt, struct tv in, const struct targs *x, struct 
     struct tlist *l = tv_newlist(&rt->arena, x->n);
     if (!l) return tmpl_rt_oom(rt);
     l->tuple = true;
-    for (size_t i = 0; i < x->n; i++) l->v[l->n++] = x->a[i];
+    for (size_t i = 0; i < x->n; i++)
+        l->v[l->n++] = x->a[i];
     return tmpl_str_percent(rt, s, tv_l(l), out);
 }
 
@@ -764,20 +812,48 @@ static const struct {
     const char *name;
     filter_fn fn;
 } filters[] = {
-    {"abs", f_abs},         {"attr", f_attr},         {"batch", f_batch},
-    {"capitalize", f_capitalize}, {"center", f_center}, {"count", f_length},
-    {"d", f_default},       {"default", f_default},   {"dictsort", f_dictsort},
-    {"e", f_escape},        {"escape", f_escape},     {"first", f_first},
-    {"float", f_float},     {"format", f_format},     {"indent", f_indent},
-    {"int", f_int},         {"items", f_items},       {"join", f_join},
-    {"last", f_last},       {"length", f_length},     {"list", f_list},
-    {"lower", f_lower},     {"map", f_map},           {"max", f_max},
-    {"min", f_min},         {"reject", f_reject},     {"rejectattr", f_rejectattr},
-    {"replace", f_replace}, {"reverse", f_reverse},   {"round", f_round},
-    {"safe", f_safe},       {"select", f_select},     {"selectattr", f_selectattr},
-    {"sort", f_sort},       {"string", f_string},     {"sum", f_sum},
-    {"title", f_title},     {"tojson", f_tojson},     {"trim", f_trim},
-    {"unique", f_unique},   {"upper", f_upper},       {"wordcount", f_wordcount},
+    {"abs", f_abs},
+    {"attr", f_attr},
+    {"batch", f_batch},
+    {"capitalize", f_capitalize},
+    {"center", f_center},
+    {"count", f_length},
+    {"d", f_default},
+    {"default", f_default},
+    {"dictsort", f_dictsort},
+    {"e", f_escape},
+    {"escape", f_escape},
+    {"first", f_first},
+    {"float", f_float},
+    {"format", f_format},
+    {"indent", f_indent},
+    {"int", f_int},
+    {"items", f_items},
+    {"join", f_join},
+    {"last", f_last},
+    {"length", f_length},
+    {"list", f_list},
+    {"lower", f_lower},
+    {"map", f_map},
+    {"max", f_max},
+    {"min", f_min},
+    {"reject", f_reject},
+    {"rejectattr", f_rejectattr},
+    {"replace", f_replace},
+    {"reverse", f_reverse},
+    {"round", f_round},
+    {"safe", f_safe},
+    {"select", f_select},
+    {"selectattr", f_selectattr},
+    {"sort", f_sort},
+    {"string", f_string},
+    {"sum", f_sum},
+    {"title", f_title},
+    {"tojson", f_tojson},
+    {"trim", f_trim},
+    {"unique", f_unique},
+    {"upper", f_upper},
+    {"wordcount", f_wordcount},
 };
 
 static filter_fn find_filter(const char *name)
@@ -799,98 +875,4 @@ int tmpl_filter(struct trt *rt, const char *name, struct tv in, struct tv *args,
     struct targs x = {args, nargs, kwn, kwv, nkw};
     if (!fn) return tmpl_rt_err(rt, STRATA_EINVAL, "no filter named '%s'", name);
     return fn(rt, in, &x, out);
-}
-
-/* ---- tests ---- */
-
-static const char *const test_names[] = {
-    "defined", "undefined", "none",   "string",  "number", "integer",  "float",   "boolean",
-    "true",    "false",     "mapping", "iterable", "sequence", "callable", "sameas", "equalto",
-    "eq",      "==",        "ne",      "!=",      "lt",     "<",        "le",      "<=",
-    "gt",      ">",         "ge",      ">=",      "lessthan", "greaterthan", "divisibleby", "odd",
-    "even",    "in",        "lower",   "upper",   "escaped",
-};
-
-bool tmpl_test_exists(const char *name)
-{
-    for (size_t i = 0; i < sizeof test_names / sizeof *test_names; i++)
-        if (!strcmp(test_names[i], name)) return true;
-    return false;
-}
-
-static bool all_case(const struct tstr *s, bool upper)
-{
-    bool cased = false;
-    for (size_t i = 0; i < s->n; i++) {
-        char c = s->p[i];
-        if ((upper && c >= 'a' && c <= 'z') || (!upper && c >= 'A' && c <= 'Z')) return false;
-        cased |= (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-    }
-    return cased;
-}
-
-int tmpl_test(struct trt *rt, const char *t, struct tv v, struct tv *args, size_t nargs, bool *out)
-{
-    int c, rv;
-    const struct tv *a = nargs ? &args[0] : NULL;
-    if (!strcmp(t, "defined")) *out = v.k != TV_UNDEF;
-    else if (!strcmp(t, "undefined")) *out = v.k == TV_UNDEF;
-    else if (!strcmp(t, "none")) *out = v.k == TV_NONE;
-    else if (!strcmp(t, "string")) *out = v.k == TV_STR;
-    else if (!strcmp(t, "number")) *out = tv_isnum(v);
-    else if (!strcmp(t, "integer")) *out = v.k == TV_INT;
-    else if (!strcmp(t, "float")) *out = v.k == TV_FLOAT;
-    else if (!strcmp(t, "boolean")) *out = v.k == TV_BOOL;
-    else if (!strcmp(t, "true")) *out = v.k == TV_BOOL && v.u.b;
-    else if (!strcmp(t, "false")) *out = v.k == TV_BOOL && !v.u.b;
-    else if (!strcmp(t, "mapping")) *out = v.k == TV_DICT && !v.u.d->ns;
-    /* Jinja2's Undefined can be iterated and has __len__ and __getitem__ */
-    else if (!strcmp(t, "iterable")) *out = v.k == TV_STR || v.k == TV_LIST || v.k == TV_UNDEF ||
-                                            v.k == TV_LOOP || (v.k == TV_DICT && !v.u.d->ns);
-    else if (!strcmp(t, "sequence")) *out = v.k == TV_STR || v.k == TV_LIST || v.k == TV_UNDEF ||
-                                            (v.k == TV_DICT && !v.u.d->ns);
-    else if (!strcmp(t, "callable")) *out = v.k == TV_MACRO || v.k == TV_FUNC;
-    else if (!strcmp(t, "lower")) *out = v.k == TV_STR && all_case(v.u.s, false);
-    else if (!strcmp(t, "upper")) *out = v.k == TV_STR && all_case(v.u.s, true);
-    else if (!strcmp(t, "escaped")) *out = false;
-    else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
-        if (!tv_isint(v)) return tmpl_rt_err(rt, STRATA_EINVAL, "%s needs an integer", t);
-        *out = (tv_asint(v) % 2 != 0) == (t[0] == 'o');
-    } else {
-        if (!a) return tmpl_rt_err(rt, STRATA_EINVAL, "test '%s' needs an argument", t);
-        if (!strcmp(t, "sameas")) {
-            *out = (v.k == TV_LIST || v.k == TV_DICT) ? v.k == a->k && v.u.l == a->u.l
-                                                      : v.k == a->k && tv_eq(v, *a, 0);
-        } else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "==")) {
-            *out = tv_eq(v, *a, 0);
-        } else if (!strcmp(t, "ne") || !strcmp(t, "!=")) {
-            *out = !tv_eq(v, *a, 0);
-        } else if (!strcmp(t, "in")) {
-            if (a->k == TV_STR && v.k == TV_STR)
-                *out = memmem(a->u.s->p, a->u.s->n, v.u.s->p, v.u.s->n) != NULL || !v.u.s->n;
-            else if (a->k == TV_DICT) *out = tv_dict_get(a->u.d, v) != NULL;
-            else if (a->k == TV_LIST) {
-                *out = false;
-                for (size_t i = 0; i < a->u.l->n && !*out; i++) *out = tv_eq(a->u.l->v[i], v, 0);
-            } else return tmpl_rt_err(rt, STRATA_EINVAL, "'in' test: %s is not a container",
-                                      tv_typename(*a));
-        } else if (!strcmp(t, "divisibleby")) {
-            if (!tv_isint(v) || !tv_isint(*a) || tv_asint(*a) == 0)
-                return tmpl_rt_err(rt, STRATA_EINVAL, "divisibleby needs nonzero integers");
-            *out = tv_asint(v) % tv_asint(*a) == 0;
-        } else if ((rv = tv_cmp(v, *a, &c, 0)) != 0) {
-            return tmpl_rt_err(rt, rv, "%s", strata_errdetail());
-        } else if (t[0] == 'l' && (t[1] == 't' || t[1] == 'e') && t[2] != 's') {
-            *out = t[1] == 't' ? c < 0 : c <= 0;
-        } else if (!strcmp(t, "<") || !strcmp(t, "lessthan")) {
-            *out = c < 0;
-        } else if (!strcmp(t, "<=")) {
-            *out = c <= 0;
-        } else if (!strcmp(t, "ge") || !strcmp(t, ">=")) {
-            *out = c >= 0;
-        } else {
-            *out = c > 0;
-        }
-    }
-    return 0;
 }

@@ -1,6 +1,6 @@
-/* tmpl_call — the template globals (range, namespace, dict, raise_exception, strftime_now) and
- * methods called on values: str (tmpl_str.c), dict (items, keys, values, get), list (append,
- * pop, index, count) and loop.cycle. */
+/* tmpl_call — Jinja2's tests (`is defined`, ...), the template globals (range, namespace, dict,
+ * raise_exception, strftime_now) and methods called on values: str (tmpl_str.c), dict (items, keys,
+ * values, get), list (append, pop, index, count) and loop.cycle. */
 #include "common/tmpl_int.h"
 
 #include "common/err.h"
@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const char *const globals[] = {
-    [TFN_RANGE] = "range",           [TFN_NAMESPACE] = "namespace", [TFN_DICT] = "dict",
+    [TFN_RANGE] = "range",           [TFN_NAMESPACE] = "namespace",   [TFN_DICT] = "dict",
     [TFN_RAISE] = "raise_exception", [TFN_STRFTIME] = "strftime_now",
 };
 
@@ -52,7 +52,8 @@ int tmpl_call_global(struct trt *rt, int fn, struct tv *args, size_t nargs, cons
                      struct tv *kwv, size_t nkw, struct tv *out)
 {
     switch (fn) {
-    case TFN_RANGE: return range(rt, args, nargs, out);
+    case TFN_RANGE:
+        return range(rt, args, nargs, out);
     case TFN_NAMESPACE:
     case TFN_DICT: {
         struct tdict *d = tv_newdict(&rt->arena, nkw);
@@ -88,14 +89,17 @@ int tmpl_call_global(struct trt *rt, int fn, struct tv *args, size_t nargs, cons
         localtime_r(&now, &tm);
         size_t n = args[0].u.s->n ? strftime(buf, sizeof buf, args[0].u.s->p, &tm) : 0;
         if (args[0].u.s->n && n == 0)
-            return tmpl_rt_err(rt, STRATA_EINVAL, "strftime_now: format '%.40s' gives nothing or "
-                               "more than %zu bytes", args[0].u.s->p, sizeof buf);
+            return tmpl_rt_err(rt, STRATA_EINVAL,
+                               "strftime_now: format '%.40s' gives nothing or "
+                               "more than %zu bytes",
+                               args[0].u.s->p, sizeof buf);
         struct tstr *s = tmpl_rt_str(rt, buf, n);
         if (!s) return tmpl_rt_oom(rt);
         *out = tv_s(s);
         return 0;
     }
-    default: return tmpl_rt_err(rt, STRATA_EINTERNAL, "global function %d", fn);
+    default:
+        return tmpl_rt_err(rt, STRATA_EINTERNAL, "global function %d", fn);
     }
 }
 
@@ -182,13 +186,129 @@ int tmpl_method(struct trt *rt, struct tv obj, const char *name, struct tv *args
     case TV_DICT:
         if (obj.u.d->ns) return 0;
         return dict_method(rt, obj.u.d, name, args, nargs, out, found);
-    case TV_LIST: return list_method(rt, obj.u.l, name, args, nargs, out, found);
+    case TV_LIST:
+        return list_method(rt, obj.u.l, name, args, nargs, out, found);
     case TV_LOOP:
         if (strcmp(name, "cycle") != 0) return 0;
         *found = true;
         if (!nargs) return tmpl_rt_err(rt, STRATA_EINVAL, "loop.cycle needs at least one value");
         *out = args[obj.u.loop->i % nargs];
         return 0;
-    default: return 0;
+    default:
+        return 0;
     }
+}
+
+/* ---- tests ---- */
+
+static const char *const test_names[] = {
+    "defined",  "undefined",   "none",        "string",  "number",   "integer",  "float",
+    "boolean",  "true",        "false",       "mapping", "iterable", "sequence", "callable",
+    "sameas",   "equalto",     "eq",          "==",      "ne",       "!=",       "lt",
+    "<",        "le",          "<=",          "gt",      ">",        "ge",       ">=",
+    "lessthan", "greaterthan", "divisibleby", "odd",     "even",     "in",       "lower",
+    "upper",    "escaped",
+};
+
+bool tmpl_test_exists(const char *name)
+{
+    for (size_t i = 0; i < sizeof test_names / sizeof *test_names; i++)
+        if (!strcmp(test_names[i], name)) return true;
+    return false;
+}
+
+static bool all_case(const struct tstr *s, bool upper)
+{
+    bool cased = false;
+    for (size_t i = 0; i < s->n; i++) {
+        char c = s->p[i];
+        if ((upper && c >= 'a' && c <= 'z') || (!upper && c >= 'A' && c <= 'Z')) return false;
+        cased |= (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    }
+    return cased;
+}
+
+int tmpl_test(struct trt *rt, const char *t, struct tv v, struct tv *args, size_t nargs, bool *out)
+{
+    int c, rv;
+    const struct tv *a = nargs ? &args[0] : NULL;
+    if (!strcmp(t, "defined"))
+        *out = v.k != TV_UNDEF;
+    else if (!strcmp(t, "undefined"))
+        *out = v.k == TV_UNDEF;
+    else if (!strcmp(t, "none"))
+        *out = v.k == TV_NONE;
+    else if (!strcmp(t, "string"))
+        *out = v.k == TV_STR;
+    else if (!strcmp(t, "number"))
+        *out = tv_isnum(v);
+    else if (!strcmp(t, "integer"))
+        *out = v.k == TV_INT;
+    else if (!strcmp(t, "float"))
+        *out = v.k == TV_FLOAT;
+    else if (!strcmp(t, "boolean"))
+        *out = v.k == TV_BOOL;
+    else if (!strcmp(t, "true"))
+        *out = v.k == TV_BOOL && v.u.b;
+    else if (!strcmp(t, "false"))
+        *out = v.k == TV_BOOL && !v.u.b;
+    else if (!strcmp(t, "mapping"))
+        *out = v.k == TV_DICT && !v.u.d->ns;
+    /* Jinja2's Undefined can be iterated and has __len__ and __getitem__ */
+    else if (!strcmp(t, "iterable"))
+        *out = v.k == TV_STR || v.k == TV_LIST || v.k == TV_UNDEF || v.k == TV_LOOP ||
+               (v.k == TV_DICT && !v.u.d->ns);
+    else if (!strcmp(t, "sequence"))
+        *out = v.k == TV_STR || v.k == TV_LIST || v.k == TV_UNDEF || (v.k == TV_DICT && !v.u.d->ns);
+    else if (!strcmp(t, "callable"))
+        *out = v.k == TV_MACRO || v.k == TV_FUNC;
+    else if (!strcmp(t, "lower"))
+        *out = v.k == TV_STR && all_case(v.u.s, false);
+    else if (!strcmp(t, "upper"))
+        *out = v.k == TV_STR && all_case(v.u.s, true);
+    else if (!strcmp(t, "escaped"))
+        *out = false;
+    else if (!strcmp(t, "odd") || !strcmp(t, "even")) {
+        if (!tv_isint(v)) return tmpl_rt_err(rt, STRATA_EINVAL, "%s needs an integer", t);
+        *out = (tv_asint(v) % 2 != 0) == (t[0] == 'o');
+    } else {
+        if (!a) return tmpl_rt_err(rt, STRATA_EINVAL, "test '%s' needs an argument", t);
+        if (!strcmp(t, "sameas")) {
+            *out = (v.k == TV_LIST || v.k == TV_DICT) ? v.k == a->k && v.u.l == a->u.l
+                                                      : v.k == a->k && tv_eq(v, *a, 0);
+        } else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "==")) {
+            *out = tv_eq(v, *a, 0);
+        } else if (!strcmp(t, "ne") || !strcmp(t, "!=")) {
+            *out = !tv_eq(v, *a, 0);
+        } else if (!strcmp(t, "in")) {
+            if (a->k == TV_STR && v.k == TV_STR)
+                *out = memmem(a->u.s->p, a->u.s->n, v.u.s->p, v.u.s->n) != NULL || !v.u.s->n;
+            else if (a->k == TV_DICT)
+                *out = tv_dict_get(a->u.d, v) != NULL;
+            else if (a->k == TV_LIST) {
+                *out = false;
+                for (size_t i = 0; i < a->u.l->n && !*out; i++)
+                    *out = tv_eq(a->u.l->v[i], v, 0);
+            } else
+                return tmpl_rt_err(rt, STRATA_EINVAL, "'in' test: %s is not a container",
+                                   tv_typename(*a));
+        } else if (!strcmp(t, "divisibleby")) {
+            if (!tv_isint(v) || !tv_isint(*a) || tv_asint(*a) == 0)
+                return tmpl_rt_err(rt, STRATA_EINVAL, "divisibleby needs nonzero integers");
+            *out = tv_asint(v) % tv_asint(*a) == 0;
+        } else if ((rv = tv_cmp(v, *a, &c, 0)) != 0) {
+            return tmpl_rt_err(rt, rv, "%s", strata_errdetail());
+        } else if (t[0] == 'l' && (t[1] == 't' || t[1] == 'e') && t[2] != 's') {
+            *out = t[1] == 't' ? c < 0 : c <= 0;
+        } else if (!strcmp(t, "<") || !strcmp(t, "lessthan")) {
+            *out = c < 0;
+        } else if (!strcmp(t, "<=")) {
+            *out = c <= 0;
+        } else if (!strcmp(t, "ge") || !strcmp(t, ">=")) {
+            *out = c >= 0;
+        } else {
+            *out = c > 0;
+        }
+    }
+    return 0;
 }

@@ -1,5 +1,5 @@
-/* tmpl_eval — compiles and renders templates: scopes, expressions, statements and macro calls,
- * with Python's operator semantics and Jinja2's rules for undefined values (falsy, print "",
+/* tmpl_eval — expressions: names and scopes, attributes, subscripts and slices, Python's
+ * operators, calls, filters and tests, with Jinja2's rules for undefined values (falsy, print "",
  * iterate empty; attribute access, subscripts, arithmetic and calls on them raise). */
 #include "common/tmpl_int.h"
 
@@ -11,60 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void tmpl_limits_default(struct tmpl_limits *l)
-{
-    *l = (struct tmpl_limits){
-        .max_source = 1u << 20,
-        .max_parse_depth = 100,
-        .max_steps = 1000000,
-        .max_call_depth = 64,
-        .max_output = 4u << 20,
-        .max_memory = 64u << 20,
-    };
-}
-
-int tmpl_compile(const char *src, size_t len, const struct tmpl_limits *lim, struct tmpl **out)
-{
-    struct ttoken *tok = NULL;
-    size_t ntok;
-    int rv;
-    struct tmpl *t = calloc(1, sizeof *t);
-    if (!t) return STRATA_ENOMEM;
-    if (lim)
-        t->lim = *lim;
-    else
-        tmpl_limits_default(&t->lim);
-    t->now = (time_t)-1;
-    if (len > t->lim.max_source) {
-        rv = strata_errf(STRATA_ELIMIT, "template is %zu bytes, the limit is %zu: raise "
-                         "max_source", len, t->lim.max_source);
-        goto fail;
-    }
-    /* every byte of source yields at most a few tokens and nodes */
-    t->arena.limit = 64 * len + (1u << 20);
-    if ((rv = tmpl_lex(&t->arena, src, len, len + 16, &tok, &ntok)) != 0) goto fail;
-    if ((rv = tmpl_parse(t, tok, ntok)) != 0) goto fail;
-    free(tok);
-    *out = t;
-    return 0;
-fail:
-    free(tok);
-    tmpl_free(t);
-    return rv;
-}
-
-void tmpl_set_now(struct tmpl *t, time_t now)
-{
-    t->now = now;
-}
-
-void tmpl_free(struct tmpl *t)
-{
-    if (!t) return;
-    tmpl_arena_free(&t->arena);
-    free(t);
-}
 
 int tmpl_rt_err(struct trt *rt, int code, const char *fmt, ...)
 {
@@ -79,8 +25,10 @@ int tmpl_rt_err(struct trt *rt, int code, const char *fmt, ...)
 int tmpl_rt_oom(struct trt *rt)
 {
     if (rt->arena.used + (1u << 20) < rt->arena.limit) return STRATA_ENOMEM;
-    return tmpl_rt_err(rt, STRATA_ELIMIT, "the template needs more than %zu bytes of memory: "
-                       "raise max_memory", rt->arena.limit);
+    return tmpl_rt_err(rt, STRATA_ELIMIT,
+                       "the template needs more than %zu bytes of memory: "
+                       "raise max_memory",
+                       rt->arena.limit);
 }
 
 struct tstr *tmpl_rt_str(struct trt *rt, const char *p, size_t n)
@@ -101,7 +49,7 @@ int tmpl_rt_tostr(struct trt *rt, struct tv v, struct tstr **out)
     return rv;
 }
 
-static int undefined_err(struct trt *rt, struct tv v)
+int tmpl_rt_undefined(struct trt *rt, struct tv v)
 {
     if (v.u.name) return tmpl_rt_err(rt, STRATA_EINVAL, "'%s' is undefined", v.u.name);
     return tmpl_rt_err(rt, STRATA_EINVAL, "a value is undefined");
@@ -111,7 +59,9 @@ int tmpl_rt_iter(struct trt *rt, struct tv v, struct tlist **out)
 {
     struct tlist *l;
     switch (v.k) {
-    case TV_UNDEF: l = tv_newlist(&rt->arena, 0); break;
+    case TV_UNDEF:
+        l = tv_newlist(&rt->arena, 0);
+        break;
     case TV_LIST:
         if ((l = tv_newlist(&rt->arena, v.u.l->n)) != NULL) {
             if (v.u.l->n) memcpy(l->v, v.u.l->v, v.u.l->n * sizeof *l->v);
@@ -150,20 +100,30 @@ int tmpl_rt_iter(struct trt *rt, struct tv v, struct tlist **out)
 static int loop_attr(struct trt *rt, const struct tloop *lp, const char *name, struct tv *out)
 {
     int64_t i = (int64_t)lp->i, n = (int64_t)lp->items->n;
-    if (!strcmp(name, "index")) *out = tv_int(i + 1);
-    else if (!strcmp(name, "index0")) *out = tv_int(i);
-    else if (!strcmp(name, "revindex")) *out = tv_int(n - i);
-    else if (!strcmp(name, "revindex0")) *out = tv_int(n - i - 1);
-    else if (!strcmp(name, "first")) *out = tv_bool(i == 0);
-    else if (!strcmp(name, "last")) *out = tv_bool(i == n - 1);
-    else if (!strcmp(name, "length")) *out = tv_int(n);
-    else if (!strcmp(name, "depth")) *out = tv_int(1); /* only recursive loops nest deeper */
-    else if (!strcmp(name, "depth0")) *out = tv_int(0);
+    if (!strcmp(name, "index"))
+        *out = tv_int(i + 1);
+    else if (!strcmp(name, "index0"))
+        *out = tv_int(i);
+    else if (!strcmp(name, "revindex"))
+        *out = tv_int(n - i);
+    else if (!strcmp(name, "revindex0"))
+        *out = tv_int(n - i - 1);
+    else if (!strcmp(name, "first"))
+        *out = tv_bool(i == 0);
+    else if (!strcmp(name, "last"))
+        *out = tv_bool(i == n - 1);
+    else if (!strcmp(name, "length"))
+        *out = tv_int(n);
+    else if (!strcmp(name, "depth"))
+        *out = tv_int(1); /* only recursive loops nest deeper */
+    else if (!strcmp(name, "depth0"))
+        *out = tv_int(0);
     else if (!strcmp(name, "previtem"))
         *out = i > 0 ? lp->items->v[i - 1] : tv_undef("there is no previous item");
     else if (!strcmp(name, "nextitem"))
         *out = i + 1 < n ? lp->items->v[i + 1] : tv_undef("there is no next item");
-    else *out = tv_undef(name);
+    else
+        *out = tv_undef(name);
     (void)rt;
     return 0;
 }
@@ -171,22 +131,26 @@ static int loop_attr(struct trt *rt, const struct tloop *lp, const char *name, s
 int tmpl_rt_getattr(struct trt *rt, struct tv v, const char *name, size_t n, struct tv *out)
 {
     switch (v.k) {
-    case TV_UNDEF: return undefined_err(rt, v);
+    case TV_UNDEF:
+        return tmpl_rt_undefined(rt, v);
     case TV_DICT: {
         struct tv *x = tv_dict_gets(v.u.d, name, n);
         *out = x ? *x : tv_undef(name);
         return 0;
     }
-    case TV_LOOP: return loop_attr(rt, v.u.loop, name, out);
-    default: *out = tv_undef(name); return 0;
+    case TV_LOOP:
+        return loop_attr(rt, v.u.loop, name, out);
+    default:
+        *out = tv_undef(name);
+        return 0;
     }
 }
 
 /* ---- expressions ---- */
 
-static int ev(struct trt *rt, const struct tnode *n, struct tv *out);
+int tmpl_rt_eval(struct trt *rt, const struct tnode *n, struct tv *out);
 
-static struct tv lookup(struct trt *rt, const char *name, size_t n)
+struct tv tmpl_rt_lookup(struct trt *rt, const char *name, size_t n)
 {
     for (struct tscope *s = rt->sc; s; s = s->parent) {
         struct tv *v = tv_dict_gets(&s->vars, name, n);
@@ -197,7 +161,7 @@ static struct tv lookup(struct trt *rt, const char *name, size_t n)
     return tv_undef(name);
 }
 
-static int set_var(struct trt *rt, struct tscope *sc, const char *name, size_t n, struct tv v)
+int tmpl_rt_set(struct trt *rt, struct tscope *sc, const char *name, size_t n, struct tv v)
 {
     struct tv *slot = tv_dict_gets(&sc->vars, name, n);
     if (slot) {
@@ -231,7 +195,8 @@ static int item(struct trt *rt, struct tv on, struct tv key, struct tv *out)
     size_t i;
     *out = tv_undef(NULL);
     switch (on.k) {
-    case TV_UNDEF: return undefined_err(rt, on);
+    case TV_UNDEF:
+        return tmpl_rt_undefined(rt, on);
     case TV_LIST:
         if (tv_isint(key) && index_of(tv_asint(key), on.u.l->n, &i)) *out = on.u.l->v[i];
         return 0;
@@ -247,14 +212,17 @@ static int item(struct trt *rt, struct tv on, struct tv key, struct tv *out)
     }
     case TV_DICT: {
         struct tv *x = tv_dict_get(on.u.d, key);
-        if (x) *out = *x;
-        else if (key.k == TV_STR) out->u.name = key.u.s->p;
+        if (x)
+            *out = *x;
+        else if (key.k == TV_STR)
+            out->u.name = key.u.s->p;
         return 0;
     }
     case TV_LOOP:
         if (key.k == TV_STR) return loop_attr(rt, on.u.loop, key.u.s->p, out);
         return 0;
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -268,15 +236,19 @@ static void slice_bounds(size_t len, const struct tv *st, const struct tv *sp, i
         *a = step < 0 ? hi : lo;
     } else {
         *a = tv_asint(*st);
-        if (*a < 0) *a = *a + n < lo ? lo : *a + n;
-        else if (*a > hi) *a = hi;
+        if (*a < 0)
+            *a = *a + n < lo ? lo : *a + n;
+        else if (*a > hi)
+            *a = hi;
     }
     if (!sp) {
         *b = step < 0 ? lo : hi;
     } else {
         *b = tv_asint(*sp);
-        if (*b < 0) *b = *b + n < lo ? lo : *b + n;
-        else if (*b > hi) *b = hi;
+        if (*b < 0)
+            *b = *b + n < lo ? lo : *b + n;
+        else if (*b > hi)
+            *b = hi;
     }
 }
 
@@ -285,18 +257,19 @@ static int slice(struct trt *rt, const struct tnode *n, struct tv *out)
     struct tv on, parts[3];
     const struct tnode *pn[3] = {n->b, n->c, n->d};
     int rv;
-    if ((rv = ev(rt, n->a, &on)) != 0) return rv;
+    if ((rv = tmpl_rt_eval(rt, n->a, &on)) != 0) return rv;
     for (int k = 0; k < 3; k++) {
         if (!pn[k]) continue;
-        if ((rv = ev(rt, pn[k], &parts[k])) != 0) return rv;
-        if (parts[k].k == TV_NONE) pn[k] = NULL;
+        if ((rv = tmpl_rt_eval(rt, pn[k], &parts[k])) != 0) return rv;
+        if (parts[k].k == TV_NONE)
+            pn[k] = NULL;
         else if (!tv_isint(parts[k]))
             return tmpl_rt_err(rt, STRATA_EINVAL, "slice indices must be integers or None, not %s",
                                tv_typename(parts[k]));
     }
     int64_t step = pn[2] ? tv_asint(parts[2]) : 1, a, b;
     if (step == 0) return tmpl_rt_err(rt, STRATA_EINVAL, "slice step cannot be zero");
-    if (on.k == TV_UNDEF) return undefined_err(rt, on);
+    if (on.k == TV_UNDEF) return tmpl_rt_undefined(rt, on);
     if (on.k != TV_LIST && on.k != TV_STR) {
         *out = tv_undef(NULL);
         return 0;
@@ -326,8 +299,10 @@ static int slice(struct trt *rt, const struct tnode *n, struct tv *out)
     }
     if (!rv && str) {
         struct tstr *s = tmpl_rt_str(rt, sb.p ? sb.p : "", sb.n);
-        if (!s) rv = tmpl_rt_oom(rt);
-        else *out = tv_s(s);
+        if (!s)
+            rv = tmpl_rt_oom(rt);
+        else
+            *out = tv_s(s);
     } else if (!rv) {
         *out = tv_l(l);
     }
@@ -337,8 +312,8 @@ static int slice(struct trt *rt, const struct tnode *n, struct tv *out)
 
 static int type_err(struct trt *rt, const char *op, struct tv a, struct tv b)
 {
-    if (a.k == TV_UNDEF) return undefined_err(rt, a);
-    if (b.k == TV_UNDEF) return undefined_err(rt, b);
+    if (a.k == TV_UNDEF) return tmpl_rt_undefined(rt, a);
+    if (b.k == TV_UNDEF) return tmpl_rt_undefined(rt, b);
     return tmpl_rt_err(rt, STRATA_EINVAL, "unsupported operand type(s) for %s: '%s' and '%s'", op,
                        tv_typename(a), tv_typename(b));
 }
@@ -349,21 +324,27 @@ static int repeat(struct trt *rt, struct tv seq, int64_t times, struct tv *out)
     if (seq.k == TV_STR) {
         size_t n = seq.u.s->n;
         if (n && (uint64_t)times > rt->t->lim.max_memory / n)
-            return tmpl_rt_err(rt, STRATA_ELIMIT, "a string repeated %" PRId64 " times is larger "
-                               "than max_memory", times);
+            return tmpl_rt_err(rt, STRATA_ELIMIT,
+                               "a string repeated %" PRId64 " times is larger "
+                               "than max_memory",
+                               times);
         struct tstr *s = tmpl_rt_str(rt, NULL, n * (size_t)times);
         if (!s) return tmpl_rt_oom(rt);
-        for (int64_t i = 0; i < times; i++) memcpy(s->p + (size_t)i * n, seq.u.s->p, n);
+        for (int64_t i = 0; i < times; i++)
+            memcpy(s->p + (size_t)i * n, seq.u.s->p, n);
         *out = tv_s(s);
         return 0;
     }
     size_t n = seq.u.l->n;
     if (n && (uint64_t)times > rt->t->lim.max_memory / n / sizeof(struct tv))
-        return tmpl_rt_err(rt, STRATA_ELIMIT, "a list repeated %" PRId64 " times is larger than "
-                           "max_memory", times);
+        return tmpl_rt_err(rt, STRATA_ELIMIT,
+                           "a list repeated %" PRId64 " times is larger than "
+                           "max_memory",
+                           times);
     struct tlist *l = tv_newlist(&rt->arena, n * (size_t)times);
     if (!l) return tmpl_rt_oom(rt);
-    for (int64_t i = 0; i < times; i++) memcpy(l->v + (size_t)i * n, seq.u.l->v, n * sizeof *l->v);
+    for (int64_t i = 0; i < times; i++)
+        memcpy(l->v + (size_t)i * n, seq.u.l->v, n * sizeof *l->v);
     l->n = n * (size_t)times;
     l->tuple = seq.u.l->tuple;
     *out = tv_l(l);
@@ -401,9 +382,15 @@ static int arith(struct trt *rt, int op, struct tv a, struct tv b, struct tv *ou
         int64_t x = tv_asint(a), y = tv_asint(b), r = 0;
         bool ovf = false;
         switch (op) {
-        case B_ADD: ovf = __builtin_add_overflow(x, y, &r); break;
-        case B_SUB: ovf = __builtin_sub_overflow(x, y, &r); break;
-        case B_MUL: ovf = __builtin_mul_overflow(x, y, &r); break;
+        case B_ADD:
+            ovf = __builtin_add_overflow(x, y, &r);
+            break;
+        case B_SUB:
+            ovf = __builtin_sub_overflow(x, y, &r);
+            break;
+        case B_MUL:
+            ovf = __builtin_mul_overflow(x, y, &r);
+            break;
         case B_FDIV:
         case B_MOD:
             if (y == 0) return tmpl_rt_err(rt, STRATA_EINVAL, "integer division or modulo by zero");
@@ -411,8 +398,7 @@ static int arith(struct trt *rt, int op, struct tv a, struct tv b, struct tv *ou
                 ovf = op == B_FDIV;
                 break;
             }
-            r = op == B_FDIV ? x / y - ((x % y != 0) && ((x < 0) != (y < 0)))
-                             : ((x % y) + y) % y;
+            r = op == B_FDIV ? x / y - ((x % y != 0) && ((x < 0) != (y < 0))) : ((x % y) + y) % y;
             break;
         case B_POW:
             if (y < 0) {
@@ -437,14 +423,24 @@ static int arith(struct trt *rt, int op, struct tv a, struct tv b, struct tv *ou
     }
     double x = tv_asdbl(a), y = tv_asdbl(b), r;
     switch (op) {
-    case B_ADD: r = x + y; break;
-    case B_SUB: r = x - y; break;
-    case B_MUL: r = x * y; break;
-    case B_POW: r = pow(x, y); break;
+    case B_ADD:
+        r = x + y;
+        break;
+    case B_SUB:
+        r = x - y;
+        break;
+    case B_MUL:
+        r = x * y;
+        break;
+    case B_POW:
+        r = pow(x, y);
+        break;
     default:
         if (y == 0) return tmpl_rt_err(rt, STRATA_EINVAL, "float division by zero");
-        if (op == B_DIV) r = x / y;
-        else if (op == B_FDIV) r = floor(x / y);
+        if (op == B_DIV)
+            r = x / y;
+        else if (op == B_FDIV)
+            r = floor(x / y);
         else {
             r = fmod(x, y);
             if (r != 0 && ((r < 0) != (y < 0))) r += y;
@@ -457,23 +453,29 @@ static int arith(struct trt *rt, int op, struct tv a, struct tv b, struct tv *ou
 static int contains(struct trt *rt, struct tv hay, struct tv needle, bool *out)
 {
     switch (hay.k) {
-    case TV_UNDEF: *out = false; return 0;
+    case TV_UNDEF:
+        *out = false;
+        return 0;
     case TV_STR:
         if (needle.k != TV_STR)
-            return tmpl_rt_err(rt, STRATA_EINVAL, "'in <string>' requires string as left operand, "
-                               "not %s", tv_typename(needle));
+            return tmpl_rt_err(rt, STRATA_EINVAL,
+                               "'in <string>' requires string as left operand, "
+                               "not %s",
+                               tv_typename(needle));
         *out = needle.u.s->n == 0 ||
                memmem(hay.u.s->p, hay.u.s->n, needle.u.s->p, needle.u.s->n) != NULL;
         return 0;
     case TV_LIST:
         *out = false;
-        for (size_t i = 0; i < hay.u.l->n && !*out; i++) *out = tv_eq(hay.u.l->v[i], needle, 0);
+        for (size_t i = 0; i < hay.u.l->n && !*out; i++)
+            *out = tv_eq(hay.u.l->v[i], needle, 0);
         return 0;
     case TV_DICT:
         if (hay.u.d->ns) break;
         *out = tv_dict_get(hay.u.d, needle) != NULL;
         return 0;
-    default: break;
+    default:
+        break;
     }
     return tmpl_rt_err(rt, STRATA_EINVAL, "argument of type '%s' is not iterable",
                        tv_typename(hay));
@@ -483,17 +485,21 @@ static int compare1(struct trt *rt, int op, struct tv a, struct tv b, bool *r)
 {
     int c, rv;
     switch (op) {
-    case C_EQ: *r = tv_eq(a, b, 0); return 0;
-    case C_NE: *r = !tv_eq(a, b, 0); return 0;
-    case C_IN: return contains(rt, b, a, r);
+    case C_EQ:
+        *r = tv_eq(a, b, 0);
+        return 0;
+    case C_NE:
+        *r = !tv_eq(a, b, 0);
+        return 0;
+    case C_IN:
+        return contains(rt, b, a, r);
     case C_NOTIN:
         if ((rv = contains(rt, b, a, r)) != 0) return rv;
         *r = !*r;
         return 0;
     default:
         if (a.k == TV_UNDEF || b.k == TV_UNDEF) return type_err(rt, "<", a, b);
-        if ((rv = tv_cmp(a, b, &c, 0)) != 0)
-            return tmpl_rt_err(rt, rv, "%s", strata_errdetail());
+        if ((rv = tv_cmp(a, b, &c, 0)) != 0) return tmpl_rt_err(rt, rv, "%s", strata_errdetail());
         *r = op == C_LT ? c < 0 : op == C_LE ? c <= 0 : op == C_GT ? c > 0 : c >= 0;
         return 0;
     }
@@ -506,12 +512,11 @@ static int eval_args(struct trt *rt, const struct tnode *n, struct tv **args, st
     *args = *kwv = NULL;
     if (n->n && !(*args = tmpl_arena_alloc(&rt->arena, n->n * sizeof **args)))
         return tmpl_rt_oom(rt);
-    if (n->m && !(*kwv = tmpl_arena_alloc(&rt->arena, n->m * sizeof **kwv)))
-        return tmpl_rt_oom(rt);
+    if (n->m && !(*kwv = tmpl_arena_alloc(&rt->arena, n->m * sizeof **kwv))) return tmpl_rt_oom(rt);
     for (size_t i = 0; i < n->n; i++)
-        if ((rv = ev(rt, n->v[i], &(*args)[i])) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->v[i], &(*args)[i])) != 0) return rv;
     for (size_t i = 0; i < n->m; i++)
-        if ((rv = ev(rt, n->w[i], &(*kwv)[i])) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->w[i], &(*kwv)[i])) != 0) return rv;
     return 0;
 }
 
@@ -520,7 +525,7 @@ static int call_value(struct trt *rt, struct tv f, struct tv *args, size_t n, co
 {
     if (f.k == TV_MACRO) return tmpl_rt_call_macro(rt, f.u.m, args, n, kwn, kwv, m, out);
     if (f.k == TV_FUNC) return tmpl_call_global(rt, f.u.fn, args, n, kwn, kwv, m, out);
-    if (f.k == TV_UNDEF) return undefined_err(rt, f);
+    if (f.k == TV_UNDEF) return tmpl_rt_undefined(rt, f);
     return tmpl_rt_err(rt, STRATA_EINVAL, "'%s' object is not callable", tv_typename(f));
 }
 
@@ -531,8 +536,8 @@ static int call(struct trt *rt, const struct tnode *n, struct tv *out)
     if (n->a->kind == E_ATTR) {
         struct tv obj;
         bool found;
-        if ((rv = ev(rt, n->a->a, &obj)) != 0) return rv;
-        if (obj.k == TV_UNDEF) return undefined_err(rt, obj);
+        if ((rv = tmpl_rt_eval(rt, n->a->a, &obj)) != 0) return rv;
+        if (obj.k == TV_UNDEF) return tmpl_rt_undefined(rt, obj);
         if ((rv = eval_args(rt, n, &args, &kwv)) != 0) return rv;
         rt->line = n->line;
         rv = tmpl_method(rt, obj, n->a->s, args, n->n, n->names, kwv, n->m, out, &found);
@@ -543,20 +548,24 @@ static int call(struct trt *rt, const struct tnode *n, struct tv *out)
                                tv_typename(obj), n->a->s);
         return call_value(rt, f, args, n->n, n->names, kwv, n->m, out);
     }
-    if ((rv = ev(rt, n->a, &f)) != 0) return rv;
+    if ((rv = tmpl_rt_eval(rt, n->a, &f)) != 0) return rv;
     if ((rv = eval_args(rt, n, &args, &kwv)) != 0) return rv;
     rt->line = n->line;
     return call_value(rt, f, args, n->n, n->names, kwv, n->m, out);
 }
 
-/* filter applies E_FILTER n; in a filter chain (block filter, set | f) the innermost input is *in. */
-static int filter(struct trt *rt, const struct tnode *n, const struct tv *in, struct tv *out)
+/* filter applies E_FILTER n; in a filter chain (block filter, set | f) the innermost input is *in.
+ */
+int tmpl_rt_filter(struct trt *rt, const struct tnode *n, const struct tv *in, struct tv *out)
 {
     struct tv v, *args, *kwv;
     int rv = 0;
-    if (!n->a) v = *in;
-    else if (in) rv = filter(rt, n->a, in, &v);
-    else rv = ev(rt, n->a, &v);
+    if (!n->a)
+        v = *in;
+    else if (in)
+        rv = tmpl_rt_filter(rt, n->a, in, &v);
+    else
+        rv = tmpl_rt_eval(rt, n->a, &v);
     if (rv) return rv;
     if ((rv = eval_args(rt, n, &args, &kwv)) != 0) return rv;
     rt->line = n->line;
@@ -564,22 +573,26 @@ static int filter(struct trt *rt, const struct tnode *n, const struct tv *in, st
     return tmpl_filter(rt, n->s, v, args, n->n, n->names, kwv, n->m, out);
 }
 
-static int ev(struct trt *rt, const struct tnode *n, struct tv *out)
+int tmpl_rt_eval(struct trt *rt, const struct tnode *n, struct tv *out)
 {
     struct tv a, b;
     int rv;
     bool r;
     rt->line = n->line;
     switch (n->kind) {
-    case E_CONST: *out = n->val; return 0;
-    case E_NAME: *out = lookup(rt, n->s, n->slen); return 0;
+    case E_CONST:
+        *out = n->val;
+        return 0;
+    case E_NAME:
+        *out = tmpl_rt_lookup(rt, n->s, n->slen);
+        return 0;
     case E_LIST:
     case E_TUPLE: {
         struct tlist *l = tv_newlist(&rt->arena, n->n);
         if (!l) return tmpl_rt_oom(rt);
         l->tuple = n->kind == E_TUPLE;
         for (size_t i = 0; i < n->n; i++)
-            if ((rv = ev(rt, n->v[i], &l->v[l->n++])) != 0) return rv;
+            if ((rv = tmpl_rt_eval(rt, n->v[i], &l->v[l->n++])) != 0) return rv;
         *out = tv_l(l);
         return 0;
     }
@@ -587,24 +600,31 @@ static int ev(struct trt *rt, const struct tnode *n, struct tv *out)
         struct tdict *d = tv_newdict(&rt->arena, n->n);
         if (!d) return tmpl_rt_oom(rt);
         for (size_t i = 0; i < n->n; i++) {
-            if ((rv = ev(rt, n->v[i], &a)) != 0 || (rv = ev(rt, n->w[i], &b)) != 0) return rv;
+            if ((rv = tmpl_rt_eval(rt, n->v[i], &a)) != 0 ||
+                (rv = tmpl_rt_eval(rt, n->w[i], &b)) != 0)
+                return rv;
             if (tv_dict_set(&rt->arena, d, a, b) != 0) return tmpl_rt_oom(rt);
         }
         *out = tv_d(d);
         return 0;
     }
     case E_ATTR:
-        if ((rv = ev(rt, n->a, &a)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->a, &a)) != 0) return rv;
         return tmpl_rt_getattr(rt, a, n->s, n->slen, out);
     case E_ITEM:
-        if ((rv = ev(rt, n->a, &a)) != 0 || (rv = ev(rt, n->b, &b)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->a, &a)) != 0 || (rv = tmpl_rt_eval(rt, n->b, &b)) != 0)
+            return rv;
         return item(rt, a, b, out);
-    case E_SLICE: return slice(rt, n, out);
-    case E_CALL: return call(rt, n, out);
-    case E_FILTER: return filter(rt, n, NULL, out);
+    case E_SLICE:
+        return slice(rt, n, out);
+    case E_CALL:
+        return call(rt, n, out);
+    case E_FILTER:
+        return tmpl_rt_filter(rt, n, NULL, out);
     case E_TEST: {
         struct tv *args, *kwv;
-        if ((rv = ev(rt, n->a, &a)) != 0 || (rv = eval_args(rt, n, &args, &kwv)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->a, &a)) != 0 || (rv = eval_args(rt, n, &args, &kwv)) != 0)
+            return rv;
         rt->line = n->line;
         if (n->flag) return tmpl_rt_err(rt, STRATA_EINVAL, "no test named '%s'", n->s);
         if ((rv = tmpl_test(rt, n->s, a, args, n->n, &r)) != 0) return rv;
@@ -613,24 +633,28 @@ static int ev(struct trt *rt, const struct tnode *n, struct tv *out)
     }
     case E_NEG:
     case E_POS:
-        if ((rv = ev(rt, n->a, &a)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->a, &a)) != 0) return rv;
         if (!tv_isnum(a))
-            return a.k == TV_UNDEF ? undefined_err(rt, a)
-                                   : tmpl_rt_err(rt, STRATA_EINVAL, "bad operand type for unary "
-                                                 "%c: '%s'", n->kind == E_NEG ? '-' : '+',
-                                                 tv_typename(a));
-        if (n->kind == E_POS) *out = tv_isint(a) ? tv_int(tv_asint(a)) : a;
-        else if (a.k == TV_FLOAT) *out = tv_float(-a.u.f);
+            return a.k == TV_UNDEF ? tmpl_rt_undefined(rt, a)
+                                   : tmpl_rt_err(rt, STRATA_EINVAL,
+                                                 "bad operand type for unary "
+                                                 "%c: '%s'",
+                                                 n->kind == E_NEG ? '-' : '+', tv_typename(a));
+        if (n->kind == E_POS)
+            *out = tv_isint(a) ? tv_int(tv_asint(a)) : a;
+        else if (a.k == TV_FLOAT)
+            *out = tv_float(-a.u.f);
         else if (tv_asint(a) == INT64_MIN)
             return tmpl_rt_err(rt, STRATA_EOVERFLOW, "integer negation overflows 64 bits");
-        else *out = tv_int(-tv_asint(a));
+        else
+            *out = tv_int(-tv_asint(a));
         return 0;
     case E_NOT:
-        if ((rv = ev(rt, n->a, &a)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->a, &a)) != 0) return rv;
         *out = tv_bool(!tv_truthy(a));
         return 0;
     case E_BIN:
-        if ((rv = ev(rt, n->a, &a)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->a, &a)) != 0) return rv;
         if (n->op == B_AND && !tv_truthy(a)) {
             *out = a;
             return 0;
@@ -639,7 +663,7 @@ static int ev(struct trt *rt, const struct tnode *n, struct tv *out)
             *out = a;
             return 0;
         }
-        if ((rv = ev(rt, n->b, &b)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->b, &b)) != 0) return rv;
         rt->line = n->line;
         if (n->op == B_AND || n->op == B_OR) {
             *out = b;
@@ -657,9 +681,9 @@ static int ev(struct trt *rt, const struct tnode *n, struct tv *out)
         }
         return arith(rt, n->op, a, b, out);
     case E_CMP:
-        if ((rv = ev(rt, n->v[0], &a)) != 0) return rv;
+        if ((rv = tmpl_rt_eval(rt, n->v[0], &a)) != 0) return rv;
         for (size_t i = 1; i < n->n; i++) {
-            if ((rv = ev(rt, n->v[i], &b)) != 0) return rv;
+            if ((rv = tmpl_rt_eval(rt, n->v[i], &b)) != 0) return rv;
             rt->line = n->line;
             if ((rv = compare1(rt, n->ops[i - 1], a, b, &r)) != 0) return rv;
             if (!r) break;
@@ -668,279 +692,12 @@ static int ev(struct trt *rt, const struct tnode *n, struct tv *out)
         *out = tv_bool(r);
         return 0;
     case E_COND:
-        if ((rv = ev(rt, n->b, &a)) != 0) return rv;
-        if (tv_truthy(a)) return ev(rt, n->a, out);
-        if (n->c) return ev(rt, n->c, out);
+        if ((rv = tmpl_rt_eval(rt, n->b, &a)) != 0) return rv;
+        if (tv_truthy(a)) return tmpl_rt_eval(rt, n->a, out);
+        if (n->c) return tmpl_rt_eval(rt, n->c, out);
         *out = tv_undef(NULL);
         return 0;
-    default: return tmpl_rt_err(rt, STRATA_EINTERNAL, "node kind %d is not an expression", n->kind);
+    default:
+        return tmpl_rt_err(rt, STRATA_EINTERNAL, "node kind %d is not an expression", n->kind);
     }
-}
-
-/* ---- statements ---- */
-
-static int run(struct trt *rt, struct tnode *const *v, size_t n);
-
-static int write_out(struct trt *rt, struct tv v)
-{
-    if (v.k == TV_STR) return tbuf_add(rt->out, v.u.s->p, v.u.s->n);
-    return tv_write(rt->out, v, 0);
-}
-
-static int assign(struct trt *rt, const struct tnode *target, struct tv v)
-{
-    int rv;
-    if (target->kind == E_NAME) return set_var(rt, rt->sc, target->s, target->slen, v);
-    if (target->kind == E_ATTR) {
-        struct tv ns = lookup(rt, target->a->s, target->a->slen);
-        if (ns.k != TV_DICT || !ns.u.d->ns)
-            return tmpl_rt_err(rt, STRATA_EINVAL, "cannot assign attribute on non-namespace "
-                               "object '%s'", target->a->s);
-        struct tstr *k = tmpl_rt_str(rt, target->s, target->slen);
-        if (!k || tv_dict_set(&rt->arena, ns.u.d, tv_s(k), v) != 0) return tmpl_rt_oom(rt);
-        return 0;
-    }
-    struct tlist *l;
-    if (v.k == TV_UNDEF) return undefined_err(rt, v);
-    if ((rv = tmpl_rt_iter(rt, v, &l)) != 0) return rv;
-    if (l->n != target->n)
-        return tmpl_rt_err(rt, STRATA_EINVAL, "cannot unpack %zu values into %zu names", l->n,
-                           target->n);
-    for (size_t i = 0; i < l->n; i++)
-        if ((rv = assign(rt, target->v[i], l->v[i])) != 0) return rv;
-    return 0;
-}
-
-/* capture runs a body with its output going to a fresh buffer; returns it as a string. */
-static int capture(struct trt *rt, struct tnode *const *v, size_t n, struct tv *out)
-{
-    struct tbuf b = {.limit = rt->t->lim.max_output}, *saved = rt->out;
-    rt->out = &b;
-    int rv = run(rt, v, n);
-    rt->out = saved;
-    if (!rv) {
-        struct tstr *s = tmpl_rt_str(rt, b.p ? b.p : "", b.n);
-        if (!s) rv = tmpl_rt_oom(rt);
-        else *out = tv_s(s);
-    }
-    free(b.p);
-    return rv;
-}
-
-static int step(struct trt *rt)
-{
-    if (++rt->steps > rt->t->lim.max_steps)
-        return tmpl_rt_err(rt, STRATA_ELIMIT, "the template ran more than %" PRIu64 " steps "
-                           "(loop iterations, macro calls, statements): raise max_steps",
-                           rt->t->lim.max_steps);
-    return 0;
-}
-
-static struct tscope *push_scope(struct trt *rt, struct tscope *parent)
-{
-    struct tscope *s = tmpl_arena_alloc(&rt->arena, sizeof *s);
-    if (s) s->parent = parent;
-    return s;
-}
-
-static int run_for(struct trt *rt, const struct tnode *n)
-{
-    struct tv it;
-    struct tlist *items;
-    int rv;
-    if ((rv = ev(rt, n->b, &it)) != 0 || (rv = tmpl_rt_iter(rt, it, &items)) != 0) return rv;
-    struct tscope *outer = rt->sc, *inner = push_scope(rt, outer);
-    if (!inner) return tmpl_rt_oom(rt);
-    /* Each iteration starts with no variables of its own (Jinja2 forgets an iteration's sets);
-     * the one scope is emptied rather than reallocated, so long loops need no memory. */
-    rt->sc = inner;
-    if (n->c) { /* for x in xs if cond: filter first, so loop.length counts what is run */
-        size_t k = 0;
-        for (size_t i = 0; i < items->n; i++) {
-            struct tv keep;
-            if ((rv = step(rt)) != 0) goto out;
-            inner->vars.n = 0;
-            if ((rv = assign(rt, n->a, items->v[i])) != 0 || (rv = ev(rt, n->c, &keep)) != 0)
-                goto out;
-            if (tv_truthy(keep)) items->v[k++] = items->v[i];
-        }
-        items->n = k;
-    }
-    struct tloop *lp = tmpl_arena_alloc(&rt->arena, sizeof *lp);
-    if (!lp) {
-        rv = tmpl_rt_oom(rt);
-        goto out;
-    }
-    lp->items = items;
-    for (lp->i = 0; lp->i < items->n; lp->i++) {
-        if ((rv = step(rt)) != 0) goto out;
-        inner->vars.n = 0;
-        if ((rv = assign(rt, n->a, items->v[lp->i])) != 0) goto out;
-        if ((rv = set_var(rt, rt->sc, "loop", 4, (struct tv){.k = TV_LOOP, .u.loop = lp})) != 0)
-            goto out;
-        if ((rv = run(rt, n->v, n->n)) != 0) goto out;
-        int flow = rt->flow;
-        rt->flow = FLOW_NONE;
-        if (flow == FLOW_BREAK) break;
-    }
-    if (items->n == 0 && n->m) {
-        inner->vars.n = 0;
-        rv = run(rt, n->w, n->m);
-    }
-out:
-    rt->sc = outer;
-    return rv;
-}
-
-int tmpl_rt_call_macro(struct trt *rt, struct tmacro *m, struct tv *args, size_t nargs,
-                       const char **kwn, struct tv *kwv, size_t nkw, struct tv *out)
-{
-    const struct tnode *def = m->def;
-    struct tscope *saved = rt->sc;
-    int rv;
-    if (rt->depth >= rt->t->lim.max_call_depth)
-        return tmpl_rt_err(rt, STRATA_ELIMIT, "macro '%s' nests calls deeper than %d: a runaway "
-                           "recursion, or raise max_call_depth", def->s, rt->t->lim.max_call_depth);
-    if ((rv = step(rt)) != 0) return rv;
-    struct tscope *sc = push_scope(rt, m->env);
-    struct tlist *varargs = tv_newlist(&rt->arena, 0);
-    struct tdict *kwargs = tv_newdict(&rt->arena, 0);
-    if (!sc || !varargs || !kwargs) return tmpl_rt_oom(rt);
-    varargs->tuple = true;
-    rt->sc = sc;
-    rt->depth++;
-    for (size_t p = 0; p < def->m; p++) {
-        struct tv v = tv_undef(def->names[p]);
-        bool have = p < nargs;
-        if (have) v = args[p];
-        for (size_t k = 0; k < nkw; k++)
-            if (!strcmp(kwn[k], def->names[p])) {
-                if (have) {
-                    rv = tmpl_rt_err(rt, STRATA_EINVAL, "macro '%s' got multiple values for "
-                                     "argument '%s'", def->s, def->names[p]);
-                    goto out;
-                }
-                v = kwv[k];
-                have = true;
-            }
-        if (!have && def->w[p] && (rv = ev(rt, def->w[p], &v)) != 0) goto out;
-        if ((rv = set_var(rt, sc, def->names[p], strlen(def->names[p]), v)) != 0) goto out;
-    }
-    for (size_t i = def->m; i < nargs; i++)
-        if (tv_list_push(&rt->arena, varargs, args[i]) != 0) {
-            rv = tmpl_rt_oom(rt);
-            goto out;
-        }
-    for (size_t k = 0; k < nkw; k++) {
-        bool param = false;
-        for (size_t p = 0; p < def->m; p++) param |= !strcmp(kwn[k], def->names[p]);
-        struct tstr *key = tmpl_rt_str(rt, kwn[k], strlen(kwn[k]));
-        if (!key || (!param && tv_dict_set(&rt->arena, kwargs, tv_s(key), kwv[k]) != 0)) {
-            rv = tmpl_rt_oom(rt);
-            goto out;
-        }
-    }
-    if ((rv = set_var(rt, sc, "varargs", 7, tv_l(varargs))) != 0 ||
-        (rv = set_var(rt, sc, "kwargs", 6, tv_d(kwargs))) != 0)
-        goto out;
-    rv = capture(rt, def->v, def->n, out);
-out:
-    rt->depth--;
-    rt->sc = saved;
-    return rv;
-}
-
-static int run1(struct trt *rt, const struct tnode *n)
-{
-    struct tv v;
-    int rv;
-    rt->line = n->line;
-    switch (n->kind) {
-    case S_TEXT: return tbuf_add(rt->out, n->s, n->slen);
-    case S_OUT:
-        if ((rv = ev(rt, n->a, &v)) != 0) return rv;
-        return write_out(rt, v);
-    case S_IF:
-        if ((rv = ev(rt, n->a, &v)) != 0) return rv;
-        return tv_truthy(v) ? run(rt, n->v, n->n) : run(rt, n->w, n->m);
-    case S_FOR: return run_for(rt, n);
-    case S_SET:
-        if ((rv = ev(rt, n->b, &v)) != 0) return rv;
-        rt->line = n->line;
-        return assign(rt, n->a, v);
-    case S_SETBLOCK:
-        if ((rv = capture(rt, n->v, n->n, &v)) != 0) return rv;
-        if (n->c) {
-            struct tv in = v;
-            if ((rv = filter(rt, n->c, &in, &v)) != 0) return rv;
-        }
-        return assign(rt, n->a, v);
-    case S_FILTERBLOCK: {
-        struct tv in;
-        if ((rv = capture(rt, n->v, n->n, &in)) != 0) return rv;
-        if ((rv = filter(rt, n->a, &in, &v)) != 0) return rv;
-        return write_out(rt, v);
-    }
-    case S_MACRO: {
-        struct tmacro *m = tmpl_arena_alloc(&rt->arena, sizeof *m);
-        if (!m) return tmpl_rt_oom(rt);
-        m->def = n;
-        m->env = rt->sc;
-        return set_var(rt, rt->sc, n->s, strlen(n->s), (struct tv){.k = TV_MACRO, .u.m = m});
-    }
-    case S_BREAK: rt->flow = FLOW_BREAK; return 0;
-    case S_CONTINUE: rt->flow = FLOW_CONTINUE; return 0;
-    default: return tmpl_rt_err(rt, STRATA_EINTERNAL, "node kind %d is not a statement", n->kind);
-    }
-}
-
-static int run(struct trt *rt, struct tnode *const *v, size_t n)
-{
-    int rv;
-    for (size_t i = 0; i < n && rt->flow == FLOW_NONE; i++)
-        if ((rv = step(rt)) != 0 || (rv = run1(rt, v[i])) != 0) return rv;
-    return 0;
-}
-
-int tmpl_render_json(const struct tmpl *t, const json_t *vars, char **out, size_t *len)
-{
-    struct tbuf b = {.limit = t->lim.max_output};
-    struct trt rt = {.t = t, .out = &b, .line = 1};
-    int rv;
-    rt.arena.limit = t->lim.max_memory;
-    if (!json_is_object(vars)) {
-        rv = strata_errf(STRATA_EINVAL, "template variables must be a JSON object");
-        goto fail;
-    }
-    if (!(rt.root = push_scope(&rt, NULL))) {
-        rv = tmpl_rt_oom(&rt);
-        goto fail;
-    }
-    rt.sc = rt.root;
-    const char *key;
-    json_t *val;
-    json_object_foreach((json_t *)vars, key, val)
-    {
-        struct tv v;
-        if (tv_from_json(&rt.arena, val, &v) != 0) {
-            rv = tmpl_rt_oom(&rt);
-            goto fail;
-        }
-        if ((rv = set_var(&rt, rt.root, key, strlen(key), v)) != 0) goto fail;
-    }
-    if ((rv = run(&rt, t->body, t->n)) != 0) goto fail;
-    if (!b.p && (rv = tbuf_add(&b, "", 0)) != 0) goto fail;
-    tmpl_arena_free(&rt.arena);
-    *out = b.p;
-    *len = b.n;
-    return 0;
-fail:
-    if (strncmp(strata_errdetail(), "line ", 5) != 0) {
-        char d[512];
-        snprintf(d, sizeof d, "%s", strata_errdetail()[0] ? strata_errdetail() : strata_strerror(rv));
-        strata_errf(rv, "line %d: %s", rt.line, d);
-    }
-    tmpl_arena_free(&rt.arena);
-    free(b.p);
-    return rv;
 }

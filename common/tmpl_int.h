@@ -233,13 +233,13 @@ enum tnode_kind {
     E_CMP,  /* v[0] ops[0] v[1] ops[1] v[2] ... (Python chaining) */
     E_COND, /* a if b else c (c may be NULL) */
     /* statements */
-    S_TEXT,     /* s[slen] */
-    S_OUT,      /* {{ a }} */
-    S_IF,       /* if a: v[n] else w[m] (elif = else holding one S_IF) */
-    S_FOR,      /* for a in b [if c]: v[n] else w[m] */
-    S_SET,      /* a = b; a is E_NAME, E_TUPLE of names or E_ATTR */
-    S_SETBLOCK, /* a = rendering of v[n] */
-    S_MACRO,    /* s(names[m] = w[m] defaults, NULL where none): v[n] */
+    S_TEXT,        /* s[slen] */
+    S_OUT,         /* {{ a }} */
+    S_IF,          /* if a: v[n] else w[m] (elif = else holding one S_IF) */
+    S_FOR,         /* for a in b [if c]: v[n] else w[m] */
+    S_SET,         /* a = b; a is E_NAME, E_TUPLE of names or E_ATTR */
+    S_SETBLOCK,    /* a = rendering of v[n] */
+    S_MACRO,       /* s(names[m] = w[m] defaults, NULL where none): v[n] */
     S_FILTERBLOCK, /* render v[n], pipe through the E_FILTER chain a */
     S_BREAK,
     S_CONTINUE,
@@ -294,7 +294,8 @@ struct trt {
 enum { FLOW_NONE, FLOW_BREAK, FLOW_CONTINUE };
 
 /* tmpl_rt_err sets the detail "line N: <msg>" and returns code. */
-int tmpl_rt_err(struct trt *rt, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int tmpl_rt_err(struct trt *rt, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 int tmpl_rt_oom(struct trt *rt);
 struct tstr *tmpl_rt_str(struct trt *rt, const char *p, size_t n);
 /* tmpl_rt_tostr: str(v) as a new string. */
@@ -303,7 +304,17 @@ int tmpl_rt_tostr(struct trt *rt, struct tv v, struct tstr **out);
 int tmpl_rt_iter(struct trt *rt, struct tv v, struct tlist **out);
 /* tmpl_rt_getattr: v.name / v[name] as Jinja2's environment.getattr. */
 int tmpl_rt_getattr(struct trt *rt, struct tv v, const char *name, size_t n, struct tv *out);
-/* tmpl_rt_call_macro calls a macro with evaluated arguments. */
+/* tmpl_rt_eval evaluates expression node n (tmpl_eval.c). */
+int tmpl_rt_eval(struct trt *rt, const struct tnode *n, struct tv *out);
+/* tmpl_rt_lookup resolves a name through the scopes, then the globals; else undefined. */
+struct tv tmpl_rt_lookup(struct trt *rt, const char *name, size_t n);
+/* tmpl_rt_set binds name in scope sc. */
+int tmpl_rt_set(struct trt *rt, struct tscope *sc, const char *name, size_t n, struct tv v);
+/* tmpl_rt_filter applies E_FILTER n; in a filter chain the innermost input is *in (else NULL). */
+int tmpl_rt_filter(struct trt *rt, const struct tnode *n, const struct tv *in, struct tv *out);
+/* tmpl_rt_undefined: the error for using undefined value v. */
+int tmpl_rt_undefined(struct trt *rt, struct tv v);
+/* tmpl_rt_call_macro calls a macro with evaluated arguments (tmpl_run.c). */
 int tmpl_rt_call_macro(struct trt *rt, struct tmacro *m, struct tv *args, size_t nargs,
                        const char **kwn, struct tv *kwv, size_t nkw, struct tv *out);
 

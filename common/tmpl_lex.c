@@ -44,7 +44,8 @@ static int emit(struct lx *l, enum ttok t, const char *s, size_t n, int line)
 static size_t count_nl(const char *s, size_t n)
 {
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += s[i] == '\n';
+    for (size_t i = 0; i < n; i++)
+        k += s[i] == '\n';
     return k;
 }
 
@@ -54,7 +55,8 @@ static size_t ws_before(const char *s, size_t n)
     size_t end = n;
     while (end > 0) {
         size_t st = end - 1;
-        while (st > 0 && ((unsigned char)s[st] & 0xc0) == 0x80) st--;
+        while (st > 0 && ((unsigned char)s[st] & 0xc0) == 0x80)
+            st--;
         uint32_t cp;
         tmpl_u8_dec(s + st, end - st, &cp);
         if (!tmpl_u_isspace(cp)) break;
@@ -86,7 +88,8 @@ static int text(struct lx *l, size_t from, size_t to, char sign, char c)
         n -= ws_before(t, n);
     } else if (sign != '+' && c != '{') {
         size_t lpos = n;
-        while (lpos > 0 && t[lpos - 1] != '\n') lpos--;
+        while (lpos > 0 && t[lpos - 1] != '\n')
+            lpos--;
         if ((lpos > 0 || l->line_starting) && lpos < n && ws_after(t + lpos, n - lpos) == n - lpos)
             n = lpos;
     }
@@ -139,20 +142,47 @@ static int string(struct lx *l)
         char e = l->s[i++];
         int digits = 0, base = 16;
         switch (e) {
-        case 'n': o[k++] = '\n'; break;
-        case 't': o[k++] = '\t'; break;
-        case 'r': o[k++] = '\r'; break;
-        case 'a': o[k++] = '\a'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'v': o[k++] = '\v'; break;
-        case '\\': o[k++] = '\\'; break;
-        case '\'': o[k++] = '\''; break;
-        case '"': o[k++] = '"'; break;
-        case '\n': break;
-        case 'x': digits = 2; break;
-        case 'u': digits = 4; break;
-        case 'U': digits = 8; break;
+        case 'n':
+            o[k++] = '\n';
+            break;
+        case 't':
+            o[k++] = '\t';
+            break;
+        case 'r':
+            o[k++] = '\r';
+            break;
+        case 'a':
+            o[k++] = '\a';
+            break;
+        case 'b':
+            o[k++] = '\b';
+            break;
+        case 'f':
+            o[k++] = '\f';
+            break;
+        case 'v':
+            o[k++] = '\v';
+            break;
+        case '\\':
+            o[k++] = '\\';
+            break;
+        case '\'':
+            o[k++] = '\'';
+            break;
+        case '"':
+            o[k++] = '"';
+            break;
+        case '\n':
+            break;
+        case 'x':
+            digits = 2;
+            break;
+        case 'u':
+            digits = 4;
+            break;
+        case 'U':
+            digits = 8;
+            break;
         default:
             if (e >= '0' && e <= '7') {
                 base = 8;
@@ -189,8 +219,8 @@ static bool isdig(char c)
 /* digits scans \d(_?\d)* from i; returns the end. */
 static size_t digits(const char *s, size_t n, size_t i)
 {
-    while (i < n && (isdig(s[i]) || (s[i] == '_' && i + 1 < n && isdig(s[i + 1]) && i > 0 &&
-                                     isdig(s[i - 1]))))
+    while (i < n && (isdig(s[i]) ||
+                     (s[i] == '_' && i + 1 < n && isdig(s[i + 1]) && i > 0 && isdig(s[i - 1]))))
         i++;
     return i;
 }
@@ -254,7 +284,8 @@ static int inside(struct lx *l, bool block)
         size_t left = l->n - l->pos;
         char sign = (*p == '-' || (block && *p == '+')) ? *p : 0;
         const char *e = p + (sign != 0);
-        if (depth == 0 && (size_t)(e - p) + 2 <= left && e[0] == (block ? '%' : '}') && e[1] == '}') {
+        if (depth == 0 && (size_t)(e - p) + 2 <= left && e[0] == (block ? '%' : '}') &&
+            e[1] == '}') {
             if ((rv = emit(l, block ? TK_BLOCK_END : TK_VAR_END, p, 0, l->line)) != 0) return rv;
             l->pos += (size_t)(e - p) + 2;
             tag_end(l, sign, block);
@@ -293,11 +324,13 @@ static int raw(struct lx *l, bool *done)
 {
     const char *s = l->s;
     size_t i = l->pos;
-    while (i < l->n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n')) i++;
+    while (i < l->n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n'))
+        i++;
     *done = false;
     if (l->n - i < 3 || memcmp(s + i, "raw", 3) != 0) return 0;
     i += 3;
-    while (i < l->n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n')) i++;
+    while (i < l->n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n'))
+        i++;
     char sign = i < l->n && (s[i] == '-' || s[i] == '+') ? s[i++] : 0;
     if (l->n - i < 2 || s[i] != '%' || s[i + 1] != '}') return 0;
     *done = true;
@@ -308,10 +341,12 @@ static int raw(struct lx *l, bool *done)
         if (s[j] != '{' || s[j + 1] != '%') continue;
         size_t k = j + 2;
         char osign = k < l->n && (s[k] == '-' || s[k] == '+') ? s[k++] : 0;
-        while (k < l->n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n')) k++;
+        while (k < l->n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n'))
+            k++;
         if (l->n - k < 6 || memcmp(s + k, "endraw", 6) != 0) continue;
         k += 6;
-        while (k < l->n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n')) k++;
+        while (k < l->n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n'))
+            k++;
         char csign = k < l->n && (s[k] == '-' || s[k] == '+') ? s[k++] : 0;
         if (l->n - k < 2 || s[k] != '%' || s[k + 1] != '}') continue;
         int rv = text(l, l->pos, j, osign, '%');

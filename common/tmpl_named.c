@@ -68,8 +68,10 @@ int tmpl_load(const char *spec, const struct tmpl_limits *lim, struct tmpl **out
     FILE *f = fopen(spec, "rb");
     if (!f) {
         if (errno == ENOENT)
-            return strata_errf(STRATA_ENOENT, "--chat-template %s: neither a built-in template "
-                               "(%s) nor a file", spec, tmpl_named_list());
+            return strata_errf(STRATA_ENOENT,
+                               "--chat-template %s: neither a built-in template "
+                               "(%s) nor a file",
+                               spec, tmpl_named_list());
         return strata_errf(strata_errno(errno), "cannot open chat template %s", spec);
     }
     char *buf = NULL;

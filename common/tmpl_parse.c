@@ -61,14 +61,23 @@ static bool accept_name(struct ps *p, const char *s)
 static const char *tok_desc(const struct ttoken *t, char *buf, size_t n)
 {
     switch (t->t) {
-    case TK_EOF: return "end of template";
-    case TK_TEXT: return "template text";
-    case TK_VAR_BEGIN: return "'{{'";
-    case TK_VAR_END: return "'}}'";
-    case TK_BLOCK_BEGIN: return "'{%'";
-    case TK_BLOCK_END: return "'%}'";
-    case TK_STRING: return "a string";
-    default: snprintf(buf, n, "'%.*s'", (int)(t->n < 40 ? t->n : 40), t->s); return buf;
+    case TK_EOF:
+        return "end of template";
+    case TK_TEXT:
+        return "template text";
+    case TK_VAR_BEGIN:
+        return "'{{'";
+    case TK_VAR_END:
+        return "'}}'";
+    case TK_BLOCK_BEGIN:
+        return "'{%'";
+    case TK_BLOCK_END:
+        return "'%}'";
+    case TK_STRING:
+        return "a string";
+    default:
+        snprintf(buf, n, "'%.*s'", (int)(t->n < 40 ? t->n : 40), t->s);
+        return buf;
     }
 }
 
@@ -140,8 +149,8 @@ static int vec_push(struct ps *p, struct vec *v, struct tnode *n, const char *na
 static int enter(struct ps *p)
 {
     if (++p->depth > p->t->lim.max_parse_depth)
-        return strata_errf(STRATA_ELIMIT, "line %d: template nests deeper than %d",
-                           cur(p)->line, p->t->lim.max_parse_depth);
+        return strata_errf(STRATA_ELIMIT, "line %d: template nests deeper than %d", cur(p)->line,
+                           p->t->lim.max_parse_depth);
     return 0;
 }
 
@@ -158,8 +167,10 @@ static int call_args(struct ps *p, struct tnode *n)
         if (pos.n + kw.n && (rv = expect_op(p, ",")) != 0) return rv;
         if (is_op(p, ")")) break;
         if (is_op(p, "*") || is_op(p, "**"))
-            return strata_errf(STRATA_EFORMAT, "line %d: *args and **kwargs in calls are not "
-                               "supported", cur(p)->line);
+            return strata_errf(STRATA_EFORMAT,
+                               "line %d: *args and **kwargs in calls are not "
+                               "supported",
+                               cur(p)->line);
         struct tnode *e;
         if (cur(p)->t == TK_NAME && tok_is(peek(p, 1), TK_OP, "=")) {
             const char *name = tok_str(p, cur(p));
@@ -169,8 +180,10 @@ static int call_args(struct ps *p, struct tnode *n)
             if ((rv = vec_push(p, &kw, e, name)) != 0) return rv;
         } else {
             if (kw.n)
-                return strata_errf(STRATA_EFORMAT, "line %d: a positional argument follows a "
-                                   "keyword argument", cur(p)->line);
+                return strata_errf(STRATA_EFORMAT,
+                                   "line %d: a positional argument follows a "
+                                   "keyword argument",
+                                   cur(p)->line);
             if ((rv = expr(p, true, &e)) != 0) return rv;
             if ((rv = vec_push(p, &pos, e, NULL)) != 0) return rv;
         }
@@ -217,9 +230,12 @@ static int primary(struct ps *p, struct tnode **out)
     if (t->t == TK_NAME) {
         p->i++;
         if (!(n = mk(p, E_CONST, t->line))) return STRATA_ENOMEM;
-        if (tok_is(t, TK_NAME, "true") || tok_is(t, TK_NAME, "True")) n->val = tv_bool(true);
-        else if (tok_is(t, TK_NAME, "false") || tok_is(t, TK_NAME, "False")) n->val = tv_bool(false);
-        else if (tok_is(t, TK_NAME, "none") || tok_is(t, TK_NAME, "None")) n->val = tv_none();
+        if (tok_is(t, TK_NAME, "true") || tok_is(t, TK_NAME, "True"))
+            n->val = tv_bool(true);
+        else if (tok_is(t, TK_NAME, "false") || tok_is(t, TK_NAME, "False"))
+            n->val = tv_bool(false);
+        else if (tok_is(t, TK_NAME, "none") || tok_is(t, TK_NAME, "None"))
+            n->val = tv_none();
         else {
             n->kind = E_NAME;
             if (!(n->s = tok_str(p, t))) return STRATA_ENOMEM;
@@ -228,7 +244,8 @@ static int primary(struct ps *p, struct tnode **out)
     } else if (t->t == TK_STRING) {
         /* adjacent literals concatenate, as in Python */
         size_t len = 0, k;
-        for (k = p->i; p->tk[k].t == TK_STRING; k++) len += p->tk[k].n;
+        for (k = p->i; p->tk[k].t == TK_STRING; k++)
+            len += p->tk[k].n;
         struct tstr *s = tv_newstr(p->a, NULL, len);
         if (!s || !(n = mk(p, E_CONST, t->line))) return STRATA_ENOMEM;
         len = 0;
@@ -363,8 +380,10 @@ static int filters(struct ps *p, struct tnode **node)
                         t->t == TK_FLOAT || is_op(p, "[") || is_op(p, "{")) &&
                        !is_name(p, "else") && !is_name(p, "or") && !is_name(p, "and")) {
                 if (is_name(p, "is"))
-                    return strata_errf(STRATA_EFORMAT, "line %d: tests cannot be chained with "
-                                       "'is'", t->line);
+                    return strata_errf(STRATA_EFORMAT,
+                                       "line %d: tests cannot be chained with "
+                                       "'is'",
+                                       t->line);
                 struct tnode *arg;
                 if ((rv = primary(p, &arg)) != 0 || (rv = postfix(p, &arg)) != 0) return rv;
                 if (!(n->v = tmpl_arena_alloc(p->a, sizeof *n->v))) return STRATA_ENOMEM;
@@ -431,11 +450,16 @@ static int math2(struct ps *p, struct tnode **out)
     for (;;) {
         enum tbin op;
         if (rv) return rv;
-        if (accept_op(p, "*")) op = B_MUL;
-        else if (accept_op(p, "/")) op = B_DIV;
-        else if (accept_op(p, "//")) op = B_FDIV;
-        else if (accept_op(p, "%")) op = B_MOD;
-        else return 0;
+        if (accept_op(p, "*"))
+            op = B_MUL;
+        else if (accept_op(p, "/"))
+            op = B_DIV;
+        else if (accept_op(p, "//"))
+            op = B_FDIV;
+        else if (accept_op(p, "%"))
+            op = B_MOD;
+        else
+            return 0;
         struct tnode *r;
         if ((rv = power(p, &r)) == 0) rv = binop(p, op, *out, r, out);
     }
@@ -457,9 +481,12 @@ static int math1(struct ps *p, struct tnode **out)
     for (;;) {
         enum tbin op;
         if (rv) return rv;
-        if (accept_op(p, "+")) op = B_ADD;
-        else if (accept_op(p, "-")) op = B_SUB;
-        else return 0;
+        if (accept_op(p, "+"))
+            op = B_ADD;
+        else if (accept_op(p, "-"))
+            op = B_SUB;
+        else
+            return 0;
         struct tnode *r;
         if ((rv = concat(p, &r)) == 0) rv = binop(p, op, *out, r, out);
     }
@@ -763,8 +790,10 @@ static int stmt_macro(struct ps *p, int line, struct tnode **out)
         p->i++;
         if (accept_op(p, "=") && (rv = expr(p, true, &def)) != 0) return rv;
         if (!def && params.n && params.v[params.n - 1])
-            return strata_errf(STRATA_EFORMAT, "line %d: macro %s: a parameter without a default "
-                               "follows one with a default", line, n->s);
+            return strata_errf(STRATA_EFORMAT,
+                               "line %d: macro %s: a parameter without a default "
+                               "follows one with a default",
+                               line, n->s);
         if ((rv = vec_push(p, &params, def, name)) != 0) return rv;
     }
     n->w = params.v;
@@ -826,8 +855,10 @@ static int statement(struct ps *p, struct tnode **out, bool *inline_body, struct
     static const char *const loaders[] = {"include", "import", "from", "extends"};
     for (size_t k = 0; k < sizeof loaders / sizeof *loaders; k++)
         if (tok_is(t, TK_NAME, loaders[k]))
-            return strata_errf(STRATA_EUNSUPPORTED, "line %d: '%s' is not allowed: a chat "
-                               "template cannot load other templates", line, loaders[k]);
+            return strata_errf(STRATA_EUNSUPPORTED,
+                               "line %d: '%s' is not allowed: a chat "
+                               "template cannot load other templates",
+                               line, loaders[k]);
     return strata_errf(STRATA_EFORMAT, "line %d: unknown or unsupported tag '%.*s'", line,
                        (int)t->n, t->s);
 }
@@ -845,9 +876,12 @@ static int body(struct ps *p, const char *const *ends, int *which, struct vec *o
         if (t->t == TK_EOF) {
             if (!ends) break;
             const char *want = ends[0];
-            for (int k = 1; ends[k]; k++) want = ends[k];
-            return strata_errf(STRATA_EFORMAT, "line %d: unexpected end of template: the '%s' "
-                               "opened on line %d needs '%s'", t->line, open, open_line, want);
+            for (int k = 1; ends[k]; k++)
+                want = ends[k];
+            return strata_errf(STRATA_EFORMAT,
+                               "line %d: unexpected end of template: the '%s' "
+                               "opened on line %d needs '%s'",
+                               t->line, open, open_line, want);
         }
         if (t->t == TK_TEXT) {
             p->i++;

@@ -8,13 +8,13 @@
 #include <string.h>
 
 enum {
-    ST_START,       /* think style: before "<think>", which may follow whitespace */
-    ST_THINK_LSTRIP,/* just inside the reasoning: drop whitespace */
-    ST_THINK,       /* inside the reasoning, until "</think>" */
+    ST_START,        /* think style: before "<think>", which may follow whitespace */
+    ST_THINK_LSTRIP, /* just inside the reasoning: drop whitespace */
+    ST_THINK,        /* inside the reasoning, until "</think>" */
     ST_CONTENT_LSTRIP,
-    ST_CONTENT,     /* everything is content */
-    ST_HEADER,      /* channel style: "<|start|>assistant<|channel|>NAME" up to "<|message|>" */
-    ST_BODY,        /* channel style: a message body, until an end marker */
+    ST_CONTENT, /* everything is content */
+    ST_HEADER,  /* channel style: "<|start|>assistant<|channel|>NAME" up to "<|message|>" */
+    ST_BODY,    /* channel style: a message body, until an end marker */
 };
 
 #define HEADER_MAX 256 /* a header longer than this is not one: the text is plain content */
@@ -31,7 +31,8 @@ static int put(char **p, size_t *len, size_t *cap, const char *s, size_t n)
 {
     if (*len + n + 1 > *cap) {
         size_t c = *cap ? *cap : 64;
-        while (c < *len + n + 1) c *= 2;
+        while (c < *len + n + 1)
+            c *= 2;
         char *q = realloc(*p, c);
         if (!q) return STRATA_ENOMEM;
         *p = q;
@@ -65,7 +66,8 @@ enum tmpl_reason_style tmpl_reason_style_of(const char *src, size_t n)
 
 bool tmpl_reason_prompt_opens(enum tmpl_reason_style style, const char *p, size_t n)
 {
-    while (n > 0 && is_ws(p[n - 1])) n--;
+    while (n > 0 && is_ws(p[n - 1]))
+        n--;
     const char *tag = style == TMPL_REASON_THINK     ? OPEN
                       : style == TMPL_REASON_CHANNEL ? "<|channel|>analysis<|message|>"
                                                      : NULL;
@@ -76,9 +78,12 @@ bool tmpl_reason_prompt_opens(enum tmpl_reason_style style, const char *p, size_
 void tmpl_reason_init(struct tmpl_reason_stream *s, enum tmpl_reason_style style, bool in_reasoning)
 {
     *s = (struct tmpl_reason_stream){.style = style};
-    if (style == TMPL_REASON_THINK) s->state = in_reasoning ? ST_THINK_LSTRIP : ST_START;
-    else if (style == TMPL_REASON_CHANNEL) s->state = in_reasoning ? ST_BODY : ST_HEADER;
-    else s->state = ST_CONTENT;
+    if (style == TMPL_REASON_THINK)
+        s->state = in_reasoning ? ST_THINK_LSTRIP : ST_START;
+    else if (style == TMPL_REASON_CHANNEL)
+        s->state = in_reasoning ? ST_BODY : ST_HEADER;
+    else
+        s->state = ST_CONTENT;
     s->to_reasoning = in_reasoning;
 }
 
@@ -101,7 +106,8 @@ static int step(struct tmpl_reason_stream *s, struct tmpl_reason_out *o, bool fi
     switch (s->state) {
     case ST_START: {
         size_t ws = 0;
-        while (ws < n && is_ws(p[ws])) ws++;
+        while (ws < n && is_ws(p[ws]))
+            ws++;
         size_t rest = n - ws, k = rest < 7 ? rest : 7;
         if (memcmp(p + ws, OPEN, k) != 0 || (final && rest < 7)) {
             s->state = ST_CONTENT;
@@ -115,9 +121,12 @@ static int step(struct tmpl_reason_stream *s, struct tmpl_reason_out *o, bool fi
     }
     case ST_THINK_LSTRIP:
     case ST_CONTENT_LSTRIP:
-        while (used < n && is_ws(p[used])) used++;
-        if (used < n) s->state = s->state == ST_THINK_LSTRIP ? ST_THINK : ST_CONTENT;
-        else *more = true;
+        while (used < n && is_ws(p[used]))
+            used++;
+        if (used < n)
+            s->state = s->state == ST_THINK_LSTRIP ? ST_THINK : ST_CONTENT;
+        else
+            *more = true;
         break;
     case ST_THINK: {
         const char *hit = memmem(p, n, CLOSE, 8);
@@ -186,7 +195,8 @@ static int run(struct tmpl_reason_stream *s, struct tmpl_reason_out *o, bool fin
     bool more = false;
     int rv = 0;
     /* each step either consumes bytes, changes state, or asks for more: this ends */
-    while (!rv && !more) rv = step(s, o, final, &more);
+    while (!rv && !more)
+        rv = step(s, o, final, &more);
     return rv;
 }
 

@@ -59,8 +59,10 @@ static int done_buf(struct trt *rt, struct tbuf *b, int rv, struct tv *out)
 {
     if (!rv) {
         struct tstr *s = tmpl_rt_str(rt, b->p ? b->p : "", b->n);
-        if (!s) rv = tmpl_rt_oom(rt);
-        else *out = tv_s(s);
+        if (!s)
+            rv = tmpl_rt_oom(rt);
+        else
+            *out = tv_s(s);
     }
     free(b->p);
     return rv;
@@ -76,8 +78,12 @@ int tmpl_str_case(struct trt *rt, const struct tstr *s, enum tcase mode, struct 
         i += tmpl_u8_dec(s->p + i, s->n - i, &c);
         uint32_t o = c;
         switch (mode) {
-        case TCASE_UPPER: o = cp_upper(c); break;
-        case TCASE_LOWER: o = cp_lower(c); break;
+        case TCASE_UPPER:
+            o = cp_upper(c);
+            break;
+        case TCASE_LOWER:
+            o = cp_lower(c);
+            break;
         case TCASE_CAPITALIZE:
             o = start ? cp_upper(c) : cp_lower(c);
             start = false;
@@ -120,7 +126,8 @@ int tmpl_str_strip(struct trt *rt, const struct tstr *s, const struct tstr *char
     }
     while ((which & 2) && b > a) {
         size_t st = b - 1;
-        while (st > a && ((unsigned char)s->p[st] & 0xc0) == 0x80) st--;
+        while (st > a && ((unsigned char)s->p[st] & 0xc0) == 0x80)
+            st--;
         uint32_t c;
         tmpl_u8_dec(s->p + st, b - st, &c);
         if (!in_chars(chars, c)) break;
@@ -185,7 +192,8 @@ static int fmt_one(struct trt *rt, struct tbuf *b, const char *spec, size_t spec
         if (!rv) {
             const char *q = spec;
             bool left = false;
-            while (*q == '-' || *q == ' ' || *q == '+' || *q == '#' || *q == '0') left |= *q++ == '-';
+            while (*q == '-' || *q == ' ' || *q == '+' || *q == '#' || *q == '0')
+                left |= *q++ == '-';
             long width = strtol(q, (char **)&q, 10);
             long prec = *q == '.' ? strtol(q + 1, NULL, 10) : -1;
             size_t n = t.n, cps = tmpl_u8_len(t.p ? t.p : "", t.n);
@@ -193,9 +201,11 @@ static int fmt_one(struct trt *rt, struct tbuf *b, const char *spec, size_t spec
                 n = tmpl_u8_off(t.p, t.n, (size_t)prec);
                 cps = (size_t)prec;
             }
-            for (long k = (long)cps; !rv && !left && k < width; k++) rv = tbuf_add(b, " ", 1);
+            for (long k = (long)cps; !rv && !left && k < width; k++)
+                rv = tbuf_add(b, " ", 1);
             if (!rv) rv = tbuf_add(b, t.p ? t.p : "", n);
-            for (long k = (long)cps; !rv && left && k < width; k++) rv = tbuf_add(b, " ", 1);
+            for (long k = (long)cps; !rv && left && k < width; k++)
+                rv = tbuf_add(b, " ", 1);
         }
         free(t.p);
         return rv;
@@ -259,7 +269,8 @@ int tmpl_str_percent(struct trt *rt, const struct tstr *s, struct tv args, struc
             break;
         }
         size_t sp = i;
-        while (i < s->n && strchr("-+ #0123456789.", s->p[i])) i++;
+        while (i < s->n && strchr("-+ #0123456789.", s->p[i]))
+            i++;
         if (i >= s->n || !strchr("sridxXofFeEgGc", s->p[i])) {
             rv = tmpl_rt_err(rt, STRATA_EINVAL, "unsupported format character in '%.*s'",
                              (int)(s->n > 40 ? 40 : s->n), s->p);
@@ -326,8 +337,12 @@ static int str_format(struct trt *rt, const struct tstr *s, struct tv *args, siz
 
 static int need_str(struct trt *rt, const char *m, const struct tv *v, bool opt)
 {
-    if (!v || v->k == TV_NONE) return opt ? 0 : tmpl_rt_err(rt, STRATA_EINVAL, "str.%s: missing "
-                                                            "argument", m);
+    if (!v || v->k == TV_NONE)
+        return opt ? 0
+                   : tmpl_rt_err(rt, STRATA_EINVAL,
+                                 "str.%s: missing "
+                                 "argument",
+                                 m);
     if (v->k != TV_STR)
         return tmpl_rt_err(rt, STRATA_EINVAL, "str.%s: argument must be str, not %s", m,
                            tv_typename(*v));
@@ -352,7 +367,8 @@ static int split(struct trt *rt, const struct tstr *s, const struct tstr *sep, i
                 uint32_t c;
                 if (from_right) {
                     size_t st = b - 1;
-                    while (st > a && ((unsigned char)s->p[st] & 0xc0) == 0x80) st--;
+                    while (st > a && ((unsigned char)s->p[st] & 0xc0) == 0x80)
+                        st--;
                     tmpl_u8_dec(s->p + st, b - st, &c);
                     if (!tmpl_u_isspace(c)) break;
                     b = st;
@@ -373,7 +389,8 @@ static int split(struct trt *rt, const struct tstr *s, const struct tstr *sep, i
                 e = b;
                 while (e > a) {
                     size_t st = e - 1;
-                    while (st > a && ((unsigned char)s->p[st] & 0xc0) == 0x80) st--;
+                    while (st > a && ((unsigned char)s->p[st] & 0xc0) == 0x80)
+                        st--;
                     uint32_t c;
                     tmpl_u8_dec(s->p + st, e - st, &c);
                     if (tmpl_u_isspace(c)) break;
@@ -417,8 +434,10 @@ static int split(struct trt *rt, const struct tstr *s, const struct tstr *sep, i
             piece = tv_s(r);
             if (tv_list_push(&rt->arena, l, piece) != 0) return tmpl_rt_oom(rt);
             if (!hit) break;
-            if (from_right) b = at;
-            else a = at + sep->n;
+            if (from_right)
+                b = at;
+            else
+                a = at + sep->n;
             done++;
             continue;
         }
@@ -496,8 +515,8 @@ int tmpl_str_method(struct trt *rt, const struct tstr *s, const char *m, struct 
         const struct tv *cnt = ARG(2, "count");
         if ((rv = need_str(rt, m, a0, false)) != 0 || (rv = need_str(rt, m, a1, false)) != 0)
             return rv;
-        return tmpl_str_replace(rt, s, a0->u.s, a1->u.s, cnt && tv_isint(*cnt) ? tv_asint(*cnt) : -1,
-                                out);
+        return tmpl_str_replace(rt, s, a0->u.s, a1->u.s,
+                                cnt && tv_isint(*cnt) ? tv_asint(*cnt) : -1, out);
     }
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "count")) {
         if ((rv = need_str(rt, m, a0, false)) != 0) return rv;
@@ -540,9 +559,9 @@ int tmpl_str_method(struct trt *rt, const struct tstr *s, const char *m, struct 
         for (size_t i = 0; i < s->n && all;) {
             uint32_t c;
             i += tmpl_u8_dec(s->p + i, s->n - i, &c);
-            all = m[2] == 'd' ? (c >= '0' && c <= '9')
-                : m[2] == 's' ? tmpl_u_isspace(c)
-                              : cp_cased(c);
+            all = m[2] == 'd'   ? (c >= '0' && c <= '9')
+                  : m[2] == 's' ? tmpl_u_isspace(c)
+                                : cp_cased(c);
         }
         *out = tv_bool(all);
         return 0;

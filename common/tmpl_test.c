@@ -38,100 +38,123 @@ static int render(const char *src, const char *vars, const struct tmpl_limits *l
     return rv;
 }
 
-static const char *unit_vars = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi  there\"}, "
-                               "{\"role\": \"assistant\", \"content\": \"Yo\"}], \"xs\": [1, 2, 3], "
-                               "\"d\": {\"a\": 1, \"b\": 2}, \"s\": \"hello\"}";
+static const char *unit_vars =
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi  there\"}, "
+    "{\"role\": \"assistant\", \"content\": \"Yo\"}], \"xs\": [1, 2, 3], "
+    "\"d\": {\"a\": 1, \"b\": 2}, \"s\": \"hello\"}";
 
 static const struct {
     const char *src, *want;
 } units[] = {
-    {"{{ 1.0 }} {{ 1e20 }} {{ 1e16 }} {{ 0.0001 }} {{ 1/3 }} {{ 10/2 }} {{ 7//2 }} {{ -7//2 }} {{ -7 % 3 }} {{ 2**10 }} {{ 2**-1 }} {{ 1e-5 }} {{ -0.0 }} {{ 0.1 + 0.2 }}",
-     "1.0 1e+20 1e+16 0.0001 0.3333333333333333 5.0 3 -4 2 1024 0.5 1e-05 -0.0 0.30000000000000004"},
-    {"{{ xs }} {{ d }} {{ none }} {{ true }} {{ (1,2) }} {{ (1,) }} {{ \"it's\" }} {{ [\"it's\", 'a\"b', \"x\\\ny\"] }}",
+    {"{{ 1.0 }} {{ 1e20 }} {{ 1e16 }} {{ 0.0001 }} {{ 1/3 }} {{ 10/2 }} {{ 7//2 }} {{ -7//2 }} {{ "
+     "-7 % 3 }} {{ 2**10 }} {{ 2**-1 }} {{ 1e-5 }} {{ -0.0 }} {{ 0.1 + 0.2 }}",
+     "1.0 1e+20 1e+16 0.0001 0.3333333333333333 5.0 3 -4 2 1024 0.5 1e-05 -0.0 "
+     "0.30000000000000004"},
+    {"{{ xs }} {{ d }} {{ none }} {{ true }} {{ (1,2) }} {{ (1,) }} {{ \"it's\" }} {{ [\"it's\", "
+     "'a\"b', \"x\\\ny\"] }}",
      "[1, 2, 3] {'a': 1, 'b': 2} None True (1, 2) (1,) it's [\"it's\", 'a\"b', 'xy']"},
     {"{% for x in foo %}a{% endfor %}{{ \"x\" in foo }}{{ foo }}{{ foo is defined }}{{ none.x }}",
      "FalseFalse"},
-    {"{% if false %}{{ x|nofilt }}{% endif %}ok",
-     "ok"},
-    {"{% set x = 1 %}{% for i in xs %}{{ x }}{% set x = 2 %}{% endfor %}{{ x }}",
-     "1111"},
-    {"{% macro m(a, b=2) %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}|{{ m(1, b=3) }}|{{ m(b=5, a=4) }}",
+    {"{% if false %}{{ x|nofilt }}{% endif %}ok", "ok"},
+    {"{% set x = 1 %}{% for i in xs %}{{ x }}{% set x = 2 %}{% endfor %}{{ x }}", "1111"},
+    {"{% macro m(a, b=2) %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}|{{ m(1, b=3) }}|{{ m(b=5, a=4) "
+     "}}",
      "12|13|45"},
     {"{% macro f(n) %}{% if n > 0 %}{{ n }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(3) }}",
      "321"},
-    {"{% set x = 1 %}{% macro m() %}{{ x }}{% endmacro %}{% set x = 2 %}{{ m() }}",
-     "2"},
-    {"{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set x %} hi {{ 1 }}{% endset %}[{{ x }}]",
-     "12[ hi 1]"},
-    {"{% set ns = namespace(a=1) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}",
-     "2"},
-    {"{{ \"a,b,c\".split(\",\", 1) }}{{ \"  x \".strip() }}{{ \"xxaxx\".strip(\"x\") }}{{ \"a b\".split() }}{{ \"a,b\".rsplit(\",\",1) }}{{ \" a b \".split(None, 1) }}",
+    {"{% set x = 1 %}{% macro m() %}{{ x }}{% endmacro %}{% set x = 2 %}{{ m() }}", "2"},
+    {"{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set x %} hi {{ 1 }}{% endset %}[{{ x }}]", "12[ hi 1]"},
+    {"{% set ns = namespace(a=1) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}", "2"},
+    {"{{ \"a,b,c\".split(\",\", 1) }}{{ \"  x \".strip() }}{{ \"xxaxx\".strip(\"x\") }}{{ \"a "
+     "b\".split() }}{{ \"a,b\".rsplit(\",\",1) }}{{ \" a b \".split(None, 1) }}",
      "['a', 'b,c']xa['a', 'b']['a', 'b']['a', 'b ']"},
-    {"{{ d.get(\"a\") }}{{ d.get(\"z\") }}{{ d.get(\"z\", 5) }}{{ d.keys()|list }}{{ d[\"a\"] }}{{ d.values()|list }}",
+    {"{{ d.get(\"a\") }}{{ d.get(\"z\") }}{{ d.get(\"z\", 5) }}{{ d.keys()|list }}{{ d[\"a\"] }}{{ "
+     "d.values()|list }}",
      "1None5['a', 'b']1[1, 2]"},
-    {"{{ xs|join(\", \") }}{{ xs|map(\"string\")|join }}{{ [{\"a\":1},{\"a\":2}]|map(attribute=\"a\")|list }}",
+    {"{{ xs|join(\", \") }}{{ xs|map(\"string\")|join }}{{ "
+     "[{\"a\":1},{\"a\":2}]|map(attribute=\"a\")|list }}",
      "1, 2, 3123[1, 2]"},
-    {"{{ [1,2,1]|unique|list }}{{ d|dictsort }}{{ d|items|list }}{{ \"x\"|default(\"y\") }}{{ \"\"|default(\"y\") }}{{ \"\"|default(\"y\", true) }}{{ u|d(\"z\") }}",
+    {"{{ [1,2,1]|unique|list }}{{ d|dictsort }}{{ d|items|list }}{{ \"x\"|default(\"y\") }}{{ "
+     "\"\"|default(\"y\") }}{{ \"\"|default(\"y\", true) }}{{ u|d(\"z\") }}",
      "[1, 2][('a', 1), ('b', 2)][('a', 1), ('b', 2)]xyz"},
-    {"{{ \"<a>\"|e }}{{ \"<a>\"|safe }}{{ \"a\nb\"|indent(2) }}|{{ \"a\nb\"|indent(2, true) }}|{{ \"a\n\nb\n\"|indent }}|{{ \"a\n\nb\"|indent(2, blank=true) }}",
+    {"{{ \"<a>\"|e }}{{ \"<a>\"|safe }}{{ \"a\nb\"|indent(2) }}|{{ \"a\nb\"|indent(2, true) }}|{{ "
+     "\"a\n\nb\n\"|indent }}|{{ \"a\n\nb\"|indent(2, blank=true) }}",
      "&lt;a&gt;<a>a\n  b|  a\n  b|a\n\n    b\n|a\n  \n  b"},
-    {"{{ 1 == 1.0 }}{{ \"1\" == 1 }}{{ [1] == [1] }}{{ true == 1 }}{{ none is none }}{{ 5 is divisibleby 5 }}{{ 3 is odd }}{{ 2 in xs }}{{ \"a\" is in \"abc\" }}{{ xs is sequence }}{{ d is mapping }}{{ s is iterable }}{{ 1 is number }}{{ true is boolean }}{{ 2 is even }}{{ 1 is eq 1 }}{{ 1 is ne 1 }}{{ u is undefined }}{{ true is true }}{{ false is false }}",
+    {"{{ 1 == 1.0 }}{{ \"1\" == 1 }}{{ [1] == [1] }}{{ true == 1 }}{{ none is none }}{{ 5 is "
+     "divisibleby 5 }}{{ 3 is odd }}{{ 2 in xs }}{{ \"a\" is in \"abc\" }}{{ xs is sequence }}{{ d "
+     "is mapping }}{{ s is iterable }}{{ 1 is number }}{{ true is boolean }}{{ 2 is even }}{{ 1 is "
+     "eq 1 }}{{ 1 is ne 1 }}{{ u is undefined }}{{ true is true }}{{ false is false }}",
      "TrueFalseTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueTrueFalseTrueTrueTrue"},
-    {"{% for a in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.previtem }}{{ loop.nextitem }}{{ loop.cycle(\"a\",\"b\") }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }},{% endfor %}",
+    {"{% for a in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.previtem }}{{ loop.nextitem }}{{ "
+     "loop.cycle(\"a\",\"b\") }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ "
+     "loop.last }}{{ loop.length }},{% endfor %}",
      "102a32TrueFalse3,2113b21FalseFalse3,322a10FalseTrue3,"},
-    {"{% for a in xs if a > 1 %}{{ loop.index }}/{{ loop.length }}{% else %}E{% endfor %}{% for a in [] %}x{% else %}E{% endfor %}",
+    {"{% for a in xs if a > 1 %}{{ loop.index }}/{{ loop.length }}{% else %}E{% endfor %}{% for a "
+     "in [] %}x{% else %}E{% endfor %}",
      "1/22/2E"},
-    {"{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}{% for c in \"héj\" %}[{{ c }}]{% endfor %}",
+    {"{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}{% "
+     "for c in \"héj\" %}[{{ c }}]{% endfor %}",
      "a=1;b=2;ab[h][é][j]"},
-    {"{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+    {"{% for i in range(5) %}{% if i == 1 %}{% continue %}{% endif %}{% if i == 3 %}{% break %}{% "
+     "endif %}{{ i }}{% endfor %}",
      "02"},
-    {"{{ \"%s-%d\" % (\"a\", 3) }}{{ \"%s\" % xs }}{{ \"%05.2f|%x|%-4s|\" % (3.14159, 255, \"ab\") }}{{ \"{}-{x}\".format(1, x=2) }}",
+    {"{{ \"%s-%d\" % (\"a\", 3) }}{{ \"%s\" % xs }}{{ \"%05.2f|%x|%-4s|\" % (3.14159, 255, \"ab\") "
+     "}}{{ \"{}-{x}\".format(1, x=2) }}",
      "a-3[1, 2, 3]03.14|ff|ab  |1-2"},
-    {"{{ xs|tojson }}{{ {\"a\":[1,{\"b\":none}], \"é\":1.5, \"c\": \"x\\ty\\u0001\"}|tojson(indent=2) }}{{ []|tojson(indent=2) }}{{ \"é<>&'\"|tojson }}{{ {\"k\": true, \"f\": 1.0}|tojson }}",
-     "[1, 2, 3]{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ],\n  \"é\": 1.5,\n  \"c\": \"x\\ty\\u0001\"\n}[]\"é<>&'\"{\"k\": true, \"f\": 1.0}"},
-    {"{{ s|center(11) }}|{{ \"a b  c\"|wordcount }}|{{ \"hello world-foo (bar\"|title }}|{{ \"hELLo\"|capitalize }}|{{ \"they're 1st\"|title }}|{{ \"they're 1st\".title() }}",
+    {"{{ xs|tojson }}{{ {\"a\":[1,{\"b\":none}], \"é\":1.5, \"c\": "
+     "\"x\\ty\\u0001\"}|tojson(indent=2) }}{{ []|tojson(indent=2) }}{{ \"é<>&'\"|tojson }}{{ "
+     "{\"k\": true, \"f\": 1.0}|tojson }}",
+     "[1, 2, 3]{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ],\n  \"é\": 1.5,\n  "
+     "\"c\": \"x\\ty\\u0001\"\n}[]\"é<>&'\"{\"k\": true, \"f\": 1.0}"},
+    {"{{ s|center(11) }}|{{ \"a b  c\"|wordcount }}|{{ \"hello world-foo (bar\"|title }}|{{ "
+     "\"hELLo\"|capitalize }}|{{ \"they're 1st\"|title }}|{{ \"they're 1st\".title() }}",
      "   hello   |3|Hello World-Foo (Bar|Hello|They're 1st|They'Re 1St"},
-    {"{{ xs|sum }}{{ xs|min }}{{ xs|max }}{{ [3,1,2]|sort }}{{ xs|reverse|list }}{{ xs|batch(2)|list }}{{ [\"b\",\"A\",\"a\"]|sort }}{{ [3,1,2]|sort(reverse=true) }}",
+    {"{{ xs|sum }}{{ xs|min }}{{ xs|max }}{{ [3,1,2]|sort }}{{ xs|reverse|list }}{{ "
+     "xs|batch(2)|list }}{{ [\"b\",\"A\",\"a\"]|sort }}{{ [3,1,2]|sort(reverse=true) }}",
      "613[1, 2, 3][3, 2, 1][[1, 2], [3]]['A', 'a', 'b'][3, 2, 1]"},
-    {"{{ 3.7|round }} {{ 3.14159|round(2) }} {{ 2.5|round }} {{ -3|abs }} {{ \"12\"|int }} {{ \"1.5\"|float }} {{ \"x\"|int }} {{ 3|float }} {{ 3|round }} {{ 2.675|round(2) }} {{ \"1.9\"|int }}",
+    {"{{ 3.7|round }} {{ 3.14159|round(2) }} {{ 2.5|round }} {{ -3|abs }} {{ \"12\"|int }} {{ "
+     "\"1.5\"|float }} {{ \"x\"|int }} {{ 3|float }} {{ 3|round }} {{ 2.675|round(2) }} {{ "
+     "\"1.9\"|int }}",
      "4.0 3.14 2.0 3 12 1.5 0 3.0 3 2.67 1"},
-    {"{{ s[1:3] }}{{ s[::-1] }}{{ s[-2:] }}{{ xs[::2] }}{{ xs[-1] }}{{ xs[10] }}|{{ s[1] }}{{ xs[1:] }}{{ s[:-1] }}{{ xs[::-2] }}{{ \"héllo\"[1:3] }}",
+    {"{{ s[1:3] }}{{ s[::-1] }}{{ s[-2:] }}{{ xs[::2] }}{{ xs[-1] }}{{ xs[10] }}|{{ s[1] }}{{ "
+     "xs[1:] }}{{ s[:-1] }}{{ xs[::-2] }}{{ \"héllo\"[1:3] }}",
      "elollehlo[1, 3]3|e[2, 3]hell[3, 1]él"},
-    {"{{ messages|selectattr(\"role\", \"equalto\", \"user\")|list }}{{ messages|rejectattr(\"role\", \"eq\", \"user\")|map(attribute=\"content\")|list }}{{ [0,1,2]|select|list }}{{ [0,1,2]|reject(\"odd\")|list }}",
+    {"{{ messages|selectattr(\"role\", \"equalto\", \"user\")|list }}{{ "
+     "messages|rejectattr(\"role\", \"eq\", \"user\")|map(attribute=\"content\")|list }}{{ "
+     "[0,1,2]|select|list }}{{ [0,1,2]|reject(\"odd\")|list }}",
      "[{'role': 'user', 'content': 'Hi  there'}]['Yo'][1, 2][0, 2]"},
-    {"{{ \"a\" ~ 1 ~ none ~ u }}{{ 1 + 2 * 3 - 4 / 2 }}{{ not 1 }}{{ 1 if 0 else 2 }}{{ 1 if 0 }}{{ -2**2 }}{{ 2 < 3 < 4 }}{{ 3 > 2 > 2 }}{{ 1 and 0 }}{{ 0 or \"x\" }}",
+    {"{{ \"a\" ~ 1 ~ none ~ u }}{{ 1 + 2 * 3 - 4 / 2 }}{{ not 1 }}{{ 1 if 0 else 2 }}{{ 1 if 0 "
+     "}}{{ -2**2 }}{{ 2 < 3 < 4 }}{{ 3 > 2 > 2 }}{{ 1 and 0 }}{{ 0 or \"x\" }}",
      "a1None5.0False24TrueFalse0x"},
-    {"{{ 'a\\d\n\\x41\\u00e9' }}{{ \"\\\"q\\\"\" }}{{ 'x' 'y' }}{{ True }}{{ None }}{{ [1, 2,] }}{{ {'a': 1,} }}",
+    {"{{ 'a\\d\n\\x41\\u00e9' }}{{ \"\\\"q\\\"\" }}{{ 'x' 'y' }}{{ True }}{{ None }}{{ [1, 2,] "
+     "}}{{ {'a': 1,} }}",
      "a\\d\nAé\"q\"xyTrueNone[1, 2]{'a': 1}"},
-    {"{%- if true -%}  A  {%- endif -%}  B",
-     "AB"},
-    {"  {% if true %}\n    x\n  {% endif %}\n",
-     "    x\n"},
-    {"{% for m in messages %}\n  {{ m.role }}\n{% endfor %}\n",
-     "  user\n  assistant\n"},
-    {"{# c #}\n  {# c2 #}\nq\n",
-     "q"},
-    {"{%+ if true %}a{% endif +%}\nb",
-     "a\nb"},
-    {"{{ \"x\" }}\n{{ \"y\" }}\n",
-     "x\ny"},
-    {"a  \n  {%- if true -%}  \n  b  \n  {%- endif -%}  \n  c",
-     "abc"},
-    {"\\t {% if true %}x{% endif %} \n{% if true %}\n y{% endif %}",
-     "\\t x \n y"},
-    {"{{ \"a\" }}   {%- set x = 1 %}   b{% raw %}{{ x }}{% endraw %}",
-     "a   b{{ x }}"},
-    {"{% filter upper %}up {{ s }}{% endfilter %}",
-     "UP HELLO"},
-    {"{{ messages[0].content.upper() }}{{ \"Ab\".lower() }}{{ \"ab\".startswith(\"a\") }}{{ \"ab\".endswith((\"x\",\"b\")) }}{{ \"abcabc\".find(\"c\") }}{{ \"abcabc\".count(\"bc\") }}{{ \"abc\".replace(\"b\", \"X\") }}{{ \"aaa\".replace(\"a\",\"b\",2) }}{{ \", \".join([\"a\", \"b\"]) }}",
+    {"{%- if true -%}  A  {%- endif -%}  B", "AB"},
+    {"  {% if true %}\n    x\n  {% endif %}\n", "    x\n"},
+    {"{% for m in messages %}\n  {{ m.role }}\n{% endfor %}\n", "  user\n  assistant\n"},
+    {"{# c #}\n  {# c2 #}\nq\n", "q"},
+    {"{%+ if true %}a{% endif +%}\nb", "a\nb"},
+    {"{{ \"x\" }}\n{{ \"y\" }}\n", "x\ny"},
+    {"a  \n  {%- if true -%}  \n  b  \n  {%- endif -%}  \n  c", "abc"},
+    {"\\t {% if true %}x{% endif %} \n{% if true %}\n y{% endif %}", "\\t x \n y"},
+    {"{{ \"a\" }}   {%- set x = 1 %}   b{% raw %}{{ x }}{% endraw %}", "a   b{{ x }}"},
+    {"{% filter upper %}up {{ s }}{% endfilter %}", "UP HELLO"},
+    {"{{ messages[0].content.upper() }}{{ \"Ab\".lower() }}{{ \"ab\".startswith(\"a\") }}{{ "
+     "\"ab\".endswith((\"x\",\"b\")) }}{{ \"abcabc\".find(\"c\") }}{{ \"abcabc\".count(\"bc\") "
+     "}}{{ \"abc\".replace(\"b\", \"X\") }}{{ \"aaa\".replace(\"a\",\"b\",2) }}{{ \", "
+     "\".join([\"a\", \"b\"]) }}",
      "HI  THEREabTrueTrue22aXcbbaa, b"},
-    {"{{ xs|first }}{{ xs|last }}{{ s|first }}{{ s|length }}{{ d|length }}{{ \"héé\"|length }}{{ []|first }}|{{ xs|count }}",
+    {"{{ xs|first }}{{ xs|last }}{{ s|first }}{{ s|length }}{{ d|length }}{{ \"héé\"|length }}{{ "
+     "[]|first }}|{{ xs|count }}",
      "13h523|3"},
-    {"{{ \"  a  \"|trim }}|{{ \"xxaxx\"|trim(\"x\") }}|{{ \"\\u3000a\\u00a0\"|trim }}|{{ \"ñandú ÉCOLE\".upper() }}{{ \"ΑΒΓ Привет\".lower() }}",
+    {"{{ \"  a  \"|trim }}|{{ \"xxaxx\"|trim(\"x\") }}|{{ \"\\u3000a\\u00a0\"|trim }}|{{ \"ñandú "
+     "ÉCOLE\".upper() }}{{ \"ΑΒΓ Привет\".lower() }}",
      "a|a|a|ÑANDÚ ÉCOLEαβγ привет"},
-    {"{{ range(3)|list }}{{ range(1,7,2)|list }}{{ range(5,0,-2)|list }}{{ strftime_now(\"%d %b %Y\") }}",
+    {"{{ range(3)|list }}{{ range(1,7,2)|list }}{{ range(5,0,-2)|list }}{{ strftime_now(\"%d %b "
+     "%Y\") }}",
      "[0, 1, 2][1, 3, 5][5, 3, 1]26 Jul 2024"},
-    {"{% set y = xs + [4] %}{{ y }}{{ xs * 2 }}{{ \"ab\" * 3 }}{{ \"%d%%\" % 5 }}{{ \"%(a)s\" % d }}{{ dict(a=1) }}",
+    {"{% set y = xs + [4] %}{{ y }}{{ xs * 2 }}{{ \"ab\" * 3 }}{{ \"%d%%\" % 5 }}{{ \"%(a)s\" % d "
+     "}}{{ dict(a=1) }}",
      "[1, 2, 3, 4][1, 2, 3, 1, 2, 3]ababab5%1{'a': 1}"},
 };
 
@@ -210,29 +233,35 @@ START_TEST(limits_stop_runaway_templates)
     lim.max_parse_depth = 50;
     char *out;
     ck_assert_int_eq(render("{% for i in range(200) %}{% for j in range(200) %}{% endfor %}"
-                            "{% endfor %}", NULL, &lim, &out), STRATA_ELIMIT);
+                            "{% endfor %}",
+                            NULL, &lim, &out),
+                     STRATA_ELIMIT);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "max_steps"));
-    ck_assert_int_eq(render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &lim,
-                            &out), STRATA_ELIMIT);
+    ck_assert_int_eq(
+        render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &lim, &out),
+        STRATA_ELIMIT);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "max_call_depth"));
     ck_assert_int_eq(render("{% for i in range(500) %}xxxxx{% endfor %}", NULL, &lim, &out),
                      STRATA_ELIMIT);
     ck_assert_int_eq(render("{{ 'x' * 100000000 }}", NULL, &lim, &out), STRATA_ELIMIT);
     ck_assert_int_eq(render("{% set ns = namespace(s='x') %}{% for i in range(40) %}"
-                            "{% set ns.s = ns.s + ns.s %}{% endfor %}", NULL, &lim, &out),
+                            "{% set ns.s = ns.s + ns.s %}{% endfor %}",
+                            NULL, &lim, &out),
                      STRATA_ELIMIT);
     ck_assert_int_eq(render("{{ range(100000000)|length }}", NULL, &lim, &out), STRATA_ELIMIT);
     char deep[400];
     memset(deep, 0, sizeof deep);
     strcpy(deep, "{{ ");
-    for (int i = 0; i < 120; i++) strcat(deep, "(");
+    for (int i = 0; i < 120; i++)
+        strcat(deep, "(");
     strcat(deep, "1");
-    for (int i = 0; i < 120; i++) strcat(deep, ")");
+    for (int i = 0; i < 120; i++)
+        strcat(deep, ")");
     strcat(deep, " }}");
     ck_assert_int_eq(render(deep, NULL, &lim, &out), STRATA_ELIMIT);
     /* within the limits the same shapes work */
-    ck_assert_int_eq(render("{% for i in range(100) %}{% endfor %}{{ 'x' * 10 }}", NULL, &lim,
-                            &out), 0);
+    ck_assert_int_eq(
+        render("{% for i in range(100) %}{% endfor %}{{ 'x' * 10 }}", NULL, &lim, &out), 0);
     ck_assert_str_eq(out, "xxxxxxxxxx");
     free(out);
     /* a list that contains itself prints and serialises into an error, not a crash */
@@ -265,8 +294,9 @@ START_TEST(named_templates_render_as_llama_cpp)
         {"gemma", "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
                   "Hello<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n"
                   "<start_of_turn>model\n"},
-        {"phi3", "<|system|>\nBe brief.<|end|>\n<|user|>\n Hi <|end|>\n<|assistant|>\nHello<|end|>\n"
-                 "<|user|>\nBye<|end|>\n<|assistant|>\n"},
+        {"phi3",
+         "<|system|>\nBe brief.<|end|>\n<|user|>\n Hi <|end|>\n<|assistant|>\nHello<|end|>\n"
+         "<|user|>\nBye<|end|>\n<|assistant|>\n"},
         {"deepseek3", "Be brief.\n\n<｜User｜> Hi <｜Assistant｜>Hello<｜end▁of▁sentence｜>"
                       "<｜User｜>Bye<｜Assistant｜>"},
     };
@@ -317,7 +347,8 @@ static bool run_case(const struct tmpl *t, const json_t *c, const char *file)
     json_t *vars = json_object();
     static const char *const keys[] = {"messages", "add_generation_prompt", "bos_token",
                                        "eos_token"};
-    for (size_t i = 0; i < 4; i++) json_object_set(vars, keys[i], json_object_get(c, keys[i]));
+    for (size_t i = 0; i < 4; i++)
+        json_object_set(vars, keys[i], json_object_get(c, keys[i]));
     json_object_update(vars, json_object_get(c, "extra"));
     char *out = NULL;
     size_t len;
@@ -390,7 +421,8 @@ static void split_both(enum tmpl_reason_style st, bool open, const char *text, c
     struct tmpl_reason_stream s;
     struct tmpl_reason_out o = {0};
     tmpl_reason_init(&s, st, open);
-    for (size_t i = 0; text[i]; i++) ck_assert_int_eq(tmpl_reason_feed(&s, text + i, 1, &o), 0);
+    for (size_t i = 0; text[i]; i++)
+        ck_assert_int_eq(tmpl_reason_feed(&s, text + i, 1, &o), 0);
     ck_assert_int_eq(tmpl_reason_finish(&s, &o), 0);
     ck_assert_msg(!strcmp(o.content, content), "streamed content [%s], want [%s]", o.content,
                   content);
@@ -404,8 +436,10 @@ START_TEST(reasoning_is_split_out)
     split_both(TMPL_REASON_THINK, false, "<think>\nLet me see.\n</think>\n\nParis.", "Paris.",
                "Let me see.");
     split_both(TMPL_REASON_THINK, true, "Let me see.</think>Paris.", "Paris.", "Let me see.");
-    split_both(TMPL_REASON_THINK, false, "Just an answer with </thin in it", "Just an answer "
-               "with </thin in it", "");
+    split_both(TMPL_REASON_THINK, false, "Just an answer with </thin in it",
+               "Just an answer "
+               "with </thin in it",
+               "");
     split_both(TMPL_REASON_THINK, false, "  <thinker>", "  <thinker>", "");
     split_both(TMPL_REASON_THINK, true, "still thinking <", "", "still thinking <");
     split_both(TMPL_REASON_NONE, false, "<think>x</think>y", "<think>x</think>y", "");
@@ -413,8 +447,10 @@ START_TEST(reasoning_is_split_out)
                "<|channel|>analysis<|message|>User asks. Easy.<|end|><|start|>assistant"
                "<|channel|>final<|message|>Paris.<|return|>",
                "Paris.", "User asks. Easy.");
-    split_both(TMPL_REASON_CHANNEL, true, "Think.<|end|><|start|>assistant<|channel|>final"
-               "<|message|>Done", "Done", "Think.");
+    split_both(TMPL_REASON_CHANNEL, true,
+               "Think.<|end|><|start|>assistant<|channel|>final"
+               "<|message|>Done",
+               "Done", "Think.");
     split_both(TMPL_REASON_CHANNEL, false, "plain text", "plain text", "");
 
     ck_assert_int_eq(tmpl_reason_style_of("{{ '<think>' }}", 14), TMPL_REASON_THINK);

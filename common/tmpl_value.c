@@ -67,7 +67,8 @@ int tbuf_add(struct tbuf *b, const void *p, size_t n)
                            b->limit);
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         char *q = realloc(b->p, cap);
         if (!q) return STRATA_ENOMEM;
         b->p = q;
@@ -91,7 +92,8 @@ int tbuf_printf(struct tbuf *b, const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof tmp) return strata_errf(STRATA_EINTERNAL, "tbuf_printf: %d", n);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return strata_errf(STRATA_EINTERNAL, "tbuf_printf: %d", n);
     return tbuf_add(b, tmp, (size_t)n);
 }
 
@@ -144,7 +146,8 @@ int tmpl_u8_enc(char *o, uint32_t c)
 size_t tmpl_u8_len(const char *p, size_t n)
 {
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += ((unsigned char)p[i] & 0xc0) != 0x80;
+    for (size_t i = 0; i < n; i++)
+        k += ((unsigned char)p[i] & 0xc0) != 0x80;
     return k;
 }
 
@@ -293,11 +296,21 @@ int tv_from_json(struct tmpl_arena *a, const json_t *j, struct tv *out)
         *out = tv_s(s);
         return 0;
     }
-    case JSON_INTEGER: *out = tv_int(json_integer_value(j)); return 0;
-    case JSON_REAL: *out = tv_float(json_real_value(j)); return 0;
-    case JSON_TRUE: *out = tv_bool(true); return 0;
-    case JSON_FALSE: *out = tv_bool(false); return 0;
-    default: *out = tv_none(); return 0;
+    case JSON_INTEGER:
+        *out = tv_int(json_integer_value(j));
+        return 0;
+    case JSON_REAL:
+        *out = tv_float(json_real_value(j));
+        return 0;
+    case JSON_TRUE:
+        *out = tv_bool(true);
+        return 0;
+    case JSON_FALSE:
+        *out = tv_bool(false);
+        return 0;
+    default:
+        *out = tv_none();
+        return 0;
     }
 }
 
@@ -307,31 +320,50 @@ bool tv_truthy(struct tv v)
 {
     switch (v.k) {
     case TV_UNDEF:
-    case TV_NONE: return false;
-    case TV_BOOL: return v.u.b;
-    case TV_INT: return v.u.i != 0;
-    case TV_FLOAT: return v.u.f != 0;
-    case TV_STR: return v.u.s->n > 0;
-    case TV_LIST: return v.u.l->n > 0;
-    case TV_DICT: return v.u.d->ns || v.u.d->n > 0;
-    default: return true;
+    case TV_NONE:
+        return false;
+    case TV_BOOL:
+        return v.u.b;
+    case TV_INT:
+        return v.u.i != 0;
+    case TV_FLOAT:
+        return v.u.f != 0;
+    case TV_STR:
+        return v.u.s->n > 0;
+    case TV_LIST:
+        return v.u.l->n > 0;
+    case TV_DICT:
+        return v.u.d->ns || v.u.d->n > 0;
+    default:
+        return true;
     }
 }
 
 const char *tv_typename(struct tv v)
 {
     switch (v.k) {
-    case TV_UNDEF: return "Undefined";
-    case TV_NONE: return "NoneType";
-    case TV_BOOL: return "bool";
-    case TV_INT: return "int";
-    case TV_FLOAT: return "float";
-    case TV_STR: return "str";
-    case TV_LIST: return v.u.l->tuple ? "tuple" : "list";
-    case TV_DICT: return v.u.d->ns ? "Namespace" : "dict";
-    case TV_MACRO: return "Macro";
-    case TV_LOOP: return "LoopContext";
-    default: return "function";
+    case TV_UNDEF:
+        return "Undefined";
+    case TV_NONE:
+        return "NoneType";
+    case TV_BOOL:
+        return "bool";
+    case TV_INT:
+        return "int";
+    case TV_FLOAT:
+        return "float";
+    case TV_STR:
+        return "str";
+    case TV_LIST:
+        return v.u.l->tuple ? "tuple" : "list";
+    case TV_DICT:
+        return v.u.d->ns ? "Namespace" : "dict";
+    case TV_MACRO:
+        return "Macro";
+    case TV_LOOP:
+        return "LoopContext";
+    default:
+        return "function";
     }
 }
 
@@ -345,8 +377,10 @@ bool tv_eq(struct tv a, struct tv b, int depth)
     if (a.k != b.k) return false;
     switch (a.k) {
     case TV_UNDEF:
-    case TV_NONE: return true;
-    case TV_STR: return a.u.s->n == b.u.s->n && memcmp(a.u.s->p, b.u.s->p, a.u.s->n) == 0;
+    case TV_NONE:
+        return true;
+    case TV_STR:
+        return a.u.s->n == b.u.s->n && memcmp(a.u.s->p, b.u.s->p, a.u.s->n) == 0;
     case TV_LIST:
         if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -360,10 +394,14 @@ bool tv_eq(struct tv a, struct tv b, int depth)
             if (!o || !tv_eq(a.u.d->v[i], *o, depth + 1)) return false;
         }
         return true;
-    case TV_MACRO: return a.u.m == b.u.m;
-    case TV_LOOP: return a.u.loop == b.u.loop;
-    case TV_FUNC: return a.u.fn == b.u.fn;
-    default: return false;
+    case TV_MACRO:
+        return a.u.m == b.u.m;
+    case TV_LOOP:
+        return a.u.loop == b.u.loop;
+    case TV_FUNC:
+        return a.u.fn == b.u.fn;
+    default:
+        return false;
     }
 }
 
@@ -415,7 +453,8 @@ int tv_write_float(struct tbuf *b, double f)
     const char *q = tmp + neg;
     for (; *q && *q != 'e'; q++)
         if (*q != '.') digits[nd++] = *q;
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
     int e = atoi(q + 1);
     char o[64];
     int k = 0;
@@ -424,19 +463,24 @@ int tv_write_float(struct tbuf *b, double f)
         o[k++] = digits[0];
         if (nd > 1) {
             o[k++] = '.';
-            for (int i = 1; i < nd; i++) o[k++] = digits[i];
+            for (int i = 1; i < nd; i++)
+                o[k++] = digits[i];
         }
         k += snprintf(o + k, sizeof o - (size_t)k, "e%c%02d", e < 0 ? '-' : '+', abs(e));
     } else if (e < 0) {
         o[k++] = '0';
         o[k++] = '.';
-        for (int i = 0; i < -e - 1; i++) o[k++] = '0';
-        for (int i = 0; i < nd; i++) o[k++] = digits[i];
+        for (int i = 0; i < -e - 1; i++)
+            o[k++] = '0';
+        for (int i = 0; i < nd; i++)
+            o[k++] = digits[i];
     } else {
-        for (int i = 0; i <= e; i++) o[k++] = i < nd ? digits[i] : '0';
+        for (int i = 0; i <= e; i++)
+            o[k++] = i < nd ? digits[i] : '0';
         o[k++] = '.';
         if (nd > e + 1)
-            for (int i = e + 1; i < nd; i++) o[k++] = digits[i];
+            for (int i = e + 1; i < nd; i++)
+                o[k++] = digits[i];
         else
             o[k++] = '0';
     }
@@ -453,11 +497,16 @@ static int repr_str(struct tbuf *b, const struct tstr *s)
         unsigned char c = (unsigned char)s->p[i];
         char e[8];
         const char *x = NULL;
-        if (c == '\\') x = "\\\\";
-        else if (c == '\n') x = "\\n";
-        else if (c == '\r') x = "\\r";
-        else if (c == '\t') x = "\\t";
-        else if (c == (unsigned char)quote) x = quote == '\'' ? "\\'" : "\\\"";
+        if (c == '\\')
+            x = "\\\\";
+        else if (c == '\n')
+            x = "\\n";
+        else if (c == '\r')
+            x = "\\r";
+        else if (c == '\t')
+            x = "\\t";
+        else if (c == (unsigned char)quote)
+            x = quote == '\'' ? "\\'" : "\\\"";
         else if (c < 0x20 || c == 0x7f) {
             snprintf(e, sizeof e, "\\x%02x", c);
             x = e;
@@ -475,12 +524,18 @@ static int write_value(struct tbuf *b, struct tv v, bool repr, int depth)
     if (depth > TV_MAX_DEPTH)
         return strata_errf(STRATA_ELIMIT, "values nested deeper than %d", TV_MAX_DEPTH);
     switch (v.k) {
-    case TV_UNDEF: return repr ? tbuf_puts(b, "Undefined") : 0;
-    case TV_NONE: return tbuf_puts(b, "None");
-    case TV_BOOL: return tbuf_puts(b, v.u.b ? "True" : "False");
-    case TV_INT: return tbuf_printf(b, "%" PRId64, v.u.i);
-    case TV_FLOAT: return tv_write_float(b, v.u.f);
-    case TV_STR: return repr ? repr_str(b, v.u.s) : tbuf_add(b, v.u.s->p, v.u.s->n);
+    case TV_UNDEF:
+        return repr ? tbuf_puts(b, "Undefined") : 0;
+    case TV_NONE:
+        return tbuf_puts(b, "None");
+    case TV_BOOL:
+        return tbuf_puts(b, v.u.b ? "True" : "False");
+    case TV_INT:
+        return tbuf_printf(b, "%" PRId64, v.u.i);
+    case TV_FLOAT:
+        return tv_write_float(b, v.u.f);
+    case TV_STR:
+        return repr ? repr_str(b, v.u.s) : tbuf_add(b, v.u.s->p, v.u.s->n);
     case TV_LIST: {
         const struct tlist *l = v.u.l;
         if ((rv = tbuf_puts(b, l->tuple ? "(" : "[")) != 0) return rv;
@@ -502,9 +557,12 @@ static int write_value(struct tbuf *b, struct tv v, bool repr, int depth)
         }
         return tbuf_puts(b, d->ns ? "}>" : "}");
     }
-    case TV_MACRO: return tbuf_puts(b, "<Macro>");
-    case TV_LOOP: return tbuf_puts(b, "<LoopContext>");
-    default: return tbuf_puts(b, "<built-in function>");
+    case TV_MACRO:
+        return tbuf_puts(b, "<Macro>");
+    case TV_LOOP:
+        return tbuf_puts(b, "<LoopContext>");
+    default:
+        return tbuf_puts(b, "<built-in function>");
     }
 }
 
@@ -529,14 +587,29 @@ static int json_str(struct tbuf *b, const char *p, size_t n)
         if ((rv = tbuf_add(b, p + run, i - run)) != 0) return rv;
         run = i + 1;
         switch (c) {
-        case '"': rv = tbuf_puts(b, "\\\""); break;
-        case '\\': rv = tbuf_puts(b, "\\\\"); break;
-        case '\n': rv = tbuf_puts(b, "\\n"); break;
-        case '\r': rv = tbuf_puts(b, "\\r"); break;
-        case '\t': rv = tbuf_puts(b, "\\t"); break;
-        case '\b': rv = tbuf_puts(b, "\\b"); break;
-        case '\f': rv = tbuf_puts(b, "\\f"); break;
-        default: rv = tbuf_printf(b, "\\u%04x", c);
+        case '"':
+            rv = tbuf_puts(b, "\\\"");
+            break;
+        case '\\':
+            rv = tbuf_puts(b, "\\\\");
+            break;
+        case '\n':
+            rv = tbuf_puts(b, "\\n");
+            break;
+        case '\r':
+            rv = tbuf_puts(b, "\\r");
+            break;
+        case '\t':
+            rv = tbuf_puts(b, "\\t");
+            break;
+        case '\b':
+            rv = tbuf_puts(b, "\\b");
+            break;
+        case '\f':
+            rv = tbuf_puts(b, "\\f");
+            break;
+        default:
+            rv = tbuf_printf(b, "\\u%04x", c);
         }
         if (rv) return rv;
     }
@@ -547,7 +620,8 @@ static int json_str(struct tbuf *b, const char *p, size_t n)
 static int json_newline(struct tbuf *b, int indent, int level)
 {
     int rv = tbuf_add(b, "\n", 1);
-    for (int i = 0; !rv && i < indent * level; i++) rv = tbuf_add(b, " ", 1);
+    for (int i = 0; !rv && i < indent * level; i++)
+        rv = tbuf_add(b, " ", 1);
     return rv;
 }
 
@@ -564,13 +638,21 @@ static int json_key(struct tbuf *b, struct tv k)
     struct tbuf t = {.limit = b->limit};
     int rv;
     switch (k.k) {
-    case TV_STR: return json_str(b, k.u.s->p, k.u.s->n);
-    case TV_BOOL: return json_str(b, k.u.b ? "true" : "false", k.u.b ? 4 : 5);
-    case TV_NONE: return json_str(b, "null", 4);
-    case TV_INT: rv = tbuf_printf(&t, "%" PRId64, k.u.i); break;
-    case TV_FLOAT: rv = json_float(&t, k.u.f); break;
+    case TV_STR:
+        return json_str(b, k.u.s->p, k.u.s->n);
+    case TV_BOOL:
+        return json_str(b, k.u.b ? "true" : "false", k.u.b ? 4 : 5);
+    case TV_NONE:
+        return json_str(b, "null", 4);
+    case TV_INT:
+        rv = tbuf_printf(&t, "%" PRId64, k.u.i);
+        break;
+    case TV_FLOAT:
+        rv = json_float(&t, k.u.f);
+        break;
     default:
-        return strata_errf(STRATA_EINVAL, "tojson: keys must be str, int, float, bool or None, not %s",
+        return strata_errf(STRATA_EINVAL,
+                           "tojson: keys must be str, int, float, bool or None, not %s",
                            tv_typename(k));
     }
     if (!rv) rv = json_str(b, t.p, t.n);
@@ -584,11 +666,16 @@ int tv_tojson(struct tbuf *b, struct tv v, int indent, int level)
     if (level > TV_MAX_DEPTH)
         return strata_errf(STRATA_ELIMIT, "tojson: values nested deeper than %d", TV_MAX_DEPTH);
     switch (v.k) {
-    case TV_NONE: return tbuf_puts(b, "null");
-    case TV_BOOL: return tbuf_puts(b, v.u.b ? "true" : "false");
-    case TV_INT: return tbuf_printf(b, "%" PRId64, v.u.i);
-    case TV_FLOAT: return json_float(b, v.u.f);
-    case TV_STR: return json_str(b, v.u.s->p, v.u.s->n);
+    case TV_NONE:
+        return tbuf_puts(b, "null");
+    case TV_BOOL:
+        return tbuf_puts(b, v.u.b ? "true" : "false");
+    case TV_INT:
+        return tbuf_printf(b, "%" PRId64, v.u.i);
+    case TV_FLOAT:
+        return json_float(b, v.u.f);
+    case TV_STR:
+        return json_str(b, v.u.s->p, v.u.s->n);
     case TV_LIST:
     case TV_DICT: {
         bool list = v.k == TV_LIST;
@@ -609,7 +696,8 @@ int tv_tojson(struct tbuf *b, struct tv v, int indent, int level)
         if (indent >= 0 && (rv = json_newline(b, indent, level)) != 0) return rv;
         return tbuf_puts(b, list ? "]" : "}");
     }
-    default: break;
+    default:
+        break;
     }
     return strata_errf(STRATA_EINVAL, "tojson: Object of type %s is not JSON serializable",
                        tv_typename(v));

@@ -12,12 +12,13 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: strata template NAME|FILE.jinja [--date YYYY-MM-DD] < case.json\n"
-               "  Renders a chat template (a file, or a built-in: %s) for the conversation\n"
-               "  read from stdin: {\"messages\": [...], \"add_generation_prompt\": true,\n"
-               "  \"bos_token\": \"..\", \"eos_token\": \"..\", \"extra\": {...}}. The keys of\n"
-               "  \"extra\" become template variables too.\n"
-               "  --date  the date strftime_now() formats (default: today)\n",
+    fprintf(f,
+            "usage: strata template NAME|FILE.jinja [--date YYYY-MM-DD] < case.json\n"
+            "  Renders a chat template (a file, or a built-in: %s) for the conversation\n"
+            "  read from stdin: {\"messages\": [...], \"add_generation_prompt\": true,\n"
+            "  \"bos_token\": \"..\", \"eos_token\": \"..\", \"extra\": {...}}. The keys of\n"
+            "  \"extra\" become template variables too.\n"
+            "  --date  the date strftime_now() formats (default: today)\n",
             tmpl_named_list());
 }
 
@@ -108,5 +109,7 @@ done:
     return status;
 }
 
-const struct strata_cmd strata_cmd_template = {"template", "render a chat template for a "
-                                                           "conversation on stdin", run};
+const struct strata_cmd strata_cmd_template = {"template",
+                                               "render a chat template for a "
+                                               "conversation on stdin",
+                                               run};
