@@ -8,6 +8,7 @@
 #include "tests/testutil.h"
 
 #include <dirent.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,6 +462,54 @@ START_TEST(reasoning_is_split_out)
 }
 END_TEST
 
+/* sh runs a shell command line; returns its exit status. */
+static int sh(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(command_renders_stdin_case)
+{
+    const char *build = getenv("STRATA_BUILD_DIR"), *dir = test_tmpdir();
+    if (!build) {
+        printf("SKIP command_renders_stdin_case: STRATA_BUILD_DIR is unset (run under ctest)\n");
+        return;
+    }
+    char cmd[8192], path[4096];
+    snprintf(path, sizeof path, "%s/case.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"name\": \"x\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+          "\"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"extra\": {\"d\": 1}}",
+          f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/strata template chatml < %s > %s/out.txt", build, path, dir);
+    ck_assert_int_eq(sh(cmd), 0);
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    size_t len;
+    char *out = test_read_file(path, &len);
+    ck_assert_str_eq(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    free(out);
+
+    snprintf(path, sizeof path, "%s/bad.jinja", dir);
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{{ bos_token }}\n{{ strftime_now('%Y-%m-%d') }}{{ d + 'x' }}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s/strata template %s --date 2025-01-02 < %s/case.json > %s/o.txt "
+             "2> %s/err.txt",
+             build, path, dir, dir, dir);
+    ck_assert_int_eq(sh(cmd), 1);
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    out = test_read_file(path, &len);
+    ck_assert_msg(strstr(out, "line 2: unsupported operand") && strstr(out, "2 | {{ strftime"),
+                  "stderr: %s", out);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tmpl");
@@ -472,6 +521,7 @@ int main(void)
     tcase_add_test(tc, named_templates_render_as_llama_cpp);
     tcase_add_test(tc, load_takes_a_name_or_a_file);
     tcase_add_test(tc, reasoning_is_split_out);
+    tcase_add_test(tc, command_renders_stdin_case);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("golden");
     tcase_set_timeout(gold, 30);

@@ -14,10 +14,11 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: strata template NAME|FILE.jinja [--date YYYY-MM-DD] < case.json\n"
-            "  Renders a chat template (a file, or a built-in: %s) for the conversation\n"
-            "  read from stdin: {\"messages\": [...], \"add_generation_prompt\": true,\n"
-            "  \"bos_token\": \"..\", \"eos_token\": \"..\", \"extra\": {...}}. The keys of\n"
-            "  \"extra\" become template variables too.\n"
+            "  Renders a chat template file or built-in template for the conversation read\n"
+            "  from stdin: {\"messages\": [...], \"add_generation_prompt\": true,\n"
+            "  \"bos_token\": \"..\", \"eos_token\": \"..\", \"extra\": {...}}; the keys of\n"
+            "  \"extra\" become template variables too. Prints the rendering, nothing added.\n"
+            "  built-in: %s\n"
             "  --date  the date strftime_now() formats (default: today)\n",
             tmpl_named_list());
 }
@@ -44,6 +45,36 @@ static int case_vars(const json_t *c, json_t **out)
 oom:
     json_decref(v);
     return STRATA_ENOMEM;
+}
+
+/* show_line prints the template line an error detail ("line N: ...") names, to stderr. */
+static void show_line(const char *spec)
+{
+    int line;
+    if (sscanf(strata_errdetail(), "line %d:", &line) != 1 || line < 1) return;
+    const char *src;
+    char *text = NULL;
+    if (tmpl_named(spec, &src) != 0) {
+        FILE *f = fopen(spec, "rb");
+        size_t cap = 0;
+        if (!f) return;
+        ssize_t n = getdelim(&text, &cap, 0, f); /* the whole file: templates hold no NUL */
+        fclose(f);
+        if (n < 0) {
+            free(text);
+            return;
+        }
+        src = text;
+    }
+    for (int k = 1; k < line && src; k++) {
+        src = strchr(src, '\n');
+        if (src) src++;
+    }
+    if (src) {
+        size_t n = strcspn(src, "\r\n");
+        fprintf(stderr, "  %d | %.*s\n", line, (int)(n > 200 ? 200 : n), src);
+    }
+    free(text);
 }
 
 static int run(int argc, char **argv)
@@ -83,6 +114,7 @@ static int run(int argc, char **argv)
     int rv, status = 1;
     if ((rv = tmpl_load(spec, NULL, &t)) != 0) {
         strata_cmd_fail("template", spec, rv);
+        show_line(spec);
         goto done;
     }
     if (date) tmpl_set_now(t, mktime(&tm));
@@ -98,6 +130,7 @@ static int run(int argc, char **argv)
     }
     if ((rv = tmpl_render_json(t, vars, &out, &len)) != 0) {
         strata_cmd_fail("template", spec, rv);
+        show_line(spec);
         goto done;
     }
     status = fwrite(out, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : 1;
