@@ -22,12 +22,12 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define HEADER_BYTES   24 /* magic, version, n_tensors, n_kv */
-#define MIN_KV_BYTES   13 /* key length, a 1-byte key, type, a 1-byte value */
+#define HEADER_BYTES    24 /* magic, version, n_tensors, n_kv */
+#define MIN_KV_BYTES    13 /* key length, a 1-byte key, type, a 1-byte value */
 #define MIN_TINFO_BYTES 33 /* name length, a 1-byte name, n_dims, one dim, type, offset */
 
 static const char *const vtype_names[GGUF_VTYPE_COUNT] = {
-    "uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+    "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
     "bool",  "string", "array",  "uint64", "int64",  "float64",
 };
 static const uint8_t vtype_sizes[GGUF_VTYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -57,7 +57,8 @@ static uint64_t round_up(uint64_t x, uint64_t align)
     return (x + align - 1) / align * align;
 }
 
-/* quote copies a name from a hostile file into buf for a message: printable ASCII only, cut at 80. */
+/* quote copies a name from a hostile file into buf for a message: printable ASCII only, cut at 80.
+ */
 static const char *quote(char *buf, size_t cap, const char *s, uint64_t len)
 {
     size_t n = 0;
@@ -74,7 +75,8 @@ static const char *quote(char *buf, size_t cap, const char *s, uint64_t len)
     return buf;
 }
 
-/* ---- name index: open addressing over an array of structs whose first member is `char *name` --- */
+/* ---- name index: open addressing over an array of structs whose first member is `char *name` ---
+ */
 
 struct nidx {
     uint64_t *slot; /* index + 1; 0 = empty */
@@ -91,13 +93,16 @@ static int nidx_reserve(struct nidx *x, const void *base, size_t stride, uint64_
 {
     if (x->slot && n * 2 <= x->mask + 1) return 0;
     uint64_t cap = 16;
-    while (cap < n * 2) cap *= 2;
+    while (cap < n * 2)
+        cap *= 2;
     uint64_t *slot = calloc(cap, sizeof *slot);
-    if (!slot) return strata_errf(STRATA_ENOMEM, "no memory for a name index of %" PRIu64 " slots", cap);
+    if (!slot)
+        return strata_errf(STRATA_ENOMEM, "no memory for a name index of %" PRIu64 " slots", cap);
     for (uint64_t i = 0; i < have; i++) {
         const char *s = nidx_name(base, stride, i);
         uint64_t h = XXH3_64bits(s, strlen(s)) & (cap - 1);
-        while (slot[h]) h = (h + 1) & (cap - 1);
+        while (slot[h])
+            h = (h + 1) & (cap - 1);
         slot[h] = i + 1;
     }
     free(x->slot);
@@ -118,7 +123,8 @@ static int64_t nidx_find(const uint64_t *slot, uint64_t mask, const void *base, 
     return -1;
 }
 
-/* nidx_add adds entry i (room reserved) and returns -1, or the index of an entry of the same name. */
+/* nidx_add adds entry i (room reserved) and returns -1, or the index of an entry of the same name.
+ */
 static int64_t nidx_add(struct nidx *x, const void *base, size_t stride, uint64_t i)
 {
     const char *name = nidx_name(base, stride, i);
@@ -149,7 +155,8 @@ static uint64_t rd_left(const struct rd *r)
 static int rd_need(const struct rd *r, uint64_t n, const char *what, const char *who)
 {
     if (n <= rd_left(r)) return 0;
-    return strata_errf(STRATA_ETRUNC, "%s: offset %" PRIu64 ": %s of %s needs %" PRIu64
+    return strata_errf(STRATA_ETRUNC,
+                       "%s: offset %" PRIu64 ": %s of %s needs %" PRIu64
                        " bytes but the file ends at %" PRIu64,
                        r->file, r->off, what, who, n, r->size);
 }
@@ -170,7 +177,8 @@ static int rd_str(struct rd *r, const char *what, const char *who, struct gguf_s
     uint64_t at = r->off;
     uint64_t len = rd_uint(r, 8);
     if (len > rd_left(r))
-        return strata_errf(STRATA_ETRUNC, "%s: offset %" PRIu64 ": %s of %s claims %" PRIu64
+        return strata_errf(STRATA_ETRUNC,
+                           "%s: offset %" PRIu64 ": %s of %s claims %" PRIu64
                            " bytes but only %" PRIu64 " remain",
                            r->file, at, what, who, len, rd_left(r));
     out->ptr = (const char *)r->p + r->off;
@@ -191,11 +199,13 @@ static int rd_name(struct rd *r, const char *what, const char *who, char **out)
                            what, who);
     if (memchr(s.ptr, 0, s.len)) {
         char q[100];
-        return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": %s of %s ('%s') contains a NUL byte",
-                           r->file, at, what, who, quote(q, sizeof q, s.ptr, s.len));
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset %" PRIu64 ": %s of %s ('%s') contains a NUL byte", r->file,
+                           at, what, who, quote(q, sizeof q, s.ptr, s.len));
     }
     char *name = malloc(s.len + 1);
-    if (!name) return strata_errf(STRATA_ENOMEM, "no memory for a name of %" PRIu64 " bytes", s.len);
+    if (!name)
+        return strata_errf(STRATA_ENOMEM, "no memory for a name of %" PRIu64 " bytes", s.len);
     memcpy(name, s.ptr, s.len);
     name[s.len] = '\0';
     *out = name;
@@ -209,7 +219,8 @@ static void value_free(struct gguf_value *v, bool owned)
     if (v->type == GGUF_STRING && owned) free((void *)v->str.ptr);
     if (v->type != GGUF_ARRAY) return;
     if (v->arr.items)
-        for (uint64_t i = 0; i < v->arr.n; i++) value_free(&v->arr.items[i], owned);
+        for (uint64_t i = 0; i < v->arr.n; i++)
+            value_free(&v->arr.items[i], owned);
     free(v->arr.items);
     if (owned) free((void *)v->arr.raw);
     v->arr.items = NULL;
@@ -225,10 +236,18 @@ static void decode_scalar(enum gguf_vtype t, uint64_t bits, struct gguf_value *v
 {
     v->type = t;
     switch (t) {
-    case GGUF_INT8: v->i = (int8_t)bits; break;
-    case GGUF_INT16: v->i = (int16_t)bits; break;
-    case GGUF_INT32: v->i = (int32_t)bits; break;
-    case GGUF_INT64: v->i = (int64_t)bits; break;
+    case GGUF_INT8:
+        v->i = (int8_t)bits;
+        break;
+    case GGUF_INT16:
+        v->i = (int16_t)bits;
+        break;
+    case GGUF_INT32:
+        v->i = (int32_t)bits;
+        break;
+    case GGUF_INT64:
+        v->i = (int64_t)bits;
+        break;
     case GGUF_FLOAT32: {
         float f;
         uint32_t b = (uint32_t)bits;
@@ -236,9 +255,15 @@ static void decode_scalar(enum gguf_vtype t, uint64_t bits, struct gguf_value *v
         v->f = f;
         break;
     }
-    case GGUF_FLOAT64: memcpy(&v->f, &bits, 8); break;
-    case GGUF_BOOL: v->b = bits != 0; break;
-    default: v->u = bits; break;
+    case GGUF_FLOAT64:
+        memcpy(&v->f, &bits, 8);
+        break;
+    case GGUF_BOOL:
+        v->b = bits != 0;
+        break;
+    default:
+        v->u = bits;
+        break;
     }
 }
 
@@ -252,15 +277,19 @@ static int rd_array(struct rd *r, int depth, const char *who, struct gguf_value 
     uint32_t elem = (uint32_t)rd_uint(r, 4);
     uint64_t n = rd_uint(r, 8);
     if (elem >= GGUF_VTYPE_COUNT)
-        return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": array of %s has unknown element type %u",
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset %" PRIu64 ": array of %s has unknown element type %u",
                            r->file, at, who, elem);
     if (elem == GGUF_ARRAY && depth >= GGUF_MAX_DEPTH)
-        return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": arrays of %s nest deeper than %d levels",
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset %" PRIu64 ": arrays of %s nest deeper than %d levels",
                            r->file, at, who, GGUF_MAX_DEPTH);
     uint64_t min = elem == GGUF_STRING ? 8 : elem == GGUF_ARRAY ? 12 : vtype_sizes[elem];
     if (n > rd_left(r) / min)
-        return strata_errf(STRATA_ETRUNC, "%s: offset %" PRIu64 ": array of %s declares %" PRIu64
-                           " %s elements but only %" PRIu64 " bytes remain (each needs %" PRIu64 ")",
+        return strata_errf(STRATA_ETRUNC,
+                           "%s: offset %" PRIu64 ": array of %s declares %" PRIu64
+                           " %s elements but only %" PRIu64 " bytes remain (each needs %" PRIu64
+                           ")",
                            r->file, at, who, n, vtype_names[elem], rd_left(r), min);
     v->arr.type = (enum gguf_vtype)elem;
     v->arr.n = 0;
@@ -271,7 +300,8 @@ static int rd_array(struct rd *r, int depth, const char *who, struct gguf_value 
         if (elem == GGUF_BOOL)
             for (uint64_t i = 0; i < n; i++)
                 if (raw[i] > 1)
-                    return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": bool element %" PRIu64
+                    return strata_errf(STRATA_EFORMAT,
+                                       "%s: offset %" PRIu64 ": bool element %" PRIu64
                                        " of %s is %u, not 0 or 1",
                                        r->file, r->off + i, i, who, raw[i]);
         v->arr.raw = raw;
@@ -309,8 +339,9 @@ static int rd_value(struct rd *r, enum gguf_vtype type, int depth, const char *w
     uint64_t at = r->off;
     uint64_t u = rd_uint(r, n);
     if (type == GGUF_BOOL && u > 1)
-        return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": bool %s is %" PRIu64 ", not 0 or 1",
-                           r->file, at, who, u);
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset %" PRIu64 ": bool %s is %" PRIu64 ", not 0 or 1", r->file,
+                           at, who, u);
     decode_scalar(type, u, v);
     return 0;
 }
@@ -344,42 +375,56 @@ static const struct gguf_kv *kv_find(const struct gguf_kv *kv, uint64_t n, const
 static int rd_header(struct rd *r, struct part *pt, uint64_t *n_tensors, uint64_t *n_kv_out)
 {
     if (r->size < HEADER_BYTES)
-        return strata_errf(STRATA_ETRUNC, "%s: %" PRIu64 " bytes is too short for a GGUF header (%d bytes)",
+        return strata_errf(STRATA_ETRUNC,
+                           "%s: %" PRIu64 " bytes is too short for a GGUF header (%d bytes)",
                            r->file, r->size, HEADER_BYTES);
     uint32_t magic = (uint32_t)rd_uint(r, 4);
     if (magic != GGUF_MAGIC)
-        return strata_errf(STRATA_EFORMAT, "%s: offset 0: magic is 0x%08x, not 0x%08x (\"GGUF\"): not a GGUF file",
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset 0: magic is 0x%08x, not 0x%08x (\"GGUF\"): not a GGUF file",
                            r->file, magic, GGUF_MAGIC);
     uint32_t version = (uint32_t)rd_uint(r, 4);
     if (version == 1)
-        return strata_errf(STRATA_EUNSUPPORTED, "%s: offset 4: GGUF version 1 is not supported (only 2 and 3): "
-                           "convert the file with a current llama.cpp", r->file);
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "%s: offset 4: GGUF version 1 is not supported (only 2 and 3): "
+                           "convert the file with a current llama.cpp",
+                           r->file);
     if (version != 2 && version != 3) {
         if (__builtin_bswap32(version) >= 1 && __builtin_bswap32(version) <= 3)
-            return strata_errf(STRATA_EUNSUPPORTED, "%s: offset 4: version field reads 0x%08x: this is a "
-                               "big-endian GGUF file; strata reads little-endian files only", r->file, version);
-        return strata_errf(STRATA_EUNSUPPORTED, "%s: offset 4: GGUF version %u is not supported (only 2 and 3)",
-                           r->file, version);
+            return strata_errf(STRATA_EUNSUPPORTED,
+                               "%s: offset 4: version field reads 0x%08x: this is a "
+                               "big-endian GGUF file; strata reads little-endian files only",
+                               r->file, version);
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "%s: offset 4: GGUF version %u is not supported (only 2 and 3)", r->file,
+                           version);
     }
     pt->version = version;
     *n_tensors = rd_uint(r, 8);
     uint64_t n_kv = rd_uint(r, 8);
     if (n_kv > rd_left(r) / MIN_KV_BYTES)
-        return strata_errf(STRATA_ETRUNC, "%s: offset 16: header declares %" PRIu64 " KV pairs but only %" PRIu64
-                           " bytes follow (each needs at least %d)", r->file, n_kv, rd_left(r), MIN_KV_BYTES);
+        return strata_errf(STRATA_ETRUNC,
+                           "%s: offset 16: header declares %" PRIu64 " KV pairs but only %" PRIu64
+                           " bytes follow (each needs at least %d)",
+                           r->file, n_kv, rd_left(r), MIN_KV_BYTES);
     *n_kv_out = n_kv;
     return 0;
 }
 
 /* check_alignment takes general.alignment (the KV at offset at) as pt's alignment. */
-static int check_alignment(const struct rd *r, uint64_t at, const struct gguf_value *v, struct part *pt)
+static int check_alignment(const struct rd *r, uint64_t at, const struct gguf_value *v,
+                           struct part *pt)
 {
     if (v->type != GGUF_UINT32)
-        return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": general.alignment has type %s; it must be uint32",
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset %" PRIu64
+                           ": general.alignment has type %s; it must be uint32",
                            r->file, at, gguf_vtype_name(v->type));
     if (v->u == 0 || (v->u & (v->u - 1)) != 0)
-        return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": general.alignment is %" PRIu64
-                           "; it must be a nonzero power of two", r->file, at, v->u);
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: offset %" PRIu64 ": general.alignment is %" PRIu64
+                           "; it must be a nonzero power of two",
+                           r->file, at, v->u);
     pt->alignment = (uint32_t)v->u;
     return 0;
 }
@@ -402,7 +447,8 @@ static int rd_kvs(struct rd *r, uint64_t n, struct part *pt)
         snprintf(who, sizeof who, "KV '%s'", quote(q, sizeof q, kv->key, strlen(kv->key)));
         int64_t dup = nidx_add(&idx, pt->kv, sizeof *pt->kv, i);
         if (dup >= 0) {
-            rv = strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": duplicate key: %s repeats KV #%" PRId64,
+            rv = strata_errf(STRATA_EFORMAT,
+                             "%s: offset %" PRIu64 ": duplicate key: %s repeats KV #%" PRId64,
                              r->file, at, who, dup);
             goto fail;
         }
@@ -413,7 +459,8 @@ static int rd_kvs(struct rd *r, uint64_t n, struct part *pt)
             kv->val.type = GGUF_VTYPE_COUNT;
             goto fail;
         }
-        if (strcmp(kv->key, "general.alignment") == 0 && (rv = check_alignment(r, at, &kv->val, pt)) != 0)
+        if (strcmp(kv->key, "general.alignment") == 0 &&
+            (rv = check_alignment(r, at, &kv->val, pt)) != 0)
             goto fail;
     }
     free(idx.slot);
@@ -438,7 +485,8 @@ static int rd_tinfo(struct rd *r, uint64_t i, uint32_t alignment, struct gguf_te
     if ((rv = rd_need(r, 4, "dimension count", who)) != 0) goto fail;
     t->n_dims = (uint32_t)rd_uint(r, 4);
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": %s has %u dimensions; it must have 1 to %d",
+        rv = strata_errf(STRATA_EFORMAT,
+                         "%s: offset %" PRIu64 ": %s has %u dimensions; it must have 1 to %d",
                          r->file, at, who, t->n_dims, GGUF_MAX_DIMS);
         goto fail;
     }
@@ -451,12 +499,16 @@ static int rd_tinfo(struct rd *r, uint64_t i, uint32_t alignment, struct gguf_te
         int64_t ne = (int64_t)rd_uint(r, 8);
         /* ggml accepts 0, but no model holds an empty tensor and every consumer divides by dims. */
         if (ne < 1) {
-            rv = strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": %s dimension %u is %" PRId64 "; it must be >= 1",
+            rv = strata_errf(STRATA_EFORMAT,
+                             "%s: offset %" PRIu64 ": %s dimension %u is %" PRId64
+                             "; it must be >= 1",
                              r->file, at, who, d, ne);
             goto fail;
         }
         if ((uint64_t)ne > (uint64_t)INT64_MAX / elems) {
-            rv = strata_errf(STRATA_EOVERFLOW, "%s: offset %" PRIu64 ": %s element count overflows int64 at dimension %u (%" PRId64 ")",
+            rv = strata_errf(STRATA_EOVERFLOW,
+                             "%s: offset %" PRIu64
+                             ": %s element count overflows int64 at dimension %u (%" PRId64 ")",
                              r->file, at, who, d, ne);
             goto fail;
         }
@@ -467,12 +519,15 @@ static int rd_tinfo(struct rd *r, uint64_t i, uint32_t alignment, struct gguf_te
     t->type = (uint32_t)rd_uint(r, 4);
     const struct qtype_info *qt = qtype_get(t->type);
     if (!qt) {
-        rv = strata_errf(STRATA_EUNSUPPORTED, "%s: offset %" PRIu64 ": %s has unknown tensor type %u: "
-                         "a newer ggml type this strata does not know", r->file, at, who, t->type);
+        rv = strata_errf(STRATA_EUNSUPPORTED,
+                         "%s: offset %" PRIu64 ": %s has unknown tensor type %u: "
+                         "a newer ggml type this strata does not know",
+                         r->file, at, who, t->type);
         goto fail;
     }
     if (t->ne[0] % qt->blck) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": %s row length %" PRIu64
+        rv = strata_errf(STRATA_EFORMAT,
+                         "%s: offset %" PRIu64 ": %s row length %" PRIu64
                          " is not a multiple of the %s block size %u",
                          r->file, at, who, t->ne[0], qt->name, qt->blck);
         goto fail;
@@ -480,7 +535,9 @@ static int rd_tinfo(struct rd *r, uint64_t i, uint32_t alignment, struct gguf_te
     /* elems fits int64 and bytes per block <= 292 < 2^9, so the product needs only this check. */
     uint64_t blocks = elems / qt->blck;
     if (blocks > (uint64_t)INT64_MAX / qt->bytes) {
-        rv = strata_errf(STRATA_EOVERFLOW, "%s: offset %" PRIu64 ": %s byte size (%" PRIu64 " %s blocks) overflows int64",
+        rv = strata_errf(STRATA_EOVERFLOW,
+                         "%s: offset %" PRIu64 ": %s byte size (%" PRIu64
+                         " %s blocks) overflows int64",
                          r->file, at, who, blocks, qt->name);
         goto fail;
     }
@@ -488,13 +545,17 @@ static int rd_tinfo(struct rd *r, uint64_t i, uint32_t alignment, struct gguf_te
     at = r->off;
     t->offset = rd_uint(r, 8);
     if (t->offset % alignment) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": %s data offset %" PRIu64
-                         " is not a multiple of the alignment %u", r->file, at, who, t->offset, alignment);
+        rv = strata_errf(STRATA_EFORMAT,
+                         "%s: offset %" PRIu64 ": %s data offset %" PRIu64
+                         " is not a multiple of the alignment %u",
+                         r->file, at, who, t->offset, alignment);
         goto fail;
     }
     if (t->offset > (uint64_t)INT64_MAX - t->nbytes) {
-        rv = strata_errf(STRATA_EOVERFLOW, "%s: offset %" PRIu64 ": %s data offset %" PRIu64 " + %" PRIu64
-                         " bytes overflows int64", r->file, at, who, t->offset, t->nbytes);
+        rv = strata_errf(STRATA_EOVERFLOW,
+                         "%s: offset %" PRIu64 ": %s data offset %" PRIu64 " + %" PRIu64
+                         " bytes overflows int64",
+                         r->file, at, who, t->offset, t->nbytes);
         goto fail;
     }
     return 0;
@@ -517,17 +578,21 @@ static int check_overlap(const char *file, uint64_t data_off, struct gguf_tensor
     if (n < 2) return 0;
     struct gguf_tensor **s = malloc(n * sizeof *s);
     if (!s) return strata_errf(STRATA_ENOMEM, "no memory to sort %" PRIu64 " tensors", n);
-    for (uint64_t i = 0; i < n; i++) s[i] = &t[i];
+    for (uint64_t i = 0; i < n; i++)
+        s[i] = &t[i];
     qsort(s, n, sizeof *s, cmp_offset);
     int rv = 0;
     for (uint64_t i = 1; i < n && !rv; i++) {
         if (s[i]->offset >= s[i - 1]->offset + s[i - 1]->nbytes) continue;
         char qa[100], qb[100];
-        rv = strata_errf(STRATA_EFORMAT, "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64 ") overlaps tensor '%s' data [%" PRIu64
-                         ", %" PRIu64 ")", file, quote(qa, sizeof qa, s[i]->name, strlen(s[i]->name)),
+        rv = strata_errf(STRATA_EFORMAT,
+                         "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64
+                         ") overlaps tensor '%s' data [%" PRIu64 ", %" PRIu64 ")",
+                         file, quote(qa, sizeof qa, s[i]->name, strlen(s[i]->name)),
                          data_off + s[i]->offset, data_off + s[i]->offset + s[i]->nbytes,
                          quote(qb, sizeof qb, s[i - 1]->name, strlen(s[i - 1]->name)),
-                         data_off + s[i - 1]->offset, data_off + s[i - 1]->offset + s[i - 1]->nbytes);
+                         data_off + s[i - 1]->offset,
+                         data_off + s[i - 1]->offset + s[i - 1]->nbytes);
     }
     free(s);
     return rv;
@@ -544,8 +609,10 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
     if (rv) return rv;
     if ((rv = rd_kvs(&r, n_kv, pt)) != 0) return rv;
     if (n > rd_left(&r) / MIN_TINFO_BYTES) {
-        rv = strata_errf(STRATA_ETRUNC, "%s: offset 8: header declares %" PRIu64 " tensors but only %" PRIu64
-                         " bytes follow the KV pairs at offset %" PRIu64 " (each tensor info needs at least %d)",
+        rv = strata_errf(STRATA_ETRUNC,
+                         "%s: offset 8: header declares %" PRIu64 " tensors but only %" PRIu64
+                         " bytes follow the KV pairs at offset %" PRIu64
+                         " (each tensor info needs at least %d)",
                          file, n, rd_left(&r), r.off, MIN_TINFO_BYTES);
         goto fail;
     }
@@ -571,9 +638,11 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
         if (dup >= 0) {
             char q[100];
             const char *name = t[first + i].name;
-            rv = strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": duplicate tensor name '%s' (tensor #%" PRIu64
+            rv = strata_errf(STRATA_EFORMAT,
+                             "%s: offset %" PRIu64 ": duplicate tensor name '%s' (tensor #%" PRIu64
                              " here; first seen as tensor #%" PRId64 " of split %u)",
-                             file, at, quote(q, sizeof q, name, strlen(name)), i, dup, t[dup].split + 1);
+                             file, at, quote(q, sizeof q, name, strlen(name)), i, dup,
+                             t[dup].split + 1);
             goto fail;
         }
     }
@@ -585,7 +654,8 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
         uint64_t beg = pt->data_off + x->offset, end = beg + x->nbytes;
         if (end > size) {
             char q[100];
-            rv = strata_errf(STRATA_ETRUNC, "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64
+            rv = strata_errf(STRATA_ETRUNC,
+                             "%s: tensor '%s' data [%" PRIu64 ", %" PRIu64
                              ") lies past the end of the file (%" PRIu64 " bytes)",
                              file, quote(q, sizeof q, x->name, strlen(x->name)), beg, end, size);
             goto fail;
@@ -629,22 +699,27 @@ static int map_file(const char *path, struct gguf_split *s)
     s->path = strdup(path);
     if (!s->path) return strata_errf(STRATA_ENOMEM, "no memory for a path");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return strata_errf(strata_errno(errno), "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0)
+        return strata_errf(strata_errno(errno), "%s: cannot open: %s", path, strerror(errno));
     s->fd = fd;
     struct stat st;
-    if (fstat(fd, &st) != 0) return strata_errf(strata_errno(errno), "%s: fstat: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0)
+        return strata_errf(strata_errno(errno), "%s: fstat: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return strata_errf(STRATA_EINVAL, "%s: not a regular file: give the path of a .gguf file", path);
+        return strata_errf(STRATA_EINVAL, "%s: not a regular file: give the path of a .gguf file",
+                           path);
     s->size = (uint64_t)st.st_size;
     s->dev = st.st_dev;
     s->ino = st.st_ino;
     s->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (s->size < HEADER_BYTES)
-        return strata_errf(STRATA_ETRUNC, "%s: %" PRIu64 " bytes is too short for a GGUF header (%d bytes)",
-                           path, s->size, HEADER_BYTES);
+        return strata_errf(STRATA_ETRUNC,
+                           "%s: %" PRIu64 " bytes is too short for a GGUF header (%d bytes)", path,
+                           s->size, HEADER_BYTES);
     void *m = mmap(NULL, s->size, PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED)
-        return strata_errf(strata_errno(errno), "%s: mmap of %" PRIu64 " bytes: %s", path, s->size, strerror(errno));
+        return strata_errf(strata_errno(errno), "%s: mmap of %" PRIu64 " bytes: %s", path, s->size,
+                           strerror(errno));
     s->map = m;
     return 0;
 }
@@ -653,7 +728,8 @@ void gguf_close(struct gguf_file *f)
 {
     if (!f) return;
     kv_free(f->kv, f->n_kv);
-    for (uint64_t i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        free(f->tensors[i].name);
     free(f->tensors);
     for (uint32_t i = 0; f->splits && i < f->n_splits; i++) {
         struct gguf_split *s = &f->splits[i];
@@ -672,7 +748,8 @@ static int split_u64(const char *file, const struct part *pt, const char *key, u
     struct gguf_file view = {.n_kv = pt->n_kv, .kv = pt->kv};
     int rv = gguf_get_u64(&view, key, out);
     if (rv == STRATA_ENOENT)
-        return strata_errf(STRATA_EFORMAT, "%s: split file lacks the key %s: it was not written by gguf-split",
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: split file lacks the key %s: it was not written by gguf-split",
                            file, key);
     if (rv) {
         char why[512]; /* the detail is rewritten below: copy it out first */
@@ -693,14 +770,19 @@ static int check_split(const char *file, const struct part *pt, uint32_t k, uint
     if ((rv = split_u64(file, pt, "split.count", &cnt)) != 0) return rv;
     if ((rv = split_u64(file, pt, "split.tensors.count", &tc)) != 0) return rv;
     if (cnt != count)
-        return strata_errf(STRATA_EFORMAT, "%s: split.count is %" PRIu64 " but the file name says %u splits",
-                           file, cnt, count);
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: split.count is %" PRIu64 " but the file name says %u splits", file,
+                           cnt, count);
     if (no != k)
-        return strata_errf(STRATA_EFORMAT, "%s: split.no is %" PRIu64 " but the file name says split %u (split.no %u)",
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: split.no is %" PRIu64
+                           " but the file name says split %u (split.no %u)",
                            file, no, k + 1, k);
     if (k == 0) *total = tc;
     if (tc != *total)
-        return strata_errf(STRATA_EFORMAT, "%s: split.tensors.count is %" PRIu64 " but the first split says %" PRIu64,
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: split.tensors.count is %" PRIu64
+                           " but the first split says %" PRIu64,
                            file, tc, *total);
     return 0;
 }
@@ -734,8 +816,11 @@ int gguf_open(const char *path, struct gguf_file **out)
         f->n_splits = k + 1;
         rv = map_file(name, s);
         if (rv && is_set && k > 0 && rv == (STRATA_ESYSERR | ENOENT)) {
-            rv = strata_errf(rv, "%s: split %u of %u is missing (the set starts at %s): copy every split "
-                             "into the same directory", name, k + 1, count, path);
+            rv = strata_errf(
+                rv,
+                "%s: split %u of %u is missing (the set starts at %s): copy every split "
+                "into the same directory",
+                name, k + 1, count, path);
         }
         if (rv) goto fail;
         struct part pt = {0};
@@ -749,7 +834,8 @@ int gguf_open(const char *path, struct gguf_file **out)
             const struct gguf_kv *c = kv_find(pt.kv, pt.n_kv, "split.count");
             if (c && vtype_unsigned(c->val.type)) cnt = c->val.u;
             if (cnt > 1)
-                rv = strata_errf(STRATA_EINVAL, "%s: this file is one split of a set of %" PRIu64
+                rv = strata_errf(STRATA_EINVAL,
+                                 "%s: this file is one split of a set of %" PRIu64
                                  ": open the set's first file, named *-00001-of-%05" PRIu64 ".gguf",
                                  name, cnt, cnt);
         }
@@ -757,8 +843,10 @@ int gguf_open(const char *path, struct gguf_file **out)
         if (rv) goto fail;
     }
     if (is_set && f->n_tensors != total) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: split.tensors.count is %" PRIu64 " but the %u splits hold %" PRIu64
-                         " tensors", path, total, count, f->n_tensors);
+        rv = strata_errf(STRATA_EFORMAT,
+                         "%s: split.tensors.count is %" PRIu64 " but the %u splits hold %" PRIu64
+                         " tensors",
+                         path, total, count, f->n_tensors);
         goto fail;
     }
     f->version = first.version;
@@ -841,7 +929,8 @@ int gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out)
         return 0;
     }
     if (vtype_unsigned(kv->val.type))
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRIu64 ", too large for int64", key, kv->val.u);
+        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRIu64 ", too large for int64", key,
+                           kv->val.u);
     return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; an integer was expected", key,
                        gguf_vtype_name(kv->val.type));
 }
@@ -860,7 +949,8 @@ int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *out)
         return 0;
     }
     if (vtype_signed(kv->val.type))
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRId64 "; a nonnegative value was expected", key,
+        return strata_errf(STRATA_EFORMAT,
+                           "GGUF key %s is %" PRId64 "; a nonnegative value was expected", key,
                            kv->val.i);
     return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; an integer was expected", key,
                        gguf_vtype_name(kv->val.type));
@@ -872,7 +962,8 @@ int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
     int rv = gguf_get_u64(f, key, &v);
     if (rv) return rv;
     if (v > UINT32_MAX)
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRIu64 ", too large for uint32", key, v);
+        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRIu64 ", too large for uint32", key,
+                           v);
     *out = (uint32_t)v;
     return 0;
 }
@@ -929,7 +1020,8 @@ int gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_vtype ele
         return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; an array was expected", key,
                            gguf_vtype_name(kv->val.type));
     if (elem != GGUF_VTYPE_COUNT && kv->val.arr.type != elem)
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s is an array of %s; an array of %s was expected", key,
+        return strata_errf(STRATA_EFORMAT,
+                           "GGUF key %s is an array of %s; an array of %s was expected", key,
                            gguf_vtype_name(kv->val.arr.type), gguf_vtype_name(elem));
     *out = &kv->val;
     return 0;
@@ -1019,8 +1111,9 @@ static int write_all(struct gguf_writer *w, const void *p, size_t n)
         ssize_t k = write(w->fd, b, n);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0)
-            return w->err = strata_errf(strata_errno(errno), "%s: write failed after %" PRIu64 " bytes: %s",
-                                        w->tmp, w->written, strerror(errno));
+            return w->err = strata_errf(strata_errno(errno),
+                                        "%s: write failed after %" PRIu64 " bytes: %s", w->tmp,
+                                        w->written, strerror(errno));
         b += k;
         n -= (size_t)k;
     }
@@ -1071,15 +1164,19 @@ static int emit_str(struct gguf_writer *w, const char *s, uint64_t len)
     return rv ? rv : emit(w, s, len);
 }
 
-/* emit_value writes a value without its type tag (the caller wrote it, or the array's header did). */
+/* emit_value writes a value without its type tag (the caller wrote it, or the array's header did).
+ */
 static int emit_value(struct gguf_writer *w, const struct gguf_value *v)
 {
     int rv;
     switch (v->type) {
-    case GGUF_STRING: return emit_str(w, v->str.ptr, v->str.len);
+    case GGUF_STRING:
+        return emit_str(w, v->str.ptr, v->str.len);
     case GGUF_ARRAY:
-        if ((rv = emit_uint(w, v->arr.type, 4)) != 0 || (rv = emit_uint(w, v->arr.n, 8)) != 0) return rv;
-        if (gguf_vtype_size(v->arr.type)) return emit(w, v->arr.raw, v->arr.n * gguf_vtype_size(v->arr.type));
+        if ((rv = emit_uint(w, v->arr.type, 4)) != 0 || (rv = emit_uint(w, v->arr.n, 8)) != 0)
+            return rv;
+        if (gguf_vtype_size(v->arr.type))
+            return emit(w, v->arr.raw, v->arr.n * gguf_vtype_size(v->arr.type));
         for (uint64_t i = 0; i < v->arr.n; i++)
             if ((rv = emit_value(w, &v->arr.items[i])) != 0) return rv;
         return 0;
@@ -1087,25 +1184,34 @@ static int emit_value(struct gguf_writer *w, const struct gguf_value *v)
         float f = (float)v->f;
         return emit(w, &f, 4);
     }
-    case GGUF_FLOAT64: return emit(w, &v->f, 8);
-    case GGUF_BOOL: return emit_uint(w, v->b, 1);
-    default: return emit_uint(w, vtype_signed(v->type) ? (uint64_t)v->i : v->u, gguf_vtype_size(v->type));
+    case GGUF_FLOAT64:
+        return emit(w, &v->f, 8);
+    case GGUF_BOOL:
+        return emit_uint(w, v->b, 1);
+    default:
+        return emit_uint(w, vtype_signed(v->type) ? (uint64_t)v->i : v->u,
+                         gguf_vtype_size(v->type));
     }
 }
 
 /* value_copy deep-copies src into dst (owned), checking types and nesting as the reader would. On
  * failure dst owns nothing. */
-static int value_copy(struct gguf_value *dst, const struct gguf_value *src, int depth, const char *key)
+static int value_copy(struct gguf_value *dst, const struct gguf_value *src, int depth,
+                      const char *key)
 {
     *dst = (struct gguf_value){.type = src->type};
     if ((unsigned)src->type >= GGUF_VTYPE_COUNT)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: unknown value type %u", key, (unsigned)src->type);
+        return strata_errf(STRATA_EINVAL, "GGUF key %s: unknown value type %u", key,
+                           (unsigned)src->type);
     if (src->type == GGUF_STRING) {
         if (src->str.len && !src->str.ptr)
-            return strata_errf(STRATA_EINVAL, "GGUF key %s: string of %" PRIu64 " bytes has no data", key,
+            return strata_errf(STRATA_EINVAL,
+                               "GGUF key %s: string of %" PRIu64 " bytes has no data", key,
                                src->str.len);
         char *p = malloc(src->str.len ? src->str.len : 1);
-        if (!p) return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " bytes", key, src->str.len);
+        if (!p)
+            return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " bytes", key,
+                               src->str.len);
         if (src->str.len) memcpy(p, src->str.ptr, src->str.len);
         dst->str = (struct gguf_str){p, src->str.len};
         return 0;
@@ -1117,32 +1223,38 @@ static int value_copy(struct gguf_value *dst, const struct gguf_value *src, int 
     enum gguf_vtype et = src->arr.type;
     uint64_t n = src->arr.n;
     if ((unsigned)et >= GGUF_VTYPE_COUNT)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: unknown array element type %u", key, (unsigned)et);
+        return strata_errf(STRATA_EINVAL, "GGUF key %s: unknown array element type %u", key,
+                           (unsigned)et);
     if (depth + 1 > GGUF_MAX_DEPTH)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: arrays nest deeper than %d levels", key, GGUF_MAX_DEPTH);
+        return strata_errf(STRATA_EINVAL, "GGUF key %s: arrays nest deeper than %d levels", key,
+                           GGUF_MAX_DEPTH);
     dst->arr.type = et;
     size_t es = gguf_vtype_size(et);
     if (es) {
         if (n > SIZE_MAX / es)
-            return strata_errf(STRATA_EOVERFLOW, "GGUF key %s: array of %" PRIu64 " elements is too large", key, n);
+            return strata_errf(STRATA_EOVERFLOW,
+                               "GGUF key %s: array of %" PRIu64 " elements is too large", key, n);
         if (n && !src->arr.raw)
-            return strata_errf(STRATA_EINVAL, "GGUF key %s: array of %" PRIu64 " %s has no data", key, n,
-                               gguf_vtype_name(et));
+            return strata_errf(STRATA_EINVAL, "GGUF key %s: array of %" PRIu64 " %s has no data",
+                               key, n, gguf_vtype_name(et));
         if (et == GGUF_BOOL)
             for (uint64_t i = 0; i < n; i++)
                 if (src->arr.raw[i] > 1)
-                    return strata_errf(STRATA_EINVAL, "GGUF key %s: bool element %" PRIu64 " is %u, not 0 or 1",
+                    return strata_errf(STRATA_EINVAL,
+                                       "GGUF key %s: bool element %" PRIu64 " is %u, not 0 or 1",
                                        key, i, src->arr.raw[i]);
         uint8_t *raw = malloc(n ? n * es : 1);
-        if (!raw) return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " elements", key, n);
+        if (!raw)
+            return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " elements",
+                               key, n);
         if (n) memcpy(raw, src->arr.raw, n * es);
         dst->arr.raw = raw;
         dst->arr.n = n;
         return 0;
     }
     if (n && !src->arr.items)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: array of %" PRIu64 " %s has no items", key, n,
-                           gguf_vtype_name(et));
+        return strata_errf(STRATA_EINVAL, "GGUF key %s: array of %" PRIu64 " %s has no items", key,
+                           n, gguf_vtype_name(et));
     if (n == 0) return 0;
     dst->arr.items = calloc(n, sizeof *dst->arr.items);
     if (!dst->arr.items)
@@ -1150,7 +1262,8 @@ static int value_copy(struct gguf_value *dst, const struct gguf_value *src, int 
     for (uint64_t i = 0; i < n; i++) {
         int rv = 0;
         if (src->arr.items[i].type != et)
-            rv = strata_errf(STRATA_EINVAL, "GGUF key %s: item %" PRIu64 " has type %s in an array of %s", key, i,
+            rv = strata_errf(STRATA_EINVAL,
+                             "GGUF key %s: item %" PRIu64 " has type %s in an array of %s", key, i,
                              gguf_vtype_name(src->arr.items[i].type), gguf_vtype_name(et));
         else
             rv = value_copy(&dst->arr.items[i], &src->arr.items[i], depth + 1, key);
@@ -1186,7 +1299,8 @@ int gguf_writer_open(const char *path, uint32_t alignment, struct gguf_writer **
         rv = strata_errf(strata_errno(errno), "%s: cannot create: %s", w->tmp, strerror(errno));
         goto fail;
     }
-    if (alignment != GGUF_DEFAULT_ALIGNMENT && (rv = gguf_w_u32(w, "general.alignment", alignment)) != 0)
+    if (alignment != GGUF_DEFAULT_ALIGNMENT &&
+        (rv = gguf_w_u32(w, "general.alignment", alignment)) != 0)
         goto fail;
     *out = w;
     return 0;
@@ -1200,9 +1314,11 @@ static int add_kv(struct gguf_writer *w, const char *key, const struct gguf_valu
 {
     if (w->err) return w->err;
     if (w->begun)
-        return strata_errf(STRATA_ESTATE, "GGUF key %s: KV pairs must be set before gguf_writer_begin", key);
+        return strata_errf(STRATA_ESTATE,
+                           "GGUF key %s: KV pairs must be set before gguf_writer_begin", key);
     if (!key[0]) return strata_errf(STRATA_EINVAL, "GGUF keys must not be empty");
-    if (kv_find(w->kv, w->n_kv, key)) return strata_errf(STRATA_EEXIST, "GGUF key %s is set twice", key);
+    if (kv_find(w->kv, w->n_kv, key))
+        return strata_errf(STRATA_EEXIST, "GGUF key %s is set twice", key);
     if (w->n_kv == w->cap_kv) {
         uint64_t cap = w->cap_kv ? w->cap_kv * 2 : 32;
         struct gguf_kv *kv = realloc(w->kv, cap * sizeof *kv);
@@ -1261,8 +1377,8 @@ int gguf_w_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem, uin
                const void *data)
 {
     if (gguf_vtype_size(elem) == 0)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: gguf_w_arr takes scalar elements, not %s", key,
-                           gguf_vtype_name(elem));
+        return strata_errf(STRATA_EINVAL, "GGUF key %s: gguf_w_arr takes scalar elements, not %s",
+                           key, gguf_vtype_name(elem));
     struct gguf_value v = {.type = GGUF_ARRAY};
     v.arr.type = elem;
     v.arr.n = n;
@@ -1274,12 +1390,14 @@ int gguf_w_arr_str(struct gguf_writer *w, const char *key, uint64_t n, const cha
                    const uint64_t *lens)
 {
     if (n > SIZE_MAX / sizeof(struct gguf_value))
-        return strata_errf(STRATA_EOVERFLOW, "GGUF key %s: %" PRIu64 " strings is too many", key, n);
+        return strata_errf(STRATA_EOVERFLOW, "GGUF key %s: %" PRIu64 " strings is too many", key,
+                           n);
     struct gguf_value v = {.type = GGUF_ARRAY};
     v.arr.type = GGUF_STRING;
     v.arr.n = n;
     v.arr.items = calloc(n ? n : 1, sizeof *v.arr.items);
-    if (!v.arr.items) return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " strings", key, n);
+    if (!v.arr.items)
+        return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " strings", key, n);
     for (uint64_t i = 0; i < n; i++) {
         v.arr.items[i].type = GGUF_STRING;
         v.arr.items[i].str = (struct gguf_str){strs[i], lens ? lens[i] : strlen(strs[i])};
@@ -1299,32 +1417,38 @@ int gguf_w_tensor(struct gguf_writer *w, const char *name, uint32_t type, uint32
 {
     if (w->err) return w->err;
     if (w->begun)
-        return strata_errf(STRATA_ESTATE, "tensor %s: tensors must be declared before gguf_writer_begin", name);
+        return strata_errf(STRATA_ESTATE,
+                           "tensor %s: tensors must be declared before gguf_writer_begin", name);
     if (!name[0]) return strata_errf(STRATA_EINVAL, "tensor names must not be empty");
     const struct qtype_info *qt = qtype_get(type);
     if (!qt) return strata_errf(STRATA_EINVAL, "tensor %s: unknown type %u", name, type);
     if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
-        return strata_errf(STRATA_EINVAL, "tensor %s: %u dimensions; 1 to %d are allowed", name, n_dims,
-                           GGUF_MAX_DIMS);
+        return strata_errf(STRATA_EINVAL, "tensor %s: %u dimensions; 1 to %d are allowed", name,
+                           n_dims, GGUF_MAX_DIMS);
     struct gguf_tensor t = {.n_dims = n_dims, .type = type};
     uint64_t elems = 1;
     for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
         t.ne[d] = d < n_dims ? ne[d] : 1;
         if (t.ne[d] < 1 || t.ne[d] > (uint64_t)INT64_MAX / elems)
             return strata_errf(t.ne[d] < 1 ? STRATA_EINVAL : STRATA_EOVERFLOW,
-                               "tensor %s: dimension %u is %" PRIu64 ": it must be >= 1 and the element count "
-                               "must fit int64", name, d, t.ne[d]);
+                               "tensor %s: dimension %u is %" PRIu64
+                               ": it must be >= 1 and the element count "
+                               "must fit int64",
+                               name, d, t.ne[d]);
         elems *= t.ne[d];
     }
     if (t.ne[0] % qt->blck)
-        return strata_errf(STRATA_EINVAL, "tensor %s: row length %" PRIu64 " is not a multiple of the %s block size %u",
+        return strata_errf(STRATA_EINVAL,
+                           "tensor %s: row length %" PRIu64
+                           " is not a multiple of the %s block size %u",
                            name, t.ne[0], qt->name, qt->blck);
     if (elems / qt->blck > (uint64_t)INT64_MAX / qt->bytes)
         return strata_errf(STRATA_EOVERFLOW, "tensor %s: byte size overflows int64", name);
     t.nbytes = elems / qt->blck * qt->bytes;
     t.offset = round_up(w->data_end, w->alignment);
     if (t.offset > (uint64_t)INT64_MAX - t.nbytes)
-        return strata_errf(STRATA_EOVERFLOW, "tensor %s: the data section would pass 2^63 bytes", name);
+        return strata_errf(STRATA_EOVERFLOW, "tensor %s: the data section would pass 2^63 bytes",
+                           name);
     if (w->n_t == w->cap_t) {
         uint64_t cap = w->cap_t ? w->cap_t * 2 : 64;
         struct gguf_tensor *nt = realloc(w->t, cap * sizeof *nt);
@@ -1352,8 +1476,8 @@ int gguf_writer_begin(struct gguf_writer *w)
     if (w->begun) return strata_errf(STRATA_ESTATE, "%s: gguf_writer_begin called twice", w->path);
     w->begun = true;
     int rv;
-    if ((rv = emit_uint(w, GGUF_MAGIC, 4)) || (rv = emit_uint(w, 3, 4)) || (rv = emit_uint(w, w->n_t, 8)) ||
-        (rv = emit_uint(w, w->n_kv, 8)))
+    if ((rv = emit_uint(w, GGUF_MAGIC, 4)) || (rv = emit_uint(w, 3, 4)) ||
+        (rv = emit_uint(w, w->n_t, 8)) || (rv = emit_uint(w, w->n_kv, 8)))
         return rv;
     for (uint64_t i = 0; i < w->n_kv; i++) {
         const struct gguf_kv *kv = &w->kv[i];
@@ -1375,11 +1499,13 @@ int gguf_writer_begin(struct gguf_writer *w)
 int gguf_writer_data(struct gguf_writer *w, const void *buf, size_t n)
 {
     if (w->err) return w->err;
-    if (!w->begun) return strata_errf(STRATA_ESTATE, "%s: tensor data before gguf_writer_begin", w->path);
+    if (!w->begun)
+        return strata_errf(STRATA_ESTATE, "%s: tensor data before gguf_writer_begin", w->path);
     const uint8_t *p = buf;
     while (n > 0) {
         if (w->cur >= w->n_t)
-            return strata_errf(STRATA_EOVERFLOW, "%s: %zu bytes of data beyond the %" PRIu64 " declared tensors",
+            return strata_errf(STRATA_EOVERFLOW,
+                               "%s: %zu bytes of data beyond the %" PRIu64 " declared tensors",
                                w->path, n, w->n_t);
         const struct gguf_tensor *t = &w->t[w->cur];
         uint64_t left = t->nbytes - w->cur_done;
@@ -1405,7 +1531,8 @@ static void writer_free(struct gguf_writer *w)
         value_free(&w->kv[i].val, true);
     }
     free(w->kv);
-    for (uint64_t i = 0; i < w->n_t; i++) free(w->t[i].name);
+    for (uint64_t i = 0; i < w->n_t; i++)
+        free(w->t[i].name);
     free(w->t);
     free(w->tidx.slot);
     free(w->buf);
@@ -1431,12 +1558,14 @@ int gguf_writer_finish(struct gguf_writer *w)
     if (!rv && !w->begun) rv = gguf_writer_begin(w);
     if (!rv && w->cur < w->n_t) {
         const struct gguf_tensor *t = &w->t[w->cur];
-        rv = strata_errf(STRATA_ETRUNC, "%s: tensor %s has %" PRIu64 " of its %" PRIu64 " bytes and %" PRIu64
-                         " more tensors have none: the file was not written", w->path, t->name, w->cur_done,
-                         t->nbytes, w->n_t - w->cur - 1);
+        rv = strata_errf(STRATA_ETRUNC,
+                         "%s: tensor %s has %" PRIu64 " of its %" PRIu64 " bytes and %" PRIu64
+                         " more tensors have none: the file was not written",
+                         w->path, t->name, w->cur_done, t->nbytes, w->n_t - w->cur - 1);
     }
     if (!rv) rv = flush(w);
-    /* fsync before rename, so a crash leaves the old file or the whole new one, never a torn one. */
+    /* fsync before rename, so a crash leaves the old file or the whole new one, never a torn one.
+     */
     if (!rv && fsync(w->fd) != 0)
         rv = strata_errf(strata_errno(errno), "%s: fsync: %s", w->tmp, strerror(errno));
     if (rv) {
@@ -1448,7 +1577,8 @@ int gguf_writer_finish(struct gguf_writer *w)
     if (close(fd) != 0) {
         rv = strata_errf(strata_errno(errno), "%s: close: %s", w->tmp, strerror(errno));
     } else if (rename(w->tmp, w->path) != 0) {
-        rv = strata_errf(strata_errno(errno), "cannot rename %s to %s: %s", w->tmp, w->path, strerror(errno));
+        rv = strata_errf(strata_errno(errno), "cannot rename %s to %s: %s", w->tmp, w->path,
+                         strerror(errno));
     }
     if (rv) unlink(w->tmp);
     writer_free(w);

@@ -71,8 +71,10 @@ static void write_everything(const char *path, uint32_t alignment)
     outer.arr.n = 2;
     outer.arr.items = inner;
     ck_assert_int_eq(gguf_w_value(w, "arr.nested", &outer), 0);
-    struct gguf_value s2[2] = {{.type = GGUF_STRING, .str = {"x", 1}}, {.type = GGUF_STRING, .str = {"", 0}}};
-    struct gguf_value l2 = {.type = GGUF_ARRAY}, l1 = {.type = GGUF_ARRAY}, l0 = {.type = GGUF_ARRAY};
+    struct gguf_value s2[2] = {{.type = GGUF_STRING, .str = {"x", 1}},
+                               {.type = GGUF_STRING, .str = {"", 0}}};
+    struct gguf_value l2 = {.type = GGUF_ARRAY}, l1 = {.type = GGUF_ARRAY},
+                      l0 = {.type = GGUF_ARRAY};
     l2.arr.type = GGUF_STRING;
     l2.arr.n = 2;
     l2.arr.items = s2;
@@ -95,9 +97,11 @@ static void write_everything(const char *path, uint32_t alignment)
     ck_assert_int_eq(gguf_writer_begin(w), 0);
     /* 32 + 432 + 48 bytes streamed in chunks of 7 that span tensors. */
     uint8_t data[32 + 432 + 48];
-    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7 + 1);
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (uint8_t)(i * 7 + 1);
     for (size_t i = 0; i < sizeof data; i += 7)
-        ck_assert_int_eq(gguf_writer_data(w, data + i, sizeof data - i < 7 ? sizeof data - i : 7), 0);
+        ck_assert_int_eq(gguf_writer_data(w, data + i, sizeof data - i < 7 ? sizeof data - i : 7),
+                         0);
     ck_assert_int_eq(gguf_writer_data(w, data, 1), STRATA_EOVERFLOW);
     ck_assert_int_eq(gguf_writer_finish(w), 0);
     ck_assert_int_eq(access(path, F_OK), 0);
@@ -247,13 +251,17 @@ START_TEST(twenty_thousand_tensors)
     uint64_t ne[] = {32};
     char name[64];
     for (int i = 0; i < N; i++) {
-        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i / 3, i % 3 == 0 ? "gate" : i % 3 == 1 ? "up" : "down");
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i / 3,
+                 i % 3 == 0   ? "gate"
+                 : i % 3 == 1 ? "up"
+                              : "down");
         ck_assert_int_eq(gguf_w_tensor(w, name, QT_Q8_0, 1, ne), 0);
     }
     ck_assert_int_eq(gguf_w_tensor(w, "blk.0.ffn_up_exps.weight", QT_Q8_0, 1, ne), STRATA_EEXIST);
     ck_assert_int_eq(gguf_writer_begin(w), 0);
     static uint8_t data[N * 34];
-    for (int i = 0; i < N; i++) memset(data + i * 34, i & 0xff, 34);
+    for (int i = 0; i < N; i++)
+        memset(data + i * 34, i & 0xff, 34);
     ck_assert_int_eq(gguf_writer_data(w, data, sizeof data), 0);
     ck_assert_int_eq(gguf_writer_finish(w), 0);
 
@@ -264,7 +272,10 @@ START_TEST(twenty_thousand_tensors)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < N; i++) {
-        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i / 3, i % 3 == 0 ? "gate" : i % 3 == 1 ? "up" : "down");
+        snprintf(name, sizeof name, "blk.%d.ffn_%s_exps.weight", i / 3,
+                 i % 3 == 0   ? "gate"
+                 : i % 3 == 1 ? "up"
+                              : "down");
         const struct gguf_tensor *t = gguf_tensor_find(f, name);
         ck_assert_ptr_eq(t, &f->tensors[i]);
         ck_assert_uint_eq(t->data[33], (uint8_t)(i & 0xff));
@@ -277,7 +288,8 @@ START_TEST(twenty_thousand_tensors)
 }
 END_TEST
 
-/* ---- hand-built files: one per check of the reader -------------------------------------------- */
+/* ---- hand-built files: one per check of the reader --------------------------------------------
+ */
 
 struct bb {
     uint8_t b[2048];
@@ -290,9 +302,19 @@ static void put(struct bb *b, const void *p, size_t n)
     memcpy(b->b + b->n, p, n);
     b->n += n;
 }
-static void put_u32(struct bb *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(struct bb *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(struct bb *b, const char *s) { put_u64(b, strlen(s)); put(b, s, strlen(s)); }
+static void put_u32(struct bb *b, uint32_t v)
+{
+    put(b, &v, 4);
+}
+static void put_u64(struct bb *b, uint64_t v)
+{
+    put(b, &v, 8);
+}
+static void put_str(struct bb *b, const char *s)
+{
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
 static void put_hdr(struct bb *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
 {
     put_u32(b, GGUF_MAGIC);
@@ -307,26 +329,28 @@ static void put_kv_u32(struct bb *b, const char *key, uint32_t v)
     put_u32(b, v);
 }
 /* put_tinfo: name, dims, type, offset */
-static void put_tinfo(struct bb *b, const char *name, uint32_t n_dims, const int64_t *ne, uint32_t type,
-                      uint64_t offset)
+static void put_tinfo(struct bb *b, const char *name, uint32_t n_dims, const int64_t *ne,
+                      uint32_t type, uint64_t offset)
 {
     put_str(b, name);
     put_u32(b, n_dims);
-    for (uint32_t d = 0; d < n_dims; d++) put_u64(b, (uint64_t)ne[d]);
+    for (uint32_t d = 0; d < n_dims; d++)
+        put_u64(b, (uint64_t)ne[d]);
     put_u32(b, type);
     put_u64(b, offset);
 }
 static void pad_data(struct bb *b, size_t data_bytes)
 {
-    while (b->n % 32) b->b[b->n++] = 0;
+    while (b->n % 32)
+        b->b[b->n++] = 0;
     ck_assert_uint_le(b->n + data_bytes, sizeof b->b);
     memset(b->b + b->n, 0x5a, data_bytes);
     b->n += data_bytes;
 }
 
 /* One tensor 'w' of the given shape and type at offset, then data_bytes of data. */
-static void one_tensor(struct bb *b, uint32_t n_dims, const int64_t *ne, uint32_t type, uint64_t offset,
-                       size_t data_bytes)
+static void one_tensor(struct bb *b, uint32_t n_dims, const int64_t *ne, uint32_t type,
+                       uint64_t offset, size_t data_bytes)
 {
     put_hdr(b, 3, 1, 0);
     put_tinfo(b, "w", n_dims, ne, type, offset);
@@ -346,7 +370,8 @@ static const struct bad bad_cases[] = {
     {"big endian", STRATA_EUNSUPPORTED, "big-endian GGUF file"},
     {"version 4", STRATA_EUNSUPPORTED, "GGUF version 4 is not supported"},
     {"hostile KV count", STRATA_ETRUNC, "offset 16: header declares 1152921504606846976 KV pairs"},
-    {"hostile tensor count", STRATA_ETRUNC, "offset 8: header declares 1152921504606846976 tensors"},
+    {"hostile tensor count", STRATA_ETRUNC,
+     "offset 8: header declares 1152921504606846976 tensors"},
     {"key past the end", STRATA_ETRUNC, "offset 24: key of KV #0 claims 1000 bytes"},
     {"empty key", STRATA_EFORMAT, "offset 24: key of KV #0 is empty"},
     {"NUL in key", STRATA_EFORMAT, "key of KV #0 ('a?b') contains a NUL byte"},
@@ -360,23 +385,32 @@ static const struct bad bad_cases[] = {
     {"bool element 5", STRATA_EFORMAT, "bool element 1 of KV 'k' is 5"},
     {"string past the end", STRATA_ETRUNC, "string of KV 'k' claims 99 bytes"},
     {"value past the end", STRATA_ETRUNC, "value of KV 'k' needs 8 bytes"},
-    {"alignment type", STRATA_EFORMAT, "offset 24: general.alignment has type uint64; it must be uint32"},
-    {"alignment 0", STRATA_EFORMAT, "offset 24: general.alignment is 0; it must be a nonzero power of two"},
+    {"alignment type", STRATA_EFORMAT,
+     "offset 24: general.alignment has type uint64; it must be uint32"},
+    {"alignment 0", STRATA_EFORMAT,
+     "offset 24: general.alignment is 0; it must be a nonzero power of two"},
     {"alignment 48", STRATA_EFORMAT, "general.alignment is 48; it must be a nonzero power of two"},
     {"empty tensor name", STRATA_EFORMAT, "name of tensor #0 is empty"},
     {"5 dims", STRATA_EFORMAT, "tensor 'w' has 5 dimensions; it must have 1 to 4"},
     {"0 dims", STRATA_EFORMAT, "tensor 'w' has 0 dimensions"},
     {"dim 0", STRATA_EFORMAT, "tensor 'w' dimension 0 is 0; it must be >= 1"},
     {"negative dim", STRATA_EFORMAT, "tensor 'w' dimension 1 is -5; it must be >= 1"},
-    {"element overflow", STRATA_EOVERFLOW, "tensor 'w' element count overflows int64 at dimension 1"},
+    {"element overflow", STRATA_EOVERFLOW,
+     "tensor 'w' element count overflows int64 at dimension 1"},
     {"unknown tensor type", STRATA_EUNSUPPORTED, "tensor 'w' has unknown tensor type 4"},
-    {"partial block", STRATA_EFORMAT, "tensor 'w' row length 100 is not a multiple of the q4_K block size 256"},
-    {"byte overflow", STRATA_EOVERFLOW, "tensor 'w' byte size (4611686018427387904 f32 blocks) overflows int64"},
-    {"misaligned offset", STRATA_EFORMAT, "tensor 'w' data offset 8 is not a multiple of the alignment 32"},
-    {"offset overflow", STRATA_EOVERFLOW, "tensor 'w' data offset 9223372036854775776 + 256 bytes overflows int64"},
-    {"data past end", STRATA_ETRUNC, "tensor 'w' data [96, 352) lies past the end of the file (192 bytes)"},
+    {"partial block", STRATA_EFORMAT,
+     "tensor 'w' row length 100 is not a multiple of the q4_K block size 256"},
+    {"byte overflow", STRATA_EOVERFLOW,
+     "tensor 'w' byte size (4611686018427387904 f32 blocks) overflows int64"},
+    {"misaligned offset", STRATA_EFORMAT,
+     "tensor 'w' data offset 8 is not a multiple of the alignment 32"},
+    {"offset overflow", STRATA_EOVERFLOW,
+     "tensor 'w' data offset 9223372036854775776 + 256 bytes overflows int64"},
+    {"data past end", STRATA_ETRUNC,
+     "tensor 'w' data [96, 352) lies past the end of the file (192 bytes)"},
     {"overlap", STRATA_EFORMAT, "tensor 'b' data [128, 192) overlaps tensor 'a' data [96, 160)"},
-    {"duplicate tensor", STRATA_EFORMAT, "duplicate tensor name 'a' (tensor #1 here; first seen as tensor #0"},
+    {"duplicate tensor", STRATA_EFORMAT,
+     "duplicate tensor name 'a' (tensor #1 here; first seen as tensor #0"},
     {"tensor info cut", STRATA_ETRUNC, "shape, type and offset of tensor 'w' needs 28 bytes"},
 };
 
@@ -385,54 +419,150 @@ static void build_bad(int k, struct bb *b)
     int64_t ne1[] = {64}, ne2[] = {256, 2};
     b->n = 0;
     switch (k) {
-    case 0: put_hdr(b, 3, 0, 0), b->n = 10; break;
-    case 1: put_hdr(b, 3, 0, 0), b->b[0] = 'X'; break;
-    case 2: put_hdr(b, 1, 0, 0); break;
-    case 3: put_hdr(b, 0x03000000, 0, 0); break;
-    case 4: put_hdr(b, 4, 0, 0); break;
-    case 5: put_hdr(b, 3, 0, 1ull << 60); break;
-    case 6: put_hdr(b, 3, 1ull << 60, 0); break;
-    case 7: put_hdr(b, 3, 0, 1), put_u64(b, 1000), put_u64(b, 0); break;
-    case 8: put_hdr(b, 3, 0, 1), put_str(b, ""), put_u32(b, GGUF_UINT8), put_u32(b, 0); break;
-    case 9: put_hdr(b, 3, 0, 1), put_u64(b, 3), put(b, "a\0b", 3), put_u32(b, GGUF_UINT8), put_u32(b, 0); break;
-    case 10: put_hdr(b, 3, 0, 2), put_kv_u32(b, "k", 1), put_kv_u32(b, "k", 2); break;
-    case 11: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, 13), put_u64(b, 0); break;
-    case 12: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, 99), put_u64(b, 0); break;
+    case 0:
+        put_hdr(b, 3, 0, 0), b->n = 10;
+        break;
+    case 1:
+        put_hdr(b, 3, 0, 0), b->b[0] = 'X';
+        break;
+    case 2:
+        put_hdr(b, 1, 0, 0);
+        break;
+    case 3:
+        put_hdr(b, 0x03000000, 0, 0);
+        break;
+    case 4:
+        put_hdr(b, 4, 0, 0);
+        break;
+    case 5:
+        put_hdr(b, 3, 0, 1ull << 60);
+        break;
+    case 6:
+        put_hdr(b, 3, 1ull << 60, 0);
+        break;
+    case 7:
+        put_hdr(b, 3, 0, 1), put_u64(b, 1000), put_u64(b, 0);
+        break;
+    case 8:
+        put_hdr(b, 3, 0, 1), put_str(b, ""), put_u32(b, GGUF_UINT8), put_u32(b, 0);
+        break;
+    case 9:
+        put_hdr(b, 3, 0, 1), put_u64(b, 3), put(b, "a\0b", 3), put_u32(b, GGUF_UINT8),
+            put_u32(b, 0);
+        break;
+    case 10:
+        put_hdr(b, 3, 0, 2), put_kv_u32(b, "k", 1), put_kv_u32(b, "k", 2);
+        break;
+    case 11:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, 13), put_u64(b, 0);
+        break;
+    case 12:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, 99), put_u64(b, 0);
+        break;
     case 13:
         put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY);
-        for (int d = 0; d < GGUF_MAX_DEPTH; d++) put_u32(b, GGUF_ARRAY), put_u64(b, 1);
+        for (int d = 0; d < GGUF_MAX_DEPTH; d++)
+            put_u32(b, GGUF_ARRAY), put_u64(b, 1);
         put_u32(b, GGUF_UINT8), put_u64(b, 0);
         break;
-    case 14: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, GGUF_UINT32), put_u64(b, 1ull << 60); break;
-    case 15: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, GGUF_STRING), put_u64(b, 1ull << 60); break;
-    case 16: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_BOOL), put(b, "\2", 1); break;
-    case 17: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, GGUF_BOOL), put_u64(b, 2), put(b, "\1\5", 2); break;
-    case 18: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_STRING), put_u64(b, 99), put(b, "abc", 3); break;
-    case 19: put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_INT64), put_u32(b, 1); break;
-    case 20: put_hdr(b, 3, 0, 1), put_str(b, "general.alignment"), put_u32(b, GGUF_UINT64), put_u64(b, 32); break;
-    case 21: put_hdr(b, 3, 0, 1), put_kv_u32(b, "general.alignment", 0); break;
-    case 22: put_hdr(b, 3, 0, 1), put_kv_u32(b, "general.alignment", 48); break;
-    case 23: put_hdr(b, 3, 1, 0), put_tinfo(b, "", 1, ne1, 0, 0), pad_data(b, 256); break;
-    case 24: { int64_t ne[5] = {1, 1, 1, 1, 1}; one_tensor(b, 5, ne, QT_F32, 0, 4); break; }
-    case 25: one_tensor(b, 0, ne1, QT_F32, 0, 256); break;
-    case 26: { int64_t ne[] = {0}; one_tensor(b, 1, ne, QT_F32, 0, 0); break; }
-    case 27: { int64_t ne[] = {4, -5}; one_tensor(b, 2, ne, QT_F32, 0, 0); break; }
-    case 28: { int64_t ne[] = {1ll << 32, 1ll << 32}; one_tensor(b, 2, ne, QT_F32, 0, 0); break; }
-    case 29: one_tensor(b, 1, ne1, 4, 0, 256); break;
-    case 30: { int64_t ne[] = {100}; one_tensor(b, 1, ne, QT_Q4_K, 0, 0); break; }
-    case 31: { int64_t ne[] = {1ll << 62}; one_tensor(b, 1, ne, QT_F32, 0, 0); break; }
-    case 32: one_tensor(b, 1, ne1, QT_F32, 8, 264); break;
-    case 33: one_tensor(b, 1, ne1, QT_F32, (1ull << 63) - 32, 0); break;
-    case 34: one_tensor(b, 1, ne1, QT_F32, 32, 128); break;
+    case 14:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, GGUF_UINT32),
+            put_u64(b, 1ull << 60);
+        break;
+    case 15:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, GGUF_STRING),
+            put_u64(b, 1ull << 60);
+        break;
+    case 16:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_BOOL), put(b, "\2", 1);
+        break;
+    case 17:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_ARRAY), put_u32(b, GGUF_BOOL),
+            put_u64(b, 2), put(b, "\1\5", 2);
+        break;
+    case 18:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_STRING), put_u64(b, 99),
+            put(b, "abc", 3);
+        break;
+    case 19:
+        put_hdr(b, 3, 0, 1), put_str(b, "k"), put_u32(b, GGUF_INT64), put_u32(b, 1);
+        break;
+    case 20:
+        put_hdr(b, 3, 0, 1), put_str(b, "general.alignment"), put_u32(b, GGUF_UINT64),
+            put_u64(b, 32);
+        break;
+    case 21:
+        put_hdr(b, 3, 0, 1), put_kv_u32(b, "general.alignment", 0);
+        break;
+    case 22:
+        put_hdr(b, 3, 0, 1), put_kv_u32(b, "general.alignment", 48);
+        break;
+    case 23:
+        put_hdr(b, 3, 1, 0), put_tinfo(b, "", 1, ne1, 0, 0), pad_data(b, 256);
+        break;
+    case 24: {
+        int64_t ne[5] = {1, 1, 1, 1, 1};
+        one_tensor(b, 5, ne, QT_F32, 0, 4);
+        break;
+    }
+    case 25:
+        one_tensor(b, 0, ne1, QT_F32, 0, 256);
+        break;
+    case 26: {
+        int64_t ne[] = {0};
+        one_tensor(b, 1, ne, QT_F32, 0, 0);
+        break;
+    }
+    case 27: {
+        int64_t ne[] = {4, -5};
+        one_tensor(b, 2, ne, QT_F32, 0, 0);
+        break;
+    }
+    case 28: {
+        int64_t ne[] = {1ll << 32, 1ll << 32};
+        one_tensor(b, 2, ne, QT_F32, 0, 0);
+        break;
+    }
+    case 29:
+        one_tensor(b, 1, ne1, 4, 0, 256);
+        break;
+    case 30: {
+        int64_t ne[] = {100};
+        one_tensor(b, 1, ne, QT_Q4_K, 0, 0);
+        break;
+    }
+    case 31: {
+        int64_t ne[] = {1ll << 62};
+        one_tensor(b, 1, ne, QT_F32, 0, 0);
+        break;
+    }
+    case 32:
+        one_tensor(b, 1, ne1, QT_F32, 8, 264);
+        break;
+    case 33:
+        one_tensor(b, 1, ne1, QT_F32, (1ull << 63) - 32, 0);
+        break;
+    case 34:
+        one_tensor(b, 1, ne1, QT_F32, 32, 128);
+        break;
     case 35: {
         int64_t n16[] = {16};
-        put_hdr(b, 3, 2, 0), put_tinfo(b, "a", 1, n16, QT_F32, 0), put_tinfo(b, "b", 1, n16, QT_F32, 32);
+        put_hdr(b, 3, 2, 0), put_tinfo(b, "a", 1, n16, QT_F32, 0),
+            put_tinfo(b, "b", 1, n16, QT_F32, 32);
         pad_data(b, 128);
         break;
     }
-    case 36: put_hdr(b, 3, 2, 0), put_tinfo(b, "a", 2, ne2, QT_F32, 0), put_tinfo(b, "a", 1, ne1, QT_F32, 2048), pad_data(b, 0); break;
-    case 37: put_hdr(b, 3, 1, 0), put_str(b, "w"), put_u32(b, 2), put_u64(b, 4), put_u64(b, 4), put_u32(b, 0), put(b, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 18); b->n -= 14; break;
-    default: ck_abort();
+    case 36:
+        put_hdr(b, 3, 2, 0), put_tinfo(b, "a", 2, ne2, QT_F32, 0),
+            put_tinfo(b, "a", 1, ne1, QT_F32, 2048), pad_data(b, 0);
+        break;
+    case 37:
+        put_hdr(b, 3, 1, 0), put_str(b, "w"), put_u32(b, 2), put_u64(b, 4), put_u64(b, 4),
+            put_u32(b, 0), put(b, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 18);
+        b->n -= 14;
+        break;
+    default:
+        ck_abort();
     }
 }
 
@@ -446,8 +576,9 @@ START_TEST(each_check_has_its_error)
     struct gguf_file *f = NULL;
     int rv = gguf_open_mem(buf, b.n, true, &f);
     if (rv != bad_cases[_i].code || !strstr(strata_errdetail(), bad_cases[_i].msg))
-        ck_abort_msg("case '%s': got %d (%s) '%s', want %d '%s'", bad_cases[_i].what, rv, strata_strerror(rv),
-                     strata_errdetail(), bad_cases[_i].code, bad_cases[_i].msg);
+        ck_abort_msg("case '%s': got %d (%s) '%s', want %d '%s'", bad_cases[_i].what, rv,
+                     strata_strerror(rv), strata_errdetail(), bad_cases[_i].code,
+                     bad_cases[_i].msg);
     ck_assert_ptr_eq(f, NULL);
     free(buf);
 }
@@ -478,7 +609,8 @@ START_TEST(messages_name_the_file)
     struct gguf_file *f;
     ck_assert_int_eq(gguf_open(path, &f), STRATA_ETRUNC);
     char want[1200];
-    snprintf(want, sizeof want, "%s: tensor 'w' data [96, 352) lies past the end of the file (192 bytes)", path);
+    snprintf(want, sizeof want,
+             "%s: tensor 'w' data [96, 352) lies past the end of the file (192 bytes)", path);
     ck_assert_str_eq(strata_errdetail(), want);
     ck_assert_int_eq(gguf_open(tmp_path("nope.gguf"), &f), STRATA_ESYSERR | ENOENT);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "nope.gguf: cannot open"));
@@ -540,7 +672,8 @@ START_TEST(writer_refuses_misuse)
     uint8_t two = 2;
     ck_assert_int_eq(gguf_w_arr(w, "b", GGUF_BOOL, 1, &two), STRATA_EINVAL);
     ck_assert_int_eq(gguf_w_tensor(w, "q", QT_Q4_K, 1, ok), 0);
-    /* a nested array one level too deep is refused, so the writer never makes a file it can't read */
+    /* a nested array one level too deep is refused, so the writer never makes a file it can't read
+     */
     struct gguf_value lv[GGUF_MAX_DEPTH + 1];
     for (int d = 0; d <= GGUF_MAX_DEPTH; d++) {
         lv[d] = (struct gguf_value){.type = GGUF_ARRAY};
@@ -601,7 +734,8 @@ START_TEST(writer_copies_values)
 }
 END_TEST
 
-/* ---- split sets ---------------------------------------------------------------------------------- */
+/* ---- split sets
+ * ---------------------------------------------------------------------------------- */
 
 struct split_spec {
     int no, count, total; /* the split.* values written; -1 leaves the key out */
@@ -624,23 +758,28 @@ static void write_split(const char *dir, int k, int of, const struct split_spec 
     }
     uint64_t ne[] = {8};
     int n = 0;
-    for (; n < 2 && sp->names[n]; n++) ck_assert_int_eq(gguf_w_tensor(w, sp->names[n], QT_F32, 1, ne), 0);
+    for (; n < 2 && sp->names[n]; n++)
+        ck_assert_int_eq(gguf_w_tensor(w, sp->names[n], QT_F32, 1, ne), 0);
     ck_assert_int_eq(gguf_writer_begin(w), 0);
     for (int t = 0; t < n; t++) {
         float v[8];
-        for (int e = 0; e < 8; e++) v[e] = (float)(k * 100 + t * 10 + e);
+        for (int e = 0; e < 8; e++)
+            v[e] = (float)(k * 100 + t * 10 + e);
         ck_assert_int_eq(gguf_writer_data(w, v, sizeof v), 0);
     }
     ck_assert_int_eq(gguf_writer_finish(w), 0);
 }
 
-/* split_case writes a set of 3 (splits[k] for each k < written) in its own directory and opens it. */
-static int split_case(const char *name, const struct split_spec *splits, int written, struct gguf_file **f)
+/* split_case writes a set of 3 (splits[k] for each k < written) in its own directory and opens it.
+ */
+static int split_case(const char *name, const struct split_spec *splits, int written,
+                      struct gguf_file **f)
 {
     char dir[1100], path[1200];
     snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
     ck_assert_int_eq(mkdir(dir, 0755), 0);
-    for (int k = 0; k < written; k++) write_split(dir, k, 3, &splits[k]);
+    for (int k = 0; k < written; k++)
+        write_split(dir, k, 3, &splits[k]);
     snprintf(path, sizeof path, "%s/m-00001-of-00003.gguf", dir);
     *f = NULL;
     return gguf_open(path, f);
@@ -664,7 +803,8 @@ START_TEST(split_set_of_three)
         float v;
         memcpy(&v, t->data + 4 * 7, 4);
         ck_assert(v == (float)(split_of[i] * 100 + index_in[i] * 10 + 7));
-        ck_assert(t->data >= f->splits[t->split].map && t->data + t->nbytes <= f->splits[t->split].map + f->splits[t->split].size);
+        ck_assert(t->data >= f->splits[t->split].map &&
+                  t->data + t->nbytes <= f->splits[t->split].map + f->splits[t->split].size);
     }
     ck_assert_ptr_nonnull(strstr(f->splits[2].path, "m-00003-of-00003.gguf"));
     gguf_close(f);
@@ -673,7 +813,8 @@ START_TEST(split_set_of_three)
     char path[1200];
     snprintf(path, sizeof path, "%s/ok/m-00002-of-00003.gguf", test_tmpdir());
     ck_assert_int_eq(gguf_open(path, &f), STRATA_EINVAL);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "is one split of a set of 3: open the set's first file"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "is one split of a set of 3: open the set's first file"));
 }
 END_TEST
 
@@ -683,45 +824,68 @@ START_TEST(split_set_errors)
     const struct split_spec ok[3] = {
         {0, 3, 4, {"a", NULL}}, {1, 3, 4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
     ck_assert_int_eq(split_case("missing", ok, 2, &f), STRATA_ESYSERR | ENOENT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "m-00003-of-00003.gguf: split 3 of 3 is missing"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "m-00003-of-00003.gguf: split 3 of 3 is missing"));
 
-    const struct split_spec count[3] = {{0, 3, 4, {"a", NULL}}, {1, 2, 4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
+    const struct split_spec count[3] = {
+        {0, 3, 4, {"a", NULL}}, {1, 2, 4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
     ck_assert_int_eq(split_case("count", count, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "m-00002-of-00003.gguf: split.count is 2 but the file name says 3 splits"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(),
+               "m-00002-of-00003.gguf: split.count is 2 but the file name says 3 splits"));
 
-    const struct split_spec no[3] = {{0, 3, 4, {"a", NULL}}, {0, 3, 4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
+    const struct split_spec no[3] = {
+        {0, 3, 4, {"a", NULL}}, {0, 3, 4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
     ck_assert_int_eq(split_case("no", no, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "split.no is 0 but the file name says split 2"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "split.no is 0 but the file name says split 2"));
 
-    const struct split_spec total[3] = {{0, 3, 5, {"a", NULL}}, {1, 3, 5, {"b", "c"}}, {2, 3, 5, {"d", NULL}}};
+    const struct split_spec total[3] = {
+        {0, 3, 5, {"a", NULL}}, {1, 3, 5, {"b", "c"}}, {2, 3, 5, {"d", NULL}}};
     ck_assert_int_eq(split_case("total", total, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "split.tensors.count is 5 but the 3 splits hold 4 tensors"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "split.tensors.count is 5 but the 3 splits hold 4 tensors"));
 
-    const struct split_spec disagree[3] = {{0, 3, 4, {"a", NULL}}, {1, 3, 4, {"b", "c"}}, {2, 3, 3, {"d", NULL}}};
+    const struct split_spec disagree[3] = {
+        {0, 3, 4, {"a", NULL}}, {1, 3, 4, {"b", "c"}}, {2, 3, 3, {"d", NULL}}};
     ck_assert_int_eq(split_case("disagree", disagree, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "split.tensors.count is 3 but the first split says 4"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "split.tensors.count is 3 but the first split says 4"));
 
-    const struct split_spec nokeys[3] = {{0, 3, 4, {"a", NULL}}, {-1, 0, 0, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
+    const struct split_spec nokeys[3] = {
+        {0, 3, 4, {"a", NULL}}, {-1, 0, 0, {"b", "c"}}, {2, 3, 4, {"d", NULL}}};
     ck_assert_int_eq(split_case("nokeys", nokeys, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "m-00002-of-00003.gguf: split file lacks the key split.no"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "m-00002-of-00003.gguf: split file lacks the key split.no"));
 
     /* split.no of the wrong type: the getter's own message, prefixed with the file */
-    ck_assert_int_eq(split_case("signed", (const struct split_spec[3]){{0, 3, 4, {"a", NULL}}, {1, 3, -4, {"b", "c"}}, {2, 3, 4, {"d", NULL}}}, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "m-00002-of-00003.gguf: GGUF key split.tensors.count is -4; a nonnegative value was expected"));
+    ck_assert_int_eq(split_case("signed",
+                                (const struct split_spec[3]){{0, 3, 4, {"a", NULL}},
+                                                             {1, 3, -4, {"b", "c"}},
+                                                             {2, 3, 4, {"d", NULL}}},
+                                3, &f),
+                     STRATA_EFORMAT);
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(), "m-00002-of-00003.gguf: GGUF key split.tensors.count is -4; a "
+                                   "nonnegative value was expected"));
 
-    const struct split_spec dup[3] = {{0, 3, 4, {"a", NULL}}, {1, 3, 4, {"b", "c"}}, {2, 3, 4, {"a", NULL}}};
+    const struct split_spec dup[3] = {
+        {0, 3, 4, {"a", NULL}}, {1, 3, 4, {"b", "c"}}, {2, 3, 4, {"a", NULL}}};
     ck_assert_int_eq(split_case("dup", dup, 3, &f), STRATA_EFORMAT);
-    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "duplicate tensor name 'a' (tensor #0 here; first seen as tensor #0 of split 1)"));
+    ck_assert_ptr_nonnull(
+        strstr(strata_errdetail(),
+               "duplicate tensor name 'a' (tensor #0 here; first seen as tensor #0 of split 1)"));
     ck_assert_ptr_eq(f, NULL);
 }
 END_TEST
 
-/* ---- real files ---------------------------------------------------------------------------------- */
+/* ---- real files
+ * ---------------------------------------------------------------------------------- */
 
 START_TEST(golden_files)
 {
-    static const char *types[] = {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k",
-                                  "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"};
+    static const char *types[] = {"f16",  "bf16", "q8_0", "q4_0", "q4_1", "q5_0",   "q5_1",
+                                  "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         char rel[64];
         snprintf(rel, sizeof rel, "quant/golden-%s.gguf", types[i]);
@@ -733,7 +897,8 @@ START_TEST(golden_files)
         ck_assert_int_eq(gguf_get_str(f, "golden.type", &gt), 0);
         char tname[16];
         snprintf(tname, sizeof tname, "%.*s", (int)gt.len, gt.ptr);
-        const struct gguf_tensor *q = gguf_tensor_find(f, "quant"), *d = gguf_tensor_find(f, "dequant");
+        const struct gguf_tensor *q = gguf_tensor_find(f, "quant"),
+                                 *d = gguf_tensor_find(f, "dequant");
         ck_assert_ptr_nonnull(q);
         ck_assert_ptr_nonnull(d);
         ck_assert_int_eq((int)q->type, qtype_parse(tname));
@@ -753,7 +918,8 @@ START_TEST(golden_files)
 }
 END_TEST
 
-/* ---- strata gguf info ------------------------------------------------------------------------------ */
+/* ---- strata gguf info
+ * ------------------------------------------------------------------------------ */
 
 extern const struct strata_cmd strata_cmd_gguf;
 
@@ -784,8 +950,10 @@ START_TEST(cmd_info)
     ck_assert_msg(doc != NULL, "JSON does not parse: %s at line %d", err.text, err.line);
     ck_assert_int_eq(json_integer_value(json_object_get(doc, "version")), 3);
     json_t *kv = json_object_get(doc, "kv");
-    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(kv, "a.str"), "value")), "hello");
-    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(kv, "a.i64"), "value")), -5000000000ll);
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(kv, "a.str"), "value")),
+                     "hello");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(kv, "a.i64"), "value")),
+                     -5000000000ll);
     json_t *nested = json_object_get(json_object_get(kv, "arr.nested"), "value");
     ck_assert_int_eq(json_integer_value(json_array_get(json_array_get(nested, 0), 1)), 2);
     json_t *tensors = json_object_get(doc, "tensors");
@@ -810,7 +978,8 @@ START_TEST(cmd_info)
     struct gguf_writer *w;
     ck_assert_int_eq(gguf_writer_open(lpath, 0, &w), 0);
     const char *toks[20];
-    for (int i = 0; i < 20; i++) toks[i] = "tok";
+    for (int i = 0; i < 20; i++)
+        toks[i] = "tok";
     ck_assert_int_eq(gguf_w_arr_str(w, "tokenizer.ggml.tokens", 20, toks, NULL), 0);
     char longs[201];
     memset(longs, 'z', 200);
@@ -838,7 +1007,8 @@ int main(void)
     tcase_add_test(tc, round_trip_every_type);
     tcase_add_test(tc, version_2_reads);
     tcase_add_test(tc, twenty_thousand_tensors);
-    tcase_add_loop_test(tc, each_check_has_its_error, 0, (int)(sizeof bad_cases / sizeof bad_cases[0]));
+    tcase_add_loop_test(tc, each_check_has_its_error, 0,
+                        (int)(sizeof bad_cases / sizeof bad_cases[0]));
     tcase_add_test(tc, metadata_without_data);
     tcase_add_test(tc, messages_name_the_file);
     tcase_add_test(tc, truncated_everywhere);

@@ -22,14 +22,18 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: strata gguf info FILE [--json]\n\n"
-                 "Prints a GGUF file's version, alignment, KV pairs, tensors (name, type, shape, bytes,\n"
-                 "split, file offset) and bytes per type. For a split set give the -00001-of-0000N file.\n"
-                 "  --json   one JSON document: \"kv\" maps each key to {\"type\", \"value\"} (arrays:\n"
-                 "           {\"type\": \"array\", \"elem\", \"n\", \"value\"}, \"value\" left out past %d\n"
-                 "           elements), \"tensors\" lists {\"name\", \"type\", \"shape\", \"bytes\", \"split\",\n"
-                 "           \"offset\" (in the data section), \"file_offset\"}, \"totals\" bytes per type.\n",
-            JSON_ARRAY_MAX);
+    fprintf(
+        out,
+        "usage: strata gguf info FILE [--json]\n\n"
+        "Prints a GGUF file's version, alignment, KV pairs, tensors (name, type, shape, bytes,\n"
+        "split, file offset) and bytes per type. For a split set give the -00001-of-0000N file.\n"
+        "  --json   one JSON document: \"kv\" maps each key to {\"type\", \"value\"} (arrays:\n"
+        "           {\"type\": \"array\", \"elem\", \"n\", \"value\"}, \"value\" left out past %d\n"
+        "           elements), \"tensors\" lists {\"name\", \"type\", \"shape\", \"bytes\", "
+        "\"split\",\n"
+        "           \"offset\" (in the data section), \"file_offset\"}, \"totals\" bytes per "
+        "type.\n",
+        JSON_ARRAY_MAX);
 }
 
 /* put_str prints a string from the file: printable ASCII as is, other bytes escaped, cut at max. */
@@ -54,20 +58,33 @@ static void put_str(FILE *out, const char *s, uint64_t len, uint64_t max)
 static void put_value(FILE *out, const struct gguf_value *v)
 {
     switch (v->type) {
-    case GGUF_STRING: put_str(out, v->str.ptr, v->str.len, TABLE_STR_MAX); return;
-    case GGUF_BOOL: fputs(v->b ? "true" : "false", out); return;
+    case GGUF_STRING:
+        put_str(out, v->str.ptr, v->str.len, TABLE_STR_MAX);
+        return;
+    case GGUF_BOOL:
+        fputs(v->b ? "true" : "false", out);
+        return;
     case GGUF_FLOAT32:
-    case GGUF_FLOAT64: fprintf(out, "%.9g", v->f); return;
+    case GGUF_FLOAT64:
+        fprintf(out, "%.9g", v->f);
+        return;
     case GGUF_INT8:
     case GGUF_INT16:
     case GGUF_INT32:
-    case GGUF_INT64: fprintf(out, "%" PRId64, v->i); return;
-    case GGUF_ARRAY: break;
-    default: fprintf(out, "%" PRIu64, v->u); return;
+    case GGUF_INT64:
+        fprintf(out, "%" PRId64, v->i);
+        return;
+    case GGUF_ARRAY:
+        break;
+    default:
+        fprintf(out, "%" PRIu64, v->u);
+        return;
     }
     if (v->arr.n > TABLE_ARR_MAX) {
         fprintf(out, "[%" PRIu64 " %s%s]", v->arr.n, gguf_vtype_name(v->arr.type),
-                v->arr.type == GGUF_ARRAY ? "s" : v->arr.type == GGUF_STRING ? "s" : "");
+                v->arr.type == GGUF_ARRAY    ? "s"
+                : v->arr.type == GGUF_STRING ? "s"
+                                             : "");
         return;
     }
     fputc('[', out);
@@ -77,8 +94,8 @@ static void put_value(FILE *out, const struct gguf_value *v)
             put_value(out, &v->arr.items[i]);
         } else if (v->arr.type == GGUF_FLOAT32 || v->arr.type == GGUF_FLOAT64) {
             fprintf(out, "%.9g", gguf_arr_f64(v, i));
-        } else if (v->arr.type == GGUF_INT8 || v->arr.type == GGUF_INT16 || v->arr.type == GGUF_INT32 ||
-                   v->arr.type == GGUF_INT64) {
+        } else if (v->arr.type == GGUF_INT8 || v->arr.type == GGUF_INT16 ||
+                   v->arr.type == GGUF_INT32 || v->arr.type == GGUF_INT64) {
             fprintf(out, "%" PRId64, gguf_arr_i64(v, i));
         } else if (v->arr.type == GGUF_BOOL) {
             fputs(gguf_arr_u64(v, i) ? "true" : "false", out);
@@ -101,11 +118,13 @@ static void put_shape(FILE *out, const struct gguf_tensor *t, int width)
 
 static void print_table(FILE *out, const char *path, const struct gguf_file *f)
 {
-    fprintf(out, "%s: GGUF v%u, alignment %u, %" PRIu64 " KV pairs, %" PRIu64 " tensors, %u split%s\n", path,
-            f->version, f->alignment, f->n_kv, f->n_tensors, f->n_splits, f->n_splits == 1 ? "" : "s");
+    fprintf(out,
+            "%s: GGUF v%u, alignment %u, %" PRIu64 " KV pairs, %" PRIu64 " tensors, %u split%s\n",
+            path, f->version, f->alignment, f->n_kv, f->n_tensors, f->n_splits,
+            f->n_splits == 1 ? "" : "s");
     for (uint32_t s = 0; s < f->n_splits; s++)
-        fprintf(out, "  split %u: %s (%" PRIu64 " bytes, data at %" PRIu64 ")\n", s, f->splits[s].path,
-                f->splits[s].size, f->splits[s].data_off);
+        fprintf(out, "  split %u: %s (%" PRIu64 " bytes, data at %" PRIu64 ")\n", s,
+                f->splits[s].path, f->splits[s].size, f->splits[s].data_off);
     fprintf(out, "\n%-40s %-8s %s\n", "key", "type", "value");
     for (uint64_t i = 0; i < f->n_kv; i++) {
         const struct gguf_kv *kv = &f->kv[i];
@@ -113,7 +132,8 @@ static void print_table(FILE *out, const char *path, const struct gguf_file *f)
         put_value(out, &kv->val);
         fputc('\n', out);
     }
-    fprintf(out, "\n%-48s %-8s %-26s %14s %5s %14s\n", "tensor", "type", "shape", "bytes", "split", "offset");
+    fprintf(out, "\n%-48s %-8s %-26s %14s %5s %14s\n", "tensor", "type", "shape", "bytes", "split",
+            "offset");
     uint64_t bytes[QT_COUNT] = {0}, count[QT_COUNT] = {0}, total = 0;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor *t = &f->tensors[i];
@@ -127,7 +147,8 @@ static void print_table(FILE *out, const char *path, const struct gguf_file *f)
     }
     fprintf(out, "\n%-8s %8s %16s\n", "type", "tensors", "bytes");
     for (uint32_t q = 0; q < QT_COUNT; q++)
-        if (count[q]) fprintf(out, "%-8s %8" PRIu64 " %16" PRIu64 "\n", qtype_name(q), count[q], bytes[q]);
+        if (count[q])
+            fprintf(out, "%-8s %8" PRIu64 " %16" PRIu64 "\n", qtype_name(q), count[q], bytes[q]);
     fprintf(out, "%-8s %8" PRIu64 " %16" PRIu64 " (%.2f GiB)\n", "total", f->n_tensors, total,
             (double)total / (1024.0 * 1024 * 1024));
 }
@@ -140,7 +161,8 @@ static json_t *json_str(const char *s, uint64_t len)
     if (j) return j;
     char *c = malloc(len ? len : 1);
     if (!c) return NULL;
-    for (uint64_t i = 0; i < len; i++) c[i] = (unsigned char)s[i] < 0x80 && s[i] ? s[i] : '?';
+    for (uint64_t i = 0; i < len; i++)
+        c[i] = (unsigned char)s[i] < 0x80 && s[i] ? s[i] : '?';
     j = json_stringn(c, len);
     free(c);
     return j;
@@ -155,16 +177,22 @@ static json_t *json_real_or_null(double d)
 static json_t *json_value(const struct gguf_value *v)
 {
     switch (v->type) {
-    case GGUF_STRING: return json_str(v->str.ptr, v->str.len);
-    case GGUF_BOOL: return json_boolean(v->b);
+    case GGUF_STRING:
+        return json_str(v->str.ptr, v->str.len);
+    case GGUF_BOOL:
+        return json_boolean(v->b);
     case GGUF_FLOAT32:
-    case GGUF_FLOAT64: return json_real_or_null(v->f);
+    case GGUF_FLOAT64:
+        return json_real_or_null(v->f);
     case GGUF_INT8:
     case GGUF_INT16:
     case GGUF_INT32:
-    case GGUF_INT64: return json_integer(v->i);
-    case GGUF_ARRAY: break;
-    default: return v->u <= INT64_MAX ? json_integer((json_int_t)v->u) : json_real((double)v->u);
+    case GGUF_INT64:
+        return json_integer(v->i);
+    case GGUF_ARRAY:
+        break;
+    default:
+        return v->u <= INT64_MAX ? json_integer((json_int_t)v->u) : json_real((double)v->u);
     }
     json_t *a = json_array();
     for (uint64_t i = 0; a && i < v->arr.n; i++) {
@@ -207,7 +235,8 @@ static json_t *json_kv(const struct gguf_value *v)
 
 static int print_json(FILE *out, const char *path, const struct gguf_file *f)
 {
-    json_t *doc = json_object(), *kv = json_object(), *tensors = json_array(), *splits = json_array();
+    json_t *doc = json_object(), *kv = json_object(), *tensors = json_array(),
+           *splits = json_array();
     json_t *totals = json_object();
     int rv = 0;
     json_object_set_new(doc, "file", json_string(path));
@@ -229,14 +258,16 @@ static int print_json(FILE *out, const char *path, const struct gguf_file *f)
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor *t = &f->tensors[i];
         json_t *o = json_object(), *shape = json_array();
-        for (uint32_t d = 0; d < t->n_dims; d++) json_array_append_new(shape, json_integer((json_int_t)t->ne[d]));
+        for (uint32_t d = 0; d < t->n_dims; d++)
+            json_array_append_new(shape, json_integer((json_int_t)t->ne[d]));
         json_object_set_new(o, "name", json_str(t->name, strlen(t->name)));
         json_object_set_new(o, "type", json_string(qtype_name(t->type)));
         json_object_set_new(o, "shape", shape);
         json_object_set_new(o, "bytes", json_integer((json_int_t)t->nbytes));
         json_object_set_new(o, "split", json_integer(t->split));
         json_object_set_new(o, "offset", json_integer((json_int_t)t->offset));
-        json_object_set_new(o, "file_offset", json_integer((json_int_t)(f->splits[t->split].data_off + t->offset)));
+        json_object_set_new(o, "file_offset",
+                            json_integer((json_int_t)(f->splits[t->split].data_off + t->offset)));
         json_array_append_new(tensors, o);
         bytes[t->type] += t->nbytes;
         count[t->type]++;
@@ -254,7 +285,8 @@ static int print_json(FILE *out, const char *path, const struct gguf_file *f)
     json_object_set_new(doc, "kv", kv);
     json_object_set_new(doc, "tensors", tensors);
     json_object_set_new(doc, "totals", totals);
-    if (!rv && (json_dumpf(doc, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 || fputc('\n', out) == EOF))
+    if (!rv && (json_dumpf(doc, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER) != 0 ||
+                fputc('\n', out) == EOF))
         rv = strata_errf(STRATA_EIO, "cannot write the JSON document");
     json_decref(doc);
     return rv;
@@ -307,4 +339,5 @@ static int run(int argc, char **argv)
     return rv ? strata_cmd_fail("gguf", "info", rv) : 0;
 }
 
-const struct strata_cmd strata_cmd_gguf = {"gguf", "look inside a GGUF file: gguf info FILE [--json]", run};
+const struct strata_cmd strata_cmd_gguf = {"gguf",
+                                           "look inside a GGUF file: gguf info FILE [--json]", run};
