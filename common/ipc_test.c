@@ -557,8 +557,9 @@ START_TEST(runtime_dir_rules)
 END_TEST
 
 /* raw_request speaks SP over IPC by hand (an 8-byte handshake, then frames of a type byte, a
- * 64-bit length and a 32-bit request id before the body) and says whether a reply came. */
-static bool raw_request(const char *path)
+ * 64-bit length and a 32-bit request id before the body): 1 if a reply came, 0 if the connection
+ * was made but nothing came back, -1 if it could not connect. */
+static int raw_request(const char *path)
 {
     static const unsigned char hello[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* req0 */
     unsigned char frame[9 + 4 + 64], in[8];
@@ -566,9 +567,12 @@ static bool raw_request(const char *path)
     size_t len;
     struct msg_builder b;
     msg_begin_request(&b, IPC_PING_OP);
-    if (msg_finish(&b, &body, &len) != 0 || len > 64) return false;
+    if (msg_finish(&b, &body, &len) != 0 || len > 64) return -1;
     int fd = raw_connect(path);
-    if (fd < 0) return false;
+    if (fd < 0) {
+        free(body);
+        return -1;
+    }
     frame[0] = 1;
     for (int i = 0; i < 8; i++)
         frame[1 + i] = (unsigned char)((4 + len) >> (56 - 8 * i));
@@ -581,7 +585,7 @@ static bool raw_request(const char *path)
                    write(fd, frame, 13 + len) == (ssize_t)(13 + len) && read(fd, in, 1) == 1 &&
                    in[0] == 1;
     close(fd);
-    return replied;
+    return replied ? 1 : 0;
 }
 
 START_TEST(peers_of_another_uid_are_dropped)
@@ -593,20 +597,23 @@ START_TEST(peers_of_another_uid_are_dropped)
     char dir[512], url[600];
     setup("uid", dir, url);
     struct ipc_server *srv = start(url, 5000, 0);
-    /* open the door that the 0700 directory and 0600 socket normally keep shut, so only the
-     * uid check stands between the stranger and the server */
+    /* open the doors that the 0700 directories and the 0600 socket normally keep shut, so only
+     * the uid check stands between the stranger and the server */
+    ck_assert_int_eq(chmod(test_tmpdir(), 0711), 0);
     ck_assert_int_eq(chmod(dir, 0711), 0);
     ck_assert_int_eq(chmod(url + 6, 0666), 0);
-    ck_assert(raw_request(url + 6)); /* the same uid is answered */
+    ck_assert_int_eq(raw_request(url + 6), 1); /* the same uid is answered */
     pid_t pid = fork();
     if (pid == 0) { /* no nng in the child: raw syscalls only */
         if (setgid(65534) != 0 || setuid(65534) != 0) _exit(3);
-        _exit(raw_request(url + 6) ? 1 : 0);
+        int r = raw_request(url + 6);
+        _exit(r == 0 ? 0 : r == 1 ? 1 : 2);
     }
     int status;
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     ck_assert(WIFEXITED(status));
-    ck_assert_msg(WEXITSTATUS(status) == 0, "child exit %d (1: a stranger was answered)",
+    ck_assert_msg(WEXITSTATUS(status) == 0,
+                  "child exit %d (1: a stranger was answered, 2: it could not connect)",
                   WEXITSTATUS(status));
     ipc_server_close(srv);
 }
