@@ -29,15 +29,14 @@ extern "C" int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows
 
 /* One thread per rotated pair; grid (pairs, heads, tokens). */
 __global__ void rope_kernel(float *x, const int32_t *pos, int n_head, int head_dim, int n_rot,
-                            float base, int neox)
+                            float step, int neox)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x; /* pair index < n_rot / 2 */
     if (i >= n_rot / 2) return;
     int h = blockIdx.y;
     int64_t t = blockIdx.z;
     float *v = x + (t * n_head + h) * head_dim;
-    /* pos * base^(-2i/n_rot) by repeated multiplication, as ggml and kernels/ref/ops.c build it */
-    const float step = powf(base, -2.0f / (float)n_rot);
+    /* pos * step^i by repeated multiplication, as ggml and kernels/ref/ops.c build it */
     float theta = (float)pos[t];
     for (int j = 0; j < i; j++) theta *= step;
     float c, s;
@@ -54,6 +53,9 @@ extern "C" int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, 
     if (n_tok <= 0 || n_head <= 0 || n_rot <= 0 || n_rot > head_dim || n_rot % 2)
         return strata_errf(STRATA_EINVAL, "cu_rope: n_rot %d of head_dim %d", n_rot, head_dim);
     dim3 grid((unsigned)((n_rot / 2 + 63) / 64), (unsigned)n_head, (unsigned)n_tok);
-    rope_kernel<<<grid, 64, 0, (cudaStream_t)stream>>>(x, pos, n_head, head_dim, n_rot, base, neox);
+    /* The step is computed by the host's powf, the one the CPU reference uses: a 1-ulp difference
+     * in it grows to 4e-3 rad at position 40K. */
+    const float step = powf(base, -2.0f / (float)n_rot);
+    rope_kernel<<<grid, 64, 0, (cudaStream_t)stream>>>(x, pos, n_head, head_dim, n_rot, step, neox);
     return cu_launch_check();
 }
