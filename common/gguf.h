@@ -73,12 +73,12 @@ struct gguf_kv {
 struct gguf_tensor {
     char *name;                  /* NUL-terminated, owned */
     uint32_t n_dims;             /* 1..4 */
-    uint64_t ne[GGUF_MAX_DIMS];  /* ggml order: ne[0] is the row length; unused dims are 1 */
+    uint64_t ne[GGUF_MAX_DIMS];  /* ggml order: ne[0] is the row length; each >= 1; unused dims are 1 */
     uint32_t type;               /* enum qtype */
     uint64_t offset;             /* from the start of its split's data section */
     uint64_t nbytes;             /* exact size of the data */
     uint32_t split;              /* index of the split file holding the data */
-    const uint8_t *data;         /* into the mapping */
+    const uint8_t *data;         /* into the mapping; NULL from gguf_open_mem without check_data */
 };
 
 struct gguf_split {
