@@ -5,7 +5,8 @@
  * (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, `{% generation %}`,
  * tojson = json.dumps(ensure_ascii=False), raise_exception, strftime_now). Differences, by choice:
  * list.append/pop work (the sandbox forbids them); macros accept extra arguments as varargs and
- * kwargs whether or not the body uses them. include/import/extends are errors: templates are
+ * kwargs whether or not the body uses them; integers are 64-bit (overflow is an error, Python's
+ * are unbounded); case mapping covers Latin, Greek and Cyrillic only. include/import/extends are errors: templates are
  * untrusted input and never reach files or the network. Every render is bounded by the limits:
  * steps (loop iterations and macro calls), macro call depth, output bytes and memory; parsing by
  * nesting depth and token count. Unknown filters and tests fail at compile time, except inside an
