@@ -6,13 +6,13 @@
  * tojson = json.dumps(ensure_ascii=False), raise_exception, strftime_now). Differences, by choice:
  * list.append/pop work (the sandbox forbids them); macros accept extra arguments as varargs and
  * kwargs whether or not the body uses them; integers are 64-bit (overflow is an error, Python's
- * are unbounded); case mapping covers Latin, Greek and Cyrillic only. include/import/extends are errors: templates are
- * untrusted input and never reach files or the network. Every render is bounded by the limits:
- * steps (loop iterations and macro calls), macro call depth, output bytes and memory; parsing by
- * nesting depth and token count. Unknown filters and tests fail at compile time, except inside an
- * `if` body, where they fail only when run (Jinja2's rule).
- * A compiled template is immutable: render it from any number of threads at once. Errors return a
- * STRATA_E* code with "line N: what" in strata_errdetail().
+ * are unbounded); case mapping covers Latin, Greek and Cyrillic only. include/import/extends are
+ * errors: templates are untrusted input and never reach files or the network. Every render is
+ * bounded by the limits: steps (loop iterations and macro calls), macro call depth, output bytes
+ * and memory; parsing by nesting depth and token count. Unknown filters and tests fail at compile
+ * time, except inside an `if` body, where they fail only when run (Jinja2's rule). A compiled
+ * template is immutable: render it from any number of threads at once. Errors return a STRATA_E*
+ * code with "line N: what" in strata_errdetail().
  */
 #ifndef STRATA_TMPL_H
 #define STRATA_TMPL_H
