@@ -1,4 +1,4 @@
-/* ipc — strata's request/reply sockets: an NNG rep0 server with a context pool, and a req0 client.
+/* ipc — strata's request/reply sockets: an NNG rep0 server with a context pool and a req0 client.
  *
  * Server: a pool of n_ctx nng contexts, each a small state machine (receive -> handler -> send ->
  * receive) driven by its aio callback on nng's threads, so a handler that answers later (a long

@@ -139,7 +139,8 @@ void msg_pack_i64s(struct msg_builder *b, const int64_t *v, uint32_t n)
 int msg_finish(struct msg_builder *b, void **buf, size_t *len)
 {
     int rv = b->err;
-    if (rv == 0 && b->buf.size < TOP_HEADER_BYTES) rv = STRATA_ENOMEM;
+    /* a builder already finished or released has no header to patch */
+    if (rv == 0 && b->buf.size < TOP_HEADER_BYTES) rv = STRATA_EINVAL;
     if (rv != 0) {
         msg_builder_fini(b);
         return strata_errf(rv, "building a message failed: %s", strata_strerror(rv));

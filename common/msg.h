@@ -69,7 +69,8 @@ void msg_pack_i32s(struct msg_builder *b, const int32_t *v, uint32_t n); /* an a
 void msg_pack_i64s(struct msg_builder *b, const int64_t *v, uint32_t n);
 
 /* msg_finish completes b and hands its bytes to the caller (*buf is malloc'd: free() it). b is
- * released either way. Returns 0 or STRATA_ENOMEM. */
+ * released either way. Returns 0, STRATA_ENOMEM, or STRATA_EINVAL for a builder already
+ * finished. */
 int msg_finish(struct msg_builder *b, void **buf, size_t *len);
 
 /* msg_builder_fini releases b without producing a message (on an error path). Safe after

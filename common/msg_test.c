@@ -210,6 +210,9 @@ START_TEST(error_reply_round_trip)
     msg_key(&b, "n");
     msg_pack_i64(&b, 3);
     ck_assert_int_eq(msg_finish(&b, &buf, &len), 0);
+    void *again;
+    size_t again_len;
+    ck_assert_int_eq(msg_finish(&b, &again, &again_len), STRATA_EINVAL); /* already released */
     ck_assert_int_eq(msg_decode(buf, len, &m), 0);
     ck_assert(m.ok);
     ck_assert_int_eq(msg_reply_status(&m), 0);
