@@ -29,7 +29,8 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* evict drops the model's pages from the page cache (fsync first: dirty pages cannot be dropped). */
+/* evict drops the model's pages from the page cache (fsync first: dirty pages cannot be dropped).
+ */
 static void evict(const struct gguf_file *f)
 {
     for (uint32_t i = 0; i < f->n_splits; i++) {
@@ -53,7 +54,8 @@ static int seq_read(const struct gguf_file *f, uint8_t *buf, uint64_t *bytes, do
                                strerror(errno));
         posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         ssize_t r;
-        while ((r = read(fd, buf, READ_CHUNK)) > 0) *bytes += (uint64_t)r;
+        while ((r = read(fd, buf, READ_CHUNK)) > 0)
+            *bytes += (uint64_t)r;
         close(fd);
         if (r < 0) return strata_errf(strata_errno(errno), "read %s", f->splits[i].path);
     }
@@ -104,8 +106,10 @@ int arena_cli_bench(int argc, char **argv)
     uint64_t align = ARENA_ALIGN_SMALL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-        if (c == 'd') shm_dir = optarg;
-        else if (c == 't') threads = atoi(optarg);
+        if (c == 'd')
+            shm_dir = optarg;
+        else if (c == 't')
+            threads = atoi(optarg);
         else if (c == 'a') {
             if (arena_cli_parse_align(optarg, &align) != 0) {
                 fprintf(stderr, "strata-arena bench: %s\n", strata_errdetail());

@@ -15,10 +15,11 @@
 #include <xxhash.h>
 
 #define DEFAULT_CHUNK (32ull << 20)
-#define GAP_MAX       (64u << 10) /* file padding up to this is read into a scratch buffer, so
-                                     that alignment gaps between tensors do not split a read */
-#define IOV_CAP       1024        /* IOV_MAX on Linux */
-#define HASH_BATCH    16          /* blobs a hash thread claims at once */
+#define GAP_MAX                                                                                    \
+    (64u << 10)         /* file padding up to this is read into a scratch buffer, so               \
+                           that alignment gaps between tensors do not split a read */
+#define IOV_CAP    1024 /* IOV_MAX on Linux */
+#define HASH_BATCH 16   /* blobs a hash thread claims at once */
 
 /* A chunk: len bytes of one file from src, feeding extents from ext_first (skip bytes into it). */
 struct chunk {
@@ -36,15 +37,15 @@ struct job {
     uint64_t n_chunks;
     bool keep_cache;
     const _Atomic int *cancel;
-    _Atomic uint64_t next;      /* next chunk (or blob batch in the hash phase) to claim */
-    _Atomic uint64_t done;      /* bytes read so far */
+    _Atomic uint64_t next; /* next chunk (or blob batch in the hash phase) to claim */
+    _Atomic uint64_t done; /* bytes read so far */
     _Atomic uint64_t reads;
-    int running;                /* threads not yet finished, under err_mu */
-    pthread_cond_t finished;    /* signalled when running drops to 0 */
-    _Atomic int err;            /* first error, 0 if none */
+    int running;             /* threads not yet finished, under err_mu */
+    pthread_cond_t finished; /* signalled when running drops to 0 */
+    _Atomic int err;         /* first error, 0 if none */
     pthread_mutex_t err_mu;
     char err_detail[1024];
-    struct arena view;          /* for the hash phase */
+    struct arena view; /* for the hash phase */
 };
 
 static double now_s(void)
@@ -70,7 +71,8 @@ static void thread_done(struct job *j)
     pthread_mutex_unlock(&j->err_mu);
 }
 
-/* plan_chunks groups the sorted extents into reads of up to chunk bytes of contiguous file range. */
+/* plan_chunks groups the sorted extents into reads of up to chunk bytes of contiguous file range.
+ */
 static int plan_chunks(struct job *j, uint64_t chunk)
 {
     const struct arena_layout *L = j->L;
@@ -102,8 +104,8 @@ static int plan_chunks(struct job *j, uint64_t chunk)
             }
             cur = &j->chunks[j->n_chunks++];
             uint64_t piece = x->len - off < chunk ? x->len - off : chunk;
-            *cur = (struct chunk){.src = pos, .len = piece, .ext_first = i, .skip = off,
-                                  .split = x->split};
+            *cur = (struct chunk){
+                .src = pos, .len = piece, .ext_first = i, .skip = off, .split = x->split};
             n_iov = 1;
             off += piece;
         }
@@ -111,7 +113,8 @@ static int plan_chunks(struct job *j, uint64_t chunk)
     return 0;
 }
 
-/* read_chunk rebuilds the chunk's iovec from its extents (as plan_chunks grouped them) and reads. */
+/* read_chunk rebuilds the chunk's iovec from its extents (as plan_chunks grouped them) and reads.
+ */
 static int read_chunk(struct job *j, const struct chunk *c, uint8_t *scratch)
 {
     static _Thread_local struct iovec iov[IOV_CAP];
@@ -204,8 +207,7 @@ static void *hash_main(void *arg)
         for (uint64_t i = first; i < n && i < first + HASH_BATCH; i++) {
             uint32_t l = (uint32_t)(i / h->n_expert), e = (uint32_t)(i % h->n_expert);
             out[i] = arena_build_hash_blob(&j->view, l, e);
-            atomic_fetch_add_explicit(&j->done, j->view.layers[l].blob_bytes,
-                                      memory_order_relaxed);
+            atomic_fetch_add_explicit(&j->done, j->view.layers[l].blob_bytes, memory_order_relaxed);
         }
     }
     thread_done(j);
@@ -251,7 +253,8 @@ static int run_phase(struct job *j, void *(*fn)(void *), int n, bool progress, c
     }
     pthread_mutex_unlock(&j->err_mu);
     if (started == 0) return strata_errf(STRATA_ENOMEM, "cannot start a thread");
-    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
     if (progress) {
         draw_bar(what, atomic_load(&j->done), total, t0);
         fputc('\n', stderr);
@@ -265,8 +268,8 @@ int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, ui
                      const struct arena_build_opts *opts, struct arena_build_stats *stats)
 {
     int rv = 0;
-    struct job j = {.L = L, .f = f, .img = img, .keep_cache = opts->keep_cache,
-                    .cancel = opts->cancel};
+    struct job j = {
+        .L = L, .f = f, .img = img, .keep_cache = opts->keep_cache, .cancel = opts->cancel};
     pthread_mutex_init(&j.err_mu, NULL);
     pthread_cond_init(&j.finished, NULL);
     int n = opts->threads;
@@ -282,12 +285,13 @@ int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, ui
         rv = STRATA_ENOMEM;
         goto out;
     }
-    for (uint32_t s = 0; s < f->n_splits; s++) j.fds[s] = -1;
+    for (uint32_t s = 0; s < f->n_splits; s++)
+        j.fds[s] = -1;
     for (uint32_t s = 0; s < f->n_splits; s++) {
         j.fds[s] = open(f->splits[s].path, O_RDONLY | O_CLOEXEC);
         if (j.fds[s] < 0) {
-            rv = strata_errf(strata_errno(errno), "open %s: %s", f->splits[s].path,
-                             strerror(errno));
+            rv =
+                strata_errf(strata_errno(errno), "open %s: %s", f->splits[s].path, strerror(errno));
             goto out;
         }
         posix_fadvise(j.fds[s], 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -298,7 +302,8 @@ int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, ui
 
     double t0 = now_s();
     uint64_t total = 0;
-    for (uint64_t i = 0; i < j.n_chunks; i++) total += j.chunks[i].len;
+    for (uint64_t i = 0; i < j.n_chunks; i++)
+        total += j.chunks[i].len;
     if ((rv = run_phase(&j, read_main, n, opts->progress, "reading", total)) != 0) goto out;
     stats->bytes_read = atomic_load(&j.done);
     stats->reads = atomic_load(&j.reads);

@@ -25,8 +25,8 @@
 static int fail(const char *cmd, const char *what, int rv)
 {
     const char *d = strata_errdetail();
-    fprintf(stderr, "strata-arena %s: %s: %s%s%s\n", cmd, what, strata_strerror(rv), d[0] ? ": " : "",
-            d);
+    fprintf(stderr, "strata-arena %s: %s: %s%s%s\n", cmd, what, strata_strerror(rv),
+            d[0] ? ": " : "", d);
     return 1;
 }
 
@@ -68,8 +68,10 @@ static int parse_seg_opts(int argc, char **argv, struct seg_opts *o, const char 
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-        if (c == 'd') o->shm_dir = optarg;
-        else if (c == 'j') o->json = 1;
+        if (c == 'd')
+            o->shm_dir = optarg;
+        else if (c == 'j')
+            o->json = 1;
         else if (c == 'h') {
             printf("%s", usage);
             return 0;
@@ -273,9 +275,8 @@ int arena_cli_verify(int argc, char **argv)
         const struct arena_layer *L = arena_layer_get(a, l);
         if (!L->n_parts) continue;
         for (uint32_t p = 0; p < L->n_parts; p++)
-            n_expert_tensors += (a->parts[L->part_first + p].flags & ARENA_PART_PER_EXPERT)
-                                    ? h->n_expert
-                                    : 1;
+            n_expert_tensors +=
+                (a->parts[L->part_first + p].flags & ARENA_PART_PER_EXPERT) ? h->n_expert : 1;
         for (uint32_t e = 0; e < h->n_expert && bad < 20; e++, blobs++)
             bad += verify_blob(a, f, l, e);
     }
@@ -325,8 +326,10 @@ static int parse_ctl_opts(int argc, char **argv, const char **name, const char *
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-        if (c == 'r') *rdir = optarg;
-        else if (c == 'f' && force) *force = true;
+        if (c == 'r')
+            *rdir = optarg;
+        else if (c == 'f' && force)
+            *force = true;
         else if (c == 'h') {
             printf("%s", usage);
             return 0;

@@ -64,7 +64,8 @@ static int op_status(struct ipc_call *call, void *ctx)
     msg_key(&b, "load_s");
     msg_pack_f64(&b, s->load_s);
     msg_key(&b, "load_gibps");
-    msg_pack_f64(&b, s->adopted || s->load_s <= 0 ? 0.0 : s->build.bytes_read / 1073741824.0 / s->load_s);
+    msg_pack_f64(&b, s->adopted || s->load_s <= 0 ? 0.0
+                                                  : s->build.bytes_read / 1073741824.0 / s->load_s);
     msg_key(&b, "uptime_s");
     msg_pack_f64(&b, (now - s->started_ns) * 1e-9);
     pack_kv_u64(&b, "heat_total", atomic_load(&sh->heat_total));
@@ -74,7 +75,8 @@ static int op_status(struct ipc_call *call, void *ctx)
     msg_key(&b, "profile");
     msg_pack_str(&b, s->profile_path);
     uint32_t n = 0;
-    for (int i = 0; i < ARENA_MAX_WORKERS; i++) n += atomic_load(&sh->workers[i].pid) != 0;
+    for (int i = 0; i < ARENA_MAX_WORKERS; i++)
+        n += atomic_load(&sh->workers[i].pid) != 0;
     msg_key(&b, "workers");
     msg_pack_array(&b, n);
     for (int i = 0, k = 0; i < ARENA_MAX_WORKERS && (uint32_t)k < n; i++) {
@@ -122,7 +124,8 @@ static int op_inspect(struct ipc_call *call, void *ctx)
     pack_kv_u64(&b, "expert_bytes", h->expert_bytes);
     pack_kv_u64(&b, "n_expert", h->n_expert);
     uint32_t n = 0;
-    for (uint32_t l = 0; l < h->n_layers; l++) n += a->layers[l].n_parts != 0;
+    for (uint32_t l = 0; l < h->n_layers; l++)
+        n += a->layers[l].n_parts != 0;
     msg_key(&b, "layers");
     msg_pack_array(&b, n);
     for (uint32_t l = 0; l < h->n_layers; l++) {

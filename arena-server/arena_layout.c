@@ -13,14 +13,14 @@
  * per-expert 2-D tensors of the old Mixtral layout. */
 struct src_part {
     uint32_t layer;
-    int rank;                          /* blob order: gate, gate_up, up, down, others */
-    char key[KEY_MAX];                 /* "ffn_gate_exps.weight" or "ffn_gate.*.weight" */
+    int rank;          /* blob order: gate, gate_up, up, down, others */
+    char key[KEY_MAX]; /* "ffn_gate_exps.weight" or "ffn_gate.*.weight" */
     bool per_expert;
     uint32_t type, n_dims;
-    uint64_t ne[ARENA_MAX_DIMS];       /* one expert's slice */
-    uint64_t bytes;                    /* one expert's share */
-    const struct gguf_tensor **src;    /* [0] for a stacked tensor, [e] per expert */
-    uint64_t name_off;                 /* in the string table */
+    uint64_t ne[ARENA_MAX_DIMS];    /* one expert's slice */
+    uint64_t bytes;                 /* one expert's share */
+    const struct gguf_tensor **src; /* [0] for a stacked tensor, [e] per expert */
+    uint64_t name_off;              /* in the string table */
 };
 
 struct plan {
@@ -62,7 +62,8 @@ static bool is_stacked(const char *rest)
     return strcmp(dot + 1, "weight") == 0 || strcmp(dot + 1, "bias") == 0;
 }
 
-/* per_expert_of: rest is "ffn_{gate,up,down}.E.weight"; sets the family ("ffn_gate") length and E. */
+/* per_expert_of: rest is "ffn_{gate,up,down}.E.weight"; sets the family ("ffn_gate") length and E.
+ */
 static bool per_expert_of(const char *rest, size_t *fam_len, uint32_t *e)
 {
     static const char *const fams[] = {"ffn_gate.", "ffn_up.", "ffn_down."};
@@ -211,7 +212,8 @@ static int collect(struct plan *p)
             if ((rv = new_sp(p, layer, rest, &s)) != 0) return rv;
             s->type = t->type;
             s->n_dims = t->n_dims - 1;
-            for (uint32_t d = 0; d < ARENA_MAX_DIMS; d++) s->ne[d] = d < s->n_dims ? t->ne[d] : 1;
+            for (uint32_t d = 0; d < ARENA_MAX_DIMS; d++)
+                s->ne[d] = d < s->n_dims ? t->ne[d] : 1;
             s->bytes = t->nbytes / n;
             s->src[0] = t;
             if ((rv = add_str(p, t->name, &s->name_off)) != 0) return rv;
@@ -238,8 +240,7 @@ static int collect(struct plan *p)
                                    "family; per-expert tensors must match",
                                    t->name);
             }
-            if (s->src[e])
-                return strata_errf(STRATA_EFORMAT, "tensor %s appears twice", t->name);
+            if (s->src[e]) return strata_errf(STRATA_EFORMAT, "tensor %s appears twice", t->name);
             s->src[e] = t;
         }
     }
@@ -284,7 +285,8 @@ static int build_meta(const struct gguf_file *f, uint8_t **out, uint64_t *out_by
         if (f->tensors[i].split == 0) infos0 += b;
     }
     if (f->header_bytes < 24 + infos0)
-        return strata_errf(STRATA_EFORMAT, "GGUF header of %llu bytes is shorter than its tensor infos",
+        return strata_errf(STRATA_EFORMAT,
+                           "GGUF header of %llu bytes is shorter than its tensor infos",
                            (unsigned long long)f->header_bytes);
     uint64_t kv_bytes = f->header_bytes - 24 - infos0;
     uint64_t align = f->alignment ? f->alignment : GGUF_DEFAULT_ALIGNMENT;
@@ -454,7 +456,7 @@ int arena_layout_plan(const struct gguf_file *f, uint64_t align, const char *mod
     if ((rv = add_str(&p, model_path, &path_off)) != 0) goto fail;
     if ((rv = find_n_expert(f, &p.n_expert)) != 0) goto fail;
     if ((rv = collect(&p)) != 0) goto fail;
-    qsort(p.sp, p.n_sp, sizeof *p.sp, cmp_sp);
+    if (p.n_sp) qsort(p.sp, p.n_sp, sizeof *p.sp, cmp_sp); /* sp is NULL without experts */
     if ((rv = build_meta(f, &L->meta, &L->hdr.meta_bytes)) != 0) goto fail;
     if ((rv = layout_tables(&p, L, align)) != 0) goto fail;
     if ((rv = make_extents(&p, L)) != 0) goto fail;
@@ -470,7 +472,8 @@ int arena_layout_plan(const struct gguf_file *f, uint64_t align, const char *mod
     *out = L;
     rv = 0;
 fail:
-    for (size_t i = 0; i < p.n_sp; i++) free(p.sp[i].src);
+    for (size_t i = 0; i < p.n_sp; i++)
+        free(p.sp[i].src);
     free(p.sp);
     free(p.str);
     if (rv != 0) arena_layout_free(L);

@@ -27,15 +27,15 @@ struct arena_extent {
 };
 
 struct arena_layout {
-    struct arena_header hdr;       /* complete but for state and built_ns */
-    uint8_t *meta;                 /* hdr.meta_bytes of GGUF metadata */
-    char *strings;                 /* hdr.strings_bytes */
-    struct arena_tensor *dense;    /* hdr.n_dense */
-    struct arena_layer *layers;    /* hdr.n_layers */
-    struct arena_part *parts;      /* hdr.n_parts */
-    struct arena_extent *ext;      /* every copy, sorted by (split, src) */
+    struct arena_header hdr;    /* complete but for state and built_ns */
+    uint8_t *meta;              /* hdr.meta_bytes of GGUF metadata */
+    char *strings;              /* hdr.strings_bytes */
+    struct arena_tensor *dense; /* hdr.n_dense */
+    struct arena_layer *layers; /* hdr.n_layers */
+    struct arena_part *parts;   /* hdr.n_parts */
+    struct arena_extent *ext;   /* every copy, sorted by (split, src) */
     uint64_t n_ext;
-    uint64_t blob_bytes_sum;       /* sum of blob_bytes over all blobs (the data, unpadded) */
+    uint64_t blob_bytes_sum; /* sum of blob_bytes over all blobs (the data, unpadded) */
 };
 
 /* arena_layout_plan plans the arena of f with blob alignment align (a power of two >= 4096).

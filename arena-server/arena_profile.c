@@ -47,7 +47,8 @@ int arena_profile_path(uint64_t fp, char *buf, size_t n)
         w = snprintf(dir, sizeof dir, "%s/strata", xdg);
     else
         w = snprintf(dir, sizeof dir, "%s/.local/state/strata", home && *home ? home : "/tmp");
-    if (w < 0 || (size_t)w >= sizeof dir) return strata_errf(STRATA_EOVERFLOW, "state dir too long");
+    if (w < 0 || (size_t)w >= sizeof dir)
+        return strata_errf(STRATA_EOVERFLOW, "state dir too long");
     int rv = mkdir_p(dir);
     if (rv != 0) return rv;
     arena_fingerprint_hex(fp, hex);
@@ -65,12 +66,15 @@ int arena_profile_save(const char *path, const struct arena_state *st)
     char tmp[4200];
     int rv = 0, fd = -1;
     if (!buf) return STRATA_ENOMEM;
-    struct profile_head ph = {.version = ARENA_PROFILE_VERSION, .n_layers = h->n_layers,
-                              .n_expert = h->n_expert, .fingerprint = h->fingerprint};
+    struct profile_head ph = {.version = ARENA_PROFILE_VERSION,
+                              .n_layers = h->n_layers,
+                              .n_expert = h->n_expert,
+                              .fingerprint = h->fingerprint};
     memcpy(ph.magic, PROFILE_MAGIC, 8);
     memcpy(buf, &ph, sizeof ph);
     uint64_t *counts = (uint64_t *)(buf + sizeof ph);
-    for (uint64_t i = 0; i < n; i++) counts[i] = atomic_load_explicit(&st->heat[i], memory_order_relaxed);
+    for (uint64_t i = 0; i < n; i++)
+        counts[i] = atomic_load_explicit(&st->heat[i], memory_order_relaxed);
     uint64_t sum = XXH3_64bits(buf, bytes - 8);
     memcpy(buf + bytes - 8, &sum, 8);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -138,7 +142,8 @@ int arena_profile_load(const char *path, struct arena_state *st, bool *other_fp)
     }
     const uint64_t *counts = (const uint64_t *)(buf + sizeof ph);
     for (uint64_t i = 0; i < n; i++)
-        if (counts[i]) arena_heat_add(st, (uint32_t)(i / h->n_expert), (uint32_t)(i % h->n_expert), counts[i]);
+        if (counts[i])
+            arena_heat_add(st, (uint32_t)(i / h->n_expert), (uint32_t)(i % h->n_expert), counts[i]);
     *other_fp = ph.fingerprint != h->fingerprint;
 out:
     free(buf);

@@ -46,8 +46,8 @@ int arena_serve_default_name(const char *model, char *buf, size_t n)
         strncmp(base + len - 9, "-of-", 4) == 0)
         len -= 15;
     if (len >= n || len > SHM_NAME_MAX)
-        return strata_errf(STRATA_EINVAL, "model name '%s' is too long for an arena name: pass --name",
-                           base);
+        return strata_errf(STRATA_EINVAL,
+                           "model name '%s' is too long for an arena name: pass --name", base);
     memcpy(buf, base, len);
     buf[len] = '\0';
     int rv = shm_check_name(buf);
@@ -94,7 +94,8 @@ static int take_lock(struct arena_server *s)
         }
         close(fd);
     }
-    return strata_errf(STRATA_EBUSY, "lock file %s keeps being replaced: another server is starting",
+    return strata_errf(STRATA_EBUSY,
+                       "lock file %s keeps being replaced: another server is starting",
                        s->lock_path);
 }
 
@@ -172,8 +173,8 @@ static int build(struct arena_server *s, const struct gguf_file *f)
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", s->wseg, (int)getpid());
     double t0 = now_s();
     if ((rv = shm_create(s->cfg.shm_dir, tmp, h->total_bytes, &seg)) != 0) goto out;
-    struct arena_build_opts o = {.threads = s->cfg.threads, .progress = s->cfg.progress,
-                                 .cancel = s->cfg.cancel};
+    struct arena_build_opts o = {
+        .threads = s->cfg.threads, .progress = s->cfg.progress, .cancel = s->cfg.cancel};
     if ((rv = arena_build_fill(L, f, seg.map, &o, &s->build)) != 0) goto out;
     struct arena_header *dh = (struct arena_header *)seg.map;
     dh->fingerprint = s->fingerprint;
@@ -199,7 +200,8 @@ out:
     return rv;
 }
 
-/* open_state adopts the state segment of an adopted arena, or creates one (and loads the profile). */
+/* open_state adopts the state segment of an adopted arena, or creates one (and loads the profile).
+ */
 static int open_state(struct arena_server *s)
 {
     const struct arena_header *h = s->arena->hdr;
@@ -287,7 +289,8 @@ int arena_serve_init(const struct arena_serve_config *cfg, struct arena_server *
     s->fingerprint = arena_fingerprint(f, cfg->align ? cfg->align : ARENA_ALIGN_SMALL);
     if (cfg->profile)
         snprintf(s->profile_path, sizeof s->profile_path, "%s", cfg->profile);
-    else if ((rv = arena_profile_path(s->fingerprint, s->profile_path, sizeof s->profile_path)) != 0)
+    else if ((rv = arena_profile_path(s->fingerprint, s->profile_path, sizeof s->profile_path)) !=
+             0)
         goto fail;
     remove_stale_tmp(s);
     if ((rv = try_adopt(s, &s->adopted)) != 0) goto fail;
@@ -306,8 +309,8 @@ int arena_serve_init(const struct arena_serve_config *cfg, struct arena_server *
     /* Held while serving: a LOCK_SH|LOCK_NB that succeeds tells a reader no server is alive. */
     if ((rv = shm_lock(s->arena->seg.fd, true, false)) != 0 ||
         (rv = shm_lock(s->state->seg.fd, true, false)) != 0) {
-        rv = strata_errf(STRATA_EBUSY, "arena '%s' segments are locked by another process",
-                         s->name);
+        rv =
+            strata_errf(STRATA_EBUSY, "arena '%s' segments are locked by another process", s->name);
         goto fail;
     }
     atomic_store(&s->state->hdr->server_pid, (int64_t)getpid());
@@ -338,7 +341,8 @@ fail:
 static void save_profile(struct arena_server *s)
 {
     int rv = arena_profile_save(s->profile_path, s->state);
-    if (rv != 0) LOG_WARN("heat profile not saved: %s: %s", strata_strerror(rv), strata_errdetail());
+    if (rv != 0)
+        LOG_WARN("heat profile not saved: %s: %s", strata_strerror(rv), strata_errdetail());
 }
 
 int arena_serve_run(struct arena_server *s)

@@ -65,7 +65,9 @@ static uint64_t cgroup_free(void)
         snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.current", rel);
         uint64_t cur = read_u64_file(path);
         if (max != UINT64_MAX) {
-            uint64_t left = cur != UINT64_MAX && cur < max ? max - cur : cur == UINT64_MAX ? max : 0;
+            uint64_t left = cur != UINT64_MAX && cur < max ? max - cur
+                            : cur == UINT64_MAX            ? max
+                                                           : 0;
             if (left < best) best = left;
         }
         char *slash = strrchr(rel, '/');
@@ -103,11 +105,12 @@ int arena_space_check(const char *shm_dir, uint64_t need, const struct arena_spa
                            "using memory or use a machine with more RAM",
                            GiB(need), GiB(sp->mem_available));
     if (need > sp->cgroup_free)
-        return strata_errf(STRATA_ENOSPC,
-                           "arena needs %.1f GiB, this process's cgroup memory.max leaves %.1f GiB: "
-                           "raise it (systemd: MemoryMax=, docker: --memory) or run outside the "
-                           "cgroup",
-                           GiB(need), GiB(sp->cgroup_free));
+        return strata_errf(
+            STRATA_ENOSPC,
+            "arena needs %.1f GiB, this process's cgroup memory.max leaves %.1f GiB: "
+            "raise it (systemd: MemoryMax=, docker: --memory) or run outside the "
+            "cgroup",
+            GiB(need), GiB(sp->cgroup_free));
     return 0;
 }
 
@@ -156,7 +159,8 @@ void arena_space_removeipc(const char *shm_dir, char *buf, size_t n)
         struct dirent *e;
         while ((e = readdir(d)) && k < 256) {
             size_t len = strlen(e->d_name);
-            if (len > 5 && strcmp(e->d_name + len - 5, ".conf") == 0) names[k++] = strdup(e->d_name);
+            if (len > 5 && strcmp(e->d_name + len - 5, ".conf") == 0)
+                names[k++] = strdup(e->d_name);
         }
         closedir(d);
         qsort(names, k, sizeof *names, cmp_str);

@@ -16,8 +16,8 @@
 struct arena_space {
     uint64_t shm_free;      /* bytes an unprivileged writer may allocate in the shm directory */
     uint64_t mem_available; /* MemAvailable; UINT64_MAX when unknown */
-    uint64_t cgroup_free;   /* memory.max - memory.current of our cgroup; UINT64_MAX when unlimited */
-    bool hugetlb;           /* the shm directory is a hugetlbfs (its pages are reserved apart) */
+    uint64_t cgroup_free; /* memory.max - memory.current of our cgroup; UINT64_MAX when unlimited */
+    bool hugetlb;         /* the shm directory is a hugetlbfs (its pages are reserved apart) */
 };
 
 /* arena_space_read fills *out for shm_dir (NULL: /dev/shm). Errno codes when statfs fails. */

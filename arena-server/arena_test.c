@@ -26,9 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
-static char g_dir[600];   /* this test's private directory */
-static char g_shm[700];   /* its shm directory */
-static char g_run[700];   /* its runtime directory */
+static char g_dir[600]; /* this test's private directory */
+static char g_shm[700]; /* its shm directory */
+static char g_run[700]; /* its runtime directory */
 
 static void fresh_dirs(const char *tag)
 {
@@ -126,14 +126,15 @@ static ino_t seg_inode(const char *name, const char *suffix)
 
 static void make_fixture(const char *arch, const char *type, bool old_layout, const char *path)
 {
-    struct fixture_opts o = {.arch = arch, .type = type, .old_layout = old_layout, .seed = 7,
-                             .threads = 2};
+    struct fixture_opts o = {
+        .arch = arch, .type = type, .old_layout = old_layout, .seed = 7, .threads = 2};
     int rv = fixture_write(&o, path);
     ck_assert_msg(rv == 0, "fixture %s/%s: %s: %s", arch, type ? type : "q4_k_m",
                   strata_strerror(rv), strata_errdetail());
 }
 
-/* ---- the checker, run in helper processes ------------------------------------------------------ */
+/* ---- the checker, run in helper processes ------------------------------------------------------
+ */
 
 /* map_check maps arena name of shm_dir read-only and compares every blob and dense tensor with the
  * GGUF; checks blobs are page-aligned and disjoint. Returns 0 and prints a summary, or 1. */
@@ -190,7 +191,8 @@ static int map_check(const char *shm_dir, const char *name, const char *model)
     return blobs > 0 ? 0 : 1;
 }
 
-/* build_in_process plans and builds model into g_shm as name (the server's steps, minus serving). */
+/* build_in_process plans and builds model into g_shm as name (the server's steps, minus serving).
+ */
 static void build_in_process(const char *model, const char *name, uint64_t align)
 {
     struct gguf_file *f = NULL;
@@ -232,7 +234,8 @@ static void check_by_two(const char *name, const char *model)
     free(s);
 }
 
-/* ---- tests ------------------------------------------------------------------------------------- */
+/* ---- tests -------------------------------------------------------------------------------------
+ */
 
 static const struct {
     const char *arch, *type;
@@ -310,9 +313,11 @@ START_TEST(generic_expert_tensors)
     ck_assert_int_eq(gguf_writer_begin(w), 0);
     for (int i = 0; i < 5; i++) {
         uint8_t *buf = malloc(nb[i]);
-        for (size_t k = 0; k < nb[i]; k++) buf[k] = (uint8_t)(k * 7 + i * 31 + (k >> 8));
+        for (size_t k = 0; k < nb[i]; k++)
+            buf[k] = (uint8_t)(k * 7 + i * 31 + (k >> 8));
         if (ts[i].type == QT_Q8_0) /* keep fp16 scales finite: zero every block's scale */
-            for (size_t k = 0; k < nb[i]; k += 34) buf[k] = buf[k + 1] = 0;
+            for (size_t k = 0; k < nb[i]; k += 34)
+                buf[k] = buf[k + 1] = 0;
         ck_assert_int_eq(gguf_writer_data(w, buf, nb[i]), 0);
         free(buf);
     }
@@ -359,9 +364,8 @@ START_TEST(align_2m_pads_every_blob)
     ck_assert_uint_eq(a->hdr->align, ARENA_ALIGN_HUGE);
     ck_assert_uint_eq(a->hdr->expert_base % ARENA_ALIGN_HUGE, 0);
     for (uint32_t e = 0; e < a->hdr->n_expert; e++)
-        ck_assert_uint_eq((uint64_t)(arena_blob_at(a, 0, e) - (const uint8_t *)a->hdr) %
-                              ARENA_ALIGN_HUGE,
-                          0);
+        ck_assert_uint_eq(
+            (uint64_t)(arena_blob_at(a, 0, e) - (const uint8_t *)a->hdr) % ARENA_ALIGN_HUGE, 0);
     arena_close(a);
 }
 END_TEST
@@ -404,7 +408,8 @@ START_TEST(kill9_then_adopt_without_reading)
     ck_assert_int_eq(wait_exit(s1, 10), 128 + SIGKILL);
 
     pid_t s2 = spawn(argv, log2);
-    for (int i = 0; i < 1000 && !log_has(log2, "serving arena"); i++) usleep(10000);
+    for (int i = 0; i < 1000 && !log_has(log2, "serving arena"); i++)
+        usleep(10000);
     char *out = test_read_file(log2, NULL);
     ck_assert_msg(out && strstr(out, "adopted arena 'm'") && strstr(out, "no tensor data read"),
                   "no adoption:\n%s", out ? out : "");
@@ -484,9 +489,12 @@ START_TEST(two_servers_one_wins)
     int st, loser_rv = -1;
     pid_t loser = 0, winner = 0;
     for (int i = 0; i < 3000 && !loser; i++) {
-        if (waitpid(a, &st, WNOHANG) == a) loser = a, winner = b;
-        else if (waitpid(b, &st, WNOHANG) == b) loser = b, winner = a;
-        else usleep(10000);
+        if (waitpid(a, &st, WNOHANG) == a)
+            loser = a, winner = b;
+        else if (waitpid(b, &st, WNOHANG) == b)
+            loser = b, winner = a;
+        else
+            usleep(10000);
     }
     ck_assert_msg(loser != 0, "neither server gave up");
     loser_rv = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -522,7 +530,8 @@ START_TEST(control_socket_workers_and_profile)
     arena_heat_add(st, 0, 0, 2);
 
     char *status[] = {(char *)arena_bin(), "status", "c", "--runtime-dir", g_run, NULL};
-    for (int i = 0; i < 200 && run_wait(status, out) != 0; i++) usleep(20000);
+    for (int i = 0; i < 200 && run_wait(status, out) != 0; i++)
+        usleep(20000);
     char *text = test_read_file(out, NULL);
     ck_assert_msg(text && strstr(text, "fingerprint") && strstr(text, "ipc:///tmp/w0") &&
                       strstr(text, "heat_total     42"),
@@ -539,19 +548,22 @@ START_TEST(control_socket_workers_and_profile)
 
     /* The next server adopts it; the worker leaves; stop removes everything. */
     s = spawn(argv, log);
-    for (int i = 0; i < 1000 && !log_has(log, "adopted arena 'c'"); i++) usleep(10000);
+    for (int i = 0; i < 1000 && !log_has(log, "adopted arena 'c'"); i++)
+        usleep(10000);
     ck_assert_msg(log_has(log, "adopted arena 'c'"), "second server did not adopt");
     ck_assert_uint_eq(atomic_load(&st->heat[1 * st->hdr->n_expert + 2]), 40);
     arena_worker_unregister(st, slot);
     arena_state_close(st);
-    for (int i = 0; i < 200 && run_wait(stop, out) != 0; i++) usleep(20000);
+    for (int i = 0; i < 200 && run_wait(stop, out) != 0; i++)
+        usleep(20000);
     ck_assert_int_eq(wait_exit(s, 20), 0);
     ck_assert_uint_eq(seg_inode("c", ""), 0);
 
     /* A fresh build loads the profile saved at exit. */
     s = spawn(argv, log);
     wait_ready("c", s, log);
-    for (int i = 0; i < 500 && !log_has(log, "heat profile"); i++) usleep(10000);
+    for (int i = 0; i < 500 && !log_has(log, "heat profile"); i++)
+        usleep(10000);
     ck_assert_int_eq(arena_state_open(g_shm, "c", &st), 0);
     ck_assert_uint_eq(atomic_load(&st->heat[1 * st->hdr->n_expert + 2]), 40);
     ck_assert_uint_eq(atomic_load(&st->hdr->heat_total), 42);
@@ -584,7 +596,8 @@ START_TEST(inspect_json_and_verify)
     ck_assert_uint_eq(json_array_size(json_object_get(j, "dense")), a->hdr->n_dense);
     size_t i;
     json_t *b;
-    json_array_foreach(blobs, i, b) {
+    json_array_foreach(blobs, i, b)
+    {
         uint32_t l = (uint32_t)json_integer_value(json_object_get(b, "layer"));
         uint32_t e = (uint32_t)json_integer_value(json_object_get(b, "expert"));
         uint64_t off = (uint64_t)json_integer_value(json_object_get(b, "offset"));
@@ -640,7 +653,8 @@ END_TEST
 
 int main(int argc, char **argv)
 {
-    if (argc == 5 && strcmp(argv[1], "--map-check") == 0) return map_check(argv[2], argv[3], argv[4]);
+    if (argc == 5 && strcmp(argv[1], "--map-check") == 0)
+        return map_check(argv[2], argv[3], argv[4]);
     Suite *s = suite_create("arena");
     TCase *tc = tcase_create("layout");
     tcase_set_timeout(tc, 120);

@@ -45,35 +45,62 @@ static void on_signal(int sig)
 
 static int serve_main(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"name", required_argument, NULL, 'n'},     {"shm-dir", required_argument, NULL, 'd'},
-        {"align", required_argument, NULL, 'a'},    {"force", no_argument, NULL, 'f'},
-        {"group", no_argument, NULL, 'g'},          {"profile", required_argument, NULL, 'p'},
-        {"runtime-dir", required_argument, NULL, 'r'}, {"threads", required_argument, NULL, 't'},
-        {"profile-every", required_argument, NULL, 'e'}, {"no-control", no_argument, NULL, 'C'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+    static const struct option longs[] = {{"name", required_argument, NULL, 'n'},
+                                          {"shm-dir", required_argument, NULL, 'd'},
+                                          {"align", required_argument, NULL, 'a'},
+                                          {"force", no_argument, NULL, 'f'},
+                                          {"group", no_argument, NULL, 'g'},
+                                          {"profile", required_argument, NULL, 'p'},
+                                          {"runtime-dir", required_argument, NULL, 'r'},
+                                          {"threads", required_argument, NULL, 't'},
+                                          {"profile-every", required_argument, NULL, 'e'},
+                                          {"no-control", no_argument, NULL, 'C'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
     struct arena_serve_config cfg = {.control = true, .progress = isatty(2), .cancel = &g_signaled};
     int c, rv;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
-        case 'n': cfg.name = optarg; break;
-        case 'd': cfg.shm_dir = optarg; break;
+        case 'n':
+            cfg.name = optarg;
+            break;
+        case 'd':
+            cfg.shm_dir = optarg;
+            break;
         case 'a':
             if ((rv = arena_cli_parse_align(optarg, &cfg.align)) != 0) {
                 fprintf(stderr, "strata-arena serve: %s\n", strata_errdetail());
                 return 2;
             }
             break;
-        case 'f': cfg.force = true; break;
-        case 'g': cfg.group = true; break;
-        case 'p': cfg.profile = optarg; break;
-        case 'r': cfg.runtime_dir = optarg; break;
-        case 't': cfg.threads = atoi(optarg); break;
-        case 'e': cfg.profile_every_s = atoi(optarg); break;
-        case 'C': cfg.control = false; break;
-        case 'h': printf("%s", usage_text); return 0;
-        default: fprintf(stderr, "%s", usage_text); return 2;
+        case 'f':
+            cfg.force = true;
+            break;
+        case 'g':
+            cfg.group = true;
+            break;
+        case 'p':
+            cfg.profile = optarg;
+            break;
+        case 'r':
+            cfg.runtime_dir = optarg;
+            break;
+        case 't':
+            cfg.threads = atoi(optarg);
+            break;
+        case 'e':
+            cfg.profile_every_s = atoi(optarg);
+            break;
+        case 'C':
+            cfg.control = false;
+            break;
+        case 'h':
+            printf("%s", usage_text);
+            return 0;
+        default:
+            fprintf(stderr, "%s", usage_text);
+            return 2;
         }
     }
     if (optind != argc - 1) {

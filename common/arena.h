@@ -44,97 +44,98 @@ enum arena_build_state {
 
 /* The header page. All offsets are bytes from the segment's start. */
 struct arena_header {
-    char magic[8];                 /* ARENA_MAGIC, not NUL-terminated */
-    uint16_t version_major;        /* ARENA_VERSION_MAJOR */
-    uint16_t version_minor;        /* ARENA_VERSION_MINOR */
-    _Atomic uint32_t state;        /* enum arena_build_state */
-    uint64_t total_bytes;          /* segment size; must equal the file's size */
-    uint64_t fingerprint;          /* arena_fingerprint(): model files, header+KV hash, layout, align */
-    uint64_t align;                /* blob alignment: ARENA_ALIGN_SMALL or ARENA_ALIGN_HUGE */
-    uint64_t meta_off;             /* GGUF metadata bytes */
+    char magic[8];          /* ARENA_MAGIC, not NUL-terminated */
+    uint16_t version_major; /* ARENA_VERSION_MAJOR */
+    uint16_t version_minor; /* ARENA_VERSION_MINOR */
+    _Atomic uint32_t state; /* enum arena_build_state */
+    uint64_t total_bytes;   /* segment size; must equal the file's size */
+    uint64_t fingerprint;   /* arena_fingerprint(): model files, header+KV hash, layout, align */
+    uint64_t align;         /* blob alignment: ARENA_ALIGN_SMALL or ARENA_ALIGN_HUGE */
+    uint64_t meta_off;      /* GGUF metadata bytes */
     uint64_t meta_bytes;
-    uint64_t strings_off;          /* NUL-terminated names, referenced by name_off fields */
+    uint64_t strings_off; /* NUL-terminated names, referenced by name_off fields */
     uint64_t strings_bytes;
-    uint64_t dense_table_off;      /* struct arena_tensor[n_dense] */
+    uint64_t dense_table_off; /* struct arena_tensor[n_dense] */
     uint64_t n_dense;
-    uint64_t dense_off;            /* dense region */
+    uint64_t dense_off; /* dense region */
     uint64_t dense_bytes;
-    uint64_t layers_off;           /* struct arena_layer[n_layers], indexed by GGUF block number */
-    uint32_t n_layers;             /* 1 + the largest block number holding experts */
-    uint32_t n_expert;             /* experts per MoE layer */
-    uint64_t parts_off;            /* struct arena_part[n_parts] */
+    uint64_t layers_off; /* struct arena_layer[n_layers], indexed by GGUF block number */
+    uint32_t n_layers;   /* 1 + the largest block number holding experts */
+    uint32_t n_expert;   /* experts per MoE layer */
+    uint64_t parts_off;  /* struct arena_part[n_parts] */
     uint64_t n_parts;
-    uint64_t hashes_off;           /* uint64_t[n_layers * n_expert]: XXH3_64bits of each blob */
-    uint64_t expert_base;          /* expert region, a multiple of align */
+    uint64_t hashes_off;  /* uint64_t[n_layers * n_expert]: XXH3_64bits of each blob */
+    uint64_t expert_base; /* expert region, a multiple of align */
     uint64_t expert_bytes;
-    uint64_t source_bytes;         /* tensor bytes copied from the GGUF file(s) */
-    uint64_t model_path_off;       /* strings offset of the first split's absolute path */
-    uint32_t n_splits;             /* GGUF files the model came from */
+    uint64_t source_bytes;   /* tensor bytes copied from the GGUF file(s) */
+    uint64_t model_path_off; /* strings offset of the first split's absolute path */
+    uint32_t n_splits;       /* GGUF files the model came from */
     uint32_t reserved;
-    int64_t built_ns;              /* CLOCK_REALTIME when the build finished */
+    int64_t built_ns; /* CLOCK_REALTIME when the build finished */
 };
 
 /* A dense (non-expert) tensor. */
 struct arena_tensor {
-    uint64_t offset;               /* from the segment's start, a multiple of ARENA_PART_ALIGN */
-    uint64_t bytes;                /* exact data size */
-    uint64_t ne[ARENA_MAX_DIMS];   /* ggml order, unused dims 1 */
+    uint64_t offset;             /* from the segment's start, a multiple of ARENA_PART_ALIGN */
+    uint64_t bytes;              /* exact data size */
+    uint64_t ne[ARENA_MAX_DIMS]; /* ggml order, unused dims 1 */
     uint32_t n_dims;
-    uint32_t type;                 /* enum qtype */
-    uint64_t name_off;             /* GGUF tensor name in the string table */
+    uint32_t type;     /* enum qtype */
+    uint64_t name_off; /* GGUF tensor name in the string table */
 };
 
 /* One layer's blobs. A layer without experts has n_parts == 0 and blob_bytes == 0. */
 struct arena_layer {
-    uint64_t offset;               /* of blob (l, 0), from expert_base */
-    uint64_t blob_bytes;           /* bytes of one blob: end of its last part */
-    uint64_t stride;               /* round_up(blob_bytes, align) */
-    uint32_t part_first;           /* this layer's parts: parts[part_first .. part_first+n_parts) */
+    uint64_t offset;     /* of blob (l, 0), from expert_base */
+    uint64_t blob_bytes; /* bytes of one blob: end of its last part */
+    uint64_t stride;     /* round_up(blob_bytes, align) */
+    uint32_t part_first; /* this layer's parts: parts[part_first .. part_first+n_parts) */
     uint32_t n_parts;
 };
 
-#define ARENA_PART_PER_EXPERT 1u /* the source is one 2-D tensor per expert (old Mixtral layout) */
+#define ARENA_PART_PER_EXPERT 1u /* the source is one 2-D tensor per expert (old Mixtral layout)   \
+                                  */
 
 /* One tensor's share of every blob of a layer: gate, up, down, fused or bias, in blob order. */
 struct arena_part {
-    uint64_t offset;               /* within the blob, a multiple of ARENA_PART_ALIGN */
-    uint64_t bytes;                /* one expert's share of the tensor */
-    uint64_t ne[ARENA_MAX_DIMS];   /* one expert's slice, ggml order (the expert dim dropped) */
-    uint32_t n_dims;               /* dims of the slice */
-    uint32_t type;                 /* enum qtype, the tensor's own type */
-    uint64_t name_off;             /* source tensor name; with PER_EXPERT, '*' stands for the expert */
-    uint32_t flags;                /* ARENA_PART_* */
+    uint64_t offset;             /* within the blob, a multiple of ARENA_PART_ALIGN */
+    uint64_t bytes;              /* one expert's share of the tensor */
+    uint64_t ne[ARENA_MAX_DIMS]; /* one expert's slice, ggml order (the expert dim dropped) */
+    uint32_t n_dims;             /* dims of the slice */
+    uint32_t type;               /* enum qtype, the tensor's own type */
+    uint64_t name_off; /* source tensor name; with PER_EXPERT, '*' stands for the expert */
+    uint32_t flags;    /* ARENA_PART_* */
     uint32_t reserved;
 };
 
 /* A worker's entry in the registry. A slot is claimed by a CAS of pid from 0 (or a dead pid). */
 struct arena_worker {
-    _Atomic int32_t pid;           /* 0: free */
-    int32_t gpu;                   /* CUDA device ordinal; -1 for the CPU backend */
-    _Atomic int64_t heartbeat_ns;  /* CLOCK_REALTIME of the worker's last heartbeat */
-    uint64_t cache_bytes;          /* VRAM of its expert cache */
-    uint32_t cache_slots;          /* expert slots in it */
+    _Atomic int32_t pid;          /* 0: free */
+    int32_t gpu;                  /* CUDA device ordinal; -1 for the CPU backend */
+    _Atomic int64_t heartbeat_ns; /* CLOCK_REALTIME of the worker's last heartbeat */
+    uint64_t cache_bytes;         /* VRAM of its expert cache */
+    uint32_t cache_slots;         /* expert slots in it */
     uint32_t reserved;
-    char endpoint[224];            /* its NNG URL, NUL-terminated */
+    char endpoint[224]; /* its NNG URL, NUL-terminated */
 };
 
 /* The state segment's header; heat counters follow at heat_off. */
 struct arena_state_header {
-    char magic[8];                 /* ARENA_STATE_MAGIC */
+    char magic[8]; /* ARENA_STATE_MAGIC */
     uint16_t version_major;
     uint16_t version_minor;
-    uint32_t n_layers;             /* as the weights segment */
+    uint32_t n_layers; /* as the weights segment */
     uint32_t n_expert;
     uint32_t reserved;
-    uint64_t fingerprint;          /* of the weights segment it belongs to */
+    uint64_t fingerprint; /* of the weights segment it belongs to */
     uint64_t total_bytes;
-    uint64_t heat_off;             /* _Atomic uint64_t[n_layers * n_expert]: routed tokens */
-    _Atomic int64_t server_pid;    /* the arena-server serving it, 0 after a clean stop */
+    uint64_t heat_off;              /* _Atomic uint64_t[n_layers * n_expert]: routed tokens */
+    _Atomic int64_t server_pid;     /* the arena-server serving it, 0 after a clean stop */
     _Atomic int64_t server_beat_ns; /* the server's last heartbeat */
     _Atomic uint64_t registrations; /* workers registered since creation */
-    _Atomic uint64_t heat_total;   /* sum of all heat added */
+    _Atomic uint64_t heat_total;    /* sum of all heat added */
     _Atomic uint64_t profile_saves; /* heat profiles written */
-    _Atomic uint64_t adoptions;    /* restarts of the server that adopted this arena */
+    _Atomic uint64_t adoptions;     /* restarts of the server that adopted this arena */
     struct arena_worker workers[ARENA_MAX_WORKERS];
 };
 
@@ -153,7 +154,7 @@ struct arena {
 struct arena_state {
     struct shm_seg seg;
     struct arena_state_header *hdr;
-    _Atomic uint64_t *heat;        /* [layer * n_expert + expert] */
+    _Atomic uint64_t *heat; /* [layer * n_expert + expert] */
 };
 
 /* arena_check validates a weights segment image of size bytes: magic, major version, state READY
@@ -163,8 +164,8 @@ struct arena_state {
 int arena_check(const uint8_t *img, uint64_t size);
 
 /* arena_open maps segment `strata-<uid>-<name>` of dir (NULL: /dev/shm) read-only, checks it
- * (arena_check) and returns a view the caller frees with arena_close. STRATA_ENOENT when there is no
- * such arena. Blocks only on the open and mmap. */
+ * (arena_check) and returns a view the caller frees with arena_close. STRATA_ENOENT when there is
+ * no such arena. Blocks only on the open and mmap. */
 int arena_open(const char *dir, const char *name, struct arena **out);
 
 /* arena_view builds a view over an already checked image (no mapping owned; seg.fd is -1). */

@@ -20,10 +20,10 @@
 #define SHM_NAME_MAX    200 /* longest user-given arena name */
 
 struct shm_seg {
-    int fd;         /* -1 when closed */
-    uint8_t *map;   /* whole segment, NULL when not mapped */
-    uint64_t size;  /* bytes mapped (the file size at open) */
-    bool writable;  /* mapped PROT_READ|PROT_WRITE */
+    int fd;        /* -1 when closed */
+    uint8_t *map;  /* whole segment, NULL when not mapped */
+    uint64_t size; /* bytes mapped (the file size at open) */
+    bool writable; /* mapped PROT_READ|PROT_WRITE */
 };
 
 /* shm_check_name accepts a user-given arena name: 1..SHM_NAME_MAX characters of [A-Za-z0-9._-],
