@@ -5,6 +5,7 @@
 #include "common/qtype.h"
 #include "common/quant.h"
 #include "tools/fixture_vocab.h"
+#include "tools/quantize.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -35,63 +36,6 @@ static const struct shape shapes[] = {
      true},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
-
-/* llama.cpp's llama_ftype values for general.file_type. */
-enum {
-    FTYPE_ALL_F32 = 0,
-    FTYPE_F16 = 1,
-    FTYPE_Q4_0 = 2,
-    FTYPE_Q4_1 = 3,
-    FTYPE_Q8_0 = 7,
-    FTYPE_Q5_0 = 8,
-    FTYPE_Q5_1 = 9,
-    FTYPE_Q2_K = 10,
-    FTYPE_Q3_K_S = 11,
-    FTYPE_Q4_K_S = 14,
-    FTYPE_Q4_K_M = 15,
-    FTYPE_Q5_K_S = 16,
-    FTYPE_Q6_K = 18,
-    FTYPE_IQ4_NL = 25,
-    FTYPE_IQ4_XS = 30,
-    FTYPE_BF16 = 32,
-};
-
-static uint32_t file_type(bool mix, uint32_t type)
-{
-    if (mix) return FTYPE_Q4_K_M;
-    switch (type) {
-    case QT_F16:
-        return FTYPE_F16;
-    case QT_Q4_0:
-        return FTYPE_Q4_0;
-    case QT_Q4_1:
-        return FTYPE_Q4_1;
-    case QT_Q8_0:
-        return FTYPE_Q8_0;
-    case QT_Q5_0:
-        return FTYPE_Q5_0;
-    case QT_Q5_1:
-        return FTYPE_Q5_1;
-    case QT_Q2_K:
-        return FTYPE_Q2_K;
-    case QT_Q3_K:
-        return FTYPE_Q3_K_S;
-    case QT_Q4_K:
-        return FTYPE_Q4_K_S;
-    case QT_Q5_K:
-        return FTYPE_Q5_K_S;
-    case QT_Q6_K:
-        return FTYPE_Q6_K;
-    case QT_IQ4_NL:
-        return FTYPE_IQ4_NL;
-    case QT_IQ4_XS:
-        return FTYPE_IQ4_XS;
-    case QT_BF16:
-        return FTYPE_BF16;
-    default:
-        return FTYPE_ALL_F32;
-    }
-}
 
 /* Where each block type keeps its fp16 fields (ggml-common.h's block_* layouts): the scale d and,
  * for the types with one, the min (Q4_1 m, Q5_1 m, K-quant dmin). Random blocks get a bounded d
@@ -509,7 +453,8 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
     snprintf(name, sizeof name, "strata fixture %s %s", a, fx->shape->name);
     if ((rv = gguf_w_str(w, "general.architecture", a)) != 0 ||
         (rv = gguf_w_str(w, "general.name", name)) != 0 ||
-        (rv = gguf_w_u32(w, "general.file_type", file_type(fx->mix, fx->type))) != 0 ||
+        (rv = gguf_w_u32(w, "general.file_type", quantize_ftype(fx->mix ? QT_Q4_K : fx->type))) !=
+            0 ||
         (rv = gguf_w_u32(w, "general.quantization_version", 2)) != 0 ||
         (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer)) != 0 ||
         (rv = gguf_w_u32(w, KEY("context_length"), hp->n_ctx)) != 0 ||

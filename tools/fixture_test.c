@@ -5,10 +5,12 @@
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -83,7 +85,8 @@ static const char *const arch_name[] = {"qwen3moe", "llama", "olmoe", "qwen2moe"
  * and llama-quant.cpp's Q4_K_M rules, independently of tools/fixture.c. */
 struct want {
     enum arch arch;
-    const char *type; /* NULL: q4_k_m */
+    const char *type;  /* NULL: q4_k_m */
+    const char *shape; /* NULL: tiny */
     bool old_layout, tied;
 };
 
@@ -120,14 +123,18 @@ static void check_model(const struct gguf_file *f, const struct want *w)
     ck_assert_int_eq(gguf_get_f32(f, K("attention.layer_norm_rms_epsilon"), &eps), 0);
     ck_assert_int_eq(gguf_get_f32(f, K("rope.freq_base"), &base), 0);
     ck_assert(eps > 0 && eps < 1e-4f && base >= 10000.0f);
-    ck_assert_uint_eq(XU, 2);
-    ck_assert_uint_eq(X, 8);
+    struct fixture_hparams hp;
+    ck_assert_int_eq(fixture_hparams(a, w->shape, &hp), 0);
+    ck_assert_uint_eq(L, hp.n_layer);
+    ck_assert_uint_eq(E, hp.n_embd);
+    ck_assert_uint_eq(X, hp.n_expert);
+    ck_assert_uint_eq(XU, hp.n_expert_used);
 
     uint32_t hd = E / H;
     if (w->arch == QWEN3MOE || w->arch == LLAMA) {
         hd = get_u32(f, K("attention.key_length"));
         ck_assert_uint_eq(get_u32(f, K("attention.value_length")), hd);
-        ck_assert_uint_ne(hd, E / H); /* the tiny shape exercises key_length */
+        if (!w->shape) ck_assert_uint_ne(hd, E / H); /* the tiny shape exercises key_length */
     } else {
         ck_assert_ptr_null(gguf_find(f, K("attention.key_length")));
     }
@@ -202,12 +209,14 @@ static void write_check(const struct want *w, const char *file)
 {
     struct fixture_opts o = {.arch = arch_name[w->arch],
                              .type = w->type,
+                             .shape = w->shape,
                              .seed = 7,
                              .old_layout = w->old_layout,
                              .tied = w->tied};
     struct gguf_file *f = write_open(&o, file);
     check_model(f, w);
     gguf_close(f);
+    unlink(tmp_path(file));
 }
 
 /* ---- architectures and types -------------------------------------------------------------------
@@ -320,6 +329,25 @@ START_TEST(random_blocks_are_bounded)
         free(v);
     }
     gguf_close(f);
+}
+END_TEST
+
+/* qwen3-mini (0.7 GB of random blocks) is written at disk speed: a few seconds. */
+START_TEST(qwen3_mini_random_blocks)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct fixture_opts o = {.shape = "qwen3-mini", .seed = 7};
+    struct gguf_file *f = write_open(&o, "mini.gguf");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    check_model(f, &(struct want){.arch = QWEN3MOE, .shape = "qwen3-mini"});
+    uint64_t n = f->splits[0].size;
+    gguf_close(f);
+    unlink(tmp_path("mini.gguf"));
+    printf("qwen3-mini q4_k_m: %.1f MiB written in %.2f s (%.0f MiB/s)\n", (double)n / 1048576.0, s,
+           (double)n / 1048576.0 / s);
+    ck_assert_uint_gt(n, 600u << 20);
 }
 END_TEST
 
@@ -571,6 +599,11 @@ START_TEST(greedy_logit_gap)
 }
 END_TEST
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    return remove(path);
+}
+
 int main(void)
 {
     Suite *s = suite_create("fixture");
@@ -585,6 +618,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, same_seed_same_bytes);
     tcase_add_test(tc, random_blocks_are_bounded);
+    tcase_add_test(tc, qwen3_mini_random_blocks);
     tcase_add_test(tc, builtin_vocab);
     tcase_add_test(tc, vocab_from_file);
     suite_add_tcase(s, tc);
@@ -593,5 +627,8 @@ int main(void)
     tcase_add_test(tc, zipf_router_skews_popularity);
     tcase_add_test(tc, greedy_logit_gap);
     suite_add_tcase(s, tc);
-    return test_run(s);
+    const char *dir = test_tmpdir(); /* before the forks, so every test writes here */
+    int rv = test_run(s);
+    nftw(dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS); /* the files add up to ~100 MB */
+    return rv;
 }
