@@ -27,12 +27,56 @@ struct shape {
 
 /* Widths are multiples of 256 so every K-quant applies to every matrix (llama.cpp would fall back
  * to Q5_0/Q8_0 for rows of other lengths); the tiny head size (128) differs from n_embd/n_head (64)
- * to exercise attention.key_length. qwen3-30b-a3b is Qwen/Qwen3-30B-A3B's config.json. */
+ * to exercise attention.key_length. qwen3-30b-a3b is Qwen/Qwen3-30B-A3B's config.json; the shared
+ * expert widths (qwen2moe only) are 2-4 expert widths, as Qwen1.5-MoE's 5632 = 4 x 1408. */
 static const struct shape shapes[] = {
-    {"tiny", {2, 256, 4, 2, 128, 8, 2, 768, 256, 512, 512, 4096, 1e-6f, 1e6f}, false},
-    {"qwen3-mini", {8, 1024, 16, 4, 64, 64, 8, 3072, 512, 2048, 151936, 40960, 1e-6f, 1e6f}, true},
+    {"tiny",
+     {.n_layer = 2,
+      .n_embd = 256,
+      .n_head = 4,
+      .n_head_kv = 2,
+      .head_dim = 128,
+      .n_expert = 8,
+      .n_expert_used = 2,
+      .n_ff = 768,
+      .n_ff_exp = 256,
+      .n_ff_shexp = 512,
+      .n_vocab = 512,
+      .n_ctx = 4096,
+      .rms_eps = 1e-6f,
+      .rope_base = 1e6f},
+     false},
+    {"qwen3-mini",
+     {.n_layer = 8,
+      .n_embd = 1024,
+      .n_head = 16,
+      .n_head_kv = 4,
+      .head_dim = 64,
+      .n_expert = 64,
+      .n_expert_used = 8,
+      .n_ff = 3072,
+      .n_ff_exp = 512,
+      .n_ff_shexp = 2048,
+      .n_vocab = 151936,
+      .n_ctx = 40960,
+      .rms_eps = 1e-6f,
+      .rope_base = 1e6f},
+     true},
     {"qwen3-30b-a3b",
-     {48, 2048, 32, 4, 128, 128, 8, 6144, 768, 3072, 151936, 40960, 1e-6f, 1e6f},
+     {.n_layer = 48,
+      .n_embd = 2048,
+      .n_head = 32,
+      .n_head_kv = 4,
+      .head_dim = 128,
+      .n_expert = 128,
+      .n_expert_used = 8,
+      .n_ff = 6144,
+      .n_ff_exp = 768,
+      .n_ff_shexp = 3072,
+      .n_vocab = 151936,
+      .n_ctx = 40960,
+      .rms_eps = 1e-6f,
+      .rope_base = 1e6f},
      true},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
@@ -105,8 +149,7 @@ struct fx {
     uint64_t max_ne0;
 };
 
-/* ---- counter-based RNG: splitmix64 keyed by (seed, tensor), positioned by element -------------
- */
+/* ---- counter-based RNG: splitmix64 keyed by (seed, tensor), positioned by element ------------ */
 
 #define GAMMA 0x9e3779b97f4a7c15ull
 
@@ -138,8 +181,7 @@ static uint64_t name_key(uint64_t seed, const char *name)
     return mix64(mix64(seed + GAMMA) ^ h);
 }
 
-/* ---- options -----------------------------------------------------------------------------------
- */
+/* ---- options --------------------------------------------------------------------------------- */
 
 static int parse_arch(const char *name, enum arch *out)
 {
@@ -207,8 +249,7 @@ int fixture_hparams(const char *arch, const char *shape, struct fixture_hparams 
     return 0;
 }
 
-/* ---- tensor plan -------------------------------------------------------------------------------
- */
+/* ---- tensor plan ----------------------------------------------------------------------------- */
 
 /* use_more_bits is llama.cpp's rule (src/llama-quant.cpp, llama_tensor_get_type) for the layers
  * whose attn_v and ffn_down get Q6_K in a Q4_K_M file: the first and last eighth, and every third
@@ -440,8 +481,7 @@ static int plan(struct fx *fx)
     return 0;
 }
 
-/* ---- metadata ----------------------------------------------------------------------------------
- */
+/* ---- metadata -------------------------------------------------------------------------------- */
 
 static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct gguf_file *vocab)
 {
@@ -495,8 +535,7 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
     return 0;
 }
 
-/* ---- data --------------------------------------------------------------------------------------
- */
+/* ---- data ------------------------------------------------------------------------------------ */
 
 /* gen_row: the floats of one row (row counts over all matrices of a 3-D tensor). */
 static void gen_row(const struct fx *fx, const struct tdesc *t, uint64_t row, float *out)
@@ -625,8 +664,7 @@ fail:
     return rv;
 }
 
-/* ---- parallel generation, written in order -----------------------------------------------------
- */
+/* ---- parallel generation, written in order --------------------------------------------------- */
 
 struct item {
     uint32_t t;
@@ -748,8 +786,7 @@ fail:
     return rv;
 }
 
-/* ---- entry -------------------------------------------------------------------------------------
- */
+/* ---- entry ----------------------------------------------------------------------------------- */
 
 static int setup(const struct fixture_opts *o, struct fx *fx)
 {

@@ -14,8 +14,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-/* ---- helpers -----------------------------------------------------------------------------------
- */
+/* ---- helpers --------------------------------------------------------------------------------- */
 
 static const char *tmp_path(const char *name)
 {
@@ -219,8 +218,7 @@ static void write_check(const struct want *w, const char *file)
     unlink(tmp_path(file));
 }
 
-/* ---- architectures and types -------------------------------------------------------------------
- */
+/* ---- architectures and types ----------------------------------------------------------------- */
 
 START_TEST(qwen3moe_types)
 {
@@ -268,8 +266,7 @@ START_TEST(bad_options_are_refused)
 }
 END_TEST
 
-/* ---- determinism -------------------------------------------------------------------------------
- */
+/* ---- determinism ----------------------------------------------------------------------------- */
 
 START_TEST(same_seed_same_bytes)
 {
@@ -288,8 +285,7 @@ START_TEST(same_seed_same_bytes)
 }
 END_TEST
 
-/* ---- random blocks -----------------------------------------------------------------------------
- */
+/* ---- random blocks --------------------------------------------------------------------------- */
 
 /* Random blocks decode to finite weights with the spread the float path would give them. */
 START_TEST(random_blocks_are_bounded)
@@ -351,8 +347,7 @@ START_TEST(qwen3_mini_random_blocks)
 }
 END_TEST
 
-/* ---- vocabulary --------------------------------------------------------------------------------
- */
+/* ---- vocabulary ------------------------------------------------------------------------------ */
 
 static int64_t find_token(const struct gguf_value *toks, const char *s)
 {
@@ -438,8 +433,7 @@ START_TEST(vocab_from_file)
 }
 END_TEST
 
-/* ---- routing and logits ------------------------------------------------------------------------
- */
+/* ---- routing and logits ---------------------------------------------------------------------- */
 
 static uint64_t lcg = 0x853c49e6748fea9bull;
 static float test_rand(void) /* uniform with unit variance */
