@@ -191,7 +191,7 @@ static int rd_str(struct rd *r, const char *what, const char *who, struct gguf_s
 static int rd_name(struct rd *r, const char *what, const char *who, char **out)
 {
     uint64_t at = r->off;
-    struct gguf_str s;
+    struct gguf_str s = {0};
     int rv = rd_str(r, what, who, &s);
     if (rv) return rv;
     if (s.len == 0)

@@ -647,15 +647,15 @@ int msg_get_arr(struct msg *m, const msgpack_object *map, const char *key, uint3
 static int get_ints(struct msg *m, const msgpack_object *map, const char *key, uint32_t max_n,
                     int64_t min, int64_t max, size_t elem_size, void **out, uint32_t *n)
 {
-    const msgpack_object *items;
-    uint32_t count;
+    const msgpack_object *items = NULL;
+    uint32_t count = 0;
     int rv = msg_get_arr(m, map, key, max_n, &items, &count);
     if (rv != 0) return rv;
     void *v = NULL;
     if (count > 0 && !(v = msgpack_zone_malloc(&m->zone, (size_t)count * elem_size)))
         return strata_errf(STRATA_ENOMEM, "field '%s': no memory for %u integers", key, count);
     for (uint32_t i = 0; i < count; i++) {
-        int64_t x;
+        int64_t x = 0;
         if ((rv = int_value(&items[i], key, min, max, &x)) != 0) {
             char where[32];
             snprintf(where, sizeof where, " (item %u)", i);

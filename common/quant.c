@@ -307,7 +307,7 @@ static int check_row(uint32_t type, int64_t n, const char *what, int64_t *nb)
 
 int quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
 {
-    int64_t nb;
+    int64_t nb = 0;
     int rv = check_row(type, n, "dequantize", &nb);
     if (rv) return rv;
     switch (type) {
@@ -356,7 +356,7 @@ bool quant_can_quantize(uint32_t type)
 
 int quant_quantize(uint32_t type, const float *src, void *dst, int64_t n)
 {
-    int64_t nb;
+    int64_t nb = 0;
     int rv = check_row(type, n, "quantize to", &nb);
     if (rv) return rv;
     switch (type) {

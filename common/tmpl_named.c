@@ -63,7 +63,7 @@ const char *tmpl_named_list(void)
 
 int tmpl_load(const char *spec, const struct tmpl_limits *lim, struct tmpl **out)
 {
-    const char *src;
+    const char *src = NULL;
     if (tmpl_named(spec, &src) == 0) return tmpl_compile(src, strlen(src), lim, out);
     FILE *f = fopen(spec, "rb");
     if (!f) {

@@ -23,29 +23,66 @@ __global__ void __launch_bounds__(AT_WARPS *WARP)
     const int32_t *bt = block_tables + (int64_t)q_seq[row] * bt_stride;
     const float scale = rsqrtf((float)hd);
 
-    float qv[AT_MAXD], acc[AT_MAXD];
+    float acc[AT_MAXD];
     const float *qr = q + (row * n_head + h) * hd;
 #pragma unroll
-    for (int i = 0; i < AT_MAXD; i++) {
-        qv[i] = i < nd ? qr[lane + i * WARP] * scale : 0.0f;
-        acc[i] = 0.0f;
-    }
+    for (int i = 0; i < AT_MAXD; i++) acc[i] = 0.0f;
+    /* Scores: 4 keys per warp step, 8 lanes per key, each lane a contiguous 1/8 of the head
+     * (16 floats at head_dim 128), so a key's reduction is 3 shuffles and 4 keys' loads are in
+     * flight at once. Values: each lane owns dims lane + 32i across the 4 keys. */
+    const int grp = lane >> 3, sub = lane & 7, per_lane = hd / 8;
+    float qs[32]; /* this lane's slice of q for the score phase */
+#pragma unroll
+    for (int i = 0; i < 32; i++) qs[i] = i < per_lane ? qr[sub * per_lane + i] * scale : 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int p = k0 + warp; p < k1; p += AT_WARPS) {
-        int64_t blk = bt[p / kv.block_size];
-        int64_t off = ((blk * kv.n_kv_head + kvh) * kv.block_size + p % kv.block_size) * hd;
-        const float *kp = kv.k + off, *vp = kv.v + off;
-        float s = 0.0f;
+    for (int p0 = k0 + warp * 4; p0 < k1; p0 += AT_WARPS * 4) {
+        int p = p0 + grp;
+        float sc = -INFINITY;
+        if (p < k1) {
+            int64_t blk = bt[p / kv.block_size];
+            const float *kp = kv.k + ((blk * kv.n_kv_head + kvh) * kv.block_size + p % kv.block_size) * hd +
+                              sub * per_lane;
+            float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < AT_MAXD; i++)
-            if (i < nd) s += qv[i] * kp[lane + i * WARP];
-        s = warp_sum(s);
-        float mn = fmaxf(m, s);
-        float corr = expf(m - mn), pw = expf(s - mn);
-        l = l * corr + pw;
+            for (int i = 0; i < 32; i += 4) {
+                if (i < per_lane) {
+                    float4 kv4 = *(const float4 *)(kp + i);
+                    s += qs[i] * kv4.x + qs[i + 1] * kv4.y + qs[i + 2] * kv4.z + qs[i + 3] * kv4.w;
+                }
+            }
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+            sc = s;
+        } else {
+            /* keep the shuffles convergent */
+            float s = 0.0f;
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            s += __shfl_xor_sync(0xffffffffu, s, 4);
+        }
+        float s4[4];
 #pragma unroll
-        for (int i = 0; i < AT_MAXD; i++)
-            if (i < nd) acc[i] = acc[i] * corr + pw * vp[lane + i * WARP];
+        for (int g = 0; g < 4; g++) s4[g] = __shfl_sync(0xffffffffu, sc, g * 8);
+        float mn = fmaxf(fmaxf(fmaxf(m, s4[0]), fmaxf(s4[1], s4[2])), s4[3]);
+        float corr = expf(m - mn);
+        float pw[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) pw[g] = p0 + g < k1 ? expf(s4[g] - mn) : 0.0f;
+        l = l * corr + pw[0] + pw[1] + pw[2] + pw[3];
+#pragma unroll
+        for (int i = 0; i < AT_MAXD; i++) acc[i] *= corr;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            if (p0 + g >= k1) break;
+            int pg = p0 + g;
+            int64_t blk = bt[pg / kv.block_size];
+            const float *vp =
+                kv.v + ((blk * kv.n_kv_head + kvh) * kv.block_size + pg % kv.block_size) * hd;
+#pragma unroll
+            for (int i = 0; i < AT_MAXD; i++)
+                if (i < nd) acc[i] += pw[g] * vp[lane + i * WARP];
+        }
         m = mn;
     }
     __shared__ float sm[AT_WARPS], sl[AT_WARPS], sacc[AT_WARPS][256];

@@ -181,6 +181,83 @@ template <> __device__ __forceinline__ void deq8<QT_Q6_K>(const uint8_t *row, in
     }
 }
 
+/* deq32<T>(row, c, v): elements [32c, 32c+32) of a weight row. The matrix kernels' unit: one
+ * 32-element chunk needs one scale decode for every type (a Q8_0/Q5_0 block, a K-quant sub-block),
+ * and its weight bytes arrive in 16-byte loads. */
+template <int T> __device__ __forceinline__ void deq32(const uint8_t *row, int64_t c, float v[32])
+{
+#pragma unroll
+    for (int i = 0; i < 4; i++) deq8<T>(row, c * 4 + i, v + 8 * i);
+}
+
+template <> __device__ __forceinline__ void deq32<QT_Q8_0>(const uint8_t *row, int64_t c, float v[32])
+{
+    const uint8_t *b = row + c * 34;
+    float d = h2f(b);
+    /* 34-byte blocks are only 2-byte aligned: read the quants as 16 shorts */
+    const uint16_t *q16 = (const uint16_t *)(b + 2);
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        uint16_t u = q16[i];
+        v[2 * i] = d * (float)(int8_t)(u & 0xff);
+        v[2 * i + 1] = d * (float)(int8_t)(u >> 8);
+    }
+}
+
+template <> __device__ __forceinline__ void deq32<QT_Q5_0>(const uint8_t *row, int64_t c, float v[32])
+{
+    const uint8_t *b = row + c * 22;
+    float d = h2f(b);
+    uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | ((uint32_t)b[5] << 24);
+    const uint16_t *q16 = (const uint16_t *)(b + 6);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint16_t u = q16[i];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int j = 2 * i + h;
+            uint8_t q = (uint8_t)(h ? (u >> 8) : (u & 0xff));
+            v[j] = (float)(((q & 0x0F) | (((qh >> j) << 4) & 0x10)) - 16) * d;
+            v[j + 16] = (float)(((q >> 4) | ((qh >> (j + 12)) & 0x10)) - 16) * d;
+        }
+    }
+}
+
+template <> __device__ __forceinline__ void deq32<QT_Q4_K>(const uint8_t *row, int64_t c, float v[32])
+{
+    const uint8_t *b = row + (c >> 3) * 144; /* 8 sub-blocks of 32 per 256-element block */
+    int sb = (int)(c & 7), j = sb >> 1, hi = sb & 1;
+    int sc, m;
+    scale_min_k4(sb, b + 4, &sc, &m);
+    float d = h2f(b) * (float)sc, mn = h2f(b + 2) * (float)m;
+    const uint4 *q = (const uint4 *)(b + 16 + j * 32); /* 144-byte blocks: 16-byte aligned qs */
+    uint4 u0 = __ldg(q), u1 = __ldg(q + 1);
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t x = hi ? (w[i] >> 4) : w[i];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[4 * i + k] = d * (float)((x >> (8 * k)) & 0xF) - mn;
+    }
+}
+
+template <> __device__ __forceinline__ void deq32<QT_Q6_K>(const uint8_t *row, int64_t c, float v[32])
+{
+    const uint8_t *b = row + (c >> 3) * 210;
+    int sb = (int)(c & 7), half = sb >> 2, quad = sb & 3;
+    const uint8_t *ql = b + half * 64 + (quad & 1) * 32;
+    const uint8_t *qh = b + 128 + half * 32;
+    const int8_t *scl = (const int8_t *)(b + 192) + half * 8 + 2 * quad;
+    float d = h2f(b + 208);
+    float d0 = d * (float)scl[0], d1 = d * (float)scl[1];
+    const int shift_l = (quad >> 1) * 4, shift_h = quad * 2;
+#pragma unroll
+    for (int l = 0; l < 32; l++) {
+        int q = (((ql[l] >> shift_l) & 0xF) | (((qh[l] >> shift_h) & 3) << 4)) - 32;
+        v[l] = (l < 16 ? d0 : d1) * (float)q;
+    }
+}
+
 /* Dispatch a templated functor over the GPU's weight types: F(TYPE) expands per case. */
 #define CU_TYPE_SWITCH(type, F)                                                                    \
     switch (type) {                                                                                \
