@@ -3,6 +3,7 @@
 #include "common/err.h"
 #include "launcher/cmd.h"
 #include "tools/bpe_train.h"
+#include "tools/perplexity.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -28,37 +29,6 @@ static void usage(FILE *out)
         "                  text runs out of pairs, [PADn] unused tokens fill the vocabulary\n"
         "  -o FILE         the GGUF to write\n",
         BPE_TRAIN_MIN_VOCAB, BPE_TRAIN_MAX_VOCAB);
-}
-
-static int read_file(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_errf(strata_errno(errno), "cannot open %s", path);
-    char *p = NULL;
-    size_t n = 0, cap = 0, got;
-    int rv = 0;
-    do {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 1 << 20;
-            char *np = realloc(p, cap);
-            if (!np) {
-                rv = strata_errf(STRATA_ENOMEM, "out of memory reading %s (%zu bytes)", path, n);
-                break;
-            }
-            p = np;
-        }
-        got = fread(p + n, 1, cap - n, f);
-        n += got;
-    } while (got);
-    if (!rv && ferror(f)) rv = strata_errf(strata_errno(errno), "cannot read %s", path);
-    fclose(f);
-    if (rv) {
-        free(p);
-        return rv;
-    }
-    *buf = p;
-    *len = n;
-    return 0;
 }
 
 static int parse_u32(const char *s, uint32_t *out)
@@ -132,7 +102,7 @@ static int run(int argc, char **argv)
     }
     for (int i = 0; i < n_files; i++) {
         size_t len = 0;
-        if ((rv = read_file(files[i], &text, &len)) != 0 ||
+        if ((rv = ppl_read_file(files[i], &text, &len)) != 0 ||
             (rv = bpe_train_add(t, text, len)) != 0) {
             status = strata_cmd_fail("bpe-train", files[i], rv);
             goto out;
