@@ -69,7 +69,12 @@ static int run(int argc, char **argv)
             o.shape = optarg;
             break;
         case 't':
+            o.type = optarg;
+            break;
         case 'm':
+            if (strcmp(optarg, "q4_k_m") != 0)
+                return strata_cmd_fail("fixture", optarg,
+                                       strata_errf(STRATA_EINVAL, "--mix knows q4_k_m only"));
             o.type = optarg;
             break;
         case 'S':
