@@ -5,29 +5,25 @@
  * latency on an H200 at the 2048-4096 wide shapes of Qwen3-30B-A3B. */
 #define MV_WARPS 4
 
-/* warp_dot: the warp's lanes stride over 32-element chunks of one weight row (one scale decode
- * and 16-byte weight loads per chunk); each lane keeps a partial sum per activation row; the caller
- * reduces across the warp. */
+/* warp_dot: the warp's lanes stride over 8-element chunks of one weight row; each lane keeps a
+ * partial sum per activation row; the caller reduces across the warp. Two chunks per iteration
+ * keep two weight loads in flight per lane. */
 template <int T, int B>
 __device__ __forceinline__ void warp_dot(const uint8_t *wrow, int64_t ncols, const float *x,
                                          int64_t ldx, int n_act, float acc[B])
 {
     const int lane = threadIdx.x & (WARP - 1);
-    const int64_t nch = ncols / 32;
+    const int64_t nch = ncols / 8;
     for (int64_t c = lane; c < nch; c += WARP) {
-        float v[32];
-        deq32<T>(wrow, c, v);
+        float v[8];
+        deq8<T>(wrow, c, v);
 #pragma unroll
         for (int b = 0; b < B; b++) {
             if (b < n_act) {
-                const float4 *xp = (const float4 *)(x + b * ldx + c * 32);
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 xv = __ldg(xp + i);
-                    s += v[4 * i] * xv.x + v[4 * i + 1] * xv.y + v[4 * i + 2] * xv.z + v[4 * i + 3] * xv.w;
-                }
-                acc[b] += s;
+                const float4 *xp = (const float4 *)(x + b * ldx + c * 8);
+                float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+                acc[b] += v[0] * x0.x + v[1] * x0.y + v[2] * x0.z + v[3] * x0.w + v[4] * x1.x +
+                          v[5] * x1.y + v[6] * x1.z + v[7] * x1.w;
             }
         }
     }
@@ -86,7 +82,7 @@ extern "C" int cu_matvec(uint32_t type, const void *w, int64_t ncols, int64_t nr
         return strata_errf(STRATA_EUNSUPPORTED, "%s weights are computed on the CPU, not the GPU",
                            qtype_name(type));
     const struct qtype_info *ti = qtype_get(type);
-    int64_t blk = ti->blck < 32 ? 32 : ti->blck;
+    int64_t blk = ti->blck < 8 ? 8 : ti->blck;
     if (n_act < 1 || n_act > CU_MATVEC_MAX_ACT || ncols <= 0 || nrows <= 0 || ncols % blk)
         return strata_errf(STRATA_EINVAL, "cu_matvec: n_act %d (1..16), ncols %lld (multiple of %lld)",
                            n_act, (long long)ncols, (long long)blk);

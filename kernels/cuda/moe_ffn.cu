@@ -4,26 +4,22 @@
 #define MF_WARPS 4
 #define MF_PAIRS 8 /* pairs per pass over a weight row */
 
-/* dot of one weight row with up to MF_PAIRS gathered activation rows, 32-element chunks per lane. */
+/* dot of one weight row with up to MF_PAIRS gathered activation rows. */
 template <int T>
 __device__ __forceinline__ void gather_dot(const uint8_t *wrow, int64_t ncols, const float *x,
                                            int64_t ldx, const int32_t *rows, int n, float acc[MF_PAIRS])
 {
     const int lane = threadIdx.x & (WARP - 1);
-    for (int64_t c = lane; c < ncols / 32; c += WARP) {
-        float v[32];
-        deq32<T>(wrow, c, v);
+    for (int64_t c = lane; c < ncols / 8; c += WARP) {
+        float v[8];
+        deq8<T>(wrow, c, v);
 #pragma unroll
         for (int b = 0; b < MF_PAIRS; b++) {
             if (b < n) {
-                const float4 *xp = (const float4 *)(x + rows[b] * ldx + c * 32);
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 xv = __ldg(xp + i);
-                    s += v[4 * i] * xv.x + v[4 * i + 1] * xv.y + v[4 * i + 2] * xv.z + v[4 * i + 3] * xv.w;
-                }
-                acc[b] += s;
+                const float4 *xp = (const float4 *)(x + rows[b] * ldx + c * 8);
+                float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+                acc[b] += v[0] * x0.x + v[1] * x0.y + v[2] * x0.z + v[3] * x0.w + v[4] * x1.x +
+                          v[5] * x1.y + v[6] * x1.z + v[7] * x1.w;
             }
         }
     }
@@ -156,7 +152,7 @@ extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const
                      parts->type[i] == QT_Q6_K))
             return strata_errf(STRATA_EUNSUPPORTED, "expert part %d: %s is computed on the CPU", i,
                                qtype_name(parts->type[i]));
-        if (ncols % (ti->blck < 32 ? 32 : ti->blck))
+        if (ncols % (ti->blck < 8 ? 8 : ti->blck))
             return strata_errf(STRATA_EINVAL, "expert part %d: %lld columns", i, (long long)ncols);
     }
     if (n_groups == 0) return 0;
