@@ -1,0 +1,242 @@
+/* strata trace — `strata trace MODEL.gguf FILE [--json]`: records the model's routing over a text
+ * and prints per-layer expert popularity and what a per-layer LRU expert cache of 25% and 50% of
+ * the experts would hit replaying it (tools/trace.h). */
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/model.h"
+#include "common/tok.h"
+#include "launcher/cmd.h"
+#include "tools/perplexity.h"
+#include "tools/trace.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define N_TOP 3 /* experts named per layer in the table */
+
+static const uint32_t cache_pct[] = {25, 50};
+#define N_CACHE (sizeof cache_pct / sizeof cache_pct[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: strata trace MODEL.gguf FILE [--json] [--ids] [--vocab TOK.gguf] [--ctx N]\n"
+            "                    [--max-tokens N] [--threads N]\n"
+            "\n"
+            "Runs FILE through the model on the CPU one token at a time, records which experts\n"
+            "each layer routes every token to, and prints per layer: the entropy of the expert\n"
+            "popularity (bits; log2(experts) is perfectly even), the most used experts and their\n"
+            "share, and the hit rate of an LRU cache holding 25%% and 50%% of the layer's experts\n"
+            "that replays the accesses in order, starting empty (even random routing gives about\n"
+            "25%% and 50%%; more means locality a cache can use).\n"
+            "  --ids           FILE holds raw little-endian uint32 token ids; otherwise text\n"
+            "  --vocab FILE    take the tokenizer from this GGUF rather than from MODEL\n"
+            "  --ctx N         tokens per window, each from an empty context (default 256)\n"
+            "  --max-tokens N  trace only the first N tokens\n"
+            "  --threads N     compute threads (default: the online CPUs)\n"
+            "  --json          one JSON object: sizes, per layer counts, entropy and hit rates\n");
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (!*s || *end || errno || s[0] == '-' || v < 1 || v > UINT32_MAX) return 1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static uint32_t slots_for(uint32_t n_expert, uint32_t pct)
+{
+    uint32_t s = (n_expert * pct + 50) / 100;
+    return s ? s : 1;
+}
+
+/* top_experts writes the N_TOP most used experts of counts (ties to the lower id) to top. */
+static void top_experts(const uint64_t *counts, uint32_t n_expert, uint32_t top[N_TOP])
+{
+    for (uint32_t k = 0; k < N_TOP; k++) {
+        top[k] = UINT32_MAX;
+        for (uint32_t e = 0; e < n_expert; e++) {
+            bool taken = false;
+            for (uint32_t j = 0; j < k; j++)
+                taken |= top[j] == e;
+            if (!taken && (top[k] == UINT32_MAX || counts[e] > counts[top[k]])) top[k] = e;
+        }
+    }
+}
+
+static int report(const struct trace *t, uint32_t ctx, bool json)
+{
+    const double total = (double)t->n_tokens * t->n_used;
+    uint64_t *counts = malloc(t->n_expert * sizeof *counts);
+    uint64_t all_hits[N_CACHE] = {0}, all_acc[N_CACHE] = {0};
+    json_t *root = NULL, *layers = NULL;
+    if (!counts) return strata_errf(STRATA_ENOMEM, "out of memory");
+    if (json) {
+        root = json_pack("{s:I, s:i, s:i, s:i, s:i}", "tokens", (json_int_t)t->n_tokens, "n_layer",
+                         (int)t->n_layer, "n_expert", (int)t->n_expert, "n_used", (int)t->n_used,
+                         "ctx", (int)ctx);
+        layers = json_array();
+        if (!root || !layers || json_object_set_new(root, "layers", layers)) {
+            json_decref(root);
+            free(counts);
+            return strata_errf(STRATA_ENOMEM, "out of memory for the JSON report");
+        }
+    } else {
+        printf("%llu tokens, %u layers of %u experts, %u per token (windows of %u tokens)\n\n",
+               (unsigned long long)t->n_tokens, t->n_layer, t->n_expert, t->n_used, ctx);
+        char ent[32];
+        snprintf(ent, sizeof ent, "entropy bits (of %.2f)", log2((double)t->n_expert));
+        printf("%5s  %22s  %-36s  ", "layer", ent, "most used experts (share)");
+        for (size_t c = 0; c < N_CACHE; c++) {
+            char label[32];
+            snprintf(label, sizeof label, "LRU %u%% (%u)", cache_pct[c],
+                     slots_for(t->n_expert, cache_pct[c]));
+            printf("  %12s", label);
+        }
+        printf("\n");
+    }
+    for (uint32_t l = 0; l < t->n_layer; l++) {
+        trace_counts(t, l, counts);
+        double h = trace_entropy(t, l), rate[N_CACHE];
+        for (size_t c = 0; c < N_CACHE; c++) {
+            uint64_t acc, hits = trace_lru(t, l, slots_for(t->n_expert, cache_pct[c]), &acc);
+            rate[c] = acc ? (double)hits / (double)acc : 0;
+            all_hits[c] += hits;
+            all_acc[c] += acc;
+        }
+        if (json) {
+            json_t *cj = json_array(),
+                   *lj = json_pack("{s:i, s:f}", "layer", (int)l, "entropy_bits", h);
+            for (uint32_t e = 0; e < t->n_expert && cj; e++)
+                json_array_append_new(cj, json_integer((json_int_t)counts[e]));
+            if (lj && cj) {
+                json_object_set_new(lj, "counts", cj);
+                for (size_t c = 0; c < N_CACHE; c++) {
+                    char key[32];
+                    snprintf(key, sizeof key, "lru_%u", cache_pct[c]);
+                    json_object_set_new(lj, key, json_real(rate[c]));
+                }
+                json_array_append_new(layers, lj);
+            } else {
+                json_decref(cj);
+                json_decref(lj);
+            }
+            continue;
+        }
+        uint32_t top[N_TOP];
+        top_experts(counts, t->n_expert, top);
+        printf("%5u  %22.3f  ", l, h);
+        for (int k = 0; k < N_TOP; k++)
+            printf(" e%-3u %5.1f%%", top[k],
+                   total > 0 ? 100.0 * (double)counts[top[k]] / total : 0);
+        printf("  ");
+        for (size_t c = 0; c < N_CACHE; c++)
+            printf("  %11.1f%%", 100.0 * rate[c]);
+        printf("\n");
+    }
+    if (json) {
+        for (size_t c = 0; c < N_CACHE; c++) {
+            char key[32];
+            snprintf(key, sizeof key, "lru_%u", cache_pct[c]);
+            json_object_set_new(
+                root, key, json_real(all_acc[c] ? (double)all_hits[c] / (double)all_acc[c] : 0));
+        }
+        char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        if (s) printf("%s\n", s);
+        free(s);
+        json_decref(root);
+    } else {
+        printf("%5s  %22s  %36s  ", "all", "", "");
+        for (size_t c = 0; c < N_CACHE; c++)
+            printf("  %11.1f%%", all_acc[c] ? 100.0 * (double)all_hits[c] / (double)all_acc[c] : 0);
+        printf("\n");
+    }
+    free(counts);
+    return 0;
+}
+
+static int run(int argc, char **argv)
+{
+    const char *pos[2], *vocab = NULL;
+    int npos = 0;
+    bool raw_ids = false, json = false;
+    uint32_t ctx = 256, max_tokens = 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t threads = cpus > 0 ? (uint32_t)cpus : 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        uint32_t *num = NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--ids")) {
+            raw_ids = true;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (!strcmp(a, "--vocab") && i + 1 < argc) {
+            vocab = argv[++i];
+        } else if (!strcmp(a, "--ctx") && i + 1 < argc) {
+            num = &ctx;
+        } else if (!strcmp(a, "--max-tokens") && i + 1 < argc) {
+            num = &max_tokens;
+        } else if (!strcmp(a, "--threads") && i + 1 < argc) {
+            num = &threads;
+        } else if (a[0] == '-' || npos == 2) {
+            fprintf(stderr, "strata trace: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else {
+            pos[npos++] = a;
+        }
+        if (num && parse_u32(argv[++i], num)) {
+            fprintf(stderr, "strata trace: %s %s: give a whole number >= 1\n", a, argv[i]);
+            return 2;
+        }
+    }
+    if (npos != 2) {
+        usage(stderr);
+        return 2;
+    }
+    struct gguf_file *gf = NULL;
+    struct model *m = NULL;
+    struct tok *tk = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    struct trace t = {0};
+    int status = 1, rv;
+    const char *what = pos[0];
+    if ((rv = gguf_open(pos[0], &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
+    if (!raw_ids) {
+        what = vocab ? vocab : pos[0];
+        if ((rv = vocab ? tok_load(vocab, NULL, &tk) : tok_from_gguf(gf, NULL, &tk)) != 0)
+            goto fail;
+    }
+    what = pos[1];
+    if ((rv = ppl_read_tokens(pos[1], raw_ids, tk, &ids, &n)) != 0) goto fail;
+    if (max_tokens && n > max_tokens) n = max_tokens;
+    what = "tracing";
+    if ((rv = trace_init(&t, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used)) != 0 ||
+        (rv = trace_record(m, ids, n, ctx, threads, &t)) != 0 || (rv = report(&t, ctx, json)) != 0)
+        goto fail;
+    status = 0;
+fail:
+    if (rv) status = strata_cmd_fail("trace", what, rv);
+    trace_fini(&t);
+    free(ids);
+    tok_free(tk);
+    model_free(m);
+    gguf_close(gf);
+    return status;
+}
+
+const struct strata_cmd strata_cmd_trace = {
+    "trace", "record expert routing over a text: popularity and LRU cache hit rates", run};

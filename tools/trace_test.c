@@ -1,0 +1,213 @@
+/* trace_test — the LRU replay and the popularity figures on synthetic traces with answers worked
+ * out by hand, trace_push's checks, recording from a tiny fixture (uniform and zipf-skewed routers:
+ * the skewed one must show it), independence from the thread count, and `strata trace`. */
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/model.h"
+#include "launcher/cmd.h"
+#include "tests/testutil.h"
+#include "tools/fixture.h"
+#include "tools/trace.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern const struct strata_cmd strata_cmd_trace;
+
+static const char *tmp_path(const char *name)
+{
+    static char buf[1024];
+    snprintf(buf, sizeof buf, "%s/%s", test_tmpdir(), name);
+    return buf;
+}
+
+/* one_layer builds a 1-layer trace with n_used experts per token from the list. */
+static void one_layer(struct trace *t, uint32_t n_expert, uint32_t n_used, const uint16_t *sel,
+                      size_t n_tokens)
+{
+    ck_assert_int_eq(trace_init(t, 1, n_expert, n_used), 0);
+    for (size_t k = 0; k < n_tokens; k++)
+        ck_assert_int_eq(trace_push(t, sel + k * n_used), 0);
+}
+
+START_TEST(test_lru_known)
+{
+    struct trace t;
+    uint64_t acc;
+    /* A B A C B A through 2 slots: only the second A hits. */
+    const uint16_t s1[] = {0, 1, 0, 2, 1, 0};
+    one_layer(&t, 4, 1, s1, 6);
+    ck_assert_uint_eq(trace_lru(&t, 0, 2, &acc), 1);
+    ck_assert_uint_eq(acc, 6);
+    ck_assert_uint_eq(trace_lru(&t, 0, 3, &acc), 3); /* A, B, A all stay: hits at 3, 5, 6 */
+    ck_assert_uint_eq(trace_lru(&t, 0, 0, &acc), 0);
+    trace_fini(&t);
+    /* A cycle one longer than the cache: LRU's worst case, never a hit. */
+    uint16_t s2[12];
+    for (int i = 0; i < 12; i++)
+        s2[i] = (uint16_t)(i % 3);
+    one_layer(&t, 8, 1, s2, 12);
+    ck_assert_uint_eq(trace_lru(&t, 0, 2, &acc), 0);
+    ck_assert_uint_eq(trace_lru(&t, 0, 3, &acc), 9);
+    ck_assert_uint_eq(trace_lru(&t, 0, 8, &acc), 9); /* more slots than experts: only cold misses */
+    trace_fini(&t);
+    /* Two experts a token, taken in ascending order: {0,1} {2,3} {0,2}. 2 slots: {0,1} -> {2,3}
+     * -> 0 evicts 2, then 2 evicts 3: no hit. 3 slots: {0,1,2} -> 3 evicts 0 -> 0 evicts 1 ->
+     * 2 hits. */
+    const uint16_t s3[] = {0, 1, 2, 3, 0, 2};
+    one_layer(&t, 4, 2, s3, 3);
+    ck_assert_uint_eq(trace_lru(&t, 0, 2, &acc), 0);
+    ck_assert_uint_eq(acc, 6);
+    ck_assert_uint_eq(trace_lru(&t, 0, 3, &acc), 1);
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_popularity)
+{
+    struct trace t;
+    uint64_t c[4];
+    const uint16_t even[] = {0, 1, 2, 3, 0, 1, 2, 3};
+    one_layer(&t, 4, 1, even, 8);
+    trace_counts(&t, 0, c);
+    ck_assert(c[0] == 2 && c[1] == 2 && c[2] == 2 && c[3] == 2);
+    ck_assert_double_eq_tol(trace_entropy(&t, 0), 2.0, 1e-12);
+    trace_fini(&t);
+    const uint16_t half[] = {1, 3, 1, 3};
+    one_layer(&t, 4, 2, half, 2);
+    trace_counts(&t, 0, c);
+    ck_assert(c[0] == 0 && c[1] == 2 && c[2] == 0 && c[3] == 2);
+    ck_assert_double_eq_tol(trace_entropy(&t, 0), 1.0, 1e-12);
+    trace_fini(&t);
+    const uint16_t one[] = {2, 2, 2};
+    one_layer(&t, 4, 1, one, 3);
+    ck_assert_double_eq_tol(trace_entropy(&t, 0), 0.0, 1e-12);
+    trace_fini(&t);
+    /* Two layers keep their own counts. */
+    ck_assert_int_eq(trace_init(&t, 2, 4, 1), 0);
+    const uint16_t tok[] = {3, 0};
+    ck_assert_int_eq(trace_push(&t, tok), 0);
+    trace_counts(&t, 1, c);
+    ck_assert(c[0] == 1 && c[3] == 0);
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_push_checks)
+{
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, 1, 4, 5), STRATA_EINVAL);
+    ck_assert_int_eq(trace_init(&t, 0, 4, 1), STRATA_EINVAL);
+    ck_assert_int_eq(trace_init(&t, 1, 70000, 1), STRATA_EINVAL);
+    ck_assert_int_eq(trace_init(&t, 1, 4, 2), 0);
+    const uint16_t unsorted[] = {2, 1}, dup[] = {1, 1}, big[] = {1, 4}, ok[] = {0, 3};
+    ck_assert_int_eq(trace_push(&t, unsorted), STRATA_EINVAL);
+    ck_assert_int_eq(trace_push(&t, dup), STRATA_EINVAL);
+    ck_assert_int_eq(trace_push(&t, big), STRATA_EINVAL);
+    ck_assert_int_eq(trace_push(&t, ok), 0);
+    ck_assert_uint_eq(t.n_tokens, 1);
+    trace_fini(&t);
+}
+END_TEST
+
+static void record(const char *name, double zipf, uint32_t threads, struct trace *t,
+                   struct model **mout, struct gguf_file **gout)
+{
+    const char *path = tmp_path(name);
+    struct fixture_opts o = {.type = "f32", .seed = 3, .zipf = zipf, .threads = 1};
+    ck_assert_msg(fixture_write(&o, path) == 0, "fixture: %s", strata_errdetail());
+    ck_assert_int_eq(gguf_open(path, gout), 0);
+    ck_assert_int_eq(model_load(*gout, mout), 0);
+    const struct model_hparams *hp = &(*mout)->hp;
+    int32_t ids[96];
+    for (int i = 0; i < 96; i++)
+        ids[i] = (int32_t)((i * 131 + 7) % hp->n_vocab);
+    ck_assert_int_eq(trace_init(t, hp->n_layer, hp->n_expert, hp->n_expert_used), 0);
+    model_expert_fn before = (*mout)->expert_part;
+    ck_assert_msg(trace_record(*mout, ids, 96, 40, threads, t) == 0, "trace_record: %s",
+                  strata_errdetail());
+    ck_assert_ptr_eq((void *)(*mout)->expert_part, (void *)before); /* m is left as it was */
+    ck_assert_uint_eq(t->n_tokens, 96);
+}
+
+START_TEST(test_record)
+{
+    struct trace even, skew, skew2;
+    struct model *m1, *m2;
+    struct gguf_file *g1, *g2;
+    record("uniform.gguf", 0, 2, &even, &m1, &g1);
+    record("zipf.gguf", 2.0, 1, &skew, &m2, &g2);
+    const double max_h = log2((double)even.n_expert);
+    for (uint32_t l = 0; l < even.n_layer; l++) {
+        uint64_t c[256], sum = 0;
+        trace_counts(&even, l, c);
+        for (uint32_t e = 0; e < even.n_expert; e++)
+            sum += c[e];
+        ck_assert_uint_eq(sum, 96 * even.n_used);
+        /* A zipf(2) router piles tokens on few experts: lower entropy, more LRU hits. */
+        double he = trace_entropy(&even, l), hs = trace_entropy(&skew, l);
+        ck_assert_msg(hs < he - 0.3, "layer %u: entropy %.3f (zipf) vs %.3f (uniform)", l, hs, he);
+        ck_assert(he <= max_h + 1e-9 && he > 0.5 * max_h);
+        uint64_t acc, slots = even.n_expert / 4 ? even.n_expert / 4 : 1;
+        ck_assert_uint_gt(trace_lru(&skew, l, (uint32_t)slots, &acc),
+                          trace_lru(&even, l, (uint32_t)slots, &acc));
+    }
+    /* The routing does not depend on the thread count. */
+    uint32_t nl = skew.n_layer, ne = skew.n_expert, nu = skew.n_used;
+    ck_assert_int_eq(trace_init(&skew2, nl, ne, nu), 0);
+    int32_t ids[96];
+    for (int i = 0; i < 96; i++)
+        ids[i] = (int32_t)((i * 131 + 7) % m2->hp.n_vocab);
+    ck_assert_int_eq(trace_record(m2, ids, 96, 40, 3, &skew2), 0);
+    ck_assert(memcmp(skew.sel, skew2.sel, 96 * (size_t)nl * nu * sizeof *skew.sel) == 0);
+    ids[5] = (int32_t)m2->hp.n_vocab;
+    ck_assert_int_eq(trace_record(m2, ids, 96, 40, 1, &skew2), STRATA_EINVAL);
+    ck_assert_int_eq(trace_record(m2, ids, 4, 0, 1, &skew2), STRATA_EINVAL);
+    trace_fini(&even);
+    trace_fini(&skew);
+    trace_fini(&skew2);
+    model_free(m1);
+    model_free(m2);
+    gguf_close(g1);
+    gguf_close(g2);
+}
+END_TEST
+
+START_TEST(test_command)
+{
+    struct fixture_opts o = {.type = "f32", .threads = 1};
+    char model[1024], text[1024];
+    snprintf(model, sizeof model, "%s", tmp_path("cmd.gguf"));
+    snprintf(text, sizeof text, "%s", tmp_path("cmd.txt"));
+    ck_assert_int_eq(fixture_write(&o, model), 0);
+    FILE *f = fopen(text, "wb");
+    fputs("The keeper climbed the hundred steps and lit the lamp.", f);
+    fclose(f);
+    const char *ok[] = {"trace", model, text, "--threads", "2"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)ok), 0);
+    const char *js[] = {"trace", model, text, "--json", "--max-tokens", "5", "--ctx", "4"};
+    ck_assert_int_eq(strata_cmd_trace.run(8, (char **)js), 0);
+    const char *bad[] = {"trace", model, text, "--ctx", "0"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad), 2);
+    const char *odd[] = {"trace", model, text, "--ids"}; /* text is not a whole number of ids */
+    ck_assert_int_eq(strata_cmd_trace.run(4, (char **)odd), 1);
+    const char *help[] = {"trace", "--help"};
+    ck_assert_int_eq(strata_cmd_trace.run(2, (char **)help), 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("trace");
+    TCase *tc = tcase_create("trace");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_lru_known);
+    tcase_add_test(tc, test_popularity);
+    tcase_add_test(tc, test_push_checks);
+    tcase_add_test(tc, test_record);
+    tcase_add_test(tc, test_command);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}
