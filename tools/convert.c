@@ -314,6 +314,16 @@ static int cfg_u64(json_t *cfg, const char *key, const uint64_t *dflt, uint64_t 
     return 0;
 }
 
+/* cfg_experts: the expert count; transformers 4.x wrote "num_experts" for Qwen and OLMoE and
+ * "num_local_experts" for Mixtral, 5.x writes "num_local_experts" everywhere. */
+static int cfg_experts(json_t *cfg, uint64_t *out)
+{
+    if (json_object_get(cfg, "num_local_experts")) return cfg_u64(cfg, "num_local_experts", NULL, out);
+    if (json_object_get(cfg, "num_experts")) return cfg_u64(cfg, "num_experts", NULL, out);
+    return strata_errf(STRATA_ENOENT, "config.json has neither \"num_experts\" nor "
+                                      "\"num_local_experts\"");
+}
+
 static int parse_config(json_t *cfg, struct hf *h)
 {
     const char *a = json_string_value(json_array_get(json_object_get(cfg, "architectures"), 0));
@@ -338,8 +348,7 @@ static int parse_config(json_t *cfg, struct hf *h)
         (rv = cfg_u64(cfg, "intermediate_size", NULL, &h->n_ff)) ||
         (rv = cfg_u64(cfg, "moe_intermediate_size", &h->n_ff, &h->n_ff_exp)) ||
         (rv = cfg_u64(cfg, "shared_expert_intermediate_size", &zero, &h->n_ff_shexp)) ||
-        (rv = cfg_u64(cfg, h->mixtral ? "num_local_experts" : "num_experts", NULL,
-                      &h->n_expert)) ||
+        (rv = cfg_experts(cfg, &h->n_expert)) ||
         (rv = cfg_u64(cfg, "num_experts_per_tok", NULL, &h->n_used)) ||
         (rv = cfg_u64(cfg, "max_position_embeddings", NULL, &h->n_ctx)) ||
         (rv = cfg_u64(cfg, "vocab_size", NULL, &h->n_vocab)))
@@ -365,6 +374,15 @@ static int parse_config(json_t *cfg, struct hf *h)
     if (!json_is_number(eps))
         return strata_errf(STRATA_ENOENT, "config.json has no numeric \"rms_norm_eps\"");
     h->eps = json_number_value(eps);
+    /* transformers 5.x moved rope_theta and rope_scaling into "rope_parameters" */
+    json_t *rp = json_object_get(cfg, "rope_parameters");
+    if (json_is_object(rp)) {
+        const char *type = json_string_value(json_object_get(rp, "rope_type"));
+        if (type && strcmp(type, "default") != 0)
+            return strata_errf(STRATA_EUNSUPPORTED,
+                               "config.json: rope_parameters.rope_type \"%s\" is not supported", type);
+        if (!json_is_number(th)) th = json_object_get(rp, "rope_theta");
+    }
     h->theta = json_is_number(th) ? json_number_value(th) : 10000.0;
     json_t *tie = json_object_get(cfg, "tie_word_embeddings");
     h->tied = json_is_true(tie);
@@ -375,6 +393,22 @@ static int parse_config(json_t *cfg, struct hf *h)
         return strata_errf(STRATA_EFORMAT, "config.json: num_experts_per_tok %llu of %llu experts",
                            (unsigned long long)h->n_used, (unsigned long long)h->n_expert);
     return 0;
+}
+
+/* moe_block: Mixtral checkpoints of transformers 4.x name the MoE block "block_sparse_moe", 5.x
+ * and the Qwen/OLMoE ones "mlp". */
+static const char *moe_block(const struct ckpt *c, unsigned long long L)
+{
+    char name[160];
+    snprintf(name, sizeof name, "model.layers.%llu.block_sparse_moe.gate.weight", L);
+    return ckpt_find(c, name) ? "block_sparse_moe" : "mlp";
+}
+
+/* moe_name writes "model.layers.L.<block>.<leaf>" into buf (160 bytes) and returns it. */
+static const char *moe_name(const struct ckpt *c, unsigned long long L, const char *leaf, char *buf)
+{
+    snprintf(buf, 160, "model.layers.%llu.%s.%s", L, moe_block(c, L), leaf);
+    return buf;
 }
 
 static int build_plan(const struct hf *h, const struct ckpt *c, uint32_t wt, struct plan *p)
@@ -415,16 +449,16 @@ static int build_plan(const struct hf *h, const struct ckpt *c, uint32_t wt, str
              (rv = add(p, c, QT_F32, 1, olmoe ? nk : h->head_dim, 1, 1,
                        SRC("self_attn.k_norm.weight"), 0, "blk.%llu.attn_k_norm.weight", L))))
             return rv;
+        char router_src[160];
         if ((rv = add(p, c, QT_F32, 1, E, 1, 1, SRC("post_attention_layernorm.weight"), 0,
                       "blk.%llu.ffn_norm.weight", L)) ||
-            (rv = add(p, c, QT_F32, 2, E, X, 1,
-                      h->mixtral ? SRC("block_sparse_moe.gate.weight") : SRC("mlp.gate.weight"),
-                      0, "blk.%llu.ffn_gate_inp.weight", L)))
+            (rv = add(p, c, QT_F32, 2, E, X, 1, moe_name(c, L, "gate.weight", router_src), 0,
+                      "blk.%llu.ffn_gate_inp.weight", L)))
             return rv;
         /* Experts: per-expert 2-D weights (stacked here), or fused 3-D ones. */
         char fused[160];
         snprintf(fused, sizeof fused, "model.layers.%llu.mlp.experts.gate_up_proj", L);
-        if (!h->mixtral && ckpt_find(c, fused)) {
+        if (ckpt_find(c, fused)) {
             if ((rv = add_fused(p, c, wt, E, F, X, fused, 0, "blk.%llu.ffn_gate_exps.weight", L)) ||
                 (rv = add_fused(p, c, wt, E, F, X, fused, 1, "blk.%llu.ffn_up_exps.weight", L)) ||
                 (rv = add(p, c, wt, 3, F, E, X, SRC("mlp.experts.down_proj"), 0,
@@ -437,7 +471,7 @@ static int build_plan(const struct hf *h, const struct ckpt *c, uint32_t wt, str
             for (int k = 0; k < 3; k++) {
                 char src[160];
                 snprintf(src, sizeof src, "model.layers.%llu.%s.experts.%%llu.%s.weight", L,
-                         h->mixtral ? "block_sparse_moe" : "mlp", hfn[h->mixtral][k]);
+                         moe_block(c, L), hfn[h->mixtral][k]);
                 if ((rv = add(p, c, wt, 3, k == 2 ? F : E, k == 2 ? E : F, X, src, 0,
                               "blk.%llu.ffn_%s_exps.weight", L, gn[k])))
                     return rv;
