@@ -16,17 +16,23 @@ stage "build (gcc, -Werror, CUDA for one architecture if a toolkit is present)" 
 stage "tests" ctest --test-dir build -LE gpu --output-on-failure -j"$jobs"
 stage "build (ASan+UBSan, no CUDA)" \
   scripts/build.sh build-asan -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
-stage "tests under ASan+UBSan" env ASAN_OPTIONS=detect_leaks=1 \
+stage "tests under ASan+UBSan" env ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
   ctest --test-dir build-asan -LE "gpu|slow" --output-on-failure -j"$jobs"
 if command -v clang >/dev/null; then
-  stage "build fuzzers (clang libFuzzer)" env CC=clang \
-    scripts/build.sh build-fuzz -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF -DSTRATA_SANITIZE=address,undefined
+  fuzz_targets=$(find . -name '*_fuzz.c' -not -path './build*' -not -path './.*' -exec basename {} .c \;)
+  build_fuzzers() {
+    cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DSTRATA_FUZZ=ON -DSTRATA_CUDA=OFF \
+          -DSTRATA_SANITIZE=address,undefined >/dev/null
+    cmake --build build-fuzz -j"$jobs" --target $fuzz_targets
+  }
+  stage "build fuzzers (clang libFuzzer)" build_fuzzers
   run_fuzzers() {
-    for f in build-fuzz/*_fuzz; do
-      [ -x "$f" ] || continue
-      n=$(basename "$f")
-      mkdir -p "build-fuzz/corpus-$n"
-      "$f" -runs="${STRATA_FUZZ_RUNS:-20000}" -seed=1 "build-fuzz/corpus-$n" "tests/corpus/$n" 2>&1 | tail -n 2
+    for n in $fuzz_targets; do
+      f=build-fuzz/$n
+      # a fixed count from a fixed seed over a fresh corpus copy, so every CI run tests the same inputs
+      rm -rf "build-fuzz/corpus-$n" && mkdir -p "build-fuzz/corpus-$n"
+      LSAN_OPTIONS=suppressions=$root/tests/lsan.supp "$f" -runs="${STRATA_FUZZ_RUNS:-20000}" -seed=1 \
+        "build-fuzz/corpus-$n" "tests/corpus/$n" 2>&1 | tail -n 2
     done
   }
   stage "fuzzers (fixed count, seed 1)" run_fuzzers
