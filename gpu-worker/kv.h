@@ -6,6 +6,11 @@
  * without moving data, and the worker can later page, share or preempt blocks.
  * Blocks are allocated from the heap on first use, up to max_blocks; a sequence is refused past
  * n_ctx positions (STRATA_ELIMIT) and the pool past max_blocks (STRATA_ENOSPC).
+ * Prefix cache: a full block can be published under the chained hash of its tokens and of every
+ * block before it; other sequences then attach it read-only, counted by a reference count. A
+ * published block nobody holds stays cached (and counts as free) until the pool needs it: the
+ * least recently released goes first. Positions of a published block are never written again: a
+ * sequence only writes past its n_tokens, and only full blocks are published or attached.
  * Not thread-safe: one thread (the worker's decode loop) resizes sequences; during a forward pass
  * any thread may read and write rows of blocks a sequence holds.
  */
@@ -44,19 +49,42 @@ void kv_fini(struct kv_cache *kv);
 /* kv_config_of: the cache's configuration. */
 const struct kv_config *kv_config_of(const struct kv_cache *kv);
 
-/* kv_blocks_free: blocks still available to sequences. */
+/* kv_blocks_free: blocks still available to sequences, cached ones nobody holds included. */
 uint32_t kv_blocks_free(const struct kv_cache *kv);
+
+/* kv_blocks_cached: of the free blocks, those kept for the prefix cache. */
+uint32_t kv_blocks_cached(const struct kv_cache *kv);
 
 void kv_seq_init(struct kv_seq *s);
 
 /* kv_seq_resize makes s hold exactly n_tokens positions: growing takes blocks (contents of new
- * positions undefined until written), shrinking returns the blocks past the end (to re-prefill
- * from the middle). STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, ENOMEM;
+ * positions undefined until written; a cached block may be evicted for it), shrinking returns
+ * the blocks past the end (to re-prefill from the middle; not into a published block). STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, ENOMEM;
  * on error s is unchanged. */
 int kv_seq_resize(struct kv_cache *kv, struct kv_seq *s, uint32_t n_tokens);
 
-/* kv_seq_fini returns all of s's blocks to the pool. */
+/* kv_seq_fini releases all of s's blocks: to the pool, or to the prefix cache when published. */
 void kv_seq_fini(struct kv_cache *kv, struct kv_seq *s);
+
+#define KV_PREFIX_ROOT 0 /* the parent hash of a sequence's first block */
+
+/* kv_prefix_hash: the key of a block holding ids[0..n) after a prefix whose key is parent. */
+uint64_t kv_prefix_hash(uint64_t parent, const int32_t *ids, uint32_t n);
+
+/* kv_prefix_publish offers logical block i of s to the prefix cache. The block must be full and
+ * written; ids are its block_tokens token ids and parent the key of the blocks before it.
+ * Returns the block's key (the parent of block i+1). A block already published, or a prefix
+ * already cached in another block, leaves the cache as it is. Never fails. */
+uint64_t kv_prefix_publish(struct kv_cache *kv, const struct kv_seq *s, uint32_t i,
+                           uint64_t parent, const int32_t *ids);
+
+/* kv_prefix_attach gives an empty s the longest cached prefix of ids[0..n_ids), in whole blocks,
+ * at most max_blocks of them: *n_blocks blocks (s->n_tokens = *n_blocks * block_tokens), and
+ * *key the last one's key (KV_PREFIX_ROOT for none). Blocks match on their tokens and their
+ * parent's key, so a hash collision of one block never attaches foreign data. STRATA_ENOMEM (s
+ * unchanged), STRATA_EINVAL if s is not empty. */
+int kv_prefix_attach(struct kv_cache *kv, struct kv_seq *s, const int32_t *ids, uint32_t n_ids,
+                     uint32_t max_blocks, uint32_t *n_blocks, uint64_t *key);
 
 /* kv_k / kv_v: the K (k_dim floats) / V (v_dim floats) row of position pos < s->n_tokens. */
 float *kv_k(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t pos);

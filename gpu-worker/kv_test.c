@@ -75,12 +75,123 @@ START_TEST(limits_are_refused_and_leave_the_sequence_alone)
 }
 END_TEST
 
+/* fill writes a mark of (tag, pos) into every K row of s from position from. */
+static void fill(struct kv_cache *kv, struct kv_seq *s, uint32_t from, float tag)
+{
+    for (uint32_t p = from; p < s->n_tokens; p++)
+        for (uint32_t l = 0; l < 2; l++) kv_k(kv, s, l, p)[0] = tag + p;
+}
+
+START_TEST(prefix_blocks_are_shared_by_reference_and_evicted_last_released_last)
+{
+    struct kv_cache *kv;
+    ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    const int32_t ids[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    struct kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    ck_assert_int_eq(kv_seq_resize(kv, &a, 10), 0); /* blocks 0, 1 full; block 2 partial */
+    fill(kv, &a, 0, 1000.0f);
+    uint64_t k0 = kv_prefix_publish(kv, &a, 0, KV_PREFIX_ROOT, ids);
+    uint64_t k1 = kv_prefix_publish(kv, &a, 1, k0, ids + 4);
+    ck_assert_uint_eq(k0, kv_prefix_hash(KV_PREFIX_ROOT, ids, 4));
+    ck_assert(k1 != k0);
+    ck_assert_uint_eq(kv_blocks_free(kv), 3);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 0); /* held by a: not free */
+
+    /* b shares both blocks (no new block taken) and reads a's rows. */
+    uint32_t n;
+    uint64_t key;
+    ck_assert_int_eq(kv_prefix_attach(kv, &b, ids, 12, 8, &n, &key), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_uint_eq(key, k1);
+    ck_assert_uint_eq(b.n_tokens, 8);
+    ck_assert_ptr_eq(b.blocks[1], a.blocks[1]);
+    ck_assert_float_eq(kv_k(kv, &b, 1, 6)[0], 1006.0f);
+    ck_assert_uint_eq(kv_blocks_free(kv), 3);
+    /* A different second block matches only the first; max_blocks caps the match. */
+    int32_t other[8] = {1, 2, 3, 4, 5, 6, 7, 99};
+    ck_assert_int_eq(kv_prefix_attach(kv, &c, other, 8, 8, &n, &key), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_uint_eq(key, k0);
+    ck_assert_int_eq(kv_prefix_attach(kv, &c, ids, 8, 8, &n, &key), STRATA_EINVAL);
+    kv_seq_fini(kv, &c);
+    ck_assert_int_eq(kv_prefix_attach(kv, &c, ids, 8, 1, &n, &key), 0);
+    ck_assert_uint_eq(n, 1);
+    kv_seq_fini(kv, &c);
+
+    /* Released by both, the published blocks stay cached and count as free; a's private third
+     * block goes back to the pool. */
+    kv_seq_fini(kv, &a);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 0);
+    kv_seq_fini(kv, &b);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 2);
+    ck_assert_uint_eq(kv_blocks_free(kv), 6);
+    ck_assert_int_eq(kv_prefix_attach(kv, &b, ids, 12, 8, &n, &key), 0);
+    ck_assert_uint_eq(n, 2);
+    ck_assert_float_eq(kv_k(kv, &b, 0, 3)[0], 1003.0f);
+    kv_seq_fini(kv, &b);
+
+    /* Taking the whole pool evicts the cache: the block released first (block 1 of b's table is
+     * released before block 0, so block 1 goes first) and then the other. */
+    ck_assert_int_eq(kv_seq_resize(kv, &a, 20), 0); /* 5 blocks: 4 never used + 1 evicted */
+    ck_assert_uint_eq(kv_blocks_cached(kv), 1);
+    ck_assert_int_eq(kv_prefix_attach(kv, &b, ids, 12, 8, &n, &key), 0);
+    ck_assert_uint_eq(n, 1);
+    kv_seq_fini(kv, &b);
+    ck_assert_int_eq(kv_seq_resize(kv, &c, 4), 0);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 0);
+    ck_assert_uint_eq(kv_blocks_free(kv), 0);
+    ck_assert_int_eq(kv_prefix_attach(kv, &b, ids, 12, 8, &n, &key), 0);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_uint_eq(key, KV_PREFIX_ROOT);
+    kv_seq_fini(kv, &a);
+    kv_seq_fini(kv, &b);
+    kv_seq_fini(kv, &c);
+    ck_assert_uint_eq(kv_blocks_free(kv), 6);
+    kv_fini(kv);
+}
+END_TEST
+
+START_TEST(a_duplicate_prefix_stays_private)
+{
+    struct kv_cache *kv;
+    ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    const int32_t ids[4] = {7, 7, 7, 7};
+    struct kv_seq a, b, c;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    kv_seq_init(&c);
+    ck_assert_int_eq(kv_seq_resize(kv, &a, 4), 0);
+    ck_assert_int_eq(kv_seq_resize(kv, &b, 4), 0);
+    fill(kv, &a, 0, 100.0f);
+    fill(kv, &b, 0, 200.0f);
+    uint64_t ka = kv_prefix_publish(kv, &a, 0, KV_PREFIX_ROOT, ids);
+    ck_assert_uint_eq(kv_prefix_publish(kv, &b, 0, KV_PREFIX_ROOT, ids), ka);
+    ck_assert_uint_eq(kv_prefix_publish(kv, &a, 0, KV_PREFIX_ROOT, ids), ka);
+    kv_seq_fini(kv, &b); /* private: straight back to the pool */
+    ck_assert_uint_eq(kv_blocks_cached(kv), 0);
+    uint32_t n;
+    uint64_t key;
+    ck_assert_int_eq(kv_prefix_attach(kv, &c, ids, 4, 8, &n, &key), 0);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_float_eq(kv_k(kv, &c, 0, 2)[0], 102.0f);
+    kv_seq_fini(kv, &a);
+    kv_seq_fini(kv, &c);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 1);
+    kv_fini(kv);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kv");
     TCase *tc = tcase_create("kv");
     tcase_add_test(tc, rows_stay_put_across_growth);
     tcase_add_test(tc, limits_are_refused_and_leave_the_sequence_alone);
+    tcase_add_test(tc, prefix_blocks_are_shared_by_reference_and_evicted_last_released_last);
+    tcase_add_test(tc, a_duplicate_prefix_stays_private);
     suite_add_tcase(s, tc);
     return test_run(s);
 }
