@@ -22,18 +22,18 @@ import subprocess
 import torch
 import transformers as tf
 
-VOCAB = 1024
+VOCAB = 512
 PROMPT_LEN = 64
 STEPS = 32
 
-COMMON = dict(vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
               attn_implementation="eager")
 
 
 def configs():
     yield "qwen3moe", tf.Qwen3MoeForCausalLM, tf.Qwen3MoeConfig(
-        **COMMON, num_key_value_heads=2, head_dim=64, intermediate_size=256,
+        **COMMON, num_key_value_heads=2, head_dim=32, intermediate_size=256,
         moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
         rope_theta=1e6, decoder_sparse_step=1, mlp_only_layers=[])
     yield "llama", tf.MixtralForCausalLM, tf.MixtralConfig(
