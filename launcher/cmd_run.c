@@ -4,6 +4,9 @@
  * plain-C reference forward pass (gpu-worker/fwd.h) on --threads CPU threads; prompts go in chunks
  * of --chunk tokens. The output is the generated text (or ids, for a file without a tokenizer), or
  * with --json one line {"prompt_ids", "ids", "text", "top_logprobs", "seed", "finish_reason"}.
+ * With --teacher LIST it generates nothing: it feeds the given continuation after the prompt
+ * (teacher forcing) and prints, for every step, its argmax, top logit and the given token's logit,
+ * so another implementation's greedy output can be checked step by step (tests/llamacpp/run.sh).
  * The reference backend is bit-exact (DESIGN 3.4) in every mode: the same model, prompt, sampling
  * options and seed give the same tokens whatever the thread count or chunk size.
  */
@@ -33,10 +36,14 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: strata run MODEL.gguf (-p TEXT | --ids 1,2,3) [options]\n\n"
+            "usage: strata run MODEL.gguf (-p TEXT | --ids 1,2,3) [--teacher 4,5,6] [options]\n\n"
             "Generates text with the model in this process, on the CPU (reference backend).\n"
             "  -p, --prompt TEXT     the prompt (tokenized with the model's tokenizer, BOS added)\n"
             "  --ids LIST            the prompt as comma-separated token ids\n"
+            "  --teacher LIST        score this continuation (ids) instead of generating: one\n"
+            "                        JSON line {prompt_ids, teacher_ids, steps: [{id, logit,\n"
+            "                        argmax, top_logit, min_logit}]}, step i being the logits\n"
+            "                        after the prompt and LIST[0..i); sampling options unused\n"
             "  -n N                  tokens to generate (default 64); stops early at EOS\n"
             "  --ignore-eos          do not stop at the end-of-sequence token\n"
             "  --temp T              temperature (default 0.8; 0 is greedy)\n"
@@ -58,7 +65,7 @@ static void usage(FILE *out)
 }
 
 struct run_opts {
-    const char *model, *prompt, *ids;
+    const char *model, *prompt, *ids, *teacher;
     uint32_t n_predict, ctx, threads, chunk;
     bool json, ignore_eos, seed_given;
     struct sample_params sp;
@@ -85,7 +92,8 @@ static int parse_f32(const char *s, const char *opt, float *out)
     return 0;
 }
 
-static int parse_ids(const char *s, struct tok_ids *out)
+/* parse_ids appends the comma-separated ids in s (the value of option opt) to out. */
+static int parse_ids(const char *s, const char *opt, struct tok_ids *out)
 {
     const char *p = s;
     while (*p) {
@@ -93,7 +101,8 @@ static int parse_ids(const char *s, struct tok_ids *out)
         errno = 0;
         long v = strtol(p, &end, 10);
         if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ','))
-            return strata_errf(STRATA_EINVAL, "--ids '%s': expected comma-separated token ids", s);
+            return strata_errf(STRATA_EINVAL, "%s '%s': expected comma-separated token ids", opt,
+                               s);
         if (out->n == out->cap) {
             size_t cap = out->cap ? 2 * out->cap : 64;
             int32_t *nv = realloc(out->v, cap * sizeof *nv);
@@ -104,18 +113,19 @@ static int parse_ids(const char *s, struct tok_ids *out)
         out->v[out->n++] = (int32_t)v;
         p = *end ? end + 1 : end;
     }
-    if (!out->n) return strata_errf(STRATA_EINVAL, "--ids is empty");
+    if (!out->n) return strata_errf(STRATA_EINVAL, "%s is empty", opt);
     return 0;
 }
 
-enum { O_IDS = 256, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED, O_LOGPROBS,
-       O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP };
+enum { O_IDS = 256, O_TEACHER, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED,
+       O_LOGPROBS, O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP };
 
 /* parse_args returns 0, or 2 for a usage error (message printed), or -1 after --help. */
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
     static const struct option longopts[] = {
         {"prompt", required_argument, NULL, 'p'}, {"ids", required_argument, NULL, O_IDS},
+        {"teacher", required_argument, NULL, O_TEACHER},
         {"temp", required_argument, NULL, O_TEMP}, {"top-k", required_argument, NULL, O_TOPK},
         {"top-p", required_argument, NULL, O_TOPP}, {"min-p", required_argument, NULL, O_MINP},
         {"repeat-penalty", required_argument, NULL, O_REP},
@@ -142,6 +152,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         switch (c) {
         case 'p': o->prompt = optarg; break;
         case O_IDS: o->ids = optarg; break;
+        case O_TEACHER: o->teacher = optarg; break;
         case 'n': rv = parse_u32(optarg, "-n", 1, &o->n_predict); break;
         case O_TEMP: rv = parse_f32(optarg, "--temp", &o->sp.temperature); break;
         case O_TOPK: rv = parse_u32(optarg, "--top-k", 0, &o->sp.top_k); break;
@@ -214,6 +225,41 @@ static json_t *logprob_json(const struct sample_result *r)
     return json_pack("{s:i, s:f, s:o}", "id", r->id, "logprob", (double)r->logprob, "top", top);
 }
 
+/* teacher_force scores ids[0..n) as the continuation of the sequence whose next-token logits are
+ * in `logits` (n_vocab floats, overwritten): one step per id, then the id is fed. Appends to steps
+ * one object per step: the id, its logit, the argmax (lowest id on a tie), the top and the lowest
+ * logit (a checker states its tolerance as a share of top - min). Errors as fwd_eval. */
+static int teacher_force(struct fwd *fw, struct kv_seq *seq, uint32_t n_vocab, const int32_t *ids,
+                         size_t n, float *logits, json_t *steps)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t best = 0;
+        float lo = logits[0];
+        for (uint32_t v = 1; v < n_vocab; v++) {
+            if (logits[v] > logits[best]) best = v;
+            if (logits[v] < lo) lo = logits[v];
+        }
+        json_array_append_new(steps,
+                              json_pack("{s:i, s:f, s:i, s:f, s:f}", "id", ids[i], "logit",
+                                        (double)logits[ids[i]], "argmax", (int)best, "top_logit",
+                                        (double)logits[best], "min_logit", (double)lo));
+        if (i + 1 == n) break; /* the last id's own logits are not asked for */
+        struct fwd_token ft = {seq, ids[i], true};
+        int rv = fwd_eval(fw, &ft, 1, logits);
+        if (rv) return rv;
+    }
+    return 0;
+}
+
+/* print_json prints o compactly on one line and drops the reference. */
+static void print_json(json_t *o)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (s) puts(s);
+    free(s);
+    json_decref(o);
+}
+
 static int run(int argc, char **argv)
 {
     struct run_opts o;
@@ -247,12 +293,23 @@ static int run(int argc, char **argv)
             goto fail;
     } else {
         what = "--ids";
-        if ((rv = parse_ids(o.ids, &hist)) != 0) goto fail;
+        if ((rv = parse_ids(o.ids, "--ids", &hist)) != 0) goto fail;
     }
     const size_t n_prompt = hist.n;
     if (!n_prompt) {
         rv = strata_errf(STRATA_EINVAL, "the prompt has no tokens");
         goto fail;
+    }
+    if (o.teacher) {
+        what = "--teacher";
+        if ((rv = parse_ids(o.teacher, "--teacher", &hist)) != 0) goto fail;
+        for (size_t i = n_prompt; i < hist.n; i++) {
+            if ((uint32_t)hist.v[i] >= hp->n_vocab) {
+                rv = strata_errf(STRATA_EINVAL, "id %d is not below the vocabulary size %u",
+                                 hist.v[i], hp->n_vocab);
+                goto fail;
+            }
+        }
     }
     if (!o.seed_given) {
         if (getrandom(&o.sp.seed, sizeof o.sp.seed, 0) != sizeof o.sp.seed)
@@ -263,85 +320,105 @@ static int run(int argc, char **argv)
     what = "setup";
     struct kv_config kc;
     fwd_kv_config(m, o.ctx, 1, &kc);
+    /* the last teacher id is scored, never fed */
+    if (o.teacher && hist.n - 1 > kc.n_ctx) {
+        rv = strata_errf(STRATA_ELIMIT,
+                         "the prompt and --teacher ids need %zu positions, the context has %u: "
+                         "pass a larger --ctx or fewer ids",
+                         hist.n - 1, kc.n_ctx);
+        goto fail;
+    }
     struct fwd_opts fo = {o.threads, o.chunk < kc.n_ctx ? o.chunk : kc.n_ctx};
     logits = malloc((size_t)hp->n_vocab * sizeof *logits);
-    int32_t *grown = realloc(hist.v, (n_prompt + o.n_predict) * sizeof *hist.v);
+    int32_t *grown = realloc(hist.v, (hist.n + o.n_predict) * sizeof *hist.v);
     if (grown) hist.v = grown;
     if (!logits || !grown) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for %u logits", hp->n_vocab);
         goto fail;
     }
     if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &fw)) != 0 ||
-        (rv = sample_init(hp->n_vocab, &smp)) != 0)
+        (!o.teacher && (rv = sample_init(hp->n_vocab, &smp)) != 0))
         goto fail;
 
     what = "prompt";
     double t0 = now_s();
     if ((rv = fwd_prompt(fw, &seq, hist.v, (uint32_t)n_prompt, o.chunk, logits)) != 0) goto fail;
     double t1 = now_s();
-    const int32_t eos = tk ? tok_eos(tk) : -1;
-    const char *finish = "length";
-    struct tok_stream ts;
-    if (tk) tok_stream_init(&ts, tk, 0);
-    what = "generation";
-    for (uint32_t i = 0; i < o.n_predict; i++) {
-        struct sample_result r;
-        size_t w0 = hist.n > PENALTY_LAST_N ? hist.n - PENALTY_LAST_N : 0;
-        if ((rv = sample_token(smp, &o.sp, logits, hist.v + w0, (uint32_t)(hist.n - w0), hist.n,
-                               &r)) != 0)
-            goto fail;
-        hist.v[hist.n++] = r.id;
-        json_array_append_new(lps, logprob_json(&r));
-        if (!o.json) {
-            if (tk) {
-                size_t before = text.n;
-                if ((rv = tok_stream_feed(&ts, r.id, &text)) != 0) goto fail;
-                fwrite(text.p + before, 1, text.n - before, stdout);
-            } else {
-                printf("%s%d", i ? " " : "", r.id);
-            }
-            fflush(stdout);
-        } else if (tk && (rv = tok_stream_feed(&ts, r.id, &text)) != 0) {
+    if (o.teacher) {
+        what = "--teacher";
+        json_t *steps = json_array();
+        rv = teacher_force(fw, &seq, hp->n_vocab, hist.v + n_prompt, hist.n - n_prompt, logits,
+                           steps);
+        if (rv) {
+            json_decref(steps);
             goto fail;
         }
-        if (r.id == eos && !o.ignore_eos) {
-            finish = "stop";
-            break;
-        }
-        if (i + 1 == o.n_predict) break;
-        if (seq.n_tokens == kc.n_ctx) {
-            fprintf(stderr, "strata run: the context of %u tokens is full; stopping (--ctx)\n",
-                    kc.n_ctx);
-            break;
-        }
-        struct fwd_token ft = {&seq, r.id, true};
-        if ((rv = fwd_eval(fw, &ft, 1, logits)) != 0) goto fail;
-    }
-    if (tk) {
-        size_t before = text.n;
-        if ((rv = tok_stream_flush(&ts, &text)) != 0) goto fail;
-        if (!o.json) fwrite(text.p + before, 1, text.n - before, stdout);
-    }
-    double t2 = now_s();
-    const size_t n_gen = hist.n - n_prompt;
-    if (o.json) {
-        json_t *out = json_pack("{s:o, s:o, s:s%, s:O, s:I, s:s}", "prompt_ids",
-                                ids_json(hist.v, n_prompt), "ids",
-                                ids_json(hist.v + n_prompt, n_gen), "text",
-                                text.p ? text.p : "", text.n, "top_logprobs", lps, "seed",
-                                (json_int_t)o.sp.seed, "finish_reason", finish);
-        char *s = out ? json_dumps(out, JSON_COMPACT) : NULL;
-        if (s) puts(s);
-        free(s);
-        json_decref(out);
+        print_json(json_pack("{s:o, s:o, s:o}", "prompt_ids", ids_json(hist.v, n_prompt),
+                             "teacher_ids", ids_json(hist.v + n_prompt, hist.n - n_prompt), "steps",
+                             steps));
+        fprintf(stderr,
+                "strata run: prompt %zu tokens in %.3f s, scored %zu teacher ids in %.3f s\n",
+                n_prompt, t1 - t0, hist.n - n_prompt, now_s() - t1);
     } else {
-        putchar('\n');
+        const int32_t eos = tk ? tok_eos(tk) : -1;
+        const char *finish = "length";
+        struct tok_stream ts;
+        if (tk) tok_stream_init(&ts, tk, 0);
+        what = "generation";
+        for (uint32_t i = 0; i < o.n_predict; i++) {
+            struct sample_result r;
+            size_t w0 = hist.n > PENALTY_LAST_N ? hist.n - PENALTY_LAST_N : 0;
+            if ((rv = sample_token(smp, &o.sp, logits, hist.v + w0, (uint32_t)(hist.n - w0), hist.n,
+                                   &r)) != 0)
+                goto fail;
+            hist.v[hist.n++] = r.id;
+            json_array_append_new(lps, logprob_json(&r));
+            if (!o.json) {
+                if (tk) {
+                    size_t before = text.n;
+                    if ((rv = tok_stream_feed(&ts, r.id, &text)) != 0) goto fail;
+                    fwrite(text.p + before, 1, text.n - before, stdout);
+                } else {
+                    printf("%s%d", i ? " " : "", r.id);
+                }
+                fflush(stdout);
+            } else if (tk && (rv = tok_stream_feed(&ts, r.id, &text)) != 0) {
+                goto fail;
+            }
+            if (r.id == eos && !o.ignore_eos) {
+                finish = "stop";
+                break;
+            }
+            if (i + 1 == o.n_predict) break;
+            if (seq.n_tokens == kc.n_ctx) {
+                fprintf(stderr, "strata run: the context of %u tokens is full; stopping (--ctx)\n",
+                        kc.n_ctx);
+                break;
+            }
+            struct fwd_token ft = {&seq, r.id, true};
+            if ((rv = fwd_eval(fw, &ft, 1, logits)) != 0) goto fail;
+        }
+        if (tk) {
+            size_t before = text.n;
+            if ((rv = tok_stream_flush(&ts, &text)) != 0) goto fail;
+            if (!o.json) fwrite(text.p + before, 1, text.n - before, stdout);
+        }
+        double t2 = now_s();
+        const size_t n_gen = hist.n - n_prompt;
+        if (o.json) {
+            print_json(json_pack(
+                "{s:o, s:o, s:s%, s:O, s:I, s:s}", "prompt_ids", ids_json(hist.v, n_prompt), "ids",
+                ids_json(hist.v + n_prompt, n_gen), "text", text.p ? text.p : "", text.n,
+                "top_logprobs", lps, "seed", (json_int_t)o.sp.seed, "finish_reason", finish));
+        } else {
+            putchar('\n');
+        }
+        fprintf(stderr,
+                "strata run: prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s "
+                "(%.1f tok/s), seed %llu\n",
+                n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, t2 - t1,
+                n_gen > 1 ? (n_gen - 1) / (t2 - t1) : 0.0, (unsigned long long)o.sp.seed);
     }
-    fprintf(stderr,
-            "strata run: prompt %zu tokens in %.3f s (%.1f tok/s), generated %zu in %.3f s "
-            "(%.1f tok/s), seed %llu\n",
-            n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, t2 - t1,
-            n_gen > 1 ? (n_gen - 1) / (t2 - t1) : 0.0, (unsigned long long)o.sp.seed);
     status = 0;
 fail:
     if (status) status = strata_cmd_fail("run", what, rv);
