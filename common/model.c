@@ -1,4 +1,5 @@
 #include "common/model.h"
+#include "common/arena.h"
 #include "common/err.h"
 #include "common/qtype.h"
 #include "common/quant.h"
@@ -12,6 +13,8 @@
  * the F32 copies of norms and biases. */
 struct model_priv {
     const void **exp_ptr; /* [layer][expert][part]: where each part lies in the GGUF mapping */
+    const struct arena *arena; /* model_load_arena: experts come from its blobs */
+    uint64_t *blob_off;        /* [layer][part]: the part's offset within the layer's blobs */
     void **owned;         /* F32 vectors */
     size_t n_owned, cap_owned;
 };
@@ -348,7 +351,8 @@ static int load_experts(const struct gguf_file *f, struct model *m, uint32_t il)
             mat_of(t, &L->part[part]);
             L->part[part].data = NULL;
             uint64_t bytes = L->part[part].row_bytes * n_out;
-            for (uint32_t e = 0; e < hp->n_expert; e++)
+            /* arena metadata has no data: model_load_arena resolves experts from blobs */
+            for (uint32_t e = 0; t->data && e < hp->n_expert; e++)
                 ptr[(size_t)e * MODEL_PART_COUNT] = t->data + e * bytes;
             continue;
         }
@@ -481,8 +485,88 @@ void model_free(struct model *m)
         for (size_t i = 0; i < p->n_owned; i++) free(p->owned[i]);
         free(p->owned);
         free(p->exp_ptr);
+        free(p->blob_off);
         free(p);
     }
     free(m->layers);
     free(m);
+}
+
+/* ---- arena ----------------------------------------------------------------------------------- */
+
+static const void *arena_expert_part(void *ctx, uint32_t layer, uint32_t expert,
+                                     enum model_part part)
+{
+    const struct model *m = ctx;
+    const struct model_priv *p = m->priv_;
+    return arena_blob_at(p->arena, layer, expert) + p->blob_off[layer * MODEL_PART_COUNT + part];
+}
+
+/* arena_dense_data points f's dense tensors at the arena's copies. */
+static int arena_dense_data(const struct arena *a, struct gguf_file *f)
+{
+    const uint8_t *img = (const uint8_t *)a->hdr;
+    for (uint64_t i = 0; i < a->hdr->n_dense; i++) {
+        const struct arena_tensor *d = &a->dense[i];
+        const char *name = arena_str(a, d->name_off);
+        const struct gguf_tensor *t = gguf_tensor_find(f, name);
+        if (!t || t->nbytes != d->bytes || t->type != d->type)
+            return strata_errf(STRATA_EFORMAT,
+                               "arena dense tensor %s (%llu bytes) has no matching tensor info in "
+                               "the arena's metadata: the arena is damaged, rebuild it",
+                               name, (unsigned long long)d->bytes);
+        f->tensors[t - f->tensors].data = img + d->offset;
+    }
+    return 0;
+}
+
+/* arena_parts finds each expert part of layer il among the layer's blob parts, by source tensor
+ * name, and checks its type and size against the model's part table. */
+static int arena_parts(const struct arena *a, struct model *m, uint32_t il)
+{
+    struct model_priv *p = m->priv_;
+    const struct model_layer *L = &m->layers[il];
+    const struct arena_layer *al = arena_layer_get(a, il);
+    for (int part = 0; part < MODEL_PART_COUNT; part++) {
+        char stacked[96], single[96];
+        snprintf(stacked, sizeof stacked, "blk.%u.ffn_%s_exps.weight", il, part_names[part]);
+        snprintf(single, sizeof single, "blk.%u.ffn_%s.*.weight", il, part_names[part]);
+        const struct arena_part *ap = NULL;
+        for (uint32_t k = 0; al && k < al->n_parts; k++) {
+            const struct arena_part *c = &a->parts[al->part_first + k];
+            const char *name = arena_str(a, c->name_off);
+            if (strcmp(name, stacked) == 0 || strcmp(name, single) == 0) ap = c;
+        }
+        uint64_t bytes = L->part[part].row_bytes * L->part[part].n_out;
+        if (!ap || ap->type != L->part[part].type || ap->bytes != bytes ||
+            a->hdr->n_expert != m->hp.n_expert)
+            return strata_errf(STRATA_EFORMAT,
+                               "arena has no blob part %s of %llu bytes for layer %u's %u "
+                               "experts: the arena is damaged or of another model, rebuild it",
+                               stacked, (unsigned long long)bytes, il, m->hp.n_expert);
+        p->blob_off[il * MODEL_PART_COUNT + part] = ap->offset;
+    }
+    return 0;
+}
+
+int model_load_arena(const struct arena *a, struct gguf_file *f, struct model **out)
+{
+    struct model *m = NULL;
+    int rv;
+    if ((rv = arena_dense_data(a, f)) != 0 || (rv = model_load(f, &m)) != 0) return rv;
+    struct model_priv *p = m->priv_;
+    p->arena = a;
+    p->blob_off = calloc((size_t)m->hp.n_layer * MODEL_PART_COUNT, sizeof *p->blob_off);
+    if (!p->blob_off) {
+        rv = STRATA_ENOMEM;
+        goto fail;
+    }
+    for (uint32_t il = 0; il < m->hp.n_layer; il++)
+        if ((rv = arena_parts(a, m, il)) != 0) goto fail;
+    model_set_expert_resolver(m, arena_expert_part, m);
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return rv;
 }

@@ -128,6 +128,16 @@ const char *model_arch_name(enum model_arch a);
  * expectation. Caller owns *out (model_free). */
 int model_load(const struct gguf_file *f, struct model **out);
 
+struct arena;
+
+/* model_load_arena builds the model from arena a, whose metadata f was parsed by arena_meta
+ * (tensor data NULL): it points f's dense tensors at their bytes in the arena's dense region (f
+ * is modified), loads as model_load, and resolves experts with arena_blob_at plus each part's
+ * offset in the blob. a and f must outlive the model. Errors as model_load, and STRATA_EFORMAT
+ * when the arena's tables do not match f (a dense tensor or an expert part missing or of another
+ * size or type). */
+int model_load_arena(const struct arena *a, struct gguf_file *f, struct model **out);
+
 /* model_free frees what model_load allocated; NULL is fine. */
 void model_free(struct model *m);
 

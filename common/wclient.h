@@ -28,7 +28,7 @@ struct gguf_file;
 #define WCLIENT_ID_MAX           64      /* bytes of a request id */
 #define WCLIENT_MAX_PROMPT       1000000 /* prompt ids of one submit (the worker's n_ctx is lower) */
 #define WCLIENT_MAX_TOKENS       1000000 /* max_tokens of one submit */
-#define WCLIENT_MAX_STOP         64      /* stop ids of one submit */
+#define WCLIENT_MAX_STOP         16      /* stop ids of one submit */
 #define WCLIENT_MAX_TOP          20      /* alternatives per token (OpenAI's top_logprobs) */
 #define WCLIENT_POLL_MAX_IDS     256     /* ids of one poll */
 #define WCLIENT_POLL_WAIT_MAX_MS 5000    /* longest wait a poll may ask for */

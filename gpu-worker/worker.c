@@ -1,0 +1,231 @@
+#include "gpu-worker/worker.h"
+
+#include "arena-server/arena_layout.h"
+#include "arena-server/arena_serve.h"
+#include "common/arena.h"
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/ipc.h"
+#include "common/log.h"
+#include "common/model.h"
+#include "gpu-worker/engine.h"
+#include "gpu-worker/fwd.h"
+#include "gpu-worker/service.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <xxhash.h>
+
+struct worker {
+    struct worker_config c;
+    char name[SHM_NAME_MAX + 1];
+    char url[256];
+    char model_name[SHM_NAME_MAX + 1];
+    char arch[32];
+    struct arena *arena;          /* with --arena */
+    struct arena_state *state;    /* with --arena, when its state segment exists */
+    int slot;                     /* registry slot, -1 when not registered */
+    struct gguf_file *f;          /* the arena's metadata or the model file */
+    struct arena_layout *plan;    /* --model: the layout an arena would have (its metadata) */
+    struct model *m;
+    struct engine *e;
+    struct service *svc;
+    _Atomic int stop;
+};
+
+static void heat(void *ctx, uint32_t layer, uint32_t expert, uint32_t n)
+{
+    arena_heat_add(ctx, layer, expert, n);
+}
+
+/* attach_arena maps the arena and builds the model over it. */
+static int attach_arena(struct worker *w)
+{
+    int rv = arena_open(w->c.shm_dir, w->c.arena, &w->arena);
+    if (rv == STRATA_ENOENT)
+        return strata_errf(rv, "no arena named %s in %s: start one with `strata-arena serve "
+                           "MODEL.gguf --name %s`, or serve a file with --model",
+                           w->c.arena, w->c.shm_dir ? w->c.shm_dir : SHM_DEFAULT_DIR,
+                           w->c.arena);
+    if (rv != 0) return rv;
+    if ((rv = arena_meta(w->arena, &w->f)) != 0 ||
+        (rv = model_load_arena(w->arena, w->f, &w->m)) != 0)
+        return rv;
+    rv = arena_state_open(w->c.shm_dir, w->c.arena, &w->state);
+    if (rv != 0) {
+        LOG_WARN("arena %s has no usable state segment (%s: %s): serving unregistered and "
+                 "without heat; restart strata-arena to recreate it",
+                 w->c.arena, strata_strerror(rv), strata_errdetail());
+        w->state = NULL;
+    }
+    snprintf(w->name, sizeof w->name, "%s", w->c.arena);
+    return 0;
+}
+
+/* open_model opens a GGUF file and plans its arena layout in-process for the metadata. */
+static int open_model(struct worker *w)
+{
+    char abs[PATH_MAX];
+    int rv;
+    if (!realpath(w->c.model, abs))
+        return strata_errf(strata_errno(errno), "model file %s: cannot open it", w->c.model);
+    if ((rv = arena_serve_default_name(abs, w->name, sizeof w->name)) != 0 ||
+        (rv = gguf_open(abs, &w->f)) != 0 ||
+        (rv = arena_layout_plan(w->f, ARENA_ALIGN_SMALL, abs, &w->plan)) != 0 ||
+        (rv = model_load(w->f, &w->m)) != 0)
+        return rv;
+    return 0;
+}
+
+/* meta_bytes: the GGUF metadata as an arena stores it. */
+static const void *meta_bytes(const struct worker *w, size_t *len)
+{
+    if (w->plan) {
+        *len = w->plan->hdr.meta_bytes;
+        return w->plan->meta;
+    }
+    *len = w->arena->hdr->meta_bytes;
+    return (const uint8_t *)w->arena->hdr + w->arena->hdr->meta_off;
+}
+
+static void name_of(struct worker *w)
+{
+    struct gguf_str s;
+    if (gguf_get_str(w->f, "general.name", &s) == 0 && s.len > 0)
+        snprintf(w->model_name, sizeof w->model_name, "%.*s", (int)s.len, s.ptr);
+    else
+        snprintf(w->model_name, sizeof w->model_name, "%s", w->name);
+    snprintf(w->arch, sizeof w->arch, "%s", model_arch_name(w->m->hp.arch));
+}
+
+/* serve starts the service on the first free worker-<n>.sock of the runtime directory. */
+static int serve(struct worker *w)
+{
+    char dir[4096], sock[32];
+    int rv = ipc_runtime_dir(w->c.runtime_dir, w->name, dir, sizeof dir);
+    if (rv != 0) return rv;
+    for (int n = 0; n < ARENA_MAX_WORKERS; n++) {
+        snprintf(sock, sizeof sock, "worker-%d.sock", n);
+        if ((rv = ipc_url(dir, sock, w->url, sizeof w->url)) != 0) return rv;
+        if ((rv = service_start(w->svc, w->e, w->url)) != STRATA_EBUSY) return rv;
+    }
+    return strata_errf(STRATA_EBUSY, "%s already holds %d workers' sockets: stop some or use "
+                       "another --runtime-dir", dir, ARENA_MAX_WORKERS);
+}
+
+int worker_init(const struct worker_config *c, struct worker **out)
+{
+    if (!c->arena == !c->model)
+        return strata_errf(STRATA_EINVAL, "give exactly one of --arena NAME and --model FILE");
+    if (c->threads < 0 || c->orphan_timeout_s < 0 || c->max_seqs < 0 || c->max_queue < 0 ||
+        c->ctx < 0)
+        return strata_errf(STRATA_EINVAL, "threads, orphan timeout, max seqs, max queue and "
+                                          "context must not be negative");
+    struct worker *w = calloc(1, sizeof *w);
+    if (!w) return STRATA_ENOMEM;
+    w->c = *c;
+    w->slot = -1;
+    int rv = c->arena ? attach_arena(w) : open_model(w);
+    if (rv != 0) goto fail;
+    name_of(w);
+    const struct model_hparams *hp = &w->m->hp;
+    uint32_t n_ctx = c->ctx ? (uint32_t)c->ctx : hp->n_ctx_train;
+    uint32_t max_running = c->max_seqs ? (uint32_t)c->max_seqs : 16;
+    uint32_t max_queue = c->max_queue ? (uint32_t)c->max_queue : 64;
+    size_t meta_len;
+    const void *meta = meta_bytes(w, &meta_len);
+    uint64_t weights = 0;
+    for (uint64_t i = 0; i < w->f->n_tensors; i++) weights += w->f->tensors[i].nbytes;
+    struct service_opts so = {
+        .meta = meta,
+        .meta_len = meta_len,
+        .fingerprint = XXH3_64bits(meta, meta_len),
+        .model_name = w->model_name,
+        .arch = w->arch,
+        .backend = "cpu",
+        .n_vocab = hp->n_vocab,
+        .n_ctx = n_ctx,
+        .max_running = max_running,
+        .max_queue = max_queue,
+        .bit_exact = true, /* the CPU forward pass is bit-exact by construction (fwd.h) */
+        .weights_bytes = weights,
+        .kv_bytes = (uint64_t)max_running * n_ctx * hp->n_layer *
+                    (hp->n_head_kv * (hp->head_dim + hp->head_dim_v)) * sizeof(float),
+        .watchdog_ms = c->watchdog_ms,
+    };
+    if ((rv = service_init(&so, &w->svc)) != 0) goto fail;
+    struct engine_opts eo = {
+        .n_ctx = n_ctx,
+        .max_running = max_running,
+        .max_queue = max_queue,
+        .n_threads = c->threads ? (uint32_t)c->threads : 1,
+        .orphan_timeout_ms = (uint32_t)(c->orphan_timeout_s ? c->orphan_timeout_s : 10) * 1000,
+        .on_window = service_on_window,
+        .window_ctx = w->svc,
+        .on_route = w->state ? heat : NULL,
+        .route_ctx = w->state,
+    };
+    if ((rv = engine_start(w->m, &eo, &w->e)) != 0) goto fail;
+    if ((rv = serve(w)) != 0) goto fail;
+    if (w->state &&
+        (rv = arena_worker_register(w->state, -1, w->url, 0, 0, &w->slot)) != 0)
+        goto fail;
+    LOG_INFO("worker: %s (%s, %u layers, %u experts) from %s %s, context %u, %u streams, "
+             "fingerprint %016llx%s",
+             w->model_name, w->arch, hp->n_layer, hp->n_expert, c->arena ? "arena" : "file",
+             c->arena ? c->arena : c->model, n_ctx, max_running,
+             (unsigned long long)so.fingerprint, w->slot >= 0 ? ", registered" : "");
+    *out = w;
+    return 0;
+fail:
+    worker_fini(w);
+    return rv;
+}
+
+int worker_run(struct worker *w)
+{
+    bool warned = false;
+    while (!atomic_load(&w->stop)) {
+        for (int i = 0; i < 10 && !atomic_load(&w->stop); i++)
+            nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
+        if (w->slot >= 0) arena_worker_heartbeat(w->state, w->slot);
+        struct stat st;
+        if (w->arena && !warned && fstat(w->arena->seg.fd, &st) == 0 && st.st_nlink == 0) {
+            LOG_WARN("arena %s was removed while this worker maps it: it keeps serving from its "
+                     "mapping; restart it once a new arena is up",
+                     w->name);
+            warned = true;
+        }
+    }
+    return 0;
+}
+
+void worker_stop(struct worker *w)
+{
+    atomic_store(&w->stop, 1);
+}
+
+void worker_fini(struct worker *w)
+{
+    if (!w) return;
+    if (w->slot >= 0) arena_worker_unregister(w->state, w->slot);
+    if (w->svc) service_stop(w->svc);
+    engine_stop(w->e);
+    service_fini(w->svc);
+    model_free(w->m);
+    gguf_close(w->f);
+    arena_layout_free(w->plan);
+    arena_state_close(w->state);
+    arena_close(w->arena);
+    free(w);
+}
+
+const char *worker_url(const struct worker *w)
+{
+    return w->url;
+}
