@@ -1,0 +1,278 @@
+/* supervise_test — the supervisor on /bin/sh children: restart with doubling backoff and its reset
+ * after a stable run, stop by stage in order, SIGKILL for a child that ignores SIGTERM, a stop
+ * signal ending sup_run, a child that dies before it is ready, a non-restarting child's death, a
+ * missing executable, and the on_spawn hook. */
+#include "common/err.h"
+#include "launcher/supervise.h"
+#include "tests/testutil.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static char *path_in_tmp(const char *tag)
+{
+    static char buf[4][700];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, sizeof buf[0], "%s/%s-%d", test_tmpdir(), tag, (int)getpid());
+    unlink(p);
+    return p;
+}
+
+static int add_sh(struct sup *s, const char *name, const char *script, int stage, bool restart)
+{
+    char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
+    struct sup_child_opts co = {.name = name, .argv = argv, .stage = stage, .restart = restart};
+    int idx = -1;
+    ck_assert_int_eq(sup_add(s, &co, &idx), 0);
+    return idx;
+}
+
+/* read_ns reads one integer per line (date +%s%N) into v; returns the count. */
+static int read_ns(const char *path, long long *v, int max)
+{
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    if (!f) return 0;
+    while (n < max && fscanf(f, "%lld", &v[n]) == 1)
+        n++;
+    fclose(f);
+    return n;
+}
+
+START_TEST(restart_backoff_doubles)
+{
+    const char *f = path_in_tmp("starts");
+    char script[800];
+    snprintf(script, sizeof script, "date +%%s%%N >> %s; exit 1", f);
+    struct sup_opts o = {.backoff_min_ms = 50, .backoff_max_ms = 200, .stable_ms = 60000};
+    struct sup *s;
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    int c = add_sh(s, "flaky", script, 0, true);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert_int_eq(sup_run(s, 1300), STRATA_ETIMEDOUT);
+    long long t[64];
+    int n = read_ns(f, t, 64);
+    /* Starts at about 0, 50, 150, 350, 550, 750, ...: the delays double up to the cap. */
+    ck_assert_msg(n >= 4 && n <= 9, "%d starts in 1.3 s", n);
+    ck_assert_uint_ge(sup_restarts(s, c), (unsigned)n - 1);
+    const int want_ms[] = {50, 100, 200, 200, 200, 200, 200, 200};
+    for (int i = 1; i < n; i++) {
+        double gap = (t[i] - t[i - 1]) / 1e6;
+        ck_assert_msg(gap >= want_ms[i - 1] - 2, "gap %d: %.1f ms, want >= %d", i, gap,
+                      want_ms[i - 1]);
+    }
+    /* the cap holds: the last gap is nowhere near the 800 ms that uncapped doubling would give */
+    ck_assert_msg((t[n - 1] - t[n - 2]) / 1e6 < 600, "last gap %.1f ms",
+                  (t[n - 1] - t[n - 2]) / 1e6);
+    sup_fini(s);
+}
+END_TEST
+
+START_TEST(stable_run_resets_backoff)
+{
+    const char *f = path_in_tmp("stable");
+    char script[800];
+    snprintf(script, sizeof script, "echo x >> %s; sleep 0.05; exit 1", f);
+    /* Each run outlives stable_ms, so every restart waits the minimum: ~150-250 ms a cycle. With
+     * doubling it would be 0, 150, 400, 850, 1700: 5 starts in 2 s. */
+    struct sup_opts o = {.backoff_min_ms = 100, .backoff_max_ms = 10000, .stable_ms = 40};
+    struct sup *s;
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    int c = add_sh(s, "steady", script, 0, true);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert_int_eq(sup_run(s, 2000), STRATA_ETIMEDOUT);
+    size_t len = 0;
+    char *text = test_read_file(f, &len);
+    ck_assert_ptr_nonnull(text);
+    ck_assert_msg(len / 2 >= 7, "%zu starts in 2 s: the backoff was not reset", len / 2);
+    free(text);
+    sup_fini(s);
+}
+END_TEST
+
+START_TEST(stop_by_stage_in_order)
+{
+    const char *f = path_in_tmp("order");
+    struct sup *s;
+    struct sup_opts o = {.stop_timeout_ms = 5000};
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    const char *names[] = {"arena", "worker-0", "worker-1", "frontend"};
+    const int stages[] = {0, 1, 1, 2};
+    int idx[4];
+    for (int i = 0; i < 4; i++) {
+        char script[900];
+        snprintf(script, sizeof script,
+                 "trap 'echo %d %s >> %s; exit 0' TERM; while :; do sleep 0.05; done", stages[i],
+                 names[i], f);
+        idx[i] = add_sh(s, names[i], script, stages[i], true);
+        ck_assert_int_eq(sup_start(s, idx[i]), 0);
+    }
+    ck_assert_int_eq(sup_run(s, 300), STRATA_ETIMEDOUT);
+    pid_t pids[4];
+    for (int i = 0; i < 4; i++)
+        pids[i] = sup_pid(s, idx[i]);
+    sup_stop_all(s);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(sup_pid(s, idx[i]), 0);
+        ck_assert_int_eq(kill(pids[i], 0), -1);
+        ck_assert_uint_eq(sup_restarts(s, idx[i]), 0); /* a stop is not a death to restart */
+    }
+    size_t len;
+    char *text = test_read_file(f, &len);
+    ck_assert_ptr_nonnull(text);
+    int order[4], k = 0;
+    for (char *p = text; *p && k < 4; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
+        order[k++] = *p - '0';
+    ck_assert_int_eq(k, 4);
+    ck_assert_msg(order[0] == 2 && order[1] == 1 && order[2] == 1 && order[3] == 0,
+                  "stop order: %s", text);
+    free(text);
+    sup_fini(s);
+}
+END_TEST
+
+START_TEST(kill_after_timeout)
+{
+    struct sup_opts o = {.stop_timeout_ms = 300};
+    struct sup *s;
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    int c = add_sh(s, "stubborn", "trap '' TERM; while :; do sleep 0.05; done", 0, true);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert_int_eq(sup_run(s, 200), STRATA_ETIMEDOUT);
+    pid_t pid = sup_pid(s, c);
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    sup_stop_all(s);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double took = (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+    ck_assert_msg(took >= 0.29 && took < 3.0, "stop took %.2f s", took);
+    ck_assert_int_eq(kill(pid, 0), -1);
+    ck_assert_int_eq(errno, ESRCH);
+    sup_fini(s);
+}
+END_TEST
+
+START_TEST(stop_signal_ends_run)
+{
+    struct sup *s;
+    ck_assert_int_eq(sup_init(NULL, &s), 0);
+    int c = add_sh(s, "sleeper", "exec sleep 30", 0, true);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert(!sup_stopping(s));
+    kill(getpid(), SIGTERM); /* blocked by sup_init: waits for the supervisor's sigtimedwait */
+    ck_assert_int_eq(sup_run(s, 5000), 0);
+    ck_assert(sup_stopping(s));
+    ck_assert_int_ne(sup_pid(s, c), 0); /* the caller decides when to stop the children */
+    sup_stop_all(s);
+    ck_assert_int_eq(sup_pid(s, c), 0);
+    sup_fini(s);
+}
+END_TEST
+
+static int file_exists(void *ctx)
+{
+    return access(ctx, F_OK);
+}
+
+START_TEST(ready_and_died_before_ready)
+{
+    const char *f = path_in_tmp("ready");
+    char script[800];
+    snprintf(script, sizeof script, "sleep 0.2; touch %s; exec sleep 30", f);
+    struct sup_opts o = {.backoff_min_ms = 20};
+    struct sup *s;
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    int ok = add_sh(s, "slow", script, 0, true);
+    int bad = add_sh(s, "broken", "exit 3", 0, true);
+    ck_assert_int_eq(sup_start(s, ok), 0);
+    ck_assert_int_eq(sup_wait_ready(s, ok, file_exists, (void *)f, 5000), 0);
+    ck_assert_int_eq(sup_start(s, bad), 0);
+    ck_assert_int_eq(sup_wait_ready(s, bad, file_exists, "/nonexistent/x", 5000), STRATA_ECLOSED);
+    ck_assert_msg(strstr(strata_errdetail(), "broken exited with status 3"), "%s",
+                  strata_errdetail());
+    /* it failed at start: not restarted */
+    ck_assert_int_eq(sup_run(s, 300), STRATA_ETIMEDOUT);
+    ck_assert_uint_eq(sup_restarts(s, bad), 0);
+    ck_assert_int_eq(sup_pid(s, bad), 0);
+    ck_assert_int_ne(sup_pid(s, ok), 0);
+    int never = add_sh(s, "never", "exec sleep 30", 0, true);
+    ck_assert_int_eq(sup_start(s, never), 0);
+    ck_assert_int_eq(sup_wait_ready(s, never, file_exists, "/nonexistent/x", 200),
+                     STRATA_ETIMEDOUT);
+    sup_fini(s);
+}
+END_TEST
+
+START_TEST(fatal_child_ends_run)
+{
+    struct sup *s;
+    ck_assert_int_eq(sup_init(NULL, &s), 0);
+    int c = add_sh(s, "once", "sleep 0.1; exit 4", 0, false);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert_int_eq(sup_run(s, 5000), STRATA_ECLOSED);
+    ck_assert_msg(strstr(strata_errdetail(), "once exited with status 4"), "%s",
+                  strata_errdetail());
+    ck_assert_uint_eq(sup_restarts(s, c), 0);
+    sup_fini(s);
+}
+END_TEST
+
+static void count_spawn(void *ctx, int idx, pid_t pid)
+{
+    int *n = ctx;
+    n[idx]++;
+    ck_assert_int_gt(pid, 0);
+}
+
+START_TEST(missing_binary_and_on_spawn)
+{
+    int spawned[4] = {0};
+    struct sup_opts o = {.backoff_min_ms = 30, .on_spawn = count_spawn, .spawn_ctx = spawned};
+    struct sup *s;
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    char *argv[] = {"/nonexistent/strata-worker", NULL};
+    struct sup_child_opts co = {.name = "ghost", .argv = argv};
+    int g;
+    ck_assert_int_eq(sup_add(s, &co, &g), 0);
+    ck_assert_int_eq(sup_start(s, g), STRATA_ESYSERR | ENOENT);
+    ck_assert_msg(strstr(strata_errdetail(), "/nonexistent/strata-worker"), "%s",
+                  strata_errdetail());
+    ck_assert_int_eq(spawned[g], 0);
+    int c = add_sh(s, "flaky", "exit 1", 0, true);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert_int_eq(sup_run(s, 400), STRATA_ETIMEDOUT);
+    ck_assert_int_ge(spawned[c], 3);
+    ck_assert_uint_eq((unsigned)spawned[c], sup_restarts(s, c) + 1);
+    struct sup_child_opts bad = {.name = NULL, .argv = argv};
+    ck_assert_int_eq(sup_add(s, &bad, &g), STRATA_EINVAL);
+    sup_fini(s);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("supervise");
+    TCase *tc = tcase_create("sup");
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, restart_backoff_doubles);
+    tcase_add_test(tc, stable_run_resets_backoff);
+    tcase_add_test(tc, stop_by_stage_in_order);
+    tcase_add_test(tc, kill_after_timeout);
+    tcase_add_test(tc, stop_signal_ends_run);
+    tcase_add_test(tc, ready_and_died_before_ready);
+    tcase_add_test(tc, fatal_child_ends_run);
+    tcase_add_test(tc, missing_binary_and_on_spawn);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return test_run(suite());
+}
