@@ -1,0 +1,135 @@
+/* cpu — run-time choice of the kernel ISA and the dispatch of cpu.h's functions. */
+#include "kernels/cpu/cpu.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/quant.h"
+#include "kernels/cpu/cpu_impl.h"
+#include "kernels/ref/qdot.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static _Atomic int g_isa = CPU_REF;
+
+int cpu_isa_supported(enum cpu_isa isa)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    switch (isa) {
+    case CPU_REF:
+        return 1;
+    case CPU_AVX2:
+        return avx2;
+    case CPU_AVX512:
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    }
+    return 0;
+#else
+    return isa == CPU_REF;
+#endif
+}
+
+const char *cpu_isa_name(enum cpu_isa isa)
+{
+    return isa == CPU_AVX512 ? "avx512" : isa == CPU_AVX2 ? "avx2" : "ref";
+}
+
+static void detect(void)
+{
+    enum cpu_isa best = cpu_isa_supported(CPU_AVX512) ? CPU_AVX512
+                        : cpu_isa_supported(CPU_AVX2) ? CPU_AVX2
+                                                      : CPU_REF;
+    const char *env = getenv("STRATA_CPU");
+    if (env && *env) {
+        enum cpu_isa want = !strcmp(env, "avx512") ? CPU_AVX512
+                            : !strcmp(env, "avx2") ? CPU_AVX2
+                            : !strcmp(env, "ref")  ? CPU_REF
+                                                   : best;
+        if (want == best && strcmp(env, cpu_isa_name(best)))
+            LOG_WARN("STRATA_CPU=%s is not one of ref, avx2, avx512: using %s", env,
+                     cpu_isa_name(best));
+        else if (!cpu_isa_supported(want))
+            LOG_WARN("STRATA_CPU=%s: this CPU lacks it, using %s", env, cpu_isa_name(best));
+        else
+            best = want;
+    }
+    atomic_store(&g_isa, best);
+}
+
+enum cpu_isa cpu_isa(void)
+{
+    pthread_once(&g_once, detect);
+    return (enum cpu_isa)atomic_load(&g_isa);
+}
+
+int cpu_isa_set(enum cpu_isa isa)
+{
+    pthread_once(&g_once, detect);
+    if (!cpu_isa_supported(isa))
+        return strata_errf(STRATA_EUNSUPPORTED, "this CPU cannot run the %s kernels: use %s",
+                           cpu_isa_name(isa), cpu_isa_name(CPU_AVX2));
+    atomic_store(&g_isa, isa);
+    return 0;
+}
+
+void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in, uint32_t row0,
+                uint32_t row1, const void *acts, size_t act_stride, uint32_t n_tok, float *out,
+                size_t out_stride)
+{
+    cpu_rows_fn fn = NULL;
+    switch (cpu_isa()) {
+    case CPU_AVX512:
+        fn = cpu_rows_avx512(wtype);
+        break;
+    case CPU_AVX2:
+        fn = cpu_rows_avx2(wtype);
+        break;
+    case CPU_REF:
+        break;
+    }
+    if (!fn) {
+        ops_matmul(wtype, w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, out, out_stride);
+        return;
+    }
+    if (row0 < row1 && n_tok)
+        fn(w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, out, out_stride);
+}
+
+float cpu_qdot(uint32_t wtype, int64_t n, const void *w_row, const void *act)
+{
+    if (cpu_isa() == CPU_REF || n <= 0 || n > UINT32_MAX) return qdot_ref(wtype, n, w_row, act);
+    float out = 0.0f;
+    cpu_matmul(wtype, w_row, 0, (uint32_t)n, 0, 1, act, 0, 1, &out, 1);
+    return out;
+}
+
+void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+    if (cpu_isa() == CPU_REF)
+        ops_rmsnorm(out, x, w, n, eps);
+    else
+        cpu_rmsnorm_avx2(out, x, w, n, eps);
+}
+
+void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+              float theta, bool neox)
+{
+    if (cpu_isa() == CPU_REF)
+        ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
+    else
+        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox);
+}
+
+void cpu_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                   const struct ops_kv_view *kv, uint32_t n_keys)
+{
+    if (cpu_isa() == CPU_REF)
+        ops_attention(out, q, head_dim, head_dim_v, scale, kv, n_keys);
+    else
+        cpu_attention_avx2(out, q, head_dim, head_dim_v, scale, kv, n_keys);
+}

@@ -1,0 +1,65 @@
+/* cpu — the fast CPU kernels of the forward pass (AVX2, AVX-512 + VNNI), chosen at run time.
+ *
+ * Every function here returns bit for bit what its plain-C reference in kernels/ref returns
+ * (cpu_matmul = ops_matmul = qdot_ref per element, cpu_attention = ops_attention, cpu_rope =
+ * ops_rope, cpu_rmsnorm = ops_rmsnorm), so bit-exact mode (DESIGN 3.4) holds whichever ISA runs:
+ * integer block sums are exact in any order, and each float reduction keeps the reference's
+ * sequence per output element; SIMD lanes run independent elements (rows, keys, dims) side by side.
+ * The ISA is picked once from the CPU's flags (__builtin_cpu_supports), overridden by the
+ * environment variable STRATA_CPU=ref|avx2|avx512 (a level the CPU lacks falls back to the best it
+ * has, with a warning). One binary runs on any x86-64; other machines get the references.
+ * All functions are pure and thread-safe; callers split rows, tokens or heads across threads.
+ */
+#ifndef STRATA_CPU_H
+#define STRATA_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ref/ops.h"
+
+enum cpu_isa {
+    CPU_REF,    /* the kernels/ref functions */
+    CPU_AVX2,   /* AVX2 + FMA + F16C */
+    CPU_AVX512, /* AVX-512 F/BW/VL + VNNI (512-bit integer dots) */
+};
+
+/* cpu_isa returns the ISA in use (decided on the first call of any cpu_ function). */
+enum cpu_isa cpu_isa(void);
+
+/* cpu_isa_set switches the ISA for the whole process (tests, benchmarks); a level the CPU lacks
+ * is refused with STRATA_EUNSUPPORTED. Not to be called while kernels run on other threads. */
+int cpu_isa_set(enum cpu_isa isa);
+
+/* cpu_isa_supported: whether this CPU can run isa. */
+int cpu_isa_supported(enum cpu_isa isa);
+
+/* cpu_isa_name: "ref", "avx2", "avx512". */
+const char *cpu_isa_name(enum cpu_isa isa);
+
+/* cpu_matmul is ops_matmul (same arguments, same bits): rows [row0, row1) of W times n_tok
+ * tokens' activations (made by ops_quantize_acts for wtype). Rows are taken 8 at a time and each
+ * weight block is decoded once for up to CPU_TOKEN_TILE tokens, so a prompt chunk reads each row
+ * from memory once per tile. Any computable wtype; any row range and token count. */
+void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in, uint32_t row0,
+                uint32_t row1, const void *acts, size_t act_stride, uint32_t n_tok, float *out,
+                size_t out_stride);
+
+#define CPU_TOKEN_TILE 32 /* tokens per pass over a group of rows: their accumulators fit L1 */
+
+/* cpu_qdot is qdot_ref (one row, one activation row), through the matmul kernels. */
+float cpu_qdot(uint32_t wtype, int64_t n, const void *w_row, const void *act);
+
+/* cpu_rmsnorm is ops_rmsnorm. */
+void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+
+/* cpu_rope is ops_rope: the angles of position pos are computed once for all heads. */
+void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+              float theta, bool neox);
+
+/* cpu_attention is ops_attention: scores of 8 keys at once (one key per lane, each lane summing
+ * its dims in index order), values accumulated 8 dims per lane. */
+void cpu_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                   const struct ops_kv_view *kv, uint32_t n_keys);
+
+#endif

@@ -1,0 +1,268 @@
+/* cpu_test — every fast kernel against its plain-C reference, compared with memcmp: matmul of
+ * every weight type (quantized rows and raw random blocks that reach every level and scale the
+ * format allows), on odd shapes (rows not a multiple of 8, token counts across the token tile,
+ * row sub-ranges, strided outputs, guard floats after the output), attention over a paged cache
+ * with odd head sizes, RoPE of both styles and RMSNorm, on each ISA this CPU has. */
+#include "common/qtype.h"
+#include "common/quant.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/ref/ops.h"
+#include "kernels/ref/qdot.h"
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q4_0,
+                                 QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K,   QT_Q3_K,
+                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+#define NTYPES ((int)(sizeof types / sizeof types[0]))
+
+/* Offsets of the fp16 scale fields in a block (-1: none), patched in raw random blocks. */
+static const struct {
+    uint32_t type;
+    int d, m;
+} fields[] = {
+    {QT_Q4_0, 0, -1}, {QT_Q4_1, 0, 2},    {QT_Q5_0, 0, -1},   {QT_Q5_1, 0, 2},
+    {QT_Q8_0, 0, -1}, {QT_Q2_K, 80, 82},  {QT_Q3_K, 108, -1}, {QT_Q4_K, 0, 2},
+    {QT_Q5_K, 0, 2},  {QT_Q6_K, 208, -1}, {QT_IQ4_NL, 0, -1}, {QT_IQ4_XS, 0, -1},
+};
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static float gauss(void)
+{
+    double u = ((double)(next() >> 11) + 0.5) * 0x1p-53, v = (double)(next() >> 11) * 0x1p-53;
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* ISAs to test: every one this CPU runs besides the reference. */
+static int isas(enum cpu_isa *out)
+{
+    int n = 0;
+    if (cpu_isa_supported(CPU_AVX2)) out[n++] = CPU_AVX2;
+    if (cpu_isa_supported(CPU_AVX512)) out[n++] = CPU_AVX512;
+    if (!n) printf("SKIP cpu kernels: this CPU has neither AVX2 nor AVX-512\n");
+    return n;
+}
+
+/* make_rows fills n_out rows of n_in weights of type t: quantized gaussians (with an offset when
+ * shifted) or, when raw, random bytes with fp16 scales patched to finite values. */
+static void make_rows(uint32_t t, uint32_t n_out, uint32_t n_in, bool raw, bool shifted, uint8_t *w,
+                      uint64_t row_bytes)
+{
+    float *src = malloc((size_t)n_in * sizeof(float));
+    for (uint32_t r = 0; r < n_out; r++) {
+        uint8_t *row = w + r * row_bytes;
+        if (!raw || t == QT_F32 || t == QT_F16 || t == QT_BF16) {
+            for (uint32_t i = 0; i < n_in; i++)
+                src[i] = gauss() * 0.05f + (shifted ? 0.2f : 0);
+            ck_assert_int_eq(quant_quantize(t, src, row, n_in), 0);
+            continue;
+        }
+        for (uint64_t i = 0; i < row_bytes; i++)
+            row[i] = (uint8_t)next();
+        const struct qtype_info *ti = qtype_get(t);
+        for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+            if (fields[f].type != t) continue;
+            for (uint32_t b = 0; b < n_in / ti->blck; b++) {
+                uint8_t *blk = row + (size_t)b * ti->bytes;
+                uint16_t d = quant_f32_to_f16(gauss() * 0.01f),
+                         m = quant_f32_to_f16(gauss() * 0.01f);
+                memcpy(blk + fields[f].d, &d, 2);
+                if (fields[f].m >= 0) memcpy(blk + fields[f].m, &m, 2);
+            }
+        }
+    }
+    free(src);
+}
+
+#define GUARD       8
+#define GUARD_VALUE 12345.0f
+
+/* check_matmul: rows [row0, row1) of n_out x n_in weights times n_tok tokens, each ISA vs ref. */
+static void check_matmul(uint32_t t, uint32_t n_out, uint32_t n_in, uint32_t n_tok, uint32_t row0,
+                         uint32_t row1, bool raw)
+{
+    enum cpu_isa isa[2];
+    const int n_isa = isas(isa);
+    uint64_t row_bytes;
+    ck_assert_int_eq(qtype_row_bytes(t, n_in, &row_bytes), 0);
+    uint8_t *w = malloc(row_bytes * n_out);
+    make_rows(t, n_out, n_in, raw, n_tok % 2, w, row_bytes);
+    const size_t act_stride = quant_act_bytes(t, n_in) + 40; /* not a multiple of 32 */
+    float *x = malloc((size_t)n_tok * n_in * sizeof(float));
+    for (size_t i = 0; i < (size_t)n_tok * n_in; i++)
+        x[i] = gauss() * (i % 7 == 0 ? 30.0f : 1.0f);
+    uint8_t *acts = calloc(n_tok, act_stride);
+    ck_assert_int_eq(ops_quantize_acts(t, x, n_in, n_in, n_tok, acts, act_stride), 0);
+    const size_t out_stride = n_out + 3, len = (size_t)n_tok * out_stride + GUARD;
+    float *want = malloc(len * sizeof(float)), *got = malloc(len * sizeof(float));
+    for (size_t i = 0; i < len; i++)
+        want[i] = GUARD_VALUE;
+    ops_matmul(t, w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, want, out_stride);
+    for (int k = 0; k < n_isa; k++) {
+        ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+        for (size_t i = 0; i < len; i++)
+            got[i] = GUARD_VALUE;
+        cpu_matmul(t, w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, got, out_stride);
+        for (uint32_t tok = 0; tok < n_tok; tok++)
+            for (uint32_t r = 0; r < n_out + 3; r++) {
+                const size_t i = tok * out_stride + r;
+                ck_assert_msg(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                              "%s %s %s: %u x %u, %u tokens, rows [%u, %u): token %u row %u: "
+                              "%.9g, reference %.9g",
+                              cpu_isa_name(isa[k]), qtype_name(t), raw ? "raw" : "quantized", n_out,
+                              n_in, n_tok, row0, row1, tok, r, got[i], want[i]);
+            }
+        for (size_t i = len - GUARD; i < len; i++)
+            ck_assert(got[i] == GUARD_VALUE);
+        /* cpu_qdot: one row, one token */
+        const float q = cpu_qdot(t, n_in, w + row0 * row_bytes, acts);
+        const float r = qdot_ref(t, n_in, w + row0 * row_bytes, acts);
+        ck_assert_msg(memcmp(&q, &r, sizeof q) == 0, "%s cpu_qdot %s: %.9g vs %.9g",
+                      cpu_isa_name(isa[k]), qtype_name(t), q, r);
+    }
+    free(w);
+    free(x);
+    free(acts);
+    free(want);
+    free(got);
+}
+
+START_TEST(matmul_equals_reference)
+{
+    const uint32_t t = types[_i];
+    const bool k = qtype_get(t)->blck == 256;
+    const uint32_t n_in = k ? 768 : 160;
+    for (int raw = 0; raw < 2; raw++) {
+        check_matmul(t, 13, n_in, 1, 0, 13, raw);       /* decode: one token, a partial row group */
+        check_matmul(t, 21, n_in, 37, 3, 20, raw);      /* prompt chunk across the token tile */
+        check_matmul(t, 8, k ? 256 : 32, 5, 0, 8, raw); /* one block per row */
+    }
+    if (t == QT_F32) check_matmul(t, 9, 77, 3, 0, 9, false); /* float rows of any length */
+}
+END_TEST
+
+/* A paged KV view over random keys/values: block_tokens 16, so 32-key attention blocks straddle
+ * cache blocks, and the head sits at an offset inside each row. */
+START_TEST(attention_equals_reference)
+{
+    enum cpu_isa isa[2];
+    const int n_isa = isas(isa);
+    static const uint32_t dims[][2] = {{64, 64}, {72, 40}, {13, 21}, {128, 128}};
+    static const uint32_t keys[] = {1, 7, 32, 33, 70};
+    const uint32_t bt = 16, n_blocks = 8, row = 2 * 160; /* floats: K then V of 2 heads */
+    float *blocks[8];
+    for (uint32_t b = 0; b < n_blocks; b++) {
+        blocks[b] = malloc((size_t)bt * row * 2 * sizeof(float));
+        for (size_t i = 0; i < (size_t)bt * row * 2; i++)
+            blocks[b][i] = gauss();
+    }
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const uint32_t hd = dims[di][0], hv = dims[di][1];
+        struct ops_kv_view v = {blocks, bt, hd + 3, (size_t)bt * row + hv + 1, row, row};
+        float q[128], want[128 + GUARD], got[128 + GUARD];
+        for (uint32_t d = 0; d < hd; d++)
+            q[d] = gauss() * 2;
+        for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++) {
+            for (int i = 0; i < 128 + GUARD; i++)
+                want[i] = GUARD_VALUE;
+            ops_attention(want, q, hd, hv, 1.0f / sqrtf((float)hd), &v, keys[ki]);
+            for (int k = 0; k < n_isa; k++) {
+                ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                for (int i = 0; i < 128 + GUARD; i++)
+                    got[i] = GUARD_VALUE;
+                cpu_attention(got, q, hd, hv, 1.0f / sqrtf((float)hd), &v, keys[ki]);
+                ck_assert_msg(memcmp(got, want, sizeof got) == 0,
+                              "%s attention head_dim %u/%u, %u keys differs", cpu_isa_name(isa[k]),
+                              hd, hv, keys[ki]);
+            }
+        }
+    }
+    for (uint32_t b = 0; b < n_blocks; b++)
+        free(blocks[b]);
+}
+END_TEST
+
+START_TEST(rope_and_norm_equal_reference)
+{
+    enum cpu_isa isa[2];
+    const int n_isa = isas(isa);
+    static const uint32_t shapes[][3] = {{4, 64, 64}, {3, 128, 96}, {2, 40, 24}, {5, 18, 18}};
+    static const uint32_t positions[] = {0, 7, 4099};
+    float want[5 * 128], got[5 * 128];
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int neox = 0; neox < 2; neox++)
+            for (size_t p = 0; p < 3; p++) {
+                const uint32_t nh = shapes[s][0], hd = shapes[s][1], nr = shapes[s][2];
+                for (uint32_t i = 0; i < nh * hd; i++)
+                    want[i] = gauss();
+                float x0[5 * 128];
+                memcpy(x0, want, sizeof x0);
+                ops_rope(want, nh, hd, nr, positions[p], 1e6f, neox);
+                for (int k = 0; k < n_isa; k++) {
+                    ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                    memcpy(got, x0, sizeof got);
+                    cpu_rope(got, nh, hd, nr, positions[p], 1e6f, neox);
+                    ck_assert_msg(memcmp(got, want, nh * hd * sizeof(float)) == 0,
+                                  "%s rope %u heads of %u (%u rotated), neox %d, pos %u differs",
+                                  cpu_isa_name(isa[k]), nh, hd, nr, neox, positions[p]);
+                }
+            }
+    static const uint32_t lens[] = {1, 7, 64, 1000, 2049};
+    float *x = malloc(2049 * sizeof(float)), *wt = malloc(2049 * sizeof(float));
+    float *a = malloc(2049 * sizeof(float)), *b = malloc(2049 * sizeof(float));
+    for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+        for (uint32_t i = 0; i < lens[l]; i++) {
+            x[i] = gauss() * 3;
+            wt[i] = 1 + gauss() * 0.1f;
+        }
+        ops_rmsnorm(a, x, wt, lens[l], 1e-6f);
+        for (int k = 0; k < n_isa; k++) {
+            ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+            cpu_rmsnorm(b, x, wt, lens[l], 1e-6f);
+            ck_assert_msg(memcmp(a, b, lens[l] * sizeof(float)) == 0, "%s rmsnorm of %u differs",
+                          cpu_isa_name(isa[k]), lens[l]);
+        }
+    }
+    free(x);
+    free(wt);
+    free(a);
+    free(b);
+}
+END_TEST
+
+START_TEST(isa_choice)
+{
+    /* the reference is always there; an ISA the CPU lacks is refused by name */
+    ck_assert_int_eq(cpu_isa_set(CPU_REF), 0);
+    ck_assert_int_eq(cpu_isa(), CPU_REF);
+    ck_assert_str_eq(cpu_isa_name(CPU_AVX512), "avx512");
+    for (int i = CPU_AVX2; i <= CPU_AVX512; i++)
+        ck_assert_int_eq(cpu_isa_set((enum cpu_isa)i) == 0, cpu_isa_supported((enum cpu_isa)i));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cpu");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 60); /* Debug + ASan */
+    tcase_add_loop_test(tc, matmul_equals_reference, 0, NTYPES);
+    tcase_add_test(tc, attention_equals_reference);
+    tcase_add_test(tc, rope_and_norm_equal_reference);
+    tcase_add_test(tc, isa_choice);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}
