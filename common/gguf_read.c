@@ -1,4 +1,6 @@
-/* gguf — reader and writer of GGUF v2/v3 files; the contract is in gguf.h.
+/* gguf_read — the GGUF v2/v3 reader: open and map (one file or a split set), parse, check,
+ * close, and the tensor name index; the contract is in gguf.h, values and typed getters are in
+ * gguf_kv.c, what the module's files share in gguf_impl.h.
  *
  * The reader trusts nothing it reads: every length is compared with the bytes left before anything
  * is touched or allocated, so a count of 2^60 costs one comparison, not an allocation. Values that
@@ -6,14 +8,13 @@
  * tables of KV pairs, tensors and array items are allocated. Integers are read with memcpy from a
  * little-endian file on a little-endian host (x86-64, aarch64: every machine strata targets).
  */
-#include "common/gguf.h"
+#include "common/gguf_impl.h"
 #include "common/err.h"
 #include "common/qtype.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,37 +26,6 @@
 #define HEADER_BYTES    24 /* magic, version, n_tensors, n_kv */
 #define MIN_KV_BYTES    13 /* key length, a 1-byte key, type, a 1-byte value */
 #define MIN_TINFO_BYTES 33 /* name length, a 1-byte name, n_dims, one dim, type, offset */
-
-static const char *const vtype_names[GGUF_VTYPE_COUNT] = {
-    "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
-    "bool",  "string", "array",  "uint64", "int64",  "float64",
-};
-static const uint8_t vtype_sizes[GGUF_VTYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-
-const char *gguf_vtype_name(enum gguf_vtype t)
-{
-    return (unsigned)t < GGUF_VTYPE_COUNT ? vtype_names[t] : "?";
-}
-
-size_t gguf_vtype_size(enum gguf_vtype t)
-{
-    return (unsigned)t < GGUF_VTYPE_COUNT ? vtype_sizes[t] : 0;
-}
-
-static bool vtype_signed(enum gguf_vtype t)
-{
-    return t == GGUF_INT8 || t == GGUF_INT16 || t == GGUF_INT32 || t == GGUF_INT64;
-}
-
-static bool vtype_unsigned(enum gguf_vtype t)
-{
-    return t == GGUF_UINT8 || t == GGUF_UINT16 || t == GGUF_UINT32 || t == GGUF_UINT64;
-}
-
-static uint64_t round_up(uint64_t x, uint64_t align)
-{
-    return (x + align - 1) / align * align;
-}
 
 /* quote copies a name from a hostile file into buf for a message: printable ASCII only, cut at 80.
  */
@@ -75,21 +45,15 @@ static const char *quote(char *buf, size_t cap, const char *s, uint64_t len)
     return buf;
 }
 
-/* ---- name index: open addressing over an array of structs whose first member is `char *name` ---
- */
-
-struct nidx {
-    uint64_t *slot; /* index + 1; 0 = empty */
-    uint64_t mask;
-};
+/* ---- name index (struct gguf_nidx, gguf_impl.h) ---------------------------------------------- */
 
 static const char *nidx_name(const void *base, size_t stride, uint64_t i)
 {
     return *(char *const *)((const char *)base + i * stride);
 }
 
-/* nidx_reserve makes room for n names (load <= 1/2), rehashing those already in [0, have). */
-static int nidx_reserve(struct nidx *x, const void *base, size_t stride, uint64_t have, uint64_t n)
+int gguf_nidx_reserve(struct gguf_nidx *x, const void *base, size_t stride, uint64_t have,
+                      uint64_t n)
 {
     if (x->slot && n * 2 <= x->mask + 1) return 0;
     uint64_t cap = 16;
@@ -123,9 +87,18 @@ static int64_t nidx_find(const uint64_t *slot, uint64_t mask, const void *base, 
     return -1;
 }
 
-/* nidx_add adds entry i (room reserved) and returns -1, or the index of an entry of the same name.
- */
-static int64_t nidx_add(struct nidx *x, const void *base, size_t stride, uint64_t i)
+const struct gguf_tensor *gguf_tensor_find(const struct gguf_file *f, const char *name)
+{
+    if (!f->index) {
+        for (uint64_t i = 0; i < f->n_tensors; i++)
+            if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
+        return NULL;
+    }
+    int64_t i = nidx_find(f->index, f->index_mask, f->tensors, sizeof *f->tensors, name);
+    return i < 0 ? NULL : &f->tensors[i];
+}
+
+int64_t gguf_nidx_add(struct gguf_nidx *x, const void *base, size_t stride, uint64_t i)
 {
     const char *name = nidx_name(base, stride, i);
     uint64_t h = XXH3_64bits(name, strlen(name)) & x->mask;
@@ -137,7 +110,7 @@ static int64_t nidx_add(struct nidx *x, const void *base, size_t stride, uint64_
     return -1;
 }
 
-/* ---- reader ---------------------------------------------------------------------------------- */
+/* ---- parsing one file ------------------------------------------------------------------------ */
 
 struct rd {
     const char *file; /* for messages */
@@ -212,60 +185,8 @@ static int rd_name(struct rd *r, const char *what, const char *who, char **out)
     return 0;
 }
 
-/* value_free frees what a parsed or copied value owns: array items always, and strings and scalar
- * arrays too when owned (the writer's copies; the reader's point into the mapping). */
-static void value_free(struct gguf_value *v, bool owned)
-{
-    if (v->type == GGUF_STRING && owned) free((void *)v->str.ptr);
-    if (v->type != GGUF_ARRAY) return;
-    if (v->arr.items)
-        for (uint64_t i = 0; i < v->arr.n; i++)
-            value_free(&v->arr.items[i], owned);
-    free(v->arr.items);
-    if (owned) free((void *)v->arr.raw);
-    v->arr.items = NULL;
-    v->arr.raw = NULL;
-    v->arr.n = 0;
-}
-
 static int rd_value(struct rd *r, enum gguf_vtype type, int depth, const char *who,
                     struct gguf_value *v);
-
-/* decode_scalar turns the little-endian bits of a scalar of type t into v (bool: any nonzero). */
-static void decode_scalar(enum gguf_vtype t, uint64_t bits, struct gguf_value *v)
-{
-    v->type = t;
-    switch (t) {
-    case GGUF_INT8:
-        v->i = (int8_t)bits;
-        break;
-    case GGUF_INT16:
-        v->i = (int16_t)bits;
-        break;
-    case GGUF_INT32:
-        v->i = (int32_t)bits;
-        break;
-    case GGUF_INT64:
-        v->i = (int64_t)bits;
-        break;
-    case GGUF_FLOAT32: {
-        float f;
-        uint32_t b = (uint32_t)bits;
-        memcpy(&f, &b, 4);
-        v->f = f;
-        break;
-    }
-    case GGUF_FLOAT64:
-        memcpy(&v->f, &bits, 8);
-        break;
-    case GGUF_BOOL:
-        v->b = bits != 0;
-        break;
-    default:
-        v->u = bits;
-        break;
-    }
-}
 
 /* rd_array reads an array's element type, count and elements; on failure v owns nothing. depth is
  * this array's nesting level, 1 for an array that is a KV's value. */
@@ -284,13 +205,13 @@ static int rd_array(struct rd *r, int depth, const char *who, struct gguf_value 
         return strata_errf(STRATA_EFORMAT,
                            "%s: offset %" PRIu64 ": arrays of %s nest deeper than %d levels",
                            r->file, at, who, GGUF_MAX_DEPTH);
-    uint64_t min = elem == GGUF_STRING ? 8 : elem == GGUF_ARRAY ? 12 : vtype_sizes[elem];
+    uint64_t min = elem == GGUF_STRING ? 8 : elem == GGUF_ARRAY ? 12 : gguf_vtype_size(elem);
     if (n > rd_left(r) / min)
         return strata_errf(STRATA_ETRUNC,
                            "%s: offset %" PRIu64 ": array of %s declares %" PRIu64
                            " %s elements but only %" PRIu64 " bytes remain (each needs %" PRIu64
                            ")",
-                           r->file, at, who, n, vtype_names[elem], rd_left(r), min);
+                           r->file, at, who, n, gguf_vtype_name(elem), rd_left(r), min);
     v->arr.type = (enum gguf_vtype)elem;
     v->arr.n = 0;
     v->arr.raw = NULL;
@@ -316,7 +237,7 @@ static int rd_array(struct rd *r, int depth, const char *who, struct gguf_value 
     for (uint64_t i = 0; i < n; i++) {
         rv = rd_value(r, (enum gguf_vtype)elem, depth, who, &v->arr.items[i]);
         if (rv) {
-            value_free(v, false);
+            gguf_value_free(v, false);
             return rv;
         }
         v->arr.n = i + 1;
@@ -333,7 +254,7 @@ static int rd_value(struct rd *r, enum gguf_vtype type, int depth, const char *w
     if ((unsigned)type >= GGUF_VTYPE_COUNT)
         return strata_errf(STRATA_EFORMAT, "%s: offset %" PRIu64 ": %s has unknown value type %u",
                            r->file, r->off - 4, who, (unsigned)type);
-    size_t n = vtype_sizes[type];
+    size_t n = gguf_vtype_size(type);
     int rv = rd_need(r, n, "value", who);
     if (rv) return rv;
     uint64_t at = r->off;
@@ -342,7 +263,7 @@ static int rd_value(struct rd *r, enum gguf_vtype type, int depth, const char *w
         return strata_errf(STRATA_EFORMAT,
                            "%s: offset %" PRIu64 ": bool %s is %" PRIu64 ", not 0 or 1", r->file,
                            at, who, u);
-    decode_scalar(type, u, v);
+    gguf_decode_scalar(type, u, v);
     return 0;
 }
 
@@ -360,16 +281,9 @@ static void kv_free(struct gguf_kv *kv, uint64_t n)
 {
     for (uint64_t i = 0; i < n; i++) {
         free(kv[i].key);
-        value_free(&kv[i].val, false);
+        gguf_value_free(&kv[i].val, false);
     }
     free(kv);
-}
-
-static const struct gguf_kv *kv_find(const struct gguf_kv *kv, uint64_t n, const char *key)
-{
-    for (uint64_t i = 0; i < n; i++)
-        if (strcmp(kv[i].key, key) == 0) return &kv[i];
-    return NULL;
 }
 
 static int rd_header(struct rd *r, struct part *pt, uint64_t *n_tensors, uint64_t *n_kv_out)
@@ -431,13 +345,13 @@ static int check_alignment(const struct rd *r, uint64_t at, const struct gguf_va
 
 static int rd_kvs(struct rd *r, uint64_t n, struct part *pt)
 {
-    struct nidx idx = {0};
+    struct gguf_nidx idx = {0};
     int rv = 0;
     char who[128], q[100];
     pt->alignment = GGUF_DEFAULT_ALIGNMENT;
     pt->kv = calloc(n ? n : 1, sizeof *pt->kv);
     if (!pt->kv) return strata_errf(STRATA_ENOMEM, "no memory for %" PRIu64 " KV pairs", n);
-    if ((rv = nidx_reserve(&idx, pt->kv, sizeof *pt->kv, 0, n)) != 0) goto fail;
+    if ((rv = gguf_nidx_reserve(&idx, pt->kv, sizeof *pt->kv, 0, n)) != 0) goto fail;
     for (uint64_t i = 0; i < n; i++) {
         struct gguf_kv *kv = &pt->kv[i];
         uint64_t at = r->off;
@@ -445,7 +359,7 @@ static int rd_kvs(struct rd *r, uint64_t n, struct part *pt)
         if ((rv = rd_name(r, "key", who, &kv->key)) != 0) goto fail;
         pt->n_kv = i + 1;
         snprintf(who, sizeof who, "KV '%s'", quote(q, sizeof q, kv->key, strlen(kv->key)));
-        int64_t dup = nidx_add(&idx, pt->kv, sizeof *pt->kv, i);
+        int64_t dup = gguf_nidx_add(&idx, pt->kv, sizeof *pt->kv, i);
         if (dup >= 0) {
             rv = strata_errf(STRATA_EFORMAT,
                              "%s: offset %" PRIu64 ": duplicate key: %s repeats KV #%" PRId64,
@@ -623,8 +537,8 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
         goto fail;
     }
     f->tensors = t;
-    struct nidx idx = {f->index, f->index_mask};
-    rv = nidx_reserve(&idx, t, sizeof *t, first, first + n);
+    struct gguf_nidx idx = {f->index, f->index_mask};
+    rv = gguf_nidx_reserve(&idx, t, sizeof *t, first, first + n);
     f->index = idx.slot;
     f->index_mask = idx.mask;
     if (rv) goto fail;
@@ -634,7 +548,7 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
         if ((rv = rd_tinfo(&r, i, pt->alignment, &t[first + i])) != 0) goto fail;
         t[first + i].split = split;
         f->n_tensors = first + i + 1;
-        int64_t dup = nidx_add(&idx, t, sizeof *t, first + i);
+        int64_t dup = gguf_nidx_add(&idx, t, sizeof *t, first + i);
         if (dup >= 0) {
             char q[100];
             const char *name = t[first + i].name;
@@ -647,7 +561,7 @@ static int parse_split(struct gguf_file *f, uint32_t split, const char *file, co
         }
     }
     pt->header_bytes = r.off;
-    pt->data_off = round_up(r.off, pt->alignment);
+    pt->data_off = gguf_round_up(r.off, pt->alignment);
     for (uint64_t i = 0; check_data && i < n; i++) {
         struct gguf_tensor *x = &t[first + i];
         /* offset + nbytes < 2^63 (checked), so adding data_off < 2^64 cannot wrap. */
@@ -831,8 +745,8 @@ int gguf_open(const char *path, struct gguf_file **out)
             rv = check_split(name, &pt, k, count, &total);
         } else {
             uint64_t cnt = 1;
-            const struct gguf_kv *c = kv_find(pt.kv, pt.n_kv, "split.count");
-            if (c && vtype_unsigned(c->val.type)) cnt = c->val.u;
+            const struct gguf_kv *c = gguf_kv_find(pt.kv, pt.n_kv, "split.count");
+            if (c && gguf_vtype_unsigned(c->val.type)) cnt = c->val.u;
             if (cnt > 1)
                 rv = strata_errf(STRATA_EINVAL,
                                  "%s: this file is one split of a set of %" PRIu64
@@ -889,698 +803,4 @@ int gguf_open_mem(const void *buf, size_t size, bool check_data, struct gguf_fil
     f->header_bytes = pt.header_bytes;
     *out = f;
     return 0;
-}
-
-const struct gguf_kv *gguf_find(const struct gguf_file *f, const char *key)
-{
-    return kv_find(f->kv, f->n_kv, key);
-}
-
-const struct gguf_tensor *gguf_tensor_find(const struct gguf_file *f, const char *name)
-{
-    if (!f->index) {
-        for (uint64_t i = 0; i < f->n_tensors; i++)
-            if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
-        return NULL;
-    }
-    int64_t i = nidx_find(f->index, f->index_mask, f->tensors, sizeof *f->tensors, name);
-    return i < 0 ? NULL : &f->tensors[i];
-}
-
-/* get_kv finds key or sets a detail message naming it. */
-static int get_kv(const struct gguf_file *f, const char *key, const struct gguf_kv **out)
-{
-    *out = gguf_find(f, key);
-    if (!*out) return strata_errf(STRATA_ENOENT, "GGUF key %s is missing", key);
-    return 0;
-}
-
-int gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out)
-{
-    const struct gguf_kv *kv;
-    int rv = get_kv(f, key, &kv);
-    if (rv) return rv;
-    if (vtype_signed(kv->val.type)) {
-        *out = kv->val.i;
-        return 0;
-    }
-    if (vtype_unsigned(kv->val.type) && kv->val.u <= (uint64_t)INT64_MAX) {
-        *out = (int64_t)kv->val.u;
-        return 0;
-    }
-    if (vtype_unsigned(kv->val.type))
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRIu64 ", too large for int64", key,
-                           kv->val.u);
-    return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; an integer was expected", key,
-                       gguf_vtype_name(kv->val.type));
-}
-
-int gguf_get_u64(const struct gguf_file *f, const char *key, uint64_t *out)
-{
-    const struct gguf_kv *kv;
-    int rv = get_kv(f, key, &kv);
-    if (rv) return rv;
-    if (vtype_unsigned(kv->val.type)) {
-        *out = kv->val.u;
-        return 0;
-    }
-    if (vtype_signed(kv->val.type) && kv->val.i >= 0) {
-        *out = (uint64_t)kv->val.i;
-        return 0;
-    }
-    if (vtype_signed(kv->val.type))
-        return strata_errf(STRATA_EFORMAT,
-                           "GGUF key %s is %" PRId64 "; a nonnegative value was expected", key,
-                           kv->val.i);
-    return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; an integer was expected", key,
-                       gguf_vtype_name(kv->val.type));
-}
-
-int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
-{
-    uint64_t v;
-    int rv = gguf_get_u64(f, key, &v);
-    if (rv) return rv;
-    if (v > UINT32_MAX)
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s is %" PRIu64 ", too large for uint32", key,
-                           v);
-    *out = (uint32_t)v;
-    return 0;
-}
-
-int gguf_get_f32(const struct gguf_file *f, const char *key, float *out)
-{
-    const struct gguf_kv *kv;
-    int rv = get_kv(f, key, &kv);
-    if (rv) return rv;
-    enum gguf_vtype t = kv->val.type;
-    if (t == GGUF_FLOAT32 || t == GGUF_FLOAT64)
-        *out = (float)kv->val.f;
-    else if (vtype_signed(t))
-        *out = (float)kv->val.i;
-    else if (vtype_unsigned(t))
-        *out = (float)kv->val.u;
-    else
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; a number was expected", key,
-                           gguf_vtype_name(t));
-    return 0;
-}
-
-int gguf_get_bool(const struct gguf_file *f, const char *key, bool *out)
-{
-    const struct gguf_kv *kv;
-    int rv = get_kv(f, key, &kv);
-    if (rv) return rv;
-    if (kv->val.type != GGUF_BOOL)
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; a bool was expected", key,
-                           gguf_vtype_name(kv->val.type));
-    *out = kv->val.b;
-    return 0;
-}
-
-int gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *out)
-{
-    const struct gguf_kv *kv;
-    int rv = get_kv(f, key, &kv);
-    if (rv) return rv;
-    if (kv->val.type != GGUF_STRING)
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; a string was expected", key,
-                           gguf_vtype_name(kv->val.type));
-    *out = kv->val.str;
-    return 0;
-}
-
-int gguf_get_arr(const struct gguf_file *f, const char *key, enum gguf_vtype elem,
-                 const struct gguf_value **out)
-{
-    const struct gguf_kv *kv;
-    int rv = get_kv(f, key, &kv);
-    if (rv) return rv;
-    if (kv->val.type != GGUF_ARRAY)
-        return strata_errf(STRATA_EFORMAT, "GGUF key %s has type %s; an array was expected", key,
-                           gguf_vtype_name(kv->val.type));
-    if (elem != GGUF_VTYPE_COUNT && kv->val.arr.type != elem)
-        return strata_errf(STRATA_EFORMAT,
-                           "GGUF key %s is an array of %s; an array of %s was expected", key,
-                           gguf_vtype_name(kv->val.arr.type), gguf_vtype_name(elem));
-    *out = &kv->val;
-    return 0;
-}
-
-/* arr_elem decodes scalar element i of a; false when i is out of range or a holds no scalars. */
-static bool arr_elem(const struct gguf_value *a, uint64_t i, struct gguf_value *v)
-{
-    if (a->type != GGUF_ARRAY || i >= a->arr.n || !a->arr.raw) return false;
-    size_t n = gguf_vtype_size(a->arr.type);
-    uint64_t bits = 0;
-    memcpy(&bits, a->arr.raw + i * n, n);
-    decode_scalar(a->arr.type, bits, v);
-    return true;
-}
-
-/* The accessors convert between kinds as C does, except that a float outside the integer type's
- * range (or NaN) reads as 0 rather than being undefined behaviour. */
-uint64_t gguf_arr_u64(const struct gguf_value *arr, uint64_t i)
-{
-    struct gguf_value v;
-    if (!arr_elem(arr, i, &v)) return 0;
-    if (v.type == GGUF_BOOL) return v.b;
-    if (vtype_signed(v.type)) return (uint64_t)v.i;
-    if (vtype_unsigned(v.type)) return v.u;
-    return v.f >= 0 && v.f < 18446744073709551616.0 ? (uint64_t)v.f : 0;
-}
-
-int64_t gguf_arr_i64(const struct gguf_value *arr, uint64_t i)
-{
-    struct gguf_value v;
-    if (!arr_elem(arr, i, &v)) return 0;
-    if (v.type == GGUF_BOOL) return v.b;
-    if (vtype_signed(v.type)) return v.i;
-    if (vtype_unsigned(v.type)) return (int64_t)v.u;
-    return v.f >= -9223372036854775808.0 && v.f < 9223372036854775808.0 ? (int64_t)v.f : 0;
-}
-
-double gguf_arr_f64(const struct gguf_value *arr, uint64_t i)
-{
-    struct gguf_value v;
-    if (!arr_elem(arr, i, &v)) return 0;
-    if (v.type == GGUF_BOOL) return v.b;
-    if (vtype_signed(v.type)) return (double)v.i;
-    if (vtype_unsigned(v.type)) return (double)v.u;
-    return v.f;
-}
-
-struct gguf_str gguf_arr_str(const struct gguf_value *arr, uint64_t i)
-{
-    if (arr->type != GGUF_ARRAY || arr->arr.type != GGUF_STRING || i >= arr->arr.n)
-        return (struct gguf_str){NULL, 0};
-    return arr->arr.items[i].str;
-}
-
-/* ---- writer ---------------------------------------------------------------------------------- */
-
-/* Writes go through one buffer; a chunk at least as large goes to write() directly. 1 MiB stays in
- * L2, so both the copy into it and the kernel's copy out of it hit the cache: measured 2-3 GiB per
- * CPU-second for chunks of 4 KiB to 64 MiB (tmpfs, 2-core VM), above what the disk takes. */
-#define WBUF_BYTES (1u << 20)
-
-struct gguf_writer {
-    char *path;
-    char *tmp; /* path.tmp, renamed to path by gguf_writer_finish */
-    int fd;
-    uint32_t alignment;
-    struct gguf_kv *kv; /* values owned (value_free(..., true)) */
-    uint64_t n_kv, cap_kv;
-    struct gguf_tensor *t;
-    uint64_t n_t, cap_t;
-    struct nidx tidx;
-    uint64_t data_end; /* end of the last declared tensor, from the data section's start */
-    bool begun;
-    uint64_t cur;      /* tensor being streamed */
-    uint64_t cur_done; /* its bytes written */
-    uint8_t *buf;
-    size_t buf_len;
-    uint64_t written; /* bytes passed to emit, i.e. the file's size once flushed */
-    int err;          /* sticky: once a write failed every later call returns it */
-};
-
-static int write_all(struct gguf_writer *w, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n > 0) {
-        ssize_t k = write(w->fd, b, n);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0)
-            return w->err = strata_errf(strata_errno(errno),
-                                        "%s: write failed after %" PRIu64 " bytes: %s", w->tmp,
-                                        w->written, strerror(errno));
-        b += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int flush(struct gguf_writer *w)
-{
-    int rv = write_all(w, w->buf, w->buf_len);
-    w->buf_len = 0;
-    return rv;
-}
-
-static int emit(struct gguf_writer *w, const void *p, size_t n)
-{
-    int rv;
-    if (w->buf_len + n > WBUF_BYTES && (rv = flush(w)) != 0) return rv;
-    if (n >= WBUF_BYTES) {
-        if ((rv = write_all(w, p, n)) != 0) return rv;
-    } else {
-        memcpy(w->buf + w->buf_len, p, n);
-        w->buf_len += n;
-    }
-    w->written += n;
-    return 0;
-}
-
-static int emit_zeros(struct gguf_writer *w, uint64_t n)
-{
-    static const uint8_t zeros[256];
-    int rv = 0;
-    while (n > 0 && !rv) {
-        size_t k = n < sizeof zeros ? (size_t)n : sizeof zeros;
-        rv = emit(w, zeros, k);
-        n -= k;
-    }
-    return rv;
-}
-
-static int emit_uint(struct gguf_writer *w, uint64_t v, size_t n)
-{
-    return emit(w, &v, n);
-}
-
-static int emit_str(struct gguf_writer *w, const char *s, uint64_t len)
-{
-    int rv = emit_uint(w, len, 8);
-    return rv ? rv : emit(w, s, len);
-}
-
-/* emit_value writes a value without its type tag (the caller wrote it, or the array's header did).
- */
-static int emit_value(struct gguf_writer *w, const struct gguf_value *v)
-{
-    int rv;
-    switch (v->type) {
-    case GGUF_STRING:
-        return emit_str(w, v->str.ptr, v->str.len);
-    case GGUF_ARRAY:
-        if ((rv = emit_uint(w, v->arr.type, 4)) != 0 || (rv = emit_uint(w, v->arr.n, 8)) != 0)
-            return rv;
-        if (gguf_vtype_size(v->arr.type))
-            return emit(w, v->arr.raw, v->arr.n * gguf_vtype_size(v->arr.type));
-        for (uint64_t i = 0; i < v->arr.n; i++)
-            if ((rv = emit_value(w, &v->arr.items[i])) != 0) return rv;
-        return 0;
-    case GGUF_FLOAT32: {
-        float f = (float)v->f;
-        return emit(w, &f, 4);
-    }
-    case GGUF_FLOAT64:
-        return emit(w, &v->f, 8);
-    case GGUF_BOOL:
-        return emit_uint(w, v->b, 1);
-    default:
-        return emit_uint(w, vtype_signed(v->type) ? (uint64_t)v->i : v->u,
-                         gguf_vtype_size(v->type));
-    }
-}
-
-/* value_copy deep-copies src into dst (owned), checking types and nesting as the reader would. On
- * failure dst owns nothing. */
-static int value_copy(struct gguf_value *dst, const struct gguf_value *src, int depth,
-                      const char *key)
-{
-    *dst = (struct gguf_value){.type = src->type};
-    if ((unsigned)src->type >= GGUF_VTYPE_COUNT)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: unknown value type %u", key,
-                           (unsigned)src->type);
-    if (src->type == GGUF_STRING) {
-        if (src->str.len && !src->str.ptr)
-            return strata_errf(STRATA_EINVAL,
-                               "GGUF key %s: string of %" PRIu64 " bytes has no data", key,
-                               src->str.len);
-        char *p = malloc(src->str.len ? src->str.len : 1);
-        if (!p)
-            return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " bytes", key,
-                               src->str.len);
-        if (src->str.len) memcpy(p, src->str.ptr, src->str.len);
-        dst->str = (struct gguf_str){p, src->str.len};
-        return 0;
-    }
-    if (src->type != GGUF_ARRAY) {
-        *dst = *src;
-        return 0;
-    }
-    enum gguf_vtype et = src->arr.type;
-    uint64_t n = src->arr.n;
-    if ((unsigned)et >= GGUF_VTYPE_COUNT)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: unknown array element type %u", key,
-                           (unsigned)et);
-    if (depth + 1 > GGUF_MAX_DEPTH)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: arrays nest deeper than %d levels", key,
-                           GGUF_MAX_DEPTH);
-    dst->arr.type = et;
-    size_t es = gguf_vtype_size(et);
-    if (es) {
-        if (n > SIZE_MAX / es)
-            return strata_errf(STRATA_EOVERFLOW,
-                               "GGUF key %s: array of %" PRIu64 " elements is too large", key, n);
-        if (n && !src->arr.raw)
-            return strata_errf(STRATA_EINVAL, "GGUF key %s: array of %" PRIu64 " %s has no data",
-                               key, n, gguf_vtype_name(et));
-        if (et == GGUF_BOOL)
-            for (uint64_t i = 0; i < n; i++)
-                if (src->arr.raw[i] > 1)
-                    return strata_errf(STRATA_EINVAL,
-                                       "GGUF key %s: bool element %" PRIu64 " is %u, not 0 or 1",
-                                       key, i, src->arr.raw[i]);
-        uint8_t *raw = malloc(n ? n * es : 1);
-        if (!raw)
-            return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " elements",
-                               key, n);
-        if (n) memcpy(raw, src->arr.raw, n * es);
-        dst->arr.raw = raw;
-        dst->arr.n = n;
-        return 0;
-    }
-    if (n && !src->arr.items)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: array of %" PRIu64 " %s has no items", key,
-                           n, gguf_vtype_name(et));
-    if (n == 0) return 0;
-    dst->arr.items = calloc(n, sizeof *dst->arr.items);
-    if (!dst->arr.items)
-        return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " items", key, n);
-    for (uint64_t i = 0; i < n; i++) {
-        int rv = 0;
-        if (src->arr.items[i].type != et)
-            rv = strata_errf(STRATA_EINVAL,
-                             "GGUF key %s: item %" PRIu64 " has type %s in an array of %s", key, i,
-                             gguf_vtype_name(src->arr.items[i].type), gguf_vtype_name(et));
-        else
-            rv = value_copy(&dst->arr.items[i], &src->arr.items[i], depth + 1, key);
-        if (rv) {
-            value_free(dst, true);
-            return rv;
-        }
-        dst->arr.n = i + 1;
-    }
-    return 0;
-}
-
-int gguf_writer_open(const char *path, uint32_t alignment, struct gguf_writer **out)
-{
-    if (alignment == 0) alignment = GGUF_DEFAULT_ALIGNMENT;
-    if (alignment & (alignment - 1))
-        return strata_errf(STRATA_EINVAL, "GGUF alignment %u is not a power of two", alignment);
-    int rv = 0;
-    struct gguf_writer *w = calloc(1, sizeof *w);
-    if (!w) return strata_errf(STRATA_ENOMEM, "no memory for a GGUF writer");
-    w->fd = -1;
-    w->alignment = alignment;
-    w->path = strdup(path);
-    w->tmp = malloc(strlen(path) + 5);
-    w->buf = malloc(WBUF_BYTES);
-    if (!w->path || !w->tmp || !w->buf) {
-        rv = strata_errf(STRATA_ENOMEM, "no memory for a GGUF writer");
-        goto fail;
-    }
-    sprintf(w->tmp, "%s.tmp", path);
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
-        rv = strata_errf(strata_errno(errno), "%s: cannot create: %s", w->tmp, strerror(errno));
-        goto fail;
-    }
-    if (alignment != GGUF_DEFAULT_ALIGNMENT &&
-        (rv = gguf_w_u32(w, "general.alignment", alignment)) != 0)
-        goto fail;
-    *out = w;
-    return 0;
-fail:
-    gguf_writer_abort(w);
-    return rv;
-}
-
-/* add_kv checks state and key, then copies v in. */
-static int add_kv(struct gguf_writer *w, const char *key, const struct gguf_value *v)
-{
-    if (w->err) return w->err;
-    if (w->begun)
-        return strata_errf(STRATA_ESTATE,
-                           "GGUF key %s: KV pairs must be set before gguf_writer_begin", key);
-    if (!key[0]) return strata_errf(STRATA_EINVAL, "GGUF keys must not be empty");
-    if (kv_find(w->kv, w->n_kv, key))
-        return strata_errf(STRATA_EEXIST, "GGUF key %s is set twice", key);
-    if (w->n_kv == w->cap_kv) {
-        uint64_t cap = w->cap_kv ? w->cap_kv * 2 : 32;
-        struct gguf_kv *kv = realloc(w->kv, cap * sizeof *kv);
-        if (!kv) return strata_errf(STRATA_ENOMEM, "no memory for %" PRIu64 " KV pairs", cap);
-        w->kv = kv;
-        w->cap_kv = cap;
-    }
-    struct gguf_kv *kv = &w->kv[w->n_kv];
-    kv->key = strdup(key);
-    if (!kv->key) return strata_errf(STRATA_ENOMEM, "no memory for GGUF key %s", key);
-    int rv = value_copy(&kv->val, v, 0, key);
-    if (rv) {
-        free(kv->key);
-        return rv;
-    }
-    w->n_kv++;
-    return 0;
-}
-
-int gguf_w_u32(struct gguf_writer *w, const char *key, uint32_t v)
-{
-    return add_kv(w, key, &(struct gguf_value){.type = GGUF_UINT32, .u = v});
-}
-
-int gguf_w_i32(struct gguf_writer *w, const char *key, int32_t v)
-{
-    return add_kv(w, key, &(struct gguf_value){.type = GGUF_INT32, .i = v});
-}
-
-int gguf_w_u64(struct gguf_writer *w, const char *key, uint64_t v)
-{
-    return add_kv(w, key, &(struct gguf_value){.type = GGUF_UINT64, .u = v});
-}
-
-int gguf_w_f32(struct gguf_writer *w, const char *key, float v)
-{
-    return add_kv(w, key, &(struct gguf_value){.type = GGUF_FLOAT32, .f = v});
-}
-
-int gguf_w_bool(struct gguf_writer *w, const char *key, bool v)
-{
-    return add_kv(w, key, &(struct gguf_value){.type = GGUF_BOOL, .b = v});
-}
-
-int gguf_w_strn(struct gguf_writer *w, const char *key, const char *v, uint64_t len)
-{
-    return add_kv(w, key, &(struct gguf_value){.type = GGUF_STRING, .str = {v, len}});
-}
-
-int gguf_w_str(struct gguf_writer *w, const char *key, const char *v)
-{
-    return gguf_w_strn(w, key, v, strlen(v));
-}
-
-int gguf_w_arr(struct gguf_writer *w, const char *key, enum gguf_vtype elem, uint64_t n,
-               const void *data)
-{
-    if (gguf_vtype_size(elem) == 0)
-        return strata_errf(STRATA_EINVAL, "GGUF key %s: gguf_w_arr takes scalar elements, not %s",
-                           key, gguf_vtype_name(elem));
-    struct gguf_value v = {.type = GGUF_ARRAY};
-    v.arr.type = elem;
-    v.arr.n = n;
-    v.arr.raw = data;
-    return add_kv(w, key, &v);
-}
-
-int gguf_w_arr_str(struct gguf_writer *w, const char *key, uint64_t n, const char *const *strs,
-                   const uint64_t *lens)
-{
-    if (n > SIZE_MAX / sizeof(struct gguf_value))
-        return strata_errf(STRATA_EOVERFLOW, "GGUF key %s: %" PRIu64 " strings is too many", key,
-                           n);
-    struct gguf_value v = {.type = GGUF_ARRAY};
-    v.arr.type = GGUF_STRING;
-    v.arr.n = n;
-    v.arr.items = calloc(n ? n : 1, sizeof *v.arr.items);
-    if (!v.arr.items)
-        return strata_errf(STRATA_ENOMEM, "GGUF key %s: no memory for %" PRIu64 " strings", key, n);
-    for (uint64_t i = 0; i < n; i++) {
-        v.arr.items[i].type = GGUF_STRING;
-        v.arr.items[i].str = (struct gguf_str){strs[i], lens ? lens[i] : strlen(strs[i])};
-    }
-    int rv = add_kv(w, key, &v);
-    free(v.arr.items);
-    return rv;
-}
-
-int gguf_w_value(struct gguf_writer *w, const char *key, const struct gguf_value *v)
-{
-    return add_kv(w, key, v);
-}
-
-int gguf_w_tensor(struct gguf_writer *w, const char *name, uint32_t type, uint32_t n_dims,
-                  const uint64_t *ne)
-{
-    if (w->err) return w->err;
-    if (w->begun)
-        return strata_errf(STRATA_ESTATE,
-                           "tensor %s: tensors must be declared before gguf_writer_begin", name);
-    if (!name[0]) return strata_errf(STRATA_EINVAL, "tensor names must not be empty");
-    const struct qtype_info *qt = qtype_get(type);
-    if (!qt) return strata_errf(STRATA_EINVAL, "tensor %s: unknown type %u", name, type);
-    if (n_dims < 1 || n_dims > GGUF_MAX_DIMS)
-        return strata_errf(STRATA_EINVAL, "tensor %s: %u dimensions; 1 to %d are allowed", name,
-                           n_dims, GGUF_MAX_DIMS);
-    struct gguf_tensor t = {.n_dims = n_dims, .type = type};
-    uint64_t elems = 1;
-    for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
-        t.ne[d] = d < n_dims ? ne[d] : 1;
-        if (t.ne[d] < 1 || t.ne[d] > (uint64_t)INT64_MAX / elems)
-            return strata_errf(t.ne[d] < 1 ? STRATA_EINVAL : STRATA_EOVERFLOW,
-                               "tensor %s: dimension %u is %" PRIu64
-                               ": it must be >= 1 and the element count "
-                               "must fit int64",
-                               name, d, t.ne[d]);
-        elems *= t.ne[d];
-    }
-    if (t.ne[0] % qt->blck)
-        return strata_errf(STRATA_EINVAL,
-                           "tensor %s: row length %" PRIu64
-                           " is not a multiple of the %s block size %u",
-                           name, t.ne[0], qt->name, qt->blck);
-    if (elems / qt->blck > (uint64_t)INT64_MAX / qt->bytes)
-        return strata_errf(STRATA_EOVERFLOW, "tensor %s: byte size overflows int64", name);
-    t.nbytes = elems / qt->blck * qt->bytes;
-    t.offset = round_up(w->data_end, w->alignment);
-    if (t.offset > (uint64_t)INT64_MAX - t.nbytes)
-        return strata_errf(STRATA_EOVERFLOW, "tensor %s: the data section would pass 2^63 bytes",
-                           name);
-    if (w->n_t == w->cap_t) {
-        uint64_t cap = w->cap_t ? w->cap_t * 2 : 64;
-        struct gguf_tensor *nt = realloc(w->t, cap * sizeof *nt);
-        if (!nt) return strata_errf(STRATA_ENOMEM, "no memory for %" PRIu64 " tensors", cap);
-        w->t = nt;
-        w->cap_t = cap;
-    }
-    int rv = nidx_reserve(&w->tidx, w->t, sizeof *w->t, w->n_t, w->n_t + 1);
-    if (rv) return rv;
-    t.name = strdup(name);
-    if (!t.name) return strata_errf(STRATA_ENOMEM, "no memory for tensor name %s", name);
-    w->t[w->n_t] = t;
-    if (nidx_add(&w->tidx, w->t, sizeof *w->t, w->n_t) >= 0) {
-        free(t.name);
-        return strata_errf(STRATA_EEXIST, "tensor %s is declared twice", name);
-    }
-    w->n_t++;
-    w->data_end = t.offset + t.nbytes;
-    return 0;
-}
-
-int gguf_writer_begin(struct gguf_writer *w)
-{
-    if (w->err) return w->err;
-    if (w->begun) return strata_errf(STRATA_ESTATE, "%s: gguf_writer_begin called twice", w->path);
-    w->begun = true;
-    int rv;
-    if ((rv = emit_uint(w, GGUF_MAGIC, 4)) || (rv = emit_uint(w, 3, 4)) ||
-        (rv = emit_uint(w, w->n_t, 8)) || (rv = emit_uint(w, w->n_kv, 8)))
-        return rv;
-    for (uint64_t i = 0; i < w->n_kv; i++) {
-        const struct gguf_kv *kv = &w->kv[i];
-        if ((rv = emit_str(w, kv->key, strlen(kv->key))) || (rv = emit_uint(w, kv->val.type, 4)) ||
-            (rv = emit_value(w, &kv->val)))
-            return rv;
-    }
-    for (uint64_t i = 0; i < w->n_t; i++) {
-        const struct gguf_tensor *t = &w->t[i];
-        if ((rv = emit_str(w, t->name, strlen(t->name))) || (rv = emit_uint(w, t->n_dims, 4)))
-            return rv;
-        for (uint32_t d = 0; d < t->n_dims; d++)
-            if ((rv = emit_uint(w, t->ne[d], 8)) != 0) return rv;
-        if ((rv = emit_uint(w, t->type, 4)) || (rv = emit_uint(w, t->offset, 8))) return rv;
-    }
-    return emit_zeros(w, round_up(w->written, w->alignment) - w->written);
-}
-
-int gguf_writer_data(struct gguf_writer *w, const void *buf, size_t n)
-{
-    if (w->err) return w->err;
-    if (!w->begun)
-        return strata_errf(STRATA_ESTATE, "%s: tensor data before gguf_writer_begin", w->path);
-    const uint8_t *p = buf;
-    while (n > 0) {
-        if (w->cur >= w->n_t)
-            return strata_errf(STRATA_EOVERFLOW,
-                               "%s: %zu bytes of data beyond the %" PRIu64 " declared tensors",
-                               w->path, n, w->n_t);
-        const struct gguf_tensor *t = &w->t[w->cur];
-        uint64_t left = t->nbytes - w->cur_done;
-        size_t k = n < left ? n : (size_t)left;
-        int rv = emit(w, p, k);
-        if (rv) return rv;
-        p += k;
-        n -= k;
-        w->cur_done += k;
-        if (w->cur_done == t->nbytes) {
-            if ((rv = emit_zeros(w, round_up(t->nbytes, w->alignment) - t->nbytes)) != 0) return rv;
-            w->cur++;
-            w->cur_done = 0;
-        }
-    }
-    return 0;
-}
-
-static void writer_free(struct gguf_writer *w)
-{
-    for (uint64_t i = 0; i < w->n_kv; i++) {
-        free(w->kv[i].key);
-        value_free(&w->kv[i].val, true);
-    }
-    free(w->kv);
-    for (uint64_t i = 0; i < w->n_t; i++)
-        free(w->t[i].name);
-    free(w->t);
-    free(w->tidx.slot);
-    free(w->buf);
-    free(w->path);
-    free(w->tmp);
-    free(w);
-}
-
-void gguf_writer_abort(struct gguf_writer *w)
-{
-    if (!w) return;
-    if (w->fd >= 0) {
-        close(w->fd);
-        unlink(w->tmp);
-    }
-    writer_free(w);
-}
-
-int gguf_writer_finish(struct gguf_writer *w)
-{
-    if (!w) return 0;
-    int rv = w->err;
-    if (!rv && !w->begun) rv = gguf_writer_begin(w);
-    if (!rv && w->cur < w->n_t) {
-        const struct gguf_tensor *t = &w->t[w->cur];
-        rv = strata_errf(STRATA_ETRUNC,
-                         "%s: tensor %s has %" PRIu64 " of its %" PRIu64 " bytes and %" PRIu64
-                         " more tensors have none: the file was not written",
-                         w->path, t->name, w->cur_done, t->nbytes, w->n_t - w->cur - 1);
-    }
-    if (!rv) rv = flush(w);
-    /* fsync before rename, so a crash leaves the old file or the whole new one, never a torn one.
-     */
-    if (!rv && fsync(w->fd) != 0)
-        rv = strata_errf(strata_errno(errno), "%s: fsync: %s", w->tmp, strerror(errno));
-    if (rv) {
-        gguf_writer_abort(w);
-        return rv;
-    }
-    int fd = w->fd;
-    w->fd = -1;
-    if (close(fd) != 0) {
-        rv = strata_errf(strata_errno(errno), "%s: close: %s", w->tmp, strerror(errno));
-    } else if (rename(w->tmp, w->path) != 0) {
-        rv = strata_errf(strata_errno(errno), "cannot rename %s to %s: %s", w->tmp, w->path,
-                         strerror(errno));
-    }
-    if (rv) unlink(w->tmp);
-    writer_free(w);
-    return rv;
 }
