@@ -1,0 +1,38 @@
+/* pool — a fixed set of compute threads that run one parallel loop at a time (the forward pass's
+ * matmuls, attention heads, expert rows).
+ *
+ * pool_for(n items) hands out chunks of `grain` consecutive items through one atomic counter, so
+ * a thread that got a core to itself takes more chunks than one sharing its core; items must be
+ * independent (distinct output rows), which is what keeps results independent of the split.
+ * The calling thread works too. Between loops workers spin for POOL_SPIN_US, then sleep on a
+ * condition variable: back-to-back loops of a forward pass start in microseconds, an idle pool
+ * costs nothing. Nothing is allocated after pool_start.
+ * One thread at a time calls pool_for (the owner of the pool); fn runs on every pool thread.
+ */
+#ifndef STRATA_POOL_H
+#define STRATA_POOL_H
+
+#include <stdint.h>
+
+#define POOL_SPIN_US 300 /* how long an idle worker polls for the next loop before sleeping */
+
+struct pool;
+
+/* pool_fn runs items [lo, hi) on pool thread `thread` (0 = the caller, 1..n_threads-1). */
+typedef void (*pool_fn)(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread);
+
+/* pool_start starts n_threads - 1 workers (n_threads 0 means 1: no workers). Errors:
+ * STRATA_ENOMEM, an errno code from pthread_create. Caller owns *out (pool_close). */
+int pool_start(uint32_t n_threads, struct pool **out);
+
+/* pool_close stops and joins the workers; NULL is fine. */
+void pool_close(struct pool *p);
+
+/* pool_threads: n_threads as started, the caller included. */
+uint32_t pool_threads(const struct pool *p);
+
+/* pool_for runs fn over items [0, n) in chunks of grain (0 means 1) and returns when every item
+ * is done. Runs inline when there is one thread or one chunk. */
+void pool_for(struct pool *p, uint32_t n, uint32_t grain, pool_fn fn, void *ctx);
+
+#endif
