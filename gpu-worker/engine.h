@@ -113,7 +113,8 @@ struct engine_status {
     uint32_t kv_blocks_free; /* free, cached ones included */
     uint32_t kv_blocks_cached; /* of the free ones, kept for the prefix cache */
     uint32_t kv_blocks_total;
-    double tokens_per_s;     /* tokens computed per second over the last windows (EWMA) */
+    double tokens_per_s;     /* tokens computed (prompt and generated) per second, over the
+                                last second or so */
     uint64_t windows;        /* forward passes run */
     uint64_t tokens_generated;
     uint64_t tokens_prefilled; /* computed prompt positions (cached ones excluded) */

@@ -1,0 +1,743 @@
+#include "gpu-worker/engine.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "gpu-worker/fwd.h"
+#include "gpu-worker/kv.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A request. Fields marked (loop) belong to the decode thread once the request is queued; the
+ * rest are shared and read or written under engine.mu. Only the decode thread frees a request. */
+struct ereq {
+    struct ereq *next; /* engine.all */
+    char id[ENGINE_ID_MAX + 1];
+    struct sample_params sp; /* n_logprobs set from logprobs/n_top */
+    int32_t stop[ENGINE_MAX_STOP];
+    uint32_t n_stop;
+    bool logprobs;
+    uint32_t max_new;   /* tokens this request may generate: max_tokens capped by the context */
+    uint32_t gen_start; /* hist index of the first generated token (resumed ones included) */
+    uint32_t n_prompt;  /* prompt ids as submitted */
+    /* (loop) */
+    int32_t *hist;   /* prompt, then generated tokens: room for n_prompt + max_new */
+    uint32_t n_hist;
+    struct kv_seq seq;  /* hist[0 .. seq.n_tokens) are in the cache */
+    uint32_t n_pub;     /* blocks of seq published to the prefix cache */
+    uint64_t pub_key;   /* the last published block's key */
+    uint32_t resv;      /* blocks reserved at admission: the sequence may grow to this many */
+    uint32_t plan_blocks; /* blocks the window being planned takes for it */
+    bool fresh;         /* admitted and no token sampled since: prefill timing runs */
+    uint32_t n_admit;   /* n_hist at admission: positions below it are prefill */
+    /* shared */
+    enum { RQ_QUEUED, RQ_RUNNING, RQ_DONE } state;
+    bool cancel;
+    struct engine_token *out; /* generated tokens */
+    uint32_t n_out, cap_out;
+    enum engine_finish finish;
+    int error;
+    char error_msg[256];
+    int64_t lease_end;  /* ns, CLOCK_MONOTONIC */
+    int64_t t_queued, t_admit, t_first, t_last;
+    struct engine_timings tm;
+};
+
+/* One request's share of a window: hist[from .. from+n) fed, then maybe a token sampled. */
+struct item {
+    struct ereq *r;
+    uint32_t from, n;
+    bool sampled;
+    int err; /* the sampler's error */
+    struct sample_result res;
+};
+
+struct engine {
+    struct model mc; /* the borrowed model's table with the heat-counting resolver */
+    const struct model *m;
+    struct engine_opts o;
+    struct kv_cache *kv;
+    struct fwd *fwd;
+    struct sample *smp;   /* the loop's sampler */
+    struct sample *check; /* a one-token sampler that validates parameters at submit (under mu) */
+    uint32_t bt;          /* positions per KV block */
+    uint32_t n_ctx;
+    pthread_t th;
+    bool th_started;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    bool stop;
+    struct ereq *all;       /* every request (queued, running, finished) */
+    struct ereq **waiting;  /* FIFO; preempted requests go back to the front */
+    uint32_t n_waiting, cap_waiting;
+    struct ereq **running;  /* admission order: the last is the youngest (loop, counted under mu) */
+    uint32_t n_running;
+    uint32_t n_finished;
+    /* (loop) window scratch */
+    struct item *items;
+    uint32_t n_items;
+    struct fwd_token *toks;
+    float *logits;          /* (max_running, n_vocab) */
+    /* counters, under mu */
+    _Atomic uint64_t epoch;
+    struct engine_status st;
+    uint64_t rate_tokens;   /* tokens computed since rate_t0 */
+    int64_t rate_t0;
+};
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static double ms(int64_t ns)
+{
+    return (double)ns / 1e6;
+}
+
+static uint32_t blocks_for(const struct engine *e, uint32_t n_tokens)
+{
+    return (n_tokens + e->bt - 1) / e->bt;
+}
+
+/* route counts heat: the pass resolves each expert it computes once per window, at its GATE. */
+static const void *route(void *ctx, uint32_t layer, uint32_t expert, enum model_part part)
+{
+    struct engine *e = ctx;
+    if (part == MODEL_PART_GATE) e->o.on_route(e->o.route_ctx, layer, expert, 1);
+    return e->m->expert_part(e->m->expert_ctx, layer, expert, part);
+}
+
+static struct ereq *lookup(const struct engine *e, const char *id)
+{
+    /* O(n) scan: the table holds max_running + max_queue live requests plus finished ones for
+     * one lease; fine below a few thousand. */
+    for (struct ereq *r = e->all; r; r = r->next)
+        if (strcmp(r->id, id) == 0) return r;
+    return NULL;
+}
+
+static void req_free(struct engine *e, struct ereq *r)
+{
+    kv_seq_fini(e->kv, &r->seq);
+    free(r->hist);
+    free(r->out);
+    free(r);
+}
+
+/* ---- state changes (loop thread, under mu) --------------------------------------------------- */
+
+static void remove_running(struct engine *e, struct ereq *r)
+{
+    for (uint32_t i = 0; i < e->n_running; i++)
+        if (e->running[i] == r) {
+            memmove(e->running + i, e->running + i + 1,
+                    (e->n_running - i - 1) * sizeof *e->running);
+            e->n_running--;
+            return;
+        }
+}
+
+static void remove_waiting(struct engine *e, struct ereq *r)
+{
+    for (uint32_t i = 0; i < e->n_waiting; i++)
+        if (e->waiting[i] == r) {
+            memmove(e->waiting + i, e->waiting + i + 1,
+                    (e->n_waiting - i - 1) * sizeof *e->waiting);
+            e->n_waiting--;
+            return;
+        }
+}
+
+/* finish ends r: its blocks go back (published ones stay cached), its tokens stay pollable. */
+static void finish(struct engine *e, struct ereq *r, enum engine_finish why, int err)
+{
+    if (r->state == RQ_DONE) return;
+    if (r->state == RQ_RUNNING) remove_running(e, r);
+    else remove_waiting(e, r);
+    kv_seq_fini(e->kv, &r->seq);
+    r->state = RQ_DONE;
+    r->finish = why;
+    r->t_last = now_ns();
+    if (err) {
+        r->error = err;
+        snprintf(r->error_msg, sizeof r->error_msg, "%s: %s", strata_strerror(err),
+                 strata_errdetail());
+    }
+    e->n_finished++;
+}
+
+/* preempt frees r's blocks and puts it at the head of the queue with its history, to be
+ * recomputed (most of it from the prefix cache when its blocks were not evicted meanwhile). */
+static void preempt(struct engine *e, struct ereq *r)
+{
+    remove_running(e, r);
+    kv_seq_fini(e->kv, &r->seq);
+    r->n_pub = 0;
+    r->pub_key = KV_PREFIX_ROOT;
+    r->resv = r->plan_blocks = 0;
+    r->state = RQ_QUEUED;
+    r->t_queued = now_ns();
+    r->tm.n_preempted++;
+    memmove(e->waiting + 1, e->waiting, e->n_waiting * sizeof *e->waiting);
+    e->waiting[0] = r;
+    e->n_waiting++;
+    e->st.preemptions++;
+    LOG_DEBUG("engine: preempted %s at %u positions", r->id, r->n_hist);
+}
+
+/* outstanding: blocks promised to running requests other than skip and not yet taken. */
+static uint32_t outstanding(const struct engine *e, const struct ereq *skip)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < e->n_running; i++) {
+        const struct ereq *q = e->running[i];
+        uint32_t held = q->seq.n_blocks + q->plan_blocks;
+        if (q != skip && q->resv > held) n += q->resv - held;
+    }
+    return n;
+}
+
+/* admit tries to start the head of the queue: attach its cached prefix, then reserve blocks for
+ * its history plus a share of what it may still generate. */
+static bool admit(struct engine *e, struct ereq *r)
+{
+    uint32_t n_blocks = 0;
+    uint64_t key = KV_PREFIX_ROOT;
+    /* At least the last position is computed: its logits pick the next token. */
+    if (!e->o.no_prefix_cache &&
+        kv_prefix_attach(e->kv, &r->seq, r->hist, r->n_hist, (r->n_hist - 1) / e->bt, &n_blocks,
+                         &key) != 0)
+        return false;
+    uint32_t left = r->max_new - (r->n_hist - r->n_prompt);
+    uint64_t want = r->n_hist + ((uint64_t)left * e->o.reserve_pct + 99) / 100;
+    uint32_t resv = blocks_for(e, want < e->n_ctx ? (uint32_t)want : e->n_ctx);
+    const uint32_t total = kv_config_of(e->kv)->max_blocks;
+    if (resv > total) resv = total;
+    uint32_t avail = kv_blocks_free(e->kv), owed = outstanding(e, NULL);
+    if (resv - n_blocks > (avail > owed ? avail - owed : 0)) {
+        kv_seq_fini(e->kv, &r->seq);
+        return false;
+    }
+    r->resv = resv;
+    r->n_pub = n_blocks;
+    r->pub_key = key;
+    r->fresh = true;
+    r->n_admit = r->n_hist;
+    r->state = RQ_RUNNING;
+    r->t_admit = now_ns();
+    r->tm.queue_ms += ms(r->t_admit - r->t_queued);
+    r->tm.n_prefilled += n_blocks * e->bt;
+    r->tm.n_cached += n_blocks * e->bt;
+    e->st.prefix_hits += n_blocks * e->bt;
+    e->running[e->n_running++] = r;
+    return true;
+}
+
+/* sweep ends cancelled and lapsed requests, forgets finished ones whose lease lapsed and admits
+ * from the queue. Returns whether anything changed. */
+static bool sweep(struct engine *e)
+{
+    const int64_t now = now_ns();
+    bool changed = false;
+    for (struct ereq **p = &e->all; *p;) {
+        struct ereq *r = *p;
+        bool lapsed = now > r->lease_end;
+        if (r->state != RQ_DONE && (r->cancel || lapsed)) {
+            finish(e, r, ENGINE_FINISH_CANCELLED, 0);
+            if (lapsed) e->st.lapsed++;
+            changed = true;
+        }
+        if (r->state == RQ_DONE && lapsed) {
+            *p = r->next;
+            e->n_finished--;
+            req_free(e, r);
+            changed = true;
+            continue;
+        }
+        p = &r->next;
+    }
+    while (e->n_waiting && e->n_running < e->o.max_running && admit(e, e->waiting[0])) {
+        memmove(e->waiting, e->waiting + 1, (e->n_waiting - 1) * sizeof *e->waiting);
+        e->n_waiting--;
+        changed = true;
+    }
+    return changed;
+}
+
+/* ---- one window ------------------------------------------------------------------------------ */
+
+static void unplan(struct engine *e, struct ereq *r, uint32_t *budget)
+{
+    for (uint32_t i = 0; i < e->n_items; i++)
+        if (e->items[i].r == r) {
+            *budget += e->items[i].n;
+            memmove(e->items + i, e->items + i + 1, (e->n_items - i - 1) * sizeof *e->items);
+            e->n_items--;
+            return;
+        }
+}
+
+/* plan_one adds n tokens of r to the window if the blocks they need can be had: within r's
+ * reservation, or from blocks nobody has been promised, or by preempting the youngest running
+ * request. Returns false when r itself was preempted or ended. */
+static bool plan_one(struct engine *e, struct ereq *r, uint32_t n, uint32_t *budget)
+{
+    const uint32_t need = blocks_for(e, r->seq.n_tokens + n) - r->seq.n_blocks;
+    for (;;) {
+        uint32_t planned = 0;
+        for (uint32_t i = 0; i < e->n_items; i++) planned += e->items[i].r->plan_blocks;
+        uint32_t avail = kv_blocks_free(e->kv) - planned, owed = outstanding(e, r);
+        if (need <= (avail > owed ? avail - owed : 0)) break;
+        struct ereq *victim = e->running[e->n_running - 1];
+        if (victim == r && e->n_running == 1) {
+            strata_errf(STRATA_ENOSPC,
+                        "request %s needs %u KV blocks at %u positions and the pool has %u: "
+                        "raise the KV cache or lower max_tokens",
+                        r->id, blocks_for(e, r->seq.n_tokens + n), r->seq.n_tokens + n,
+                        kv_config_of(e->kv)->max_blocks);
+            finish(e, r, ENGINE_FINISH_ERROR, STRATA_ENOSPC);
+            return false;
+        }
+        unplan(e, victim, budget);
+        victim->plan_blocks = 0;
+        preempt(e, victim);
+        if (victim == r) return false;
+    }
+    r->plan_blocks = need;
+    e->items[e->n_items++] = (struct item){.r = r, .from = r->seq.n_tokens, .n = n};
+    *budget -= n;
+    return true;
+}
+
+/* plan fills the window: a decode step for each request that has sampled its last token, then
+ * prompt chunks, oldest request first, up to max_batch_tokens. */
+static void plan(struct engine *e)
+{
+    uint32_t budget = e->o.max_batch_tokens;
+    e->n_items = 0;
+    for (uint32_t i = 0; i < e->n_running; i++) e->running[i]->plan_blocks = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (uint32_t i = 0; i < e->n_running && budget; i++) {
+            struct ereq *r = e->running[i];
+            uint32_t left = r->n_hist - r->seq.n_tokens;
+            if ((pass == 0) != (left == 1)) continue;
+            if (!plan_one(e, r, left < budget ? left : budget, &budget))
+                i--; /* r left the running list: the next one moved into slot i */
+        }
+}
+
+/* compute runs the window's forward pass and samples (outside the lock). Returns the error of
+ * the pass, which ends every request of the window. */
+static int compute(struct engine *e, uint32_t *n_tok)
+{
+    uint32_t n = 0, rows = 0;
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        struct item *it = &e->items[i];
+        struct ereq *r = it->r;
+        it->sampled = it->from + it->n == r->n_hist;
+        for (uint32_t j = 0; j < it->n; j++)
+            e->toks[n++] = (struct fwd_token){&r->seq, r->hist[it->from + j],
+                                              it->sampled && j + 1 == it->n};
+    }
+    *n_tok = n;
+    int rv = fwd_eval(e->fwd, e->toks, n, e->logits);
+    if (rv) return rv;
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        struct item *it = &e->items[i];
+        struct ereq *r = it->r;
+        /* Full blocks go to the prefix cache; a block is full once the window wrote it. */
+        while (!e->o.no_prefix_cache && (r->n_pub + 1) * e->bt <= r->seq.n_tokens) {
+            r->pub_key = kv_prefix_publish(e->kv, &r->seq, r->n_pub, r->pub_key,
+                                           r->hist + (size_t)r->n_pub * e->bt);
+            r->n_pub++;
+        }
+        if (!it->sampled) continue;
+        /* Penalties see the last generated tokens, those inside a resumed prompt included. */
+        uint32_t w0 = r->n_hist - r->gen_start > ENGINE_PENALTY_WINDOW
+                          ? r->n_hist - ENGINE_PENALTY_WINDOW
+                          : r->gen_start;
+        const float *lg = e->logits + (size_t)rows++ * e->m->hp.n_vocab;
+        it->err = sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0, r->n_hist,
+                               &it->res);
+        if (!it->err) r->hist[r->n_hist++] = it->res.id;
+    }
+    return 0;
+}
+
+static bool is_stop(const struct ereq *r, int32_t id)
+{
+    for (uint32_t i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == id) return true;
+    return false;
+}
+
+/* apply publishes the window's tokens and ends requests that stopped (under mu). */
+static void apply(struct engine *e, int rv, uint32_t n_tok)
+{
+    const int64_t now = now_ns();
+    e->st.windows++;
+    e->rate_tokens += n_tok;
+    if (now - e->rate_t0 >= 1000000000) {
+        e->st.tokens_per_s = (double)e->rate_tokens * 1e9 / (double)(now - e->rate_t0);
+        e->rate_tokens = 0;
+        e->rate_t0 = now;
+    }
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        const struct item *it = &e->items[i];
+        struct ereq *r = it->r;
+        if (rv) {
+            finish(e, r, ENGINE_FINISH_ERROR, rv);
+            continue;
+        }
+        uint32_t end = it->from + it->n < r->n_admit ? it->from + it->n : r->n_admit;
+        if (end > it->from) {
+            r->tm.n_prefilled += end - it->from;
+            e->st.tokens_prefilled += end - it->from;
+        }
+        if (!it->sampled) continue;
+        const struct sample_result *s = &it->res;
+        if (it->err) {
+            finish(e, r, ENGINE_FINISH_ERROR, it->err);
+            continue;
+        }
+        if (r->n_out == r->cap_out) {
+            uint32_t cap = r->cap_out ? 2 * r->cap_out : 16;
+            struct engine_token *o = realloc(r->out, (size_t)cap * sizeof *o);
+            if (!o) {
+                finish(e, r, ENGINE_FINISH_ERROR,
+                       strata_errf(STRATA_ENOMEM, "out of memory for %u tokens", cap));
+                continue;
+            }
+            r->out = o;
+            r->cap_out = cap;
+        }
+        struct engine_token *t = &r->out[r->n_out++];
+        memset(t, 0, sizeof *t);
+        t->id = s->id;
+        if (r->logprobs) {
+            t->logprob = s->logprob;
+            t->n_top = s->n_top;
+            memcpy(t->top, s->top, s->n_top * sizeof *s->top);
+        }
+        e->st.tokens_generated++;
+        if (r->fresh) {
+            r->fresh = false;
+            r->tm.prefill_ms += ms(now - r->t_admit);
+            if (!r->t_first) r->t_first = now;
+        }
+        if (is_stop(r, s->id)) finish(e, r, ENGINE_FINISH_STOP, 0);
+        else if (r->n_hist - r->n_prompt == r->max_new) finish(e, r, ENGINE_FINISH_LENGTH, 0);
+    }
+}
+
+/* gauge copies the cache's counts for engine_status: the pool changes outside the lock during a
+ * window, so other threads read this copy. */
+static void gauge(struct engine *e)
+{
+    e->st.kv_blocks_total = kv_config_of(e->kv)->max_blocks;
+    e->st.kv_blocks_free = kv_blocks_free(e->kv);
+    e->st.kv_blocks_cached = kv_blocks_cached(e->kv);
+    e->st.kv_blocks_used = e->st.kv_blocks_total - e->st.kv_blocks_free;
+}
+
+static void notify(struct engine *e)
+{
+    atomic_fetch_add(&e->epoch, 1);
+    if (e->o.on_window) e->o.on_window(e->o.window_ctx);
+}
+
+static void *loop(void *arg)
+{
+    struct engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        if (e->stop) break;
+        bool changed = sweep(e);
+        gauge(e);
+        if (!e->n_running) {
+            pthread_mutex_unlock(&e->mu);
+            if (changed) notify(e);
+            pthread_mutex_lock(&e->mu);
+            if (e->stop) break;
+            /* Idle: wake on submit or cancel, and often enough to end lapsed leases. */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += 50000000;
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            if (e->all) pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+            else pthread_cond_wait(&e->wake, &e->mu);
+            continue;
+        }
+        plan(e);
+        uint32_t n_tok = 0;
+        int rv = 0;
+        if (e->n_items) {
+            pthread_mutex_unlock(&e->mu);
+            rv = compute(e, &n_tok);
+            pthread_mutex_lock(&e->mu);
+            apply(e, rv, n_tok);
+            gauge(e);
+        }
+        if (rv) LOG_ERROR("engine: a window of %u tokens failed: %s", n_tok, strata_errdetail());
+        pthread_mutex_unlock(&e->mu);
+        notify(e);
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- API ------------------------------------------------------------------------------------- */
+
+int engine_start(const struct model *m, const struct engine_opts *o, struct engine **out)
+{
+    struct engine *e = calloc(1, sizeof *e);
+    if (!e) return strata_errf(STRATA_ENOMEM, "out of memory for the engine");
+    int rv;
+    e->m = m;
+    e->mc = *m;
+    e->o = *o;
+    if (!e->o.max_running) e->o.max_running = 16;
+    if (!e->o.max_queue) e->o.max_queue = 64;
+    if (!e->o.max_batch_tokens) e->o.max_batch_tokens = 256;
+    if (!e->o.reserve_pct) e->o.reserve_pct = 25;
+    if (!e->o.orphan_timeout_ms) e->o.orphan_timeout_ms = 10000;
+    if (e->o.max_batch_tokens < e->o.max_running)
+        e->o.max_batch_tokens = e->o.max_running; /* room for every running request's step */
+    if (e->o.on_route) model_set_expert_resolver(&e->mc, route, e);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    struct kv_config kc;
+    fwd_kv_config(m, o->n_ctx, e->o.max_running, &kc);
+    if (o->kv_blocks) kc.max_blocks = o->kv_blocks;
+    e->bt = kc.block_tokens;
+    e->n_ctx = kc.n_ctx;
+    struct fwd_opts fo = {.n_threads = o->n_threads, .max_tokens = e->o.max_batch_tokens};
+    if ((rv = kv_init(&kc, &e->kv)) != 0 || (rv = fwd_start(&e->mc, e->kv, &fo, &e->fwd)) != 0 ||
+        (rv = sample_init(m->hp.n_vocab, &e->smp)) != 0 || (rv = sample_init(1, &e->check)) != 0)
+        goto fail;
+    e->cap_waiting = e->o.max_queue + e->o.max_running;
+    e->waiting = calloc(e->cap_waiting, sizeof *e->waiting);
+    e->running = calloc(e->o.max_running, sizeof *e->running);
+    e->items = calloc(e->o.max_running, sizeof *e->items);
+    e->toks = calloc(e->o.max_batch_tokens, sizeof *e->toks);
+    e->logits = malloc((size_t)e->o.max_running * m->hp.n_vocab * sizeof *e->logits);
+    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for an engine of %u sequences",
+                         e->o.max_running);
+        goto fail;
+    }
+    e->rate_t0 = now_ns();
+    int err = pthread_create(&e->th, NULL, loop, e);
+    if (err) {
+        rv = strata_errf(strata_errno(err), "cannot start the decode thread");
+        goto fail;
+    }
+    e->th_started = true;
+    *out = e;
+    return 0;
+fail:
+    engine_stop(e);
+    return rv;
+}
+
+void engine_stop(struct engine *e)
+{
+    if (!e) return;
+    if (e->th_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_signal(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->th, NULL);
+    }
+    while (e->all) {
+        struct ereq *r = e->all;
+        e->all = r->next;
+        req_free(e, r);
+    }
+    fwd_close(e->fwd);
+    kv_fini(e->kv);
+    sample_fini(e->smp);
+    sample_fini(e->check);
+    free(e->waiting);
+    free(e->running);
+    free(e->items);
+    free(e->toks);
+    free(e->logits);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    free(e);
+}
+
+/* check_req validates what needs no lock. */
+static int check_req(const struct engine *e, const struct engine_req *r)
+{
+    const uint32_t V = e->m->hp.n_vocab;
+    size_t id_len = r->id ? strnlen(r->id, ENGINE_ID_MAX + 1) : 0;
+    if (id_len == 0 || id_len > ENGINE_ID_MAX)
+        return strata_errf(STRATA_EINVAL, "a request id must have 1 to %d bytes", ENGINE_ID_MAX);
+    if (r->n_prompt == 0 || !r->prompt)
+        return strata_errf(STRATA_EINVAL, "request %s has an empty prompt", r->id);
+    if (r->n_prompt >= e->n_ctx)
+        return strata_errf(STRATA_ELIMIT,
+                           "request %s: a prompt of %u tokens leaves no room in the context of "
+                           "%u: shorten it or raise the context",
+                           r->id, r->n_prompt, e->n_ctx);
+    const uint32_t pool = kv_config_of(e->kv)->max_blocks;
+    if (blocks_for(e, r->n_prompt + 1) > pool)
+        return strata_errf(STRATA_ELIMIT,
+                           "request %s: a prompt of %u tokens needs %u KV blocks, the pool has "
+                           "%u: shorten it or raise the KV cache",
+                           r->id, r->n_prompt, blocks_for(e, r->n_prompt + 1), pool);
+    if (r->n_generated > r->n_prompt || r->n_stop > ENGINE_MAX_STOP ||
+        r->n_top > SAMPLE_MAX_LOGPROBS || (r->n_stop && !r->stop))
+        return strata_errf(STRATA_EINVAL,
+                           "request %s: n_generated %u (prompt %u), %u stop ids (at most %d), "
+                           "n_top %u (at most %d)",
+                           r->id, r->n_generated, r->n_prompt, r->n_stop, ENGINE_MAX_STOP,
+                           r->n_top, SAMPLE_MAX_LOGPROBS);
+    for (uint32_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= V)
+            return strata_errf(STRATA_EINVAL,
+                               "request %s: prompt token %u is %d, outside the vocabulary of %u",
+                               r->id, i, r->prompt[i], V);
+    return 0;
+}
+
+static struct ereq *req_new(const struct engine *e, const struct engine_req *q)
+{
+    struct ereq *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    uint32_t room = e->n_ctx - q->n_prompt;
+    r->max_new = q->max_tokens && q->max_tokens < room ? q->max_tokens : room;
+    r->hist = malloc(((size_t)q->n_prompt + r->max_new) * sizeof *r->hist);
+    if (!r->hist) {
+        free(r);
+        return NULL;
+    }
+    memcpy(r->id, q->id, strlen(q->id) + 1);
+    memcpy(r->hist, q->prompt, q->n_prompt * sizeof *r->hist);
+    r->n_hist = r->n_prompt = q->n_prompt;
+    r->gen_start = q->n_prompt - q->n_generated;
+    r->sp = q->sp;
+    r->sp.n_logprobs = q->logprobs ? q->n_top : 0;
+    r->logprobs = q->logprobs;
+    r->n_stop = q->n_stop;
+    if (q->n_stop) memcpy(r->stop, q->stop, q->n_stop * sizeof *r->stop);
+    kv_seq_init(&r->seq);
+    r->pub_key = KV_PREFIX_ROOT;
+    return r;
+}
+
+int engine_submit(struct engine *e, const struct engine_req *q)
+{
+    int rv = check_req(e, q);
+    if (rv) return rv;
+    const int64_t now = now_ns();
+    pthread_mutex_lock(&e->mu);
+    struct ereq *r = lookup(e, q->id);
+    if (r) {
+        r->lease_end = now + (int64_t)e->o.orphan_timeout_ms * 1000000;
+        goto out;
+    }
+    const float zero = 0.0f;
+    struct sample_result sr;
+    struct sample_params sp = q->sp;
+    sp.n_logprobs = 0;
+    if ((rv = sample_token(e->check, &sp, &zero, NULL, 0, 0, &sr)) != 0) goto out;
+    if (e->n_waiting >= e->o.max_queue) {
+        rv = strata_errf(STRATA_EBUSY,
+                         "request %s: %u requests are waiting (the queue's limit) behind %u "
+                         "running: retry later or raise the queue",
+                         q->id, e->n_waiting, e->n_running);
+        goto out;
+    }
+    if (!(r = req_new(e, q))) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for request %s of %u tokens", q->id,
+                         q->n_prompt);
+        goto out;
+    }
+    r->lease_end = now + (int64_t)e->o.orphan_timeout_ms * 1000000;
+    r->t_queued = now;
+    r->state = RQ_QUEUED;
+    r->next = e->all;
+    e->all = r;
+    e->waiting[e->n_waiting++] = r;
+    pthread_cond_signal(&e->wake);
+out:
+    pthread_mutex_unlock(&e->mu);
+    return rv;
+}
+
+int engine_poll(struct engine *e, const char *id, uint32_t from, struct engine_update *out)
+{
+    const int64_t now = now_ns();
+    pthread_mutex_lock(&e->mu);
+    struct ereq *r = lookup(e, id);
+    if (!r) {
+        pthread_mutex_unlock(&e->mu);
+        return strata_errf(STRATA_ENOENT, "no request %s: never submitted, or forgotten after "
+                           "its lease lapsed",
+                           id);
+    }
+    r->lease_end = now + (int64_t)e->o.orphan_timeout_ms * 1000000;
+    uint32_t n = from < r->n_out ? r->n_out - from : 0;
+    if (n > out->cap) n = out->cap;
+    if (n) memcpy(out->toks, r->out + from, n * sizeof *out->toks);
+    out->n = n;
+    out->n_total = r->n_out;
+    out->finish = r->state == RQ_DONE && from + n >= r->n_out ? r->finish : ENGINE_FINISH_NONE;
+    out->error = r->error;
+    memcpy(out->error_msg, r->error_msg, sizeof out->error_msg);
+    out->seed = r->sp.seed;
+    out->t = r->tm;
+    if (r->state == RQ_QUEUED) out->t.queue_ms += ms(now - r->t_queued);
+    if (r->state == RQ_RUNNING && r->fresh) out->t.prefill_ms += ms(now - r->t_admit);
+    if (r->t_first) out->t.decode_ms = ms((r->state == RQ_DONE ? r->t_last : now) - r->t_first);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+int engine_cancel(struct engine *e, const char *id)
+{
+    pthread_mutex_lock(&e->mu);
+    struct ereq *r = lookup(e, id);
+    if (r) {
+        r->cancel = true;
+        pthread_cond_signal(&e->wake);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return r ? 0 : strata_errf(STRATA_ENOENT, "no request %s to cancel", id);
+}
+
+void engine_status(struct engine *e, struct engine_status *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->st;
+    /* An idle engine's rate decays instead of keeping its last busy second's figure. */
+    const int64_t idle = now_ns() - e->rate_t0;
+    if (idle > 2000000000) out->tokens_per_s = (double)e->rate_tokens * 1e9 / (double)idle;
+    out->running = e->n_running;
+    out->queued = e->n_waiting;
+    out->finished = e->n_finished;
+    pthread_mutex_unlock(&e->mu);
+}
+
+uint64_t engine_epoch(struct engine *e)
+{
+    return atomic_load(&e->epoch);
+}
