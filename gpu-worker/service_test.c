@@ -1,0 +1,568 @@
+/* service_test — strata-worker at the protocol level: the service and worker run inside the test
+ * (nng only inside tests), clients speak through common/wclient.h or raw ipc calls. A tiny qwen3moe
+ * fixture is written once before the tests fork; each test uses its own runtime directory. */
+#include "arena-server/arena_serve.h"
+#include "common/arena.h"
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/ipc.h"
+#include "common/msg.h"
+#include "common/wclient.h"
+#include "gpu-worker/worker.h"
+#include "tests/testutil.h"
+#include "tools/fixture.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define N_CTX      256
+#define N_STREAMS  16
+#define GEN_TOKENS 24
+
+static char g_model[600];
+
+/* rundir makes a fresh runtime directory for a test. */
+static const char *rundir(const char *tag)
+{
+    static char dir[700];
+    snprintf(dir, sizeof dir, "%s/run-%s", test_tmpdir(), tag);
+    mkdir(dir, 0700);
+    return dir;
+}
+
+static struct worker *start(const char *run, int orphan_s)
+{
+    struct worker_config c = {.model = g_model,
+                              .runtime_dir = run,
+                              .ctx = N_CTX,
+                              .max_seqs = N_STREAMS,
+                              .orphan_timeout_s = orphan_s,
+                              .watchdog_ms = -1};
+    struct worker *w;
+    int rv = worker_init(&c, &w);
+    ck_assert_msg(rv == 0, "worker_init: %s: %s", strata_strerror(rv), strata_errdetail());
+    return w;
+}
+
+static struct wclient *client(const char *url)
+{
+    struct wclient_opts o = {.timeout_ms = 3000, .poll_wait_ms = 1000, .resume_wait_ms = 15000};
+    struct wclient *c;
+    ck_assert_int_eq(wclient_open(url, &o, &c), 0);
+    return c;
+}
+
+/* prompt_of fills a prompt that differs per k. */
+static void prompt_of(int k, int32_t *p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) p[i] = (int32_t)((k * 131 + i * 17 + 5) % 200 + 1);
+}
+
+static void req_of(struct wclient_req *r, const char *id, const int32_t *prompt, uint32_t n,
+                   uint32_t max_tokens)
+{
+    memset(r, 0, sizeof *r);
+    r->id = id;
+    r->prompt = prompt;
+    r->n_prompt = n;
+    r->max_tokens = max_tokens;
+    wclient_sampling_default(&r->sampling);
+}
+
+/* run_stream streams r to its end and returns how many ids it wrote to out (cap max_tokens). */
+static uint32_t run_stream(struct wclient *c, const struct wclient_req *r, int32_t *out,
+                           enum wclient_finish *fin)
+{
+    struct wclient_stream *s;
+    int rv = wclient_stream_start(c, r, &s);
+    ck_assert_msg(rv == 0, "stream_start %s: %s: %s", r->id, strata_strerror(rv),
+                  strata_errdetail());
+    uint32_t n = 0;
+    const struct wclient_update *u;
+    do {
+        rv = wclient_stream_next(s, &u);
+        ck_assert_msg(rv == 0, "stream_next %s: %s: %s", r->id, strata_strerror(rv),
+                      strata_errdetail());
+        ck_assert_uint_eq(u->from, n);
+        ck_assert_uint_le(n + u->n_tokens, r->max_tokens);
+        memcpy(out + n, u->tokens, u->n_tokens * sizeof *out);
+        n += u->n_tokens;
+    } while (u->finish == WCLIENT_RUNNING);
+    *fin = u->finish;
+    wclient_stream_free(s);
+    return n;
+}
+
+/* ---- hello, meta, status, vram, idempotence ---------------------------------------------------- */
+
+START_TEST(test_hello_meta)
+{
+    struct worker *w = start(rundir("hello"), 0);
+    struct wclient *c = client(worker_url(w));
+    struct wclient_hello h;
+    int rv = wclient_hello(c, &h);
+    ck_assert_msg(rv == 0, "%s", strata_errdetail());
+    ck_assert_str_eq(h.arch, "qwen3moe");
+    ck_assert_str_eq(h.backend, "cpu");
+    ck_assert_uint_eq(h.n_ctx, N_CTX);
+    ck_assert_uint_eq(h.max_seqs, N_STREAMS);
+    ck_assert_int_eq(h.pid, getpid());
+    ck_assert(h.bit_exact);
+    struct wclient_meta m;
+    ck_assert_int_eq(wclient_meta(c, &m), 0);
+    ck_assert_uint_eq(m.n_ctx, N_CTX);
+    ck_assert(m.fingerprint == h.fingerprint);
+    ck_assert(XXH3_64bits(m.bytes, m.len) == h.fingerprint);
+    struct gguf_str arch;
+    ck_assert_int_eq(gguf_get_str(m.gguf, "general.architecture", &arch), 0);
+    ck_assert_int_eq(memcmp(arch.ptr, "qwen3moe", arch.len), 0);
+    ck_assert(gguf_find(m.gguf, "tokenizer.ggml.tokens") != NULL);
+    /* the file's header bytes, as an arena would store them */
+    struct gguf_file *f;
+    ck_assert_int_eq(gguf_open(g_model, &f), 0);
+    ck_assert_int_eq(memcmp(m.bytes, f->splits[0].map, f->header_bytes), 0);
+    gguf_close(f);
+    wclient_meta_free(&m);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
+START_TEST(test_idempotent_status_vram)
+{
+    struct worker *w = start(rundir("idem"), 0);
+    struct wclient *c = client(worker_url(w));
+    int32_t p[8];
+    prompt_of(1, p, 8);
+    struct wclient_req r;
+    req_of(&r, "dup", p, 8, 8);
+    r.sampling.temperature = 0.7f;
+    uint64_t s1, s2;
+    bool ex;
+    ck_assert_int_eq(wclient_submit(c, &r, &s1, &ex), 0);
+    ck_assert(!ex);
+    ck_assert_int_eq(wclient_submit(c, &r, &s2, &ex), 0); /* a resend: the same request */
+    ck_assert(ex);
+    ck_assert(s1 == s2);
+    r.id = "seeded";
+    r.sampling.has_seed = true;
+    r.sampling.seed = 42;
+    ck_assert_int_eq(wclient_submit(c, &r, &s2, &ex), 0);
+    ck_assert(s2 == 42 && !ex);
+    ck_assert_int_eq(wclient_cancel(c, "never-submitted"), 0);
+    ck_assert_int_eq(wclient_cancel(c, "dup"), 0);
+    ck_assert_int_eq(wclient_cancel(c, "dup"), 0);
+    const char *ids[] = {"dup", "seeded", "nobody"};
+    uint32_t from[] = {0, 0, 0};
+    struct wclient_poll_result pr;
+    ck_assert_int_eq(wclient_poll(c, ids, from, 3, 2000, &pr), 0);
+    ck_assert_uint_eq(pr.n, 3);
+    ck_assert_int_eq(pr.u[0].code, 0);
+    ck_assert_int_eq(pr.u[2].code, STRATA_ENOENT);
+    wclient_poll_free(&pr);
+    struct wclient_status st;
+    ck_assert_int_eq(wclient_status(c, &st), 0);
+    ck_assert_uint_eq(st.requests, 2);
+    ck_assert_uint_eq(st.max_seqs, N_STREAMS);
+    ck_assert_uint_gt(st.kv_blocks_total, 0);
+    struct wclient_vram v;
+    ck_assert_int_eq(wclient_vram(c, false, 0, &v), 0);
+    ck_assert_str_eq(v.backend, "cpu");
+    ck_assert_uint_gt(v.weights_bytes, 0);
+    ck_assert_int_eq(wclient_vram(c, true, 1 << 20, &v), STRATA_EUNSUPPORTED);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
+/* ---- many concurrent streams ------------------------------------------------------------------- */
+
+struct job {
+    struct wclient *c;
+    int k;
+    int32_t out[GEN_TOKENS];
+    uint32_t n;
+    enum wclient_finish fin;
+};
+
+static void *job_run(void *arg)
+{
+    struct job *j = arg;
+    int32_t p[40];
+    char id[32];
+    uint32_t np = 4 + (uint32_t)j->k * 2;
+    prompt_of(j->k, p, np);
+    snprintf(id, sizeof id, "conc-%d", j->k);
+    struct wclient_req r;
+    req_of(&r, id, p, np, GEN_TOKENS);
+    j->n = run_stream(j->c, &r, j->out, &j->fin);
+    return NULL;
+}
+
+START_TEST(test_concurrent_streams)
+{
+    struct worker *w = start(rundir("conc"), 0);
+    struct wclient *c = client(worker_url(w));
+    static struct job jobs[N_STREAMS];
+    pthread_t th[N_STREAMS];
+    for (int k = 0; k < N_STREAMS; k++) {
+        jobs[k] = (struct job){.c = c, .k = k};
+        ck_assert_int_eq(pthread_create(&th[k], NULL, job_run, &jobs[k]), 0);
+    }
+    for (int k = 0; k < N_STREAMS; k++) pthread_join(th[k], NULL);
+    /* each alone, one after the other: bit-exact means the batch changed nothing */
+    for (int k = 0; k < N_STREAMS; k++) {
+        int32_t p[40], out[GEN_TOKENS];
+        char id[32];
+        uint32_t np = 4 + (uint32_t)k * 2;
+        enum wclient_finish fin;
+        prompt_of(k, p, np);
+        snprintf(id, sizeof id, "alone-%d", k);
+        struct wclient_req r;
+        req_of(&r, id, p, np, GEN_TOKENS);
+        uint32_t n = run_stream(c, &r, out, &fin);
+        ck_assert_uint_eq(jobs[k].n, GEN_TOKENS);
+        ck_assert_int_eq(jobs[k].fin, WCLIENT_LENGTH);
+        ck_assert_uint_eq(n, jobs[k].n);
+        ck_assert_int_eq(fin, jobs[k].fin);
+        ck_assert_msg(memcmp(out, jobs[k].out, n * sizeof *out) == 0,
+                      "stream %d: ids in a batch of 16 differ from its ids alone", k);
+    }
+    struct wclient_status st;
+    ck_assert_int_eq(wclient_status(c, &st), 0);
+    ck_assert_uint_eq(st.requests, 2 * N_STREAMS);
+    ck_assert_uint_eq(st.tokens_generated, 2 * N_STREAMS * GEN_TOKENS);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
+/* ---- bad messages ------------------------------------------------------------------------------ */
+
+/* raw sends b and returns the reply's status (its error code, or 0). */
+static int raw(struct ipc_client *ic, struct msg_builder *b)
+{
+    struct msg m;
+    int rv = ipc_request(ic, b, &m, 3000);
+    if (rv == 0) msg_free(&m);
+    return rv;
+}
+
+START_TEST(test_malformed)
+{
+    struct worker *w = start(rundir("bad"), 0);
+    struct ipc_client *ic;
+    ck_assert_int_eq(ipc_client_open(worker_url(w), NULL, &ic), 0);
+    /* not msgpack at all: an error reply */
+    void *rep;
+    size_t rep_len;
+    ck_assert_int_eq(ipc_call(ic, "\xc1\x01\x02", 3, &rep, &rep_len, 3000), 0);
+    struct msg m;
+    ck_assert_int_eq(msg_decode(rep, rep_len, &m), 0);
+    ck_assert_int_eq(msg_reply_status(&m), STRATA_EFORMAT);
+    msg_free(&m);
+    free(rep);
+
+    struct msg_builder b;
+    msg_begin_request(&b, "frobnicate");
+    ck_assert_int_eq(raw(ic, &b), STRATA_EUNSUPPORTED);
+    msg_begin_request(&b, "submit"); /* prompt of the wrong type */
+    msg_key(&b, "id");
+    msg_pack_str(&b, "x");
+    msg_key(&b, "prompt");
+    msg_pack_str(&b, "hello");
+    msg_key(&b, "max_tokens");
+    msg_pack_i64(&b, 4);
+    ck_assert_int_eq(raw(ic, &b), STRATA_EPROTO);
+    ck_assert(strstr(strata_errdetail(), "prompt") != NULL);
+    msg_begin_request(&b, "submit"); /* no max_tokens */
+    msg_key(&b, "id");
+    msg_pack_str(&b, "x");
+    msg_key(&b, "prompt");
+    msg_pack_i32s(&b, (int32_t[]){1, 2}, 2);
+    ck_assert_int_eq(raw(ic, &b), STRATA_ENOENT);
+    msg_begin_request(&b, "submit"); /* a token outside the vocabulary */
+    msg_key(&b, "id");
+    msg_pack_str(&b, "x");
+    msg_key(&b, "prompt");
+    msg_pack_i32s(&b, (int32_t[]){1, 1 << 30}, 2);
+    msg_key(&b, "max_tokens");
+    msg_pack_i64(&b, 4);
+    ck_assert_int_eq(raw(ic, &b), STRATA_EPROTO);
+    static int32_t longp[N_CTX];
+    for (int i = 0; i < N_CTX; i++) longp[i] = 1;
+    msg_begin_request(&b, "submit"); /* a prompt past the context */
+    msg_key(&b, "id");
+    msg_pack_str(&b, "x");
+    msg_key(&b, "prompt");
+    msg_pack_i32s(&b, longp, N_CTX);
+    msg_key(&b, "max_tokens");
+    msg_pack_i64(&b, 4);
+    ck_assert_int_eq(raw(ic, &b), STRATA_ELIMIT);
+    msg_begin_request(&b, "poll"); /* too many ids */
+    msg_key(&b, "ids");
+    msg_pack_array(&b, WCLIENT_POLL_MAX_IDS + 1);
+    for (int i = 0; i <= WCLIENT_POLL_MAX_IDS; i++) msg_pack_str(&b, "a");
+    ck_assert_int_eq(raw(ic, &b), STRATA_ELIMIT);
+    msg_begin_request(&b, "poll"); /* from of another length */
+    msg_key(&b, "ids");
+    msg_pack_array(&b, 2);
+    msg_pack_str(&b, "a");
+    msg_pack_str(&b, "b");
+    msg_key(&b, "from");
+    msg_pack_i32s(&b, (int32_t[]){1}, 1);
+    ck_assert_int_eq(raw(ic, &b), STRATA_EPROTO);
+    msg_begin_request(&b, "cancel"); /* an id too long */
+    msg_key(&b, "ids");
+    msg_pack_array(&b, 1);
+    msg_pack_str(&b, "0123456789012345678901234567890123456789012345678901234567890123456789");
+    ck_assert_int_eq(raw(ic, &b), STRATA_EPROTO);
+
+    /* above the transport cap: nng drops the connection, no reply comes; the worker serves on */
+    size_t big = MSG_MAX_BYTES + 4096;
+    char *blob = calloc(1, big);
+    msg_begin_request(&b, "hello");
+    msg_key(&b, "pad");
+    msg_pack_bin(&b, blob, big);
+    ck_assert_int_eq(ipc_request(ic, &b, &m, 1500), STRATA_ETIMEDOUT);
+    free(blob);
+    ipc_client_close(ic);
+
+    struct wclient *c = client(worker_url(w));
+    struct wclient_hello h;
+    ck_assert_int_eq(wclient_hello(c, &h), 0);
+    int32_t p[4] = {1, 2, 3, 4}, out[8];
+    struct wclient_req r;
+    enum wclient_finish fin;
+    req_of(&r, "after", p, 4, 8);
+    ck_assert_uint_eq(run_stream(c, &r, out, &fin), 8);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
+/* ---- leases ------------------------------------------------------------------------------------ */
+
+START_TEST(test_lease_lapse)
+{
+    struct worker *w = start(rundir("lease"), 1);
+    struct wclient *c = client(worker_url(w));
+    int32_t p[6];
+    prompt_of(3, p, 6);
+    struct wclient_req r;
+    req_of(&r, "orphan", p, 6, 16);
+    ck_assert_int_eq(wclient_submit(c, &r, NULL, NULL), 0);
+    r.id = "kept";
+    ck_assert_int_eq(wclient_submit(c, &r, NULL, NULL), 0);
+    /* poll "kept" for 2.5 lease periods; "orphan" never */
+    const char *id = "kept";
+    uint32_t from = 0;
+    for (int i = 0; i < 10; i++) {
+        struct wclient_poll_result pr;
+        ck_assert_int_eq(wclient_poll(c, &id, &from, 1, 0, &pr), 0);
+        ck_assert_int_eq(pr.u[0].code, 0);
+        wclient_poll_free(&pr);
+        nanosleep(&(struct timespec){0, 250 * 1000000}, NULL);
+    }
+    const char *ids[] = {"orphan", "kept"};
+    uint32_t froms[] = {0, 0};
+    struct wclient_poll_result pr;
+    ck_assert_int_eq(wclient_poll(c, ids, froms, 2, 0, &pr), 0);
+    ck_assert_int_eq(pr.u[0].code, STRATA_ENOENT);
+    ck_assert_int_eq(pr.u[1].code, 0);
+    ck_assert_uint_eq(pr.u[1].n_tokens, 16);
+    ck_assert_int_eq(pr.u[1].finish, WCLIENT_LENGTH);
+    wclient_poll_free(&pr);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
+/* ---- a worker restart in the middle of a stream --------------------------------------------------- */
+
+START_TEST(test_restart_resume)
+{
+    const char *run = rundir("restart");
+    struct worker *w = start(run, 0);
+    struct wclient *c = client(worker_url(w));
+    enum { N = 200 };
+    int32_t p[12], got[N], ref[N];
+    prompt_of(7, p, 12);
+    struct wclient_req r;
+    req_of(&r, "resumed", p, 12, N);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 40;
+    r.sampling.repeat_penalty = 1.1f;
+    struct wclient_stream *s;
+    ck_assert_int_eq(wclient_stream_start(c, &r, &s), 0);
+    uint32_t n = 0;
+    const struct wclient_update *u;
+    do {
+        ck_assert_int_eq(wclient_stream_next(s, &u), 0);
+        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
+        n += u->n_tokens;
+    } while (n == 0);
+    ck_assert_msg(u->finish == WCLIENT_RUNNING, "the request ended before the restart");
+    ck_assert_uint_lt(n, N);
+    worker_fini(w); /* the worker goes away with the request */
+    w = start(run, 0);
+    while (u->finish == WCLIENT_RUNNING) {
+        int rv = wclient_stream_next(s, &u);
+        ck_assert_msg(rv == 0, "%s: %s", strata_strerror(rv), strata_errdetail());
+        ck_assert_uint_eq(u->from, n);
+        ck_assert_uint_le(n + u->n_tokens, N);
+        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
+        n += u->n_tokens;
+    }
+    ck_assert_uint_eq(wclient_stream_resubmits(s), 1);
+    /* the same request undisturbed, with the seed the first worker picked */
+    req_of(&r, "undisturbed", p, 12, N);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 40;
+    r.sampling.repeat_penalty = 1.1f;
+    r.sampling.has_seed = true;
+    r.sampling.seed = wclient_stream_seed(s);
+    enum wclient_finish fin;
+    uint32_t n_ref = run_stream(c, &r, ref, &fin);
+    ck_assert_int_eq(fin, u->finish);
+    ck_assert_uint_eq(n_ref, n);
+    ck_assert_msg(memcmp(ref, got, n * sizeof *got) == 0,
+                  "the resumed stream's ids differ from an undisturbed run's");
+    wclient_stream_free(s);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
+/* ---- arena -------------------------------------------------------------------------------------- */
+
+START_TEST(test_arena_worker)
+{
+    char shm[700], run_a[700], run_w[700];
+    snprintf(shm, sizeof shm, "%s/shm", test_tmpdir());
+    snprintf(run_a, sizeof run_a, "%s/run-arena", test_tmpdir());
+    snprintf(run_w, sizeof run_w, "%s/run-aw", test_tmpdir());
+    mkdir(shm, 0700);
+    mkdir(run_a, 0700);
+    mkdir(run_w, 0700);
+    struct arena_serve_config ac = {
+        .model = g_model, .name = "svc", .shm_dir = shm, .runtime_dir = run_a};
+    struct arena_server *as;
+    int rv = arena_serve_init(&ac, &as);
+    ck_assert_msg(rv == 0, "arena: %s: %s", strata_strerror(rv), strata_errdetail());
+    struct worker_config wc = {.arena = "svc", .shm_dir = shm, .runtime_dir = run_w,
+                               .ctx = N_CTX, .watchdog_ms = -1};
+    struct worker *wa;
+    rv = worker_init(&wc, &wa);
+    ck_assert_msg(rv == 0, "worker: %s: %s", strata_strerror(rv), strata_errdetail());
+    struct worker *wf = start(rundir("file"), 0);
+    /* registered: our pid, our endpoint */
+    bool found = false;
+    for (int i = 0; i < ARENA_MAX_WORKERS; i++) {
+        const struct arena_worker *aw = &as->state->hdr->workers[i];
+        if (atomic_load(&aw->pid) == getpid() && strcmp(aw->endpoint, worker_url(wa)) == 0)
+            found = aw->gpu == -1 && atomic_load(&aw->heartbeat_ns) > 0;
+    }
+    ck_assert_msg(found, "the worker is not in the arena's registry");
+
+    /* one model: the same fingerprint and the same ids from the arena and from the file */
+    struct wclient *ca = client(worker_url(wa)), *cf = client(worker_url(wf));
+    struct wclient_hello ha, hf;
+    ck_assert_int_eq(wclient_hello(ca, &ha), 0);
+    ck_assert_int_eq(wclient_hello(cf, &hf), 0);
+    ck_assert(ha.fingerprint == hf.fingerprint);
+    uint64_t heat0 = atomic_load(&as->state->hdr->heat_total);
+    int32_t p[10], oa[20], of[20];
+    prompt_of(5, p, 10);
+    struct wclient_req r;
+    enum wclient_finish fa, ff;
+    req_of(&r, "ar", p, 10, 20);
+    uint32_t na = run_stream(ca, &r, oa, &fa);
+    uint32_t nf = run_stream(cf, &r, of, &ff);
+    ck_assert_uint_eq(na, 20);
+    ck_assert_uint_eq(nf, 20);
+    ck_assert_int_eq(memcmp(oa, of, sizeof oa), 0);
+    ck_assert_uint_gt(atomic_load(&as->state->hdr->heat_total), heat0);
+    wclient_close(ca);
+    wclient_close(cf);
+    worker_fini(wa);
+    worker_fini(wf);
+    int live = arena_workers_live(as->state, NULL, 0);
+    ck_assert_int_eq(live, 0); /* unregistered at exit */
+    arena_serve_fini(as);
+}
+END_TEST
+
+/* ---- the binary ------------------------------------------------------------------------------- */
+
+START_TEST(test_binary)
+{
+    const char *b = getenv("STRATA_BUILD_DIR");
+    char bin[1024];
+    snprintf(bin, sizeof bin, "%s/strata-worker", b && *b ? b : ".");
+    ck_assert_msg(access(bin, X_OK) == 0, "%s is missing: build the strata-worker target", bin);
+    const char *run = rundir("bin");
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        execl(bin, bin, "--model", g_model, "--runtime-dir", run, "--ctx", "128", "--threads",
+              "2", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char url[512] = {0};
+    FILE *out = fdopen(fds[0], "r");
+    ck_assert_msg(fgets(url, sizeof url, out) != NULL, "strata-worker printed no URL");
+    url[strcspn(url, "\n")] = 0;
+    ck_assert(strncmp(url, "ipc://", 6) == 0 && strstr(url, "worker-0.sock"));
+    struct wclient *c = client(url);
+    struct wclient_hello h;
+    ck_assert_int_eq(wclient_hello(c, &h), 0);
+    ck_assert_int_eq(h.pid, pid);
+    ck_assert_uint_eq(h.n_ctx, 128);
+    wclient_close(c);
+    kill(pid, SIGTERM);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "strata-worker exited with %d", st);
+    fclose(out);
+}
+END_TEST
+
+int main(void)
+{
+    snprintf(g_model, sizeof g_model, "%s/tiny.gguf", test_tmpdir());
+    struct fixture_opts fo = {.seed = 11};
+    if (fixture_write(&fo, g_model) != 0) {
+        fprintf(stderr, "fixture: %s\n", strata_errdetail());
+        return 1;
+    }
+    Suite *s = suite_create("service");
+    TCase *tc = tcase_create("service");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_hello_meta);
+    tcase_add_test(tc, test_idempotent_status_vram);
+    tcase_add_test(tc, test_concurrent_streams);
+    tcase_add_test(tc, test_malformed);
+    tcase_add_test(tc, test_lease_lapse);
+    tcase_add_test(tc, test_restart_resume);
+    tcase_add_test(tc, test_arena_worker);
+    tcase_add_test(tc, test_binary);
+    suite_add_tcase(s, tc);
+    int rv = test_run(s);
+    unlink(g_model);
+    return rv;
+}
