@@ -10,11 +10,12 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: strata convert DIR OUT.gguf [--type f32|f16|q8_0]\n\n"
+            "usage: strata convert DIR OUT.gguf [--type f32|f16|q8_0] [--vocab TOKENIZER.gguf]\n\n"
             "Converts a Hugging Face checkpoint (DIR/config.json and DIR/*.safetensors) of\n"
             "Qwen3MoeForCausalLM, MixtralForCausalLM, OlmoeForCausalLM or Qwen2MoeForCausalLM to\n"
             "a GGUF with llama.cpp's names and keys. Weight matrices get --type (default f32);\n"
-            "norms, biases and routers stay f32. No tokenizer is written: run it with --ids.\n");
+            "norms, biases and routers stay f32. --vocab copies the tokenizer.* keys of a GGUF\n"
+            "(e.g. from strata bpe-train); without it the model runs only with --ids.\n");
 }
 
 static int run(int argc, char **argv)
@@ -34,6 +35,8 @@ static int run(int argc, char **argv)
                 return 2;
             }
             o.type = (uint32_t)t;
+        } else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) {
+            o.vocab = argv[++i];
         } else if (argv[i][0] != '-' && n_pos < 2) {
             pos[n_pos++] = argv[i];
         } else {

@@ -14,7 +14,8 @@ static void usage(FILE *out)
 {
     fprintf(
         out,
-        "usage: strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]\n\n"
+        "usage: strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]\n"
+        "                       [--tensor-type PATTERN=TYPE]...\n\n"
         "Rewrites IN with every weight matrix (2-D and 3-D tensors named *.weight) in TYPE, byte "
         "for\n"
         "byte as llama-quantize without an importance matrix. TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 "
@@ -26,6 +27,8 @@ static void usage(FILE *out)
         "  --pure       no exceptions: without it, 1-D tensors, norms and routers (ffn_gate_inp)\n"
         "               become f32; with it 1-D tensors are kept as they are\n"
         "  --threads N  threads over rows (default: all CPUs)\n"
+        "  --tensor-type PATTERN=TYPE\n"
+        "               weight matrices whose name contains PATTERN get TYPE (e.g. _exps=q4_K)\n"
         "A row length that TYPE's block does not divide falls back as llama.cpp does: q2_K, q3_K,\n"
         "iq4_xs -> iq4_nl, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, and f16 when 32 does not "
         "divide it.\n");
@@ -51,6 +54,17 @@ static int run(int argc, char **argv)
                 return 2;
             }
             o.threads = (int)n;
+        } else if (strcmp(argv[i], "--tensor-type") == 0 && i + 1 < argc) {
+            char *eq = strchr(argv[++i], '=');
+            int t = eq ? qtype_parse(eq + 1) : -1;
+            if (!eq || eq == argv[i] || t < 0 || !quant_can_quantize((uint32_t)t) ||
+                o.n_overrides == QUANTIZE_MAX_OVERRIDES) {
+                fprintf(stderr, "strata quantize: --tensor-type %s: give PATTERN=TYPE with a type "
+                                "strata quantizes to (at most %d)\n", argv[i], QUANTIZE_MAX_OVERRIDES);
+                return 2;
+            }
+            *eq = '\0';
+            o.overrides[o.n_overrides++] = (struct quantize_override){argv[i], (uint32_t)t};
         } else if (argv[i][0] == '-' || npos == 3) {
             fprintf(stderr, "strata quantize: unexpected argument '%s'\n", argv[i]);
             usage(stderr);

@@ -411,6 +411,29 @@ static const char *moe_name(const struct ckpt *c, unsigned long long L, const ch
     return buf;
 }
 
+/* copy_vocab copies every tokenizer.* key of the GGUF at path into w, after checking that its
+ * vocabulary has the model's n_vocab tokens (the embedding and output rows). */
+static int copy_vocab(struct gguf_writer *w, const char *path, uint64_t n_vocab)
+{
+    struct gguf_file *v;
+    int rv = gguf_open(path, &v);
+    if (rv) return rv;
+    const struct gguf_value *toks;
+    if ((rv = gguf_get_arr(v, "tokenizer.ggml.tokens", GGUF_STRING, &toks))) goto out;
+    if (toks->arr.n != n_vocab) {
+        rv = strata_errf(STRATA_EINVAL, "--vocab %s has %llu tokens, the model's vocab_size is %llu",
+                         path, (unsigned long long)toks->arr.n, (unsigned long long)n_vocab);
+        goto out;
+    }
+    for (uint64_t i = 0; i < v->n_kv; i++)
+        if (strncmp(v->kv[i].key, "tokenizer.", 10) == 0 &&
+            (rv = gguf_w_value(w, v->kv[i].key, &v->kv[i].val)))
+            goto out;
+out:
+    gguf_close(v);
+    return rv;
+}
+
 static int build_plan(const struct hf *h, const struct ckpt *c, uint32_t wt, struct plan *p)
 {
     const uint64_t E = h->n_embd, nq = h->n_head * h->head_dim, nk = h->n_head_kv * h->head_dim,
@@ -592,7 +615,9 @@ int convert_hf(const struct convert_opts *o)
         rv = STRATA_ENOMEM;
         goto out;
     }
-    if ((rv = gguf_writer_open(o->out, 0, &w)) || (rv = write_kv(w, &h))) goto out;
+    if ((rv = gguf_writer_open(o->out, 0, &w)) || (rv = write_kv(w, &h)) ||
+        (o->vocab && (rv = copy_vocab(w, o->vocab, h.n_vocab))))
+        goto out;
     for (size_t i = 0; i < p.n; i++) {
         const struct out_tensor *t = &p.t[i];
         uint64_t ne[3] = {t->ne[0], t->ne[1], t->ne[2]};

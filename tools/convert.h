@@ -19,6 +19,8 @@ struct convert_opts {
     const char *dir;  /* the checkpoint: config.json and one or more *.safetensors */
     const char *out;  /* the GGUF to write (atomically) */
     uint32_t type;    /* weight matrices: QT_F32, QT_F16 or QT_Q8_0 */
+    const char *vocab; /* a GGUF whose tokenizer.* keys are copied in (its token count must be
+                          the model's vocab_size); NULL: no tokenizer */
 };
 
 /* convert_hf converts o->dir to o->out. STRATA_EUNSUPPORTED for an architecture or a config it

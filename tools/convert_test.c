@@ -231,7 +231,7 @@ static void round_trip(const char *arch, bool fused)
     struct gguf_file *a, *b;
     float *la = logits_of(src, &a);
     export(a, dir, arch, fused);
-    struct convert_opts co = {dir, out, QT_F32};
+    struct convert_opts co = {dir, out, QT_F32, NULL};
     ck_assert_msg(convert_hf(&co) == 0, "%s: %s", arch, strata_errdetail());
     float *lb = logits_of(out, &b);
     const uint64_t V = gguf_tensor_find(a, "token_embd.weight")->ne[1];
@@ -251,6 +251,22 @@ static void round_trip(const char *arch, bool fused)
     /* Q8_0 weights and activations: a few percent of the logits' spread, never more. */
     ck_assert_msg(d < 0.1 * (hi - lo), "%s: q8_0 logits differ by %g of a spread of %g", arch,
                   d, hi - lo);
+    /* --vocab copies the source's tokenizer (same token count as the model), byte for byte. */
+    co.type = QT_F32;
+    co.vocab = src;
+    ck_assert_msg(convert_hf(&co) == 0, "%s --vocab: %s", arch, strata_errdetail());
+    struct gguf_file *t;
+    ck_assert_int_eq(gguf_open(out, &t), 0);
+    const struct gguf_value *ta, *tb;
+    ck_assert_int_eq(gguf_get_arr(a, "tokenizer.ggml.tokens", GGUF_STRING, &ta), 0);
+    ck_assert_int_eq(gguf_get_arr(t, "tokenizer.ggml.tokens", GGUF_STRING, &tb), 0);
+    ck_assert_uint_eq(ta->arr.n, tb->arr.n);
+    for (uint64_t i = 0; i < ta->arr.n; i++) {
+        struct gguf_str x = gguf_arr_str(ta, i), y = gguf_arr_str(tb, i);
+        ck_assert(x.len == y.len && memcmp(x.ptr, y.ptr, x.len) == 0);
+    }
+    ck_assert_ptr_nonnull(gguf_find(t, "tokenizer.ggml.model"));
+    gguf_close(t);
     free(la);
     free(lb);
     free(lc);
@@ -292,7 +308,7 @@ START_TEST(unsupported_architecture_is_named)
     FILE *f = fopen(path, "w");
     fputs("{\"architectures\": [\"GPT2LMHeadModel\"]}", f);
     fclose(f);
-    struct convert_opts co = {dir, "/nonexistent/x.gguf", QT_F32};
+    struct convert_opts co = {dir, "/nonexistent/x.gguf", QT_F32, NULL};
     ck_assert_int_eq(convert_hf(&co), STRATA_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "GPT2LMHeadModel"));
 }

@@ -50,6 +50,14 @@ static uint32_t fallback(uint32_t type, uint64_t ne0)
     return ne0 % qtype_get(f)->blck == 0 ? f : QT_F16;
 }
 
+/* override_of: index of the first override whose pattern is in name, or -1. */
+static int override_of(const char *name, const struct quantize_opts *opts)
+{
+    for (int i = 0; i < opts->n_overrides; i++)
+        if (strstr(name, opts->overrides[i].pattern)) return i;
+    return -1;
+}
+
 uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts *opts,
                          const char **reason)
 {
@@ -66,6 +74,9 @@ uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts
     } else if (t->n_dims > 3 || !ends_with(t->name, ".weight")) {
         *reason = "not a weight matrix: kept";
         return t->type;
+    } else if (override_of(t->name, opts) >= 0) {
+        out = opts->overrides[override_of(t->name, opts)].type;
+        *reason = "--tensor-type";
     } else if (!opts->pure && strstr(t->name, "norm")) {
         *reason = "norm: f32";
         out = QT_F32;
@@ -73,10 +84,10 @@ uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts
                (strstr(t->name, "ffn_gate_inp.") || strstr(t->name, "ffn_gate_inp_shexp."))) {
         *reason = "router: f32";
         out = QT_F32;
-    } else if (fallback(out, t->ne[0]) != out) {
+    }
+    if (fallback(out, t->ne[0]) != out) { /* the target's (or an override's) block must fit */
         out = fallback(out, t->ne[0]);
-        *reason =
-            out == QT_F16 ? "row not a multiple of 32: f16" : "row not a multiple of 256: fallback";
+        *reason = out == QT_F16 ? "row not a multiple of 32: f16" : "row not a multiple of 256: fallback";
     }
     if (out == t->type && !**reason) *reason = "already this type: copied";
     return out;

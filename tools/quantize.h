@@ -19,11 +19,22 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#define QUANTIZE_MAX_OVERRIDES 16
+
+/* A per-tensor override, as llama-quantize's --tensor-type: weight matrices whose name contains
+ * `pattern` get `type` (the first matching override wins; the block-size fallback still applies). */
+struct quantize_override {
+    const char *pattern;
+    uint32_t type;
+};
+
 struct quantize_opts {
     uint32_t type; /* target type: quant_can_quantize(type) */
     bool pure;    /* no exceptions but 1-D tensors (and the block-size fallback, which is forced) */
     int threads;  /* threads over rows; <= 0: the online CPUs */
     FILE *report; /* the per-tensor table and totals go here; NULL for none */
+    int n_overrides;
+    struct quantize_override overrides[QUANTIZE_MAX_OVERRIDES];
 };
 
 struct quantize_totals {

@@ -228,6 +228,29 @@ START_TEST(test_command_line)
 }
 END_TEST
 
+/* --tensor-type: the first matching pattern wins over the rules, and the block fallback still
+ * applies to the type it picks. */
+START_TEST(test_tensor_type_overrides)
+{
+    struct quantize_opts o = {.type = QT_Q8_0, .n_overrides = 2};
+    o.overrides[0] = (struct quantize_override){"_exps", QT_Q4_K};
+    o.overrides[1] = (struct quantize_override){"ffn_gate_inp", QT_Q8_0};
+    const char *why;
+    struct gguf_tensor exps = {.name = "blk.0.ffn_up_exps.weight", .n_dims = 3,
+                               .ne = {256, 64, 8, 1}, .type = QT_F32};
+    ck_assert_uint_eq(quantize_choose(&exps, &o, &why), QT_Q4_K);
+    ck_assert_str_eq(why, "--tensor-type");
+    exps.ne[0] = 96; /* not a multiple of 256: q4_K falls back to q5_0 */
+    ck_assert_uint_eq(quantize_choose(&exps, &o, &why), QT_Q5_0);
+    struct gguf_tensor router = {.name = "blk.0.ffn_gate_inp.weight", .n_dims = 2,
+                                 .ne = {256, 8, 1, 1}, .type = QT_F32};
+    ck_assert_uint_eq(quantize_choose(&router, &o, &why), QT_Q8_0); /* overrides the router rule */
+    struct gguf_tensor attn = {.name = "blk.0.attn_q.weight", .n_dims = 2, .ne = {256, 256, 1, 1},
+                               .type = QT_F32};
+    ck_assert_uint_eq(quantize_choose(&attn, &o, &why), QT_Q8_0);
+}
+END_TEST
+
 START_TEST(test_undequantizable_source)
 {
     const char *in = tmp_path("iq2.gguf"), *out = tmp_path("iq2-out.gguf");
@@ -258,6 +281,7 @@ static Suite *quantize_suite(void)
     tcase_add_test(tc, test_rules_bytes_and_metadata);
     tcase_add_test(tc, test_command_line);
     tcase_add_test(tc, test_undequantizable_source);
+    tcase_add_test(tc, test_tensor_type_overrides);
     suite_add_tcase(s, tc);
     return s;
 }
