@@ -8,6 +8,7 @@
 #include "common/ipc.h"
 #include "common/msg.h"
 #include "common/wclient.h"
+#include "gpu-worker/service.h"
 #include "gpu-worker/worker.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -502,6 +503,58 @@ START_TEST(test_arena_worker)
 }
 END_TEST
 
+/* ---- decoders on the fuzz corpus's seeds --------------------------------------------------------- */
+
+static void decode_seed(const char *name, struct msg *m, char **buf)
+{
+    char path[1200];
+    size_t len;
+    snprintf(path, sizeof path, "%s/tests/corpus/service_fuzz/%s", STRATA_SOURCE_DIR, name);
+    *buf = test_read_file(path, &len);
+    ck_assert_msg(*buf != NULL, "%s is missing", path);
+    ck_assert_int_eq(msg_decode(*buf, len, m), 0);
+}
+
+START_TEST(test_parse_seeds)
+{
+    struct msg m;
+    char *buf;
+    decode_seed("submit", &m, &buf);
+    struct service_submit sub;
+    ck_assert_int_eq(service_parse_submit(&m, 1000, 512, &sub), 0);
+    ck_assert_str_eq(sub.req.id, "req-1");
+    ck_assert_uint_eq(sub.req.n_prompt, 4);
+    ck_assert_int_eq(sub.req.prompt[3], 500);
+    ck_assert_uint_eq(sub.req.max_tokens, 16);
+    ck_assert(sub.has_seed && sub.req.sp.seed == (1ull << 63) + 5);
+    ck_assert_uint_eq(sub.req.sp.top_k, 40);
+    ck_assert_uint_eq(sub.req.n_stop, 1);
+    ck_assert_uint_eq(sub.req.n_generated, 1);
+    ck_assert(sub.req.logprobs && sub.req.n_top == 3);
+    /* the same message against a smaller vocabulary and context */
+    ck_assert_int_eq(service_parse_submit(&m, 500, 512, &sub), STRATA_EPROTO);
+    ck_assert_int_eq(service_parse_submit(&m, 1000, 4, &sub), STRATA_ELIMIT);
+    msg_free(&m);
+    free(buf);
+    decode_seed("poll", &m, &buf);
+    struct service_poll p;
+    ck_assert_int_eq(service_parse_poll(&m, &p), 0);
+    ck_assert_uint_eq(p.n, 2);
+    ck_assert_str_eq(p.ids[1], "req-2");
+    ck_assert_uint_eq(p.from[1], 12);
+    ck_assert_int_eq(p.wait_ms, 100);
+    msg_free(&m);
+    free(buf);
+    decode_seed("poll-one-from", &m, &buf);
+    ck_assert_int_eq(service_parse_poll(&m, &p), 0);
+    ck_assert_uint_eq(p.from[0], 3);
+    ck_assert_int_eq(p.wait_ms, 2000);
+    ck_assert_int_eq(service_parse_submit(&m, 1000, 512, &sub), STRATA_ENOENT);
+    msg_free(&m);
+    free(buf);
+}
+END_TEST
+
 /* ---- the binary ------------------------------------------------------------------------------- */
 
 START_TEST(test_binary)
@@ -561,6 +614,7 @@ int main(void)
     tcase_add_test(tc, test_restart_resume);
     tcase_add_test(tc, test_arena_worker);
     tcase_add_test(tc, test_binary);
+    tcase_add_test(tc, test_parse_seeds);
     suite_add_tcase(s, tc);
     int rv = test_run(s);
     unlink(g_model);
