@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# run.sh — parity with llama.cpp (DESIGN 7), teacher-forced: for tiny fixtures of every
+# architecture (qwen3moe, llama with fused experts, olmoe, qwen2moe) in f32, q8_0, q4_k and the
+# q4_k_m mix, llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed prompt of
+# token ids; `strata run --teacher` scores that continuation; check.mjs prints the table and fails
+# the stage when a step's token is neither strata's argmax nor within the stated tolerance of it.
+#
+#   tests/llamacpp/run.sh [BUILD_DIR]     (default: build; needs BUILD_DIR/strata)
+#
+# node-llama-cpp is installed into BUILD_DIR/llamacpp-node with `npm ci` from the committed lock
+# file (only the linux-x64 CPU binary: --omit=optional drops the CUDA and Vulkan ones). Without
+# node >= 20 and npm, on another platform, or when the npm registry cannot be reached, the stage
+# prints SKIP and succeeds. LLAMACPP_PROMPT (comma-separated ids < 512) and LLAMACPP_STEPS override
+# the prompt and the number of greedy steps.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+strata=$build/strata
+node_dir=$build/llamacpp-node
+work=$build/llamacpp-work
+prompt=${LLAMACPP_PROMPT:-1,17,300,42,99,7,256,128}
+steps=${LLAMACPP_STEPS:-32}
+archs="qwen3moe llama olmoe qwen2moe"
+types="f32 q8_0 q4_k q4_k_m"
+
+skip() { echo "SKIP llama.cpp parity: $*"; exit 0; }
+
+[ -x "$strata" ] || { echo "run.sh: $strata is missing: build strata first" >&2; exit 1; }
+[ "$(uname -sm)" = "Linux x86_64" ] ||
+  skip "the pinned node-llama-cpp binary is @node-llama-cpp/linux-x64; this is $(uname -sm)"
+command -v node >/dev/null && command -v npm >/dev/null ||
+  skip "node and npm are not installed (node-llama-cpp 3.21.1 needs Node.js >= 20)"
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+[ "$node_major" -ge 20 ] ||
+  skip "node $(node --version) is too old: node-llama-cpp 3.21.1 needs Node.js >= 20"
+
+# Install again only when the lock file changed, so a warm build directory costs nothing.
+if ! cmp -s "$here/package-lock.json" "$node_dir/package-lock.json" ||
+   [ ! -d "$node_dir/node_modules/@node-llama-cpp/linux-x64" ]; then
+  timeout 30 npm ping >/dev/null 2>&1 || skip "the npm registry ($(npm config get registry)) cannot be reached"
+  rm -rf "$node_dir" && mkdir -p "$node_dir"
+  cp "$here/package.json" "$here/package-lock.json" "$node_dir/"
+  # --ignore-scripts: node-llama-cpp's postinstall would try to build llama.cpp when no prebuilt
+  # binary fits; here the prebuilt one must be used or the stage must fail.
+  npm ci --prefix "$node_dir" --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error
+fi
+# Scripts beside node_modules: ES module imports resolve from the importing file's folder.
+cp "$here/greedy.mjs" "$here/check.mjs" "$node_dir/"
+
+rm -rf "$work" && mkdir -p "$work"
+models=()
+for arch in $archs; do
+  for type in $types; do
+    f=$work/$arch-$type
+    if [ "$type" = q4_k_m ]; then qopt=(--mix q4_k_m); else qopt=(--type "$type"); fi
+    "$strata" fixture --arch "$arch" "${qopt[@]}" -o "$f.gguf" >/dev/null
+    node "$node_dir/greedy.mjs" "$f.gguf" "$prompt" "$steps" >"$f.llama.json"
+    ids=$(node -p "JSON.parse(require('fs').readFileSync('$f.llama.json', 'utf8')).ids.join(',')")
+    if ! "$strata" run "$f.gguf" --ids "$prompt" --teacher "$ids" >"$f.strata.json" 2>"$f.log"; then
+      cat "$f.log" >&2
+      exit 1
+    fi
+    rm -f "$f.gguf"
+    [ "$arch:$type" = qwen3moe:q8_0 ] && ids_qwen3moe_q8_0=$ids
+    models+=("$arch:$type")
+  done
+done
+node "$node_dir/check.mjs" "$work" "${models[@]}"
+
+# The control: strata scoring llama.cpp's continuation with other weights (seed 1) must fail, or
+# the check above proves nothing.
+f=$work/control-q8_0
+"$strata" fixture --arch qwen3moe --type q8_0 --seed 1 -o "$f.gguf" >/dev/null
+cp "$work/qwen3moe-q8_0.llama.json" "$f.llama.json"
+"$strata" run "$f.gguf" --ids "$prompt" --teacher "$ids_qwen3moe_q8_0" >"$f.strata.json" 2>"$f.log"
+if node "$node_dir/check.mjs" "$work" control:q8_0 >"$f.check" 2>&1; then
+  cat "$f.check"
+  echo "run.sh: the check passed strata on a model with other weights: it cannot tell models apart" >&2
+  exit 1
+fi
+echo "control: other weights (seed 1) fail the check, as they must"
