@@ -1,138 +1,72 @@
 #include "gpu-worker/fwd.h"
 #include "common/err.h"
+#include "common/pool.h"
 #include "common/qtype.h"
 #include "common/quant.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/ref/ops.h"
 
 #include <math.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-/* ---- thread pool ----------------------------------------------------------------------------
- * pool_for splits [0, n) into n_threads contiguous ranges, one per thread, the caller running the
- * first. Work items are independent output rows or heads, so the split never changes a result. */
+#define MM_ROWS 32 /* weight rows per work item: 8-row kernel groups, few claims per matrix */
 
-typedef void (*pool_fn)(void *ctx, uint32_t lo, uint32_t hi);
-
-struct pool {
-    pthread_t *th;
-    uint32_t n_th; /* threads besides the caller */
-    pthread_mutex_t mu;
-    pthread_cond_t go, done;
-    uint64_t gen;     /* bumped per job; a worker runs each generation once */
-    uint32_t running; /* workers still on the current job */
-    bool stop;
-    pool_fn fn;
-    void *ctx;
-    uint32_t n_items;
+/* One matrix times a set of tokens' activations, for the task runner. */
+struct mm_task {
+    const struct model_mat *w;
+    const void *wdata; /* w->data, or an expert part from the resolver */
+    const void *acts;
+    size_t act_stride;
+    uint32_t n_tok;
+    float *out;
+    size_t out_stride;
 };
-
-struct pool_arg {
-    struct pool *p;
-    uint32_t index; /* 1..n_th */
-};
-
-static void range(uint32_t n, uint32_t parts, uint32_t i, uint32_t *lo, uint32_t *hi)
-{
-    *lo = (uint32_t)((uint64_t)n * i / parts);
-    *hi = (uint32_t)((uint64_t)n * (i + 1) / parts);
-}
-
-static void *pool_main(void *arg)
-{
-    struct pool_arg *a = arg;
-    struct pool *p = a->p;
-    uint64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&p->mu);
-        while (p->gen == seen && !p->stop) pthread_cond_wait(&p->go, &p->mu);
-        if (p->stop) {
-            pthread_mutex_unlock(&p->mu);
-            return NULL;
-        }
-        seen = p->gen;
-        pool_fn fn = p->fn;
-        void *ctx = p->ctx;
-        uint32_t lo, hi;
-        range(p->n_items, p->n_th + 1, a->index, &lo, &hi);
-        pthread_mutex_unlock(&p->mu);
-        if (lo < hi) fn(ctx, lo, hi);
-        pthread_mutex_lock(&p->mu);
-        if (--p->running == 0) pthread_cond_signal(&p->done);
-        pthread_mutex_unlock(&p->mu);
-    }
-}
-
-static void pool_for(struct pool *p, uint32_t n, pool_fn fn, void *ctx)
-{
-    /* Below a few items per thread the wake-up costs more than the work. */
-    if (p->n_th == 0 || n < 2 * (p->n_th + 1)) {
-        fn(ctx, 0, n);
-        return;
-    }
-    pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_items = n;
-    p->running = p->n_th;
-    p->gen++;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    uint32_t lo, hi;
-    range(n, p->n_th + 1, 0, &lo, &hi);
-    fn(ctx, lo, hi);
-    pthread_mutex_lock(&p->mu);
-    while (p->running) pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
-}
-
-static void pool_stop(struct pool *p, struct pool_arg *args, uint32_t started)
-{
-    pthread_mutex_lock(&p->mu);
-    p->stop = true;
-    pthread_cond_broadcast(&p->go);
-    pthread_mutex_unlock(&p->mu);
-    for (uint32_t i = 0; i < started; i++) pthread_join(p->th[i], NULL);
-    free(args);
-    free(p->th);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->go);
-    pthread_cond_destroy(&p->done);
-}
-
-/* ---- the pass ------------------------------------------------------------------------------- */
 
 struct fwd {
     const struct model *m;
     struct kv_cache *kv;
     struct fwd_opts o;
-    struct pool pool;
-    struct pool_arg *pool_args;
+    struct pool *pool;
+    struct fwd_stats st;
     size_t act_stride; /* bytes per token of quantized activations: the widest any matrix needs */
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
-    /* Scratch, rows of max_tokens tokens: */
-    float *x;        /* (T, n_embd) residual stream */
-    float *xn;       /* (T, n_embd) normalized input of a block */
-    float *tmp;      /* (T, n_embd) a block's output before the residual add */
-    float *q, *k, *v; /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
-    float *att;      /* (T, n_head*head_dim_v) */
-    float *rlogit;   /* (T, n_expert) router logits, then probabilities */
-    uint32_t *sel;   /* (T, n_expert_used) selected experts */
-    float *selw;     /* (T, n_expert_used) their weights */
-    float *moe;      /* (T, n_embd) sum of expert outputs */
-    float *gx;       /* (T, n_embd) inputs gathered for one expert */
-    float *g, *u;    /* (T, n_ff) */
-    float *y;        /* (T, n_embd) */
-    float *shg;      /* (T) shared expert gate logit */
-    uint32_t *tok;   /* (T) tokens routed to one expert */
-    float *tokw;     /* (T) their routing weights */
-    uint8_t *acts;   /* (T, act_stride) */
-    uint32_t *pos;   /* (T) positions */
+    uint32_t max_tasks;
+    /* Scratch, rows of max_tokens tokens (T) or of routed (token, expert) pairs (T*K): */
+    float *x;                /* (T, n_embd) residual stream */
+    float *xn;               /* (T, n_embd) normalized input of a block */
+    float *tmp;              /* (T, n_embd) a block's output before the residual add */
+    float *q, *k, *v;        /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
+    float *att;              /* (T, n_head*head_dim_v) */
+    float *rlogit;           /* (T, n_expert) router logits, then probabilities */
+    uint32_t *sel;           /* (T, n_expert_used) selected experts */
+    float *selw;             /* (T, n_expert_used) their weights */
+    float *moe;              /* (T, n_embd) sum of expert outputs */
+    float *g, *u;            /* (T*K, n_ff) gate and up outputs, then the SwiGLU product in g */
+    float *y;                /* (T*K, n_embd) expert (or shared expert) outputs */
+    float *shg;              /* (T) shared expert gate logit */
+    uint32_t *ptok;          /* (T*K) pairs by expert id, then token: the token */
+    float *pw;               /* (T*K) its routing weight */
+    uint32_t *ecount;        /* (n_expert + 1) pairs per expert, then offsets */
+    uint8_t *acts[3];        /* (T, act_stride) each: quantized inputs of up to three matrices */
+    uint8_t *pacts[2];       /* (T*K, act_stride): expert inputs (gate, up), gathered per pair */
+    uint8_t *hacts;          /* (T*K, act_stride): SwiGLU outputs quantized for down */
+    struct mm_task *tasks;   /* (max_tasks) */
+    uint32_t *task_first;    /* (max_tasks + 1) first work item of each task */
+    uint32_t *pos;           /* (T) positions */
     struct fwd_token *chunk; /* (T) fwd_prompt's batch */
     struct kv_seq **seen;    /* (T) sequences of the batch being grown */
     uint32_t *seen_len;      /* (T) their lengths before */
 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 void fwd_kv_config(const struct model *m, uint32_t n_ctx, uint32_t n_seq, struct kv_config *out)
 {
@@ -161,14 +95,17 @@ static int alloc_scratch(struct fwd *f)
     widen_act(f, &f->m->output);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &f->m->layers[l];
-        const struct model_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router,
-                                          &L->part[0], &L->part[1], &L->part[2], &L->gate_shexp,
+        const struct model_mat *mats[] = {&L->wq,       &L->wk,         &L->wv,
+                                          &L->wo,       &L->router,     &L->part[0],
+                                          &L->part[1],  &L->part[2],    &L->gate_shexp,
                                           &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) widen_act(f, mats[i]);
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            widen_act(f, mats[i]);
     }
     /* Round rows up to 64 bytes so each token's activations start on their own cache line. */
     f->act_stride = (f->act_stride + 63) & ~(size_t)63;
-    const size_t E = hp->n_embd, K = hp->n_expert_used;
+    const size_t E = hp->n_embd, K = hp->n_expert_used, P = T * (K ? K : 1);
+    f->max_tasks = 2 * hp->n_expert + 3;
     struct {
         void **p;
         size_t bytes;
@@ -184,14 +121,21 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->sel, T * K * sizeof(uint32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
-        {(void **)&f->gx, T * E * sizeof(float)},
-        {(void **)&f->g, T * f->n_ff * sizeof(float)},
-        {(void **)&f->u, T * f->n_ff * sizeof(float)},
-        {(void **)&f->y, T * E * sizeof(float)},
+        {(void **)&f->g, P * f->n_ff * sizeof(float)},
+        {(void **)&f->u, P * f->n_ff * sizeof(float)},
+        {(void **)&f->y, P * E * sizeof(float)},
         {(void **)&f->shg, T * sizeof(float)},
-        {(void **)&f->tok, T * sizeof(uint32_t)},
-        {(void **)&f->tokw, T * sizeof(float)},
-        {(void **)&f->acts, T * f->act_stride},
+        {(void **)&f->ptok, P * sizeof(uint32_t)},
+        {(void **)&f->pw, P * sizeof(float)},
+        {(void **)&f->ecount, (hp->n_expert + 1) * sizeof(uint32_t)},
+        {(void **)&f->acts[0], T * f->act_stride},
+        {(void **)&f->acts[1], T * f->act_stride},
+        {(void **)&f->acts[2], T * f->act_stride},
+        {(void **)&f->pacts[0], P * f->act_stride},
+        {(void **)&f->pacts[1], P * f->act_stride},
+        {(void **)&f->hacts, P * f->act_stride},
+        {(void **)&f->tasks, f->max_tasks * sizeof(struct mm_task)},
+        {(void **)&f->task_first, (f->max_tasks + 1) * sizeof(uint32_t)},
         {(void **)&f->pos, T * sizeof(uint32_t)},
         {(void **)&f->chunk, T * sizeof(struct fwd_token)},
         {(void **)&f->seen, T * sizeof(struct kv_seq *)},
@@ -229,27 +173,7 @@ int fwd_start(const struct model *m, struct kv_cache *kv, const struct fwd_opts 
     f->o = *o;
     if (f->o.n_threads == 0) f->o.n_threads = 1;
     int rv;
-    struct pool *p = &f->pool;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->go, NULL);
-    pthread_cond_init(&p->done, NULL);
-    p->th = calloc(f->o.n_threads, sizeof *p->th);
-    f->pool_args = calloc(f->o.n_threads, sizeof *f->pool_args);
-    if (!p->th || !f->pool_args) {
-        rv = strata_errf(STRATA_ENOMEM, "out of memory for %u threads", f->o.n_threads);
-        goto fail;
-    }
-    if ((rv = alloc_scratch(f)) != 0) goto fail;
-    for (uint32_t i = 0; i + 1 < f->o.n_threads; i++) {
-        f->pool_args[i] = (struct pool_arg){p, i + 1};
-        int e = pthread_create(&p->th[i], NULL, pool_main, &f->pool_args[i]);
-        if (e) {
-            rv = strata_errf(strata_errno(e), "cannot start compute thread %u of %u", i + 2,
-                             f->o.n_threads);
-            goto fail;
-        }
-        p->n_th++;
-    }
+    if ((rv = alloc_scratch(f)) != 0 || (rv = pool_start(f->o.n_threads, &f->pool)) != 0) goto fail;
     *out = f;
     return 0;
 fail:
@@ -260,44 +184,125 @@ fail:
 void fwd_close(struct fwd *f)
 {
     if (!f) return;
-    pool_stop(&f->pool, f->pool_args, f->pool.n_th);
-    void *bufs[] = {f->x,    f->xn,   f->tmp,  f->q,   f->k,    f->v,     f->att,
-                    f->rlogit, f->sel, f->selw, f->moe, f->gx,   f->g,     f->u,
-                    f->y,    f->shg,  f->tok,  f->tokw, f->acts, f->pos,  f->chunk,
-                    f->seen, f->seen_len};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    pool_close(f->pool);
+    void *bufs[] = {f->x,       f->xn,         f->tmp,     f->q,        f->k,        f->v,
+                    f->att,     f->rlogit,     f->sel,     f->selw,     f->moe,      f->g,
+                    f->u,       f->y,          f->shg,     f->ptok,     f->pw,       f->ecount,
+                    f->acts[0], f->acts[1],    f->acts[2], f->pacts[0], f->pacts[1], f->hacts,
+                    f->tasks,   f->task_first, f->pos,     f->chunk,    f->seen,     f->seen_len};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
     free(f);
 }
 
-/* A matmul job for the pool: rows split across threads. */
-struct mm_job {
-    const struct model_mat *w;
-    const void *wdata;
-    const void *acts;
-    size_t act_stride;
-    uint32_t n_tok;
-    float *out;
-    size_t out_stride;
+void fwd_get_stats(const struct fwd *f, struct fwd_stats *out)
+{
+    *out = f->st;
+}
+
+void fwd_reset_stats(struct fwd *f)
+{
+    memset(&f->st, 0, sizeof f->st);
+}
+
+/* ---- matmuls ------------------------------------------------------------------------------
+ * A step's matrices (q, k and v; or gate and up of every expert hit) go to the pool as one loop
+ * over chunks of MM_ROWS rows of all of them, so threads stream distinct rows and a decode step
+ * pays one wake-up per step rather than one per matrix. */
+
+struct mm_run {
+    const struct mm_task *t;
+    const uint32_t *first; /* first item of each task, then the total */
+    uint32_t n;
 };
 
-static void mm_rows(void *ctx, uint32_t lo, uint32_t hi)
+static void mm_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
-    const struct mm_job *j = ctx;
-    ops_matmul(j->w->type, j->wdata, j->w->row_bytes, j->w->n_in, lo, hi, j->acts, j->act_stride,
-               j->n_tok, j->out, j->out_stride);
+    const struct mm_run *r = ctx;
+    uint32_t k = 0;
+    for (uint32_t item = lo; item < hi; item++) {
+        while (r->first[k + 1] <= item)
+            k++;
+        const struct mm_task *t = &r->t[k];
+        const uint32_t r0 = (item - r->first[k]) * MM_ROWS;
+        const uint32_t r1 = t->w->n_out - r0 < MM_ROWS ? t->w->n_out : r0 + MM_ROWS;
+        cpu_matmul(t->w->type, t->wdata, t->w->row_bytes, t->w->n_in, r0, r1, t->acts,
+                   t->act_stride, t->n_tok, t->out, t->out_stride);
+    }
 }
 
-/* matmul: out (n_tok rows of out_stride floats) = W . x for n_tok rows of x (x_stride floats).
- * wdata: w->data, or an expert part from the resolver. */
-static int matmul(struct fwd *f, const struct model_mat *w, const void *wdata, const float *x,
-                  size_t x_stride, uint32_t n_tok, float *out, size_t out_stride)
+/* run_tasks computes f->tasks[0..n) in one parallel loop. */
+static void run_tasks(struct fwd *f, uint32_t n)
 {
-    int rv = ops_quantize_acts(w->type, x, x_stride, w->n_in, n_tok, f->acts, f->act_stride);
+    f->task_first[0] = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const struct model_mat *w = f->tasks[k].w;
+        f->task_first[k + 1] = f->task_first[k] + (w->n_out + MM_ROWS - 1) / MM_ROWS;
+        f->st.weight_bytes += w->row_bytes * w->n_out;
+    }
+    struct mm_run r = {f->tasks, f->task_first, n};
+    pool_for(f->pool, f->task_first[n], 1, mm_items, &r);
+}
+
+/* Quantization of n rows for the pool: rows [lo, hi) of src into dst. */
+struct quant_job {
+    uint32_t type, n_in;
+    const float *x;
+    size_t x_stride;
+    uint8_t *dst;
+    size_t dst_stride;
+    _Atomic int rv;
+};
+
+static void quant_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    struct quant_job *j = ctx;
+    int rv = ops_quantize_acts(j->type, j->x + lo * j->x_stride, j->x_stride, j->n_in, hi - lo,
+                               j->dst + lo * j->dst_stride, j->dst_stride);
+    if (rv) atomic_store(&j->rv, rv);
+}
+
+/* quantize: activations of n rows of x for a matmul with w, into dst (rows of act_stride). */
+static int quantize(struct fwd *f, const struct model_mat *w, const float *x, size_t x_stride,
+                    uint32_t n, uint8_t *dst)
+{
+    struct quant_job j = {w->type, w->n_in, x, x_stride, dst, f->act_stride, 0};
+    pool_for(f->pool, n, 16, quant_rows, &j);
+    return atomic_load(&j.rv);
+}
+
+static struct mm_task task(struct fwd *f, const struct model_mat *w, const void *wdata,
+                           const void *acts, uint32_t n_tok, float *out, size_t out_stride)
+{
+    return (struct mm_task){w, wdata, acts, f->act_stride, n_tok, out, out_stride};
+}
+
+/* inputs_for: activations of x (n rows of w->n_in) for matrix w, reusing those already made for
+ * `prev` when both quantize the same way. */
+static int inputs_for(struct fwd *f, const struct model_mat *w, const struct model_mat *prev,
+                      const uint8_t *prev_acts, const float *x, size_t x_stride, uint32_t n,
+                      uint8_t *dst, const uint8_t **out)
+{
+    if (prev && quant_act_type(prev->type) == quant_act_type(w->type) && prev->n_in == w->n_in) {
+        *out = prev_acts;
+        return 0;
+    }
+    *out = dst;
+    return quantize(f, w, x, x_stride, n, dst);
+}
+
+/* matmul: out (n_tok rows of out_stride floats) = W . x for n_tok rows of x (x_stride floats). */
+static int matmul(struct fwd *f, const struct model_mat *w, const float *x, size_t x_stride,
+                  uint32_t n_tok, float *out, size_t out_stride)
+{
+    int rv = quantize(f, w, x, x_stride, n_tok, f->acts[0]);
     if (rv) return rv;
-    struct mm_job j = {w, wdata, f->acts, f->act_stride, n_tok, out, out_stride};
-    pool_for(&f->pool, w->n_out, mm_rows, &j);
+    f->tasks[0] = task(f, w, w->data, f->acts[0], n_tok, out, out_stride);
+    run_tasks(f, 1);
     return 0;
 }
+
+/* ---- attention ----------------------------------------------------------------------------- */
 
 /* Attention job: items are (token, head) pairs. */
 struct att_job {
@@ -306,7 +311,7 @@ struct att_job {
     uint32_t layer;
 };
 
-static void att_items(void *ctx, uint32_t lo, uint32_t hi)
+static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     const struct att_job *j = ctx;
     struct fwd *f = j->f;
@@ -317,7 +322,7 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi)
         uint32_t t = i / hp->n_head, h = i % hp->n_head;
         struct ops_kv_view view;
         kv_view(f->kv, j->toks[t].seq, j->layer, h / group, hp->head_dim, hp->head_dim_v, &view);
-        ops_attention(f->att + ((size_t)t * hp->n_head + h) * hp->head_dim_v,
+        cpu_attention(f->att + ((size_t)t * hp->n_head + h) * hp->head_dim_v,
                       f->q + ((size_t)t * hp->n_head + h) * hp->head_dim, hp->head_dim,
                       hp->head_dim_v, scale, &view, f->pos[t] + 1);
     }
@@ -331,46 +336,63 @@ static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, ui
                  nk = (size_t)hp->n_head_kv * hp->head_dim,
                  nv = (size_t)hp->n_head_kv * hp->head_dim_v;
     int rv;
-    for (uint32_t t = 0; t < n; t++) ops_rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, E,
-                                                 hp->rms_eps);
-    if ((rv = matmul(f, &L->wq, L->wq.data, f->xn, E, n, f->q, nq)) ||
-        (rv = matmul(f, &L->wk, L->wk.data, f->xn, E, n, f->k, nk)) ||
-        (rv = matmul(f, &L->wv, L->wv.data, f->xn, E, n, f->v, nv)))
+    double t0 = now_s();
+    for (uint32_t t = 0; t < n; t++)
+        cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, E, hp->rms_eps);
+    double t1 = now_s();
+    const uint8_t *aq, *ak, *av;
+    if ((rv = inputs_for(f, &L->wq, NULL, NULL, f->xn, E, n, f->acts[0], &aq)) ||
+        (rv = inputs_for(f, &L->wk, &L->wq, aq, f->xn, E, n, f->acts[1], &ak)) ||
+        (rv = inputs_for(f, &L->wv, &L->wk, ak, f->xn, E, n, f->acts[2], &av)))
         return rv;
+    f->tasks[0] = task(f, &L->wq, L->wq.data, aq, n, f->q, nq);
+    f->tasks[1] = task(f, &L->wk, L->wk.data, ak, n, f->k, nk);
+    f->tasks[2] = task(f, &L->wv, L->wv.data, av, n, f->v, nv);
+    run_tasks(f, 3);
+    double t2 = now_s();
     for (uint32_t t = 0; t < n; t++) {
         float *q = f->q + t * nq, *k = f->k + t * nk, *v = f->v + t * nv;
         if (L->bq) {
-            for (size_t i = 0; i < nq; i++) q[i] += L->bq[i];
-            for (size_t i = 0; i < nk; i++) k[i] += L->bk[i];
-            for (size_t i = 0; i < nv; i++) v[i] += L->bv[i];
+            for (size_t i = 0; i < nq; i++)
+                q[i] += L->bq[i];
+            for (size_t i = 0; i < nk; i++)
+                k[i] += L->bk[i];
+            for (size_t i = 0; i < nv; i++)
+                v[i] += L->bv[i];
         }
         if (hp->qk_norm == MODEL_QK_NORM_HEAD) {
             for (uint32_t h = 0; h < hp->n_head; h++)
-                ops_rmsnorm(q + h * hp->head_dim, q + h * hp->head_dim, L->q_norm, hp->head_dim,
+                cpu_rmsnorm(q + h * hp->head_dim, q + h * hp->head_dim, L->q_norm, hp->head_dim,
                             hp->rms_eps);
             for (uint32_t h = 0; h < hp->n_head_kv; h++)
-                ops_rmsnorm(k + h * hp->head_dim, k + h * hp->head_dim, L->k_norm, hp->head_dim,
+                cpu_rmsnorm(k + h * hp->head_dim, k + h * hp->head_dim, L->k_norm, hp->head_dim,
                             hp->rms_eps);
         } else if (hp->qk_norm == MODEL_QK_NORM_FULL) {
-            ops_rmsnorm(q, q, L->q_norm, nq, hp->rms_eps);
-            ops_rmsnorm(k, k, L->k_norm, nk, hp->rms_eps);
+            cpu_rmsnorm(q, q, L->q_norm, nq, hp->rms_eps);
+            cpu_rmsnorm(k, k, L->k_norm, nk, hp->rms_eps);
         }
         const bool neox = hp->rope == MODEL_ROPE_NEOX;
-        ops_rope(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
-        ops_rope(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
+        cpu_rope(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
+        cpu_rope(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
         memcpy(kv_k(f->kv, toks[t].seq, il, f->pos[t]), k, nk * sizeof(float));
         memcpy(kv_v(f->kv, toks[t].seq, il, f->pos[t]), v, nv * sizeof(float));
     }
     /* Every token's K/V of this layer is stored before any token attends: a prompt chunk's later
      * tokens see its earlier ones, and each sees only positions <= its own. */
     struct att_job j = {f, toks, il};
-    pool_for(&f->pool, n * hp->n_head, att_items, &j);
-    if ((rv = matmul(f, &L->wo, L->wo.data, f->att, (size_t)hp->n_head * hp->head_dim_v, n,
-                     f->tmp, E)))
+    pool_for(f->pool, n * hp->n_head, 1, att_items, &j);
+    double t3 = now_s();
+    if ((rv = matmul(f, &L->wo, f->att, (size_t)hp->n_head * hp->head_dim_v, n, f->tmp, E)))
         return rv;
-    for (size_t i = 0; i < n * E; i++) f->x[i] += f->tmp[i];
+    for (size_t i = 0; i < n * E; i++)
+        f->x[i] += f->tmp[i];
+    double t4 = now_s();
+    f->st.attention_s += (t1 - t0) + (t3 - t2);
+    f->st.dense_s += (t2 - t1) + (t4 - t3);
     return 0;
 }
+
+/* ---- MoE ----------------------------------------------------------------------------------- */
 
 /* route picks each token's experts and weights from its router logits, per the arch's gating. */
 static void route(struct fwd *f, uint32_t n)
@@ -382,83 +404,167 @@ static void route(struct fwd *f, uint32_t n)
         uint32_t *sel = f->sel + (size_t)t * K;
         if (hp->gating == MODEL_GATING_TOPK_SOFTMAX) {
             ops_topk(p, E, K, sel);
-            for (uint32_t i = 0; i < K; i++) w[i] = p[sel[i]];
+            for (uint32_t i = 0; i < K; i++)
+                w[i] = p[sel[i]];
             ops_softmax(w, K);
             continue;
         }
         ops_softmax(p, E);
         ops_topk(p, E, K, sel);
         float sum = 0.0f;
-        for (uint32_t i = 0; i < K; i++) sum += w[i] = p[sel[i]];
+        for (uint32_t i = 0; i < K; i++)
+            sum += w[i] = p[sel[i]];
         if (hp->norm_topk)
-            for (uint32_t i = 0; i < K; i++) w[i] /= sum;
+            for (uint32_t i = 0; i < K; i++)
+                w[i] /= sum;
     }
 }
 
-/* swiglu_ffn: y (n rows of n_embd) = down(silu(gate x) * up x) for the n rows of x in f->gx. */
-static int swiglu_ffn(struct fwd *f, const struct model_mat *gate, const void *gd,
-                      const struct model_mat *up, const void *ud, const struct model_mat *down,
-                      const void *dd, uint32_t n)
+/* pair_order lays out the (token, expert) pairs by expert id, tokens in batch order within an
+ * expert (the order the reference adds them in); ecount[e] becomes expert e's first pair. */
+static uint32_t pair_order(struct fwd *f, uint32_t n)
 {
-    const size_t E = f->m->hp.n_embd, F = gate->n_out;
-    int rv;
-    if ((rv = matmul(f, gate, gd, f->gx, E, n, f->g, F)) ||
-        (rv = matmul(f, up, ud, f->gx, E, n, f->u, F)))
-        return rv;
-    for (uint32_t t = 0; t < n; t++) ops_swiglu(f->g + t * F, f->g + t * F, f->u + t * F, F);
-    return matmul(f, down, dd, f->g, F, n, f->y, E);
+    const uint32_t NE = f->m->hp.n_expert, K = f->m->hp.n_expert_used;
+    memset(f->ecount, 0, (NE + 1) * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n * K; i++)
+        f->ecount[f->sel[i] + 1]++;
+    for (uint32_t e = 0; e < NE; e++)
+        f->ecount[e + 1] += f->ecount[e];
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < K; i++) {
+            const uint32_t e = f->sel[t * K + i];
+            /* ecount[e] walks forward as pairs land; shifted back below */
+            f->ptok[f->ecount[e]] = t;
+            f->pw[f->ecount[e]++] = f->selw[t * K + i];
+        }
+    for (uint32_t e = NE; e > 0; e--)
+        f->ecount[e] = f->ecount[e - 1];
+    f->ecount[0] = 0;
+    return n * K;
 }
 
-static int moe(struct fwd *f, uint32_t n, uint32_t il)
+/* SwiGLU of the pairs and its quantization for down, items = pairs. */
+struct glu_job {
+    struct fwd *f;
+    const struct model_mat *down;
+    uint32_t F;
+    _Atomic int rv;
+};
+
+static void glu_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    struct glu_job *j = ctx;
+    struct fwd *f = j->f;
+    for (uint32_t p = lo; p < hi; p++)
+        ops_swiglu(f->g + (size_t)p * j->F, f->g + (size_t)p * j->F, f->u + (size_t)p * j->F, j->F);
+    int rv = ops_quantize_acts(j->down->type, f->g + (size_t)lo * j->F, j->F, j->F, hi - lo,
+                               f->hacts + lo * f->act_stride, f->act_stride);
+    if (rv) atomic_store(&j->rv, rv);
+}
+
+/* gather copies token rows of quantized activations into pair order. */
+static void gather(struct fwd *f, const uint8_t *src, uint8_t *dst, uint32_t n_pairs, size_t bytes)
+{
+    for (uint32_t p = 0; p < n_pairs; p++)
+        memcpy(dst + p * f->act_stride, src + f->ptok[p] * f->act_stride, bytes);
+}
+
+static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
 {
     const struct model *m = f->m;
     const struct model_hparams *hp = &m->hp;
     const struct model_layer *L = &m->layers[il];
-    const size_t E = hp->n_embd, K = hp->n_expert_used;
+    const struct model_mat *G = &L->part[MODEL_PART_GATE], *U = &L->part[MODEL_PART_UP],
+                           *D = &L->part[MODEL_PART_DOWN];
+    const size_t E = hp->n_embd, F = G->n_out;
     int rv;
-    for (uint32_t t = 0; t < n; t++) ops_rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, E,
-                                                 hp->rms_eps);
-    if ((rv = matmul(f, &L->router, L->router.data, f->xn, E, n, f->rlogit, hp->n_expert)))
+    const uint32_t n_pairs = pair_order(f, n);
+    const uint8_t *ag, *au;
+    if ((rv = inputs_for(f, G, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
+        (rv = inputs_for(f, U, G, ag, f->xn, E, n, f->acts[1], &au)))
         return rv;
-    route(f, n);
-    memset(f->moe, 0, n * E * sizeof(float));
-    /* One pass per expert over the tokens routed to it; experts in id order, so each token's sum
-     * is taken in expert-id order whatever else is in the batch. */
+    gather(f, ag, f->pacts[0], n_pairs, quant_act_bytes(G->type, E));
+    if (au != ag) gather(f, au, f->pacts[1], n_pairs, quant_act_bytes(U->type, E));
+    const uint8_t *pu = au != ag ? f->pacts[1] : f->pacts[0];
+    uint32_t nt = 0;
     for (uint32_t e = 0; e < hp->n_expert; e++) {
-        uint32_t nt = 0;
-        for (uint32_t t = 0; t < n; t++)
-            for (size_t i = 0; i < K; i++)
-                if (f->sel[t * K + i] == e) {
-                    f->tok[nt] = t;
-                    f->tokw[nt++] = f->selw[t * K + i];
-                }
-        if (!nt) continue;
-        for (uint32_t i = 0; i < nt; i++)
-            memcpy(f->gx + i * E, f->xn + f->tok[i] * E, E * sizeof(float));
-        if ((rv = swiglu_ffn(f, &L->part[MODEL_PART_GATE],
-                             model_expert_part(m, il, e, MODEL_PART_GATE), &L->part[MODEL_PART_UP],
-                             model_expert_part(m, il, e, MODEL_PART_UP),
-                             &L->part[MODEL_PART_DOWN],
-                             model_expert_part(m, il, e, MODEL_PART_DOWN), nt)))
-            return rv;
-        for (uint32_t i = 0; i < nt; i++) {
-            float *o = f->moe + f->tok[i] * E;
-            const float *y = f->y + i * E;
-            for (size_t d = 0; d < E; d++) o[d] += f->tokw[i] * y[d];
-        }
+        const uint32_t p0 = f->ecount[e], np = f->ecount[e + 1] - p0;
+        if (!np) continue;
+        f->tasks[nt++] = task(f, G, model_expert_part(m, il, e, MODEL_PART_GATE),
+                              f->pacts[0] + p0 * f->act_stride, np, f->g + p0 * F, F);
+        f->tasks[nt++] = task(f, U, model_expert_part(m, il, e, MODEL_PART_UP),
+                              pu + p0 * f->act_stride, np, f->u + p0 * F, F);
     }
-    if (hp->n_ff_shexp) {
-        memcpy(f->gx, f->xn, n * E * sizeof(float));
-        if ((rv = swiglu_ffn(f, &L->gate_shexp, L->gate_shexp.data, &L->up_shexp,
-                             L->up_shexp.data, &L->down_shexp, L->down_shexp.data, n)) ||
-            (rv = matmul(f, &L->gate_inp_shexp, L->gate_inp_shexp.data, f->xn, E, n, f->shg, 1)))
-            return rv;
-        for (uint32_t t = 0; t < n; t++) {
-            const float s = 1.0f / (1.0f + expf(-f->shg[t]));
-            for (size_t d = 0; d < E; d++) f->moe[t * E + d] += s * f->y[t * E + d];
-        }
+    run_tasks(f, nt);
+    struct glu_job gj = {f, D, (uint32_t)F, 0};
+    pool_for(f->pool, n_pairs, 8, glu_rows, &gj);
+    if ((rv = atomic_load(&gj.rv))) return rv;
+    nt = 0;
+    for (uint32_t e = 0; e < hp->n_expert; e++) {
+        const uint32_t p0 = f->ecount[e], np = f->ecount[e + 1] - p0;
+        if (np)
+            f->tasks[nt++] = task(f, D, model_expert_part(m, il, e, MODEL_PART_DOWN),
+                                  f->hacts + p0 * f->act_stride, np, f->y + p0 * E, E);
     }
-    for (size_t i = 0; i < n * E; i++) f->x[i] += f->moe[i];
+    run_tasks(f, nt);
+    /* Pairs run in expert-id order, so each token's sum is taken in expert-id order. */
+    memset(f->moe, 0, n * E * sizeof(float));
+    for (uint32_t p = 0; p < n_pairs; p++) {
+        float *o = f->moe + f->ptok[p] * E;
+        const float *y = f->y + p * E, w = f->pw[p];
+        for (size_t d = 0; d < E; d++)
+            o[d] += w * y[d];
+    }
+    return 0;
+}
+
+static int shared_expert(struct fwd *f, uint32_t n, uint32_t il)
+{
+    const struct model_layer *L = &f->m->layers[il];
+    const size_t E = f->m->hp.n_embd, F = L->gate_shexp.n_out;
+    int rv;
+    const uint8_t *ag, *au, *as;
+    if ((rv = inputs_for(f, &L->gate_shexp, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
+        (rv = inputs_for(f, &L->up_shexp, &L->gate_shexp, ag, f->xn, E, n, f->acts[1], &au)) ||
+        (rv = inputs_for(f, &L->gate_inp_shexp, &L->up_shexp, au, f->xn, E, n, f->acts[2], &as)))
+        return rv;
+    f->tasks[0] = task(f, &L->gate_shexp, L->gate_shexp.data, ag, n, f->g, F);
+    f->tasks[1] = task(f, &L->up_shexp, L->up_shexp.data, au, n, f->u, F);
+    f->tasks[2] = task(f, &L->gate_inp_shexp, L->gate_inp_shexp.data, as, n, f->shg, 1);
+    run_tasks(f, 3);
+    for (uint32_t t = 0; t < n; t++)
+        ops_swiglu(f->g + t * F, f->g + t * F, f->u + t * F, F);
+    if ((rv = matmul(f, &L->down_shexp, f->g, F, n, f->y, E))) return rv;
+    for (uint32_t t = 0; t < n; t++) {
+        const float s = 1.0f / (1.0f + expf(-f->shg[t]));
+        for (size_t d = 0; d < E; d++)
+            f->moe[t * E + d] += s * f->y[t * E + d];
+    }
+    return 0;
+}
+
+static int moe(struct fwd *f, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[il];
+    const size_t E = hp->n_embd;
+    int rv;
+    double t0 = now_s();
+    for (uint32_t t = 0; t < n; t++)
+        cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, E, hp->rms_eps);
+    double t1 = now_s();
+    if ((rv = matmul(f, &L->router, f->xn, E, n, f->rlogit, hp->n_expert))) return rv;
+    route(f, n);
+    double t2 = now_s();
+    if ((rv = routed_experts(f, n, il))) return rv;
+    double t3 = now_s();
+    if (hp->n_ff_shexp && (rv = shared_expert(f, n, il))) return rv;
+    for (size_t i = 0; i < n * E; i++)
+        f->x[i] += f->moe[i];
+    double t4 = now_s();
+    f->st.attention_s += t1 - t0;
+    f->st.dense_s += (t2 - t1) + (t4 - t3);
+    f->st.experts_s += t3 - t2;
     return 0;
 }
 
@@ -470,7 +576,8 @@ static int grow(struct fwd *f, const struct fwd_token *toks, uint32_t n)
     /* O(n * sequences): a batch holds at most a few hundred sequences. */
     for (uint32_t t = 0; t < n; t++) {
         uint32_t s = 0;
-        while (s < n_seen && f->seen[s] != toks[t].seq) s++;
+        while (s < n_seen && f->seen[s] != toks[t].seq)
+            s++;
         if (s == n_seen) {
             f->seen[n_seen] = toks[t].seq;
             f->seen_len[n_seen++] = toks[t].seq->n_tokens;
@@ -479,7 +586,8 @@ static int grow(struct fwd *f, const struct fwd_token *toks, uint32_t n)
         if ((rv = kv_seq_resize(f->kv, toks[t].seq, f->pos[t] + 1)) != 0) break;
     }
     if (rv)
-        for (uint32_t s = 0; s < n_seen; s++) kv_seq_resize(f->kv, f->seen[s], f->seen_len[s]);
+        for (uint32_t s = 0; s < n_seen; s++)
+            kv_seq_resize(f->kv, f->seen[s], f->seen_len[s]);
     return rv;
 }
 
@@ -497,23 +605,29 @@ int fwd_eval(struct fwd *f, const struct fwd_token *toks, uint32_t n, float *log
             return strata_errf(STRATA_EINVAL, "token id %d is outside the vocabulary of %u",
                                toks[t].id, hp->n_vocab);
     if ((rv = grow(f, toks, n)) != 0) return rv;
+    const double t0 = now_s();
     for (uint32_t t = 0; t < n; t++) {
-        const uint8_t *row = (const uint8_t *)m->token_embd.data +
-                             (uint64_t)toks[t].id * m->token_embd.row_bytes;
+        const uint8_t *row =
+            (const uint8_t *)m->token_embd.data + (uint64_t)toks[t].id * m->token_embd.row_bytes;
         if ((rv = quant_dequantize(m->token_embd.type, row, f->x + t * E, E)) != 0) goto fail;
     }
     for (uint32_t il = 0; il < hp->n_layer; il++)
         if ((rv = attention(f, toks, n, il)) || (rv = moe(f, n, il))) goto fail;
+    const double t1 = now_s();
     uint32_t n_out = 0;
     for (uint32_t t = 0; t < n; t++)
         if (toks[t].logits)
-            ops_rmsnorm(f->xn + n_out++ * E, f->x + t * E, m->output_norm, E, hp->rms_eps);
-    if (n_out && (rv = matmul(f, &m->output, m->output.data, f->xn, E, n_out, logits,
-                              hp->n_vocab)) != 0)
-        goto fail;
+            cpu_rmsnorm(f->xn + n_out++ * E, f->x + t * E, m->output_norm, E, hp->rms_eps);
+    if (n_out && (rv = matmul(f, &m->output, f->xn, E, n_out, logits, hp->n_vocab)) != 0) goto fail;
+    const double t2 = now_s();
+    f->st.passes++;
+    f->st.tokens += n;
+    f->st.output_s += t2 - t1;
+    f->st.total_s += t2 - t0;
     return 0;
 fail:
-    for (uint32_t t = n; t-- > 0;) kv_seq_resize(f->kv, toks[t].seq, f->pos[t]);
+    for (uint32_t t = n; t-- > 0;)
+        kv_seq_resize(f->kv, toks[t].seq, f->pos[t]);
     return rv;
 }
 

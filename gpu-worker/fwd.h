@@ -10,6 +10,9 @@
  * in expert-id order, and threads only split independent rows or heads.
  * A fwd object owns its scratch and a pool of n_threads-1 threads; one thread at a time calls
  * fwd_eval. The model and cache are borrowed and must outlive it.
+ * Kernels: kernels/cpu (AVX2 / AVX-512 when the CPU has them, equal bit for bit to kernels/ref).
+ * Each routed expert is computed once per pass for all the tokens routed to it, and the rows of
+ * all a layer's experts are shared out across the threads in one parallel loop per step.
  */
 #ifndef STRATA_FWD_H
 #define STRATA_FWD_H
@@ -35,6 +38,18 @@ struct fwd_token {
 
 struct fwd;
 
+/* Where a fwd's time went since start or the last fwd_reset_stats (wall time of the caller). */
+struct fwd_stats {
+    uint64_t passes;       /* fwd_eval calls */
+    uint64_t tokens;       /* tokens evaluated */
+    double total_s;        /* inside fwd_eval */
+    double attention_s;    /* norms, q/k norms, RoPE, K/V writes, attention over the cache */
+    double dense_s;        /* q/k/v/o projections, router, shared expert */
+    double experts_s;      /* routed experts: gather, gate/up, SwiGLU, down, weighted sum */
+    double output_s;       /* final norm and output matmul */
+    uint64_t weight_bytes; /* bytes of weight matrices the matmuls streamed */
+};
+
 /* fwd_kv_config: the cache configuration for m with contexts of n_ctx positions and up to n_seq
  * sequences of full length (0 for n_ctx: the model's trained context). */
 void fwd_kv_config(const struct model *m, uint32_t n_ctx, uint32_t n_seq, struct kv_config *out);
@@ -53,9 +68,13 @@ void fwd_close(struct fwd *f);
  * pool), STRATA_ENOMEM, a quant error; on error every sequence keeps its previous length. */
 int fwd_eval(struct fwd *f, const struct fwd_token *toks, uint32_t n, float *logits);
 
-/* fwd_prompt feeds ids[0..n) to s in chunks of `chunk` tokens (0 or above max_tokens: max_tokens) and writes the last
- * token's logits to logits (n_vocab floats) when it is non-NULL. Errors as fwd_eval; on error s
- * holds the chunks that completed. */
+/* fwd_get_stats copies the counters; fwd_reset_stats zeroes them. Same thread as fwd_eval. */
+void fwd_get_stats(const struct fwd *f, struct fwd_stats *out);
+void fwd_reset_stats(struct fwd *f);
+
+/* fwd_prompt feeds ids[0..n) to s in chunks of `chunk` tokens (0 or above max_tokens: max_tokens)
+ * and writes the last token's logits to logits (n_vocab floats) when it is non-NULL. Errors as
+ * fwd_eval; on error s holds the chunks that completed. */
 int fwd_prompt(struct fwd *f, struct kv_seq *s, const int32_t *ids, uint32_t n, uint32_t chunk,
                float *logits);
 
