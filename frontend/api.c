@@ -1,0 +1,419 @@
+/* api — OpenAI request bodies: parse, check types and ranges, name the bad field. */
+#include "frontend/api.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BAD "invalid_request_error"
+
+unsigned api_fail(struct api_error *e, unsigned status, const char *type, const char *param,
+                  const char *code, const char *fmt, ...)
+{
+    e->status = status;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+char *api_error_json(const struct api_error *e)
+{
+    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type",
+                          e->type ? e->type : BAD, "param",
+                          e->param[0] ? json_string(e->param) : json_null(), "code",
+                          e->code ? json_string(e->code) : json_null());
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s;
+}
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
+    }
+    return "?";
+}
+
+static unsigned load_object(const char *body, size_t len, json_t **root, struct api_error *e)
+{
+    json_error_t je;
+    *root = json_loadb(body, len, 0, &je);
+    if (!*root)
+        return api_fail(e, 400, BAD, NULL, "invalid_json",
+                        "the request body is not valid JSON: %s (line %d, column %d)", je.text,
+                        je.line, je.column);
+    if (!json_is_object(*root))
+        return api_fail(e, 400, BAD, NULL, "invalid_json",
+                        "the request body must be a JSON object, got %s", type_name(*root));
+    return 0;
+}
+
+/* field returns key's value, or NULL when absent or null (both mean "the default"). */
+static json_t *field(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static unsigned get_num(json_t *o, const char *key, double min, double max, float *out,
+                        struct api_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_number(v))
+        return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be a number, got %s", key,
+                        type_name(v));
+    double d = json_number_value(v);
+    if (!(d >= min && d <= max))
+        return api_fail(e, 400, BAD, key, "invalid_value", "'%s' is %g: it must be in [%g, %g]",
+                        key, d, min, max);
+    *out = (float)d;
+    return 0;
+}
+
+static unsigned get_int(json_t *o, const char *key, int64_t min, int64_t max, int64_t *out,
+                        struct api_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_integer(v))
+        return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be an integer, got %s", key,
+                        type_name(v));
+    json_int_t i = json_integer_value(v);
+    if (i < min || i > max)
+        return api_fail(e, 400, BAD, key, "invalid_value",
+                        "'%s' is %lld: it must be in [%lld, %lld]", key, (long long)i,
+                        (long long)min, (long long)max);
+    *out = i;
+    return 0;
+}
+
+static unsigned get_bool(json_t *o, const char *key, bool *out, struct api_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v))
+        return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be true or false, got %s", key,
+                        type_name(v));
+    *out = json_is_true(v);
+    return 0;
+}
+
+static unsigned get_str(json_t *o, const char *key, const char **out, struct api_error *e)
+{
+    json_t *v = field(o, key);
+    if (!v) return 0;
+    if (!json_is_string(v))
+        return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be a string, got %s", key,
+                        type_name(v));
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* text_of turns a message's content (a string, null, or an array of {"type": "text", "text"}
+ * parts) into one string value (a new reference). */
+static unsigned text_of(json_t *content, size_t i, json_t **out, struct api_error *e)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    if (!content || json_is_null(content)) {
+        *out = json_string("");
+        return 0;
+    }
+    if (json_is_string(content)) {
+        *out = json_incref(content);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return api_fail(e, 400, BAD, param, "invalid_type",
+                        "'%s' must be a string or an array of text parts, got %s", param,
+                        type_name(content));
+    size_t total = 0, j;
+    json_t *part;
+    json_array_foreach(content, j, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        const char *type = json_string_value(json_object_get(part, "type"));
+        if (!json_is_object(part) || !type || strcmp(type, "text") != 0 || !json_is_string(t))
+            return api_fail(e, 400, BAD, param, "invalid_value",
+                            "%s[%zu]: only {\"type\": \"text\", \"text\": \"...\"} parts are "
+                            "supported (this model reads text only)",
+                            param, j);
+        total += json_string_length(t);
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t at = 0;
+    json_array_foreach(content, j, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        memcpy(buf + at, json_string_value(t), json_string_length(t));
+        at += json_string_length(t);
+    }
+    *out = json_stringn(buf, at);
+    free(buf);
+    if (!*out)
+        return api_fail(e, 400, BAD, param, "invalid_value", "%s: the text is not valid UTF-8",
+                        param);
+    return 0;
+}
+
+static unsigned parse_messages(json_t *root, struct api_params *p, struct api_error *e)
+{
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs)
+        return api_fail(e, 400, BAD, "messages", "missing_required_parameter",
+                        "'messages' is required: an array of {\"role\", \"content\"} objects");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return api_fail(e, 400, BAD, "messages", "invalid_value",
+                        "'messages' must be a non-empty array of {\"role\", \"content\"} objects, "
+                        "got %s",
+                        json_is_array(msgs) ? "an empty array" : type_name(msgs));
+    if (!(p->messages = json_array()))
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m))
+            return api_fail(e, 400, BAD, param, "invalid_type",
+                            "'%s' must be an object with \"role\" and \"content\", got %s", param,
+                            type_name(m));
+        if (!json_is_string(json_object_get(m, "role")))
+            return api_fail(e, 400, BAD, param, "invalid_value",
+                            "'%s.role' must be a string such as \"user\"", param);
+        /* the template sees the message as sent (tool calls, names, reasoning) with its content
+         * flattened to a string */
+        json_t *copy = json_copy(m), *text = NULL;
+        unsigned st;
+        if (!copy) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if ((st = text_of(json_object_get(m, "content"), i, &text, e)) != 0) {
+            json_decref(copy);
+            return st;
+        }
+        json_object_set_new(copy, "content", text);
+        json_array_append_new(p->messages, copy);
+    }
+    return 0;
+}
+
+static unsigned parse_prompt(json_t *root, uint32_t n_vocab, struct api_params *p,
+                             struct api_error *e)
+{
+    json_t *v = json_object_get(root, "prompt");
+    if (!v)
+        return api_fail(e, 400, BAD, "prompt", "missing_required_parameter",
+                        "'prompt' is required: a string or an array of token ids");
+    if (json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)))
+        v = json_array_get(v, 0);
+    if (json_is_string(v)) {
+        p->prompt = json_string_value(v);
+        p->prompt_len = json_string_length(v);
+        if (p->prompt_len == 0)
+            return api_fail(e, 400, BAD, "prompt", "invalid_value", "'prompt' is empty");
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return api_fail(e, 400, BAD, "prompt", "invalid_value",
+                        "'prompt' must be a non-empty string or array of token ids (one prompt "
+                        "per request), got %s",
+                        json_is_array(v) ? "an empty array" : type_name(v));
+    size_t n = json_array_size(v), i;
+    json_t *id;
+    if (!(p->prompt_ids = malloc(n * sizeof *p->prompt_ids)))
+        return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    json_array_foreach(v, i, id)
+    {
+        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
+            json_integer_value(id) >= (json_int_t)n_vocab)
+            return api_fail(e, 400, BAD, "prompt", "invalid_value",
+                            "prompt[%zu] must be a token id in [0, %u) (one prompt per request: "
+                            "an array of strings is not supported), got %s",
+                            i, n_vocab, json_is_integer(id) ? "an id out of range" : type_name(id));
+        p->prompt_ids[i] = (int32_t)json_integer_value(id);
+    }
+    p->n_prompt_ids = n;
+    return 0;
+}
+
+static unsigned parse_stop(json_t *root, struct api_params *p, struct api_error *e)
+{
+    json_t *v = field(root, "stop");
+    if (!v) return 0;
+    if (json_is_string(v)) {
+        p->stop[p->n_stop++] = json_string_value(v);
+        return 0;
+    }
+    if (!json_is_array(v) || json_array_size(v) > FE_STOP_MAX)
+        return api_fail(e, 400, BAD, "stop", "invalid_value",
+                        "'stop' must be a string or an array of at most %d strings", FE_STOP_MAX);
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s)
+    {
+        if (!json_is_string(s))
+            return api_fail(e, 400, BAD, "stop", "invalid_type",
+                            "stop[%zu] must be a string, got %s", i, type_name(s));
+        p->stop[p->n_stop++] = json_string_value(s);
+    }
+    return 0;
+}
+
+unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_vocab,
+                   struct api_params *p, struct api_error *e)
+{
+    unsigned st;
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->model = "";
+    /* OpenAI's defaults: temperature 1 (0 asks for greedy), no filters or penalties */
+    p->sampling =
+        (struct wclient_sampling){.temperature = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f};
+    if ((st = load_object(body, len, &p->root, e)) != 0) return st;
+    json_t *r = p->root;
+    int64_t n = 1, max_tokens = 0, mct = 0, top_k = 0, seed = 0, lp = 0;
+    bool has_seed = json_is_integer(json_object_get(r, "seed"));
+    if ((st = get_str(r, "model", &p->model, e)) || (st = get_bool(r, "stream", &p->stream, e)) ||
+        (st = get_int(r, "n", INT64_MIN, INT64_MAX, &n, e)) ||
+        (st = get_int(r, "max_tokens", 1, WCLIENT_MAX_TOKENS, &max_tokens, e)) ||
+        (st = get_int(r, "max_completion_tokens", 1, WCLIENT_MAX_TOKENS, &mct, e)) ||
+        (st = get_num(r, "temperature", 0, 2, &p->sampling.temperature, e)) ||
+        (st = get_num(r, "top_p", 0, 1, &p->sampling.top_p, e)) ||
+        (st = get_int(r, "top_k", 0, UINT32_MAX, &top_k, e)) ||
+        (st = get_num(r, "min_p", 0, 1, &p->sampling.min_p, e)) ||
+        (st = get_num(r, "presence_penalty", -2, 2, &p->sampling.presence_penalty, e)) ||
+        (st = get_num(r, "frequency_penalty", -2, 2, &p->sampling.frequency_penalty, e)) ||
+        (st = get_num(r, "repeat_penalty", 0, 10, &p->sampling.repeat_penalty, e)) ||
+        (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)))
+        return st;
+    if (n != 1)
+        return api_fail(e, 400, BAD, "n", "invalid_value",
+                        "'n' is %lld: only one choice per request is supported, send n = 1 (or "
+                        "several requests)",
+                        (long long)n);
+    p->max_tokens = mct ? mct : max_tokens;
+    p->sampling.top_k = (uint32_t)top_k;
+    p->sampling.has_seed = has_seed;
+    p->sampling.seed = (uint64_t)seed;
+    json_t *so = field(r, "stream_options");
+    if (so && (!json_is_object(so) || (st = get_bool(so, "include_usage", &p->include_usage, e))))
+        return st ? st
+                  : api_fail(e, 400, BAD, "stream_options", "invalid_type",
+                             "'stream_options' must be an object, got %s", type_name(so));
+    if (kind == API_CHAT) {
+        int64_t top = 0;
+        if ((st = get_bool(r, "logprobs", &p->logprobs, e)) ||
+            (st = get_int(r, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &top, e)) ||
+            (st = get_str(r, "reasoning_effort", &p->reasoning_effort, e)) ||
+            (st = parse_messages(r, p, e)))
+            return st;
+        if (top && !p->logprobs)
+            return api_fail(e, 400, BAD, "top_logprobs", "invalid_value",
+                            "'top_logprobs' needs 'logprobs': true");
+        p->top_logprobs = (uint32_t)top;
+        json_t *kw = field(r, "chat_template_kwargs");
+        if (kw && !json_is_object(kw))
+            return api_fail(e, 400, BAD, "chat_template_kwargs", "invalid_type",
+                            "'chat_template_kwargs' must be an object, got %s", type_name(kw));
+        p->template_kwargs = kw;
+    } else {
+        /* the legacy API's logprobs is a count of alternatives */
+        if ((st = get_int(r, "logprobs", 0, 5, &lp, e)) || (st = parse_prompt(r, n_vocab, p, e)))
+            return st;
+        p->logprobs = field(r, "logprobs") != NULL;
+        p->top_logprobs = (uint32_t)lp;
+    }
+    return 0;
+}
+
+void api_params_free(struct api_params *p)
+{
+    json_decref(p->messages);
+    json_decref(p->root);
+    free(p->prompt_ids);
+    memset(p, 0, sizeof *p);
+}
+
+unsigned api_parse_tokenize(const char *body, size_t len, struct api_tokenize *t,
+                            struct api_error *e)
+{
+    unsigned st;
+    memset(t, 0, sizeof *t);
+    if ((st = load_object(body, len, &t->root, e)) != 0) return st;
+    json_t *c = json_object_get(t->root, "content");
+    if (!json_is_string(c))
+        return api_fail(e, 400, BAD, "content", c ? "invalid_type" : "missing_required_parameter",
+                        "'content' must be the string to tokenize");
+    t->content = json_string_value(c);
+    t->content_len = json_string_length(c);
+    if ((st = get_bool(t->root, "add_special", &t->add_special, e)) ||
+        (st = get_bool(t->root, "parse_special", &t->parse_special, e)) ||
+        (st = get_bool(t->root, "with_pieces", &t->with_pieces, e)))
+        return st;
+    return 0;
+}
+
+unsigned api_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, int32_t **ids,
+                              size_t *n, struct api_error *e)
+{
+    json_t *root;
+    unsigned st;
+    *ids = NULL;
+    *n = 0;
+    if ((st = load_object(body, len, &root, e)) != 0) {
+        json_decref(root);
+        return st;
+    }
+    json_t *v = json_object_get(root, "tokens"), *id;
+    size_t i;
+    if (!json_is_array(v)) {
+        st = api_fail(e, 400, BAD, "tokens", "invalid_type",
+                      "'tokens' must be an array of token ids");
+        goto out;
+    }
+    if (!(*ids = malloc((json_array_size(v) + 1) * sizeof **ids))) {
+        st = api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    json_array_foreach(v, i, id)
+    {
+        if (!json_is_integer(id) || json_integer_value(id) < 0 ||
+            json_integer_value(id) >= (json_int_t)n_vocab) {
+            st = api_fail(e, 400, BAD, "tokens", "invalid_value",
+                          "tokens[%zu] must be a token id in [0, %u)", i, n_vocab);
+            goto out;
+        }
+        (*ids)[i] = (int32_t)json_integer_value(id);
+    }
+    *n = json_array_size(v);
+out:
+    if (st) {
+        free(*ids);
+        *ids = NULL;
+    }
+    json_decref(root);
+    return st;
+}

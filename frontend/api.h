@@ -1,0 +1,89 @@
+/* api — the OpenAI-compatible request bodies: parsing and validating /v1/chat/completions,
+ * /v1/completions, /tokenize and /detokenize bodies, and OpenAI's error shape.
+ *
+ * Bodies are untrusted bytes (fuzzed by frontend/http_fuzz.c). api_parse checks every field the
+ * frontend uses for type and range and fails with a filled struct api_error: the HTTP status,
+ * OpenAI's `type`, the offending `param` and a message that names the value and what to send
+ * instead. Unknown fields are ignored (as llama-server does); `n` other than 1 is refused. The
+ * parsed params own the JSON tree; strings and objects in them point into it. Pure functions, any
+ * thread.
+ */
+#ifndef STRATA_API_H
+#define STRATA_API_H
+
+#include "common/wclient.h"
+#include "frontend/fe_stop.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define API_MAX_TOP_LOGPROBS 20 /* OpenAI's cap on top_logprobs */
+
+enum api_kind {
+    API_CHAT,       /* /v1/chat/completions */
+    API_COMPLETION, /* /v1/completions */
+};
+
+struct api_error {
+    unsigned status;   /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
+    const char *type;  /* "invalid_request_error", "authentication_error", "server_error"... */
+    char param[64];    /* the offending field, "" for none */
+    const char *code;  /* OpenAI's code string or NULL */
+    char message[512]; /* for a person: what was wrong, with the value, and what to do */
+};
+
+/* api_fail fills e and returns e->status. param and code may be NULL. */
+unsigned api_fail(struct api_error *e, unsigned status, const char *type, const char *param,
+                  const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* api_error_json renders e as {"error": {"message", "type", "param", "code"}} (malloc'd). */
+char *api_error_json(const struct api_error *e);
+
+struct api_params {
+    enum api_kind kind;
+    json_t *root;       /* the parsed body (owned) */
+    json_t *messages;   /* chat: the messages with every content as a string (owned) */
+    const char *prompt; /* completion: the prompt text (into root), or NULL with ids */
+    size_t prompt_len;
+    int32_t *prompt_ids; /* completion: the prompt as token ids (owned), or NULL */
+    size_t n_prompt_ids;
+    const char *model; /* as sent, "" when absent */
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    int64_t max_tokens; /* max_tokens or max_completion_tokens; 0: not given */
+    struct wclient_sampling sampling;
+    const char *stop[FE_STOP_MAX]; /* into root */
+    size_t n_stop;
+    bool logprobs;                 /* report logprobs */
+    uint32_t top_logprobs;         /* alternatives per token */
+    const json_t *template_kwargs; /* chat_template_kwargs object (into root) or NULL */
+    const char *reasoning_effort;  /* or NULL */
+};
+
+/* api_parse parses and checks a chat or completion body. Token ids in a prompt array must be below
+ * n_vocab. Returns 0, or the HTTP status with e filled (400 for any bad body). Free p with
+ * api_params_free either way. */
+unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_vocab,
+                   struct api_params *p, struct api_error *e);
+
+void api_params_free(struct api_params *p);
+
+/* A /tokenize body: {"content": str, "add_special": bool, "parse_special": bool,
+ * "with_pieces": bool}. content points into root. */
+struct api_tokenize {
+    json_t *root;
+    const char *content;
+    size_t content_len;
+    bool add_special, parse_special, with_pieces;
+};
+
+unsigned api_parse_tokenize(const char *body, size_t len, struct api_tokenize *t,
+                            struct api_error *e);
+
+/* A /detokenize body: {"tokens": [ids below n_vocab]}. ids is malloc'd. */
+unsigned api_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, int32_t **ids,
+                              size_t *n, struct api_error *e);
+
+#endif

@@ -1,0 +1,519 @@
+/* fe — the frontend's server: workers and their monitor, routing, the small endpoints, metrics. */
+#include "frontend/fe_int.h"
+
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int fe_init(const struct fe_opts *o, struct fe **out)
+{
+    struct fe *f = calloc(1, sizeof *f);
+    if (!f) return strata_errf(STRATA_ENOMEM, "frontend");
+    f->o = *o;
+    if (!f->o.max_active) f->o.max_active = 64;
+    if (!f->o.monitor_ms) f->o.monitor_ms = 1000;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&f->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    /* ids must stay unique on a worker across frontends and frontend restarts: pid + start time */
+    snprintf(f->id_prefix, sizeof f->id_prefix, "fe%x-%llx", (unsigned)getpid(),
+             (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    *out = f;
+    return 0;
+}
+
+int fe_worker_add(struct fe *f, const struct fe_backend *ops, void *w, const char *name)
+{
+    if (f->n_workers == FE_MAX_WORKERS)
+        return strata_errf(STRATA_ELIMIT, "worker %s: at most %d workers per frontend", name,
+                           FE_MAX_WORKERS);
+    struct fe_worker *wk = &f->workers[f->n_workers++];
+    wk->ops = ops;
+    wk->h = w;
+    snprintf(wk->name, sizeof wk->name, "%s", name);
+    return 0;
+}
+
+/* build_model fetches the metadata from wk and builds the model (monitor thread, once). */
+static int build_model(struct fe *f, struct fe_worker *wk, const struct wclient_hello *h)
+{
+    struct wclient_meta meta = {0};
+    int rv = wk->ops->meta(wk->h, &meta);
+    if (rv == 0)
+        rv = fe_model_init(&f->model, meta.gguf, meta.n_ctx ? meta.n_ctx : h->n_ctx,
+                           f->o.chat_template);
+    wk->ops->meta_free(&meta);
+    pthread_mutex_lock(&f->mu);
+    if (rv == 0) {
+        f->fingerprint = h->fingerprint;
+        atomic_store(&f->model_ok, true);
+        LOG_INFO("frontend: model %s from %s: %u tokens of context, vocabulary %u", f->model.name,
+                 wk->name, f->model.n_ctx, f->model.n_vocab);
+    } else {
+        f->model_err = rv;
+        snprintf(f->model_err_detail, sizeof f->model_err_detail, "%s", strata_errdetail());
+        LOG_ERROR("frontend: cannot build the model from %s's metadata: %s: %s", wk->name,
+                  strata_strerror(rv), strata_errdetail());
+    }
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    return rv;
+}
+
+static void check_worker(struct fe *f, struct fe_worker *wk)
+{
+    struct wclient_hello h;
+    struct wclient_status st;
+    if (wk->refused) return;
+    int rv = wk->ops->hello(wk->h, &h);
+    if (rv != 0) {
+        if (!wk->was_down || atomic_load(&wk->ready))
+            LOG_WARN("frontend: worker %s does not answer: %s: %s (retrying every %d ms)", wk->name,
+                     strata_strerror(rv), strata_errdetail(), f->o.monitor_ms);
+        wk->was_down = true;
+        atomic_store(&wk->ready, false);
+        return;
+    }
+    if (wk->was_down) LOG_INFO("frontend: worker %s answers", wk->name);
+    wk->was_down = false;
+    if (!atomic_load(&f->model_ok) && build_model(f, wk, &h) != 0) return;
+    if (h.fingerprint != f->fingerprint) {
+        wk->refused = true;
+        atomic_store(&wk->ready, false);
+        LOG_ERROR("frontend: worker %s serves another model (fingerprint %016llx, %s) than the "
+                  "first worker (%016llx): not using it; start it on the same model file",
+                  wk->name, (unsigned long long)h.fingerprint, h.model,
+                  (unsigned long long)f->fingerprint);
+        return;
+    }
+    rv = wk->ops->status(wk->h, &st);
+    pthread_mutex_lock(&f->mu);
+    if (rv == 0) {
+        wk->st = st;
+        wk->has_status = true;
+    }
+    atomic_store(&wk->ready, true);
+    atomic_store(&f->ready, true);
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void *monitor_main(void *arg)
+{
+    struct fe *f = arg;
+    pthread_mutex_lock(&f->mu);
+    while (!atomic_load(&f->stopping)) {
+        pthread_mutex_unlock(&f->mu);
+        bool any = false;
+        for (int i = 0; i < f->n_workers; i++) {
+            check_worker(f, &f->workers[i]);
+            any |= atomic_load(&f->workers[i].ready);
+        }
+        atomic_store(&f->ready, any && atomic_load(&f->model_ok));
+        pthread_mutex_lock(&f->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        long ns = ts.tv_nsec + (long)(f->o.monitor_ms % 1000) * 1000000L;
+        ts.tv_sec += f->o.monitor_ms / 1000 + ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        if (!atomic_load(&f->stopping)) pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+int fe_wait_ready(struct fe *f, int timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long ns = ts.tv_nsec + (long)(timeout_ms % 1000) * 1000000L;
+    ts.tv_sec += timeout_ms / 1000 + ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    int rv = 0;
+    pthread_mutex_lock(&f->mu);
+    while (!atomic_load(&f->ready) && !f->model_err && rv != ETIMEDOUT)
+        rv = pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    if (atomic_load(&f->ready))
+        rv = 0;
+    else if (f->model_err)
+        rv = strata_errf(f->model_err, "%s", f->model_err_detail);
+    else
+        rv = strata_errf(STRATA_ETIMEDOUT, "no worker answered within %d ms", timeout_ms);
+    pthread_mutex_unlock(&f->mu);
+    return rv;
+}
+
+const struct fe_model *fe_model_of(const struct fe *f)
+{
+    return atomic_load(&f->model_ok) ? &f->model : NULL;
+}
+
+void fe_next_id(struct fe *f, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s-%llu", f->id_prefix, (unsigned long long)atomic_fetch_add(&f->next_id, 1));
+}
+
+int fe_pick_stream(struct fe *f, const struct wclient_req *r, const struct fe_backend **ops,
+                   void **stream, int *slot)
+{
+    bool tried[FE_MAX_WORKERS] = {0};
+    int rv = strata_errf(STRATA_ESTATE, "no worker is ready");
+    for (;;) {
+        /* shortest queue: ours in flight plus what the worker last reported waiting */
+        int best = -1;
+        long best_q = 0;
+        pthread_mutex_lock(&f->mu);
+        for (int i = 0; i < f->n_workers; i++) {
+            struct fe_worker *wk = &f->workers[i];
+            if (tried[i] || !atomic_load(&wk->ready)) continue;
+            long q = atomic_load(&wk->inflight) + (wk->has_status ? (long)wk->st.queued : 0);
+            if (best < 0 || q < best_q) {
+                best = i;
+                best_q = q;
+            }
+        }
+        pthread_mutex_unlock(&f->mu);
+        if (best < 0) return rv;
+        struct fe_worker *wk = &f->workers[best];
+        tried[best] = true;
+        atomic_fetch_add(&wk->inflight, 1);
+        rv = wk->ops->stream_start(wk->h, r, stream);
+        if (rv == 0) {
+            atomic_fetch_add(&wk->requests, 1);
+            *ops = wk->ops;
+            *slot = best;
+            return 0;
+        }
+        atomic_fetch_sub(&wk->inflight, 1);
+        if (rv != STRATA_EBUSY && rv != STRATA_ETIMEDOUT && (rv & STRATA_ENNGERR) == 0) return rv;
+        LOG_DEBUG("frontend: worker %s refused %s: %s", wk->name, r->id, strata_strerror(rv));
+    }
+}
+
+void fe_release(struct fe *f, int slot)
+{
+    atomic_fetch_sub(&f->workers[slot].inflight, 1);
+}
+
+void fe_reply_error(struct fe *f, struct http_req *r, const struct api_error *e)
+{
+    atomic_fetch_add(&f->m_errors, 1);
+    if (e->status == 429) atomic_fetch_add(&f->m_busy, 1);
+    char *body = api_error_json(e);
+    static const char *const retry[] = {"Retry-After", "1", NULL};
+    http_respond(r, e->status, NULL, body ? body : "{}", body ? strlen(body) : 2,
+                 e->status == 429 || e->status == 503 ? retry : NULL);
+    free(body);
+}
+
+static void reply_json(struct http_req *r, unsigned status, json_t *o)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                              "\"param\":null,\"code\":null}}";
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (s)
+        http_respond(r, status, NULL, s, strlen(s), NULL);
+    else
+        http_respond(r, 500, NULL, oom, sizeof oom - 1, NULL);
+    free(s);
+    json_decref(o);
+}
+
+/* not_ready answers 503: no worker has answered yet (or the model could not be built). */
+static void not_ready(struct fe *f, struct http_req *r)
+{
+    struct api_error e;
+    api_fail(&e, 503, "unavailable_error", NULL, "model_loading",
+             "no worker is ready yet (%d configured): start strata-worker, or wait for it to "
+             "load the model",
+             f->n_workers);
+    fe_reply_error(f, r, &e);
+}
+
+static void do_models(struct fe *f, struct http_req *r)
+{
+    const char *name = f->o.model_alias ? f->o.model_alias : f->model.name;
+    json_t *o =
+        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:I, s:I}}]}", "object", "list", "data", "id",
+                  name, "object", "model", "created", (json_int_t)0, "owned_by", "strata", "meta",
+                  "n_ctx", (json_int_t)f->model.n_ctx, "n_vocab", (json_int_t)f->model.n_vocab);
+    reply_json(r, 200, o);
+}
+
+static void do_tokenize(struct fe *f, struct http_req *r)
+{
+    size_t len;
+    const char *body = http_body(r, &len);
+    struct api_tokenize t;
+    struct api_error e;
+    struct tok_ids ids = {0};
+    struct tok_buf piece = {0};
+    json_t *arr = NULL;
+    if (api_parse_tokenize(body, len, &t, &e) != 0) goto fail;
+    unsigned flags =
+        (t.add_special ? TOK_ADD_SPECIAL : 0) | (t.parse_special ? TOK_PARSE_SPECIAL : 0);
+    if (tok_encode(f->model.tok, t.content, t.content_len, flags, &ids) != 0) {
+        api_fail(&e, 500, "server_error", NULL, NULL, "tokenizer failed: %s", strata_errdetail());
+        goto fail;
+    }
+    arr = json_array();
+    for (size_t i = 0; arr && i < ids.n; i++) {
+        if (!t.with_pieces) {
+            json_array_append_new(arr, json_integer(ids.v[i]));
+            continue;
+        }
+        piece.n = 0;
+        tok_piece(f->model.tok, ids.v[i], TOK_DECODE_SPECIAL, &piece);
+        json_t *ps = json_stringn(piece.p ? piece.p : "", piece.n);
+        if (!ps) { /* a piece that is part of a UTF-8 sequence: llama-server sends its bytes */
+            ps = json_array();
+            for (size_t k = 0; k < piece.n; k++)
+                json_array_append_new(ps, json_integer((unsigned char)piece.p[k]));
+        }
+        json_array_append_new(arr,
+                              json_pack("{s:I, s:o}", "id", (json_int_t)ids.v[i], "piece", ps));
+    }
+    free(ids.v);
+    free(piece.p);
+    json_decref(t.root);
+    reply_json(r, 200, arr ? json_pack("{s:o}", "tokens", arr) : NULL);
+    return;
+fail:
+    free(ids.v);
+    json_decref(t.root);
+    fe_reply_error(f, r, &e);
+}
+
+static void do_detokenize(struct fe *f, struct http_req *r)
+{
+    size_t len, n;
+    const char *body = http_body(r, &len);
+    int32_t *ids;
+    struct api_error e;
+    struct tok_buf out = {0};
+    if (api_parse_detokenize(body, len, f->model.n_vocab, &ids, &n, &e) != 0) {
+        fe_reply_error(f, r, &e);
+        return;
+    }
+    /* tok_stream makes the text valid UTF-8 (JSON strings must be) */
+    struct tok_stream ts;
+    tok_stream_init(&ts, f->model.tok, TOK_DECODE_SPECIAL);
+    for (size_t i = 0; i < n; i++)
+        tok_stream_feed(&ts, ids[i], &out);
+    tok_stream_flush(&ts, &out);
+    free(ids);
+    reply_json(r, 200, json_pack("{s:s%}", "content", out.p ? out.p : "", out.n));
+    free(out.p);
+}
+
+/* metrics_add appends printf output to a growing buffer. */
+static void mprintf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if (*buf && *len + (size_t)n < *cap) {
+            *len += (size_t)n;
+            return;
+        }
+        size_t c = *cap ? *cap * 2 : 8192;
+        while (c < *len + (size_t)n + 1)
+            c *= 2;
+        char *p = realloc(*buf, c);
+        if (!p) return;
+        *buf = p;
+        *cap = c;
+    }
+}
+
+static void do_metrics(struct fe *f, struct http_req *r)
+{
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    double prefill_s = atomic_load(&f->m_prefill_us) / 1e6,
+           decode_s = atomic_load(&f->m_decode_us) / 1e6;
+    unsigned long long pt = atomic_load(&f->m_prompt_tokens) - atomic_load(&f->m_cached_tokens),
+                       gt = atomic_load(&f->m_gen_tokens);
+#define COUNTER(name, help, v)                                                                     \
+    mprintf(&b, &n, &cap, "# HELP " name " " help "\n# TYPE " name " counter\n" name " %llu\n",    \
+            (unsigned long long)(v))
+#define GAUGE(name, help, fmt, v)                                                                  \
+    mprintf(&b, &n, &cap, "# HELP " name " " help "\n# TYPE " name " gauge\n" name " " fmt "\n", v)
+    COUNTER("strata_requests_total", "HTTP requests received.", atomic_load(&f->m_requests));
+    COUNTER("strata_request_errors_total", "HTTP requests answered with an error.",
+            atomic_load(&f->m_errors));
+    COUNTER("strata_requests_busy_total", "Requests refused with 429.", atomic_load(&f->m_busy));
+    COUNTER("strata_generations_total", "Completions started.", atomic_load(&f->m_gen_requests));
+    COUNTER("strata_disconnects_total", "Streams whose client left before the end.",
+            atomic_load(&f->m_disconnects));
+    COUNTER("strata_prompt_tokens_total", "Prompt tokens submitted.",
+            atomic_load(&f->m_prompt_tokens));
+    COUNTER("strata_prompt_tokens_cached_total", "Prompt tokens served by a prefix cache.",
+            atomic_load(&f->m_cached_tokens));
+    COUNTER("strata_generated_tokens_total", "Tokens generated.", gt);
+    pthread_mutex_lock(&f->mu);
+    int jobs = f->n_jobs;
+    pthread_mutex_unlock(&f->mu);
+    GAUGE("strata_requests_active", "Generations in flight on this frontend.", "%d", jobs);
+    GAUGE("strata_prefill_tokens_per_second", "Prompt tokens per second of prefill, all requests.",
+          "%.3f", prefill_s > 0 ? pt / prefill_s : 0.0);
+    GAUGE("strata_decode_tokens_per_second", "Generated tokens per second of decode, per request.",
+          "%.3f", decode_s > 0 ? gt / decode_s : 0.0);
+    GAUGE("strata_time_to_first_token_seconds", "Mean time to the first token.", "%.6f",
+          atomic_load(&f->m_ttft_n) ? atomic_load(&f->m_ttft_us) / 1e6 / atomic_load(&f->m_ttft_n)
+                                    : 0.0);
+    static const char *const wnames[][2] = {
+        {"strata_worker_up", "1 when the worker answers with this model."},
+        {"strata_worker_inflight", "This frontend's generations on the worker."},
+        {"strata_worker_running", "Requests the worker decodes."},
+        {"strata_worker_queued", "Requests waiting in the worker's queue."},
+        {"strata_worker_kv_blocks_used", "KV blocks in use."},
+        {"strata_worker_kv_blocks_total", "KV blocks of the worker."},
+        {"strata_worker_decode_tokens_per_second", "The worker's recent decode rate."},
+        {"strata_worker_prefill_tokens_per_second", "The worker's recent prefill rate."},
+        {"strata_worker_requests_total", "Generations this frontend routed to the worker."},
+    };
+    for (size_t k = 0; k < sizeof wnames / sizeof *wnames; k++) {
+        mprintf(&b, &n, &cap, "# HELP %s %s\n# TYPE %s %s\n", wnames[k][0], wnames[k][1],
+                wnames[k][0], k == 8 ? "counter" : "gauge");
+        pthread_mutex_lock(&f->mu);
+        for (int i = 0; i < f->n_workers; i++) {
+            const struct fe_worker *w = &f->workers[i];
+            const struct wclient_status *s = &w->st;
+            double v[] = {
+                atomic_load(&w->ready),   atomic_load(&w->inflight), s->running, s->queued,
+                s->kv_blocks_used,        s->kv_blocks_total,        s->tok_s,   s->prefill_tok_s,
+                atomic_load(&w->requests)};
+            mprintf(&b, &n, &cap, "%s{worker=\"%s\"} %.3f\n", wnames[k][0], w->name, v[k]);
+        }
+        pthread_mutex_unlock(&f->mu);
+    }
+#undef COUNTER
+#undef GAUGE
+    http_respond(r, 200, "text/plain; version=0.0.4", b ? b : "", n, NULL);
+    free(b);
+}
+
+/* authorized checks the API key: "Authorization: Bearer KEY" (or the x-api-key header). */
+static bool authorized(struct fe *f, struct http_req *r)
+{
+    if (!f->o.api_key) return true;
+    const char *h = http_header(r, "Authorization");
+    if (h && strncasecmp(h, "Bearer ", 7) == 0 && strcmp(h + 7, f->o.api_key) == 0) return true;
+    h = http_header(r, "x-api-key");
+    return h && strcmp(h, f->o.api_key) == 0;
+}
+
+static bool is(const char *path, const char *a, const char *b)
+{
+    return strcmp(path, a) == 0 || (b && strcmp(path, b) == 0);
+}
+
+static void on_http(struct http_req *r, void *ctx)
+{
+    struct fe *f = ctx;
+    const char *m = http_method(r), *p = http_path(r);
+    bool get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0;
+    struct api_error e;
+    atomic_fetch_add(&f->m_requests, 1);
+    if (is(p, "/health", "/v1/health") && get) {
+        if (atomic_load(&f->stopping) || !atomic_load(&f->ready)) return not_ready(f, r);
+        return reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
+    }
+    if (!authorized(f, r)) {
+        api_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+                 "missing or wrong API key: send the header 'Authorization: Bearer <key>' with "
+                 "the key the frontend was started with (--api-key)");
+        return fe_reply_error(f, r, &e);
+    }
+    if (is(p, "/metrics", NULL) && get) return do_metrics(f, r);
+    bool known = is(p, "/v1/models", "/models") || is(p, "/tokenize", NULL) ||
+                 is(p, "/detokenize", NULL) || is(p, "/v1/chat/completions", "/chat/completions") ||
+                 is(p, "/v1/completions", "/completions");
+    if (!known) {
+        api_fail(&e, 404, "invalid_request_error", NULL, "not_found",
+                 "no endpoint %s %s: see docs/api.md for the endpoints strata serves", m, p);
+        return fe_reply_error(f, r, &e);
+    }
+    bool want_get = is(p, "/v1/models", "/models");
+    if ((want_get && !get) || (!want_get && !post)) {
+        api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+                 "%s takes %s, not %s", p, want_get ? "GET" : "POST", m);
+        return fe_reply_error(f, r, &e);
+    }
+    if (atomic_load(&f->stopping) || !atomic_load(&f->model_ok)) return not_ready(f, r);
+    if (want_get) return do_models(f, r);
+    if (is(p, "/tokenize", NULL)) return do_tokenize(f, r);
+    if (is(p, "/detokenize", NULL)) return do_detokenize(f, r);
+    fe_job_http(f, r,
+                is(p, "/v1/chat/completions", "/chat/completions") ? API_CHAT : API_COMPLETION);
+}
+
+int fe_start(struct fe *f)
+{
+    struct http_opts ho = {.host = f->o.host,
+                           .port = f->o.port,
+                           .threads = f->o.threads,
+                           .conn_limit = f->o.conn_limit,
+                           .timeout_s = f->o.timeout_s,
+                           .max_body = f->o.max_body};
+    int rv = http_server_start(&ho, on_http, f, &f->http);
+    if (rv != 0) return rv;
+    if ((rv = pthread_create(&f->monitor, NULL, monitor_main, f)) != 0) {
+        http_server_stop(f->http);
+        f->http = NULL;
+        return strata_errf(strata_errno(rv), "frontend: monitor thread");
+    }
+    f->monitor_on = true;
+    return 0;
+}
+
+int fe_port(const struct fe *f)
+{
+    return f->http ? http_server_port(f->http) : 0;
+}
+
+void fe_stop(struct fe *f)
+{
+    if (f->stopped) return;
+    f->stopped = true;
+    atomic_store(&f->stopping, true);
+    pthread_mutex_lock(&f->mu);
+    fe_jobs_cancel(f);
+    while (f->n_jobs > 0)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+    if (f->monitor_on) pthread_join(f->monitor, NULL);
+    f->monitor_on = false;
+    http_server_stop(f->http);
+    f->http = NULL;
+}
+
+void fe_fini(struct fe *f)
+{
+    if (!f) return;
+    fe_stop(f);
+    for (int i = 0; i < f->n_workers; i++)
+        f->workers[i].ops->close(f->workers[i].h);
+    fe_model_fini(&f->model);
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}

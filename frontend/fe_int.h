@@ -1,0 +1,72 @@
+/* fe_int — the frontend's shared state, for fe.c (server, workers, monitor, metrics, small
+ * endpoints) and fe_job.c (generations). Not part of the fe API.
+ *
+ * Locking: f->mu guards the worker status copies, the job count and the model pointer's first
+ * publication; counters are atomics; a worker's ready flag and in-flight count are atomics read
+ * without the lock by the router (a slightly stale queue length only makes routing less even).
+ */
+#ifndef STRATA_FE_INT_H
+#define STRATA_FE_INT_H
+
+#include "frontend/api.h"
+#include "frontend/fe.h"
+#include "frontend/fe_model.h"
+#include "frontend/http.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#define FE_MAX_WORKERS 32
+
+struct fe_worker {
+    const struct fe_backend *ops;
+    void *h;
+    char name[256];
+    atomic_bool ready;   /* answered hello with the model's fingerprint */
+    bool refused;        /* another model's fingerprint (logged once) */
+    bool was_down;       /* the last hello failed (logged on the transitions only) */
+    atomic_int inflight; /* this frontend's generations on it */
+    bool has_status;     /* st was read at least once (f->mu) */
+    struct wclient_status st;
+    atomic_ullong requests; /* generations routed to it */
+};
+
+struct fe {
+    struct fe_opts o;
+    struct http_server *http;
+    struct fe_worker workers[FE_MAX_WORKERS];
+    int n_workers;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* monitor wake-up, job count drops, readiness */
+    pthread_t monitor;
+    bool monitor_on;
+    atomic_bool stopping;
+    bool stopped;
+    atomic_bool ready; /* model built and a worker ready */
+    int model_err;     /* why the model could not be built (f->mu) */
+    char model_err_detail[256];
+    struct fe_model model; /* valid once model_ok (never changes after) */
+    atomic_bool model_ok;
+    uint64_t fingerprint;
+    int n_jobs;          /* generation threads alive (f->mu) */
+    struct fe_job *jobs; /* their list, to cancel at stop (f->mu) */
+    atomic_ullong next_id;
+    char id_prefix[40];
+    /* metrics */
+    atomic_ullong m_requests, m_errors, m_gen_requests, m_prompt_tokens, m_gen_tokens,
+        m_cached_tokens, m_busy, m_disconnects;
+    atomic_ullong m_prefill_us, m_decode_us, m_ttft_us, m_ttft_n;
+};
+
+/* fe_reply_error answers r with e (OpenAI's shape) and counts it. */
+void fe_reply_error(struct fe *f, struct http_req *r, const struct api_error *e);
+
+/* fe_job_http handles POST /v1/chat/completions and /v1/completions: parse, prompt, route,
+ * submit, then a thread of its own streams or collects the answer. Answers r in every case. */
+void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind);
+
+/* fe_jobs_cancel asks every job to end (fe_stop); f->mu held. */
+void fe_jobs_cancel(struct fe *f);
+
+#endif

@@ -1,0 +1,161 @@
+/* fe_model — tokenizer, chat template and turn-ending ids from a model's GGUF metadata. */
+#include "frontend/fe_model.h"
+
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/tmpl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Texts of the tokens that end an assistant turn in the templates strata knows. "<|end|>" ends a
+ * turn for phi3 but only a message for gpt-oss's channels, so it is skipped for those. */
+static const char *const turn_ends[] = {"<|im_end|>",         "<|eot_id|>", "<|end|>",
+                                        "<end_of_turn>",      "<|return|>", "<|endoftext|>",
+                                        "<|end▁of▁sentence|>"};
+
+static void add_stop(struct fe_model *m, int32_t id)
+{
+    if (id < 0 || m->n_stop_ids == FE_MODEL_MAX_STOP_IDS) return;
+    for (uint32_t i = 0; i < m->n_stop_ids; i++)
+        if (m->stop_ids[i] == id) return;
+    m->stop_ids[m->n_stop_ids++] = id;
+}
+
+static char *token_text(const struct tok *t, int32_t id)
+{
+    size_t len = 0;
+    const char *s = id >= 0 ? tok_token_text(t, id, &len) : NULL;
+    return s ? strndup(s, len) : strdup("");
+}
+
+/* template_source finds the template text: the override (a built-in name or a file), the file's
+ * tokenizer.chat_template, or chatml. *owned is set when the text was read from a file. */
+static int template_source(const struct gguf_file *meta, const char *spec, const char **src,
+                           size_t *len, char **owned)
+{
+    struct gguf_str s;
+    *owned = NULL;
+    if (spec && tmpl_named(spec, src) != 0) {
+        FILE *f = fopen(spec, "rb");
+        if (!f)
+            return strata_errf(STRATA_ENOENT,
+                               "--chat-template '%s' is neither a built-in template (%s) nor a "
+                               "readable file",
+                               spec, tmpl_named_list());
+        char *buf = NULL;
+        size_t n = 0, cap = 0, got;
+        do {
+            if (n + 4096 > cap) {
+                char *p = realloc(buf, cap = cap ? cap * 2 : 8192);
+                if (!p) {
+                    free(buf);
+                    fclose(f);
+                    return strata_errf(STRATA_ENOMEM, "chat template %s", spec);
+                }
+                buf = p;
+            }
+            got = fread(buf + n, 1, cap - n, f);
+            n += got;
+        } while (got > 0);
+        fclose(f);
+        *owned = buf;
+        *src = buf;
+        *len = n;
+        return 0;
+    }
+    if (spec) {
+        *len = strlen(*src);
+        return 0;
+    }
+    if (gguf_get_str(meta, "tokenizer.chat_template", &s) == 0) {
+        *src = s.ptr;
+        *len = (size_t)s.len;
+        return 0;
+    }
+    tmpl_named("chatml", src);
+    *len = strlen(*src);
+    return 0;
+}
+
+int fe_model_init(struct fe_model *m, const struct gguf_file *meta, uint32_t n_ctx,
+                  const char *tmpl_spec)
+{
+    int rv;
+    const char *src = NULL;
+    size_t len = 0;
+    char *owned = NULL;
+    struct gguf_str name;
+    memset(m, 0, sizeof *m);
+    m->n_ctx = n_ctx;
+    if ((rv = tok_from_gguf(meta, NULL, &m->tok)) != 0) goto fail;
+    m->n_vocab = tok_n_vocab(m->tok);
+    if ((rv = template_source(meta, tmpl_spec, &src, &len, &owned)) != 0) goto fail;
+    if ((rv = tmpl_compile(src, len, NULL, &m->tmpl)) != 0) goto fail;
+    m->reason = tmpl_reason_style_of(src, len);
+    add_stop(m, tok_eos(m->tok));
+    uint32_t eot;
+    if (gguf_get_u32(meta, "tokenizer.ggml.eot_token_id", &eot) == 0) add_stop(m, (int32_t)eot);
+    for (size_t i = 0; i < sizeof turn_ends / sizeof *turn_ends; i++) {
+        if (m->reason == TMPL_REASON_CHANNEL && strcmp(turn_ends[i], "<|end|>") == 0) continue;
+        int32_t id = tok_find(m->tok, turn_ends[i], strlen(turn_ends[i]));
+        if (id >= 0 && tok_token_type(m->tok, id) == TOK_TYPE_CONTROL) add_stop(m, id);
+    }
+    if (gguf_get_str(meta, "general.name", &name) == 0 && name.len > 0)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)name.len, name.ptr);
+    else
+        snprintf(m->name, sizeof m->name, "strata");
+    m->bos_text = token_text(m->tok, tok_bos(m->tok));
+    m->eos_text = token_text(m->tok, tok_eos(m->tok));
+    if (!m->bos_text || !m->eos_text) {
+        rv = strata_errf(STRATA_ENOMEM, "model: special token texts");
+        goto fail;
+    }
+    free(owned);
+    return 0;
+fail:
+    free(owned);
+    fe_model_fini(m);
+    return rv;
+}
+
+void fe_model_fini(struct fe_model *m)
+{
+    tok_free(m->tok);
+    tmpl_free(m->tmpl);
+    free(m->bos_text);
+    free(m->eos_text);
+    memset(m, 0, sizeof *m);
+}
+
+int fe_model_chat(const struct fe_model *m, const json_t *messages, const json_t *kwargs,
+                  const char *reasoning_effort, struct tok_ids *out, bool *opens)
+{
+    int rv = 0;
+    char *text = NULL;
+    size_t len = 0;
+    json_t *vars = json_pack("{s:O, s:b, s:s, s:s}", "messages", messages, "add_generation_prompt",
+                             1, "bos_token", m->bos_text, "eos_token", m->eos_text);
+    if (!vars) return strata_errf(STRATA_ENOMEM, "chat: template variables");
+    /* kwargs are the client's template switches (enable_thinking...); they may not replace the
+     * conversation itself */
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)kwargs, key, v)
+    {
+        if (strcmp(key, "messages") != 0) json_object_set(vars, key, v);
+    }
+    if (reasoning_effort)
+        json_object_set_new(vars, "reasoning_effort", json_string(reasoning_effort));
+    if ((rv = tmpl_render_json(m->tmpl, vars, &text, &len)) != 0) goto out;
+    unsigned flags = TOK_PARSE_SPECIAL;
+    size_t bl = strlen(m->bos_text);
+    if (bl == 0 || len < bl || memcmp(text, m->bos_text, bl) != 0) flags |= TOK_ADD_SPECIAL;
+    if ((rv = tok_encode(m->tok, text, len, flags, out)) != 0) goto out;
+    *opens = tmpl_reason_prompt_opens(m->reason, text, len);
+out:
+    free(text);
+    json_decref(vars);
+    return rv;
+}

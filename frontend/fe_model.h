@@ -1,0 +1,54 @@
+/* fe_model — what the frontend knows of the model it serves: the tokenizer, the chat template,
+ * the reasoning markup, the context length and the ids that end a turn, all built from the GGUF
+ * metadata a worker's `meta` returns (or a local file's).
+ *
+ * Immutable after fe_model_init: any number of threads render prompts and decode with one model
+ * at once (tok and tmpl are thread-safe after construction). The HTTP frontend and the CLI chat
+ * share it.
+ */
+#ifndef STRATA_FE_MODEL_H
+#define STRATA_FE_MODEL_H
+
+#include "common/tmpl_reason.h"
+#include "common/tok.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gguf_file;
+struct tmpl;
+
+#define FE_MODEL_MAX_STOP_IDS 8
+
+struct fe_model {
+    struct tok *tok;
+    struct tmpl *tmpl;             /* the chat template (the override, the file's, chatml) */
+    enum tmpl_reason_style reason; /* reasoning markup of the template */
+    uint32_t n_ctx;                /* positions of one request (prompt + generated) */
+    uint32_t n_vocab;
+    int32_t stop_ids[FE_MODEL_MAX_STOP_IDS]; /* EOS and end-of-turn tokens the vocabulary has */
+    uint32_t n_stop_ids;
+    char name[128];            /* general.name, else "strata" */
+    char *bos_text, *eos_text; /* for the template's bos_token / eos_token ("" if none) */
+};
+
+/* fe_model_init builds m from meta (not kept). n_ctx: the worker's context. tmpl_spec: NULL for
+ * the file's template (chatml when it has none), else a built-in name or a file (tmpl_load).
+ * Returns 0 or the tokenizer's / template's error with the detail; on failure m holds nothing. */
+int fe_model_init(struct fe_model *m, const struct gguf_file *meta, uint32_t n_ctx,
+                  const char *tmpl_spec);
+
+/* fe_model_fini frees m; a zeroed m is fine. */
+void fe_model_fini(struct fe_model *m);
+
+/* fe_model_chat renders messages (a JSON array of {"role", "content"}) with the generation prompt,
+ * plus kwargs' keys (chat_template_kwargs, may be NULL) and reasoning_effort (may be NULL) as
+ * template variables, and tokenizes the result (special tokens parsed; BOS added when the
+ * vocabulary wants it and the template did not write it). *opens: the prompt leaves the answer
+ * inside the reasoning. Returns 0, STRATA_EINVAL (the template raised: the detail says why),
+ * STRATA_ELIMIT, STRATA_ENOMEM. */
+int fe_model_chat(const struct fe_model *m, const json_t *messages, const json_t *kwargs,
+                  const char *reasoning_effort, struct tok_ids *out, bool *opens);
+
+#endif

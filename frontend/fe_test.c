@@ -1,0 +1,851 @@
+/* fe_test — the whole HTTP frontend against in-process fake workers: answers whole and streamed,
+ * stop strings, reasoning, logprobs, every error path, disconnects, routing and refusals. */
+#include "frontend/chat.h"
+#include "frontend/fe.h"
+#include "frontend/fe_model.h"
+
+#include "common/err.h"
+#include "common/gguf.h"
+#include "common/tok.h"
+#include "tests/testutil.h"
+#include "tools/fixture_vocab.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define REPLY "<think>Let me see.</think>Hello world. The answer is 42."
+
+/* ---- a fake worker ----------------------------------------------------------------------------
+ */
+
+struct fake {
+    uint64_t fingerprint;
+    bool down, busy;
+    uint32_t n_ctx;
+    void *meta;
+    size_t meta_len;
+    struct tok *tok;
+    int32_t reply[256];
+    uint32_t n_reply;
+    int delay_ms; /* per update */
+    atomic_int starts, cancels, frees;
+    pthread_mutex_t mu;
+    int32_t last_prompt[512];
+    uint32_t n_last_prompt;
+};
+
+struct fake_stream {
+    struct fake *w;
+    struct wclient_req r;
+    uint32_t at;
+    bool cancelled;
+    struct wclient_update u;
+    int32_t toks[2], top_ids[2 * WCLIENT_MAX_TOP];
+    float lps[2], top_lps[2 * WCLIENT_MAX_TOP];
+};
+
+static int f_hello(void *h, struct wclient_hello *out)
+{
+    struct fake *w = h;
+    if (w->down) return strata_errf(STRATA_ETIMEDOUT, "fake worker is down");
+    memset(out, 0, sizeof *out);
+    out->fingerprint = w->fingerprint;
+    out->n_ctx = w->n_ctx;
+    snprintf(out->model, sizeof out->model, "fake");
+    return 0;
+}
+
+static int f_meta(void *h, struct wclient_meta *out)
+{
+    struct fake *w = h;
+    memset(out, 0, sizeof *out);
+    out->n_ctx = w->n_ctx;
+    out->fingerprint = w->fingerprint;
+    return gguf_open_mem(w->meta, w->meta_len, false, &out->gguf);
+}
+
+static void f_meta_free(struct wclient_meta *m)
+{
+    gguf_close(m->gguf);
+    m->gguf = NULL;
+}
+
+static int f_status(void *h, struct wclient_status *out)
+{
+    memset(out, 0, sizeof *out);
+    out->tok_s = 100;
+    return 0;
+}
+
+static int f_start(void *h, const struct wclient_req *r, void **out)
+{
+    struct fake *w = h;
+    if (w->busy) return strata_errf(STRATA_EBUSY, "fake queue full");
+    if (r->n_prompt >= w->n_ctx) return strata_errf(STRATA_ELIMIT, "prompt past the context");
+    struct fake_stream *s = calloc(1, sizeof *s);
+    s->w = w;
+    s->r = *r;
+    pthread_mutex_lock(&w->mu);
+    w->n_last_prompt = r->n_prompt < 512 ? r->n_prompt : 512;
+    memcpy(w->last_prompt, r->prompt, w->n_last_prompt * sizeof(int32_t));
+    pthread_mutex_unlock(&w->mu);
+    atomic_fetch_add(&w->starts, 1);
+    *out = s;
+    return 0;
+}
+
+/* two tokens of the reply per update; the reply's end is a stop token */
+static int f_next(void *h, const struct wclient_update **out)
+{
+    struct fake_stream *s = h;
+    struct fake *w = s->w;
+    if (w->delay_ms) usleep((useconds_t)w->delay_ms * 1000);
+    struct wclient_update *u = &s->u;
+    memset(u, 0, sizeof *u);
+    u->from = s->at;
+    u->tokens = s->toks;
+    u->n_prompt = s->r.n_prompt;
+    u->prefill_ms = 10;
+    u->decode_ms = 1 + s->at;
+    if (s->r.logprobs) {
+        u->logprobs = s->lps;
+        u->n_top = s->r.top_logprobs;
+        u->top_ids = s->top_ids;
+        u->top_logprobs = s->top_lps;
+    }
+    if (s->cancelled) {
+        u->finish = WCLIENT_CANCELLED;
+    } else {
+        for (int k = 0; k < 2 && s->at < w->n_reply && s->at < s->r.max_tokens; k++) {
+            s->toks[u->n_tokens] = w->reply[s->at++];
+            s->lps[u->n_tokens] = -0.25f;
+            for (uint32_t t = 0; t < u->n_top; t++) {
+                s->top_ids[u->n_tokens * u->n_top + t] = (int32_t)(65 + t);
+                s->top_lps[u->n_tokens * u->n_top + t] = -0.25f - (float)t;
+            }
+            u->n_tokens++;
+        }
+        if (s->at == s->r.max_tokens)
+            u->finish = WCLIENT_LENGTH;
+        else if (s->at == w->n_reply)
+            u->finish = WCLIENT_STOP;
+    }
+    *out = u;
+    return 0;
+}
+
+static int f_cancel(void *h)
+{
+    struct fake_stream *s = h;
+    if (!s->cancelled) atomic_fetch_add(&s->w->cancels, 1);
+    s->cancelled = true;
+    return 0;
+}
+
+static void f_free(void *h)
+{
+    struct fake_stream *s = h;
+    atomic_fetch_add(&s->w->frees, 1);
+    free(s);
+}
+
+static void f_close(void *h) {}
+
+static const struct fe_backend fake_ops = {f_hello, f_meta,   f_meta_free, f_status, f_start,
+                                           f_next,  f_cancel, f_free,      f_close};
+
+/* ---- fixture: a vocabulary GGUF and a frontend on a free port ----------------------------------
+ */
+
+static char vocab_path[512];
+static struct fake W0, W1;
+static struct fe *F;
+static int PORT;
+
+static void write_vocab(void)
+{
+    struct gguf_writer *w;
+    snprintf(vocab_path, sizeof vocab_path, "%s/vocab.gguf", test_tmpdir());
+    ck_assert_int_eq(gguf_writer_open(vocab_path, 0, &w), 0);
+    ck_assert_int_eq(gguf_w_str(w, "general.name", "fakemodel"), 0);
+    ck_assert_int_eq(fixture_vocab_write(w, 600), 0);
+    ck_assert_int_eq(gguf_writer_begin(w), 0);
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+}
+
+static void fake_init(struct fake *w, uint64_t fp)
+{
+    memset(w, 0, sizeof *w);
+    pthread_mutex_init(&w->mu, NULL);
+    w->fingerprint = fp;
+    w->n_ctx = 256;
+    w->meta = test_read_file(vocab_path, &w->meta_len);
+    ck_assert_ptr_nonnull(w->meta);
+    ck_assert_int_eq(tok_load(vocab_path, NULL, &w->tok), 0);
+    struct tok_ids ids = {0};
+    ck_assert_int_eq(tok_encode(w->tok, REPLY, strlen(REPLY), 0, &ids), 0);
+    ck_assert_uint_lt(ids.n, 256);
+    memcpy(w->reply, ids.v, ids.n * sizeof *ids.v);
+    w->n_reply = (uint32_t)ids.n;
+    free(ids.v);
+}
+
+static void fake_fini(struct fake *w)
+{
+    tok_free(w->tok);
+    free(w->meta);
+}
+
+static void start_fe(struct fe_opts *o, int n_workers)
+{
+    write_vocab();
+    fake_init(&W0, 42);
+    fake_init(&W1, 43);
+    ck_assert_int_eq(fe_init(o, &F), 0);
+    ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W0, "fake0"), 0);
+    if (n_workers > 1) ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W1, "fake1"), 0);
+    ck_assert_int_eq(fe_start(F), 0);
+    PORT = fe_port(F);
+    ck_assert_int_gt(PORT, 0);
+}
+
+static void setup(void)
+{
+    struct fe_opts o = {.max_tokens = 100, .max_body = 4096, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+}
+
+static void teardown(void)
+{
+    fe_fini(F);
+    fake_fini(&W0);
+    fake_fini(&W1);
+}
+
+/* ---- a small HTTP client ----------------------------------------------------------------------
+ */
+
+struct resp {
+    int status;
+    char head[4096];
+    char *body; /* de-chunked */
+    size_t len;
+};
+
+static int connect_fe(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)PORT)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_req(int fd, const char *method, const char *path, const char *body,
+                     const char *extra)
+{
+    char head[1024];
+    size_t n = body ? strlen(body) : 0;
+    int k = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                     "application/json\r\nContent-Length: %zu\r\n%s\r\n",
+                     method, path, n, extra ? extra : "");
+    ck_assert_int_eq(write(fd, head, (size_t)k), k);
+    if (n) ck_assert_int_eq(write(fd, body, n), (ssize_t)n);
+}
+
+static void parse_resp(char *raw, size_t n, struct resp *r)
+{
+    char *sep = strstr(raw, "\r\n\r\n");
+    ck_assert_ptr_nonnull(sep);
+    size_t hl = (size_t)(sep - raw);
+    snprintf(r->head, sizeof r->head, "%.*s", (int)hl, raw);
+    r->status = atoi(raw + 9);
+    char *p = sep + 4, *end = raw + n;
+    r->body = malloc(n + 1);
+    r->len = 0;
+    if (strcasestr(r->head, "transfer-encoding: chunked")) {
+        while (p < end) {
+            size_t c = strtoul(p, &p, 16);
+            p = strstr(p, "\r\n") + 2;
+            if (c == 0) break;
+            memcpy(r->body + r->len, p, c);
+            r->len += c;
+            p += c + 2;
+        }
+    } else {
+        memcpy(r->body, p, (size_t)(end - p));
+        r->len = (size_t)(end - p);
+    }
+    r->body[r->len] = '\0';
+}
+
+static void request(const char *method, const char *path, const char *body, const char *extra,
+                    struct resp *r)
+{
+    int fd = connect_fe();
+    send_req(fd, method, path, body, extra);
+    size_t cap = 1 << 16, n = 0;
+    char *raw = malloc(cap);
+    ssize_t k;
+    while ((k = read(fd, raw + n, cap - n - 1)) > 0) {
+        n += (size_t)k;
+        if (n + 1 == cap) raw = realloc(raw, cap *= 2);
+    }
+    raw[n] = '\0';
+    close(fd);
+    parse_resp(raw, n, r);
+    free(raw);
+}
+
+static json_t *post_json(const char *path, const char *body, int want_status)
+{
+    struct resp r;
+    request("POST", path, body, NULL, &r);
+    ck_assert_msg(r.status == want_status, "status %d, want %d: %s", r.status, want_status, r.body);
+    json_t *j = json_loads(r.body, 0, NULL);
+    ck_assert_msg(j != NULL, "not JSON: %s", r.body);
+    free(r.body);
+    return j;
+}
+
+/* sse_text concatenates the streamed deltas of key (content, reasoning_content, text) and checks
+ * the framing: every event is JSON or [DONE], which comes last. */
+static char *sse_collect(const char *body, const char *key, json_t **last, int *n_events)
+{
+    static char out[4096];
+    out[0] = '\0';
+    *n_events = 0;
+    bool done = false;
+    for (const char *p = body; (p = strstr(p, "data: ")) != NULL;) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        ck_assert_ptr_nonnull(e);
+        ck_assert(!done);
+        if (strncmp(p, "[DONE]", 6) == 0) {
+            done = true;
+            p = e;
+            continue;
+        }
+        json_t *j = json_loadb(p, (size_t)(e - p), 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        (*n_events)++;
+        json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *d = json_object_get(c, "delta") ? json_object_get(c, "delta") : c;
+        const char *s = json_string_value(json_object_get(d, key));
+        if (s) strncat(out, s, sizeof out - strlen(out) - 1);
+        if (last) {
+            json_decref(*last);
+            *last = j;
+        } else {
+            json_decref(j);
+        }
+        p = e;
+    }
+    ck_assert(done);
+    return out;
+}
+
+static const char *str_at(json_t *j, const char *path)
+{
+    /* "a.b.0.c": objects by key, arrays by index */
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *t = strtok(buf, "."); t && j; t = strtok(NULL, "."))
+        j = json_is_array(j) ? json_array_get(j, (size_t)atoi(t)) : json_object_get(j, t);
+    return json_string_value(j);
+}
+
+static json_int_t int_at(json_t *j, const char *path)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *t = strtok(buf, "."); t && j; t = strtok(NULL, "."))
+        j = json_is_array(j) ? json_array_get(j, (size_t)atoi(t)) : json_object_get(j, t);
+    ck_assert_msg(json_is_integer(j), "%s is not an integer", path);
+    return json_integer_value(j);
+}
+
+/* ---- tests --------------------------------------------------------------------------------------
+ */
+
+static const char *chat_body =
+    "{\"model\":\"anything\",\"messages\":[{\"role\":\"user\",\"content\":"
+    "\"hi\"}]%s}";
+
+static json_t *chat(const char *extra, int status)
+{
+    char body[2048];
+    snprintf(body, sizeof body, chat_body, extra);
+    return post_json("/v1/chat/completions", body, status);
+}
+
+START_TEST(chat_whole)
+{
+    json_t *j = chat("", 200);
+    ck_assert_str_eq(str_at(j, "object"), "chat.completion");
+    /* the fixture's template has no reasoning markup: the think tags stay in the content */
+    ck_assert_str_eq(str_at(j, "choices.0.message.content"), REPLY);
+    ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "stop");
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), W0.n_reply);
+    ck_assert_int_eq(int_at(j, "usage.prompt_tokens"), W0.n_last_prompt);
+    ck_assert_int_eq(int_at(j, "usage.total_tokens"), W0.n_reply + W0.n_last_prompt);
+    ck_assert_str_eq(str_at(j, "model"), "anything");
+    /* the prompt is the chatml rendering, special tokens parsed */
+    struct tok_buf b = {0};
+    ck_assert_int_eq(tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b),
+                     0);
+    ck_assert_str_eq(b.p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    ck_assert_int_eq(W0.last_prompt[0], tok_find(W0.tok, "<|im_start|>", 12));
+    free(b.p);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(chat_stream)
+{
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body,
+             ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strcasestr(r.head, "content-type: text/event-stream"));
+    json_t *last = NULL;
+    int n;
+    ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), REPLY);
+    ck_assert_int_ge(n, 1 + (int)W0.n_reply / 2);
+    /* the role comes first; the usage chunk last, with no choices */
+    ck_assert_ptr_nonnull(strstr(r.body, "\"role\":\"assistant\""));
+    ck_assert(strstr(r.body, "\"role\"") < strstr(r.body, "\"finish_reason\":\"stop\""));
+    sse_collect(r.body, "content", &last, &n);
+    ck_assert_int_eq(json_array_size(json_object_get(last, "choices")), 0);
+    ck_assert_int_eq(int_at(last, "usage.completion_tokens"), W0.n_reply);
+    json_decref(last);
+    free(r.body);
+}
+END_TEST
+
+START_TEST(completion_ids_length)
+{
+    json_t *j = post_json("/v1/completions", "{\"prompt\":[1,2,3],\"max_tokens\":3}", 200);
+    ck_assert_str_eq(str_at(j, "object"), "text_completion");
+    ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "length");
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), 3);
+    ck_assert_int_eq(int_at(j, "usage.prompt_tokens"), 3);
+    ck_assert_int_eq(W0.last_prompt[2], 3);
+    struct tok_buf b = {0};
+    tok_decode(W0.tok, W0.reply, 3, 0, &b);
+    ck_assert_str_eq(str_at(j, "choices.0.text"), b.p);
+    free(b.p);
+    json_decref(j);
+    /* a string prompt, streamed */
+    struct resp r;
+    request("POST", "/v1/completions", "{\"prompt\":\"Once\",\"stream\":true}", NULL, &r);
+    int n;
+    ck_assert_str_eq(sse_collect(r.body, "text", NULL, &n), REPLY);
+    free(r.body);
+}
+END_TEST
+
+START_TEST(stop_strings)
+{
+    /* whole: the text before the stop, finish "stop", the worker's request cancelled */
+    json_t *j = chat(",\"stop\":[\"nothing\",\"world\"]", 200);
+    ck_assert_str_eq(str_at(j, "choices.0.message.content"), "<think>Let me see.</think>Hello ");
+    ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "stop");
+    ck_assert_int_ge(atomic_load(&W0.cancels), 1);
+    json_decref(j);
+    /* streamed: a stop string split across tokens is held back, never shown */
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body, ",\"stream\":true,\"stop\":\"answer is\"");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    int n;
+    ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n),
+                     "<think>Let me see.</think>Hello world. The ");
+    ck_assert_ptr_null(strstr(r.body, "answer"));
+    free(r.body);
+    /* a stop string that never matches is released at the end */
+    j = chat(",\"stop\":\"42!\"", 200);
+    ck_assert_str_eq(str_at(j, "choices.0.message.content"), REPLY);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(logprobs)
+{
+    json_t *j = chat(",\"logprobs\":true,\"top_logprobs\":2,\"max_tokens\":4", 200);
+    json_t *c = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    ck_assert_int_eq(json_array_size(c), 4);
+    json_t *e = json_array_get(c, 0);
+    ck_assert(json_real_value(json_object_get(e, "logprob")) == -0.25);
+    ck_assert_int_eq(json_array_size(json_object_get(e, "top_logprobs")), 2);
+    ck_assert_str_eq(str_at(e, "top_logprobs.0.token"), "b"); /* id 65 is 'b' in GPT-2's order */
+    ck_assert_int_gt(json_array_size(json_object_get(e, "bytes")), 0);
+    json_decref(j);
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"logprobs\":1,\"max_tokens\":2}", 200);
+    ck_assert_int_eq(
+        json_array_size(json_object_get(
+            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+            "token_logprobs")),
+        2);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(errors)
+{
+    struct {
+        const char *path, *body;
+        int status;
+        const char *param;
+    } cases[] = {
+        {"/v1/chat/completions", "{\"messages\":", 400, NULL},
+        {"/v1/chat/completions", "[1]", 400, NULL},
+        {"/v1/chat/completions", "{}", 400, "messages"},
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2}",
+         400, "n"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":\"hot\"}", 400,
+         "temperature"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":0}", 400,
+         "max_tokens"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":101}", 400,
+         "max_tokens"},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+         "messages[0].content"},
+        {"/v1/chat/completions", "{\"messages\":[{\"content\":\"hi\"}]}", 400, "messages[0]"},
+        {"/v1/completions", "{\"prompt\":[1,99999]}", 400, "prompt"},
+        {"/v1/completions", "{\"prompt\":\"\"}", 400, "prompt"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":9}", 400, "logprobs"},
+        {"/v1/nothing", "{}", 404, NULL},
+        {"/tokenize", "{\"content\":3}", 400, "content"},
+        {"/detokenize", "{\"tokens\":[-1]}", 400, "tokens"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *j = post_json(cases[i].path, cases[i].body, cases[i].status);
+        json_t *e = json_object_get(j, "error");
+        ck_assert_msg(json_is_string(json_object_get(e, "message")), "case %zu", i);
+        ck_assert_msg(json_is_string(json_object_get(e, "type")), "case %zu", i);
+        ck_assert(json_object_get(e, "param") && json_object_get(e, "code"));
+        if (cases[i].param) ck_assert_str_eq(str_at(e, "param"), cases[i].param);
+        json_decref(j);
+    }
+    /* a prompt longer than the context */
+    char *big = malloc(8192);
+    strcpy(big, "{\"prompt\":[");
+    for (int i = 0; i < 300; i++)
+        strcat(big, i ? ",5" : "5");
+    strcat(big, "]}");
+    json_t *j = post_json("/v1/completions", big, 400);
+    ck_assert_str_eq(str_at(j, "error.code"), "context_length_exceeded");
+    json_decref(j);
+    /* a body over --max-body (4096 here) */
+    memset(big, ' ', 8000);
+    big[8000] = '\0';
+    j = post_json("/v1/completions", big, 413);
+    ck_assert_str_eq(str_at(j, "error.type"), "invalid_request_error");
+    json_decref(j);
+    free(big);
+    /* GET on a POST endpoint */
+    struct resp r;
+    request("GET", "/v1/completions", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 405);
+    free(r.body);
+}
+END_TEST
+
+START_TEST(busy_and_down)
+{
+    W0.busy = true;
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body, "");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    ck_assert_int_eq(r.status, 429);
+    ck_assert_ptr_nonnull(strcasestr(r.head, "Retry-After: 1"));
+    free(r.body);
+    W0.busy = false;
+    W0.down = true;
+    usleep(300 * 1000); /* the monitor notices (every 50 ms here) */
+    request("GET", "/health", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 503);
+    free(r.body);
+    json_t *j = chat("", 503);
+    ck_assert_str_eq(str_at(j, "error.code"), "no_worker");
+    json_decref(j);
+    W0.down = false;
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    usleep(100 * 1000);
+    request("GET", "/health", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    free(r.body);
+}
+END_TEST
+
+START_TEST(endpoints)
+{
+    json_t *j = post_json("/tokenize", "{\"content\":\"Hello world\",\"with_pieces\":true}", 200);
+    json_t *toks = json_object_get(j, "tokens");
+    ck_assert_int_gt(json_array_size(toks), 0);
+    char pieces[64] = "";
+    for (size_t i = 0; i < json_array_size(toks); i++) {
+        json_t *e = json_array_get(toks, i);
+        ck_assert(json_is_integer(json_object_get(e, "id")));
+        strcat(pieces, json_string_value(json_object_get(e, "piece")));
+    }
+    ck_assert_str_eq(pieces, "Hello world");
+    char body[1024];
+    json_decref(j);
+    j = post_json("/tokenize", "{\"content\":\"Hello world\"}", 200);
+    toks = json_object_get(j, "tokens");
+    char *ts = json_dumps(toks, JSON_COMPACT);
+    snprintf(body, sizeof body, "{\"tokens\":%s}", ts);
+    free(ts);
+    json_decref(j);
+    j = post_json("/detokenize", body, 200);
+    ck_assert_str_eq(str_at(j, "content"), "Hello world");
+    json_decref(j);
+    struct resp r;
+    request("GET", "/v1/models", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    ck_assert_str_eq(str_at(j, "data.0.id"), "fakemodel");
+    ck_assert_int_eq(int_at(j, "data.0.meta.n_ctx"), 256);
+    json_decref(j);
+    free(r.body);
+    json_decref(chat("", 200));
+    request("GET", "/metrics", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strstr(r.body, "# TYPE strata_requests_total counter"));
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_generated_tokens_total"));
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_up{worker=\"fake0\"} 1.000"));
+    ck_assert_ptr_nonnull(
+        strstr(r.body, "strata_worker_decode_tokens_per_second{worker=\"fake0\"} 100.000"));
+    free(r.body);
+}
+END_TEST
+
+START_TEST(disconnect_cancels)
+{
+    W0.delay_ms = 100; /* 2 tokens per 100 ms: the stream lasts about a second */
+    int fd = connect_fe();
+    char body[512];
+    snprintf(body, sizeof body, chat_body, ",\"stream\":true");
+    send_req(fd, "POST", "/v1/chat/completions", body, NULL);
+    char buf[512];
+    ck_assert_int_gt(read(fd, buf, sizeof buf), 0); /* headers and the role chunk */
+    close(fd);
+    for (int i = 0; i < 100 && atomic_load(&W0.cancels) == 0; i++)
+        usleep(20 * 1000);
+    ck_assert_int_eq(atomic_load(&W0.cancels), 1);
+    for (int i = 0; i < 100 && atomic_load(&W0.frees) == 0; i++)
+        usleep(20 * 1000);
+    ck_assert_int_eq(atomic_load(&W0.frees), 1);
+    struct resp r;
+    request("GET", "/metrics", NULL, NULL, &r);
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_disconnects_total 1"));
+    free(r.body);
+}
+END_TEST
+
+/* ---- API key, reasoning, routing: frontends of their own ----------------------------------------
+ */
+
+START_TEST(api_key)
+{
+    struct fe_opts o = {.api_key = "sekret", .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body, "");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    ck_assert_int_eq(r.status, 401);
+    ck_assert_ptr_nonnull(strstr(r.body, "invalid_api_key"));
+    free(r.body);
+    request("POST", "/v1/chat/completions", body, "Authorization: Bearer wrong\r\n", &r);
+    ck_assert_int_eq(r.status, 401);
+    free(r.body);
+    request("POST", "/v1/chat/completions", body, "Authorization: Bearer sekret\r\n", &r);
+    ck_assert_int_eq(r.status, 200);
+    free(r.body);
+    request("GET", "/health", NULL, NULL, &r); /* health needs no key */
+    ck_assert_int_eq(r.status, 200);
+    free(r.body);
+    teardown();
+}
+END_TEST
+
+START_TEST(reasoning)
+{
+    /* a think-style template: the answer's <think> part becomes reasoning_content, and
+     * chat_template_kwargs reach the template */
+    char path[512];
+    snprintf(path, sizeof path, "%s/think.jinja", test_tmpdir());
+    FILE *fp = fopen(path, "w");
+    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+          "<think>\n\n</think>\n\n{% endif %}",
+          fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    json_t *j = chat("", 200);
+    ck_assert_str_eq(str_at(j, "choices.0.message.content"), "Hello world. The answer is 42.");
+    ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Let me see.");
+    json_decref(j);
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body, ",\"stream\":true");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    int n;
+    ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), "Hello world. The answer is 42.");
+    ck_assert_str_eq(sse_collect(r.body, "reasoning_content", NULL, &n), "Let me see.");
+    free(r.body);
+    j = chat(",\"chat_template_kwargs\":{\"enable_thinking\":false}", 200);
+    struct tok_buf b = {0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_ptr_nonnull(strstr(b.p, "assistant\n<think>\n\n</think>"));
+    free(b.p);
+    json_decref(j);
+    teardown();
+}
+END_TEST
+
+START_TEST(routing_and_refusal)
+{
+    struct fe_opts o = {.monitor_ms = 50};
+    start_fe(&o, 2); /* W1 serves another model: refused */
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    usleep(200 * 1000);
+    for (int i = 0; i < 4; i++)
+        json_decref(chat("", 200));
+    ck_assert_int_eq(atomic_load(&W0.starts), 4);
+    ck_assert_int_eq(atomic_load(&W1.starts), 0);
+    struct resp r;
+    request("GET", "/metrics", NULL, NULL, &r);
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_up{worker=\"fake1\"} 0.000"));
+    free(r.body);
+    teardown();
+    /* two workers of one model: concurrent requests spread by queue length */
+    write_vocab();
+    fake_init(&W0, 42);
+    fake_init(&W1, 42);
+    W0.delay_ms = W1.delay_ms = 30;
+    ck_assert_int_eq(fe_init(&o, &F), 0);
+    fe_worker_add(F, &fake_ops, &W0, "a");
+    fe_worker_add(F, &fake_ops, &W1, "b");
+    ck_assert_int_eq(fe_start(F), 0);
+    PORT = fe_port(F);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    usleep(200 * 1000);
+    int fds[6];
+    char body[512];
+    snprintf(body, sizeof body, chat_body, ",\"stream\":true");
+    for (int i = 0; i < 6; i++) {
+        fds[i] = connect_fe();
+        send_req(fds[i], "POST", "/v1/chat/completions", body, NULL);
+        usleep(20 * 1000);
+    }
+    for (int i = 0; i < 6; i++) {
+        char buf[4096];
+        while (read(fds[i], buf, sizeof buf) > 0)
+            ;
+        close(fds[i]);
+    }
+    ck_assert_int_eq(atomic_load(&W0.starts) + atomic_load(&W1.starts), 6);
+    ck_assert_int_ge(atomic_load(&W0.starts), 2);
+    ck_assert_int_ge(atomic_load(&W1.starts), 2);
+    teardown();
+}
+END_TEST
+
+/* ---- the CLI chat over the same fake worker -----------------------------------------------------
+ */
+
+START_TEST(chat_cli)
+{
+    write_vocab();
+    fake_init(&W0, 42);
+    const char *script = "hi\n/reset\nagain\nmore\n/quit\nnever read\n";
+    FILE *in = fmemopen((void *)script, strlen(script), "r");
+    char *outbuf = NULL;
+    size_t outlen = 0;
+    FILE *out = open_memstream(&outbuf, &outlen);
+    struct chat_opts o = {.in = in, .out = out, .system = "be brief"};
+    ck_assert_int_eq(chat_run(&o, &fake_ops, &W0), 0);
+    fclose(out);
+    fclose(in);
+    /* three answers, each followed by its statistics; the reset announced */
+    ck_assert_int_eq(atomic_load(&W0.starts), 3);
+    const char *p = outbuf;
+    for (int i = 0; i < 3; i++) {
+        p = strstr(p, REPLY);
+        ck_assert_msg(p != NULL, "answer %d missing in: %s", i, outbuf);
+        p = strstr(p, "decode ");
+        ck_assert_ptr_nonnull(p);
+        ck_assert_ptr_nonnull(strstr(p, "tok/s"));
+    }
+    ck_assert_ptr_nonnull(strstr(outbuf, "(conversation cleared)"));
+    /* the last prompt holds the conversation since the reset: system, "again", its answer,
+     * "more" */
+    struct tok_buf b = {0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_ptr_nonnull(strstr(b.p, "<|im_start|>system\nbe brief<|im_end|>"));
+    ck_assert_ptr_null(strstr(b.p, "hi<|im_end|>"));
+    ck_assert_ptr_nonnull(
+        strstr(b.p, "again<|im_end|>\n<|im_start|>assistant\n" REPLY "<|im_end|>"));
+    ck_assert_ptr_nonnull(strstr(b.p, "more<|im_end|>\n<|im_start|>assistant\n"));
+    free(b.p);
+    free(outbuf);
+    fake_fini(&W0);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("fe");
+    TCase *tc = tcase_create("served");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, chat_whole);
+    tcase_add_test(tc, chat_stream);
+    tcase_add_test(tc, completion_ids_length);
+    tcase_add_test(tc, stop_strings);
+    tcase_add_test(tc, logprobs);
+    tcase_add_test(tc, errors);
+    tcase_add_test(tc, busy_and_down);
+    tcase_add_test(tc, endpoints);
+    tcase_add_test(tc, disconnect_cancels);
+    suite_add_tcase(s, tc);
+    TCase *own = tcase_create("own");
+    tcase_set_timeout(own, 30);
+    tcase_add_test(own, api_key);
+    tcase_add_test(own, reasoning);
+    tcase_add_test(own, routing_and_refusal);
+    tcase_add_test(own, chat_cli);
+    suite_add_tcase(s, own);
+    return s;
+}
+
+int main(void)
+{
+    return test_run(suite());
+}
