@@ -96,6 +96,7 @@ static int parse_f32(const char *s, const char *opt, float *out)
 static int parse_ids(const char *s, const char *opt, struct tok_ids *out)
 {
     const char *p = s;
+    const size_t n0 = out->n;
     while (*p) {
         char *end;
         errno = 0;
@@ -113,7 +114,7 @@ static int parse_ids(const char *s, const char *opt, struct tok_ids *out)
         out->v[out->n++] = (int32_t)v;
         p = *end ? end + 1 : end;
     }
-    if (!out->n) return strata_errf(STRATA_EINVAL, "%s is empty", opt);
+    if (out->n == n0) return strata_errf(STRATA_EINVAL, "%s is empty", opt);
     return 0;
 }
 
