@@ -14,6 +14,7 @@ stage "deps" scripts/deps.sh
 stage "build (gcc, -Werror, CUDA for one architecture if a toolkit is present)" \
   scripts/build.sh build -DSTRATA_WERROR=ON
 stage "tests" ctest --test-dir build -LE gpu --output-on-failure -j"$jobs"
+stage "llama.cpp parity" tests/llamacpp/run.sh build
 stage "build (ASan+UBSan, no CUDA)" \
   scripts/build.sh build-asan -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 stage "tests under ASan+UBSan" env ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
