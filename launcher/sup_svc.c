@@ -1,0 +1,202 @@
+#include "launcher/sup_svc.h"
+#include "common/err.h"
+#include "common/wclient.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+int sup_svc_base(char *out, size_t cap)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    int n = xdg && *xdg ? snprintf(out, cap, "%s/strata", xdg)
+                        : snprintf(out, cap, "/tmp/strata-%u", (unsigned)geteuid());
+    if (n < 0 || (size_t)n >= cap)
+        return strata_errf(STRATA_ELIMIT, "the runtime directory path is longer than %zu bytes",
+                           cap);
+    return 0;
+}
+
+int sup_svc_dir(const char *runtime_dir, const char *name, char *out, size_t cap)
+{
+    if (runtime_dir) {
+        if ((size_t)snprintf(out, cap, "%s", runtime_dir) >= cap)
+            return strata_errf(STRATA_ELIMIT, "--runtime-dir is longer than %zu bytes", cap);
+        return 0;
+    }
+    if (!name || !*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+        return strata_errf(STRATA_EINVAL, "service name '%s' must be one path component",
+                           name ? name : "");
+    char base[512];
+    int rv = sup_svc_base(base, sizeof base);
+    if (rv) return rv;
+    if ((size_t)snprintf(out, cap, "%s/%s", base, name) >= cap)
+        return strata_errf(STRATA_ELIMIT, "the runtime directory path is longer than %zu bytes",
+                           cap);
+    return 0;
+}
+
+int sup_svc_worker_url(const char *dir, int i, char *out, size_t cap)
+{
+    /* 107: what sockaddr_un.sun_path holds with its NUL */
+    char path[SUP_SVC_URL_MAX];
+    int n = snprintf(path, sizeof path, "%s/worker-%d.sock", dir, i);
+    if (n < 0 || n > 107)
+        return strata_errf(STRATA_ELIMIT,
+                           "socket path %s/worker-%d.sock is longer than the 107 bytes an AF_UNIX "
+                           "address holds: use a shorter --runtime-dir",
+                           dir, i);
+    if ((size_t)snprintf(out, cap, "ipc://%s", path) >= cap)
+        return strata_errf(STRATA_ELIMIT, "URL buffer of %zu bytes is too small", cap);
+    return 0;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+int sup_svc_worker_urls(const char *dir, char (*urls)[SUP_SVC_URL_MAX], int max, int *n)
+{
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return strata_errf(errno == ENOENT ? STRATA_ENOENT : strata_errno(errno),
+                           "runtime directory %s: %s", dir, strerror(errno));
+    int nums[SUP_SVC_MAX_SOCKS], k = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && k < SUP_SVC_MAX_SOCKS) {
+        int i, used = 0;
+        /* worker-<n>.sock exactly: not its .lock file */
+        if (sscanf(e->d_name, "worker-%d.sock%n", &i, &used) == 1 && used > 0 &&
+            e->d_name[used] == '\0' && i >= 0)
+            nums[k++] = i;
+    }
+    closedir(d);
+    qsort(nums, (size_t)k, sizeof nums[0], cmp_int);
+    for (int j = 0; j < k && *n < max; j++) {
+        int rv = sup_svc_worker_url(dir, nums[j], urls[*n], SUP_SVC_URL_MAX);
+        if (rv) return rv;
+        (*n)++;
+    }
+    return 0;
+}
+
+int sup_svc_find_worker(const char *dir, int timeout_ms, char *url, size_t cap)
+{
+    char urls[SUP_SVC_MAX_SOCKS][SUP_SVC_URL_MAX];
+    int n = 0;
+    int rv = sup_svc_worker_urls(dir, urls, SUP_SVC_MAX_SOCKS, &n);
+    if (rv == STRATA_ENOENT)
+        return strata_errf(STRATA_ENOENT,
+                           "no service runs there (%s does not exist): start one with `strata "
+                           "serve MODEL.gguf --name NAME`",
+                           dir);
+    if (rv) return rv;
+    struct wclient_opts o = {.timeout_ms = timeout_ms};
+    for (int i = 0; i < n; i++) {
+        struct wclient *c;
+        struct wclient_hello h;
+        if (wclient_open(urls[i], &o, &c) != 0) continue;
+        rv = wclient_hello(c, &h);
+        wclient_close(c);
+        if (rv == 0) {
+            snprintf(url, cap, "%s", urls[i]);
+            return 0;
+        }
+    }
+    return strata_errf(STRATA_ENOENT,
+                       "no worker answered in %s (%d socket file%s): is `strata serve` running "
+                       "under this name? `strata status` lists what runs",
+                       dir, n, n == 1 ? "" : "s");
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* wait_fd polls fd for events until end_ms. Returns 0, STRATA_ETIMEDOUT or an errno error. */
+static int wait_fd(int fd, short events, int64_t end_ms)
+{
+    for (;;) {
+        int64_t left = end_ms - now_ms();
+        if (left <= 0) return STRATA_ETIMEDOUT;
+        struct pollfd p = {fd, events, 0};
+        int r = poll(&p, 1, (int)left);
+        if (r > 0) return 0;
+        if (r < 0 && errno != EINTR) return strata_errno(errno);
+    }
+}
+
+int sup_svc_http_status(const char *host, int port, const char *path, int timeout_ms, int *status)
+{
+    struct sockaddr_storage sa = {0};
+    socklen_t salen;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&sa;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&sa;
+    const char *h = strcmp(host, "localhost") == 0 || strcmp(host, "0.0.0.0") == 0 ? "127.0.0.1"
+                    : strcmp(host, "::") == 0                                      ? "::1"
+                                                                                   : host;
+    if (inet_pton(AF_INET, h, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        salen = sizeof *a4;
+    } else if (inet_pton(AF_INET6, h, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        salen = sizeof *a6;
+    } else {
+        return strata_errf(STRATA_EINVAL, "host '%s': expected an IP address or localhost", host);
+    }
+    int64_t end = now_ms() + timeout_ms;
+    int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return strata_errno(errno);
+    int rv = 0;
+    char buf[512];
+    if (connect(fd, (struct sockaddr *)&sa, salen) != 0) {
+        if (errno != EINPROGRESS) {
+            rv = strata_errno(errno);
+            goto out;
+        }
+        if ((rv = wait_fd(fd, POLLOUT, end)) != 0) goto out;
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) {
+            rv = strata_errno(err);
+            goto out;
+        }
+    }
+    int n = snprintf(buf, sizeof buf, "GET %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\n\r\n",
+                     path, h, port);
+    if (send(fd, buf, (size_t)n, MSG_NOSIGNAL) != n) {
+        rv = strata_errno(errno);
+        goto out;
+    }
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !memchr(buf, '\n', got)) {
+        if ((rv = wait_fd(fd, POLLIN, end)) != 0) goto out;
+        ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    buf[got] = '\0';
+    if (sscanf(buf, "HTTP/1.%*d %d", status) != 1)
+        rv = strata_errf(STRATA_EPROTO, "%s:%d%s did not answer HTTP", host, port, path);
+out:
+    close(fd);
+    return rv;
+}
