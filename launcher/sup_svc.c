@@ -1,11 +1,13 @@
 #include "launcher/sup_svc.h"
 #include "common/err.h"
+#include "common/tok.h"
 #include "common/wclient.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -198,5 +200,160 @@ int sup_svc_http_status(const char *host, int port, const char *path, int timeou
         rv = strata_errf(STRATA_EPROTO, "%s:%d%s did not answer HTTP", host, port, path);
 out:
     close(fd);
+    return rv;
+}
+
+/* gen_state is one generation's output as strata run prints it. */
+struct gen_state {
+    struct tok *tk;
+    struct tok_stream ts;
+    struct tok_buf text;
+    struct tok_ids ids;
+    json_t *lps;
+    bool json;
+};
+
+/* gen_take appends token i of update u: its id, its logprobs and its text. */
+static int gen_take(struct gen_state *st, const struct wclient_update *u, uint32_t i, int32_t id,
+                    bool has_lp)
+{
+    if (st->ids.n == st->ids.cap) {
+        size_t cap = st->ids.cap ? 2 * st->ids.cap : 256;
+        int32_t *v = realloc(st->ids.v, cap * sizeof *v);
+        if (!v) return STRATA_ENOMEM;
+        st->ids.v = v;
+        st->ids.cap = cap;
+    }
+    st->ids.v[st->ids.n++] = id;
+    json_t *top = json_array();
+    for (uint32_t j = 0; has_lp && j < u->n_top; j++)
+        json_array_append_new(top, json_pack("{s:i, s:f}", "id", u->top_ids[i * u->n_top + j],
+                                             "logprob", (double)u->top_logprobs[i * u->n_top + j]));
+    json_array_append_new(st->lps, json_pack("{s:i, s:f, s:o}", "id", id, "logprob",
+                                             has_lp && u->logprobs ? (double)u->logprobs[i] : 0.0,
+                                             "top", top));
+    size_t before = st->text.n;
+    int rv = tok_stream_feed(&st->ts, id, &st->text);
+    if (rv == 0 && !st->json) {
+        fwrite(st->text.p + before, 1, st->text.n - before, stdout);
+        fflush(stdout);
+    }
+    return rv;
+}
+
+static double now_s(void)
+{
+    return now_ms() / 1000.0;
+}
+
+int sup_svc_generate(const char *url, const struct sup_svc_gen *g)
+{
+    struct wclient_opts wo = {0};
+    struct wclient *c = NULL;
+    struct wclient_meta meta = {0};
+    struct wclient_stream *s = NULL;
+    struct gen_state st = {.lps = json_array(), .json = g->json};
+    struct tok_ids prompt = {0};
+    int rv;
+    if ((rv = wclient_open(url, &wo, &c)) != 0 || (rv = wclient_meta(c, &meta)) != 0) goto out;
+    if ((rv = tok_from_gguf(meta.gguf, NULL, &st.tk)) != 0) goto out;
+    if (g->prompt) {
+        if ((rv = tok_encode(st.tk, g->prompt, strlen(g->prompt),
+                             TOK_ADD_SPECIAL | TOK_PARSE_SPECIAL, &prompt)) != 0)
+            goto out;
+    } else if (g->n_ids) {
+        if (!(prompt.v = malloc(g->n_ids * sizeof *prompt.v))) {
+            rv = STRATA_ENOMEM;
+            goto out;
+        }
+        memcpy(prompt.v, g->ids, g->n_ids * sizeof *prompt.v);
+        prompt.n = prompt.cap = g->n_ids;
+    }
+    if (!prompt.n) {
+        rv = strata_errf(STRATA_EINVAL, "the prompt has no tokens");
+        goto out;
+    }
+    int32_t eos = tok_eos(st.tk);
+    char id[WCLIENT_ID_MAX + 1], host[32] = "host";
+    gethostname(host, sizeof host - 1);
+    snprintf(id, sizeof id, "run-%.20s-%d-%lld", host, (int)getpid(), (long long)now_ms());
+    struct wclient_req r = {.id = id,
+                            .prompt = prompt.v,
+                            .n_prompt = (uint32_t)prompt.n,
+                            .max_tokens = g->max_tokens,
+                            .sampling = g->sampling,
+                            .stop = &eos,
+                            .n_stop = !g->ignore_eos && eos >= 0,
+                            .logprobs = true,
+                            .top_logprobs = g->n_logprobs};
+    tok_stream_init(&st.ts, st.tk, 0);
+    double t0 = now_s(), t1 = 0;
+    if ((rv = wclient_stream_start(c, &r, &s)) != 0) goto out;
+    const char *finish = NULL;
+    while (!finish) {
+        const struct wclient_update *u;
+        if ((rv = wclient_stream_next(s, &u)) != 0) goto out;
+        if (u->n_tokens && !t1) t1 = now_s();
+        for (uint32_t i = 0; i < u->n_tokens; i++)
+            if ((rv = gen_take(&st, u, i, u->tokens[i], true)) != 0) goto out;
+        switch (u->finish) {
+        case WCLIENT_RUNNING:
+            break;
+        case WCLIENT_STOP:
+            /* strata run keeps the EOS it sampled as the last id; the worker does not send it */
+            if (u->stop_token >= 0 && (rv = gen_take(&st, u, 0, u->stop_token, false)) != 0)
+                goto out;
+            finish = "stop";
+            break;
+        case WCLIENT_LENGTH:
+            finish = "length";
+            break;
+        case WCLIENT_CANCELLED:
+            finish = "cancelled";
+            break;
+        case WCLIENT_ERROR:
+            rv = strata_errf(u->error_code ? u->error_code : STRATA_EINTERNAL,
+                             "the worker failed the request: %s", strata_strerror(u->error_code));
+            goto out;
+        }
+    }
+    size_t before = st.text.n;
+    if ((rv = tok_stream_flush(&st.ts, &st.text)) != 0) goto out;
+    double t2 = now_s();
+    uint64_t seed = wclient_stream_seed(s);
+    if (g->json) {
+        json_t *pi = json_array(), *gi = json_array();
+        for (size_t i = 0; i < prompt.n; i++)
+            json_array_append_new(pi, json_integer(prompt.v[i]));
+        for (size_t i = 0; i < st.ids.n; i++)
+            json_array_append_new(gi, json_integer(st.ids.v[i]));
+        json_t *o = json_pack("{s:o, s:o, s:s%, s:O, s:I, s:s}", "prompt_ids", pi, "ids", gi,
+                              "text", st.text.p ? st.text.p : "", st.text.n, "top_logprobs", st.lps,
+                              "seed", (json_int_t)seed, "finish_reason", finish);
+        char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        if (line) puts(line);
+        free(line);
+        json_decref(o);
+    } else {
+        fwrite(st.text.p + before, 1, st.text.n - before, stdout);
+        putchar('\n');
+    }
+    if (!t1) t1 = t2;
+    fprintf(stderr,
+            "strata run: %s: prompt %zu tokens, first token after %.3f s, generated %zu in %.3f s "
+            "(%.1f tok/s), seed %llu, %u worker restart%s survived\n",
+            url, prompt.n, t1 - t0, st.ids.n, t2 - t1,
+            st.ids.n > 1 ? (st.ids.n - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0,
+            (unsigned long long)seed, wclient_stream_resubmits(s),
+            wclient_stream_resubmits(s) == 1 ? "" : "s");
+out:
+    wclient_stream_free(s);
+    json_decref(st.lps);
+    free(st.text.p);
+    free(st.ids.v);
+    free(prompt.v);
+    tok_free(st.tk);
+    wclient_meta_free(&meta);
+    wclient_close(c);
     return rv;
 }

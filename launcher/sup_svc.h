@@ -12,7 +12,11 @@
 #ifndef STRATA_SUP_SVC_H
 #define STRATA_SUP_SVC_H
 
+#include "common/wclient.h"
+
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define SUP_SVC_URL_MAX    256
 #define SUP_SVC_MAX_SOCKS  64 /* worker sockets looked at in one directory */
@@ -45,5 +49,25 @@ int sup_svc_find_worker(const char *dir, int timeout_ms, char *url, size_t cap);
  * STRATA_ETIMEDOUT, STRATA_EPROTO (not an HTTP response) or an errno error (ECONNREFUSED: nothing
  * listens yet). */
 int sup_svc_http_status(const char *host, int port, const char *path, int timeout_ms, int *status);
+
+/* What `strata run --name` asks a running service for. */
+struct sup_svc_gen {
+    const char *prompt; /* text, tokenized with the tokenizer of the worker's `meta` (BOS added,
+                           special tokens parsed, as strata run does), or NULL with ids */
+    const int32_t *ids; /* the prompt as token ids */
+    size_t n_ids;
+    uint32_t max_tokens; /* >= 1 */
+    bool ignore_eos;     /* else the model's EOS ends it (and is the last id, as in strata run) */
+    bool json;           /* print strata run's JSON line, else the text as it streams */
+    uint32_t n_logprobs; /* alternatives per token in the JSON */
+    struct wclient_sampling sampling; /* has_seed false: the worker picks one (printed) */
+};
+
+/* sup_svc_generate runs g on the worker at url with the restart-surviving stream of
+ * common/wclient.h and prints what strata run prints: the text as it comes and a timing line on
+ * stderr, or with json one line {"prompt_ids", "ids", "text", "top_logprobs", "seed",
+ * "finish_reason"}. Blocks until the request ends. Returns 0, or the worker's, the tokenizer's or a
+ * call's error (the detail says which). */
+int sup_svc_generate(const char *url, const struct sup_svc_gen *g);
 
 #endif
