@@ -223,7 +223,7 @@ static void reply_json(struct http_req *r, unsigned status, json_t *o)
 {
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                               "\"param\":null,\"code\":null}}";
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
     if (s)
         http_respond(r, status, NULL, s, strlen(s), NULL);
     else

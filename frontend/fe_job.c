@@ -33,6 +33,7 @@ struct fe_job {
     struct tok_buf content, reasoning; /* a whole answer (not streamed) */
     json_t *lp;      /* logprobs: chat content entries, or the completion's four arrays */
     uint32_t n_gen;  /* tokens received */
+    size_t emitted;  /* bytes of answer text released so far (the completion text_offset) */
     double t_submit; /* monotonic seconds */
     double ttft;     /* seconds to the first token, -1 before it */
     struct wclient_update last; /* timings of the last update */
@@ -150,7 +151,7 @@ static void add_logprobs(struct fe_job *j, const struct wclient_update *u, uint3
     json_array_append_new(json_object_get(dst, "token_logprobs"), json_real(u->logprobs[i]));
     json_array_append_new(json_object_get(dst, "top_logprobs"), tops);
     json_array_append_new(json_object_get(dst, "text_offset"),
-                          json_integer((json_int_t)j->content.n));
+                          json_integer((json_int_t)j->emitted));
 }
 
 static json_t *new_logprobs(const struct fe_job *j)
@@ -198,7 +199,7 @@ static json_t *chunk(const struct fe_job *j, json_t *choice)
 static int sse(struct fe_job *j, json_t *o)
 {
     int rv = STRATA_ENOMEM;
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
     json_decref(o);
     if (!s) return strata_errf(rv, "frontend: chunk");
     size_t n = strlen(s);
@@ -231,6 +232,7 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         reasoning = j->ro.reasoning ? j->ro.reasoning : "";
         rn = j->ro.reasoning_len;
     }
+    j->emitted += cn;
     if (!j->p.stream) {
         if ((rv = buf_add(&j->content, content, cn)) == 0)
             rv = buf_add(&j->reasoning, reasoning, rn);
@@ -456,7 +458,7 @@ static void *job_main(void *arg)
         fe_reply_error(f, j->r, &e);
     } else {
         json_t *o = whole_answer(j, finish);
-        char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
         json_decref(o);
         if (s) {
             http_respond(j->r, 200, NULL, s, strlen(s), NULL);
