@@ -24,15 +24,15 @@ struct ereq {
     uint32_t gen_start; /* hist index of the first generated token (resumed ones included) */
     uint32_t n_prompt;  /* prompt ids as submitted */
     /* (loop) */
-    int32_t *hist;   /* prompt, then generated tokens: room for n_prompt + max_new */
+    int32_t *hist; /* prompt, then generated tokens: room for n_prompt + max_new */
     uint32_t n_hist;
-    struct kv_seq seq;  /* hist[0 .. seq.n_tokens) are in the cache */
-    uint32_t n_pub;     /* blocks of seq published to the prefix cache */
-    uint64_t pub_key;   /* the last published block's key */
-    uint32_t resv;      /* blocks reserved at admission: the sequence may grow to this many */
+    struct kv_seq seq;    /* hist[0 .. seq.n_tokens) are in the cache */
+    uint32_t n_pub;       /* blocks of seq published to the prefix cache */
+    uint64_t pub_key;     /* the last published block's key */
+    uint32_t resv;        /* blocks reserved at admission: the sequence may grow to this many */
     uint32_t plan_blocks; /* blocks the window being planned takes for it */
-    bool fresh;         /* admitted and no token sampled since: prefill timing runs */
-    uint32_t n_admit;   /* n_hist at admission: positions below it are prefill */
+    bool fresh;           /* admitted and no token sampled since: prefill timing runs */
+    uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
     /* shared */
     enum { RQ_QUEUED, RQ_RUNNING, RQ_DONE } state;
     bool cancel;
@@ -41,7 +41,7 @@ struct ereq {
     enum engine_finish finish;
     int error;
     char error_msg[256];
-    int64_t lease_end;  /* ns, CLOCK_MONOTONIC */
+    int64_t lease_end; /* ns, CLOCK_MONOTONIC */
     int64_t t_queued, t_admit, t_first, t_last;
     struct engine_timings tm;
 };
@@ -70,21 +70,21 @@ struct engine {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     bool stop;
-    struct ereq *all;       /* every request (queued, running, finished) */
-    struct ereq **waiting;  /* FIFO; preempted requests go back to the front */
+    struct ereq *all;      /* every request (queued, running, finished) */
+    struct ereq **waiting; /* FIFO; preempted requests go back to the front */
     uint32_t n_waiting, cap_waiting;
-    struct ereq **running;  /* admission order: the last is the youngest (loop, counted under mu) */
+    struct ereq **running; /* admission order: the last is the youngest (loop, counted under mu) */
     uint32_t n_running;
     uint32_t n_finished;
     /* (loop) window scratch */
     struct item *items;
     uint32_t n_items;
     struct fwd_token *toks;
-    float *logits;          /* (max_running, n_vocab) */
+    float *logits; /* (max_running, n_vocab) */
     /* counters, under mu */
     _Atomic uint64_t epoch;
     struct engine_status st;
-    uint64_t rate_tokens;   /* tokens computed since rate_t0 */
+    uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
 };
 
@@ -158,8 +158,10 @@ static void remove_waiting(struct engine *e, struct ereq *r)
 static void finish(struct engine *e, struct ereq *r, enum engine_finish why, int err)
 {
     if (r->state == RQ_DONE) return;
-    if (r->state == RQ_RUNNING) remove_running(e, r);
-    else remove_waiting(e, r);
+    if (r->state == RQ_RUNNING)
+        remove_running(e, r);
+    else
+        remove_waiting(e, r);
     kv_seq_fini(e->kv, &r->seq);
     r->state = RQ_DONE;
     r->finish = why;
@@ -210,9 +212,8 @@ static bool admit(struct engine *e, struct ereq *r)
     uint32_t n_blocks = 0;
     uint64_t key = KV_PREFIX_ROOT;
     /* At least the last position is computed: its logits pick the next token. */
-    if (!e->o.no_prefix_cache &&
-        kv_prefix_attach(e->kv, &r->seq, r->hist, r->n_hist, (r->n_hist - 1) / e->bt, &n_blocks,
-                         &key) != 0)
+    if (!e->o.no_prefix_cache && kv_prefix_attach(e->kv, &r->seq, r->hist, r->n_hist,
+                                                  (r->n_hist - 1) / e->bt, &n_blocks, &key) != 0)
         return false;
     uint32_t left = r->max_new - (r->n_hist - r->n_prompt);
     uint64_t want = r->n_hist + ((uint64_t)left * e->o.reserve_pct + 99) / 100;
@@ -291,7 +292,8 @@ static bool plan_one(struct engine *e, struct ereq *r, uint32_t n, uint32_t *bud
     const uint32_t need = blocks_for(e, r->seq.n_tokens + n) - r->seq.n_blocks;
     for (;;) {
         uint32_t planned = 0;
-        for (uint32_t i = 0; i < e->n_items; i++) planned += e->items[i].r->plan_blocks;
+        for (uint32_t i = 0; i < e->n_items; i++)
+            planned += e->items[i].r->plan_blocks;
         uint32_t avail = kv_blocks_free(e->kv) - planned, owed = outstanding(e, r);
         if (need <= (avail > owed ? avail - owed : 0)) break;
         struct ereq *victim = e->running[e->n_running - 1];
@@ -321,7 +323,8 @@ static void plan(struct engine *e)
 {
     uint32_t budget = e->o.max_batch_tokens;
     e->n_items = 0;
-    for (uint32_t i = 0; i < e->n_running; i++) e->running[i]->plan_blocks = 0;
+    for (uint32_t i = 0; i < e->n_running; i++)
+        e->running[i]->plan_blocks = 0;
     for (int pass = 0; pass < 2; pass++)
         for (uint32_t i = 0; i < e->n_running && budget; i++) {
             struct ereq *r = e->running[i];
@@ -342,8 +345,8 @@ static int compute(struct engine *e, uint32_t *n_tok)
         struct ereq *r = it->r;
         it->sampled = it->from + it->n == r->n_hist;
         for (uint32_t j = 0; j < it->n; j++)
-            e->toks[n++] = (struct fwd_token){&r->seq, r->hist[it->from + j],
-                                              it->sampled && j + 1 == it->n};
+            e->toks[n++] =
+                (struct fwd_token){&r->seq, r->hist[it->from + j], it->sampled && j + 1 == it->n};
     }
     *n_tok = n;
     int rv = fwd_eval(e->fwd, e->toks, n, e->logits);
@@ -363,8 +366,8 @@ static int compute(struct engine *e, uint32_t *n_tok)
                           ? r->n_hist - ENGINE_PENALTY_WINDOW
                           : r->gen_start;
         const float *lg = e->logits + (size_t)rows++ * e->m->hp.n_vocab;
-        it->err = sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0, r->n_hist,
-                               &it->res);
+        it->err =
+            sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0, r->n_hist, &it->res);
         if (!it->err) r->hist[r->n_hist++] = it->res.id;
     }
     return 0;
@@ -431,8 +434,10 @@ static void apply(struct engine *e, int rv, uint32_t n_tok)
             r->tm.prefill_ms += ms(now - r->t_admit);
             if (!r->t_first) r->t_first = now;
         }
-        if (is_stop(r, s->id)) finish(e, r, ENGINE_FINISH_STOP, 0);
-        else if (r->n_hist - r->n_prompt == r->max_new) finish(e, r, ENGINE_FINISH_LENGTH, 0);
+        if (is_stop(r, s->id))
+            finish(e, r, ENGINE_FINISH_STOP, 0);
+        else if (r->n_hist - r->n_prompt == r->max_new)
+            finish(e, r, ENGINE_FINISH_LENGTH, 0);
     }
 }
 
@@ -473,8 +478,10 @@ static void *loop(void *arg)
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000;
             }
-            if (e->all) pthread_cond_timedwait(&e->wake, &e->mu, &ts);
-            else pthread_cond_wait(&e->wake, &e->mu);
+            if (e->all)
+                pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+            else
+                pthread_cond_wait(&e->wake, &e->mu);
             continue;
         }
         plan(e);
@@ -608,8 +615,8 @@ static int check_req(const struct engine *e, const struct engine_req *r)
         return strata_errf(STRATA_EINVAL,
                            "request %s: n_generated %u (prompt %u), %u stop ids (at most %d), "
                            "n_top %u (at most %d)",
-                           r->id, r->n_generated, r->n_prompt, r->n_stop, ENGINE_MAX_STOP,
-                           r->n_top, SAMPLE_MAX_LOGPROBS);
+                           r->id, r->n_generated, r->n_prompt, r->n_stop, ENGINE_MAX_STOP, r->n_top,
+                           SAMPLE_MAX_LOGPROBS);
     for (uint32_t i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || (uint32_t)r->prompt[i] >= V)
             return strata_errf(STRATA_EINVAL,
@@ -690,7 +697,8 @@ int engine_poll(struct engine *e, const char *id, uint32_t from, struct engine_u
     struct ereq *r = lookup(e, id);
     if (!r) {
         pthread_mutex_unlock(&e->mu);
-        return strata_errf(STRATA_ENOENT, "no request %s: never submitted, or forgotten after "
+        return strata_errf(STRATA_ENOENT,
+                           "no request %s: never submitted, or forgotten after "
                            "its lease lapsed",
                            id);
     }

@@ -28,15 +28,15 @@
 #define ENGINE_PENALTY_WINDOW 64 /* penalties look at the last N generated tokens (llama.cpp's) */
 
 struct engine_opts {
-    uint32_t n_ctx;            /* positions per sequence; 0: the model's trained context */
-    uint32_t kv_blocks;        /* KV pool in blocks of FWD_KV_BLOCK positions; 0: n_ctx worth
-                                  for each of max_running sequences */
-    uint32_t max_running;      /* sequences in the batch at once; 0: 16 */
-    uint32_t max_queue;        /* requests waiting for admission before submit says busy; 0: 64 */
-    uint32_t max_batch_tokens; /* tokens per window (decode steps + prompt chunks); 0: 256 */
-    uint32_t reserve_pct;      /* admission reserves blocks for the prompt plus this % of
-                                  max_tokens; 0: 25 (pass >100 to reserve all of max_tokens) */
-    uint32_t n_threads;        /* threads of the forward pass; 0: 1 */
+    uint32_t n_ctx;             /* positions per sequence; 0: the model's trained context */
+    uint32_t kv_blocks;         /* KV pool in blocks of FWD_KV_BLOCK positions; 0: n_ctx worth
+                                   for each of max_running sequences */
+    uint32_t max_running;       /* sequences in the batch at once; 0: 16 */
+    uint32_t max_queue;         /* requests waiting for admission before submit says busy; 0: 64 */
+    uint32_t max_batch_tokens;  /* tokens per window (decode steps + prompt chunks); 0: 256 */
+    uint32_t reserve_pct;       /* admission reserves blocks for the prompt plus this % of
+                                   max_tokens; 0: 25 (pass >100 to reserve all of max_tokens) */
+    uint32_t n_threads;         /* threads of the forward pass; 0: 1 */
     uint32_t orphan_timeout_ms; /* lease: a request not polled for this long is cancelled, and a
                                    finished one forgotten; 0: 10000 */
     bool no_prefix_cache;       /* do not share blocks between requests */
@@ -52,19 +52,19 @@ struct engine_opts {
 };
 
 struct engine_req {
-    const char *id;        /* client-made, 1..ENGINE_ID_MAX bytes; a duplicate is the same request */
+    const char *id; /* client-made, 1..ENGINE_ID_MAX bytes; a duplicate is the same request */
     const int32_t *prompt; /* token ids, copied */
-    uint32_t n_prompt;     /* 1..n_ctx */
+    uint32_t n_prompt;     /* 1..n_ctx-1: room for at least one token */
     uint32_t max_tokens;   /* most tokens to generate (beyond n_generated); 0: up to the context */
     struct sample_params sp; /* sampling; sp.seed is the caller's (the service picks one when the
                                 client gave none); sp.n_logprobs is ignored: see logprobs/n_top */
-    const int32_t *stop;   /* stop token ids (EOS, end of turn), copied; a stop token is
-                              returned as the last token */
-    uint32_t n_stop;       /* 0..ENGINE_MAX_STOP */
-    uint32_t n_generated;  /* the last n_generated prompt ids were generated (a resumed request):
-                              penalties count them and sampling positions continue after them */
-    bool logprobs;         /* report each token's logprob */
-    uint32_t n_top;        /* and this many top alternatives, 0..SAMPLE_MAX_LOGPROBS */
+    const int32_t *stop;     /* stop token ids (EOS, end of turn), copied; a stop token is
+                                returned as the last token */
+    uint32_t n_stop;         /* 0..ENGINE_MAX_STOP */
+    uint32_t n_generated;    /* the last n_generated prompt ids were generated (a resumed request):
+                                penalties count them and sampling positions continue after them */
+    bool logprobs;           /* report each token's logprob */
+    uint32_t n_top;          /* and this many top alternatives, 0..SAMPLE_MAX_LOGPROBS */
 };
 
 enum engine_finish {
@@ -96,8 +96,8 @@ struct engine_timings {
 struct engine_update {
     struct engine_token *toks; /* in: room for cap tokens */
     uint32_t cap;
-    uint32_t n;       /* tokens copied: indices from .. from+n-1 of the generated tokens */
-    uint32_t n_total; /* tokens generated so far */
+    uint32_t n;                /* tokens copied: indices from .. from+n-1 of the generated tokens */
+    uint32_t n_total;          /* tokens generated so far */
     enum engine_finish finish; /* NONE until every token was returned (from + n == n_total) */
     int error;                 /* finish == ERROR: the code; message in error_msg */
     char error_msg[256];
@@ -106,21 +106,21 @@ struct engine_update {
 };
 
 struct engine_status {
-    uint32_t running;        /* requests admitted (holding or being given KV blocks) */
-    uint32_t queued;         /* waiting for admission, preempted ones included */
-    uint32_t finished;       /* finished and still pollable */
-    uint32_t kv_blocks_used; /* held by sequences */
-    uint32_t kv_blocks_free; /* free, cached ones included */
+    uint32_t running;          /* requests admitted (holding or being given KV blocks) */
+    uint32_t queued;           /* waiting for admission, preempted ones included */
+    uint32_t finished;         /* finished and still pollable */
+    uint32_t kv_blocks_used;   /* held by sequences */
+    uint32_t kv_blocks_free;   /* free, cached ones included */
     uint32_t kv_blocks_cached; /* of the free ones, kept for the prefix cache */
     uint32_t kv_blocks_total;
-    double tokens_per_s;     /* tokens computed (prompt and generated) per second, over the
-                                last second or so */
-    uint64_t windows;        /* forward passes run */
+    double tokens_per_s; /* tokens computed (prompt and generated) per second, over the
+                            last second or so */
+    uint64_t windows;    /* forward passes run */
     uint64_t tokens_generated;
     uint64_t tokens_prefilled; /* computed prompt positions (cached ones excluded) */
     uint64_t prefix_hits;      /* positions taken from the prefix cache */
     uint64_t preemptions;
-    uint64_t lapsed;           /* requests cancelled because their lease lapsed */
+    uint64_t lapsed; /* requests cancelled because their lease lapsed */
 };
 
 struct engine;

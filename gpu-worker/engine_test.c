@@ -77,7 +77,8 @@ static void reference(const struct model *m, const struct engine_req *q, int32_t
         ck_assert_int_eq(sample_token(s, &q->sp, logits, hist + w0, n - w0, n, &r), 0);
         hist[n++] = ids[(*n_ids)++] = r.id;
         bool stop = false;
-        for (uint32_t i = 0; i < q->n_stop; i++) stop |= q->stop[i] == r.id;
+        for (uint32_t i = 0; i < q->n_stop; i++)
+            stop |= q->stop[i] == r.id;
         if (stop || *n_ids == q->max_tokens || n == CTX) break;
         struct fwd_token t = {&seq, r.id, true};
         ck_assert_int_eq(fwd_eval(f, &t, 1, logits), 0);
@@ -95,7 +96,8 @@ static void job_make(struct job *j, const char *id, uint32_t n, uint32_t salt, f
 {
     memset(j, 0, sizeof *j);
     snprintf(j->id, sizeof j->id, "%s", id);
-    for (uint32_t i = 0; i < n; i++) j->prompt[i] = (int32_t)((i * 2654435761u + salt * 97) % 512);
+    for (uint32_t i = 0; i < n; i++)
+        j->prompt[i] = (int32_t)((i * 2654435761u + salt * 97) % 512);
     j->n_prompt = n;
     sample_params_default(&j->q.sp);
     j->q.sp.temperature = temp;
@@ -145,8 +147,8 @@ static void check_same(const struct job *j)
                   "%s finished %d: %s", j->id, j->u.finish, j->u.error_msg);
     ck_assert_uint_eq(j->n_got, j->n_want);
     for (uint32_t i = 0; i < j->n_want; i++)
-        ck_assert_msg(j->got[i] == j->want[i], "%s: token %u is %d, alone %d", j->id, i,
-                      j->got[i], j->want[i]);
+        ck_assert_msg(j->got[i] == j->want[i], "%s: token %u is %d, alone %d", j->id, i, j->got[i],
+                      j->want[i]);
 }
 
 static struct engine *start(struct env *v, struct engine_opts *o)
@@ -160,11 +162,14 @@ static struct engine *start(struct env *v, struct engine_opts *o)
 /* run_all submits every job at once, drains them and checks each against its reference. */
 static void run_all(struct engine *e, struct env *v, struct job *jobs, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) reference(v->m, &jobs[i].q, jobs[i].want, &jobs[i].n_want);
+    for (uint32_t i = 0; i < n; i++)
+        reference(v->m, &jobs[i].q, jobs[i].want, &jobs[i].n_want);
     for (uint32_t i = 0; i < n; i++)
         ck_assert_msg(engine_submit(e, &jobs[i].q) == 0, "%s", strata_errdetail());
-    for (uint32_t i = 0; i < n; i++) drain(e, &jobs[i], 60);
-    for (uint32_t i = 0; i < n; i++) check_same(&jobs[i]);
+    for (uint32_t i = 0; i < n; i++)
+        drain(e, &jobs[i], 60);
+    for (uint32_t i = 0; i < n; i++)
+        check_same(&jobs[i]);
 }
 
 static atomic_uint g_windows;
@@ -195,14 +200,15 @@ START_TEST(sixteen_concurrent_requests_give_their_lone_ids)
         /* Prompts of 3..78 ids (past two KV blocks), half sampled at temperature 0.9. */
         job_make(&jobs[i], id, 3 + i * 5, i, i % 2 ? 0.9f : 0.0f, 10 + i % 5);
     }
-    struct engine_opts o = {.max_running = 16, .max_batch_tokens = 48, .on_window = on_window,
-                            .on_route = on_route};
+    struct engine_opts o = {
+        .max_running = 16, .max_batch_tokens = 48, .on_window = on_window, .on_route = on_route};
     struct engine *e = start(&v, &o);
     run_all(e, &v, jobs, 16);
     struct engine_status st;
     engine_status(e, &st);
     uint32_t gen = 0, prompt = 0;
-    for (uint32_t i = 0; i < 16; i++) gen += jobs[i].n_got, prompt += jobs[i].n_prompt;
+    for (uint32_t i = 0; i < 16; i++)
+        gen += jobs[i].n_got, prompt += jobs[i].n_prompt;
     ck_assert_uint_eq(st.tokens_generated, gen);
     ck_assert_uint_eq(st.tokens_prefilled + st.prefix_hits, prompt);
     /* 48 tokens a window: prompts and steps shared windows, far fewer than one per token. */
@@ -230,15 +236,19 @@ static void preemption_case(bool prefix_cache)
         job_make(&jobs[i], id, 40 + i, 50 + i, i % 2 ? 0.7f : 0.0f, 40);
     }
     /* 8 blocks of 32 positions; each request ends at 80 positions (3 blocks): 18 > 8. */
-    struct engine_opts o = {.max_running = 6, .kv_blocks = 8, .max_batch_tokens = 64,
-                            .reserve_pct = 1, .no_prefix_cache = !prefix_cache};
+    struct engine_opts o = {.max_running = 6,
+                            .kv_blocks = 8,
+                            .max_batch_tokens = 64,
+                            .reserve_pct = 1,
+                            .no_prefix_cache = !prefix_cache};
     struct engine *e = start(&v, &o);
     run_all(e, &v, jobs, 6);
     struct engine_status st;
     engine_status(e, &st);
     ck_assert_uint_gt(st.preemptions, 0);
     uint32_t preempted = 0;
-    for (uint32_t i = 0; i < 6; i++) preempted += jobs[i].u.t.n_preempted;
+    for (uint32_t i = 0; i < 6; i++)
+        preempted += jobs[i].u.t.n_preempted;
     ck_assert_uint_eq(preempted, st.preemptions);
     if (!prefix_cache) ck_assert_uint_eq(st.prefix_hits, 0);
     engine_stop(e);
@@ -312,7 +322,8 @@ START_TEST(a_resumed_request_continues_the_same_ids)
         ck_assert_int_eq(engine_submit(e, &rest.q), 0);
         drain(e, &rest, 60);
         ck_assert_uint_eq(rest.n_got, 15);
-        for (uint32_t i = 0; i < 15; i++) ck_assert_int_eq(rest.got[i], full.got[9 + i]);
+        for (uint32_t i = 0; i < 15; i++)
+            ck_assert_int_eq(rest.got[i], full.got[9 + i]);
         ck_assert_uint_eq(rest.u.seed, full.q.sp.seed);
     }
     engine_stop(e);

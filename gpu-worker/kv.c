@@ -10,13 +10,13 @@
  * hdr_bytes, a multiple of 64), so a block table entry (the floats) finds its header without a
  * lookup. */
 struct blk {
-    uint32_t refs;        /* sequences holding the block */
-    bool cached;          /* published: in the hash table under key */
-    uint64_t key;         /* kv_prefix_hash(parent, ids) */
-    uint64_t parent;      /* key of the blocks before it */
-    struct blk *hnext;    /* hash bucket chain */
+    uint32_t refs;             /* sequences holding the block */
+    bool cached;               /* published: in the hash table under key */
+    uint64_t key;              /* kv_prefix_hash(parent, ids) */
+    uint64_t parent;           /* key of the blocks before it */
+    struct blk *hnext;         /* hash bucket chain */
     struct blk *lprev, *lnext; /* the LRU of cached blocks nobody holds */
-    int32_t ids[];        /* block_tokens token ids, when cached */
+    int32_t ids[];             /* block_tokens token ids, when cached */
 };
 
 struct kv_cache {
@@ -25,7 +25,7 @@ struct kv_cache {
     size_t hdr_bytes;    /* header and ids before a block's floats */
     float **free_list;   /* blocks allocated, unused and unpublished; a stack */
     uint32_t n_free;
-    uint32_t n_alloc; /* blocks allocated from the heap so far (<= max_blocks) */
+    uint32_t n_alloc;     /* blocks allocated from the heap so far (<= max_blocks) */
     struct blk **buckets; /* published blocks by key; n_buckets is a power of two */
     uint32_t n_buckets;
     struct blk *lru_head, *lru_tail; /* cached, refs 0: evicted from the head */
@@ -55,10 +55,11 @@ int kv_init(const struct kv_config *cfg, struct kv_cache **out)
     if (!kv) return strata_errf(STRATA_ENOMEM, "out of memory for the KV cache");
     kv->cfg = *cfg;
     kv->block_floats = (size_t)cfg->n_layer * cfg->block_tokens * (cfg->k_dim + cfg->v_dim);
-    kv->hdr_bytes = (sizeof(struct blk) + (size_t)cfg->block_tokens * sizeof(int32_t) + 63) &
-                    ~(size_t)63;
+    kv->hdr_bytes =
+        (sizeof(struct blk) + (size_t)cfg->block_tokens * sizeof(int32_t) + 63) & ~(size_t)63;
     kv->n_buckets = 16;
-    while (kv->n_buckets < cfg->max_blocks) kv->n_buckets *= 2;
+    while (kv->n_buckets < cfg->max_blocks)
+        kv->n_buckets *= 2;
     kv->free_list = malloc((size_t)cfg->max_blocks * sizeof *kv->free_list);
     kv->buckets = calloc(kv->n_buckets, sizeof *kv->buckets);
     if (!kv->free_list || !kv->buckets) {
@@ -73,7 +74,8 @@ int kv_init(const struct kv_config *cfg, struct kv_cache **out)
 void kv_fini(struct kv_cache *kv)
 {
     if (!kv) return;
-    for (uint32_t i = 0; i < kv->n_free; i++) free(hdr(kv, kv->free_list[i]));
+    for (uint32_t i = 0; i < kv->n_free; i++)
+        free(hdr(kv, kv->free_list[i]));
     for (struct blk *b = kv->lru_head, *next; b; b = next) {
         next = b->lnext;
         free(b);
@@ -114,7 +116,8 @@ static void lru_unlink(struct kv_cache *kv, struct blk *b)
 static void unhash(struct kv_cache *kv, struct blk *b)
 {
     struct blk **p = &kv->buckets[b->key & (kv->n_buckets - 1)];
-    while (*p != b) p = &(*p)->hnext;
+    while (*p != b)
+        p = &(*p)->hnext;
     *p = b->hnext;
     b->hnext = NULL;
     b->cached = false;
@@ -180,19 +183,22 @@ int kv_seq_resize(struct kv_cache *kv, struct kv_seq *s, uint32_t n_tokens)
         float *b = take_block(kv);
         if (!b) {
             /* Only malloc can fail here (the count was checked): give back what this call took. */
-            while (s->n_blocks > (s->n_tokens + bt - 1) / bt) release(kv, s->blocks[--s->n_blocks]);
+            while (s->n_blocks > (s->n_tokens + bt - 1) / bt)
+                release(kv, s->blocks[--s->n_blocks]);
             return strata_errf(STRATA_ENOMEM, "out of memory for a KV block");
         }
         s->blocks[s->n_blocks++] = b;
     }
-    while (s->n_blocks > need) release(kv, s->blocks[--s->n_blocks]);
+    while (s->n_blocks > need)
+        release(kv, s->blocks[--s->n_blocks]);
     s->n_tokens = n_tokens;
     return 0;
 }
 
 void kv_seq_fini(struct kv_cache *kv, struct kv_seq *s)
 {
-    while (s->n_blocks) release(kv, s->blocks[--s->n_blocks]);
+    while (s->n_blocks)
+        release(kv, s->blocks[--s->n_blocks]);
     free(s->blocks);
     kv_seq_init(s);
 }
@@ -215,8 +221,8 @@ static struct blk *find(const struct kv_cache *kv, uint64_t key, uint64_t parent
     return NULL;
 }
 
-uint64_t kv_prefix_publish(struct kv_cache *kv, const struct kv_seq *s, uint32_t i,
-                           uint64_t parent, const int32_t *ids)
+uint64_t kv_prefix_publish(struct kv_cache *kv, const struct kv_seq *s, uint32_t i, uint64_t parent,
+                           const int32_t *ids)
 {
     const uint32_t bt = kv->cfg.block_tokens;
     const uint64_t key = kv_prefix_hash(parent, ids, bt);
@@ -276,8 +282,8 @@ static float *row(const struct kv_cache *kv, const struct kv_seq *s, uint32_t la
                   int v)
 {
     const struct kv_config *c = &kv->cfg;
-    float *base = s->blocks[pos / c->block_tokens] +
-                  (size_t)layer * c->block_tokens * (c->k_dim + c->v_dim);
+    float *base =
+        s->blocks[pos / c->block_tokens] + (size_t)layer * c->block_tokens * (c->k_dim + c->v_dim);
     uint32_t slot = pos % c->block_tokens;
     return v ? base + (size_t)c->block_tokens * c->k_dim + (size_t)slot * c->v_dim
              : base + (size_t)slot * c->k_dim;

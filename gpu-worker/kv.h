@@ -59,8 +59,9 @@ void kv_seq_init(struct kv_seq *s);
 
 /* kv_seq_resize makes s hold exactly n_tokens positions: growing takes blocks (contents of new
  * positions undefined until written; a cached block may be evicted for it), shrinking returns
- * the blocks past the end (to re-prefill from the middle; not into a published block). STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, ENOMEM;
- * on error s is unchanged. */
+ * the blocks past the end (to re-prefill from the middle; not into a published block).
+ * STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, ENOMEM; on error s is
+ * unchanged. */
 int kv_seq_resize(struct kv_cache *kv, struct kv_seq *s, uint32_t n_tokens);
 
 /* kv_seq_fini releases all of s's blocks: to the pool, or to the prefix cache when published. */
@@ -75,8 +76,8 @@ uint64_t kv_prefix_hash(uint64_t parent, const int32_t *ids, uint32_t n);
  * written; ids are its block_tokens token ids and parent the key of the blocks before it.
  * Returns the block's key (the parent of block i+1). A block already published, or a prefix
  * already cached in another block, leaves the cache as it is. Never fails. */
-uint64_t kv_prefix_publish(struct kv_cache *kv, const struct kv_seq *s, uint32_t i,
-                           uint64_t parent, const int32_t *ids);
+uint64_t kv_prefix_publish(struct kv_cache *kv, const struct kv_seq *s, uint32_t i, uint64_t parent,
+                           const int32_t *ids);
 
 /* kv_prefix_attach gives an empty s the longest cached prefix of ids[0..n_ids), in whole blocks,
  * at most max_blocks of them: *n_blocks blocks (s->n_tokens = *n_blocks * block_tokens), and

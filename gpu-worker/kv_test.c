@@ -17,16 +17,20 @@ START_TEST(rows_stay_put_across_growth)
     ck_assert_uint_eq(s.n_blocks, 1);
     for (uint32_t p = 0; p < 3; p++)
         for (uint32_t l = 0; l < 2; l++) {
-            for (uint32_t i = 0; i < 8; i++) kv_k(kv, &s, l, p)[i] = 100.0f * l + 10 * p + i;
-            for (uint32_t i = 0; i < 4; i++) kv_v(kv, &s, l, p)[i] = -100.0f * l - 10 * p - i;
+            for (uint32_t i = 0; i < 8; i++)
+                kv_k(kv, &s, l, p)[i] = 100.0f * l + 10 * p + i;
+            for (uint32_t i = 0; i < 4; i++)
+                kv_v(kv, &s, l, p)[i] = -100.0f * l - 10 * p - i;
         }
     ck_assert_int_eq(kv_seq_resize(kv, &s, 9), 0);
     ck_assert_uint_eq(s.n_blocks, 3);
     ck_assert_uint_eq(kv_blocks_free(kv), 3);
     for (uint32_t p = 3; p < 9; p++)
         for (uint32_t l = 0; l < 2; l++) {
-            for (uint32_t i = 0; i < 8; i++) kv_k(kv, &s, l, p)[i] = 100.0f * l + 10 * p + i;
-            for (uint32_t i = 0; i < 4; i++) kv_v(kv, &s, l, p)[i] = -100.0f * l - 10 * p - i;
+            for (uint32_t i = 0; i < 8; i++)
+                kv_k(kv, &s, l, p)[i] = 100.0f * l + 10 * p + i;
+            for (uint32_t i = 0; i < 4; i++)
+                kv_v(kv, &s, l, p)[i] = -100.0f * l - 10 * p - i;
         }
     /* Through the attention view, every row reads back what was written, K and V apart. */
     for (uint32_t l = 0; l < 2; l++)
@@ -79,7 +83,8 @@ END_TEST
 static void fill(struct kv_cache *kv, struct kv_seq *s, uint32_t from, float tag)
 {
     for (uint32_t p = from; p < s->n_tokens; p++)
-        for (uint32_t l = 0; l < 2; l++) kv_k(kv, s, l, p)[0] = tag + p;
+        for (uint32_t l = 0; l < 2; l++)
+            kv_k(kv, s, l, p)[0] = tag + p;
 }
 
 START_TEST(prefix_blocks_are_shared_by_reference_and_evicted_last_released_last)
