@@ -437,5 +437,6 @@ fail:
     return status;
 }
 
-const struct strata_cmd strata_cmd_run = {"run", "generate text from a GGUF model in this process",
-                                          run};
+const struct strata_cmd strata_cmd_run = {
+    "run", "generate text from a GGUF model in this process (or score a continuation: --teacher)",
+    run};
