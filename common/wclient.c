@@ -233,10 +233,11 @@ int wclient_submit(struct wclient *c, const struct wclient_req *r, uint64_t *see
     return rv;
 }
 
-/* ---- poll ------------------------------------------------------------------------------------- */
+/* ---- poll -------------------------------------------------------------------------------------
+ */
 
 static const char *const finish_names[] = {
-    [WCLIENT_RUNNING] = "running", [WCLIENT_STOP] = "stop",   [WCLIENT_LENGTH] = "length",
+    [WCLIENT_RUNNING] = "running",     [WCLIENT_STOP] = "stop",   [WCLIENT_LENGTH] = "length",
     [WCLIENT_CANCELLED] = "cancelled", [WCLIENT_ERROR] = "error",
 };
 
@@ -248,16 +249,21 @@ static int get_f32s(struct msg *m, const msgpack_object *map, const char *key, u
     uint32_t k;
     int rv = msg_get_arr(m, map, key, n, &it, &k);
     if (rv != 0) return rv;
-    if (k != n)
-        return strata_errf(STRATA_EPROTO, "field '%s': %u values for %u tokens", key, k, n);
+    if (k != n) return strata_errf(STRATA_EPROTO, "field '%s': %u values for %u tokens", key, k, n);
     float *v = malloc((n ? n : 1) * sizeof *v);
     if (!v) return STRATA_ENOMEM;
     for (uint32_t i = 0; i < n; i++) {
         switch (it[i].type) {
         case MSGPACK_OBJECT_FLOAT32:
-        case MSGPACK_OBJECT_FLOAT64: v[i] = (float)it[i].via.f64; break;
-        case MSGPACK_OBJECT_POSITIVE_INTEGER: v[i] = (float)it[i].via.u64; break;
-        case MSGPACK_OBJECT_NEGATIVE_INTEGER: v[i] = (float)it[i].via.i64; break;
+        case MSGPACK_OBJECT_FLOAT64:
+            v[i] = (float)it[i].via.f64;
+            break;
+        case MSGPACK_OBJECT_POSITIVE_INTEGER:
+            v[i] = (float)it[i].via.u64;
+            break;
+        case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+            v[i] = (float)it[i].via.i64;
+            break;
         default:
             free(v);
             return strata_errf(STRATA_EPROTO, "field '%s': item %u is not a number", key, i);
@@ -343,7 +349,8 @@ static void update_free(struct wclient_update *u)
 
 void wclient_poll_free(struct wclient_poll_result *r)
 {
-    for (uint32_t i = 0; r->u && i < r->n; i++) update_free(&r->u[i]);
+    for (uint32_t i = 0; r->u && i < r->n; i++)
+        update_free(&r->u[i]);
     free(r->u);
     r->u = NULL;
     r->n = 0;
@@ -361,10 +368,12 @@ int wclient_poll(struct wclient *c, const char *const *ids, const uint32_t *from
     msg_begin_request(&b, "poll");
     msg_key(&b, "ids");
     msg_pack_array(&b, n);
-    for (uint32_t i = 0; i < n; i++) msg_pack_str(&b, ids[i]);
+    for (uint32_t i = 0; i < n; i++)
+        msg_pack_str(&b, ids[i]);
     msg_key(&b, "from");
     msg_pack_array(&b, n);
-    for (uint32_t i = 0; i < n; i++) msg_pack_i64(&b, from[i]);
+    for (uint32_t i = 0; i < n; i++)
+        msg_pack_i64(&b, from[i]);
     msg_key(&b, "wait_ms");
     msg_pack_i64(&b, wait_ms);
     struct msg m;
@@ -425,19 +434,17 @@ int wclient_status(struct wclient *c, struct wclient_status *out)
         (rv = opt(msg_get_f64(&m, NULL, "tok_s", 0, 1e15, &out->tok_s))) != 0 ||
         (rv = opt(msg_get_f64(&m, NULL, "prefill_tok_s", 0, 1e15, &out->prefill_tok_s))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "windows", UINT64_MAX, &out->windows))) != 0 ||
-        (rv = opt(msg_get_u64(&m, NULL, "tokens_generated", UINT64_MAX,
-                              &out->tokens_generated))) != 0 ||
-        (rv = opt(msg_get_u64(&m, NULL, "prompt_tokens", UINT64_MAX, &out->prompt_tokens))) !=
+        (rv = opt(msg_get_u64(&m, NULL, "tokens_generated", UINT64_MAX, &out->tokens_generated))) !=
             0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "prompt_tokens", UINT64_MAX, &out->prompt_tokens))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "prefix_hits", UINT64_MAX, &out->prefix_hits))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "requests", UINT64_MAX, &out->requests))) != 0 ||
         (rv = opt(msg_get_f64(&m, NULL, "uptime_s", 0, 1e15, &out->uptime_s))) != 0 ||
         (rv = opt(msg_get_map(&m, NULL, "cache", &cache))) != 0)
         goto done;
-    if (cache &&
-        ((rv = opt(get_u32(&m, cache, "slots", &out->cache_slots))) != 0 ||
-         (rv = opt(msg_get_u64(&m, cache, "bytes", UINT64_MAX, &out->cache_bytes))) != 0 ||
-         (rv = opt(msg_get_f64(&m, cache, "hit_rate", 0, 1, &out->cache_hit_rate))) != 0))
+    if (cache && ((rv = opt(get_u32(&m, cache, "slots", &out->cache_slots))) != 0 ||
+                  (rv = opt(msg_get_u64(&m, cache, "bytes", UINT64_MAX, &out->cache_bytes))) != 0 ||
+                  (rv = opt(msg_get_f64(&m, cache, "hit_rate", 0, 1, &out->cache_hit_rate))) != 0))
         goto done;
 done:
     msg_free(&m);
@@ -459,8 +466,7 @@ int wclient_vram(struct wclient *c, bool resize, uint64_t new_cache_bytes, struc
     if ((rv = copy_str(&m, NULL, "backend", out->backend, sizeof out->backend)) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "total_bytes", UINT64_MAX, &out->total_bytes))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "free_bytes", UINT64_MAX, &out->free_bytes))) != 0 ||
-        (rv = opt(msg_get_u64(&m, NULL, "weights_bytes", UINT64_MAX, &out->weights_bytes))) !=
-            0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "weights_bytes", UINT64_MAX, &out->weights_bytes))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "kv_bytes", UINT64_MAX, &out->kv_bytes))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "cache_bytes", UINT64_MAX, &out->cache_bytes))) != 0 ||
         (rv = opt(get_u32(&m, NULL, "cache_slots", &out->cache_slots))) != 0)
@@ -470,7 +476,8 @@ done:
     return rv;
 }
 
-/* ---- streams ---------------------------------------------------------------------------------- */
+/* ---- streams ----------------------------------------------------------------------------------
+ */
 
 struct wclient_stream {
     struct wclient *c;
@@ -479,8 +486,8 @@ struct wclient_stream {
     int32_t *hist;          /* the prompt, then every generated token received */
     uint32_t n_hist, cap_hist;
     int32_t *stop;
-    uint32_t base;      /* generated tokens received before the current submit */
-    uint32_t from;      /* the current submit's next token index to ask for */
+    uint32_t base; /* generated tokens received before the current submit */
+    uint32_t from; /* the current submit's next token index to ask for */
     uint32_t resubmits;
     bool done;
     struct wclient_poll_result last; /* the last poll's answer, which *u points into */
@@ -562,8 +569,8 @@ fail:
 static int append(struct wclient_stream *s, const struct wclient_update *u)
 {
     if (s->n_hist + u->n_tokens > s->cap_hist) {
-        uint32_t cap = s->cap_hist * 2 > s->n_hist + u->n_tokens ? s->cap_hist * 2
-                                                                  : s->n_hist + u->n_tokens;
+        uint32_t cap =
+            s->cap_hist * 2 > s->n_hist + u->n_tokens ? s->cap_hist * 2 : s->n_hist + u->n_tokens;
         int32_t *h = realloc(s->hist, cap * sizeof *h);
         if (!h) return STRATA_ENOMEM;
         s->hist = h;
@@ -608,8 +615,8 @@ int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **
         }
         if (w->code != 0) return strata_errf(w->code, "poll of %s: worker error", s->id);
         if (w->from != s->from)
-            return strata_errf(STRATA_EPROTO, "poll of %s from %u answered from %u", s->id,
-                               s->from, w->from);
+            return strata_errf(STRATA_EPROTO, "poll of %s from %u answered from %u", s->id, s->from,
+                               w->from);
         if ((rv = append(s, w)) != 0) return rv;
         s->from += w->n_tokens;
         w->from += s->base;

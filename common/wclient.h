@@ -5,11 +5,11 @@
  * would spread one stream's polls across them). Every call has a deadline (wclient_opts); a poll
  * waits on the worker at most poll_wait_ms for new tokens, then answers with what it has.
  * Threads: a wclient may be called from any number of threads at once (each call uses its own nng
- * context); a stream belongs to one thread at a time. Results are owned by the caller and freed with
- * the matching *_free. nng is not fork-safe: open a wclient only in the process that uses it.
+ * context); a stream belongs to one thread at a time. Results are owned by the caller and freed
+ * with the matching *_free. nng is not fork-safe: open a wclient only in the process that uses it.
  * The stream helper makes a worker restart invisible: when a poll answers "unknown request"
- * (STRATA_ENOENT) or the worker does not answer, it resubmits the prompt plus the tokens received so
- * far, with the same seed, n_generated counting them and the remaining max_tokens, and goes on
+ * (STRATA_ENOENT) or the worker does not answer, it resubmits the prompt plus the tokens received
+ * so far, with the same seed, n_generated counting them and the remaining max_tokens, and goes on
  * numbering tokens as before; in bit-exact mode the ids are those of an undisturbed run.
  */
 #ifndef STRATA_WCLIENT_H
@@ -23,7 +23,7 @@ struct gguf_file;
 
 /* Protocol limits of the worker ops, shared by client and worker (the worker refuses more with
  * STRATA_ELIMIT or STRATA_EPROTO and a message). */
-#define WCLIENT_PROTO_MIN        1       /* worker-op protocol versions this build speaks (hello) */
+#define WCLIENT_PROTO_MIN        1 /* worker-op protocol versions this build speaks (hello) */
 #define WCLIENT_PROTO_MAX        1
 #define WCLIENT_ID_MAX           64      /* bytes of a request id */
 #define WCLIENT_MAX_PROMPT       1000000 /* prompt ids of one submit (the worker's n_ctx is lower) */
@@ -44,7 +44,8 @@ struct wclient_opts {
 
 /* wclient_open makes the socket dialing url (e.g. "ipc:///run/user/1000/strata/m/worker-0.sock").
  * The dial does not wait: a worker not up yet is reached when it comes; calls time out meanwhile.
- * o may be NULL for the defaults. Returns 0 and *out, STRATA_EINVAL, STRATA_ENOMEM or an nng error. */
+ * o may be NULL for the defaults. Returns 0 and *out, STRATA_EINVAL, STRATA_ENOMEM or an nng error.
+ */
 int wclient_open(const char *url, const struct wclient_opts *o, struct wclient **out);
 
 /* wclient_close closes the socket; no call may be in flight or start after it. NULL is fine. */
@@ -63,7 +64,7 @@ struct wclient_hello {
     uint32_t n_ctx;       /* most positions (prompt + generated) of one request */
     uint32_t max_seqs;    /* requests decoded at once */
     int32_t pid;
-    bool bit_exact;       /* answers depend only on the model and the token history */
+    bool bit_exact; /* answers depend only on the model and the token history */
 };
 
 /* wclient_hello asks the worker who it is. Blocks up to timeout_ms. Returns 0, STRATA_EPROTO when
@@ -72,11 +73,11 @@ struct wclient_hello {
 int wclient_hello(struct wclient *c, struct wclient_hello *out);
 
 struct wclient_meta {
-    void *bytes;             /* the GGUF metadata: header, KV pairs, tensor infos (malloc'd) */
+    void *bytes; /* the GGUF metadata: header, KV pairs, tensor infos (malloc'd) */
     size_t len;
-    struct gguf_file *gguf;  /* parsed from bytes with gguf_open_mem(check_data=false) */
-    uint32_t n_ctx;          /* the worker's context per request */
-    uint64_t fingerprint;    /* as hello */
+    struct gguf_file *gguf; /* parsed from bytes with gguf_open_mem(check_data=false) */
+    uint32_t n_ctx;         /* the worker's context per request */
+    uint64_t fingerprint;   /* as hello */
 };
 
 /* wclient_meta fetches and parses the model's metadata (tokenizer, chat template, context length).
@@ -102,19 +103,19 @@ struct wclient_sampling {
 void wclient_sampling_default(struct wclient_sampling *s);
 
 struct wclient_req {
-    const char *id;           /* client-made, 1..WCLIENT_ID_MAX bytes, unique on the worker (e.g.
-                                 "<host>-<pid>-<n>"); resubmitting an id the worker has returns
-                                 the existing request (idempotent) */
-    const int32_t *prompt;    /* token ids, 1..min(n_ctx - 1, WCLIENT_MAX_PROMPT) */
+    const char *id;        /* client-made, 1..WCLIENT_ID_MAX bytes, unique on the worker (e.g.
+                              "<host>-<pid>-<n>"); resubmitting an id the worker has returns
+                              the existing request (idempotent) */
+    const int32_t *prompt; /* token ids, 1..min(n_ctx - 1, WCLIENT_MAX_PROMPT) */
     uint32_t n_prompt;
-    uint32_t max_tokens;      /* tokens to generate, >= 1 */
+    uint32_t max_tokens; /* tokens to generate, >= 1 */
     struct wclient_sampling sampling;
-    const int32_t *stop;      /* stop ids (EOS, end of turn); the matched one is not returned */
+    const int32_t *stop; /* stop ids (EOS, end of turn); the matched one is not returned */
     uint32_t n_stop;
-    uint32_t n_generated;     /* of the prompt, how many trailing ids were generated (a resumed
-                                 request: penalties count them); usually 0 */
-    bool logprobs;            /* report each token's logprob */
-    uint32_t top_logprobs;    /* and this many alternatives, 0..WCLIENT_MAX_TOP */
+    uint32_t n_generated;  /* of the prompt, how many trailing ids were generated (a resumed
+                              request: penalties count them); usually 0 */
+    bool logprobs;         /* report each token's logprob */
+    uint32_t top_logprobs; /* and this many alternatives, 0..WCLIENT_MAX_TOP */
 };
 
 /* wclient_submit queues r on the worker. *seed (may be NULL) gets the seed in use (the worker's
@@ -134,25 +135,25 @@ enum wclient_finish {
 /* One request's answer to a poll. Arrays are malloc'd with the result. */
 struct wclient_update {
     char id[WCLIENT_ID_MAX + 1];
-    int code;             /* 0, or STRATA_ENOENT: the worker does not know the id (it restarted,
-                             or the request's lease lapsed) and nothing below is set */
-    uint32_t from;        /* index of tokens[0] among the request's generated tokens */
-    uint32_t n_tokens;    /* new tokens */
+    int code;          /* 0, or STRATA_ENOENT: the worker does not know the id (it restarted,
+                          or the request's lease lapsed) and nothing below is set */
+    uint32_t from;     /* index of tokens[0] among the request's generated tokens */
+    uint32_t n_tokens; /* new tokens */
     int32_t *tokens;
-    float *logprobs;      /* n_tokens, when asked; else NULL */
-    uint32_t n_top;       /* alternatives per token (0 when not asked) */
-    int32_t *top_ids;     /* n_tokens * n_top, most likely first */
+    float *logprobs;  /* n_tokens, when asked; else NULL */
+    uint32_t n_top;   /* alternatives per token (0 when not asked) */
+    int32_t *top_ids; /* n_tokens * n_top, most likely first */
     float *top_logprobs;
     enum wclient_finish finish;
-    int32_t stop_token;   /* the stop id that ended it (WCLIENT_STOP), else -1 */
-    int error_code;       /* WCLIENT_ERROR: the worker's code */
-    uint32_t n_prompt;    /* the prompt as submitted */
-    uint32_t n_cached;    /* prompt tokens served from the worker's prefix cache */
+    int32_t stop_token; /* the stop id that ended it (WCLIENT_STOP), else -1 */
+    int error_code;     /* WCLIENT_ERROR: the worker's code */
+    uint32_t n_prompt;  /* the prompt as submitted */
+    uint32_t n_cached;  /* prompt tokens served from the worker's prefix cache */
     double queue_ms, prefill_ms, decode_ms; /* timings so far */
 };
 
 struct wclient_poll_result {
-    uint32_t n;                /* as many as ids, in their order */
+    uint32_t n; /* as many as ids, in their order */
     struct wclient_update *u;
 };
 
@@ -169,8 +170,8 @@ void wclient_poll_free(struct wclient_poll_result *r);
 int wclient_cancel(struct wclient *c, const char *id);
 
 struct wclient_status {
-    uint32_t running;          /* requests holding KV and decoding */
-    uint32_t queued;           /* waiting for admission */
+    uint32_t running; /* requests holding KV and decoding */
+    uint32_t queued;  /* waiting for admission */
     uint32_t max_seqs, max_queue;
     uint32_t kv_blocks_used, kv_blocks_total;
     double tok_s;              /* generated tokens per second, recent */
@@ -182,7 +183,7 @@ struct wclient_status {
     uint64_t requests;         /* submitted since start */
     uint32_t cache_slots;      /* expert cache (0 on the CPU backend) */
     uint64_t cache_bytes;
-    double cache_hit_rate;     /* routed (token, expert) pairs served from the cache, 0..1 */
+    double cache_hit_rate; /* routed (token, expert) pairs served from the cache, 0..1 */
     double uptime_s;
 };
 
@@ -198,14 +199,17 @@ struct wclient_vram {
 
 /* wclient_vram reads the worker's memory figures; with resize, asks it to make its expert cache
  * new_cache_bytes big first (STRATA_EUNSUPPORTED on the CPU backend). */
-int wclient_vram(struct wclient *c, bool resize, uint64_t new_cache_bytes, struct wclient_vram *out);
+int wclient_vram(struct wclient *c, bool resize, uint64_t new_cache_bytes,
+                 struct wclient_vram *out);
 
-/* ---- streams ---------------------------------------------------------------------------------- */
+/* ---- streams ----------------------------------------------------------------------------------
+ */
 
 struct wclient_stream;
 
 /* wclient_stream_start submits r (copied: the caller's arrays may go) and returns a stream that
- * polls it. r without a seed gets the worker's pick, kept for resubmits. Errors as wclient_submit. */
+ * polls it. r without a seed gets the worker's pick, kept for resubmits. Errors as wclient_submit.
+ */
 int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
                          struct wclient_stream **out);
 

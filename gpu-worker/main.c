@@ -54,30 +54,59 @@ static int num(const char *opt, const char *s)
 
 int main(int argc, char **argv)
 {
-    static const struct option longs[] = {
-        {"arena", required_argument, NULL, 'a'},   {"model", required_argument, NULL, 'm'},
-        {"shm-dir", required_argument, NULL, 'd'}, {"runtime-dir", required_argument, NULL, 'r'},
-        {"threads", required_argument, NULL, 't'}, {"orphan-timeout", required_argument, NULL, 'o'},
-        {"max-seqs", required_argument, NULL, 's'}, {"max-queue", required_argument, NULL, 'q'},
-        {"ctx", required_argument, NULL, 'c'},     {"bit-exact", no_argument, NULL, 'b'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    static const struct option longs[] = {{"arena", required_argument, NULL, 'a'},
+                                          {"model", required_argument, NULL, 'm'},
+                                          {"shm-dir", required_argument, NULL, 'd'},
+                                          {"runtime-dir", required_argument, NULL, 'r'},
+                                          {"threads", required_argument, NULL, 't'},
+                                          {"orphan-timeout", required_argument, NULL, 'o'},
+                                          {"max-seqs", required_argument, NULL, 's'},
+                                          {"max-queue", required_argument, NULL, 'q'},
+                                          {"ctx", required_argument, NULL, 'c'},
+                                          {"bit-exact", no_argument, NULL, 'b'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
     struct worker_config cfg = {0};
     int c;
     strata_log_set_tag("worker");
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         switch (c) {
-        case 'a': cfg.arena = optarg; break;
-        case 'm': cfg.model = optarg; break;
-        case 'd': cfg.shm_dir = optarg; break;
-        case 'r': cfg.runtime_dir = optarg; break;
-        case 't': cfg.threads = num("threads", optarg); break;
-        case 'o': cfg.orphan_timeout_s = num("orphan-timeout", optarg); break;
-        case 's': cfg.max_seqs = num("max-seqs", optarg); break;
-        case 'q': cfg.max_queue = num("max-queue", optarg); break;
-        case 'c': cfg.ctx = num("ctx", optarg); break;
-        case 'b': cfg.bit_exact = true; break;
-        case 'h': fputs(usage_text, stdout); return 0;
-        default: fputs(usage_text, stderr); return 2;
+        case 'a':
+            cfg.arena = optarg;
+            break;
+        case 'm':
+            cfg.model = optarg;
+            break;
+        case 'd':
+            cfg.shm_dir = optarg;
+            break;
+        case 'r':
+            cfg.runtime_dir = optarg;
+            break;
+        case 't':
+            cfg.threads = num("threads", optarg);
+            break;
+        case 'o':
+            cfg.orphan_timeout_s = num("orphan-timeout", optarg);
+            break;
+        case 's':
+            cfg.max_seqs = num("max-seqs", optarg);
+            break;
+        case 'q':
+            cfg.max_queue = num("max-queue", optarg);
+            break;
+        case 'c':
+            cfg.ctx = num("ctx", optarg);
+            break;
+        case 'b':
+            cfg.bit_exact = true;
+            break;
+        case 'h':
+            fputs(usage_text, stdout);
+            return 0;
+        default:
+            fputs(usage_text, stderr);
+            return 2;
         }
     }
     if (optind < argc || !cfg.arena == !cfg.model) {

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define RATE_SAMPLES   9   /* status rates span the last 8 sampling periods (4 s) */
+#define RATE_SAMPLES   9 /* status rates span the last 8 sampling periods (4 s) */
 #define RATE_PERIOD_MS 500
 
 /* A parked poll: its call (holding one ipc context) and its decoded request, which lives in the
@@ -57,7 +57,8 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* ---- decoding ---------------------------------------------------------------------------------- */
+/* ---- decoding ----------------------------------------------------------------------------------
+ */
 
 static int opt(int rv)
 {
@@ -89,8 +90,8 @@ int service_parse_submit(struct msg *m, uint32_t n_vocab, uint32_t n_ctx,
     int rv;
     if (n_vocab == 0) return strata_errf(STRATA_EINVAL, "service: a model without a vocabulary");
     if ((rv = msg_get_str(m, NULL, "id", WCLIENT_ID_MAX, &r->id, &id_len)) != 0) return rv;
-    if (id_len == 0) return strata_errf(STRATA_EPROTO, "field 'id': empty: give 1..%d bytes",
-                                        WCLIENT_ID_MAX);
+    if (id_len == 0)
+        return strata_errf(STRATA_EPROTO, "field 'id': empty: give 1..%d bytes", WCLIENT_ID_MAX);
     /* the pre-check bounded the count by the message size; the limits are ours to answer */
     if ((rv = msg_get_i32s(m, NULL, "prompt", UINT32_MAX, 0, (int32_t)(n_vocab - 1), &r->prompt,
                            &r->n_prompt)) != 0)
@@ -133,8 +134,8 @@ static int item_str(struct msg *m, const msgpack_object *it, uint32_t i, const c
 {
     if (it->type != MSGPACK_OBJECT_STR || it->via.str.size == 0 ||
         it->via.str.size > WCLIENT_ID_MAX)
-        return strata_errf(STRATA_EPROTO, "field 'ids': item %u is not a string of 1..%d bytes",
-                           i, WCLIENT_ID_MAX);
+        return strata_errf(STRATA_EPROTO, "field 'ids': item %u is not a string of 1..%d bytes", i,
+                           WCLIENT_ID_MAX);
     char *s = msgpack_zone_malloc_no_align(&m->zone, it->via.str.size + 1);
     if (!s) return STRATA_ENOMEM;
     memcpy(s, it->via.str.ptr, it->via.str.size);
@@ -150,8 +151,8 @@ int service_parse_ids(struct msg *m, const char **ids, uint32_t *n)
     if (rv != 0) return rv;
     if (*n == 0) return strata_errf(STRATA_EPROTO, "field 'ids': empty");
     if (*n > WCLIENT_POLL_MAX_IDS)
-        return strata_errf(STRATA_ELIMIT, "field 'ids': %u ids, at most %d a call: split them",
-                           *n, WCLIENT_POLL_MAX_IDS);
+        return strata_errf(STRATA_ELIMIT, "field 'ids': %u ids, at most %d a call: split them", *n,
+                           WCLIENT_POLL_MAX_IDS);
     for (uint32_t i = 0; i < *n; i++)
         if ((rv = item_str(m, &it[i], i, &ids[i])) != 0) return rv;
     return 0;
@@ -167,14 +168,16 @@ int service_parse_poll(struct msg *m, struct service_poll *out)
     int64_t one;
     rv = msg_get_i64(m, NULL, "from", 0, WCLIENT_MAX_TOKENS, &one);
     if (rv == 0) {
-        for (uint32_t i = 0; i < out->n; i++) out->from[i] = (uint32_t)one;
+        for (uint32_t i = 0; i < out->n; i++)
+            out->from[i] = (uint32_t)one;
     } else if (rv == STRATA_EPROTO) {
-        if ((rv = msg_get_i64s(m, NULL, "from", WCLIENT_POLL_MAX_IDS, 0, WCLIENT_MAX_TOKENS,
-                               &from, &nf)) != 0)
+        if ((rv = msg_get_i64s(m, NULL, "from", WCLIENT_POLL_MAX_IDS, 0, WCLIENT_MAX_TOKENS, &from,
+                               &nf)) != 0)
             return rv;
         if (nf != out->n)
             return strata_errf(STRATA_EPROTO, "field 'from': %u indices for %u ids", nf, out->n);
-        for (uint32_t i = 0; i < nf; i++) out->from[i] = (uint32_t)from[i];
+        for (uint32_t i = 0; i < nf; i++)
+            out->from[i] = (uint32_t)from[i];
     } else if (rv != STRATA_ENOENT) {
         return rv;
     }
@@ -184,7 +187,8 @@ int service_parse_poll(struct msg *m, struct service_poll *out)
     return 0;
 }
 
-/* ---- ops ---------------------------------------------------------------------------------------- */
+/* ---- ops ----------------------------------------------------------------------------------------
+ */
 
 static int op_hello(struct ipc_call *call, void *ctx)
 {
@@ -280,7 +284,7 @@ static int op_submit(struct ipc_call *call, void *ctx)
 }
 
 static const char *const finish_names[] = {
-    [ENGINE_FINISH_NONE] = "running", [ENGINE_FINISH_STOP] = "stop",
+    [ENGINE_FINISH_NONE] = "running",  [ENGINE_FINISH_STOP] = "stop",
     [ENGINE_FINISH_LENGTH] = "length", [ENGINE_FINISH_CANCELLED] = "cancelled",
     [ENGINE_FINISH_ERROR] = "error",
 };
@@ -325,10 +329,12 @@ static void pack_update(struct msg_builder *b, struct service *s, const char *id
     msg_pack_i64(b, from);
     msg_pack_str(b, "tokens");
     msg_pack_array(b, u.n);
-    for (uint32_t i = 0; i < u.n; i++) msg_pack_i64(b, toks[i].id);
+    for (uint32_t i = 0; i < u.n; i++)
+        msg_pack_i64(b, toks[i].id);
     msg_pack_str(b, "logprobs");
     msg_pack_array(b, u.n);
-    for (uint32_t i = 0; i < u.n; i++) msg_pack_f64(b, toks[i].logprob);
+    for (uint32_t i = 0; i < u.n; i++)
+        msg_pack_f64(b, toks[i].logprob);
     msg_pack_str(b, "n_total");
     msg_pack_i64(b, u.n_total);
     msg_pack_str(b, "seed");
@@ -384,7 +390,8 @@ static void answer_poll(struct service *s, struct ipc_call *call, const struct s
     msg_begin_reply(&b);
     msg_key(&b, "updates");
     msg_pack_array(&b, p->n);
-    for (uint32_t i = 0; i < p->n; i++) pack_update(&b, s, p->ids[i], p->from[i], toks);
+    for (uint32_t i = 0; i < p->n; i++)
+        pack_update(&b, s, p->ids[i], p->from[i], toks);
     free(toks);
     ipc_reply(call, &b);
 }
@@ -442,8 +449,10 @@ static int op_cancel(struct ipc_call *call, void *ctx)
     if (rv != 0) return rv;
     for (uint32_t i = 0; i < n; i++) {
         rv = engine_cancel(s->e, ids[i]);
-        if (rv == 0) cancelled++;
-        else if (rv != STRATA_ENOENT) return rv;
+        if (rv == 0)
+            cancelled++;
+        else if (rv != STRATA_ENOENT)
+            return rv;
     }
     struct msg_builder b;
     msg_begin_reply(&b);
@@ -461,9 +470,9 @@ static int op_status(struct ipc_call *call, void *ctx)
     double tok_s = 0, pre_s = 0;
     pthread_mutex_lock(&s->mu);
     if (s->rate_n >= 2) {
-        const struct rate_sample *a = &s->rate[(s->rate_i - s->rate_n + 1 + RATE_SAMPLES) %
-                                               RATE_SAMPLES],
-                                 *z = &s->rate[s->rate_i];
+        const struct rate_sample
+            *a = &s->rate[(s->rate_i - s->rate_n + 1 + RATE_SAMPLES) % RATE_SAMPLES],
+            *z = &s->rate[s->rate_i];
         double dt = (double)(z->t_ns - a->t_ns) / 1e9;
         tok_s = (double)(z->generated - a->generated) / dt;
         pre_s = (double)(z->prefilled - a->prefilled) / dt;
@@ -550,7 +559,8 @@ static int handle(struct ipc_call *call, void *ctx)
     return ipc_dispatch(call, ops, ctx);
 }
 
-/* ---- the poll thread ---------------------------------------------------------------------------- */
+/* ---- the poll thread ----------------------------------------------------------------------------
+ */
 
 void service_on_window(void *ctx)
 {
@@ -621,7 +631,8 @@ static void *poll_thread(void *arg)
     return NULL;
 }
 
-/* ---- lifecycle ---------------------------------------------------------------------------------- */
+/* ---- lifecycle ----------------------------------------------------------------------------------
+ */
 
 int service_init(const struct service_opts *o, struct service **out)
 {
@@ -661,8 +672,8 @@ int service_start(struct service *s, struct engine *e, const char *url)
         return strata_errf(strata_errno(rv), "service: cannot start its thread");
     }
     s->thread_live = true;
-    LOG_INFO("worker: serving %s (%u streams, %u queued, %d contexts)", s->url,
-             s->o.max_running, s->o.max_queue, so.n_ctx);
+    LOG_INFO("worker: serving %s (%u streams, %u queued, %d contexts)", s->url, s->o.max_running,
+             s->o.max_queue, so.n_ctx);
     return 0;
 }
 

@@ -24,24 +24,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SERVICE_CONTROL_CTX 16 /* ipc contexts beyond the parked polls, for the other ops */
+#define SERVICE_CONTROL_CTX 16   /* ipc contexts beyond the parked polls, for the other ops */
 #define SERVICE_POLL_CAP    1024 /* tokens of one request in one poll reply; the rest next poll */
 
 struct service_opts {
-    const void *meta;          /* the GGUF metadata bytes served by `meta` (borrowed) */
+    const void *meta; /* the GGUF metadata bytes served by `meta` (borrowed) */
     size_t meta_len;
-    uint64_t fingerprint;      /* XXH3_64bits of meta: the model's identity in hello */
-    const char *model_name;    /* for hello */
+    uint64_t fingerprint;   /* XXH3_64bits of meta: the model's identity in hello */
+    const char *model_name; /* for hello */
     const char *arch;
-    const char *backend;       /* "cpu" */
-    uint32_t n_vocab;          /* token ids must be below it */
-    uint32_t n_ctx;            /* positions per request (the engine's) */
-    uint32_t max_running;      /* as engine_opts (resolved, not 0) */
+    const char *backend;  /* "cpu" */
+    uint32_t n_vocab;     /* token ids must be below it */
+    uint32_t n_ctx;       /* positions per request (the engine's) */
+    uint32_t max_running; /* as engine_opts (resolved, not 0) */
     uint32_t max_queue;
     bool bit_exact;
-    uint64_t weights_bytes;    /* for vram: model weights this worker holds */
-    uint64_t kv_bytes;         /* KV cache at its full size */
-    int watchdog_ms;           /* ipc watchdog period; 0: ipc's default */
+    uint64_t weights_bytes; /* for vram: model weights this worker holds */
+    uint64_t kv_bytes;      /* KV cache at its full size */
+    int watchdog_ms;        /* ipc watchdog period; 0: ipc's default */
 };
 
 struct service;

@@ -65,7 +65,8 @@ static struct wclient *client(const char *url)
 /* prompt_of fills a prompt that differs per k. */
 static void prompt_of(int k, int32_t *p, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) p[i] = (int32_t)((k * 131 + i * 17 + 5) % 200 + 1);
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = (int32_t)((k * 131 + i * 17 + 5) % 200 + 1);
 }
 
 static void req_of(struct wclient_req *r, const char *id, const int32_t *prompt, uint32_t n,
@@ -103,7 +104,8 @@ static uint32_t run_stream(struct wclient *c, const struct wclient_req *r, int32
     return n;
 }
 
-/* ---- hello, meta, status, vram, idempotence ---------------------------------------------------- */
+/* ---- hello, meta, status, vram, idempotence ----------------------------------------------------
+ */
 
 START_TEST(test_hello_meta)
 {
@@ -185,7 +187,8 @@ START_TEST(test_idempotent_status_vram)
 }
 END_TEST
 
-/* ---- many concurrent streams ------------------------------------------------------------------- */
+/* ---- many concurrent streams -------------------------------------------------------------------
+ */
 
 struct job {
     struct wclient *c;
@@ -219,7 +222,8 @@ START_TEST(test_concurrent_streams)
         jobs[k] = (struct job){.c = c, .k = k};
         ck_assert_int_eq(pthread_create(&th[k], NULL, job_run, &jobs[k]), 0);
     }
-    for (int k = 0; k < N_STREAMS; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < N_STREAMS; k++)
+        pthread_join(th[k], NULL);
     /* each alone, one after the other: bit-exact means the batch changed nothing */
     for (int k = 0; k < N_STREAMS; k++) {
         int32_t p[40], out[GEN_TOKENS];
@@ -247,7 +251,8 @@ START_TEST(test_concurrent_streams)
 }
 END_TEST
 
-/* ---- bad messages ------------------------------------------------------------------------------ */
+/* ---- bad messages ------------------------------------------------------------------------------
+ */
 
 /* raw sends b and returns the reply's status (its error code, or 0). */
 static int raw(struct ipc_client *ic, struct msg_builder *b)
@@ -300,7 +305,8 @@ START_TEST(test_malformed)
     msg_pack_i64(&b, 4);
     ck_assert_int_eq(raw(ic, &b), STRATA_EPROTO);
     static int32_t longp[N_CTX];
-    for (int i = 0; i < N_CTX; i++) longp[i] = 1;
+    for (int i = 0; i < N_CTX; i++)
+        longp[i] = 1;
     msg_begin_request(&b, "submit"); /* a prompt past the context */
     msg_key(&b, "id");
     msg_pack_str(&b, "x");
@@ -312,7 +318,8 @@ START_TEST(test_malformed)
     msg_begin_request(&b, "poll"); /* too many ids */
     msg_key(&b, "ids");
     msg_pack_array(&b, WCLIENT_POLL_MAX_IDS + 1);
-    for (int i = 0; i <= WCLIENT_POLL_MAX_IDS; i++) msg_pack_str(&b, "a");
+    for (int i = 0; i <= WCLIENT_POLL_MAX_IDS; i++)
+        msg_pack_str(&b, "a");
     ck_assert_int_eq(raw(ic, &b), STRATA_ELIMIT);
     msg_begin_request(&b, "poll"); /* from of another length */
     msg_key(&b, "ids");
@@ -351,7 +358,8 @@ START_TEST(test_malformed)
 }
 END_TEST
 
-/* ---- leases ------------------------------------------------------------------------------------ */
+/* ---- leases ------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_lease_lapse)
 {
@@ -388,7 +396,8 @@ START_TEST(test_lease_lapse)
 }
 END_TEST
 
-/* ---- a worker restart in the middle of a stream --------------------------------------------------- */
+/* ---- a worker restart in the middle of a stream
+ * --------------------------------------------------- */
 
 START_TEST(test_restart_resume)
 {
@@ -444,7 +453,8 @@ START_TEST(test_restart_resume)
 }
 END_TEST
 
-/* ---- arena -------------------------------------------------------------------------------------- */
+/* ---- arena --------------------------------------------------------------------------------------
+ */
 
 START_TEST(test_arena_worker)
 {
@@ -460,8 +470,8 @@ START_TEST(test_arena_worker)
     struct arena_server *as;
     int rv = arena_serve_init(&ac, &as);
     ck_assert_msg(rv == 0, "arena: %s: %s", strata_strerror(rv), strata_errdetail());
-    struct worker_config wc = {.arena = "svc", .shm_dir = shm, .runtime_dir = run_w,
-                               .ctx = N_CTX, .watchdog_ms = -1};
+    struct worker_config wc = {
+        .arena = "svc", .shm_dir = shm, .runtime_dir = run_w, .ctx = N_CTX, .watchdog_ms = -1};
     struct worker *wa;
     rv = worker_init(&wc, &wa);
     ck_assert_msg(rv == 0, "worker: %s: %s", strata_strerror(rv), strata_errdetail());
@@ -503,7 +513,8 @@ START_TEST(test_arena_worker)
 }
 END_TEST
 
-/* ---- decoders on the fuzz corpus's seeds --------------------------------------------------------- */
+/* ---- decoders on the fuzz corpus's seeds
+ * --------------------------------------------------------- */
 
 static void decode_seed(const char *name, struct msg *m, char **buf)
 {
@@ -555,7 +566,8 @@ START_TEST(test_parse_seeds)
 }
 END_TEST
 
-/* ---- the binary ------------------------------------------------------------------------------- */
+/* ---- the binary -------------------------------------------------------------------------------
+ */
 
 START_TEST(test_binary)
 {
@@ -571,8 +583,8 @@ START_TEST(test_binary)
     if (pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
-        execl(bin, bin, "--model", g_model, "--runtime-dir", run, "--ctx", "128", "--threads",
-              "2", (char *)NULL);
+        execl(bin, bin, "--model", g_model, "--runtime-dir", run, "--ctx", "128", "--threads", "2",
+              (char *)NULL);
         _exit(127);
     }
     close(fds[1]);

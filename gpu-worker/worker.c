@@ -27,11 +27,11 @@ struct worker {
     char url[256];
     char model_name[SHM_NAME_MAX + 1];
     char arch[32];
-    struct arena *arena;          /* with --arena */
-    struct arena_state *state;    /* with --arena, when its state segment exists */
-    int slot;                     /* registry slot, -1 when not registered */
-    struct gguf_file *f;          /* the arena's metadata or the model file */
-    struct arena_layout *plan;    /* --model: the layout an arena would have (its metadata) */
+    struct arena *arena;       /* with --arena */
+    struct arena_state *state; /* with --arena, when its state segment exists */
+    int slot;                  /* registry slot, -1 when not registered */
+    struct gguf_file *f;       /* the arena's metadata or the model file */
+    struct arena_layout *plan; /* --model: the layout an arena would have (its metadata) */
     struct model *m;
     struct engine *e;
     struct service *svc;
@@ -48,10 +48,10 @@ static int attach_arena(struct worker *w)
 {
     int rv = arena_open(w->c.shm_dir, w->c.arena, &w->arena);
     if (rv == STRATA_ENOENT)
-        return strata_errf(rv, "no arena named %s in %s: start one with `strata-arena serve "
+        return strata_errf(rv,
+                           "no arena named %s in %s: start one with `strata-arena serve "
                            "MODEL.gguf --name %s`, or serve a file with --model",
-                           w->c.arena, w->c.shm_dir ? w->c.shm_dir : SHM_DEFAULT_DIR,
-                           w->c.arena);
+                           w->c.arena, w->c.shm_dir ? w->c.shm_dir : SHM_DEFAULT_DIR, w->c.arena);
     if (rv != 0) return rv;
     if ((rv = arena_meta(w->arena, &w->f)) != 0 ||
         (rv = model_load_arena(w->arena, w->f, &w->m)) != 0)
@@ -114,8 +114,10 @@ static int serve(struct worker *w)
         if ((rv = ipc_url(dir, sock, w->url, sizeof w->url)) != 0) return rv;
         if ((rv = service_start(w->svc, w->e, w->url)) != STRATA_EBUSY) return rv;
     }
-    return strata_errf(STRATA_EBUSY, "%s already holds %d workers' sockets: stop some or use "
-                       "another --runtime-dir", dir, ARENA_MAX_WORKERS);
+    return strata_errf(STRATA_EBUSY,
+                       "%s already holds %d workers' sockets: stop some or use "
+                       "another --runtime-dir",
+                       dir, ARENA_MAX_WORKERS);
 }
 
 int worker_init(const struct worker_config *c, struct worker **out)
@@ -140,7 +142,8 @@ int worker_init(const struct worker_config *c, struct worker **out)
     size_t meta_len;
     const void *meta = meta_bytes(w, &meta_len);
     uint64_t weights = 0;
-    for (uint64_t i = 0; i < w->f->n_tensors; i++) weights += w->f->tensors[i].nbytes;
+    for (uint64_t i = 0; i < w->f->n_tensors; i++)
+        weights += w->f->tensors[i].nbytes;
     struct service_opts so = {
         .meta = meta,
         .meta_len = meta_len,
@@ -172,14 +175,13 @@ int worker_init(const struct worker_config *c, struct worker **out)
     };
     if ((rv = engine_start(w->m, &eo, &w->e)) != 0) goto fail;
     if ((rv = serve(w)) != 0) goto fail;
-    if (w->state &&
-        (rv = arena_worker_register(w->state, -1, w->url, 0, 0, &w->slot)) != 0)
+    if (w->state && (rv = arena_worker_register(w->state, -1, w->url, 0, 0, &w->slot)) != 0)
         goto fail;
     LOG_INFO("worker: %s (%s, %u layers, %u experts) from %s %s, context %u, %u streams, "
              "fingerprint %016llx%s",
              w->model_name, w->arch, hp->n_layer, hp->n_expert, c->arena ? "arena" : "file",
-             c->arena ? c->arena : c->model, n_ctx, max_running,
-             (unsigned long long)so.fingerprint, w->slot >= 0 ? ", registered" : "");
+             c->arena ? c->arena : c->model, n_ctx, max_running, (unsigned long long)so.fingerprint,
+             w->slot >= 0 ? ", registered" : "");
     *out = w;
     return 0;
 fail:

@@ -66,8 +66,8 @@ static void *bench_one(void *arg)
     for (uint32_t i = 0; i < b->n_prompt; i++)
         p[i] = (int32_t)((b->round * 7919 + b->k * 131 + i * 17 + 3) % 200 + 1);
     snprintf(id, sizeof id, "bench-%d-%d-%d", (int)getpid(), b->round, b->k);
-    struct wclient_req r = {.id = id, .prompt = p, .n_prompt = b->n_prompt,
-                            .max_tokens = b->n_tokens};
+    struct wclient_req r = {
+        .id = id, .prompt = p, .n_prompt = b->n_prompt, .max_tokens = b->n_tokens};
     wclient_sampling_default(&r.sampling);
     struct wclient_stream *s;
     b->t0 = now_s();
@@ -112,16 +112,18 @@ static int round_of(struct wclient *c, int round, int S, uint32_t n_prompt, uint
     }
     double load = loadavg();
     for (int k = 0; k < S; k++) {
-        bs[k] = (struct bstream){.c = c, .round = round, .k = k, .n_prompt = n_prompt,
-                                 .n_tokens = n_tokens};
+        bs[k] = (struct bstream){
+            .c = c, .round = round, .k = k, .n_prompt = n_prompt, .n_tokens = n_tokens};
         if (!(bs[k].arr = calloc(n_tokens, sizeof *bs[k].arr))) {
             rv = STRATA_ENOMEM;
             S = k;
             break;
         }
     }
-    for (int k = 0; k < S; k++) pthread_create(&th[k], NULL, bench_one, &bs[k]);
-    for (int k = 0; k < S; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < S; k++)
+        pthread_create(&th[k], NULL, bench_one, &bs[k]);
+    for (int k = 0; k < S; k++)
+        pthread_join(th[k], NULL);
     if (rv != 0) goto done;
     double t0 = 1e300, ta = 0, tb = 1e300, tend = 0, ttft = 0;
     uint64_t total = 0, steady = 0;
@@ -141,10 +143,11 @@ static int round_of(struct wclient *c, int round, int S, uint32_t n_prompt, uint
         for (uint32_t i = 0; i < bs[k].n_arr; i++)
             if (bs[k].arr[i].t > ta && bs[k].arr[i].t <= tb) steady += bs[k].arr[i].n;
     double decode = tb > ta ? (double)steady / (tb - ta) : 0;
-    printf("%7d  %11.1f  %9.1f  %11.1f  %8llu  %7.2f\n", S, decode,
-           (double)total / (tend - t0), ttft / S * 1e3, (unsigned long long)total, load);
+    printf("%7d  %11.1f  %9.1f  %11.1f  %8llu  %7.2f\n", S, decode, (double)total / (tend - t0),
+           ttft / S * 1e3, (unsigned long long)total, load);
 done:
-    for (int k = 0; bs && k < S; k++) free(bs[k].arr);
+    for (int k = 0; bs && k < S; k++)
+        free(bs[k].arr);
     free(bs);
     free(th);
     return rv;
@@ -203,8 +206,9 @@ static int run(int argc, char **argv)
         errno = 0;
         long S = strtol(p, &end, 10);
         if (end == p || errno || S < 1 || S > MAX_STREAMS || (*end && *end != ',')) {
-            fprintf(stderr, "strata bench-worker: --streams %s: give counts 1..%d, comma-separated\n",
-                    list, MAX_STREAMS);
+            fprintf(stderr,
+                    "strata bench-worker: --streams %s: give counts 1..%d, comma-separated\n", list,
+                    MAX_STREAMS);
             wclient_close(c);
             return 2;
         }
@@ -218,6 +222,5 @@ static int run(int argc, char **argv)
     return 0;
 }
 
-const struct strata_cmd strata_cmd_bench_worker = {"bench-worker",
-                                                   "aggregate decode tok/s of a running worker",
-                                                   run};
+const struct strata_cmd strata_cmd_bench_worker = {
+    "bench-worker", "aggregate decode tok/s of a running worker", run};
