@@ -569,13 +569,14 @@ END_TEST
 /* ---- the binary -------------------------------------------------------------------------------
  */
 
-START_TEST(test_binary)
+/* spawn_worker runs the strata-worker binary on the tiny model in run and returns its pid and
+ * the URL it printed. */
+static pid_t spawn_worker(const char *run, char *url, size_t cap)
 {
     const char *b = getenv("STRATA_BUILD_DIR");
     char bin[1024];
     snprintf(bin, sizeof bin, "%s/strata-worker", b && *b ? b : ".");
     ck_assert_msg(access(bin, X_OK) == 0, "%s is missing: build the strata-worker target", bin);
-    const char *run = rundir("bin");
     int fds[2];
     ck_assert_int_eq(pipe(fds), 0);
     pid_t pid = fork();
@@ -583,27 +584,78 @@ START_TEST(test_binary)
     if (pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
-        execl(bin, bin, "--model", g_model, "--runtime-dir", run, "--ctx", "128", "--threads", "2",
-              (char *)NULL);
+        execl(bin, bin, "--model", g_model, "--runtime-dir", run, "--ctx", "256", "--threads", "2",
+              "--bit-exact", (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
-    char url[512] = {0};
     FILE *out = fdopen(fds[0], "r");
-    ck_assert_msg(fgets(url, sizeof url, out) != NULL, "strata-worker printed no URL");
+    ck_assert_msg(fgets(url, (int)cap, out) != NULL, "strata-worker printed no URL");
+    fclose(out);
     url[strcspn(url, "\n")] = 0;
     ck_assert(strncmp(url, "ipc://", 6) == 0 && strstr(url, "worker-0.sock"));
+    return pid;
+}
+
+/* The binary: killed -9 in the middle of a stream and started again, the stream goes on and its
+ * ids are an undisturbed run's; SIGTERM ends it cleanly. */
+START_TEST(test_binary_kill_restart)
+{
+    const char *run = rundir("bin");
+    char url[512], url2[512];
+    pid_t pid = spawn_worker(run, url, sizeof url);
     struct wclient *c = client(url);
     struct wclient_hello h;
     ck_assert_int_eq(wclient_hello(c, &h), 0);
     ck_assert_int_eq(h.pid, pid);
-    ck_assert_uint_eq(h.n_ctx, 128);
-    wclient_close(c);
-    kill(pid, SIGTERM);
+    ck_assert_uint_eq(h.n_ctx, 256);
+    enum { N = 200 };
+    int32_t p[9], got[N], ref[N];
+    prompt_of(9, p, 9);
+    struct wclient_req r;
+    req_of(&r, "killed", p, 9, N);
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_p = 0.9f;
+    struct wclient_stream *s;
+    ck_assert_int_eq(wclient_stream_start(c, &r, &s), 0);
+    uint32_t n = 0;
+    const struct wclient_update *u;
+    do {
+        ck_assert_int_eq(wclient_stream_next(s, &u), 0);
+        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
+        n += u->n_tokens;
+    } while (n == 0);
+    ck_assert_msg(u->finish == WCLIENT_RUNNING, "the request ended before the kill");
+    kill(pid, SIGKILL);
     int st;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    pid = spawn_worker(run, url2, sizeof url2);
+    ck_assert_str_eq(url, url2);
+    while (u->finish == WCLIENT_RUNNING) {
+        int rv = wclient_stream_next(s, &u);
+        ck_assert_msg(rv == 0, "%s: %s", strata_strerror(rv), strata_errdetail());
+        ck_assert_uint_eq(u->from, n);
+        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
+        n += u->n_tokens;
+    }
+    ck_assert_uint_eq(wclient_stream_resubmits(s), 1);
+    ck_assert_int_eq(wclient_hello(c, &h), 0);
+    ck_assert_int_eq(h.pid, pid);
+    req_of(&r, "calm", p, 9, N);
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_p = 0.9f;
+    r.sampling.has_seed = true;
+    r.sampling.seed = wclient_stream_seed(s);
+    enum wclient_finish fin;
+    ck_assert_uint_eq(run_stream(c, &r, ref, &fin), n);
+    ck_assert_int_eq(fin, u->finish);
+    ck_assert_msg(memcmp(ref, got, n * sizeof *got) == 0,
+                  "the stream resumed after kill -9 differs from an undisturbed run");
+    wclient_stream_free(s);
+    wclient_close(c);
+    kill(pid, SIGTERM);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "strata-worker exited with %d", st);
-    fclose(out);
 }
 END_TEST
 
@@ -625,7 +677,7 @@ int main(void)
     tcase_add_test(tc, test_lease_lapse);
     tcase_add_test(tc, test_restart_resume);
     tcase_add_test(tc, test_arena_worker);
-    tcase_add_test(tc, test_binary);
+    tcase_add_test(tc, test_binary_kill_restart);
     tcase_add_test(tc, test_parse_seeds);
     suite_add_tcase(s, tc);
     int rv = test_run(s);
