@@ -18,6 +18,7 @@
 #include "gpu-worker/kv.h"
 #include "gpu-worker/sample.h"
 #include "launcher/cmd.h"
+#include "launcher/sup_svc.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -36,8 +37,12 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: strata run MODEL.gguf (-p TEXT | --ids 1,2,3) [--teacher 4,5,6] [options]\n\n"
+            "usage: strata run MODEL.gguf (-p TEXT | --ids 1,2,3) [--teacher 4,5,6] [options]\n"
+            "       strata run --name NAME (-p TEXT | --ids 1,2,3) [options]\n\n"
             "Generates text with the model in this process, on the CPU (reference backend).\n"
+            "With --name, a worker of the running service NAME (strata serve) generates it.\n"
+            "  --name NAME           use the running service NAME instead of a MODEL file\n"
+            "  --runtime-dir DIR     its socket directory (as given to strata serve)\n"
             "  -p, --prompt TEXT     the prompt (tokenized with the model's tokenizer, BOS added)\n"
             "  --ids LIST            the prompt as comma-separated token ids\n"
             "  --teacher LIST        score this continuation (ids) instead of generating: one\n"
@@ -66,6 +71,7 @@ static void usage(FILE *out)
 
 struct run_opts {
     const char *model, *prompt, *ids, *teacher;
+    const char *name, *runtime_dir; /* --name: a running service generates (run_service) */
     uint32_t n_predict, ctx, threads, chunk;
     bool json, ignore_eos, seed_given;
     struct sample_params sp;
@@ -119,7 +125,8 @@ static int parse_ids(const char *s, const char *opt, struct tok_ids *out)
 }
 
 enum { O_IDS = 256, O_TEACHER, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED,
-       O_LOGPROBS, O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP };
+       O_LOGPROBS, O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP, O_NAME,
+       O_RUNTIME };
 
 /* parse_args returns 0, or 2 for a usage error (message printed), or -1 after --help. */
 static int parse_args(int argc, char **argv, struct run_opts *o)
@@ -137,7 +144,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"ctx", required_argument, NULL, O_CTX}, {"threads", required_argument, NULL, O_THREADS},
         {"chunk", required_argument, NULL, O_CHUNK}, {"bit-exact", no_argument, NULL, O_BITEXACT},
         {"json", no_argument, NULL, O_JSON}, {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
-        {"help", no_argument, NULL, O_HELP}, {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, O_HELP}, {"name", required_argument, NULL, O_NAME},
+        {"runtime-dir", required_argument, NULL, O_RUNTIME}, {NULL, 0, NULL, 0},
     };
     *o = (struct run_opts){.n_predict = 64, .chunk = 256};
     sample_params_default(&o->sp);
@@ -185,6 +193,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_BITEXACT: break; /* the reference backend has no other mode */
         case O_JSON: o->json = true; break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;
+        case O_NAME: o->name = optarg; break;
+        case O_RUNTIME: o->runtime_dir = optarg; break;
         case 'h':
         case O_HELP: usage(stdout); return -1;
         default: usage(stderr); return 2;
@@ -194,12 +204,13 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         fprintf(stderr, "strata run: %s\n", strata_errdetail());
         return 2;
     }
-    if (optind != argc - 1 || (!o->prompt == !o->ids)) {
-        fprintf(stderr, "strata run: give one MODEL.gguf and one of -p TEXT or --ids LIST\n");
+    if (optind != argc - !o->name || (!o->prompt == !o->ids) || (o->name && o->teacher)) {
+        fprintf(stderr, "strata run: give one MODEL.gguf (or --name NAME, without --teacher) and "
+                        "one of -p TEXT or --ids LIST\n");
         usage(stderr);
         return 2;
     }
-    o->model = argv[optind];
+    o->model = o->name ? NULL : argv[optind];
     return 0;
 }
 
@@ -261,11 +272,47 @@ static void print_json(json_t *o)
     json_decref(o);
 }
 
+/* run_service generates with a worker of the running service o->name (launcher/sup_svc.h). */
+static int run_service(struct run_opts *o)
+{
+    struct tok_ids ids = {0};
+    char dir[512], url[SUP_SVC_URL_MAX];
+    const char *what = "--ids";
+    int rv = 0;
+    if (o->ids && (rv = parse_ids(o->ids, "--ids", &ids)) != 0) goto out;
+    what = o->name;
+    if ((rv = sup_svc_dir(o->runtime_dir, o->name, dir, sizeof dir)) != 0 ||
+        (rv = sup_svc_find_worker(dir, 2000, url, sizeof url)) != 0)
+        goto out;
+    struct sup_svc_gen g = {.prompt = o->prompt,
+                            .ids = ids.v,
+                            .n_ids = ids.n,
+                            .max_tokens = o->n_predict,
+                            .ignore_eos = o->ignore_eos,
+                            .json = o->json,
+                            .n_logprobs = o->sp.n_logprobs};
+    g.sampling = (struct wclient_sampling){.temperature = o->sp.temperature,
+                                           .top_k = o->sp.top_k,
+                                           .top_p = o->sp.top_p,
+                                           .min_p = o->sp.min_p,
+                                           .repeat_penalty = o->sp.repeat_penalty,
+                                           .presence_penalty = o->sp.presence_penalty,
+                                           .frequency_penalty = o->sp.frequency_penalty,
+                                           .has_seed = o->seed_given,
+                                           .seed = o->sp.seed};
+    what = url;
+    rv = sup_svc_generate(url, &g);
+out:
+    free(ids.v);
+    return rv ? strata_cmd_fail("run", what, rv) : 0;
+}
+
 static int run(int argc, char **argv)
 {
     struct run_opts o;
     int prv = parse_args(argc, argv, &o);
     if (prv) return prv < 0 ? 0 : prv;
+    if (o.name) return run_service(&o);
 
     struct gguf_file *gf = NULL;
     struct model *m = NULL;
