@@ -24,13 +24,55 @@ unsigned api_fail(struct api_error *e, unsigned status, const char *type, const 
 
 char *api_error_json(const struct api_error *e)
 {
-    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type",
-                          e->type ? e->type : BAD, "param",
-                          e->param[0] ? json_string(e->param) : json_null(), "code",
-                          e->code ? json_string(e->code) : json_null());
+    /* messages quote the client's bytes (JSON parse errors do), which need not be UTF-8 */
+    json_t *o =
+        json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message",
+                  api_lossy_string(e->message, strlen(e->message)), "type", e->type ? e->type : BAD,
+                  "param", e->param[0] ? json_string(e->param) : json_null(), "code",
+                  e->code ? json_string(e->code) : json_null());
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
+}
+
+/* utf8_len returns the length of the valid UTF-8 sequence at s[0..n), or 0 if none starts there. */
+static size_t utf8_len(const unsigned char *s, size_t n)
+{
+    size_t len = s[0] < 0x80                   ? 1
+                 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2
+                 : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
+                 : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
+                                               : 0;
+    if (len == 0 || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if (len == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return 0;
+    if (len == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return 0;
+    return len;
+}
+
+json_t *api_lossy_string(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j) return j;
+    char *b = malloc(3 * n + 1); /* each byte at worst becomes a 3-byte U+FFFD */
+    size_t bn = 0;
+    if (!b) return NULL;
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_len((const unsigned char *)s + i, n - i);
+        if (k) {
+            memcpy(b + bn, s + i, k);
+            bn += k;
+            i += k;
+        } else {
+            memcpy(b + bn, "\xef\xbf\xbd", 3);
+            bn += 3;
+            i++;
+        }
+    }
+    j = json_stringn(b, bn);
+    free(b);
+    return j;
 }
 
 static const char *type_name(const json_t *v)

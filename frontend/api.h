@@ -41,6 +41,11 @@ unsigned api_fail(struct api_error *e, unsigned status, const char *type, const 
 /* api_error_json renders e as {"error": {"message", "type", "param", "code"}} (malloc'd). */
 char *api_error_json(const struct api_error *e);
 
+/* api_lossy_string makes a JSON string of bytes that may not be UTF-8 (a token's piece can be part
+ * of a character, an error message can quote the client's bytes): invalid bytes become U+FFFD.
+ * NULL only when out of memory. */
+json_t *api_lossy_string(const char *s, size_t n);
+
 struct api_params {
     enum api_kind kind;
     json_t *root;       /* the parsed body (owned) */

@@ -63,44 +63,6 @@ static int buf_add(struct tok_buf *b, const char *s, size_t n)
     return 0;
 }
 
-/* utf8_len returns the length of the valid UTF-8 sequence at s[0..n), or 0 if none starts there. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    size_t len = s[0] < 0x80                   ? 1
-                 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2
-                 : s[0] >= 0xe0 && s[0] < 0xf0 ? 3
-                 : s[0] >= 0xf0 && s[0] < 0xf5 ? 4
-                                               : 0;
-    if (len == 0 || len > n) return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if (len == 3 && ((s[0] == 0xe0 && s[1] < 0xa0) || (s[0] == 0xed && s[1] >= 0xa0))) return 0;
-    if (len == 4 && ((s[0] == 0xf0 && s[1] < 0x90) || (s[0] == 0xf4 && s[1] >= 0x90))) return 0;
-    return len;
-}
-
-/* lossy makes a JSON string of bytes that may not be UTF-8 (a token's piece can be part of a
- * character): invalid bytes become U+FFFD; the exact bytes travel beside it in "bytes". */
-static json_t *lossy(const char *s, size_t n)
-{
-    json_t *j = json_stringn(s, n);
-    if (j) return j;
-    struct tok_buf b = {0};
-    for (size_t i = 0; i < n;) {
-        size_t k = utf8_len((const unsigned char *)s + i, n - i);
-        if (k) {
-            buf_add(&b, s + i, k);
-            i += k;
-        } else {
-            buf_add(&b, "\xef\xbf\xbd", 3);
-            i++;
-        }
-    }
-    j = json_stringn(b.p ? b.p : "", b.n);
-    free(b.p);
-    return j;
-}
-
 static json_t *bytes_of(const char *s, size_t n)
 {
     json_t *a = json_array();
@@ -114,7 +76,7 @@ static json_t *piece(const struct fe_model *m, int32_t id, json_t **bytes)
 {
     struct tok_buf b = {0};
     tok_piece(m->tok, id, TOK_DECODE_SPECIAL, &b);
-    json_t *s = lossy(b.p ? b.p : "", b.n);
+    json_t *s = api_lossy_string(b.p ? b.p : "", b.n);
     if (bytes) *bytes = bytes_of(b.p ? b.p : "", b.n);
     free(b.p);
     return s;
