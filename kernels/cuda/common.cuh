@@ -57,6 +57,18 @@ __device__ __forceinline__ float bf2f(uint16_t b)
     return __uint_as_float((uint32_t)b << 16);
 }
 
+/* Q4_K / Q5_K packed 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 /* Types the GPU computes with. Others stay on the CPU (cu_type_supported says which). */
 template <int T> struct qt;
 template <> struct qt<QT_F32> { static constexpr int blck = 1, bytes = 4; };
@@ -151,20 +163,16 @@ template <> __device__ __forceinline__ void deq8<QT_Q4_K>(const uint8_t *row, in
     int sb = 2 * j + hi;
     uint32_t dm = __ldg((const uint32_t *)b); /* d, dmin */
     const uint32_t *sw = (const uint32_t *)(b + 4);
-    const uint32_t s0 = __ldg(sw), s1 = __ldg(sw + 1), s2 = __ldg(sw + 2);
-    /* byte k of the 12 scale bytes, by selects: an indexed array would live in local memory */
-    auto sbyte = [&](int k) -> int {
-        uint32_t w = k < 4 ? s0 : (k < 8 ? s1 : s2);
-        return (int)((w >> (8 * (k & 3))) & 0xff);
-    };
-    int sc, m;
-    if (sb < 4) {
-        sc = sbyte(sb) & 63;
-        m = sbyte(sb + 4) & 63;
-    } else {
-        sc = (sbyte(sb + 4) & 0xF) | ((sbyte(sb - 4) >> 6) << 4);
-        m = (sbyte(sb + 4) >> 4) | ((sbyte(sb) >> 6) << 4);
+    uint32_t s0 = __ldg(sw), s1 = __ldg(sw + 1), s2 = __ldg(sw + 2);
+    uint8_t sc8[12];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sc8[i] = (uint8_t)(s0 >> (8 * i));
+        sc8[4 + i] = (uint8_t)(s1 >> (8 * i));
+        sc8[8 + i] = (uint8_t)(s2 >> (8 * i));
     }
+    int sc, m;
+    scale_min_k4(sb, sc8, &sc, &m);
     float d = u16_h2f((uint16_t)dm) * (float)sc, mn = u16_h2f((uint16_t)(dm >> 16)) * (float)m;
     uint2 u = __ldg((const uint2 *)(b + 16 + j * 32 + (e & 31)));
     const uint32_t w[2] = {u.x, u.y};
