@@ -1,6 +1,7 @@
 /* fe_e2e_test — the real processes end to end: strata-worker on a tiny fixture, strata-frontend in
- * front of it (and one whose worker does not exist), then the official `openai` npm client
- * (tests/e2e/openai.mjs) and curl over every error path (tests/e2e/errors.sh). Skips with a
+ * front of it (plus one limited to one request at a time and one whose worker does not exist),
+ * then the official `openai` npm client (tests/e2e/openai.mjs), curl over every error path
+ * (tests/e2e/errors.sh) and a 2-second load of 4 clients (tests/e2e/loadtest.mjs). Skips with a
  * message when node, npm or curl are missing, or when npm cannot install the client. */
 #include "common/err.h"
 #include "tests/testutil.h"
@@ -79,7 +80,7 @@ START_TEST(openai_and_errors)
         return;
     }
     const char *tmp = test_tmpdir();
-    char model[512], rt[512], url[600], wlog[512], flog[512], f2log[512], none[600];
+    char model[512], rt[512], url[600], wlog[512], flog[512], f2log[512], f3log[512], none[600];
     snprintf(model, sizeof model, "%s/tiny.gguf", tmp);
     snprintf(rt, sizeof rt, "%s/rt", tmp);
     snprintf(url, sizeof url, "ipc://%s/worker-0.sock", rt);
@@ -87,6 +88,7 @@ START_TEST(openai_and_errors)
     snprintf(wlog, sizeof wlog, "%s/worker.log", tmp);
     snprintf(flog, sizeof flog, "%s/frontend.log", tmp);
     snprintf(f2log, sizeof f2log, "%s/frontend2.log", tmp);
+    snprintf(f3log, sizeof f3log, "%s/frontend3.log", tmp);
     struct fixture_opts fo = {.threads = 1};
     ck_assert_int_eq(fixture_write(&fo, model), 0);
     ck_assert_int_eq(mkdir(rt, 0700), 0);
@@ -96,14 +98,14 @@ START_TEST(openai_and_errors)
     snprintf(frontend, sizeof frontend, "%s/strata-frontend", build);
     char *wargv[] = {worker, "--model", model, "--runtime-dir", rt, "--ctx", "256", NULL};
     pid_t wpid = spawn(wargv, wlog);
-    char *fargv[] = {frontend, "--worker",   url,       "--port",
-                     "0",      "--api-key",  "e2e-key", "--max-tokens",
-                     "64",     "--max-body", "65536",   "--max-active",
-                     "1",      NULL};
+    char *fargv[] = {frontend,  "--worker",     url,  "--port",     "0",     "--api-key",
+                     "e2e-key", "--max-tokens", "64", "--max-body", "65536", NULL};
     pid_t fpid = spawn(fargv, flog);
+    char *f3argv[] = {frontend, "--worker", url, "--port", "0", "--max-active", "1", NULL};
+    pid_t f3pid = spawn(f3argv, f3log);
     char *f2argv[] = {frontend, "--worker", none, "--port", "0", NULL};
     pid_t f2pid = spawn(f2argv, f2log);
-    int port = port_of(flog), port2 = port_of(f2log);
+    int port = port_of(flog), port2 = port_of(f2log), port3 = port_of(f3log);
 
     /* ready once the worker answered */
     snprintf(cmd, sizeof cmd,
@@ -116,14 +118,23 @@ START_TEST(openai_and_errors)
              "%s/tests/e2e/openai.mjs",
              port, nm, STRATA_SOURCE_DIR);
     int node_rv = system(cmd);
-    snprintf(cmd, sizeof cmd, "PORT=%d KEY=e2e-key NOWORKER_PORT=%d bash %s/tests/e2e/errors.sh",
-             port, port2, STRATA_SOURCE_DIR);
+    snprintf(cmd, sizeof cmd,
+             "PORT=%d KEY=e2e-key NOWORKER_PORT=%d BUSY_PORT=%d bash %s/tests/e2e/errors.sh", port,
+             port2, port3, STRATA_SOURCE_DIR);
     int curl_rv = system(cmd);
+    /* a short load: 4 streaming clients for 2 s, every request must succeed */
+    snprintf(cmd, sizeof cmd,
+             "node %s/tests/e2e/loadtest.mjs --port %d --key e2e-key --clients 4 --seconds 2 "
+             "--max-tokens 32 --header",
+             STRATA_SOURCE_DIR, port);
+    int load_rv = system(cmd);
+    stop(f3pid);
     stop(f2pid);
     stop(fpid);
     stop(wpid);
     ck_assert_msg(node_rv == 0, "tests/e2e/openai.mjs failed");
     ck_assert_msg(curl_rv == 0, "tests/e2e/errors.sh failed");
+    ck_assert_msg(load_rv == 0, "tests/e2e/loadtest.mjs saw errors");
 }
 END_TEST
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # errors.sh — every error path of strata-frontend with curl: status, OpenAI's error shape, headers.
-# Env: PORT (a frontend started with --api-key $KEY --max-tokens 64 --max-body 65536 --max-active 1
-# over a worker with --ctx 256), KEY, NOWORKER_PORT (a frontend whose only worker does not exist).
+# Env: PORT (a frontend started with --api-key $KEY --max-tokens 64 --max-body 65536 over a worker
+# with --ctx 256), KEY, BUSY_PORT (one with --max-active 1 over the same worker), NOWORKER_PORT (one
+# whose only worker does not exist).
 set -u
 base="http://127.0.0.1:$PORT"
 fails=0
@@ -56,6 +57,7 @@ check 'health needs no key' 200 "$base/health"
 check 'a good request still works' 200 "${auth[@]}" -d "{$msgs,\"max_tokens\":4}" "$chat"
 
 # busy: --max-active 1, so concurrent requests beyond the first are refused with Retry-After
+chat="http://127.0.0.1:$BUSY_PORT/v1/chat/completions"
 busy=0
 for round in 1 2 3 4 5; do
   for i in 1 2 3 4 5 6 7 8; do
