@@ -339,11 +339,11 @@ int sup_svc_generate(const char *url, const struct sup_svc_gen *g)
         putchar('\n');
     }
     if (!t1) t1 = t2;
+    /* tokens come in batches per poll, so the rate is over the whole request */
     fprintf(stderr,
-            "strata run: %s: prompt %zu tokens, first token after %.3f s, generated %zu in %.3f s "
-            "(%.1f tok/s), seed %llu, %u worker restart%s survived\n",
-            url, prompt.n, t1 - t0, st.ids.n, t2 - t1,
-            st.ids.n > 1 ? (st.ids.n - 1) / (t2 - t1 > 0 ? t2 - t1 : 1e-9) : 0.0,
+            "strata run: %s: prompt %zu tokens, first tokens after %.3f s, %zu generated in "
+            "%.3f s (%.1f tok/s with the prompt), seed %llu, %u worker restart%s survived\n",
+            url, prompt.n, t1 - t0, st.ids.n, t2 - t0, st.ids.n / (t2 - t0),
             (unsigned long long)seed, wclient_stream_resubmits(s),
             wclient_stream_resubmits(s) == 1 ? "" : "s");
 out:
