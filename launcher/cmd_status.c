@@ -196,7 +196,9 @@ static json_t *service_json(const char *dir, const char *name)
         json_decref(workers);
         return NULL;
     }
-    return json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "name", name, "dir", dir, "serve",
+    /* with --runtime-dir the directory's name need not be the service's: the arena knows it */
+    const char *an = json_string_value(json_object_get(arena, "name"));
+    return json_pack("{s:s, s:s, s:o, s:o, s:o, s:o}", "name", an ? an : name, "dir", dir, "serve",
                      serve ? serve : json_null(), "arena", arena ? arena : json_null(), "workers",
                      workers, "frontends", frontends ? frontends : json_array());
 }

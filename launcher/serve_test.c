@@ -687,11 +687,71 @@ START_TEST(two_workers_one_killed)
 }
 END_TEST
 
+/* run_cmd runs `strata ARGS` with stdout and stderr to out; returns the exit status. */
+static int run_cmd(const char *const *args, const char *out)
+{
+    const char *argv[32] = {bin("strata")};
+    int n = 1;
+    for (int i = 0; args[i]; i++)
+        argv[n++] = args[i];
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int st;
+    ck_assert_int_eq(posix_spawn(&pid, argv[0], &fa, NULL, (char *const *)argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void expect(const char *const *args, int status, const char *needle)
+{
+    char out[700];
+    snprintf(out, sizeof out, "%s/cli.out", test_tmpdir());
+    int got = run_cmd(args, out);
+    char *text = test_read_file(out, NULL);
+    ck_assert_msg(got == status, "strata %s ...: exit %d, want %d: %s", args[0], got, status,
+                  text ? text : "");
+    ck_assert_msg(text && strstr(text, needle), "strata %s ...: no '%s' in: %s", args[0], needle,
+                  text ? text : "");
+    free(text);
+}
+
+START_TEST(cli_errors)
+{
+    if (access(bin("strata"), X_OK) != 0) {
+        printf("SKIP: %s is not built\n", bin("strata"));
+        return;
+    }
+    char empty[700];
+    snprintf(empty, sizeof empty, "%s/empty", test_tmpdir());
+    mkdir(empty, 0700);
+    expect((const char *[]){"serve", "--help", NULL}, 0, "--keep-arena");
+    expect((const char *[]){"serve", "--workers", "0", "m.gguf", NULL}, 2, "--workers '0'");
+    expect((const char *[]){"serve", "a.gguf", "b.gguf", NULL}, 2, "at most one MODEL");
+    expect((const char *[]){"serve", "/nonexistent/m.gguf", "--runtime-dir", empty, NULL}, 1,
+           "/nonexistent/m.gguf");
+    expect((const char *[]){"status", "--help", NULL}, 0, "--json");
+    expect((const char *[]){"status", "--runtime-dir", empty, NULL}, 1, "is not running");
+    expect((const char *[]){"run", "--name", "x", "--runtime-dir", empty, "-p", "hi", NULL}, 1,
+           "no worker answered");
+    expect((const char *[]){"run", "--name", "x", "--teacher", "1", "-p", "hi", NULL}, 2,
+           "without --teacher");
+    char demo[700];
+    snprintf(demo, sizeof demo, "%s/models/demo-q8_0.gguf", STRATA_SOURCE_DIR);
+    if (access(demo, R_OK) != 0)
+        expect((const char *[]){"serve", "--runtime-dir", empty, NULL}, 1, "models/MODEL.md");
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("serve");
     TCase *tc = tcase_create("e2e");
     tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, cli_errors);
     tcase_add_test(tc, worker_killed_mid_stream);
     tcase_add_test(tc, arena_restarted_while_serving);
     tcase_add_test(tc, frontend_killed_leases_lapse);
