@@ -12,7 +12,11 @@
 #include <string.h>
 #include <time.h>
 
-#define MM_ROWS 32 /* weight rows per work item: 8-row kernel groups, few claims per matrix */
+/* Weight rows per work item: whole 8-row kernel groups, at least MM_ROWS_MIN so a claim amortizes
+ * the prefetch ramp at its start, and about MM_ITEMS_PER_THREAD items per thread on a big matrix
+ * so a thread slowed by a busy core is made up for by the others. */
+#define MM_ROWS_MIN         32
+#define MM_ITEMS_PER_THREAD 16
 
 /* One matrix times a set of tokens' activations, for the task runner. */
 struct mm_task {
@@ -214,6 +218,7 @@ struct mm_run {
     const struct mm_task *t;
     const uint32_t *first; /* first item of each task, then the total */
     uint32_t n;
+    uint32_t rows; /* rows per item */
 };
 
 static void mm_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
@@ -224,8 +229,8 @@ static void mm_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         while (r->first[k + 1] <= item)
             k++;
         const struct mm_task *t = &r->t[k];
-        const uint32_t r0 = (item - r->first[k]) * MM_ROWS;
-        const uint32_t r1 = t->w->n_out - r0 < MM_ROWS ? t->w->n_out : r0 + MM_ROWS;
+        const uint32_t r0 = (item - r->first[k]) * r->rows;
+        const uint32_t r1 = t->w->n_out - r0 < r->rows ? t->w->n_out : r0 + r->rows;
         cpu_matmul(t->w->type, t->wdata, t->w->row_bytes, t->w->n_in, r0, r1, t->acts,
                    t->act_stride, t->n_tok, t->out, t->out_stride);
     }
@@ -234,13 +239,18 @@ static void mm_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 /* run_tasks computes f->tasks[0..n) in one parallel loop. */
 static void run_tasks(struct fwd *f, uint32_t n)
 {
+    uint64_t total = 0;
+    for (uint32_t k = 0; k < n; k++)
+        total += f->tasks[k].w->n_out;
+    uint64_t rows = total / ((uint64_t)pool_threads(f->pool) * MM_ITEMS_PER_THREAD);
+    rows = rows < MM_ROWS_MIN ? MM_ROWS_MIN : (rows + 7) / 8 * 8;
     f->task_first[0] = 0;
     for (uint32_t k = 0; k < n; k++) {
         const struct model_mat *w = f->tasks[k].w;
-        f->task_first[k + 1] = f->task_first[k] + (w->n_out + MM_ROWS - 1) / MM_ROWS;
+        f->task_first[k + 1] = f->task_first[k] + (uint32_t)((w->n_out + rows - 1) / rows);
         f->st.weight_bytes += w->row_bytes * w->n_out;
     }
-    struct mm_run r = {f->tasks, f->task_first, n};
+    struct mm_run r = {f->tasks, f->task_first, n, (uint32_t)rows};
     pool_for(f->pool, f->task_first[n], 1, mm_items, &r);
 }
 
@@ -304,7 +314,7 @@ static int matmul(struct fwd *f, const struct model_mat *w, const float *x, size
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-/* Attention job: items are (token, head) pairs. */
+/* Attention job: items are (token, KV head) pairs. */
 struct att_job {
     struct fwd *f;
     const struct fwd_token *toks;
@@ -319,12 +329,13 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
     const uint32_t group = hp->n_head / hp->n_head_kv;
     for (uint32_t i = lo; i < hi; i++) {
-        uint32_t t = i / hp->n_head, h = i % hp->n_head;
+        /* item: (token, KV head); the group's query heads share each tile of keys */
+        uint32_t t = i / hp->n_head_kv, g = i % hp->n_head_kv, h = g * group;
         struct ops_kv_view view;
-        kv_view(f->kv, j->toks[t].seq, j->layer, h / group, hp->head_dim, hp->head_dim_v, &view);
-        cpu_attention(f->att + ((size_t)t * hp->n_head + h) * hp->head_dim_v,
-                      f->q + ((size_t)t * hp->n_head + h) * hp->head_dim, hp->head_dim,
-                      hp->head_dim_v, scale, &view, f->pos[t] + 1);
+        kv_view(f->kv, j->toks[t].seq, j->layer, g, hp->head_dim, hp->head_dim_v, &view);
+        cpu_attention(f->att + ((size_t)t * hp->n_head + h) * hp->head_dim_v, hp->head_dim_v,
+                      f->q + ((size_t)t * hp->n_head + h) * hp->head_dim, hp->head_dim, group,
+                      hp->head_dim, hp->head_dim_v, scale, &view, f->pos[t] + 1);
     }
 }
 
@@ -380,7 +391,7 @@ static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, ui
     /* Every token's K/V of this layer is stored before any token attends: a prompt chunk's later
      * tokens see its earlier ones, and each sees only positions <= its own. */
     struct att_job j = {f, toks, il};
-    pool_for(f->pool, n * hp->n_head, 1, att_items, &j);
+    pool_for(f->pool, n * hp->n_head_kv, 1, att_items, &j);
     double t3 = now_s();
     if ((rv = matmul(f, &L->wo, f->att, (size_t)hp->n_head * hp->head_dim_v, n, f->tmp, E)))
         return rv;

@@ -125,11 +125,16 @@ void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint
         cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
 
-void cpu_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+void cpu_attention(float *out, size_t out_stride, const float *q, size_t q_stride, uint32_t n_q,
+                   uint32_t head_dim, uint32_t head_dim_v, float scale,
                    const struct ops_kv_view *kv, uint32_t n_keys)
 {
-    if (cpu_isa() == CPU_REF)
-        ops_attention(out, q, head_dim, head_dim_v, scale, kv, n_keys);
-    else
-        cpu_attention_avx2(out, q, head_dim, head_dim_v, scale, kv, n_keys);
+    if (cpu_isa() != CPU_REF) {
+        cpu_attention_avx2(out, out_stride, q, q_stride, n_q, head_dim, head_dim_v, scale, kv,
+                           n_keys);
+        return;
+    }
+    for (uint32_t i = 0; i < n_q; i++)
+        ops_attention(out + i * out_stride, q + i * q_stride, head_dim, head_dim_v, scale, kv,
+                      n_keys);
 }

@@ -57,9 +57,14 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float e
 void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
               float theta, bool neox);
 
-/* cpu_attention is ops_attention: scores of 8 keys at once (one key per lane, each lane summing
- * its dims in index order), values accumulated 8 dims per lane. */
-void cpu_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+/* cpu_attention is ops_attention for n_q queries over the same keys (the query heads of one GQA
+ * group): out + i*out_stride = ops_attention(q + i*q_stride, ...). Scores of 8 keys at once (one
+ * key per lane, each lane summing its dims in index order; a tile of keys is transposed once for
+ * all the queries), values accumulated 8 dims per lane. */
+void cpu_attention(float *out, size_t out_stride, const float *q, size_t q_stride, uint32_t n_q,
+                   uint32_t head_dim, uint32_t head_dim_v, float scale,
                    const struct ops_kv_view *kv, uint32_t n_keys);
+
+#define CPU_ATT_MAXQ 8 /* queries scored per pass over a key tile */
 
 #endif

@@ -172,21 +172,30 @@ START_TEST(attention_equals_reference)
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const uint32_t hd = dims[di][0], hv = dims[di][1];
         struct ops_kv_view v = {blocks, bt, hd + 3, (size_t)bt * row + hv + 1, row, row};
-        float q[128], want[128 + GUARD], got[128 + GUARD];
-        for (uint32_t d = 0; d < hd; d++)
+        /* up to 11 queries (past CPU_ATT_MAXQ), strided apart */
+        enum { NQ = 11, QS = 130, OS = 131 };
+        static float q[NQ * QS], want[NQ * OS], got[NQ * OS];
+        for (uint32_t d = 0; d < NQ * QS; d++)
             q[d] = gauss() * 2;
+        const float sc = 1.0f / sqrtf((float)hd);
         for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++) {
-            for (int i = 0; i < 128 + GUARD; i++)
+            for (int i = 0; i < NQ * OS; i++)
                 want[i] = GUARD_VALUE;
-            ops_attention(want, q, hd, hv, 1.0f / sqrtf((float)hd), &v, keys[ki]);
+            for (int i = 0; i < NQ; i++)
+                ops_attention(want + i * OS, q + i * QS, hd, hv, sc, &v, keys[ki]);
             for (int k = 0; k < n_isa; k++) {
                 ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
-                for (int i = 0; i < 128 + GUARD; i++)
-                    got[i] = GUARD_VALUE;
-                cpu_attention(got, q, hd, hv, 1.0f / sqrtf((float)hd), &v, keys[ki]);
-                ck_assert_msg(memcmp(got, want, sizeof got) == 0,
-                              "%s attention head_dim %u/%u, %u keys differs", cpu_isa_name(isa[k]),
-                              hd, hv, keys[ki]);
+                for (uint32_t nq = 1; nq <= NQ; nq += 3) {
+                    for (int i = 0; i < NQ * OS; i++)
+                        got[i] = GUARD_VALUE;
+                    cpu_attention(got, OS, q, QS, nq, hd, hv, sc, &v, keys[ki]);
+                    /* every query's outputs equal, the floats between and after them untouched */
+                    ck_assert_msg(memcmp(got, want, nq * OS * sizeof(float)) == 0,
+                                  "%s attention head_dim %u/%u, %u keys, %u queries differs",
+                                  cpu_isa_name(isa[k]), hd, hv, keys[ki], nq);
+                    for (uint32_t i = nq * OS; i < NQ * OS; i++)
+                        ck_assert(got[i] == GUARD_VALUE);
+                }
             }
         }
     }

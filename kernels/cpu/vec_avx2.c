@@ -3,6 +3,7 @@
  * operations in the reference's order, so only the element-wise parts are vectorized: the double
  * sum of RMSNorm stays one sequential chain, and expf/sinf/cosf stay libm's scalar calls. */
 #include "kernels/cpu/cpu_impl.h"
+#include "kernels/cpu/cpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -98,33 +99,58 @@ static inline void transpose8(__m256 r[8])
     }
 }
 
-/* scores8: dot[j] = sum_d q[d] * k_j[d] in d order, for 8 keys at once (lane j: key j). */
-static inline __m256 scores8(const float *q, const float *const k[8], uint32_t head_dim)
+/* scores8: for each of nq queries, dot[i] lane j = sum_d q_i[d] * k_j[d] in d order, for 8 keys
+ * at once (lane j: key j). The keys are transposed once for all the queries of a GQA group. */
+static inline void scores8(const float *q, size_t q_stride, uint32_t nq, const float *const k[8],
+                           uint32_t head_dim, __m256 *dot)
 {
-    __m256 dot = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < nq; i++)
+        dot[i] = _mm256_setzero_ps();
     uint32_t d = 0;
     for (; d + 8 <= head_dim; d += 8) {
         __m256 r[8];
         for (int j = 0; j < 8; j++)
             r[j] = _mm256_loadu_ps(k[j] + d);
-        transpose8(r); /* r[i]: dim d + i of the 8 keys */
-        for (int i = 0; i < 8; i++)
-            dot = _mm256_add_ps(dot, _mm256_mul_ps(_mm256_set1_ps(q[d + i]), r[i]));
+        transpose8(r); /* r[c]: dim d + c of the 8 keys */
+        for (uint32_t i = 0; i < nq; i++) {
+            const float *qi = q + i * q_stride + d;
+            __m256 a = dot[i];
+            for (int c = 0; c < 8; c++)
+                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(qi[c]), r[c]));
+            dot[i] = a;
+        }
     }
-    for (; d < head_dim; d++)
-        dot = _mm256_add_ps(dot, _mm256_mul_ps(_mm256_set1_ps(q[d]),
-                                               _mm256_set_ps(k[7][d], k[6][d], k[5][d], k[4][d],
-                                                             k[3][d], k[2][d], k[1][d], k[0][d])));
-    return dot;
+    for (; d < head_dim; d++) {
+        const __m256 col =
+            _mm256_set_ps(k[7][d], k[6][d], k[5][d], k[4][d], k[3][d], k[2][d], k[1][d], k[0][d]);
+        for (uint32_t i = 0; i < nq; i++)
+            dot[i] = _mm256_add_ps(dot[i], _mm256_mul_ps(_mm256_set1_ps(q[i * q_stride + d]), col));
+    }
 }
 
-void cpu_attention_avx2(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v,
-                        float scale, const struct ops_kv_view *kv, uint32_t n_keys)
+/* One query's online-softmax state. */
+struct qstate {
+    float m, l;
+};
+
+void cpu_attention_avx2(float *out, size_t out_stride, const float *q, size_t q_stride,
+                        uint32_t n_q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                        const struct ops_kv_view *kv, uint32_t n_keys)
 {
-    _Alignas(32) float s[OPS_ATTN_BLOCK];
+    _Alignas(32) float s[CPU_ATT_MAXQ][OPS_ATTN_BLOCK];
     const float *vrow[OPS_ATTN_BLOCK], *krow[OPS_ATTN_BLOCK + 7];
-    float m = -INFINITY, l = 0.0f;
-    memset(out, 0, head_dim_v * sizeof(float));
+    struct qstate st[CPU_ATT_MAXQ];
+    if (n_q > CPU_ATT_MAXQ) {
+        cpu_attention_avx2(out, out_stride, q, q_stride, CPU_ATT_MAXQ, head_dim, head_dim_v, scale,
+                           kv, n_keys);
+        cpu_attention_avx2(out + CPU_ATT_MAXQ * out_stride, out_stride, q + CPU_ATT_MAXQ * q_stride,
+                           q_stride, n_q - CPU_ATT_MAXQ, head_dim, head_dim_v, scale, kv, n_keys);
+        return;
+    }
+    for (uint32_t i = 0; i < n_q; i++) {
+        st[i] = (struct qstate){-INFINITY, 0.0f};
+        memset(out + i * out_stride, 0, head_dim_v * sizeof(float));
+    }
     const __m256 sv = _mm256_set1_ps(scale);
     for (uint32_t j0 = 0; j0 < n_keys; j0 += OPS_ATTN_BLOCK) {
         const uint32_t nb = n_keys - j0 < OPS_ATTN_BLOCK ? n_keys - j0 : OPS_ATTN_BLOCK;
@@ -138,42 +164,49 @@ void cpu_attention_avx2(float *out, const float *q, uint32_t head_dim, uint32_t 
         for (uint32_t j = nb; j < (nb + 7) / 8 * 8; j++)
             krow[j] = krow[nb - 1];
         for (uint32_t j = 0; j < nb; j += 8) {
-            _Alignas(32) float t[8];
-            _mm256_store_ps(t, _mm256_mul_ps(scores8(q, krow + j, head_dim), sv));
-            memcpy(s + j, t, (nb - j < 8 ? nb - j : 8) * sizeof(float));
+            __m256 dot[CPU_ATT_MAXQ];
+            scores8(q, q_stride, n_q, krow + j, head_dim, dot);
+            for (uint32_t i = 0; i < n_q; i++)
+                _mm256_store_ps(&s[i][j], _mm256_mul_ps(dot[i], sv));
         }
-        float bm = -INFINITY;
-        for (uint32_t j = 0; j < nb; j++)
-            bm = s[j] > bm ? s[j] : bm;
-        const float mn = bm > m ? bm : m;
-        const float c = expf(m - mn);
-        l *= c;
-        const __m256 cv = _mm256_set1_ps(c);
+        for (uint32_t i = 0; i < n_q; i++) {
+            float *o = out + i * out_stride;
+            float bm = -INFINITY;
+            for (uint32_t j = 0; j < nb; j++)
+                bm = s[i][j] > bm ? s[i][j] : bm;
+            const float mn = bm > st[i].m ? bm : st[i].m;
+            const float c = expf(st[i].m - mn); /* 0 on the first block, where m is -inf */
+            st[i].l *= c;
+            const __m256 cv = _mm256_set1_ps(c);
+            uint32_t d = 0;
+            for (; d + 8 <= head_dim_v; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), cv));
+            for (; d < head_dim_v; d++)
+                o[d] *= c;
+            for (uint32_t j = 0; j < nb; j++) {
+                const float p = expf(s[i][j] - mn);
+                st[i].l += p;
+                const __m256 pv = _mm256_set1_ps(p);
+                for (d = 0; d + 8 <= head_dim_v; d += 8)
+                    _mm256_storeu_ps(
+                        o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
+                                             _mm256_mul_ps(pv, _mm256_loadu_ps(vrow[j] + d))));
+                for (; d < head_dim_v; d++)
+                    o[d] += p * vrow[j][d];
+            }
+            st[i].m = mn;
+        }
+    }
+    for (uint32_t i = 0; i < n_q; i++) {
+        float *o = out + i * out_stride;
+        const float inv = 1.0f / st[i].l;
+        const __m256 iv = _mm256_set1_ps(inv);
         uint32_t d = 0;
         for (; d + 8 <= head_dim_v; d += 8)
-            _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), cv));
+            _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), iv));
         for (; d < head_dim_v; d++)
-            out[d] *= c;
-        for (uint32_t j = 0; j < nb; j++) {
-            const float p = expf(s[j] - mn);
-            l += p;
-            const __m256 pv = _mm256_set1_ps(p);
-            for (d = 0; d + 8 <= head_dim_v; d += 8)
-                _mm256_storeu_ps(out + d,
-                                 _mm256_add_ps(_mm256_loadu_ps(out + d),
-                                               _mm256_mul_ps(pv, _mm256_loadu_ps(vrow[j] + d))));
-            for (; d < head_dim_v; d++)
-                out[d] += p * vrow[j][d];
-        }
-        m = mn;
+            o[d] *= inv;
     }
-    const float inv = 1.0f / l;
-    const __m256 iv = _mm256_set1_ps(inv);
-    uint32_t d = 0;
-    for (; d + 8 <= head_dim_v; d += 8)
-        _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), iv));
-    for (; d < head_dim_v; d++)
-        out[d] *= inv;
 }
 
 #ifdef __clang__
@@ -190,9 +223,12 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
 {
     ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
-void cpu_attention_avx2(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v,
-                        float scale, const struct ops_kv_view *kv, uint32_t n_keys)
+void cpu_attention_avx2(float *out, size_t out_stride, const float *q, size_t q_stride,
+                        uint32_t n_q, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                        const struct ops_kv_view *kv, uint32_t n_keys)
 {
-    ops_attention(out, q, head_dim, head_dim_v, scale, kv, n_keys);
+    for (uint32_t i = 0; i < n_q; i++)
+        ops_attention(out + i * out_stride, q + i * q_stride, head_dim, head_dim_v, scale, kv,
+                      n_keys);
 }
 #endif
