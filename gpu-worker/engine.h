@@ -126,8 +126,9 @@ struct engine_status {
 struct engine;
 
 /* engine_start makes the KV cache, the forward pass and the decode-loop thread for m (borrowed;
- * it must outlive the engine). Errors: STRATA_EINVAL (options), STRATA_ENOMEM, fwd/kv errors,
- * thread creation. Caller owns *out (engine_stop). */
+ * it must outlive the engine; its expert resolver is copied, so set it before). Errors:
+ * STRATA_EINVAL (options), STRATA_ENOMEM, fwd/kv errors, thread creation. Caller owns *out
+ * (engine_stop). */
 int engine_start(const struct model *m, const struct engine_opts *o, struct engine **out);
 
 /* engine_stop cancels every request, joins the decode thread and frees; NULL is fine. No other

@@ -1,16 +1,15 @@
 /* kv — the KV cache: a pool of fixed-size blocks, and per sequence a block table.
  *
  * A block holds block_tokens consecutive positions of one sequence for every layer: for layer l,
- * K rows (k_dim floats each) then V rows (v_dim floats). A sequence's block table maps logical
- * block i (positions i*block_tokens ...) to a pool block, so sequences grow, shrink and are freed
- * without moving data, and the worker can later page, share or preempt blocks.
- * Blocks are allocated from the heap on first use, up to max_blocks; a sequence is refused past
- * n_ctx positions (STRATA_ELIMIT) and the pool past max_blocks (STRATA_ENOSPC).
+ * K rows (k_dim floats each) then V rows (v_dim floats). A block table maps logical block i
+ * (positions i*block_tokens ...) to a pool block, so sequences grow, shrink and share without
+ * moving data. Blocks come from the heap on first use, up to max_blocks; a sequence is refused
+ * past n_ctx positions (STRATA_ELIMIT) and the pool past max_blocks (STRATA_ENOSPC).
  * Prefix cache: a full block can be published under the chained hash of its tokens and of every
- * block before it; other sequences then attach it read-only, counted by a reference count. A
- * published block nobody holds stays cached (and counts as free) until the pool needs it: the
- * least recently released goes first. Positions of a published block are never written again: a
- * sequence only writes past its n_tokens, and only full blocks are published or attached.
+ * block before it; other sequences attach it read-only, counted by a reference count. A published
+ * block nobody holds stays cached (and counts as free) until the pool needs it, least recently
+ * released first. A published block is never written again: a sequence writes only past its
+ * n_tokens, and only full blocks are published or attached.
  * Not thread-safe: one thread (the worker's decode loop) resizes sequences; during a forward pass
  * any thread may read and write rows of blocks a sequence holds.
  */
