@@ -5,6 +5,7 @@
 #include "common/ipc.h"
 #include "common/msg.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -13,6 +14,7 @@ struct wclient {
     struct ipc_client *ipc;
     struct wclient_opts o;
     char url[256];
+    _Atomic uint64_t fingerprint; /* the model of the first hello, 0 before */
 };
 
 int wclient_open(const char *url, const struct wclient_opts *o, struct wclient **out)
@@ -30,7 +32,10 @@ int wclient_open(const char *url, const struct wclient_opts *o, struct wclient *
         c->o.poll_wait_ms = 2000;
     if (c->o.resume_wait_ms <= 0) c->o.resume_wait_ms = 30000;
     strcpy(c->url, url);
-    int rv = ipc_client_open(url, NULL, &c->ipc);
+    /* replies come from a worker of our own uid; `meta` of a model with a large vocabulary can
+     * pass the 16 MiB default */
+    struct ipc_client_opts io = {.recv_max = WCLIENT_REPLY_MAX};
+    int rv = ipc_client_open(url, &io, &c->ipc);
     if (rv != 0) {
         free(c);
         return rv;
@@ -107,6 +112,8 @@ int wclient_hello(struct wclient *c, struct wclient_hello *out)
         goto done;
     out->pid = (int32_t)pid;
     out->bit_exact = be;
+    uint64_t none = 0;
+    atomic_compare_exchange_strong(&c->fingerprint, &none, out->fingerprint);
     if (out->proto_max < WCLIENT_PROTO_MIN || out->proto_min > WCLIENT_PROTO_MAX)
         rv = strata_errf(STRATA_EPROTO,
                          "worker %s speaks worker protocol %u..%u, this client %d..%d: upgrade "
@@ -128,7 +135,7 @@ int wclient_meta(struct wclient *c, struct wclient_meta *out)
     if (rv != 0) return rv;
     const void *p;
     size_t len;
-    if ((rv = msg_get_bin(&r, NULL, "gguf", MSG_MAX_BYTES, &p, &len)) != 0 ||
+    if ((rv = msg_get_bin(&r, NULL, "gguf", WCLIENT_REPLY_MAX, &p, &len)) != 0 ||
         (rv = get_u32(&r, NULL, "n_ctx", &out->n_ctx)) != 0 ||
         (rv = opt(msg_get_u64(&r, NULL, "fingerprint", UINT64_MAX, &out->fingerprint))) != 0)
         goto fail;
@@ -518,10 +525,22 @@ static int resubmit(struct wclient_stream *s, int64_t deadline)
     r.n_prompt = s->n_hist;
     r.n_generated = s->req.n_generated + got;
     r.max_tokens = s->req.max_tokens - got;
+    uint64_t fp = atomic_load(&s->c->fingerprint);
+    bool checked = fp == 0;
     for (;;) {
         int64_t t0 = now_ms();
-        int rv = wclient_submit(s->c, &r, NULL, NULL);
-        if (rv == 0) break;
+        struct wclient_hello h;
+        int rv = checked ? 0 : wclient_hello(s->c, &h);
+        if (rv == 0 && !checked) {
+            if (h.fingerprint != fp)
+                return strata_errf(STRATA_EPROTO,
+                                   "worker %s came back serving another model (fingerprint "
+                                   "%016llx, was %016llx): request %s cannot resume there",
+                                   s->c->url, (unsigned long long)h.fingerprint,
+                                   (unsigned long long)fp, s->id);
+            checked = true;
+        }
+        if (rv == 0 && (rv = wclient_submit(s->c, &r, NULL, NULL)) == 0) break;
         if (!gone(rv) || t0 >= deadline) return rv;
         if (now_ms() - t0 < 100) nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
     }

@@ -10,7 +10,8 @@
  * The stream helper makes a worker restart invisible: when a poll answers "unknown request"
  * (STRATA_ENOENT) or the worker does not answer, it resubmits the prompt plus the tokens received
  * so far, with the same seed, n_generated counting them and the remaining max_tokens, and goes on
- * numbering tokens as before; in bit-exact mode the ids are those of an undisturbed run.
+ * numbering tokens as before; in bit-exact mode the ids are those of an undisturbed run. Once a
+ * wclient_hello has told the model, a resubmit first checks the restarted worker serves the same.
  */
 #ifndef STRATA_WCLIENT_H
 #define STRATA_WCLIENT_H
@@ -27,11 +28,12 @@ struct gguf_file;
 #define WCLIENT_PROTO_MAX        1
 #define WCLIENT_ID_MAX           64      /* bytes of a request id */
 #define WCLIENT_MAX_PROMPT       1000000 /* prompt ids of one submit (the worker's n_ctx is lower) */
-#define WCLIENT_MAX_TOKENS       1000000 /* max_tokens of one submit */
-#define WCLIENT_MAX_STOP         16      /* stop ids of one submit */
-#define WCLIENT_MAX_TOP          20      /* alternatives per token (OpenAI's top_logprobs) */
-#define WCLIENT_POLL_MAX_IDS     256     /* ids of one poll */
-#define WCLIENT_POLL_WAIT_MAX_MS 5000    /* longest wait a poll may ask for */
+#define WCLIENT_MAX_TOKENS       1000000      /* max_tokens of one submit */
+#define WCLIENT_MAX_STOP         16           /* stop ids of one submit */
+#define WCLIENT_MAX_TOP          20           /* alternatives per token (OpenAI's top_logprobs) */
+#define WCLIENT_POLL_MAX_IDS     256          /* ids of one poll */
+#define WCLIENT_POLL_WAIT_MAX_MS 5000         /* longest wait a poll may ask for */
+#define WCLIENT_REPLY_MAX        (256u << 20) /* largest reply the client accepts (meta) */
 
 struct wclient;
 
@@ -67,7 +69,8 @@ struct wclient_hello {
     bool bit_exact; /* answers depend only on the model and the token history */
 };
 
-/* wclient_hello asks the worker who it is. Blocks up to timeout_ms. Returns 0, STRATA_EPROTO when
+/* wclient_hello asks the worker who it is, and remembers the first fingerprint (streams check it
+ * before resubmitting). Blocks up to timeout_ms. Returns 0, STRATA_EPROTO when
  * its protocol range does not meet WCLIENT_PROTO_MIN..MAX (the detail says both), STRATA_ETIMEDOUT,
  * or the worker's error. */
 int wclient_hello(struct wclient *c, struct wclient_hello *out);
@@ -217,7 +220,8 @@ int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
  * tokens and returns them in *u (owned by the stream, valid until the next call; u->from counts
  * from the first generated token whatever the resubmits). u->n_tokens may be 0 when nothing came.
  * Once u->finish is not WCLIENT_RUNNING the stream is over. Returns 0, or STRATA_ETIMEDOUT when the
- * worker has not answered for resume_wait_ms, or a resubmit's error. */
+ * worker has not answered for resume_wait_ms, STRATA_EPROTO when it came back with another
+ * model, or a resubmit's error. */
 int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **u);
 
 /* wclient_stream_cancel cancels the request on the worker (idempotent). */

@@ -14,12 +14,15 @@
 #include "tools/fixture.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -263,6 +266,32 @@ static int raw(struct ipc_client *ic, struct msg_builder *b)
     return rv;
 }
 
+/* oversized_dropped speaks SP over the worker's socket by hand (a complete handshake: a
+ * connection closed during it would break nng 1.5.2's listener, #1518), declares a message of
+ * MSG_MAX_BYTES + 1 bytes and reports whether the worker hung up rather than reading it. */
+static bool oversized_dropped(const char *url)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", url + strlen("ipc://"));
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    const uint8_t hello[8] = {0, 'S', 'P', 0, 0, 0x30, 0, 0}; /* SP, protocol req0 (48) */
+    uint8_t peer[8];
+    ck_assert_int_eq(write(fd, hello, 8), 8);
+    ck_assert_int_eq(read(fd, peer, 8), 8);
+    ck_assert_int_eq(peer[5], 0x31); /* rep0 */
+    uint64_t len = (uint64_t)MSG_MAX_BYTES + 1;
+    uint8_t frame[9 + 4] = {1}; /* ipc frame: type 1, 64-bit big-endian length, then data */
+    for (int i = 0; i < 8; i++)
+        frame[1 + i] = (uint8_t)(len >> (56 - 8 * i));
+    ck_assert_int_eq(write(fd, frame, sizeof frame), (ssize_t)sizeof frame);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    bool dropped = poll(&pf, 1, 3000) == 1 && read(fd, peer, 1) <= 0;
+    close(fd);
+    return dropped;
+}
+
 START_TEST(test_malformed)
 {
     struct worker *w = start(rundir("bad"), 0);
@@ -335,15 +364,10 @@ START_TEST(test_malformed)
     msg_pack_str(&b, "0123456789012345678901234567890123456789012345678901234567890123456789");
     ck_assert_int_eq(raw(ic, &b), STRATA_EPROTO);
 
-    /* above the transport cap: nng drops the connection, no reply comes; the worker serves on */
-    size_t big = MSG_MAX_BYTES + 4096;
-    char *blob = calloc(1, big);
-    msg_begin_request(&b, "hello");
-    msg_key(&b, "pad");
-    msg_pack_bin(&b, blob, big);
-    ck_assert_int_eq(ipc_request(ic, &b, &m, 1500), STRATA_ETIMEDOUT);
-    free(blob);
     ipc_client_close(ic);
+
+    /* above the transport cap: nng drops the connection without a reply; the worker serves on */
+    ck_assert_msg(oversized_dropped(worker_url(w)), "a frame above the cap was not dropped");
 
     struct wclient *c = client(worker_url(w));
     struct wclient_hello h;
