@@ -130,8 +130,7 @@ static int http_health(int port)
 
 /* svc_start runs `strata serve` on a fresh fixture with the given extra options and waits until
  * every frontend answers /health 200. */
-static void svc_start(struct svc *s, const char *tag, int n_workers, int n_frontends,
-                      const char *const *extra)
+static void svc_prepare(struct svc *s, const char *tag)
 {
     memset(s, 0, sizeof *s);
     snprintf(s->dir, sizeof s->dir, "%s/%s", test_tmpdir(), tag);
@@ -144,6 +143,11 @@ static void svc_start(struct svc *s, const char *tag, int n_workers, int n_front
     mkdir(s->logs, 0700);
     struct fixture_opts fo = {.type = "q8_0"};
     ck_assert_int_eq(fixture_write(&fo, s->model), 0);
+}
+
+/* svc_launch starts strata serve on s's fixture and directories. */
+static void svc_launch(struct svc *s, int n_workers, int n_frontends, const char *const *extra)
+{
     s->n_workers = n_workers;
     s->n_frontends = n_frontends;
     s->port = free_ports(n_frontends);
@@ -176,6 +180,13 @@ static void svc_start(struct svc *s, const char *tag, int n_workers, int n_front
     ck_abort_msg("strata serve did not come up in 60 s; see %s", log);
 }
 
+static void svc_start(struct svc *s, const char *tag, int n_workers, int n_frontends,
+                      const char *const *extra)
+{
+    svc_prepare(s, tag);
+    svc_launch(s, n_workers, n_frontends, extra);
+}
+
 /* count_entries counts the files in dir whose name does not end in .lock. */
 static int count_entries(const char *dir, char *first, size_t cap)
 {
@@ -200,7 +211,7 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 }
 
 /* svc_stop sends SIGINT (Ctrl-C) and checks that serve exits 0 leaving no segment or socket. */
-static void svc_stop(struct svc *s)
+static void svc_interrupt(struct svc *s)
 {
     int st;
     kill(s->pid, SIGINT);
@@ -210,6 +221,11 @@ static void svc_stop(struct svc *s)
         sleep_ms(20);
     }
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "strata serve: wait status %#x", st);
+}
+
+static void svc_stop(struct svc *s)
+{
+    svc_interrupt(s);
     char first[256] = "";
     ck_assert_msg(count_entries(s->shm, first, sizeof first) == 0, "left in shm: %s", first);
     ck_assert_msg(count_entries(s->run, first, sizeof first) == 0, "left in run: %s", first);
@@ -746,6 +762,53 @@ START_TEST(cli_errors)
 }
 END_TEST
 
+START_TEST(keep_arena_reused)
+{
+    if (!have_bins()) return;
+    struct svc s;
+    const char *keep[] = {"--keep-arena", NULL};
+    svc_start(&s, "keep-arena", 1, 1, keep);
+    json_t *a0 = arena_status(&s);
+    ck_assert_ptr_nonnull(a0);
+    svc_interrupt(&s);
+    /* the arena runs on with its segments; the next serve uses it and leaves it running too */
+    json_t *a1 = arena_status(&s);
+    ck_assert_ptr_nonnull(a1);
+    ck_assert(json_equal(json_object_get(a0, "pid"), json_object_get(a1, "pid")));
+    char first[256];
+    ck_assert_int_eq(count_entries(s.shm, first, sizeof first), 2);
+    svc_launch(&s, 1, 1, NULL);
+    ck_assert_int_eq(state_pid(&s, NULL, 0), json_integer_value(json_object_get(a0, "pid")));
+    struct call c;
+    call_init(&c, s.port, 0, 16, false);
+    call_main(&c);
+    ck_assert_int_eq(c.status, 200);
+    ck_assert_uint_gt(c.len, 0);
+    free(c.text);
+    svc_interrupt(&s);
+    json_t *a2 = arena_status(&s);
+    ck_assert_ptr_nonnull(a2);
+    ck_assert(json_equal(json_object_get(a0, "pid"), json_object_get(a2, "pid")));
+    char log[800];
+    snprintf(log, sizeof log, "%s/arena.log", s.logs);
+    ck_assert_int_eq(count_in_file(log, "built arena"), 1);
+    snprintf(log, sizeof log, "%s/serve.log", s.logs);
+    ck_assert_int_eq(count_in_file(log, "is already served by pid"), 1);
+    /* strata-arena stop removes it; then nothing is left */
+    const char *argv[] = {bin("strata-arena"), "stop", NAME, "--runtime-dir", s.run, NULL};
+    pid_t pid;
+    int st;
+    ck_assert_int_eq(posix_spawn(&pid, argv[0], NULL, NULL, (char *const *)argv, environ), 0);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_int_eq(st, 0);
+    ck_assert_int_eq(count_entries(s.shm, first, sizeof first), 0);
+    json_decref(a0);
+    json_decref(a1);
+    json_decref(a2);
+    nftw(s.dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("serve");
@@ -756,6 +819,7 @@ static Suite *suite(void)
     tcase_add_test(tc, arena_restarted_while_serving);
     tcase_add_test(tc, frontend_killed_leases_lapse);
     tcase_add_test(tc, two_workers_one_killed);
+    tcase_add_test(tc, keep_arena_reused);
     suite_add_tcase(s, tc);
     return s;
 }
