@@ -1,13 +1,15 @@
 /* fe_e2e_test — the real processes end to end: strata-worker on a tiny fixture, strata-frontend in
  * front of it (plus one limited to one request at a time and one whose worker does not exist),
  * then the official `openai` npm client (tests/e2e/openai.mjs), curl over every error path
- * (tests/e2e/errors.sh) and a 2-second load of 4 clients (tests/e2e/loadtest.mjs). Skips with a
+ * (tests/e2e/errors.sh), a 2-second load of 4 clients (tests/e2e/loadtest.mjs), and a worker
+ * killed and restarted under a running stream. Skips with a
  * message when node, npm or curl are missing, or when npm cannot install the client. */
 #include "common/err.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -61,6 +63,85 @@ static int port_of(const char *log)
     return 0;
 }
 
+/* sse_text concatenates choices[0].text of a completion stream saved in path; *done: [DONE] came.
+ */
+static char *sse_text(const char *path, bool *done, int *events, size_t *len)
+{
+    char *s = test_read_file(path, NULL), *out = calloc(1, 1);
+    size_t n = 0;
+    *done = false;
+    *events = 0;
+    for (char *p = s; p && (p = strstr(p, "data: ")) != NULL; p += 6) {
+        if (strncmp(p + 6, "[DONE]", 6) == 0) *done = true;
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, NULL);
+        json_t *t = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "text");
+        if (json_is_string(t)) { /* the text may hold NULs (\u0000): copy by length */
+            out = realloc(out, n + json_string_length(t) + 1);
+            memcpy(out + n, json_string_value(t), json_string_length(t));
+            n += json_string_length(t);
+        }
+        *events += c != NULL;
+        json_decref(c);
+    }
+    free(s);
+    if (len) *len = n;
+    return out;
+}
+
+/* restart_mid_stream kills the worker (SIGKILL) while a 3000-token greedy stream runs and starts
+ * a new one: the stream must end normally with the text of an undisturbed run (the CPU backend
+ * is bit-exact, and the frontend's client resubmits what it had). */
+static void restart_mid_stream(int port, pid_t *wpid, char *const wargv[], const char *wlog)
+{
+    char out[512], whole[512], cmd[2048], wlog2[600];
+    const char *body = "{\\\"prompt\\\":\\\"The weather\\\",\\\"max_tokens\\\":3000,"
+                       "\\\"temperature\\\":0,\\\"stream\\\":true}";
+    snprintf(out, sizeof out, "%s/restart.sse", test_tmpdir());
+    snprintf(whole, sizeof whole, "%s/whole.json", test_tmpdir());
+    snprintf(wlog2, sizeof wlog2, "%s.2", wlog);
+    snprintf(cmd, sizeof cmd, "curl -sN -d \"%s\" http://127.0.0.1:%d/v1/completions > %s", body,
+             port, out);
+    char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t curl = spawn(sh, "/dev/null");
+    bool done;
+    int events = 0;
+    for (int i = 0; i < 1000 && events < 50; i++) {
+        usleep(10 * 1000);
+        free(sse_text(out, &done, &events, NULL));
+    }
+    ck_assert_int_ge(events, 50);
+    kill(*wpid, SIGKILL);
+    ck_assert_int_eq(waitpid(*wpid, NULL, 0), *wpid);
+    free(sse_text(out, &done, &events, NULL));
+    printf("worker killed after %d events%s\n", events,
+           done ? " (the stream had already ended: nothing was resumed)" : "");
+    fflush(stdout);
+    *wpid = spawn(wargv, wlog2);
+    int st;
+    ck_assert_int_eq(waitpid(curl, &st, 0), curl);
+    size_t slen;
+    char *streamed = sse_text(out, &done, &events, &slen);
+    ck_assert_msg(done, "the stream did not end with [DONE]");
+    /* the monitor may have seen the worker down: wait until it is ready again */
+    snprintf(cmd, sizeof cmd,
+             "for i in $(seq 100); do curl -sf http://127.0.0.1:%d/health >/dev/null && break; "
+             "sleep 0.1; done; curl -s -d '{\"prompt\":\"The weather\",\"max_tokens\":3000,"
+             "\"temperature\":0}' http://127.0.0.1:%d/v1/completions > %s",
+             port, port, whole);
+    ck_assert_int_eq(system(cmd), 0);
+    json_t *w = json_load_file(whole, JSON_ALLOW_NUL, NULL);
+    json_t *text = json_object_get(json_array_get(json_object_get(w, "choices"), 0), "text");
+    ck_assert_msg(json_is_string(text), "no text in %s", whole);
+    size_t tlen = json_string_length(text);
+    ck_assert_msg(slen == tlen && memcmp(streamed, json_string_value(text), tlen) == 0,
+                  "the resumed stream (%zu bytes) differs from an undisturbed run (%zu bytes)",
+                  slen, tlen);
+    printf("ok - a stream across a worker restart equals an undisturbed run (%zu bytes)\n", tlen);
+    fflush(stdout);
+    json_decref(w);
+    free(streamed);
+}
+
 START_TEST(openai_and_errors)
 {
     if (!have("node") || !have("npm") || !have("curl")) {
@@ -96,7 +177,7 @@ START_TEST(openai_and_errors)
     char worker[600], frontend[600];
     snprintf(worker, sizeof worker, "%s/strata-worker", build);
     snprintf(frontend, sizeof frontend, "%s/strata-frontend", build);
-    char *wargv[] = {worker, "--model", model, "--runtime-dir", rt, "--ctx", "256", NULL};
+    char *wargv[] = {worker, "--model", model, "--runtime-dir", rt, NULL};
     pid_t wpid = spawn(wargv, wlog);
     char *fargv[] = {frontend,  "--worker",     url,  "--port",     "0",     "--api-key",
                      "e2e-key", "--max-tokens", "64", "--max-body", "65536", NULL};
@@ -128,6 +209,7 @@ START_TEST(openai_and_errors)
              "--max-tokens 32 --header",
              STRATA_SOURCE_DIR, port);
     int load_rv = system(cmd);
+    restart_mid_stream(port3, &wpid, wargv, wlog);
     stop(f3pid);
     stop(f2pid);
     stop(fpid);

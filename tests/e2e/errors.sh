@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # errors.sh — every error path of strata-frontend with curl: status, OpenAI's error shape, headers.
 # Env: PORT (a frontend started with --api-key $KEY --max-tokens 64 --max-body 65536 over a worker
-# with --ctx 256), KEY, BUSY_PORT (one with --max-active 1 over the same worker), NOWORKER_PORT (one
+# with a context of 4096), KEY, BUSY_PORT (one with --max-active 1 over the same worker), NOWORKER_PORT (one
 # whose only worker does not exist).
 set -u
 base="http://127.0.0.1:$PORT"
@@ -43,7 +43,7 @@ check 'max_tokens 0' 400 "${auth[@]}" -d "{$msgs,\"max_tokens\":0}" "$chat"
 check 'max_tokens above --max-tokens' 400 "${auth[@]}" -d "{$msgs,\"max_tokens\":65}" "$chat"
 check 'max_completion_tokens above --max-tokens' 400 "${auth[@]}" -d "{$msgs,\"max_completion_tokens\":1000}" "$chat"
 check 'top_logprobs without logprobs' 400 "${auth[@]}" -d "{$msgs,\"top_logprobs\":2}" "$chat"
-ids=$(seq -s, 1 300)
+ids=$(seq -s, 4200 | sed 's/[0-9]*/7/g')
 check 'prompt longer than the context' 400 "${auth[@]}" -d "{\"prompt\":[$ids]}" "$base/v1/completions"
 grep -q context_length_exceeded /tmp/errors.$$.body || { echo "FAIL: no context_length_exceeded code"; fails=$((fails + 1)); }
 check 'token id outside the vocabulary' 400 "${auth[@]}" -d '{"prompt":[1,99999999]}' "$base/v1/completions"
