@@ -11,9 +11,9 @@
 
 /* Texts of the tokens that end an assistant turn in the templates strata knows. "<|end|>" ends a
  * turn for phi3 but only a message for gpt-oss's channels, so it is skipped for those. */
-static const char *const turn_ends[] = {"<|im_end|>",         "<|eot_id|>", "<|end|>",
-                                        "<end_of_turn>",      "<|return|>", "<|endoftext|>",
-                                        "<|end▁of▁sentence|>"};
+static const char *const turn_ends[] = {"<|im_end|>",           "<|eot_id|>", "<|end|>",
+                                        "<end_of_turn>",        "<|return|>", "<|endoftext|>",
+                                        "<｜end▁of▁sentence｜>"};
 
 static void add_stop(struct fe_model *m, int32_t id)
 {
