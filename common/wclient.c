@@ -143,7 +143,7 @@ int wclient_meta(struct wclient *c, struct wclient_meta *out)
         rv = STRATA_ENOMEM;
         goto fail;
     }
-    memcpy(out->bytes, p, len);
+    if (len) memcpy(out->bytes, p, len);
     out->len = len;
     if ((rv = gguf_open_mem(out->bytes, len, false, &out->gguf)) != 0) goto fail;
     msg_free(&r);
@@ -570,7 +570,7 @@ int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
     }
     memcpy(s->hist, r->prompt, r->n_prompt * sizeof *s->hist);
     s->n_hist = r->n_prompt;
-    memcpy(s->stop, r->stop, r->n_stop * sizeof *s->stop);
+    if (r->n_stop) memcpy(s->stop, r->stop, r->n_stop * sizeof *s->stop);
     s->req.prompt = s->hist;
     s->req.stop = s->stop;
     uint64_t seed;
@@ -587,6 +587,7 @@ fail:
 /* append adds an update's tokens to the history. */
 static int append(struct wclient_stream *s, const struct wclient_update *u)
 {
+    if (u->n_tokens == 0) return 0;
     if (s->n_hist + u->n_tokens > s->cap_hist) {
         uint32_t cap =
             s->cap_hist * 2 > s->n_hist + u->n_tokens ? s->cap_hist * 2 : s->n_hist + u->n_tokens;

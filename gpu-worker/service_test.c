@@ -83,6 +83,13 @@ static void req_of(struct wclient_req *r, const char *id, const int32_t *prompt,
     wclient_sampling_default(&r->sampling);
 }
 
+/* take appends an update's tokens to out[*n..]. */
+static void take(int32_t *out, uint32_t *n, const struct wclient_update *u)
+{
+    if (u->n_tokens) memcpy(out + *n, u->tokens, u->n_tokens * sizeof *out);
+    *n += u->n_tokens;
+}
+
 /* run_stream streams r to its end and returns how many ids it wrote to out (cap max_tokens). */
 static uint32_t run_stream(struct wclient *c, const struct wclient_req *r, int32_t *out,
                            enum wclient_finish *fin)
@@ -99,8 +106,7 @@ static uint32_t run_stream(struct wclient *c, const struct wclient_req *r, int32
                       strata_errdetail());
         ck_assert_uint_eq(u->from, n);
         ck_assert_uint_le(n + u->n_tokens, r->max_tokens);
-        memcpy(out + n, u->tokens, u->n_tokens * sizeof *out);
-        n += u->n_tokens;
+        take(out, &n, u);
     } while (u->finish == WCLIENT_RUNNING);
     *fin = u->finish;
     wclient_stream_free(s);
@@ -442,8 +448,7 @@ START_TEST(test_restart_resume)
     const struct wclient_update *u;
     do {
         ck_assert_int_eq(wclient_stream_next(s, &u), 0);
-        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
-        n += u->n_tokens;
+        take(got, &n, u);
     } while (n == 0);
     ck_assert_msg(u->finish == WCLIENT_RUNNING, "the request ended before the restart");
     ck_assert_uint_lt(n, N);
@@ -454,8 +459,7 @@ START_TEST(test_restart_resume)
         ck_assert_msg(rv == 0, "%s: %s", strata_strerror(rv), strata_errdetail());
         ck_assert_uint_eq(u->from, n);
         ck_assert_uint_le(n + u->n_tokens, N);
-        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
-        n += u->n_tokens;
+        take(got, &n, u);
     }
     ck_assert_uint_eq(wclient_stream_resubmits(s), 1);
     /* the same request undisturbed, with the seed the first worker picked */
@@ -646,8 +650,7 @@ START_TEST(test_binary_kill_restart)
     const struct wclient_update *u;
     do {
         ck_assert_int_eq(wclient_stream_next(s, &u), 0);
-        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
-        n += u->n_tokens;
+        take(got, &n, u);
     } while (n == 0);
     ck_assert_msg(u->finish == WCLIENT_RUNNING, "the request ended before the kill");
     kill(pid, SIGKILL);
@@ -659,8 +662,7 @@ START_TEST(test_binary_kill_restart)
         int rv = wclient_stream_next(s, &u);
         ck_assert_msg(rv == 0, "%s: %s", strata_strerror(rv), strata_errdetail());
         ck_assert_uint_eq(u->from, n);
-        memcpy(got + n, u->tokens, u->n_tokens * sizeof *got);
-        n += u->n_tokens;
+        take(got, &n, u);
     }
     ck_assert_uint_eq(wclient_stream_resubmits(s), 1);
     ck_assert_int_eq(wclient_hello(c, &h), 0);
