@@ -60,6 +60,7 @@ struct fwd {
     struct mm_task *tasks;   /* (max_tasks) */
     uint32_t *task_first;    /* (max_tasks + 1) first work item of each task */
     uint32_t *pos;           /* (T) positions */
+    uint32_t *run_first;     /* (T + 1) first token of each attention run, then n */
     struct fwd_token *chunk; /* (T) fwd_prompt's batch */
     struct kv_seq **seen;    /* (T) sequences of the batch being grown */
     uint32_t *seen_len;      /* (T) their lengths before */
@@ -141,6 +142,7 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->tasks, f->max_tasks * sizeof(struct mm_task)},
         {(void **)&f->task_first, (f->max_tasks + 1) * sizeof(uint32_t)},
         {(void **)&f->pos, T * sizeof(uint32_t)},
+        {(void **)&f->run_first, (T + 1) * sizeof(uint32_t)},
         {(void **)&f->chunk, T * sizeof(struct fwd_token)},
         {(void **)&f->seen, T * sizeof(struct kv_seq *)},
         {(void **)&f->seen_len, T * sizeof(uint32_t)},
@@ -189,11 +191,12 @@ void fwd_close(struct fwd *f)
 {
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,       f->xn,         f->tmp,     f->q,        f->k,        f->v,
-                    f->att,     f->rlogit,     f->sel,     f->selw,     f->moe,      f->g,
-                    f->u,       f->y,          f->shg,     f->ptok,     f->pw,       f->ecount,
-                    f->acts[0], f->acts[1],    f->acts[2], f->pacts[0], f->pacts[1], f->hacts,
-                    f->tasks,   f->task_first, f->pos,     f->chunk,    f->seen,     f->seen_len};
+    void *bufs[] = {f->x,       f->xn,         f->tmp,     f->q,         f->k,        f->v,
+                    f->att,     f->rlogit,     f->sel,     f->selw,      f->moe,      f->g,
+                    f->u,       f->y,          f->shg,     f->ptok,      f->pw,       f->ecount,
+                    f->acts[0], f->acts[1],    f->acts[2], f->pacts[0],  f->pacts[1], f->hacts,
+                    f->tasks,   f->task_first, f->pos,     f->run_first, f->chunk,    f->seen,
+                    f->seen_len};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(f);
@@ -314,11 +317,15 @@ static int matmul(struct fwd *f, const struct model_mat *w, const float *x, size
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-/* Attention job: items are (token, KV head) pairs. */
+/* Attention job: items are (run, KV head) pairs; a run is up to ATT_RUN consecutive tokens of
+ * one sequence at consecutive positions (a prompt chunk), so they share each block of keys. */
+#define ATT_RUN 16
+
 struct att_job {
     struct fwd *f;
     const struct fwd_token *toks;
     uint32_t layer;
+    uint32_t n_runs;
 };
 
 static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
@@ -328,15 +335,38 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     const struct model_hparams *hp = &f->m->hp;
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
     const uint32_t group = hp->n_head / hp->n_head_kv;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim, no = (size_t)hp->n_head * hp->head_dim_v;
     for (uint32_t i = lo; i < hi; i++) {
-        /* item: (token, KV head); the group's query heads share each tile of keys */
-        uint32_t t = i / hp->n_head_kv, g = i % hp->n_head_kv, h = g * group;
+        const uint32_t r = i / hp->n_head_kv, g = i % hp->n_head_kv, h = g * group;
+        const uint32_t t0 = f->run_first[r], nt = f->run_first[r + 1] - t0;
         struct ops_kv_view view;
-        kv_view(f->kv, j->toks[t].seq, j->layer, g, hp->head_dim, hp->head_dim_v, &view);
-        cpu_attention(f->att + ((size_t)t * hp->n_head + h) * hp->head_dim_v, hp->head_dim_v,
-                      f->q + ((size_t)t * hp->n_head + h) * hp->head_dim, hp->head_dim, group,
-                      hp->head_dim, hp->head_dim_v, scale, &view, f->pos[t] + 1);
+        kv_view(f->kv, j->toks[t0].seq, j->layer, g, hp->head_dim, hp->head_dim_v, &view);
+        const struct cpu_att_q a = {f->q + t0 * nq + (size_t)h * hp->head_dim,
+                                    nq,
+                                    hp->head_dim,
+                                    f->att + t0 * no + (size_t)h * hp->head_dim_v,
+                                    no,
+                                    hp->head_dim_v,
+                                    nt,
+                                    group,
+                                    f->pos[t0] + 1};
+        cpu_attention(&a, hp->head_dim, hp->head_dim_v, scale, &view);
     }
+}
+
+/* runs splits the batch into runs of one sequence's consecutive positions, at most ATT_RUN tokens
+ * and CPU_ATT_MAXQ queries each; returns their count. */
+static uint32_t runs(struct fwd *f, const struct fwd_token *toks, uint32_t n)
+{
+    const uint32_t group = f->m->hp.n_head / f->m->hp.n_head_kv;
+    uint32_t max = CPU_ATT_MAXQ / group < ATT_RUN ? CPU_ATT_MAXQ / group : ATT_RUN, nr = 0;
+    if (!max) max = 1;
+    for (uint32_t t = 0; t < n; t++)
+        if (t == 0 || toks[t].seq != toks[t - 1].seq || f->pos[t] != f->pos[t - 1] + 1 ||
+            t - f->run_first[nr - 1] == max)
+            f->run_first[nr++] = t;
+    f->run_first[nr] = n;
+    return nr;
 }
 
 static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, uint32_t il)
@@ -390,8 +420,8 @@ static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, ui
     }
     /* Every token's K/V of this layer is stored before any token attends: a prompt chunk's later
      * tokens see its earlier ones, and each sees only positions <= its own. */
-    struct att_job j = {f, toks, il};
-    pool_for(f->pool, n * hp->n_head_kv, 1, att_items, &j);
+    struct att_job j = {f, toks, il, runs(f, toks, n)};
+    pool_for(f->pool, j.n_runs * hp->n_head_kv, 1, att_items, &j);
     double t3 = now_s();
     if ((rv = matmul(f, &L->wo, f->att, (size_t)hp->n_head * hp->head_dim_v, n, f->tmp, E)))
         return rv;

@@ -125,16 +125,16 @@ void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint
         cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
 
-void cpu_attention(float *out, size_t out_stride, const float *q, size_t q_stride, uint32_t n_q,
-                   uint32_t head_dim, uint32_t head_dim_v, float scale,
-                   const struct ops_kv_view *kv, uint32_t n_keys)
+void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                   const struct ops_kv_view *kv)
 {
-    if (cpu_isa() != CPU_REF) {
-        cpu_attention_avx2(out, out_stride, q, q_stride, n_q, head_dim, head_dim_v, scale, kv,
-                           n_keys);
+    if (cpu_isa() != CPU_REF && head_dim <= CPU_ATT_MAXD && a->n_tok * a->n_head <= CPU_ATT_MAXQ) {
+        cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
         return;
     }
-    for (uint32_t i = 0; i < n_q; i++)
-        ops_attention(out + i * out_stride, q + i * q_stride, head_dim, head_dim_v, scale, kv,
-                      n_keys);
+    for (uint32_t t = 0; t < a->n_tok; t++)
+        for (uint32_t h = 0; h < a->n_head; h++)
+            ops_attention(a->out + t * a->out_tok + h * a->out_head,
+                          a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
+                          a->n_keys0 + t);
 }

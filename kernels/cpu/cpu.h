@@ -57,14 +57,25 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float e
 void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
               float theta, bool neox);
 
-/* cpu_attention is ops_attention for n_q queries over the same keys (the query heads of one GQA
- * group): out + i*out_stride = ops_attention(q + i*q_stride, ...). Scores of 8 keys at once (one
- * key per lane, each lane summing its dims in index order; a tile of keys is transposed once for
- * all the queries), values accumulated 8 dims per lane. */
-void cpu_attention(float *out, size_t out_stride, const float *q, size_t q_stride, uint32_t n_q,
-                   uint32_t head_dim, uint32_t head_dim_v, float scale,
-                   const struct ops_kv_view *kv, uint32_t n_keys);
+/* The queries of one cpu_attention call: n_tok consecutive positions of one sequence, n_head query
+ * heads each (the heads of one GQA group), all over the same KV head. */
+struct cpu_att_q {
+    const float *q; /* query (t, h) at q + t*q_tok + h*q_head (head_dim floats) */
+    size_t q_tok, q_head;
+    float *out; /* its output at out + t*out_tok + h*out_head (head_dim_v floats) */
+    size_t out_tok, out_head;
+    uint32_t n_tok, n_head; /* n_tok * n_head <= CPU_ATT_MAXQ */
+    uint32_t n_keys0;       /* token t attends keys [0, n_keys0 + t); n_keys0 >= 1 */
+};
 
-#define CPU_ATT_MAXQ 8 /* queries scored per pass over a key tile */
+/* cpu_attention is ops_attention for every query of a (same bits, each query on its own): each
+ * block of OPS_ATTN_BLOCK keys is transposed once for all the queries, then each query's scores
+ * come 8 keys per lane vector (a lane sums its key's dims in index order) and its values 8 dims
+ * per lane. */
+void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,
+                   const struct ops_kv_view *kv);
+
+#define CPU_ATT_MAXQ 64  /* queries of one cpu_attention call */
+#define CPU_ATT_MAXD 256 /* head_dim above which cpu_attention runs ops_attention */
 
 #endif

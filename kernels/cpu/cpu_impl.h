@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cpu/cpu.h"
 #include "kernels/ref/ops.h"
 
 /* cpu_rows_fn computes cpu_matmul for one weight type. */
@@ -24,8 +25,7 @@ cpu_rows_fn cpu_rows_avx512(uint32_t wtype);
 void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, float eps);
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
                    float theta, bool neox);
-void cpu_attention_avx2(float *out, size_t out_stride, const float *q, size_t q_stride,
-                        uint32_t n_q, uint32_t head_dim, uint32_t head_dim_v, float scale,
-                        const struct ops_kv_view *kv, uint32_t n_keys);
+void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                        float scale, const struct ops_kv_view *kv);
 
 #endif

@@ -172,32 +172,37 @@ START_TEST(attention_equals_reference)
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const uint32_t hd = dims[di][0], hv = dims[di][1];
         struct ops_kv_view v = {blocks, bt, hd + 3, (size_t)bt * row + hv + 1, row, row};
-        /* up to 11 queries (past CPU_ATT_MAXQ), strided apart */
-        enum { NQ = 11, QS = 130, OS = 131 };
-        static float q[NQ * QS], want[NQ * OS], got[NQ * OS];
-        for (uint32_t d = 0; d < NQ * QS; d++)
+        /* (tokens, heads) of one call: decode of a GQA group, prompt runs; strided apart */
+        static const uint32_t shapes[][2] = {{1, 1}, {1, 4}, {3, 2}, {9, 4}, {16, 4}};
+        enum { QT = 4 * 130, QH = 130, OT = 4 * 131, OH = 131, NQ = 16 * 4 };
+        static float q[NQ * QH], want[NQ * OH], got[NQ * OH];
+        for (uint32_t d = 0; d < NQ * QH; d++)
             q[d] = gauss() * 2;
         const float sc = 1.0f / sqrtf((float)hd);
-        for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++) {
-            for (int i = 0; i < NQ * OS; i++)
-                want[i] = GUARD_VALUE;
-            for (int i = 0; i < NQ; i++)
-                ops_attention(want + i * OS, q + i * QS, hd, hv, sc, &v, keys[ki]);
-            for (int k = 0; k < n_isa; k++) {
-                ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
-                for (uint32_t nq = 1; nq <= NQ; nq += 3) {
-                    for (int i = 0; i < NQ * OS; i++)
+        for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+                const uint32_t nt = shapes[sh][0], nh = shapes[sh][1];
+                if (keys[ki] + nt - 1 > n_blocks * bt) continue;
+                for (int i = 0; i < NQ * OH; i++)
+                    want[i] = GUARD_VALUE;
+                for (uint32_t t = 0; t < nt; t++)
+                    for (uint32_t h = 0; h < nh; h++)
+                        ops_attention(want + t * OT + h * OH, q + t * QT + h * QH, hd, hv, sc, &v,
+                                      keys[ki] + t);
+                struct cpu_att_q a = {q, QT, QH, NULL, OT, OH, nt, nh, keys[ki]};
+                for (int k = 0; k < n_isa; k++) {
+                    ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                    for (int i = 0; i < NQ * OH; i++)
                         got[i] = GUARD_VALUE;
-                    cpu_attention(got, OS, q, QS, nq, hd, hv, sc, &v, keys[ki]);
-                    /* every query's outputs equal, the floats between and after them untouched */
-                    ck_assert_msg(memcmp(got, want, nq * OS * sizeof(float)) == 0,
-                                  "%s attention head_dim %u/%u, %u keys, %u queries differs",
-                                  cpu_isa_name(isa[k]), hd, hv, keys[ki], nq);
-                    for (uint32_t i = nq * OS; i < NQ * OS; i++)
-                        ck_assert(got[i] == GUARD_VALUE);
+                    a.out = got;
+                    cpu_attention(&a, hd, hv, sc, &v);
+                    /* every output equal, the floats between and after them untouched */
+                    ck_assert_msg(memcmp(got, want, sizeof got) == 0,
+                                  "%s attention head_dim %u/%u, %u keys, %u tokens x %u heads "
+                                  "differs",
+                                  cpu_isa_name(isa[k]), hd, hv, keys[ki], nt, nh);
                 }
             }
-        }
     }
     for (uint32_t b = 0; b < n_blocks; b++)
         free(blocks[b]);

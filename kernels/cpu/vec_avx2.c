@@ -99,107 +99,139 @@ static inline void transpose8(__m256 r[8])
     }
 }
 
-/* scores8: for each of nq queries, dot[i] lane j = sum_d q_i[d] * k_j[d] in d order, for 8 keys
- * at once (lane j: key j). The keys are transposed once for all the queries of a GQA group. */
-static inline void scores8(const float *q, size_t q_stride, uint32_t nq, const float *const k[8],
-                           uint32_t head_dim, __m256 *dot)
+#define KB OPS_ATTN_BLOCK /* keys per block: 4 lane vectors of 8 */
+
+/* transpose_block writes kt[d][j] = k_j[d] for the block's keys j < nb (later lanes repeat the
+ * last key: they are computed and never read). */
+static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head_dim,
+                            float (*kt)[KB])
 {
-    for (uint32_t i = 0; i < nq; i++)
-        dot[i] = _mm256_setzero_ps();
-    uint32_t d = 0;
-    for (; d + 8 <= head_dim; d += 8) {
-        __m256 r[8];
-        for (int j = 0; j < 8; j++)
-            r[j] = _mm256_loadu_ps(k[j] + d);
-        transpose8(r); /* r[c]: dim d + c of the 8 keys */
-        for (uint32_t i = 0; i < nq; i++) {
-            const float *qi = q + i * q_stride + d;
-            __m256 a = dot[i];
+    const float *k[KB];
+    for (uint32_t j = 0; j < KB; j++)
+        k[j] = krow[j < nb ? j : nb - 1];
+    for (uint32_t g = 0; g < (nb + 7) / 8; g++) {
+        uint32_t d = 0;
+        for (; d + 8 <= head_dim; d += 8) {
+            __m256 r[8];
+            for (int j = 0; j < 8; j++)
+                r[j] = _mm256_loadu_ps(k[8 * g + j] + d);
+            transpose8(r);
             for (int c = 0; c < 8; c++)
-                a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(qi[c]), r[c]));
-            dot[i] = a;
+                _mm256_store_ps(&kt[d + c][8 * g], r[c]);
         }
-    }
-    for (; d < head_dim; d++) {
-        const __m256 col =
-            _mm256_set_ps(k[7][d], k[6][d], k[5][d], k[4][d], k[3][d], k[2][d], k[1][d], k[0][d]);
-        for (uint32_t i = 0; i < nq; i++)
-            dot[i] = _mm256_add_ps(dot[i], _mm256_mul_ps(_mm256_set1_ps(q[i * q_stride + d]), col));
+        for (; d < head_dim; d++)
+            for (int j = 0; j < 8; j++)
+                kt[d][8 * g + j] = k[8 * g + j][d];
     }
 }
 
-/* One query's online-softmax state. */
-struct qstate {
-    float m, l;
-};
-
-void cpu_attention_avx2(float *out, size_t out_stride, const float *q, size_t q_stride,
-                        uint32_t n_q, uint32_t head_dim, uint32_t head_dim_v, float scale,
-                        const struct ops_kv_view *kv, uint32_t n_keys)
+/* scores_block: s[j] = (sum_d q[d] * k_j[d], d in order) * scale for the ng lane vectors of the
+ * block; one chain per lane vector, the ng chains side by side. */
+static inline void scores_block(const float *q, const float (*kt)[KB], uint32_t head_dim,
+                                uint32_t ng, float scale, float *s)
 {
-    _Alignas(32) float s[CPU_ATT_MAXQ][OPS_ATTN_BLOCK];
-    const float *vrow[OPS_ATTN_BLOCK], *krow[OPS_ATTN_BLOCK + 7];
-    struct qstate st[CPU_ATT_MAXQ];
-    if (n_q > CPU_ATT_MAXQ) {
-        cpu_attention_avx2(out, out_stride, q, q_stride, CPU_ATT_MAXQ, head_dim, head_dim_v, scale,
-                           kv, n_keys);
-        cpu_attention_avx2(out + CPU_ATT_MAXQ * out_stride, out_stride, q + CPU_ATT_MAXQ * q_stride,
-                           q_stride, n_q - CPU_ATT_MAXQ, head_dim, head_dim_v, scale, kv, n_keys);
-        return;
-    }
-    for (uint32_t i = 0; i < n_q; i++) {
-        st[i] = (struct qstate){-INFINITY, 0.0f};
-        memset(out + i * out_stride, 0, head_dim_v * sizeof(float));
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint32_t d = 0; d < head_dim; d++) {
+        const __m256 qv = _mm256_set1_ps(q[d]);
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][0])));
+        if (ng > 1) a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][8])));
+        if (ng > 2) a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][16])));
+        if (ng > 3) a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][24])));
     }
     const __m256 sv = _mm256_set1_ps(scale);
-    for (uint32_t j0 = 0; j0 < n_keys; j0 += OPS_ATTN_BLOCK) {
-        const uint32_t nb = n_keys - j0 < OPS_ATTN_BLOCK ? n_keys - j0 : OPS_ATTN_BLOCK;
+    _mm256_store_ps(s, _mm256_mul_ps(a0, sv));
+    _mm256_store_ps(s + 8, _mm256_mul_ps(a1, sv));
+    _mm256_store_ps(s + 16, _mm256_mul_ps(a2, sv));
+    _mm256_store_ps(s + 24, _mm256_mul_ps(a3, sv));
+}
+
+/* values_block: o = o * c, then o += p_j * v_j for j < nb in order, 32 dims at a time. */
+static inline void values_block(float *o, float c, const float *p, const float *const *vrow,
+                                uint32_t nb, uint32_t head_dim_v)
+{
+    const __m256 cv = _mm256_set1_ps(c);
+    uint32_t d = 0;
+    for (; d + 32 <= head_dim_v; d += 32) {
+        __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
+        __m256 o1 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8), cv);
+        __m256 o2 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 16), cv);
+        __m256 o3 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 24), cv);
         for (uint32_t j = 0; j < nb; j++) {
+            const __m256 pv = _mm256_set1_ps(p[j]);
+            const float *v = vrow[j] + d;
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(pv, _mm256_loadu_ps(v)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(pv, _mm256_loadu_ps(v + 8)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(pv, _mm256_loadu_ps(v + 16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(pv, _mm256_loadu_ps(v + 24)));
+        }
+        _mm256_storeu_ps(o + d, o0);
+        _mm256_storeu_ps(o + d + 8, o1);
+        _mm256_storeu_ps(o + d + 16, o2);
+        _mm256_storeu_ps(o + d + 24, o3);
+    }
+    for (; d + 8 <= head_dim_v; d += 8) {
+        __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
+        for (uint32_t j = 0; j < nb; j++)
+            o0 = _mm256_add_ps(o0,
+                               _mm256_mul_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vrow[j] + d)));
+        _mm256_storeu_ps(o + d, o0);
+    }
+    for (; d < head_dim_v; d++) {
+        float x = o[d] * c;
+        for (uint32_t j = 0; j < nb; j++)
+            x += p[j] * vrow[j][d];
+        o[d] = x;
+    }
+}
+
+void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                        float scale, const struct ops_kv_view *kv)
+{
+    _Alignas(32) float kt[CPU_ATT_MAXD][KB];
+    _Alignas(32) float s[KB], p[KB];
+    const float *krow[KB], *vrow[KB];
+    float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
+    const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
+    for (uint32_t t = 0; t < a->n_tok; t++)
+        for (uint32_t h = 0; h < a->n_head; h++) {
+            m[t * a->n_head + h] = -INFINITY;
+            l[t * a->n_head + h] = 0.0f;
+            memset(a->out + t * a->out_tok + h * a->out_head, 0, head_dim_v * sizeof(float));
+        }
+    for (uint32_t j0 = 0; j0 < max_keys; j0 += KB) {
+        const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
+        for (uint32_t j = 0; j < nbmax; j++) {
             const uint32_t key = j0 + j;
             const float *base = kv->blocks[key / kv->block_tokens];
             const uint32_t slot = key % kv->block_tokens;
             krow[j] = base + kv->k_off + slot * kv->k_stride;
             vrow[j] = base + kv->v_off + slot * kv->v_stride;
         }
-        for (uint32_t j = nb; j < (nb + 7) / 8 * 8; j++)
-            krow[j] = krow[nb - 1];
-        for (uint32_t j = 0; j < nb; j += 8) {
-            __m256 dot[CPU_ATT_MAXQ];
-            scores8(q, q_stride, n_q, krow + j, head_dim, dot);
-            for (uint32_t i = 0; i < n_q; i++)
-                _mm256_store_ps(&s[i][j], _mm256_mul_ps(dot[i], sv));
-        }
-        for (uint32_t i = 0; i < n_q; i++) {
-            float *o = out + i * out_stride;
+        transpose_block(krow, nbmax, head_dim, kt);
+        for (uint32_t i = 0; i < nq; i++) {
+            const uint32_t t = i / a->n_head, h = i % a->n_head, n_keys = a->n_keys0 + t;
+            if (n_keys <= j0) continue;
+            const uint32_t nb = n_keys - j0 < KB ? n_keys - j0 : KB;
+            float *o = a->out + t * a->out_tok + h * a->out_head;
+            scores_block(a->q + t * a->q_tok + h * a->q_head, kt, head_dim, (nb + 7) / 8, scale, s);
+            /* ops_attention's online softmax, step for step */
             float bm = -INFINITY;
             for (uint32_t j = 0; j < nb; j++)
-                bm = s[i][j] > bm ? s[i][j] : bm;
-            const float mn = bm > st[i].m ? bm : st[i].m;
-            const float c = expf(st[i].m - mn); /* 0 on the first block, where m is -inf */
-            st[i].l *= c;
-            const __m256 cv = _mm256_set1_ps(c);
-            uint32_t d = 0;
-            for (; d + 8 <= head_dim_v; d += 8)
-                _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), cv));
-            for (; d < head_dim_v; d++)
-                o[d] *= c;
+                bm = s[j] > bm ? s[j] : bm;
+            const float mn = bm > m[i] ? bm : m[i];
+            const float c = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
+            l[i] *= c;
             for (uint32_t j = 0; j < nb; j++) {
-                const float p = expf(s[i][j] - mn);
-                st[i].l += p;
-                const __m256 pv = _mm256_set1_ps(p);
-                for (d = 0; d + 8 <= head_dim_v; d += 8)
-                    _mm256_storeu_ps(
-                        o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
-                                             _mm256_mul_ps(pv, _mm256_loadu_ps(vrow[j] + d))));
-                for (; d < head_dim_v; d++)
-                    o[d] += p * vrow[j][d];
+                p[j] = expf(s[j] - mn);
+                l[i] += p[j];
             }
-            st[i].m = mn;
+            values_block(o, c, p, vrow, nb, head_dim_v);
+            m[i] = mn;
         }
     }
-    for (uint32_t i = 0; i < n_q; i++) {
-        float *o = out + i * out_stride;
-        const float inv = 1.0f / st[i].l;
+    for (uint32_t i = 0; i < nq; i++) {
+        float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;
+        const float inv = 1.0f / l[i];
         const __m256 iv = _mm256_set1_ps(inv);
         uint32_t d = 0;
         for (; d + 8 <= head_dim_v; d += 8)
@@ -223,12 +255,13 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
 {
     ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
-void cpu_attention_avx2(float *out, size_t out_stride, const float *q, size_t q_stride,
-                        uint32_t n_q, uint32_t head_dim, uint32_t head_dim_v, float scale,
-                        const struct ops_kv_view *kv, uint32_t n_keys)
+void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                        float scale, const struct ops_kv_view *kv)
 {
-    for (uint32_t i = 0; i < n_q; i++)
-        ops_attention(out + i * out_stride, q + i * q_stride, head_dim, head_dim_v, scale, kv,
-                      n_keys);
+    for (uint32_t t = 0; t < a->n_tok; t++)
+        for (uint32_t h = 0; h < a->n_head; h++)
+            ops_attention(a->out + t * a->out_tok + h * a->out_head,
+                          a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
+                          a->n_keys0 + t);
 }
 #endif
