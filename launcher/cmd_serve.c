@@ -291,24 +291,30 @@ static const char *log_path(const struct serve *sv, const char *child, char *buf
     return buf;
 }
 
+/* child_pid is child idx's pid, 0 for one not added yet (idx -1). */
+static int child_pid(const struct serve *sv, int idx)
+{
+    return idx < 0 ? 0 : (int)sup_pid(sv->sup, idx);
+}
+
 /* write_state rewrites serve.json (atomically: a reader never sees half of it). */
 static void write_state(struct serve *sv)
 {
     json_t *ws = json_array(), *fs = json_array();
     for (int i = 0; i < sv->o.n_workers; i++)
         json_array_append_new(ws, json_pack("{s:s, s:i}", "endpoint", sv->worker_url[i], "pid",
-                                            (int)sup_pid(sv->sup, sv->workers[i])));
+                                            child_pid(sv, sv->workers[i])));
     for (int i = 0; i < sv->o.n_frontends; i++) {
         char url[300];
         snprintf(url, sizeof url, "http://%s:%d", sv->o.host ? sv->o.host : "127.0.0.1",
                  sv->o.port + i);
-        json_array_append_new(fs, json_pack("{s:s, s:i}", "url", url, "pid",
-                                            (int)sup_pid(sv->sup, sv->frontends[i])));
+        json_array_append_new(
+            fs, json_pack("{s:s, s:i}", "url", url, "pid", child_pid(sv, sv->frontends[i])));
     }
     json_t *st = json_pack("{s:i, s:s, s:s, s:i, s:b, s:o, s:o}", "pid", (int)getpid(), "name",
                            sv->name, "model", sv->model, "arena_pid",
-                           sv->arena >= 0 ? (int)sup_pid(sv->sup, sv->arena) : sv->arena_pid,
-                           "arena_owned", sv->arena >= 0, "workers", ws, "frontends", fs);
+                           sv->arena >= 0 ? child_pid(sv, sv->arena) : sv->arena_pid, "arena_owned",
+                           sv->arena >= 0, "workers", ws, "frontends", fs);
     char path[600], tmp[620];
     snprintf(path, sizeof path, "%s/%s", sv->dir, SUP_SVC_STATE_FILE);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -326,7 +332,6 @@ static void on_spawn(void *ctx, int idx, pid_t pid)
     struct serve *sv = ctx;
     (void)idx;
     (void)pid;
-    /* indices are filled in order, so a child not added yet has pid 0 in the file */
     write_state(sv);
 }
 
