@@ -768,6 +768,125 @@ START_TEST(cli_errors)
 }
 END_TEST
 
+/* A stream driven by hand over the worker protocol, so it can be moved to another worker. */
+struct moving {
+    char id[48];
+    int w;             /* the worker it runs on */
+    int32_t prompt[8]; /* its own prompt */
+    int32_t *got;      /* tokens received so far */
+    uint32_t n_got;    /* of GEN_TOKENS */
+    uint32_t base;     /* n_got when last submitted: the request numbers its tokens from it */
+    bool done, moved;
+};
+
+/* moving_submit (re)submits m on worker w: the prompt plus what it received, the same seed. */
+static void moving_submit(struct moving *m, struct wclient *c, int w, int k)
+{
+    int32_t full[8 + GEN_TOKENS];
+    memcpy(full, m->prompt, sizeof m->prompt);
+    memcpy(full + 8, m->got, m->n_got * sizeof *full);
+    struct wclient_req r = {.id = m->id,
+                            .prompt = full,
+                            .n_prompt = 8 + m->n_got,
+                            .max_tokens = GEN_TOKENS - m->n_got,
+                            .n_generated = m->n_got};
+    wclient_sampling_default(&r.sampling);
+    r.sampling.temperature = k % 2 ? 0.7f : 0.0f;
+    r.sampling.has_seed = true;
+    r.sampling.seed = 500 + (uint64_t)k;
+    m->w = w;
+    m->base = m->n_got;
+    ck_assert_int_eq(wclient_submit(c, &r, NULL, NULL), 0);
+}
+
+/* moving_run drives n streams until every one is done; with kill_pid, kills that worker once every
+ * stream has tokens and moves the streams of worker 1 to worker 0. */
+static void moving_run(struct moving *m, int n, struct wclient **c, int kill_pid)
+{
+    bool killed = false;
+    for (double t0 = now_s();;) {
+        ck_assert_msg(now_s() - t0 < 60, "streams did not finish in 60 s");
+        int done = 0, started = 0;
+        for (int k = 0; k < n; k++) {
+            done += m[k].done;
+            started += m[k].n_got > 0 || m[k].done;
+        }
+        if (done == n) return;
+        if (kill_pid && !killed && started == n) {
+            ck_assert_int_eq(kill(kill_pid, SIGKILL), 0);
+            killed = true;
+            for (int k = 0; k < n; k++) {
+                if (m[k].w != 1 || m[k].done) continue;
+                /* a new id: the request is new to worker 0 */
+                snprintf(m[k].id + strlen(m[k].id), 8, "-moved");
+                m[k].moved = true;
+                moving_submit(&m[k], c[0], 0, k);
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            if (m[k].done) continue;
+            const char *ids[1] = {m[k].id};
+            uint32_t from = m[k].n_got - m[k].base;
+            struct wclient_poll_result pr = {0};
+            ck_assert_int_eq(wclient_poll(c[m[k].w], ids, &from, 1, 0, &pr), 0);
+            const struct wclient_update *u = &pr.u[0];
+            ck_assert_int_eq(u->code, 0);
+            ck_assert_uint_eq(u->from, from);
+            ck_assert_uint_le(m[k].n_got + u->n_tokens, GEN_TOKENS);
+            memcpy(m[k].got + m[k].n_got, u->tokens, u->n_tokens * sizeof *u->tokens);
+            m[k].n_got += u->n_tokens;
+            m[k].done = u->finish != WCLIENT_RUNNING;
+            wclient_poll_free(&pr);
+        }
+        sleep_ms(1); /* polls that do not wait: leave the CPU to the workers */
+    }
+}
+
+START_TEST(stream_moves_to_other_worker)
+{
+    if (!have_bins()) return;
+    enum { N = 8 };
+    struct svc s;
+    svc_start(&s, "move", 2, 1, NULL);
+    struct wclient *c[2];
+    for (int i = 0; i < 2; i++) {
+        char url[SUP_SVC_URL_MAX];
+        ck_assert_int_eq(sup_svc_worker_url(s.run, i, url, sizeof url), 0);
+        ck_assert_int_eq(wclient_open(url, NULL, &c[i]), 0);
+    }
+    static struct moving ref[N], m[N];
+    for (int pass = 0; pass < 2; pass++) {
+        struct moving *x = pass ? m : ref;
+        for (int k = 0; k < N; k++) {
+            snprintf(x[k].id, sizeof x[k].id, "move-%d-%d-%d", (int)getpid(), pass, k);
+            for (int j = 0; j < 8; j++)
+                x[k].prompt[j] = 10 + 37 * k + 11 * j;
+            x[k].got = calloc(GEN_TOKENS, sizeof *x[k].got);
+            /* undisturbed: all on worker 0; then spread over both */
+            moving_submit(&x[k], c[pass ? k % 2 : 0], pass ? k % 2 : 0, k);
+        }
+        moving_run(x, N, c, pass ? state_pid(&s, "workers", 1) : 0);
+    }
+    int moved = 0;
+    for (int k = 0; k < N; k++) {
+        moved += m[k].moved;
+        ck_assert_uint_eq(m[k].n_got, ref[k].n_got);
+        ck_assert_msg(memcmp(m[k].got, ref[k].got, m[k].n_got * sizeof *m[k].got) == 0,
+                      "stream %d%s differs from the undisturbed run", k,
+                      m[k].moved ? " (moved to worker 0)" : "");
+        free(m[k].got);
+        free(ref[k].got);
+    }
+    ck_assert_int_gt(moved, 0);
+    printf("worker 1 killed -9 with %d of %d streams on it: resubmitted to worker 0 with the "
+           "tokens they had, every stream equals the undisturbed run\n",
+           moved, N);
+    wclient_close(c[0]);
+    wclient_close(c[1]);
+    svc_stop(&s);
+}
+END_TEST
+
 START_TEST(keep_arena_reused)
 {
     if (!have_bins()) return;
@@ -826,6 +945,7 @@ static Suite *suite(void)
     tcase_add_test(tc, frontend_killed_leases_lapse);
     tcase_add_test(tc, two_workers_one_killed);
     tcase_add_test(tc, keep_arena_reused);
+    tcase_add_test(tc, stream_moves_to_other_worker);
     suite_add_tcase(s, tc);
     return s;
 }
