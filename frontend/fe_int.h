@@ -50,6 +50,7 @@ struct fe {
     atomic_bool model_ok;
     uint64_t fingerprint;
     int n_jobs;          /* generation threads alive (f->mu) */
+    int n_admitted;      /* of them, not yet answering: counted against max_active (f->mu) */
     struct fe_job *jobs; /* their list, to cancel at stop (f->mu) */
     atomic_ullong next_id;
     char id_prefix[40];

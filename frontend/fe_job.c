@@ -24,6 +24,7 @@ struct fe_job {
     uint32_t n_prompt;
     atomic_bool gone;   /* the client left (set under the stream's lock by http) */
     atomic_bool cancel; /* fe_stop */
+    bool admitted;      /* counted in f->n_admitted */
     struct tok_stream ts;
     struct tok_buf text; /* this update's new text */
     struct fe_stop stop;
@@ -311,10 +312,21 @@ static void job_free(struct fe_job *j)
     free(j);
 }
 
+/* job_release stops counting j against --max-active: called before the last bytes go out, so a
+ * client that sends its next request the moment it has the answer finds the slot free. */
+static void job_release(struct fe_job *j)
+{
+    pthread_mutex_lock(&j->f->mu);
+    if (j->admitted) j->f->n_admitted--;
+    j->admitted = false;
+    pthread_mutex_unlock(&j->f->mu);
+}
+
 /* job_unlink removes j from f's list and wakes fe_stop. */
 static void job_unlink(struct fe_job *j)
 {
     struct fe *f = j->f;
+    job_release(j);
     pthread_mutex_lock(&f->mu);
     for (struct fe_job **pp = &f->jobs; *pp; pp = &(*pp)->next)
         if (*pp == j) {
@@ -393,6 +405,7 @@ static void *job_main(void *arg)
     }
     j->ops->stream_free(j->stream);
     fe_release(f, j->slot);
+    job_release(j);
     if (j->p.stream) {
         if (e.status) {
             atomic_fetch_add(&f->m_errors, 1);
@@ -531,8 +544,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         api_fail(&e, 503, "unavailable_error", NULL, NULL, "the frontend is shutting down");
         goto fail;
     }
-    if ((uint32_t)f->n_jobs >= f->o.max_active) {
-        int n = f->n_jobs;
+    if ((uint32_t)f->n_admitted >= f->o.max_active) {
+        int n = f->n_admitted;
         pthread_mutex_unlock(&f->mu);
         api_fail(&e, 429, "rate_limit_error", NULL, "busy",
                  "the server is busy: %d requests in flight (--max-active): retry after a second",
@@ -540,6 +553,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         goto fail;
     }
     f->n_jobs++;
+    f->n_admitted++;
+    j->admitted = true;
     j->next = f->jobs;
     f->jobs = j;
     linked = true;

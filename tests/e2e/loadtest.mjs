@@ -29,9 +29,11 @@ let tokens = 0, requests = 0, seq = 0;
 
 // one streamed request: times the first token and the gaps after it from the SSE chunks
 async function one() {
+  // logprobs make every token visible as it comes, even one whose text is empty (a random model's
+  // padding tokens) or held back (an incomplete UTF-8 character), so the timings are per token
   const body = { max_tokens: maxTokens, temperature: 0.8, seed: seq++, stream: true, stream_options: { include_usage: true } };
-  if (o.kind === 'chat') body.messages = [{ role: 'user', content: o.prompt }];
-  else body.prompt = o.prompt;
+  if (o.kind === 'chat') Object.assign(body, { messages: [{ role: 'user', content: o.prompt }], logprobs: true });
+  else Object.assign(body, { prompt: o.prompt, logprobs: 0 });
   const t0 = performance.now();
   const res = await fetch(url, { method: 'POST', headers, body: JSON.stringify(body) });
   if (res.status !== 200) throw new Error(`status ${res.status}: ${(await res.text()).slice(0, 200)}`);
@@ -51,6 +53,7 @@ async function one() {
       const ch = c.choices?.[0];
       const text = ch ? (ch.delta ? (ch.delta.content ?? '') + (ch.delta.reasoning_content ?? '') : ch.text) : '';
       if (text || ch?.logprobs) {
+        // (the first chat chunk carries only the role: it has neither)
         const t = performance.now();
         if (!first) first = t;
         last = t;
