@@ -833,7 +833,8 @@ static void moving_run(struct moving *m, int n, struct wclient **c, int kill_pid
             ck_assert_int_eq(u->code, 0);
             ck_assert_uint_eq(u->from, from);
             ck_assert_uint_le(m[k].n_got + u->n_tokens, GEN_TOKENS);
-            memcpy(m[k].got + m[k].n_got, u->tokens, u->n_tokens * sizeof *u->tokens);
+            if (u->n_tokens)
+                memcpy(m[k].got + m[k].n_got, u->tokens, u->n_tokens * sizeof *u->tokens);
             m[k].n_got += u->n_tokens;
             m[k].done = u->finish != WCLIENT_RUNNING;
             wclient_poll_free(&pr);
