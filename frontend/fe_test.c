@@ -28,14 +28,14 @@
 
 struct fake {
     uint64_t fingerprint;
-    bool down, busy;
+    atomic_bool down, busy; /* flipped by the test while the monitor reads them */
     uint32_t n_ctx;
     void *meta;
     size_t meta_len;
     struct tok *tok;
     int32_t reply[256];
     uint32_t n_reply;
-    int delay_ms; /* per update */
+    atomic_int delay_ms; /* per update */
     atomic_int starts, cancels, frees;
     pthread_mutex_t mu;
     int32_t last_prompt[512];

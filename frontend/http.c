@@ -83,13 +83,23 @@ static const char body_too_big[] =
     "a smaller request or raise the limit\",\"type\":\"invalid_request_error\",\"param\":null,"
     "\"code\":\"body_too_large\"}}";
 
-/* take_pending queues the answer stored in r (lock held). */
-static enum MHD_Result take_pending(struct http_req *r)
+/* take_pending hands back the answer stored in r (lock held); the caller queues it after unlocking,
+ * because MHD locks the response while it calls stream_read, which takes r's lock. */
+static struct MHD_Response *take_pending(struct http_req *r, unsigned *status)
 {
-    enum MHD_Result ok = MHD_queue_response(r->conn, r->pending_status, r->pending);
-    MHD_destroy_response(r->pending);
+    struct MHD_Response *resp = r->pending;
+    *status = r->pending_status;
     r->pending = NULL;
     r->state = RQ_ANSWERED;
+    return resp;
+}
+
+/* queue sends a taken answer (no lock held). */
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *resp)
+{
+    if (!resp) return MHD_YES;
+    enum MHD_Result ok = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
     return ok;
 }
 
@@ -138,7 +148,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     }
     pthread_mutex_lock(&r->mu);
-    enum MHD_Result ok = MHD_YES;
+    struct MHD_Response *resp = NULL;
+    unsigned status = 0;
     if (r->state == RQ_BODY) {
         if (r->too_big) {
             r->state = RQ_ANSWERED;
@@ -155,16 +166,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         s->handler(r, s->ctx);
         pthread_mutex_lock(&r->mu);
         if (r->pending) {
-            ok = take_pending(r);
+            resp = take_pending(r, &status);
         } else if (r->state == RQ_HANDLER) {
             r->state = RQ_WAIT;
             MHD_suspend_connection(conn);
         }
     } else if (r->state == RQ_WAIT && r->pending) {
-        ok = take_pending(r);
+        resp = take_pending(r, &status);
     }
     pthread_mutex_unlock(&r->mu);
-    return ok;
+    return queue(conn, status, resp);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
