@@ -701,7 +701,8 @@ START_TEST(reasoning)
     FILE *fp = fopen(path, "w");
     fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-          "<think>\n\n</think>\n\n{% endif %}",
+          "<think>\n\n</think>\n\n{% endif %}{% if reasoning_effort is defined %}effort={{ "
+          "reasoning_effort }}{% endif %}",
           fp);
     fclose(fp);
     struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
@@ -723,6 +724,13 @@ START_TEST(reasoning)
     struct tok_buf b = {0};
     tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
     ck_assert_ptr_nonnull(strstr(b.p, "assistant\n<think>\n\n</think>"));
+    ck_assert_ptr_null(strstr(b.p, "effort="));
+    free(b.p);
+    json_decref(j);
+    j = chat(",\"reasoning_effort\":\"low\"", 200);
+    b = (struct tok_buf){0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_ptr_nonnull(strstr(b.p, "effort=low"));
     free(b.p);
     json_decref(j);
     teardown();
