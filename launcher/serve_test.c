@@ -951,7 +951,39 @@ static Suite *suite(void)
     return s;
 }
 
+/* kill_leftovers kills what a failed or timed-out test left running: every process whose command
+ * line names a path under root (Check ends a failed test with _exit, and serve's children live
+ * in their own process groups, so nothing else would stop them). */
+static void kill_leftovers(const char *root)
+{
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)) != NULL) {
+        int pid = atoi(e->d_name);
+        char path[64], cmd[4096];
+        if (pid <= 0 || pid == getpid()) continue;
+        snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t len = read(fd, cmd, sizeof cmd - 1);
+        close(fd);
+        for (ssize_t i = 0; i < len; i++)
+            if (!cmd[i]) cmd[i] = ' ';
+        cmd[len > 0 ? len : 0] = '\0';
+        if (strstr(cmd, root) && kill(pid, SIGKILL) == 0) n++;
+    }
+    if (d) closedir(d);
+    if (n) printf("killed %d process(es) that a failed test left running\n", n);
+}
+
 int main(void)
 {
-    return test_run(suite());
+    /* one directory for all tests (the forked tests inherit it), where leftovers can be found */
+    char root[512];
+    snprintf(root, sizeof root, "%s", test_tmpdir());
+    int rv = test_run(suite());
+    kill_leftovers(root);
+    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return rv;
 }
