@@ -128,8 +128,12 @@ void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint
 void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,
                    const struct ops_kv_view *kv)
 {
-    if (cpu_isa() != CPU_REF && head_dim <= CPU_ATT_MAXD && a->n_tok * a->n_head <= CPU_ATT_MAXQ) {
-        cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
+    const enum cpu_isa isa = cpu_isa();
+    if (isa != CPU_REF && head_dim <= CPU_ATT_MAXD && a->n_tok * a->n_head <= CPU_ATT_MAXQ) {
+        if (isa == CPU_AVX512)
+            cpu_attention_avx512(a, head_dim, head_dim_v, scale, kv);
+        else
+            cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
         return;
     }
     for (uint32_t t = 0; t < a->n_tok; t++)

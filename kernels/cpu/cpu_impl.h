@@ -20,12 +20,16 @@ typedef void (*cpu_rows_fn)(const void *w, uint64_t row_bytes, uint32_t n_in, ui
 cpu_rows_fn cpu_rows_avx2(uint32_t wtype);
 cpu_rows_fn cpu_rows_avx512(uint32_t wtype);
 
-/* vec_avx2.c: AVX2 versions of the F32 ops, also used under CPU_AVX512 (they are latency-bound on
- * libm's expf/sinf and on fixed-order sums, where wider vectors buy nothing). */
+/* vec_avx2.c: AVX2 versions of the F32 ops; RMSNorm and RoPE also serve CPU_AVX512 (they are
+ * bound by a fixed-order double sum and by libm's sinf/cosf, where wider vectors buy nothing). */
 void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, float eps);
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
                    float theta, bool neox);
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                         float scale, const struct ops_kv_view *kv);
+
+/* vec_avx512.c: attention on 16 lanes, for CPU_AVX512. */
+void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                          float scale, const struct ops_kv_view *kv);
 
 #endif

@@ -101,6 +101,23 @@ static inline void transpose8(__m256 r[8])
 
 #define KB OPS_ATTN_BLOCK /* keys per block: 4 lane vectors of 8 */
 
+/* prefetch_block asks for the K and V rows of the block of keys at j0 (when there is one), so
+ * they come from memory while this block computes: decode reads the whole cache per token. */
+static void prefetch_block(const struct ops_kv_view *kv, uint32_t j0, uint32_t n_keys,
+                           uint32_t head_dim, uint32_t head_dim_v)
+{
+    for (uint32_t key = j0; key < n_keys && key < j0 + KB; key++) {
+        const float *base = kv->blocks[key / kv->block_tokens];
+        const uint32_t slot = key % kv->block_tokens;
+        const char *k = (const char *)(base + kv->k_off + slot * kv->k_stride);
+        const char *v = (const char *)(base + kv->v_off + slot * kv->v_stride);
+        for (uint32_t b = 0; b < head_dim * sizeof(float); b += 64)
+            _mm_prefetch(k + b, _MM_HINT_T0);
+        for (uint32_t b = 0; b < head_dim_v * sizeof(float); b += 64)
+            _mm_prefetch(v + b, _MM_HINT_T0);
+    }
+}
+
 /* transpose_block writes kt[d][j] = k_j[d] for the block's keys j < nb (later lanes repeat the
  * last key: they are computed and never read). */
 static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head_dim,
@@ -207,6 +224,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
             krow[j] = base + kv->k_off + slot * kv->k_stride;
             vrow[j] = base + kv->v_off + slot * kv->v_stride;
         }
+        prefetch_block(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(krow, nbmax, head_dim, kt);
         for (uint32_t i = 0; i < nq; i++) {
             const uint32_t t = i / a->n_head, h = i % a->n_head, n_keys = a->n_keys0 + t;

@@ -1,0 +1,242 @@
+/* vec_avx512 — attention for AVX-512, equal bit for bit to ops_attention (and to vec_avx2.c's):
+ * the same scheme on 16 lanes. A block of 32 keys is transposed in 16 x 16 tiles once for all
+ * the queries of a call; a query's scores are two lane vectors of 16 keys (each lane summing its
+ * key's dims in index order), two queries side by side so four chains hide the add latency; values
+ * are accumulated 64 dims per pass. expf stays libm's scalar call, as the reference's. */
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f"))), apply_to = function)
+#else
+#pragma GCC target("avx2,fma,avx512f")
+#endif
+
+#define KB OPS_ATTN_BLOCK /* keys per block: 2 lane vectors of 16 */
+
+/* transpose16: rows r[0..15] (16 floats each) -> columns. */
+static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    /* u[4i + c], 128-bit lane L: column 4L + c of rows 4i..4i+3 */
+    for (int c = 0; c < 4; c++) {
+        const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+        const __m512 b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+        const __m512 e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+        const __m512 f = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+        r[c] = _mm512_shuffle_f32x4(a, e, 0x88);
+        r[c + 8] = _mm512_shuffle_f32x4(a, e, 0xDD);
+        r[c + 4] = _mm512_shuffle_f32x4(b, f, 0x88);
+        r[c + 12] = _mm512_shuffle_f32x4(b, f, 0xDD);
+    }
+}
+
+/* prefetch_block asks for the K and V rows of the block of keys at j0 (when there is one), so
+ * they come from memory while this block computes: decode reads the whole cache per token. */
+static void prefetch_block(const struct ops_kv_view *kv, uint32_t j0, uint32_t n_keys,
+                           uint32_t head_dim, uint32_t head_dim_v)
+{
+    for (uint32_t key = j0; key < n_keys && key < j0 + KB; key++) {
+        const float *base = kv->blocks[key / kv->block_tokens];
+        const uint32_t slot = key % kv->block_tokens;
+        const char *k = (const char *)(base + kv->k_off + slot * kv->k_stride);
+        const char *v = (const char *)(base + kv->v_off + slot * kv->v_stride);
+        for (uint32_t b = 0; b < head_dim * sizeof(float); b += 64)
+            _mm_prefetch(k + b, _MM_HINT_T0);
+        for (uint32_t b = 0; b < head_dim_v * sizeof(float); b += 64)
+            _mm_prefetch(v + b, _MM_HINT_T0);
+    }
+}
+
+/* transpose_block: kt[d][j] = k_j[d] for j < nb; later lanes repeat the last key (computed,
+ * never read). */
+static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head_dim,
+                            float (*kt)[KB])
+{
+    const float *k[KB];
+    for (uint32_t j = 0; j < KB; j++)
+        k[j] = krow[j < nb ? j : nb - 1];
+    for (uint32_t g = 0; g < (nb + 15) / 16; g++) {
+        uint32_t d = 0;
+        for (; d + 16 <= head_dim; d += 16) {
+            __m512 r[16];
+            for (int j = 0; j < 16; j++)
+                r[j] = _mm512_loadu_ps(k[16 * g + j] + d);
+            transpose16(r);
+            for (int c = 0; c < 16; c++)
+                _mm512_store_ps(&kt[d + c][16 * g], r[c]);
+        }
+        for (; d < head_dim; d++)
+            for (int j = 0; j < 16; j++)
+                kt[d][16 * g + j] = k[16 * g + j][d];
+    }
+}
+
+/* scores2: s0, s1 = the scaled scores of queries q0, q1 (q1 may be NULL) over the block. */
+static inline void scores2(const float *q0, const float *q1, const float (*kt)[KB],
+                           uint32_t head_dim, float scale, float *s0, float *s1)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    for (uint32_t d = 0; d < head_dim; d++) {
+        const __m512 k0 = _mm512_load_ps(&kt[d][0]), k1 = _mm512_load_ps(&kt[d][16]);
+        const __m512 x = _mm512_set1_ps(q0[d]);
+        a0 = _mm512_add_ps(a0, _mm512_mul_ps(x, k0));
+        a1 = _mm512_add_ps(a1, _mm512_mul_ps(x, k1));
+        if (q1) {
+            const __m512 y = _mm512_set1_ps(q1[d]);
+            b0 = _mm512_add_ps(b0, _mm512_mul_ps(y, k0));
+            b1 = _mm512_add_ps(b1, _mm512_mul_ps(y, k1));
+        }
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    _mm512_store_ps(s0, _mm512_mul_ps(a0, sv));
+    _mm512_store_ps(s0 + 16, _mm512_mul_ps(a1, sv));
+    if (q1) {
+        _mm512_store_ps(s1, _mm512_mul_ps(b0, sv));
+        _mm512_store_ps(s1 + 16, _mm512_mul_ps(b1, sv));
+    }
+}
+
+/* values_block: o = o * c, then o += p_j * v_j for j < nb in order. */
+static inline void values_block(float *o, float c, const float *p, const float *const *vrow,
+                                uint32_t nb, uint32_t head_dim_v)
+{
+    const __m512 cv = _mm512_set1_ps(c);
+    uint32_t d = 0;
+    for (; d + 64 <= head_dim_v; d += 64) {
+        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(o + d), cv);
+        __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 16), cv);
+        __m512 o2 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 32), cv);
+        __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 48), cv);
+        for (uint32_t j = 0; j < nb; j++) {
+            const __m512 pv = _mm512_set1_ps(p[j]);
+            const float *v = vrow[j] + d;
+            o0 = _mm512_add_ps(o0, _mm512_mul_ps(pv, _mm512_loadu_ps(v)));
+            o1 = _mm512_add_ps(o1, _mm512_mul_ps(pv, _mm512_loadu_ps(v + 16)));
+            o2 = _mm512_add_ps(o2, _mm512_mul_ps(pv, _mm512_loadu_ps(v + 32)));
+            o3 = _mm512_add_ps(o3, _mm512_mul_ps(pv, _mm512_loadu_ps(v + 48)));
+        }
+        _mm512_storeu_ps(o + d, o0);
+        _mm512_storeu_ps(o + d + 16, o1);
+        _mm512_storeu_ps(o + d + 32, o2);
+        _mm512_storeu_ps(o + d + 48, o3);
+    }
+    for (; d + 16 <= head_dim_v; d += 16) {
+        __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(o + d), cv);
+        for (uint32_t j = 0; j < nb; j++)
+            o0 = _mm512_add_ps(o0,
+                               _mm512_mul_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vrow[j] + d)));
+        _mm512_storeu_ps(o + d, o0);
+    }
+    for (; d < head_dim_v; d++) {
+        float x = o[d] * c;
+        for (uint32_t j = 0; j < nb; j++)
+            x += p[j] * vrow[j][d];
+        o[d] = x;
+    }
+}
+
+/* softmax_step: ops_attention's online-softmax update of one query with the block's scores s,
+ * step for step, then its values. */
+static inline void softmax_step(float *o, float *m, float *l, const float *s, uint32_t nb,
+                                const float *const *vrow, uint32_t head_dim_v)
+{
+    _Alignas(64) float p[KB];
+    float bm = -INFINITY;
+    for (uint32_t j = 0; j < nb; j++)
+        bm = s[j] > bm ? s[j] : bm;
+    const float mn = bm > *m ? bm : *m;
+    const float c = expf(*m - mn); /* 0 on the first block, where m is -inf */
+    *l *= c;
+    for (uint32_t j = 0; j < nb; j++) {
+        p[j] = expf(s[j] - mn);
+        *l += p[j];
+    }
+    values_block(o, c, p, vrow, nb, head_dim_v);
+    *m = mn;
+}
+
+void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                          float scale, const struct ops_kv_view *kv)
+{
+    _Alignas(64) float kt[CPU_ATT_MAXD][KB];
+    _Alignas(64) float s0[KB], s1[KB];
+    const float *krow[KB], *vrow[KB];
+    float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
+    const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
+    for (uint32_t i = 0; i < nq; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        memset(a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head, 0,
+               head_dim_v * sizeof(float));
+    }
+    for (uint32_t j0 = 0; j0 < max_keys; j0 += KB) {
+        const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
+        for (uint32_t j = 0; j < nbmax; j++) {
+            const uint32_t key = j0 + j;
+            const float *base = kv->blocks[key / kv->block_tokens];
+            const uint32_t slot = key % kv->block_tokens;
+            krow[j] = base + kv->k_off + slot * kv->k_stride;
+            vrow[j] = base + kv->v_off + slot * kv->v_stride;
+        }
+        prefetch_block(kv, j0 + KB, max_keys, head_dim, head_dim_v);
+        transpose_block(krow, nbmax, head_dim, kt);
+        /* queries in order of token, so those past the block's keys come last */
+        for (uint32_t i = 0; i < nq; i += 2) {
+            const uint32_t t0 = i / a->n_head, h0 = i % a->n_head;
+            const uint32_t t1 = (i + 1) / a->n_head, h1 = (i + 1) % a->n_head;
+            const bool two = i + 1 < nq && a->n_keys0 + t1 > j0;
+            if (a->n_keys0 + t0 <= j0) continue;
+            scores2(a->q + t0 * a->q_tok + h0 * a->q_head,
+                    two ? a->q + t1 * a->q_tok + h1 * a->q_head : NULL, kt, head_dim, scale, s0,
+                    s1);
+            const uint32_t n0 = a->n_keys0 + t0 - j0;
+            softmax_step(a->out + t0 * a->out_tok + h0 * a->out_head, &m[i], &l[i], s0,
+                         n0 < KB ? n0 : KB, vrow, head_dim_v);
+            if (two) {
+                const uint32_t n1 = a->n_keys0 + t1 - j0;
+                softmax_step(a->out + t1 * a->out_tok + h1 * a->out_head, &m[i + 1], &l[i + 1], s1,
+                             n1 < KB ? n1 : KB, vrow, head_dim_v);
+            }
+        }
+    }
+    for (uint32_t i = 0; i < nq; i++) {
+        float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;
+        const float inv = 1.0f / l[i];
+        const __m512 iv = _mm512_set1_ps(inv);
+        uint32_t d = 0;
+        for (; d + 16 <= head_dim_v; d += 16)
+            _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), iv));
+        for (; d < head_dim_v; d++)
+            o[d] *= inv;
+    }
+}
+
+#ifdef __clang__
+#pragma clang attribute pop
+#endif
+
+#else
+void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                          float scale, const struct ops_kv_view *kv)
+{
+    cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
+}
+#endif
