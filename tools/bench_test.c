@@ -1,0 +1,123 @@
+/* bench_test — strata bench's measurements on a tiny fixture: positive speeds, a breakdown that
+ * fits inside the total, the weight bytes decode streams, a read bandwidth; bad lengths refused. */
+#include "common/err.h"
+#include "launcher/cmd.h"
+#include "tests/testutil.h"
+#include "tools/bench.h"
+#include "tools/fixture.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+START_TEST(measures_a_tiny_model)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/bench.gguf", test_tmpdir());
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_msg(fixture_write(&fo, path) == 0, "%s", strata_errdetail());
+    struct bench_opts o = {path, 2, 40, 6, 2};
+    struct bench_result r;
+    ck_assert_msg(bench_run(&o, &r) == 0, "%s", strata_errdetail());
+    ck_assert_uint_eq(r.threads, 2);
+    ck_assert(r.prefill_tok_s > 0 && r.decode_tok_s > 0);
+    ck_assert(r.prefill_s > 0 && r.decode_s > 0);
+    ck_assert_uint_eq(r.prefill.tokens, 40);
+    ck_assert_uint_eq(r.prefill.passes, 1); /* the prompt in one chunk */
+    ck_assert_uint_eq(r.decode.tokens, 6);
+    ck_assert_uint_eq(r.decode.passes, 6);
+    const struct fwd_stats *s[] = {&r.prefill, &r.decode};
+    for (int i = 0; i < 2; i++) {
+        const double parts = s[i]->attention_s + s[i]->dense_s + s[i]->experts_s + s[i]->output_s;
+        ck_assert(parts > 0 && parts <= s[i]->total_s * 1.0001);
+        ck_assert_uint_gt(s[i]->weight_bytes, 0);
+    }
+    /* a decode step streams at least the output matrix */
+    ck_assert_uint_ge(r.decode.weight_bytes / 6, 512ull * 256 * 210 / 256);
+    ck_assert(r.read_gbs > 0.1 && r.decode_gbs > 0);
+    ck_assert_uint_gt(r.file_bytes, 1u << 20);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(refuses_bad_lengths)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/bench-bad.gguf", test_tmpdir());
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_int_eq(fixture_write(&fo, path), 0);
+    struct bench_result r;
+    struct bench_opts zero = {path, 1, 0, 4, 1};
+    ck_assert_int_eq(bench_run(&zero, &r), STRATA_EINVAL);
+    struct bench_opts long_ctx = {path, 1, 5000, 4, 1}; /* the tiny shape's context is 4096 */
+    ck_assert_int_eq(bench_run(&long_ctx, &r), STRATA_EINVAL);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "context of 4096"));
+    struct bench_opts missing = {"/nonexistent/model.gguf", 1, 4, 4, 1};
+    ck_assert_int_ne(bench_run(&missing, &r), 0);
+    unlink(path);
+}
+END_TEST
+
+extern const struct strata_cmd strata_cmd_bench;
+
+/* run_cmd runs `strata bench args...` with stdout to a file; returns its status, *out the text. */
+static int run_cmd(char **argv, int argc, char **out)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/bench-out.txt", test_tmpdir());
+    fflush(stdout);
+    FILE *saved = fdopen(dup(fileno(stdout)), "w");
+    ck_assert_ptr_nonnull(freopen(path, "w", stdout));
+    int st = strata_cmd_bench.run(argc, argv);
+    fflush(stdout);
+    dup2(fileno(saved), fileno(stdout));
+    fclose(saved);
+    *out = test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(*out);
+    return st;
+}
+
+START_TEST(command_prints_table_and_json)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/bench-cmd.gguf", test_tmpdir());
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_int_eq(fixture_write(&fo, path), 0);
+    char *out;
+    char *json[] = {"bench",  path, "--prompt",  "8", "--gen", "2",
+                    "--reps", "1",  "--threads", "1", "--json"};
+    ck_assert_int_eq(run_cmd(json, 11, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"prefill_tok_s\": "));
+    ck_assert_ptr_nonnull(strstr(out, "\"decode_tok_s\": "));
+    ck_assert_ptr_eq(strchr(out, '\n'), out + strlen(out) - 1); /* one line */
+    free(out);
+    /* --llama without the package: the table, and how to install it */
+    char *table[] = {"bench",  path, "--prompt", "8",     "--gen",           "2",
+                     "--reps", "1",  "--llama",  "--nlc", "/nonexistent/nlc"};
+    ck_assert_int_eq(run_cmd(table, 11, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "where the time goes"));
+    ck_assert_ptr_nonnull(strstr(out, "node"));
+    free(out);
+    char *help[] = {"bench", "--help"};
+    ck_assert_int_eq(run_cmd(help, 2, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: strata bench"));
+    free(out);
+    char *bad[] = {"bench", path, "--gen", "0"};
+    ck_assert_int_eq(run_cmd(bad, 4, &out), 2);
+    free(out);
+    unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("bench");
+    TCase *tc = tcase_create("bench");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, measures_a_tiny_model);
+    tcase_add_test(tc, refuses_bad_lengths);
+    tcase_add_test(tc, command_prints_table_and_json);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}
