@@ -984,6 +984,9 @@ int main(void)
     snprintf(root, sizeof root, "%s", test_tmpdir());
     int rv = test_run(suite());
     kill_leftovers(root);
-    nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (rv == 0)
+        nftw(root, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    else
+        printf("the logs of every process are in %s/*/logs\n", root);
     return rv;
 }
