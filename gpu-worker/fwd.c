@@ -270,7 +270,7 @@ struct quant_job {
 static void quant_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     struct quant_job *j = ctx;
-    int rv = ops_quantize_acts(j->type, j->x + lo * j->x_stride, j->x_stride, j->n_in, hi - lo,
+    int rv = cpu_quantize_acts(j->type, j->x + lo * j->x_stride, j->x_stride, j->n_in, hi - lo,
                                j->dst + lo * j->dst_stride, j->dst_stride);
     if (rv) atomic_store(&j->rv, rv);
 }
@@ -498,7 +498,7 @@ static void glu_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     struct fwd *f = j->f;
     for (uint32_t p = lo; p < hi; p++)
         ops_swiglu(f->g + (size_t)p * j->F, f->g + (size_t)p * j->F, f->u + (size_t)p * j->F, j->F);
-    int rv = ops_quantize_acts(j->down->type, f->g + (size_t)lo * j->F, j->F, j->F, hi - lo,
+    int rv = cpu_quantize_acts(j->down->type, f->g + (size_t)lo * j->F, j->F, j->F, hi - lo,
                                f->hacts + lo * f->act_stride, f->act_stride);
     if (rv) atomic_store(&j->rv, rv);
 }

@@ -100,6 +100,14 @@ void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
         fn(w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, out, out_stride);
 }
 
+int cpu_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                      uint32_t n_tok, void *dst, size_t act_stride)
+{
+    if (cpu_isa() == CPU_AVX512)
+        return cpu_quantize_acts_avx512(wtype, x, x_stride, n_in, n_tok, dst, act_stride);
+    return ops_quantize_acts(wtype, x, x_stride, n_in, n_tok, dst, act_stride);
+}
+
 float cpu_qdot(uint32_t wtype, int64_t n, const void *w_row, const void *act)
 {
     if (cpu_isa() == CPU_REF || n <= 0 || n > UINT32_MAX) return qdot_ref(wtype, n, w_row, act);

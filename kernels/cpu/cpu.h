@@ -47,6 +47,10 @@ void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
 
 #define CPU_TOKEN_TILE 32 /* tokens per pass over a group of rows: their accumulators fit L1 */
 
+/* cpu_quantize_acts is ops_quantize_acts (same bytes; Q8_K and Q8_0 vectorized on AVX-512). */
+int cpu_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                      uint32_t n_tok, void *dst, size_t act_stride);
+
 /* cpu_qdot is qdot_ref (one row, one activation row), through the matmul kernels. */
 float cpu_qdot(uint32_t wtype, int64_t n, const void *w_row, const void *act);
 

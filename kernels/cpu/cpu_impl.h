@@ -28,7 +28,9 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                         float scale, const struct ops_kv_view *kv);
 
-/* vec_avx512.c: attention on 16 lanes, for CPU_AVX512. */
+/* vec_avx512.c: attention on 16 lanes and activation quantization, for CPU_AVX512. */
+int cpu_quantize_acts_avx512(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                             uint32_t n_tok, void *dst, size_t act_stride);
 void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                           float scale, const struct ops_kv_view *kv);
 

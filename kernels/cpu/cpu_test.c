@@ -257,6 +257,44 @@ START_TEST(rope_and_norm_equal_reference)
 }
 END_TEST
 
+/* Activation quantization: rows of gaussians with spikes, ties of magnitude with both signs, an
+ * all-zero block, values on rounding midpoints. */
+START_TEST(quantize_acts_equal_reference)
+{
+    enum cpu_isa isa[2];
+    const int n_isa = isas(isa);
+    static const uint32_t wtypes[] = {QT_Q4_K, QT_Q8_0, QT_F32, QT_IQ4_XS, QT_Q4_0};
+    const uint32_t n_in = 768, n_tok = 5;
+    float *x = malloc((size_t)n_tok * 800 * sizeof(float));
+    for (uint32_t i = 0; i < n_tok * 800; i++)
+        x[i] = gauss() * (i % 13 == 0 ? 40.0f : 1.0f);
+    for (uint32_t i = 0; i < 256; i++)
+        x[800 + i] = 0.0f;             /* token 1: an all-zero block */
+    for (uint32_t i = 0; i < 256; i++) /* token 2: a tie of magnitude, the first decides */
+        x[2 * 800 + i] = gauss() * 0.1f;
+    x[2 * 800 + 5] = 9.0f, x[2 * 800 + 9] = -9.0f;
+    for (uint32_t i = 0; i < 256; i++) /* token 3: scale 1, levels on the midpoints */
+        x[3 * 800 + i] = (float)((int)(i % 64) - 32) + 0.5f;
+    x[3 * 800] = 127.0f, x[3 * 800 + 32] = 127.0f;
+    const size_t stride = 3100; /* F32 activations: 768 floats */
+    uint8_t *want = calloc(n_tok, stride), *got = calloc(n_tok, stride);
+    for (size_t w = 0; w < sizeof wtypes / sizeof wtypes[0]; w++) {
+        memset(want, 0xA5, n_tok * stride);
+        ck_assert_int_eq(ops_quantize_acts(wtypes[w], x, 800, n_in, n_tok, want, stride), 0);
+        for (int k = 0; k < n_isa; k++) {
+            ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+            memset(got, 0xA5, n_tok * stride);
+            ck_assert_int_eq(cpu_quantize_acts(wtypes[w], x, 800, n_in, n_tok, got, stride), 0);
+            ck_assert_msg(memcmp(got, want, n_tok * stride) == 0, "%s: activations for %s differ",
+                          cpu_isa_name(isa[k]), qtype_name(wtypes[w]));
+        }
+    }
+    free(x);
+    free(want);
+    free(got);
+}
+END_TEST
+
 START_TEST(isa_choice)
 {
     /* the reference is always there; an ISA the CPU lacks is refused by name */
@@ -276,6 +314,7 @@ int main(void)
     tcase_add_loop_test(tc, matmul_equals_reference, 0, NTYPES);
     tcase_add_test(tc, attention_equals_reference);
     tcase_add_test(tc, rope_and_norm_equal_reference);
+    tcase_add_test(tc, quantize_acts_equal_reference);
     tcase_add_test(tc, isa_choice);
     suite_add_tcase(s, tc);
     return test_run(s);

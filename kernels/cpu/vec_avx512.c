@@ -6,6 +6,10 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_impl.h"
 
+#include "common/qtype.h"
+#include "common/quant.h"
+#include "common/quant_blocks.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -14,9 +18,10 @@
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
-#pragma clang attribute push(__attribute__((target("avx2,fma,avx512f"))), apply_to = function)
+#pragma clang attribute push(                                                                      \
+    __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
 #else
-#pragma GCC target("avx2,fma,avx512f")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq")
 #endif
 
 #define KB OPS_ATTN_BLOCK /* keys per block: 2 lane vectors of 16 */
@@ -229,11 +234,95 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
     }
 }
 
+/* q8_K_block is quant_q8_K of one block: the element of largest magnitude (the first on ties)
+ * sets the scale -max/127, levels nearest-even (the FPU's rounding, as quant_nearest_int), capped
+ * at 127, bsums per 16. */
+static void q8_K_block(const float *x, struct blk_q8_K *y)
+{
+    __m512 v[16], am = _mm512_setzero_ps();
+    for (int k = 0; k < 16; k++) {
+        v[k] = _mm512_loadu_ps(x + 16 * k);
+        am = _mm512_max_ps(am, _mm512_abs_ps(v[k]));
+    }
+    const float amax = _mm512_reduce_max_ps(am);
+    if (amax == 0.0f) {
+        memset(y, 0, sizeof *y);
+        return;
+    }
+    float max = 0.0f;
+    for (int k = 0; k < 16; k++) {
+        const __mmask16 hit =
+            _mm512_cmp_ps_mask(_mm512_abs_ps(v[k]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+        if (hit) {
+            max = x[16 * k + __builtin_ctz(hit)];
+            break;
+        }
+    }
+    const float iscale = -127.f / max;
+    const __m512 is = _mm512_set1_ps(iscale);
+    for (int k = 0; k < 16; k++) {
+        const __m512i q =
+            _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(is, v[k])), _mm512_set1_epi32(127));
+        _mm_storeu_si128((__m128i *)(y->qs + 16 * k), _mm512_cvtepi32_epi8(q));
+        y->bsums[k] = (int16_t)_mm512_reduce_add_epi32(q);
+    }
+    y->d = 1 / iscale;
+}
+
+/* q8_0_block is quant_quantize(QT_Q8_0) of one block: scale amax/127 (stored as fp16), levels
+ * roundf (half away from zero) of x / scale. */
+static void q8_0_block(const float *x, struct blk_q8_0 *y)
+{
+    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127;
+    const float id = d ? 1.0f / d : 0.0f;
+    y->d = quant_f32_to_f16(d);
+    const __m512 iv = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512 src[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        const __m512 v = _mm512_mul_ps(src[k], iv);
+        /* roundf: truncate, then step away from zero when the dropped part is >= 1/2 (exact) */
+        const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __mmask16 up =
+            _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+        const __m512 step = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_castps_si512(one),
+            _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN))));
+        const __m512 r = _mm512_mask_add_ps(t, up, t, step);
+        _mm_storeu_si128((__m128i *)(y->qs + 16 * k), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+    }
+}
+
+int cpu_quantize_acts_avx512(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                             uint32_t n_tok, void *dst, size_t act_stride)
+{
+    const uint32_t at = quant_act_type(wtype);
+    if ((at != QT_Q8_K || n_in % QK_K) && (at != QT_Q8_0 || n_in % QK_LEGACY))
+        return ops_quantize_acts(wtype, x, x_stride, n_in, n_tok, dst, act_stride);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const float *xr = x + t * x_stride;
+        uint8_t *d = (uint8_t *)dst + t * act_stride;
+        if (at == QT_Q8_K)
+            for (uint32_t b = 0; b < n_in / QK_K; b++)
+                q8_K_block(xr + b * QK_K, (struct blk_q8_K *)d + b);
+        else
+            for (uint32_t b = 0; b < n_in / QK_LEGACY; b++)
+                q8_0_block(xr + b * QK_LEGACY, (struct blk_q8_0 *)d + b);
+    }
+    return 0;
+}
+
 #ifdef __clang__
 #pragma clang attribute pop
 #endif
 
 #else
+int cpu_quantize_acts_avx512(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
+                             uint32_t n_tok, void *dst, size_t act_stride)
+{
+    return ops_quantize_acts(wtype, x, x_stride, n_in, n_tok, dst, act_stride);
+}
 void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                           float scale, const struct ops_kv_view *kv)
 {
