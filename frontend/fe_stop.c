@@ -50,7 +50,7 @@ bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **ou
         m->held = p;
         m->held_cap = cap;
     }
-    memcpy(m->held + m->held_len, text, n);
+    if (n) memcpy(m->held + m->held_len, text, n); /* held is NULL until the first bytes */
     m->held_len += n;
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < m->n_stop; i++) {

@@ -44,7 +44,7 @@ static void usage(FILE *out)
         "Starts the arena, the workers and the HTTP frontends of MODEL and keeps them running\n"
         "(a dead worker or frontend is restarted with backoff) until Ctrl-C or SIGTERM, then\n"
         "stops them in order: frontends, workers, arena. Without MODEL: the bundled demo model\n"
-        "(models/demo-*.gguf).\n"
+        "(models/demo.gguf).\n"
         "  --name NAME          arena and service name (default: the model's base name)\n"
         "  --port P             HTTP port of the first frontend (default 8080); frontend i\n"
         "                       listens on P+i\n"
@@ -265,7 +265,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
  * from, or ../models and ../share/strata/models beside the binary (an installed tree). */
 static int demo_model(const char *bindir, char *out, size_t cap)
 {
-    static const char *const prefer[] = {"demo-q8_0.gguf", "demo-q4_k.gguf", "demo-f32.gguf"};
+    static const char *const prefer[] = {"demo.gguf"};
     const char *const dirs[][2] = {{STRATA_SOURCE_DIR, "/models"},
                                    {bindir, "/../models"},
                                    {bindir, "/../share/strata/models"}};
@@ -276,10 +276,10 @@ static int demo_model(const char *bindir, char *out, size_t cap)
         }
     }
     return strata_errf(STRATA_ENOENT,
-                       "no MODEL given and the bundled demo model is not there yet (looked for "
-                       "demo-q8_0/q4_k/f32.gguf in %s/models; models/MODEL.md says how it is "
-                       "built): pass a GGUF file, e.g. `strata fixture -o /tmp/tiny.gguf && "
-                       "strata serve /tmp/tiny.gguf`",
+                       "no MODEL given and the bundled demo model is not there (looked for "
+                       "demo.gguf in %s/models; models/MODEL.md says how it is built): pass a "
+                       "GGUF file, e.g. `strata fixture -o /tmp/tiny.gguf && strata serve "
+                       "/tmp/tiny.gguf`",
                        STRATA_SOURCE_DIR);
 }
 

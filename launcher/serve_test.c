@@ -762,7 +762,7 @@ START_TEST(cli_errors)
     expect((const char *[]){"run", "--name", "x", "--teacher", "1", "-p", "hi", NULL}, 2,
            "without --teacher");
     char demo[700];
-    snprintf(demo, sizeof demo, "%s/models/demo-q8_0.gguf", STRATA_SOURCE_DIR);
+    snprintf(demo, sizeof demo, "%s/models/demo.gguf", STRATA_SOURCE_DIR);
     if (access(demo, R_OK) != 0)
         expect((const char *[]){"serve", "--runtime-dir", empty, NULL}, 1, "models/MODEL.md");
 }
