@@ -6,6 +6,7 @@
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/ref/qdot.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -100,6 +101,51 @@ void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
         fn(w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, out, out_stride);
 }
 
+static pthread_once_t g_vexp_once = PTHREAD_ONCE_INIT;
+static int g_vexp_ok;
+
+/* check_vexp compares the vector expf with libm's over [-110, 90] in steps of 2^11 float bit
+ * patterns (every exponent and the main path's edges), plus -inf, inf, NaN and zeros. */
+static void check_vexp(void)
+{
+    enum { CHUNK = 4096 };
+    static float x[CHUNK], y[CHUNK];
+    uint32_t n = 0, bad = 0;
+    const float special[] = {-INFINITY, INFINITY, NAN, 0.0f, -0.0f, -88.0f, 88.0f, -103.5f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        x[n++] = special[i];
+    for (uint64_t sign = 0; sign < 2 && !bad; sign++)
+        for (uint32_t bits = 0; !bad; bits += 1u << 11) {
+            uint32_t u = bits | (uint32_t)sign << 31;
+            float v;
+            memcpy(&v, &u, 4);
+            if (sign ? v < -110.0f : v > 90.0f) break;
+            x[n++] = v;
+            if (n == CHUNK) {
+                cpu_expf_avx512(x, y, n);
+                for (uint32_t i = 0; i < n; i++) {
+                    const float e = expf(x[i]);
+                    bad += memcmp(&e, &y[i], 4) != 0 && !(isnan(e) && isnan(y[i]));
+                }
+                n = 0;
+            }
+        }
+    cpu_expf_avx512(x, y, n);
+    for (uint32_t i = 0; i < n; i++) {
+        const float e = expf(x[i]);
+        bad += memcmp(&e, &y[i], 4) != 0 && !(isnan(e) && isnan(y[i]));
+    }
+    g_vexp_ok = bad == 0;
+    if (bad) LOG_INFO("this libm's expf is not glibc's table method: attention calls it per score");
+}
+
+int cpu_vexp_ok(void)
+{
+    if (!cpu_isa_supported(CPU_AVX512)) return 0;
+    pthread_once(&g_vexp_once, check_vexp);
+    return g_vexp_ok;
+}
+
 int cpu_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
                       uint32_t n_tok, void *dst, size_t act_stride)
 {
@@ -139,7 +185,7 @@ void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_d
     const enum cpu_isa isa = cpu_isa();
     if (isa != CPU_REF && head_dim <= CPU_ATT_MAXD && a->n_tok * a->n_head <= CPU_ATT_MAXQ) {
         if (isa == CPU_AVX512)
-            cpu_attention_avx512(a, head_dim, head_dim_v, scale, kv);
+            cpu_attention_avx512(a, head_dim, head_dim_v, scale, kv, cpu_vexp_ok());
         else
             cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
         return;

@@ -32,6 +32,14 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
 int cpu_quantize_acts_avx512(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
                              uint32_t n_tok, void *dst, size_t act_stride);
 void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
-                          float scale, const struct ops_kv_view *kv);
+                          float scale, const struct ops_kv_view *kv, int vexp);
+
+/* cpu_expf_avx512: y[i] = expf(x[i]) computed 16 at a time the way glibc's expf does (y may be
+ * x); vexp above says whether attention uses it. Equal to libm only where cpu_vexp_ok() says. */
+void cpu_expf_avx512(const float *x, float *y, uint32_t n);
+
+/* cpu_vexp_ok: whether cpu_expf_avx512 matched libm's expf on every input of a sweep across
+ * the main path and its edges (checked once). */
+int cpu_vexp_ok(void);
 
 #endif

@@ -158,10 +158,75 @@ static inline void values_block(float *o, float c, const float *p, const float *
     }
 }
 
+/* ---- expf on 16 lanes, the same bits as glibc's (2.28+) expf on an FMA machine ----
+ * glibc's expf is the table method of ARM's optimized-routines: x in double, k = round(x * 32 /
+ * ln2) by the shift trick, r the remainder, 2^(k/32) from a 32-entry table, a degree-3
+ * polynomial in r, all with FMAs where __expf_fma has them (read off its disassembly), one
+ * rounding to float at the end. Lanes outside its main path (|x| >= 88: huge, tiny, inf, NaN)
+ * call expf itself. cpu.c checks the result against libm's expf on a sweep of inputs before
+ * using it (a libm with another algorithm keeps the scalar calls). */
+
+static const uint64_t exp_tab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
+
+static inline __m256 exp8(__m256 x)
+{
+    const __m512d xd = _mm512_cvtps_pd(x);
+    const __m512d inv = _mm512_set1_pd(0x1.71547652b82fep+5), shift = _mm512_set1_pd(0x1.8p+52);
+    const __m512d z = _mm512_fmadd_pd(inv, xd, shift);
+    const __m512i ki = _mm512_castpd_si512(z);
+    const __m512d kd = _mm512_sub_pd(z, shift);
+    const __m512d r = _mm512_fmsub_pd(inv, xd, kd);
+    const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
+    const __m512i *tab = (const __m512i *)exp_tab;
+    const __m512i lo =
+        _mm512_permutex2var_epi64(_mm512_loadu_si512(tab), idx, _mm512_loadu_si512(tab + 1));
+    const __m512i hi =
+        _mm512_permutex2var_epi64(_mm512_loadu_si512(tab + 2), idx, _mm512_loadu_si512(tab + 3));
+    __m512i t = _mm512_mask_blend_epi64(_mm512_test_epi64_mask(idx, _mm512_set1_epi64(16)), lo, hi);
+    t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 47));
+    const __m512d z2 = _mm512_fmadd_pd(r, _mm512_set1_pd(0x1.c6af84b912394p-20),
+                                       _mm512_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m512d r2 = _mm512_mul_pd(r, r);
+    __m512d y = _mm512_fmadd_pd(r, _mm512_set1_pd(0x1.62e42ff0c52d6p-6), _mm512_set1_pd(1.0));
+    y = _mm512_fmadd_pd(z2, r2, y);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
+}
+
+void cpu_expf_avx512(const float *x, float *y, uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(v))),
+                                            exp8(_mm512_extractf32x8_ps(v, 1)), 1);
+        _mm512_storeu_ps(y + i, e);
+        /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
+        const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20),
+                                             _mm512_set1_epi32(0x7ff));
+        __mmask16 odd = _mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a));
+        while (odd) {
+            const int j = __builtin_ctz(odd);
+            y[i + j] = expf(x[i + j]);
+            odd &= odd - 1;
+        }
+    }
+    for (; i < n; i++)
+        y[i] = expf(x[i]);
+}
+
 /* softmax_step: ops_attention's online-softmax update of one query with the block's scores s,
  * step for step, then its values. */
 static inline void softmax_step(float *o, float *m, float *l, const float *s, uint32_t nb,
-                                const float *const *vrow, uint32_t head_dim_v)
+                                const float *const *vrow, uint32_t head_dim_v, int vexp)
 {
     _Alignas(64) float p[KB];
     float bm = -INFINITY;
@@ -170,16 +235,22 @@ static inline void softmax_step(float *o, float *m, float *l, const float *s, ui
     const float mn = bm > *m ? bm : *m;
     const float c = expf(*m - mn); /* 0 on the first block, where m is -inf */
     *l *= c;
-    for (uint32_t j = 0; j < nb; j++) {
-        p[j] = expf(s[j] - mn);
-        *l += p[j];
+    if (vexp) {
+        for (uint32_t j = 0; j < nb; j++)
+            p[j] = s[j] - mn;
+        cpu_expf_avx512(p, p, nb);
+    } else {
+        for (uint32_t j = 0; j < nb; j++)
+            p[j] = expf(s[j] - mn);
     }
+    for (uint32_t j = 0; j < nb; j++)
+        *l += p[j];
     values_block(o, c, p, vrow, nb, head_dim_v);
     *m = mn;
 }
 
 void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
-                          float scale, const struct ops_kv_view *kv)
+                          float scale, const struct ops_kv_view *kv, int vexp)
 {
     _Alignas(64) float kt[CPU_ATT_MAXD][KB];
     _Alignas(64) float s0[KB], s1[KB];
@@ -214,11 +285,11 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
                     s1);
             const uint32_t n0 = a->n_keys0 + t0 - j0;
             softmax_step(a->out + t0 * a->out_tok + h0 * a->out_head, &m[i], &l[i], s0,
-                         n0 < KB ? n0 : KB, vrow, head_dim_v);
+                         n0 < KB ? n0 : KB, vrow, head_dim_v, vexp);
             if (two) {
                 const uint32_t n1 = a->n_keys0 + t1 - j0;
                 softmax_step(a->out + t1 * a->out_tok + h1 * a->out_head, &m[i + 1], &l[i + 1], s1,
-                             n1 < KB ? n1 : KB, vrow, head_dim_v);
+                             n1 < KB ? n1 : KB, vrow, head_dim_v, vexp);
             }
         }
     }
@@ -318,14 +389,20 @@ int cpu_quantize_acts_avx512(uint32_t wtype, const float *x, size_t x_stride, ui
 #endif
 
 #else
+void cpu_expf_avx512(const float *x, float *y, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = expf(x[i]);
+}
 int cpu_quantize_acts_avx512(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
                              uint32_t n_tok, void *dst, size_t act_stride)
 {
     return ops_quantize_acts(wtype, x, x_stride, n_in, n_tok, dst, act_stride);
 }
 void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
-                          float scale, const struct ops_kv_view *kv)
+                          float scale, const struct ops_kv_view *kv, int vexp)
 {
+    (void)vexp;
     cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
 }
 #endif
