@@ -54,6 +54,7 @@ struct fwd {
     uint32_t *ptok;          /* (T*K) pairs by expert id, then token: the token */
     float *pw;               /* (T*K) its routing weight */
     uint32_t *ecount;        /* (n_expert + 1) pairs per expert, then offsets */
+    uint32_t *tpair;         /* (T*K) each token's pairs, in expert-id order */
     uint8_t *acts[3];        /* (T, act_stride) each: quantized inputs of up to three matrices */
     uint8_t *pacts[2];       /* (T*K, act_stride): expert inputs (gate, up), gathered per pair */
     uint8_t *hacts;          /* (T*K, act_stride): SwiGLU outputs quantized for down */
@@ -133,6 +134,7 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->ptok, P * sizeof(uint32_t)},
         {(void **)&f->pw, P * sizeof(float)},
         {(void **)&f->ecount, (hp->n_expert + 1) * sizeof(uint32_t)},
+        {(void **)&f->tpair, P * sizeof(uint32_t)},
         {(void **)&f->acts[0], T * f->act_stride},
         {(void **)&f->acts[1], T * f->act_stride},
         {(void **)&f->acts[2], T * f->act_stride},
@@ -369,29 +371,24 @@ static uint32_t runs(struct fwd *f, const struct fwd_token *toks, uint32_t n)
     return nr;
 }
 
-static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, uint32_t il)
+/* After the projections, per token (items): biases, q/k norms, RoPE, and the K/V store. */
+struct qkv_job {
+    struct fwd *f;
+    const struct fwd_token *toks;
+    uint32_t layer;
+};
+
+static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
+    const struct qkv_job *j = ctx;
+    struct fwd *f = j->f;
+    const struct fwd_token *toks = j->toks;
+    const uint32_t il = j->layer;
     const struct model_hparams *hp = &f->m->hp;
     const struct model_layer *L = &f->m->layers[il];
-    const size_t E = hp->n_embd, nq = (size_t)hp->n_head * hp->head_dim,
-                 nk = (size_t)hp->n_head_kv * hp->head_dim,
+    const size_t nq = (size_t)hp->n_head * hp->head_dim, nk = (size_t)hp->n_head_kv * hp->head_dim,
                  nv = (size_t)hp->n_head_kv * hp->head_dim_v;
-    int rv;
-    double t0 = now_s();
-    for (uint32_t t = 0; t < n; t++)
-        cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, E, hp->rms_eps);
-    double t1 = now_s();
-    const uint8_t *aq, *ak, *av;
-    if ((rv = inputs_for(f, &L->wq, NULL, NULL, f->xn, E, n, f->acts[0], &aq)) ||
-        (rv = inputs_for(f, &L->wk, &L->wq, aq, f->xn, E, n, f->acts[1], &ak)) ||
-        (rv = inputs_for(f, &L->wv, &L->wk, ak, f->xn, E, n, f->acts[2], &av)))
-        return rv;
-    f->tasks[0] = task(f, &L->wq, L->wq.data, aq, n, f->q, nq);
-    f->tasks[1] = task(f, &L->wk, L->wk.data, ak, n, f->k, nk);
-    f->tasks[2] = task(f, &L->wv, L->wv.data, av, n, f->v, nv);
-    run_tasks(f, 3);
-    double t2 = now_s();
-    for (uint32_t t = 0; t < n; t++) {
+    for (uint32_t t = lo; t < hi; t++) {
         float *q = f->q + t * nq, *k = f->k + t * nk, *v = f->v + t * nv;
         if (L->bq) {
             for (size_t i = 0; i < nq; i++)
@@ -418,6 +415,32 @@ static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, ui
         memcpy(kv_k(f->kv, toks[t].seq, il, f->pos[t]), k, nk * sizeof(float));
         memcpy(kv_v(f->kv, toks[t].seq, il, f->pos[t]), v, nv * sizeof(float));
     }
+}
+
+static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[il];
+    const size_t E = hp->n_embd, nq = (size_t)hp->n_head * hp->head_dim,
+                 nk = (size_t)hp->n_head_kv * hp->head_dim,
+                 nv = (size_t)hp->n_head_kv * hp->head_dim_v;
+    int rv;
+    double t0 = now_s();
+    for (uint32_t t = 0; t < n; t++)
+        cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, E, hp->rms_eps);
+    double t1 = now_s();
+    const uint8_t *aq, *ak, *av;
+    if ((rv = inputs_for(f, &L->wq, NULL, NULL, f->xn, E, n, f->acts[0], &aq)) ||
+        (rv = inputs_for(f, &L->wk, &L->wq, aq, f->xn, E, n, f->acts[1], &ak)) ||
+        (rv = inputs_for(f, &L->wv, &L->wk, ak, f->xn, E, n, f->acts[2], &av)))
+        return rv;
+    f->tasks[0] = task(f, &L->wq, L->wq.data, aq, n, f->q, nq);
+    f->tasks[1] = task(f, &L->wk, L->wk.data, ak, n, f->k, nk);
+    f->tasks[2] = task(f, &L->wv, L->wv.data, av, n, f->v, nv);
+    run_tasks(f, 3);
+    double t2 = now_s();
+    struct qkv_job qj = {f, toks, il};
+    pool_for(f->pool, n, 4, qkv_rows, &qj);
     /* Every token's K/V of this layer is stored before any token attends: a prompt chunk's later
      * tokens see its earlier ones, and each sees only positions <= its own. */
     struct att_job j = {f, toks, il, runs(f, toks, n)};
@@ -475,9 +498,18 @@ static uint32_t pair_order(struct fwd *f, uint32_t n)
         for (uint32_t i = 0; i < K; i++) {
             const uint32_t e = f->sel[t * K + i];
             /* ecount[e] walks forward as pairs land; shifted back below */
+            f->tpair[t * K + i] = f->ecount[e];
             f->ptok[f->ecount[e]] = t;
             f->pw[f->ecount[e]++] = f->selw[t * K + i];
         }
+    /* pairs are in expert order, so a token's pairs sorted by index are in expert-id order */
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 1; i < K; i++)
+            for (uint32_t j = i; j > 0 && f->tpair[t * K + j - 1] > f->tpair[t * K + j]; j--) {
+                const uint32_t x = f->tpair[t * K + j];
+                f->tpair[t * K + j] = f->tpair[t * K + j - 1];
+                f->tpair[t * K + j - 1] = x;
+            }
     for (uint32_t e = NE; e > 0; e--)
         f->ecount[e] = f->ecount[e - 1];
     f->ecount[0] = 0;
@@ -503,11 +535,44 @@ static void glu_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     if (rv) atomic_store(&j->rv, rv);
 }
 
-/* gather copies token rows of quantized activations into pair order. */
+/* Gathering token rows of quantized activations into pair order, items = pairs. */
+struct gather_job {
+    struct fwd *f;
+    const uint8_t *src;
+    uint8_t *dst;
+    size_t bytes;
+};
+
+static void gather_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    const struct gather_job *j = ctx;
+    const size_t s = j->f->act_stride;
+    for (uint32_t p = lo; p < hi; p++)
+        memcpy(j->dst + p * s, j->src + j->f->ptok[p] * s, j->bytes);
+}
+
 static void gather(struct fwd *f, const uint8_t *src, uint8_t *dst, uint32_t n_pairs, size_t bytes)
 {
-    for (uint32_t p = 0; p < n_pairs; p++)
-        memcpy(dst + p * f->act_stride, src + f->ptok[p] * f->act_stride, bytes);
+    struct gather_job j = {f, src, dst, bytes};
+    pool_for(f->pool, n_pairs, 64, gather_rows, &j);
+}
+
+/* The weighted sum of each token's expert outputs, items = tokens; each token adds its pairs in
+ * expert-id order, from zero, as the reference does. */
+static void combine_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    struct fwd *f = ctx;
+    const size_t E = f->m->hp.n_embd, K = f->m->hp.n_expert_used;
+    for (uint32_t t = lo; t < hi; t++) {
+        float *o = f->moe + t * E;
+        memset(o, 0, E * sizeof(float));
+        for (size_t i = 0; i < K; i++) {
+            const uint32_t p = f->tpair[t * K + i];
+            const float *y = f->y + p * E, w = f->pw[p];
+            for (size_t d = 0; d < E; d++)
+                o[d] += w * y[d];
+        }
+    }
 }
 
 static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
@@ -548,14 +613,7 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
                                   f->hacts + p0 * f->act_stride, np, f->y + p0 * E, E);
     }
     run_tasks(f, nt);
-    /* Pairs run in expert-id order, so each token's sum is taken in expert-id order. */
-    memset(f->moe, 0, n * E * sizeof(float));
-    for (uint32_t p = 0; p < n_pairs; p++) {
-        float *o = f->moe + f->ptok[p] * E;
-        const float *y = f->y + p * E, w = f->pw[p];
-        for (size_t d = 0; d < E; d++)
-            o[d] += w * y[d];
-    }
+    pool_for(f->pool, n, 4, combine_rows, f);
     return 0;
 }
 
