@@ -487,8 +487,10 @@ done:
  */
 
 struct wclient_stream {
-    struct wclient *c;
-    char id[WCLIENT_ID_MAX + 1];
+    struct wclient *c;            /* the worker it runs on now */
+    char id[WCLIENT_ID_MAX + 1];  /* its id there */
+    char id0[WCLIENT_ID_MAX + 1]; /* the first id; a moved request is "<id0>~<moves>" */
+    uint32_t moves;
     struct wclient_req req; /* as first submitted; req.prompt points at hist */
     int32_t *hist;          /* the prompt, then every generated token received */
     uint32_t n_hist, cap_hist;
@@ -497,6 +499,7 @@ struct wclient_stream {
     uint32_t from; /* the current submit's next token index to ask for */
     uint32_t resubmits;
     bool done;
+    bool at_end; /* every token came, the finish did not: the next poll makes it up */
     struct wclient_poll_result last; /* the last poll's answer, which *u points into */
     struct wclient_update end;       /* the finish made up when the worker died at the end */
 };
@@ -515,12 +518,13 @@ static bool gone(int rv)
            (rv & STRATA_ENNGERR) != 0;
 }
 
-/* resubmit sends the history so far as a new prompt with the remaining budget, retrying while the
- * worker is gone, until deadline. */
-static int resubmit(struct wclient_stream *s, int64_t deadline)
+/* resubmit sends the history so far as a new prompt with the remaining budget to worker `to` as
+ * request id, retrying while the worker is gone, until deadline; then the stream polls it there. */
+static int resubmit(struct wclient_stream *s, struct wclient *to, const char *id, int64_t deadline)
 {
     uint32_t got = s->n_hist - s->req.n_prompt;
     struct wclient_req r = s->req;
+    r.id = id;
     r.prompt = s->hist;
     r.n_prompt = s->n_hist;
     r.n_generated = s->req.n_generated + got;
@@ -530,24 +534,39 @@ static int resubmit(struct wclient_stream *s, int64_t deadline)
     for (;;) {
         int64_t t0 = now_ms();
         struct wclient_hello h;
-        int rv = checked ? 0 : wclient_hello(s->c, &h);
+        int rv = checked ? 0 : wclient_hello(to, &h);
         if (rv == 0 && !checked) {
             if (h.fingerprint != fp)
                 return strata_errf(STRATA_EPROTO,
-                                   "worker %s came back serving another model (fingerprint "
-                                   "%016llx, was %016llx): request %s cannot resume there",
-                                   s->c->url, (unsigned long long)h.fingerprint,
+                                   "worker %s serves another model (fingerprint %016llx, the "
+                                   "request's is %016llx): request %s cannot resume there",
+                                   to->url, (unsigned long long)h.fingerprint,
                                    (unsigned long long)fp, s->id);
             checked = true;
         }
-        if (rv == 0 && (rv = wclient_submit(s->c, &r, NULL, NULL)) == 0) break;
+        if (rv == 0 && (rv = wclient_submit(to, &r, NULL, NULL)) == 0) break;
         if (!gone(rv) || t0 >= deadline) return rv;
         if (now_ms() - t0 < 100) nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
     }
+    if (id != s->id) snprintf(s->id, sizeof s->id, "%s", id);
+    s->c = to;
     s->base = got;
     s->from = 0;
     s->resubmits++;
     return 0;
+}
+
+/* end_update makes up the finish of a stream whose every token came but whose worker went away
+ * before it sent the finish. */
+static const struct wclient_update *end_update(struct wclient_stream *s)
+{
+    s->end = (struct wclient_update){.finish = WCLIENT_LENGTH, .stop_token = -1};
+    snprintf(s->end.id, sizeof s->end.id, "%s", s->id);
+    s->end.from = s->n_hist - s->req.n_prompt;
+    s->end.n_prompt = s->req.n_prompt;
+    s->done = true;
+    s->at_end = false;
+    return &s->end;
 }
 
 int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
@@ -560,6 +579,7 @@ int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
     s->c = c;
     s->req = *r;
     snprintf(s->id, sizeof s->id, "%s", r->id);
+    snprintf(s->id0, sizeof s->id0, "%s", r->id);
     s->req.id = s->id;
     s->cap_hist = r->n_prompt + (r->max_tokens < 4096 ? r->max_tokens : 4096);
     s->hist = malloc(s->cap_hist * sizeof *s->hist);
@@ -605,6 +625,10 @@ static int append(struct wclient_stream *s, const struct wclient_update *u)
 int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **u)
 {
     wclient_poll_free(&s->last);
+    if (s->at_end) {
+        *u = end_update(s);
+        return 0;
+    }
     int64_t deadline = now_ms() + s->c->o.resume_wait_ms;
     for (;;) {
         const char *id = s->id;
@@ -622,15 +646,14 @@ int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **
             wclient_poll_free(&s->last);
             if (s->n_hist - s->req.n_prompt >= s->req.max_tokens) {
                 /* the worker died after the last token and before we saw its finish */
-                s->end = (struct wclient_update){.finish = WCLIENT_LENGTH, .stop_token = -1};
-                snprintf(s->end.id, sizeof s->end.id, "%s", s->id);
-                s->end.from = s->n_hist - s->req.n_prompt;
-                s->end.n_prompt = s->req.n_prompt;
-                s->done = true;
-                *u = &s->end;
+                *u = end_update(s);
                 return 0;
             }
-            if ((rv = resubmit(s, deadline)) != 0) return rv;
+            if (s->c->o.lost_to_caller)
+                return strata_errf(STRATA_ENOENT,
+                                   "worker %s lost request %s (it restarted, or the lease lapsed)",
+                                   s->c->url, s->id);
+            if ((rv = resubmit(s, s->c, s->id, deadline)) != 0) return rv;
             continue;
         }
         if (w->code != 0) return strata_errf(w->code, "poll of %s: worker error", s->id);
@@ -645,6 +668,27 @@ int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **
         *u = w;
         return 0;
     }
+}
+
+int wclient_stream_move(struct wclient_stream *s, struct wclient *to)
+{
+    if (s->done || s->at_end)
+        return strata_errf(STRATA_ESTATE, "stream %s has finished: there is nothing to move",
+                           s->id);
+    if (s->n_hist - s->req.n_prompt >= s->req.max_tokens) {
+        s->at_end = true;
+        return 0;
+    }
+    char id[WCLIENT_ID_MAX + 1];
+    int n = snprintf(id, sizeof id, "%s~%u", s->id0, s->moves + 1);
+    if (n < 0 || n >= (int)sizeof id)
+        return strata_errf(STRATA_ELIMIT,
+                           "request id %s~%u is longer than %d bytes: a stream that may move needs "
+                           "an id of at most %d bytes",
+                           s->id0, s->moves + 1, WCLIENT_ID_MAX, WCLIENT_ID_MAX - 11);
+    int rv = resubmit(s, to, id, now_ms()); /* a deadline of now: one attempt */
+    if (rv == 0) s->moves++;
+    return rv;
 }
 
 int wclient_stream_cancel(struct wclient_stream *s)

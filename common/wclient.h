@@ -12,6 +12,8 @@
  * so far, with the same seed, n_generated counting them and the remaining max_tokens, and goes on
  * numbering tokens as before; in bit-exact mode the ids are those of an undisturbed run. Once a
  * wclient_hello has told the model, a resubmit first checks the restarted worker serves the same.
+ * A caller with several workers can move a stream to another one the same way (lost_to_caller,
+ * wclient_stream_move).
  */
 #ifndef STRATA_WCLIENT_H
 #define STRATA_WCLIENT_H
@@ -42,6 +44,10 @@ struct wclient_opts {
     int poll_wait_ms;   /* how long the worker may hold a poll for new tokens; default 2000 */
     int resume_wait_ms; /* stream: how long to keep retrying a worker that does not answer (it is
                            restarting) before giving up; default 30000 */
+    bool lost_to_caller; /* stream: a request the worker lost (a poll answered "unknown": it
+                            restarted, or the lease lapsed) makes wclient_stream_next return
+                            STRATA_ENOENT instead of resubmitting it there, so the caller picks
+                            the worker to resume it on (wclient_stream_move); default false */
 };
 
 /* wclient_open makes the socket dialing url (e.g. "ipc:///run/user/1000/strata/m/worker-0.sock").
@@ -221,8 +227,21 @@ int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
  * from the first generated token whatever the resubmits). u->n_tokens may be 0 when nothing came.
  * Once u->finish is not WCLIENT_RUNNING the stream is over. Returns 0, or STRATA_ETIMEDOUT when the
  * worker has not answered for resume_wait_ms, STRATA_EPROTO when it came back with another
- * model, or a resubmit's error. */
+ * model, a resubmit's error, or (lost_to_caller) STRATA_ENOENT when the worker lost the request.
+ * After an error the stream may be polled again or moved. */
 int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **u);
+
+/* wclient_stream_move resumes s on worker to (another worker of the same model, or s's own), as a
+ * restart's resubmit does: the prompt plus the tokens received, the same seed, n_generated counting
+ * them and the remaining max_tokens, so in bit-exact mode the ids go on as an undisturbed run's.
+ * The request gets a new id ("<first id>~<n>"): a stalled worker that still holds the old one must
+ * not answer for it. The old worker is not told (it may be gone): a request left running there
+ * ends when its lease lapses. When every token was received already, nothing is submitted and the
+ * next wclient_stream_next ends the stream ("length"). One attempt, no retry; blocks up to two
+ * calls (hello, submit). Returns 0 and the stream then polls to; or STRATA_EPROTO (to serves
+ * another model), STRATA_ESTATE (s has finished), a submit's error (STRATA_EBUSY, a call error),
+ * and s is unchanged: poll it again or move it elsewhere. */
+int wclient_stream_move(struct wclient_stream *s, struct wclient *to);
 
 /* wclient_stream_cancel cancels the request on the worker (idempotent). */
 int wclient_stream_cancel(struct wclient_stream *s);

@@ -20,6 +20,7 @@ int fe_init(const struct fe_opts *o, struct fe **out)
     f->o = *o;
     if (!f->o.max_active) f->o.max_active = 64;
     if (!f->o.monitor_ms) f->o.monitor_ms = 1000;
+    if (f->o.failover_ms <= 0) f->o.failover_ms = 1500;
     pthread_mutex_init(&f->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -35,16 +36,84 @@ int fe_init(const struct fe_opts *o, struct fe **out)
     return 0;
 }
 
-int fe_worker_add(struct fe *f, const struct fe_backend *ops, void *w, const char *name)
+/* worker_add fills the next slot, then counts it (the router reads the count under f->mu). */
+static int worker_add(struct fe *f, const struct fe_backend *ops, void *w, const char *name,
+                      bool discovered)
 {
-    if (f->n_workers == FE_MAX_WORKERS)
+    int n = atomic_load(&f->n_workers);
+    if (n == FE_MAX_WORKERS)
         return strata_errf(STRATA_ELIMIT, "worker %s: at most %d workers per frontend", name,
                            FE_MAX_WORKERS);
-    struct fe_worker *wk = &f->workers[f->n_workers++];
+    struct fe_worker *wk = &f->workers[n];
     wk->ops = ops;
     wk->h = w;
+    wk->discovered = discovered;
     snprintf(wk->name, sizeof wk->name, "%s", name);
+    pthread_mutex_lock(&f->mu);
+    atomic_store(&f->n_workers, n + 1);
+    pthread_mutex_unlock(&f->mu);
     return 0;
+}
+
+int fe_worker_add(struct fe *f, const struct fe_backend *ops, void *w, const char *name)
+{
+    return worker_add(f, ops, w, name, false);
+}
+
+/* discover makes the discovered workers those the discovery lists now (fe_discovery_set). Dropped
+ * workers keep their slot and handle: a job's stream may still use it, and a worker that comes
+ * back (a restart takes the same socket) gets it again. */
+static int discover(struct fe *f, int *found)
+{
+    int n = 0, nw = atomic_load(&f->n_workers);
+    int rv = f->disc.list(f->disc.ctx, f->disc_urls, FE_MAX_WORKERS, &n);
+    if (rv != 0) return rv;
+    bool known[FE_MAX_WORKERS] = {false};
+    for (int i = 0; i < nw; i++) {
+        struct fe_worker *wk = &f->workers[i];
+        bool listed = false;
+        for (int k = 0; k < n && !listed; k++)
+            if (strcmp(f->disc_urls[k], wk->name) == 0) listed = known[k] = true;
+        if (!wk->discovered || listed == !wk->dropped) continue;
+        pthread_mutex_lock(&f->mu);
+        wk->dropped = !listed;
+        if (!listed) atomic_store(&wk->ready, false);
+        wk->refused = false; /* a worker back under this URL is another process: check it again */
+        pthread_mutex_unlock(&f->mu);
+        if (listed)
+            LOG_INFO("frontend: worker %s is registered again", wk->name);
+        else
+            LOG_WARN("frontend: worker %s left the registry: no new request goes to it",
+                     wk->name);
+    }
+    for (int k = 0; k < n; k++) {
+        const struct fe_backend *ops;
+        void *h;
+        if (known[k]) continue;
+        if (atomic_load(&f->n_workers) == FE_MAX_WORKERS) {
+            if (!f->disc_full)
+                LOG_WARN("frontend: worker %s is not used: this frontend has its %d workers "
+                         "already; restart it to forget the gone ones",
+                         f->disc_urls[k], FE_MAX_WORKERS);
+            f->disc_full = true;
+            continue;
+        }
+        if ((rv = f->disc.open(f->disc.ctx, f->disc_urls[k], &ops, &h)) != 0) {
+            LOG_WARN("frontend: cannot open worker %s: %s: %s", f->disc_urls[k],
+                     strata_strerror(rv), strata_errdetail());
+            continue;
+        }
+        worker_add(f, ops, h, f->disc_urls[k], true);
+        LOG_INFO("frontend: worker %s is registered: using it", f->disc_urls[k]);
+    }
+    if (found) *found = n;
+    return 0;
+}
+
+int fe_discovery_set(struct fe *f, const struct fe_discovery *d, int *n)
+{
+    f->disc = *d;
+    return discover(f, n);
 }
 
 /* build_model fetches the metadata from wk and builds the model (monitor thread, once). */
@@ -77,7 +146,7 @@ static void check_worker(struct fe *f, struct fe_worker *wk)
 {
     struct wclient_hello h;
     struct wclient_status st;
-    if (wk->refused) return;
+    if (wk->refused || wk->dropped) return;
     int rv = wk->ops->hello(wk->h, &h);
     if (rv != 0) {
         if (!wk->was_down || atomic_load(&wk->ready))
@@ -118,7 +187,11 @@ static void *monitor_main(void *arg)
     while (!atomic_load(&f->stopping)) {
         pthread_mutex_unlock(&f->mu);
         bool any = false;
-        for (int i = 0; i < f->n_workers; i++) {
+        int rv = f->disc.list ? discover(f, NULL) : 0;
+        if (rv != 0)
+            LOG_DEBUG("frontend: worker discovery: %s: %s", strata_strerror(rv),
+                      strata_errdetail());
+        for (int i = 0; i < atomic_load(&f->n_workers); i++) {
             check_worker(f, &f->workers[i]);
             any |= atomic_load(&f->workers[i].ready);
         }
@@ -166,27 +239,47 @@ void fe_next_id(struct fe *f, char *buf, size_t n)
     snprintf(buf, n, "%s-%llu", f->id_prefix, (unsigned long long)atomic_fetch_add(&f->next_id, 1));
 }
 
+bool fe_worker_gone(int rv)
+{
+    return rv == STRATA_EBUSY || rv == STRATA_ETIMEDOUT || rv == STRATA_ECLOSED ||
+           (rv & STRATA_ENNGERR) != 0;
+}
+
+/* worker_failed takes wk out of routing after a failed call (not for a full queue: the worker
+ * answers); the monitor's next hello puts it back if it answers. */
+static void worker_failed(struct fe_worker *wk, int rv)
+{
+    if (rv != STRATA_EBUSY && atomic_exchange(&wk->ready, false))
+        LOG_WARN("frontend: worker %s failed a call: %s: routing around it until it answers",
+                 wk->name, strata_strerror(rv));
+}
+
+/* pick returns the untried ready worker of backend ops (NULL: any) with the shortest queue (ours
+ * in flight plus what it last reported waiting), or -1. */
+static int pick(struct fe *f, const struct fe_backend *ops, const bool *tried)
+{
+    int best = -1;
+    long best_q = 0;
+    pthread_mutex_lock(&f->mu);
+    for (int i = 0; i < atomic_load(&f->n_workers); i++) {
+        struct fe_worker *wk = &f->workers[i];
+        if (tried[i] || !atomic_load(&wk->ready) || (ops && wk->ops != ops)) continue;
+        long q = atomic_load(&wk->inflight) + (wk->has_status ? (long)wk->st.queued : 0);
+        if (best < 0 || q < best_q) {
+            best = i;
+            best_q = q;
+        }
+    }
+    pthread_mutex_unlock(&f->mu);
+    return best;
+}
+
 int fe_pick_stream(struct fe *f, const struct wclient_req *r, const struct fe_backend **ops,
                    void **stream, int *slot)
 {
     bool tried[FE_MAX_WORKERS] = {0};
-    int rv = strata_errf(STRATA_ESTATE, "no worker is ready");
-    for (;;) {
-        /* shortest queue: ours in flight plus what the worker last reported waiting */
-        int best = -1;
-        long best_q = 0;
-        pthread_mutex_lock(&f->mu);
-        for (int i = 0; i < f->n_workers; i++) {
-            struct fe_worker *wk = &f->workers[i];
-            if (tried[i] || !atomic_load(&wk->ready)) continue;
-            long q = atomic_load(&wk->inflight) + (wk->has_status ? (long)wk->st.queued : 0);
-            if (best < 0 || q < best_q) {
-                best = i;
-                best_q = q;
-            }
-        }
-        pthread_mutex_unlock(&f->mu);
-        if (best < 0) return rv;
+    int rv = strata_errf(STRATA_ESTATE, "no worker is ready"), best;
+    while ((best = pick(f, NULL, tried)) >= 0) {
         struct fe_worker *wk = &f->workers[best];
         tried[best] = true;
         atomic_fetch_add(&wk->inflight, 1);
@@ -198,9 +291,43 @@ int fe_pick_stream(struct fe *f, const struct wclient_req *r, const struct fe_ba
             return 0;
         }
         atomic_fetch_sub(&wk->inflight, 1);
-        if (rv != STRATA_EBUSY && rv != STRATA_ETIMEDOUT && (rv & STRATA_ENNGERR) == 0) return rv;
+        if (!fe_worker_gone(rv)) return rv;
+        worker_failed(wk, rv);
         LOG_DEBUG("frontend: worker %s refused %s: %s", wk->name, r->id, strata_strerror(rv));
     }
+    return rv;
+}
+
+int fe_move_stream(struct fe *f, const struct fe_backend *ops, void *stream, int *slot, int why)
+{
+    struct fe_worker *old = &f->workers[*slot];
+    bool tried[FE_MAX_WORKERS] = {false}, lost = why == STRATA_ENOENT;
+    int rv = strata_errf(STRATA_ESTATE, "no other worker is ready"), best;
+    if (!lost) worker_failed(old, why);
+    tried[*slot] = true;
+    while ((best = pick(f, ops, tried)) >= 0) {
+        struct fe_worker *wk = &f->workers[best];
+        tried[best] = true;
+        atomic_fetch_add(&wk->inflight, 1);
+        if ((rv = ops->stream_move(stream, wk->h)) == 0) {
+            atomic_fetch_add(&wk->requests, 1);
+            atomic_fetch_sub(&old->inflight, 1);
+            atomic_fetch_add(&f->m_moves, 1);
+            LOG_INFO("frontend: worker %s %s a stream: it continues on worker %s", old->name,
+                     lost ? "lost" : "stopped answering on", wk->name);
+            *slot = best;
+            return 0;
+        }
+        atomic_fetch_sub(&wk->inflight, 1);
+        if (fe_worker_gone(rv)) worker_failed(wk, rv);
+        LOG_WARN("frontend: moving a stream from worker %s to %s failed: %s: %s", old->name,
+                 wk->name, strata_strerror(rv), strata_errdetail());
+    }
+    /* a worker that answered "unknown request" is up (it restarted): resume the stream there */
+    if (lost && (rv = ops->stream_move(stream, old->h)) == 0)
+        LOG_INFO("frontend: worker %s lost a stream and no other worker is ready: resumed there",
+                 old->name);
+    return rv;
 }
 
 void fe_release(struct fe *f, int slot)
@@ -239,7 +366,7 @@ static void not_ready(struct fe *f, struct http_req *r)
     api_fail(&e, 503, "unavailable_error", NULL, "model_loading",
              "no worker is ready yet (%d configured): start strata-worker, or wait for it to "
              "load the model",
-             f->n_workers);
+             atomic_load(&f->n_workers));
     fe_reply_error(f, r, &e);
 }
 
@@ -362,6 +489,8 @@ static void do_metrics(struct fe *f, struct http_req *r)
     COUNTER("strata_generations_total", "Completions started.", atomic_load(&f->m_gen_requests));
     COUNTER("strata_disconnects_total", "Streams whose client left before the end.",
             atomic_load(&f->m_disconnects));
+    COUNTER("strata_stream_moves_total", "Streams moved to another worker when theirs failed.",
+            atomic_load(&f->m_moves));
     COUNTER("strata_prompt_tokens_total", "Prompt tokens submitted.",
             atomic_load(&f->m_prompt_tokens));
     COUNTER("strata_prompt_tokens_cached_total", "Prompt tokens served by a prefix cache.",
@@ -393,8 +522,9 @@ static void do_metrics(struct fe *f, struct http_req *r)
         mprintf(&b, &n, &cap, "# HELP %s %s\n# TYPE %s %s\n", wnames[k][0], wnames[k][1],
                 wnames[k][0], k == 8 ? "counter" : "gauge");
         pthread_mutex_lock(&f->mu);
-        for (int i = 0; i < f->n_workers; i++) {
+        for (int i = 0; i < atomic_load(&f->n_workers); i++) {
             const struct fe_worker *w = &f->workers[i];
+            if (w->dropped) continue;
             const struct wclient_status *s = &w->st;
             double v[] = {
                 atomic_load(&w->ready),   atomic_load(&w->inflight), s->running, s->queued,
@@ -510,8 +640,9 @@ void fe_fini(struct fe *f)
 {
     if (!f) return;
     fe_stop(f);
-    for (int i = 0; i < f->n_workers; i++)
+    for (int i = 0; i < atomic_load(&f->n_workers); i++)
         f->workers[i].ops->close(f->workers[i].h);
+    if (f->disc.fini) f->disc.fini(f->disc.ctx);
     fe_model_fini(&f->model);
     pthread_cond_destroy(&f->cv);
     pthread_mutex_destroy(&f->mu);

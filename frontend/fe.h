@@ -4,10 +4,14 @@
  * i.e. one REQ socket, each), the model built from the first worker's metadata (fe_model.h), the
  * generations in flight and the metrics. A monitor thread says hello to every worker once a second
  * (refusing one whose model fingerprint differs from the first's), fetches the metadata once, and
- * reads each worker's status for routing and /metrics. Each generation runs on a thread of its own
- * that polls its worker and writes SSE chunks or the final body; a request goes to the ready worker
- * with the shortest queue. Lifecycle: fe_init, fe_worker_add..., fe_start, fe_stop, fe_fini (stop
- * before fini). Any HTTP thread may use the fe between start and stop.
+ * reads each worker's status for routing and /metrics; with a discovery (an arena's registry) it
+ * also adds the workers that appear and drops those that leave. Each generation runs on a thread of
+ * its own that polls its worker and writes SSE chunks or the final body; a request goes to the
+ * ready worker with the shortest queue. When its worker fails (calls time out past failover_ms, or
+ * it lost the request), the stream moves to another ready worker of the model, invisibly to the
+ * client, and the failed worker takes no new request until it answers a hello again.
+ * Lifecycle: fe_init, fe_worker_add..., fe_start, fe_stop, fe_fini (stop before fini). Any HTTP
+ * thread may use the fe between start and stop.
  * Workers are reached through struct fe_backend, so tests can drive the whole frontend with an
  * in-process fake; fe_wclient.c is the real one (common/wclient.h).
  */
@@ -31,6 +35,9 @@ struct fe_backend {
     int (*stream_cancel)(void *stream);
     void (*stream_free)(void *stream);
     void (*close)(void *w);
+    /* stream_move resumes the stream on worker w of the same backend (another worker, or its own
+     * after it lost the request): wclient_stream_move. On error the stream is unchanged. */
+    int (*stream_move)(void *stream, void *w);
 };
 
 struct fe_opts {
@@ -45,7 +52,9 @@ struct fe_opts {
     uint32_t max_active;       /* generations in flight; more get 429; 0: 64 */
     const char *chat_template; /* --chat-template NAME|FILE; NULL: the model's */
     const char *model_alias;   /* the name /v1/models reports; NULL: general.name */
-    int monitor_ms;            /* hello/status period; 0: 1000 */
+    int monitor_ms;            /* hello/status (and discovery) period; 0: 1000 */
+    int failover_ms; /* a worker that does not answer a call within this (beyond a poll's wait)
+                        is down: its streams move to another worker; 0: 1500 */
 };
 
 struct fe;
@@ -54,17 +63,37 @@ struct fe;
 int fe_init(const struct fe_opts *o, struct fe **out);
 
 /* fe_worker_add hands the frontend a worker: ops and handle w (the fe closes it at fini), name for
- * logs and metrics (e.g. its URL). Before fe_start only. STRATA_ELIMIT past 32 workers. */
+ * logs and metrics (e.g. its URL). Before fe_start only (after it, workers come from a discovery).
+ * STRATA_ELIMIT past 32 workers. */
 int fe_worker_add(struct fe *f, const struct fe_backend *ops, void *w, const char *name);
 
 /* The real workers (fe_wclient.c). fe_add_worker_url opens a wclient for url and adds it.
  * fe_add_workers_arena adds every live worker of arena `name`'s registry (shm_dir NULL:
- * /dev/shm); STRATA_ENOENT when there is none, or the arena's error. */
+ * /dev/shm) and follows the registry (fe_discovery_set); STRATA_ENOENT when there is none, or the
+ * arena's error. */
 extern const struct fe_backend fe_backend_wclient;
 int fe_add_worker_url(struct fe *f, const char *url);
 int fe_add_workers_arena(struct fe *f, const char *shm_dir, const char *name);
 
 #define FE_URL_MAX 256
+
+/* A source of workers that changes while the frontend runs (an arena's registry). */
+struct fe_discovery {
+    void *ctx; /* owned by the fe from fe_discovery_set on, freed with fini at fe_fini */
+    /* list writes the URLs of the workers to use now (at most max); 0, or an error: that round
+     * changes nothing */
+    int (*list)(void *ctx, char (*urls)[FE_URL_MAX], int max, int *n);
+    /* open makes the backend handle of a URL seen for the first time */
+    int (*open)(void *ctx, const char *url, const struct fe_backend **ops, void **w);
+    void (*fini)(void *ctx); /* may be NULL */
+};
+
+/* fe_discovery_set (before fe_start, once) adds the workers d lists now, and makes the monitor list
+ * them again every monitor_ms: a new URL is opened and added (up to 32 workers in all), a worker no
+ * longer listed is dropped from routing (its handle stays open until fini, its streams move away)
+ * and taken back when it is listed again. *n (may be NULL) gets the number listed now. Returns 0
+ * or list's error. */
+int fe_discovery_set(struct fe *f, const struct fe_discovery *d, int *n);
 /* fe_arena_endpoints lists up to max endpoints of live workers in arena `name`'s registry.
  * STRATA_ENOENT when there is none (the detail says what to start), or the arena's error. */
 int fe_arena_endpoints(const char *shm_dir, const char *name, char (*urls)[FE_URL_MAX], int max,

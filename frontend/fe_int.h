@@ -23,8 +23,11 @@ struct fe_worker {
     const struct fe_backend *ops;
     void *h;
     char name[256];
-    atomic_bool ready;   /* answered hello with the model's fingerprint */
+    atomic_bool ready;   /* answered hello with the model's fingerprint, and no call of a
+                            stream failed since (the router's and mover's test) */
     bool refused;        /* another model's fingerprint (logged once) */
+    bool discovered;     /* from the discovery: dropped when it is no longer listed */
+    bool dropped;        /* no longer listed: not checked, not ready (f->mu) */
     bool was_down;       /* the last hello failed (logged on the transitions only) */
     atomic_int inflight; /* this frontend's generations on it */
     bool has_status;     /* st was read at least once (f->mu) */
@@ -36,7 +39,11 @@ struct fe {
     struct fe_opts o;
     struct http_server *http;
     struct fe_worker workers[FE_MAX_WORKERS];
-    int n_workers;
+    atomic_int n_workers; /* grows only, from the monitor once started; a slot is set before it
+                             is counted */
+    struct fe_discovery disc; /* disc.list NULL: the workers are fixed */
+    char disc_urls[FE_MAX_WORKERS][FE_URL_MAX];
+    bool disc_full; /* a listed worker found no slot (logged once) */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* monitor wake-up, job count drops, readiness */
     pthread_t monitor;
@@ -56,7 +63,7 @@ struct fe {
     char id_prefix[40];
     /* metrics */
     atomic_ullong m_requests, m_errors, m_gen_requests, m_prompt_tokens, m_gen_tokens,
-        m_cached_tokens, m_busy, m_disconnects;
+        m_cached_tokens, m_busy, m_disconnects, m_moves;
     atomic_ullong m_prefill_us, m_decode_us, m_ttft_us, m_ttft_n;
 };
 
@@ -66,6 +73,17 @@ void fe_reply_error(struct fe *f, struct http_req *r, const struct api_error *e)
 /* fe_job_http handles POST /v1/chat/completions and /v1/completions: parse, prompt, route,
  * submit, then a thread of its own streams or collects the answer. Answers r in every case. */
 void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind);
+
+/* fe_worker_gone: rv means the worker does not answer (a timeout, a broken connection, busy). */
+bool fe_worker_gone(int rv);
+
+/* fe_move_stream moves stream (of ops, on worker *slot, whose poll failed with why: STRATA_ENOENT
+ * when the worker answered that it lost the request, else a call error) to the ready worker of
+ * the same backend with the shortest queue, other workers first; a worker that lost the request
+ * but answers takes it back when no other can. A worker whose calls failed is marked not ready
+ * (the monitor's next hello decides again). Blocks on the submits. Returns 0 and the new *slot,
+ * STRATA_ESTATE (nowhere to go), or the last move's error. */
+int fe_move_stream(struct fe *f, const struct fe_backend *ops, void *stream, int *slot, int why);
 
 /* fe_jobs_cancel asks every job to end (fe_stop); f->mu held. */
 void fe_jobs_cancel(struct fe *f);

@@ -40,6 +40,9 @@ struct fe_job {
     struct wclient_update last; /* timings of the last update */
 };
 
+/* A stream whose workers all stay away this long ends with a 503 error event. */
+#define FE_AWAY_S 30.0
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -357,6 +360,7 @@ static void *job_main(void *arg)
     const char *finish = NULL;
     struct api_error e = {0};
     int rv = 0;
+    double away = -1; /* when the stream's worker failed, until a poll succeeds again */
     while (!finish) {
         if (atomic_load(&j->gone) || atomic_load(&j->cancel)) {
             j->ops->stream_cancel(j->stream);
@@ -365,12 +369,27 @@ static void *job_main(void *arg)
             break;
         }
         const struct wclient_update *u;
-        if ((rv = j->ops->stream_next(j->stream, &u)) != 0) {
-            api_fail(&e, rv == STRATA_ETIMEDOUT ? 503 : 500, "server_error", NULL, "worker_error",
+        if ((rv = j->ops->stream_next(j->stream, &u)) != 0 &&
+            (rv == STRATA_ENOENT || fe_worker_gone(rv))) {
+            /* the worker is down or lost the request: the stream moves on (to the same worker
+             * when it lost it and no other is ready); the client sees nothing of it */
+            if (away < 0) away = now_s();
+            int mv = fe_move_stream(f, j->ops, j->stream, &j->slot, rv);
+            if (mv == 0 || now_s() - away < FE_AWAY_S) {
+                if (mv != 0) nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
+                continue;
+            }
+            LOG_WARN("frontend: request %s: no worker took it over in %.0f s: %s", j->id,
+                     FE_AWAY_S, strata_strerror(mv));
+        }
+        if (rv != 0) {
+            api_fail(&e, rv == STRATA_ENOENT || fe_worker_gone(rv) ? 503 : 500, "server_error",
+                     NULL, "worker_error",
                      "the worker stopped answering mid-request: %s: %s", strata_strerror(rv),
                      strata_errdetail());
             break;
         }
+        away = -1;
         j->last = *u;
         bool hit = false;
         if ((rv = take(j, u, &hit)) != 0) {

@@ -1,5 +1,6 @@
 /* fe_test — the whole HTTP frontend against in-process fake workers: answers whole and streamed,
- * stop strings, reasoning, logprobs, every error path, disconnects, routing and refusals. */
+ * stop strings, reasoning, logprobs, every error path, disconnects, routing and refusals, streams
+ * moving to another worker when theirs fails, workers found and dropped by a discovery. */
 #include "frontend/chat.h"
 #include "frontend/fe.h"
 #include "frontend/fe_model.h"
@@ -37,6 +38,10 @@ struct fake {
     uint32_t n_reply;
     atomic_int delay_ms; /* per update */
     atomic_int starts, cancels, frees;
+    atomic_int fail_at;  /* > 0: a stream here that has made this many tokens fails once, */
+    atomic_int fail_why; /* with this: STRATA_ENOENT (lost; the worker stays up) or a call error
+                            (the worker goes down) */
+    atomic_int moves_in; /* streams moved here */
     pthread_mutex_t mu;
     int32_t last_prompt[512];
     uint32_t n_last_prompt;
@@ -108,6 +113,13 @@ static int f_next(void *h, const struct wclient_update **out)
     struct fake_stream *s = h;
     struct fake *w = s->w;
     if (w->delay_ms) usleep((useconds_t)w->delay_ms * 1000);
+    if (w->down) return strata_errf(STRATA_ETIMEDOUT, "fake worker is down");
+    int at = atomic_load(&w->fail_at);
+    if (at > 0 && s->at >= (uint32_t)at && atomic_compare_exchange_strong(&w->fail_at, &at, 0)) {
+        int why = atomic_load(&w->fail_why);
+        if (why != STRATA_ENOENT) w->down = true;
+        return strata_errf(why, "fake worker failed at token %u", s->at);
+    }
     struct wclient_update *u = &s->u;
     memset(u, 0, sizeof *u);
     u->from = s->at;
@@ -159,8 +171,20 @@ static void f_free(void *h)
 
 static void f_close(void *h) {}
 
-static const struct fe_backend fake_ops = {f_hello, f_meta,   f_meta_free, f_status, f_start,
-                                           f_next,  f_cancel, f_free,      f_close};
+/* the stream goes on where it was (wclient_stream_move resubmits what it received) */
+static int f_move(void *h, void *to)
+{
+    struct fake_stream *s = h;
+    struct fake *w = to;
+    if (w->down) return strata_errf(STRATA_ETIMEDOUT, "fake worker is down");
+    if (w->busy) return strata_errf(STRATA_EBUSY, "fake queue full");
+    s->w = w;
+    atomic_fetch_add(&w->moves_in, 1);
+    return 0;
+}
+
+static const struct fe_backend fake_ops = {f_hello, f_meta, f_meta_free, f_status, f_start,
+                                           f_next,  f_cancel, f_free,    f_close,  f_move};
 
 /* ---- fixture: a vocabulary GGUF and a frontend on a free port ----------------------------------
  */
@@ -785,6 +809,204 @@ START_TEST(routing_and_refusal)
 }
 END_TEST
 
+/* ---- failover and discovery ------------------------------------------------------------------
+ */
+
+static bool metrics_have(const char *needle)
+{
+    struct resp r;
+    request("GET", "/metrics", NULL, NULL, &r);
+    bool has = r.body && strstr(r.body, needle) != NULL;
+    free(r.body);
+    return has;
+}
+
+/* wait_metric waits up to 5 s for /metrics to hold needle (want) or not to. */
+static void wait_metric(const char *needle, bool want)
+{
+    for (int i = 0; i < 250 && metrics_have(needle) != want; i++)
+        usleep(20 * 1000);
+    ck_assert_msg(metrics_have(needle) == want, "/metrics %s '%s'", want ? "lacks" : "still has",
+                  needle);
+}
+
+/* start_pair starts a frontend on two fake workers of one model, both ready (W0 is picked when
+ * both are idle). */
+static void start_pair(const struct fe_opts *o)
+{
+    write_vocab();
+    fake_init(&W0, 42);
+    fake_init(&W1, 42);
+    ck_assert_int_eq(fe_init(o, &F), 0);
+    ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W0, "fake0"), 0);
+    ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W1, "fake1"), 0);
+    ck_assert_int_eq(fe_start(F), 0);
+    PORT = fe_port(F);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    wait_metric("strata_worker_up{worker=\"fake1\"} 1.000", true);
+}
+
+/* stream_same streams a chat answer and checks the client got what an undisturbed run gives: the
+ * whole reply, finish "stop", no error event. */
+static void stream_same(void)
+{
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body, ",\"stream\":true");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    int n;
+    ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), REPLY);
+    ck_assert_ptr_null(strstr(r.body, "\"error\""));
+    ck_assert_ptr_nonnull(strstr(r.body, "\"finish_reason\":\"stop\""));
+    free(r.body);
+}
+
+/* fail_at makes the next stream on w that reaches token `at` fail with why. */
+static void fail_at(struct fake *w, int at, int why)
+{
+    atomic_store(&w->fail_why, why);
+    atomic_store(&w->fail_at, at);
+}
+
+START_TEST(failover_worker_dies)
+{
+    struct fe_opts o = {.monitor_ms = 50};
+    start_pair(&o);
+    /* W0 stops answering mid-stream: the stream ends on W1, the client sees one answer */
+    fail_at(&W0, 6, STRATA_ETIMEDOUT);
+    stream_same();
+    ck_assert_int_eq(atomic_load(&W0.starts), 1);
+    ck_assert_int_eq(atomic_load(&W1.starts), 0);
+    ck_assert_int_eq(atomic_load(&W1.moves_in), 1);
+    ck_assert(metrics_have("strata_stream_moves_total 1\n"));
+    /* the dead worker takes no new request until it answers a hello again */
+    ck_assert(metrics_have("strata_worker_up{worker=\"fake0\"} 0.000"));
+    json_decref(chat("", 200));
+    ck_assert_int_eq(atomic_load(&W0.starts), 1);
+    ck_assert_int_eq(atomic_load(&W1.starts), 1);
+    W0.down = false;
+    wait_metric("strata_worker_up{worker=\"fake0\"} 1.000", true);
+    /* a whole answer moves the same way */
+    fail_at(&W0, 4, STRATA_ETIMEDOUT);
+    json_t *j = chat("", 200);
+    ck_assert_str_eq(str_at(j, "choices.0.message.content"), REPLY);
+    ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "stop");
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), W0.n_reply);
+    json_decref(j);
+    ck_assert_int_eq(atomic_load(&W0.starts), 2);
+    ck_assert_int_eq(atomic_load(&W1.moves_in), 2);
+    teardown();
+}
+END_TEST
+
+/* revive brings a fake worker back 300 ms after it went down. */
+static void *revive(void *arg)
+{
+    struct fake *w = arg;
+    while (!w->down)
+        usleep(1000);
+    usleep(300 * 1000);
+    w->down = false;
+    return NULL;
+}
+
+START_TEST(failover_lost)
+{
+    struct fe_opts o = {.monitor_ms = 50};
+    start_pair(&o);
+    /* W0 answers that it lost the request (it restarted): the stream ends on W1; W0 stays in
+     * use, it answers */
+    fail_at(&W0, 6, STRATA_ENOENT);
+    stream_same();
+    ck_assert_int_eq(atomic_load(&W1.moves_in), 1);
+    ck_assert_int_eq(atomic_load(&W0.moves_in), 0);
+    ck_assert(metrics_have("strata_worker_up{worker=\"fake0\"} 1.000"));
+    teardown();
+    /* alone, a worker that lost a stream takes it back */
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    fail_at(&W0, 6, STRATA_ENOENT);
+    stream_same();
+    ck_assert_int_eq(atomic_load(&W0.moves_in), 1);
+    ck_assert(metrics_have("strata_stream_moves_total 0\n"));
+    /* alone, a worker that stops answering keeps its stream until it answers again */
+    fail_at(&W0, 6, STRATA_ETIMEDOUT);
+    pthread_t t;
+    pthread_create(&t, NULL, revive, &W0);
+    stream_same();
+    pthread_join(t, NULL);
+    ck_assert_int_eq(atomic_load(&W0.moves_in), 1);
+    teardown();
+}
+END_TEST
+
+/* A discovery the test edits: the URLs are the fake workers' names. */
+static struct {
+    pthread_mutex_t mu;
+    const char *urls[2];
+    int n;
+} disc = {PTHREAD_MUTEX_INITIALIZER, {NULL, NULL}, 0};
+
+static void disc_set(const char *a, const char *b)
+{
+    pthread_mutex_lock(&disc.mu);
+    disc.urls[0] = a;
+    disc.urls[1] = b;
+    disc.n = (a != NULL) + (b != NULL);
+    pthread_mutex_unlock(&disc.mu);
+}
+
+static int d_list(void *ctx, char (*urls)[FE_URL_MAX], int max, int *n)
+{
+    pthread_mutex_lock(&disc.mu);
+    for (*n = 0; *n < disc.n && *n < max; (*n)++)
+        snprintf(urls[*n], FE_URL_MAX, "%s", disc.urls[*n]);
+    pthread_mutex_unlock(&disc.mu);
+    return 0;
+}
+
+static int d_open(void *ctx, const char *url, const struct fe_backend **ops, void **w)
+{
+    *ops = &fake_ops;
+    *w = strcmp(url, "fake0") == 0 ? &W0 : &W1;
+    return 0;
+}
+
+START_TEST(discovery)
+{
+    struct fe_opts o = {.monitor_ms = 50};
+    write_vocab();
+    fake_init(&W0, 42);
+    fake_init(&W1, 42);
+    disc_set("fake0", NULL);
+    ck_assert_int_eq(fe_init(&o, &F), 0);
+    struct fe_discovery d = {.list = d_list, .open = d_open};
+    int n = 0;
+    ck_assert_int_eq(fe_discovery_set(F, &d, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(fe_start(F), 0);
+    PORT = fe_port(F);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    json_decref(chat("", 200));
+    ck_assert_int_eq(atomic_load(&W0.starts), 1);
+    /* a worker that registers later is found and used */
+    disc_set("fake0", "fake1");
+    wait_metric("strata_worker_up{worker=\"fake1\"} 1.000", true);
+    /* one that leaves the registry is dropped: new requests go to the other */
+    disc_set("fake1", NULL);
+    wait_metric("worker=\"fake0\"", false);
+    json_decref(chat("", 200));
+    json_decref(chat("", 200));
+    ck_assert_int_eq(atomic_load(&W0.starts), 1);
+    ck_assert_int_eq(atomic_load(&W1.starts), 2);
+    /* and taken back when it registers again under its URL */
+    disc_set("fake1", "fake0");
+    wait_metric("strata_worker_up{worker=\"fake0\"} 1.000", true);
+    teardown();
+}
+END_TEST
+
 /* ---- the CLI chat over the same fake worker -----------------------------------------------------
  */
 
@@ -848,6 +1070,9 @@ static Suite *suite(void)
     tcase_add_test(own, api_key);
     tcase_add_test(own, reasoning);
     tcase_add_test(own, routing_and_refusal);
+    tcase_add_test(own, failover_worker_dies);
+    tcase_add_test(own, failover_lost);
+    tcase_add_test(own, discovery);
     tcase_add_test(own, chat_cli);
     suite_add_tcase(s, own);
     return s;

@@ -20,7 +20,7 @@ static void usage(FILE *to)
         "       strata-frontend chat --help\n"
         "Serve the OpenAI-compatible API (docs/api.md) in front of strata workers.\n"
         "  --worker URL          a worker's socket (repeat for several)\n"
-        "  --arena NAME          every live worker registered in arena NAME\n"
+        "  --arena NAME          every live worker registered in arena NAME (re-read every second)\n"
         "  --shm-dir DIR         where the arena lives (default /dev/shm)\n"
         "  --host ADDR           address to bind (default 127.0.0.1)\n"
         "  --port N              port (default 8080; 0 picks a free one and prints it)\n"
@@ -33,6 +33,8 @@ static void usage(FILE *to)
         "  --max-active N        generations in flight; more get 429 (default 64)\n"
         "  --chat-template SPEC  a built-in template name or a Jinja file (default: the model's)\n"
         "  --alias NAME          the model name /v1/models reports\n"
+        "  --failover-ms MS      a worker silent this long (past a poll's 1 s wait) is down: its\n"
+        "                        streams move to another worker (default 1500)\n"
         "  --log LEVEL           error, warn, info, debug, trace\n");
 }
 
@@ -66,6 +68,7 @@ int main(int argc, char **argv)
                                        {"max-active", 1, 0, 'A'},
                                        {"chat-template", 1, 0, 'C'},
                                        {"alias", 1, 0, 'n'},
+                                       {"failover-ms", 1, 0, 'F'},
                                        {"log", 1, 0, 'l'},
                                        {"help", 0, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -121,6 +124,9 @@ int main(int argc, char **argv)
             break;
         case 'n':
             o.model_alias = optarg;
+            break;
+        case 'F':
+            o.failover_ms = (int)num("failover-ms", optarg, 100, 600000);
             break;
         case 'l':
             if (strata_log_parse_level(optarg, &lvl) != 0) {
