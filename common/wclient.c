@@ -637,7 +637,7 @@ int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **
         if (rv == STRATA_ESTATE)
             return strata_errf(rv, "stream %s has finished: poll it no more", s->id);
         if (rv != 0) {
-            if (!gone(rv) || t0 >= deadline) return rv;
+            if (!gone(rv) || t0 >= deadline || s->c->o.caller_resumes) return rv;
             if (now_ms() - t0 < 100) nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
             continue;
         }
@@ -649,7 +649,7 @@ int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **
                 *u = end_update(s);
                 return 0;
             }
-            if (s->c->o.lost_to_caller)
+            if (s->c->o.caller_resumes)
                 return strata_errf(STRATA_ENOENT,
                                    "worker %s lost request %s (it restarted, or the lease lapsed)",
                                    s->c->url, s->id);

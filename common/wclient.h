@@ -12,7 +12,7 @@
  * so far, with the same seed, n_generated counting them and the remaining max_tokens, and goes on
  * numbering tokens as before; in bit-exact mode the ids are those of an undisturbed run. Once a
  * wclient_hello has told the model, a resubmit first checks the restarted worker serves the same.
- * A caller with several workers can move a stream to another one the same way (lost_to_caller,
+ * A caller with several workers can move a stream to another one the same way (caller_resumes,
  * wclient_stream_move).
  */
 #ifndef STRATA_WCLIENT_H
@@ -40,14 +40,15 @@ struct gguf_file;
 struct wclient;
 
 struct wclient_opts {
-    int timeout_ms;     /* deadline of each call beyond the poll's wait; default 5000 */
-    int poll_wait_ms;   /* how long the worker may hold a poll for new tokens; default 2000 */
-    int resume_wait_ms; /* stream: how long to keep retrying a worker that does not answer (it is
-                           restarting) before giving up; default 30000 */
-    bool lost_to_caller; /* stream: a request the worker lost (a poll answered "unknown": it
-                            restarted, or the lease lapsed) makes wclient_stream_next return
-                            STRATA_ENOENT instead of resubmitting it there, so the caller picks
-                            the worker to resume it on (wclient_stream_move); default false */
+    int timeout_ms;      /* deadline of each call beyond the poll's wait; default 5000 */
+    int poll_wait_ms;    /* how long the worker may hold a poll for new tokens; default 2000 */
+    int resume_wait_ms;  /* stream: how long to keep retrying a worker that does not answer (it is
+                            restarting) before giving up; default 30000 */
+    bool caller_resumes; /* stream: wclient_stream_next does not resume a stream itself: a
+                            request the worker lost (a poll answered "unknown": it restarted, or
+                            the lease lapsed) returns STRATA_ENOENT, a failed poll its error at
+                            once (resume_wait_ms unused), so the caller picks the worker to
+                            resume it on (wclient_stream_move) or polls again; default false */
 };
 
 /* wclient_open makes the socket dialing url (e.g. "ipc:///run/user/1000/strata/m/worker-0.sock").
@@ -227,7 +228,7 @@ int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
  * from the first generated token whatever the resubmits). u->n_tokens may be 0 when nothing came.
  * Once u->finish is not WCLIENT_RUNNING the stream is over. Returns 0, or STRATA_ETIMEDOUT when the
  * worker has not answered for resume_wait_ms, STRATA_EPROTO when it came back with another
- * model, a resubmit's error, or (lost_to_caller) STRATA_ENOENT when the worker lost the request.
+ * model, a resubmit's error, or (caller_resumes) STRATA_ENOENT when the worker lost the request.
  * After an error the stream may be polled again or moved. */
 int wclient_stream_next(struct wclient_stream *s, const struct wclient_update **u);
 

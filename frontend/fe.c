@@ -83,8 +83,7 @@ static int discover(struct fe *f, int *found)
         if (listed)
             LOG_INFO("frontend: worker %s is registered again", wk->name);
         else
-            LOG_WARN("frontend: worker %s left the registry: no new request goes to it",
-                     wk->name);
+            LOG_WARN("frontend: worker %s left the registry: no new request goes to it", wk->name);
     }
     for (int k = 0; k < n; k++) {
         const struct fe_backend *ops;

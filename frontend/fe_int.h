@@ -39,8 +39,8 @@ struct fe {
     struct fe_opts o;
     struct http_server *http;
     struct fe_worker workers[FE_MAX_WORKERS];
-    atomic_int n_workers; /* grows only, from the monitor once started; a slot is set before it
-                             is counted */
+    atomic_int n_workers;     /* grows only, from the monitor once started; a slot is set before it
+                                 is counted */
     struct fe_discovery disc; /* disc.list NULL: the workers are fixed */
     char disc_urls[FE_MAX_WORKERS][FE_URL_MAX];
     bool disc_full; /* a listed worker found no slot (logged once) */

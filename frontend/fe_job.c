@@ -379,14 +379,13 @@ static void *job_main(void *arg)
                 if (mv != 0) nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
                 continue;
             }
-            LOG_WARN("frontend: request %s: no worker took it over in %.0f s: %s", j->id,
-                     FE_AWAY_S, strata_strerror(mv));
+            LOG_WARN("frontend: request %s: no worker took it over in %.0f s: %s", j->id, FE_AWAY_S,
+                     strata_strerror(mv));
         }
         if (rv != 0) {
             api_fail(&e, rv == STRATA_ENOENT || fe_worker_gone(rv) ? 503 : 500, "server_error",
-                     NULL, "worker_error",
-                     "the worker stopped answering mid-request: %s: %s", strata_strerror(rv),
-                     strata_errdetail());
+                     NULL, "worker_error", "the worker stopped answering mid-request: %s: %s",
+                     strata_strerror(rv), strata_errdetail());
             break;
         }
         away = -1;

@@ -183,8 +183,8 @@ static int f_move(void *h, void *to)
     return 0;
 }
 
-static const struct fe_backend fake_ops = {f_hello, f_meta, f_meta_free, f_status, f_start,
-                                           f_next,  f_cancel, f_free,    f_close,  f_move};
+static const struct fe_backend fake_ops = {f_hello, f_meta,   f_meta_free, f_status, f_start,
+                                           f_next,  f_cancel, f_free,      f_close,  f_move};
 
 /* ---- fixture: a vocabulary GGUF and a frontend on a free port ----------------------------------
  */

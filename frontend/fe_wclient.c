@@ -55,20 +55,17 @@ static int w_move(void *s, void *w)
     return wclient_stream_move(s, w);
 }
 
-const struct fe_backend fe_backend_wclient = {
-    w_hello, w_meta, wclient_meta_free, w_status, w_start, w_next, w_cancel, w_free, w_close,
-    w_move};
+const struct fe_backend fe_backend_wclient = {w_hello, w_meta, wclient_meta_free, w_status,
+                                              w_start, w_next, w_cancel,          w_free,
+                                              w_close, w_move};
 
 /* open_url opens a wclient with the frontend's failover timing: a call gets failover_ms beyond a
- * poll's wait (1 s, so a silent worker is noticed within about failover_ms + 1 s), a stream
- * retries its worker that long, and a lost request comes back to the job, which picks the worker
- * it resumes on. */
+ * poll's wait (1 s, so a silent worker is noticed within failover_ms + 1 s), and a failed poll or
+ * a lost request comes back to the job at once, which picks the worker the stream resumes on. */
 static int open_url(struct fe *f, const char *url, struct wclient **c)
 {
-    struct wclient_opts o = {.timeout_ms = f->o.failover_ms,
-                             .poll_wait_ms = 1000,
-                             .resume_wait_ms = f->o.failover_ms,
-                             .lost_to_caller = true};
+    struct wclient_opts o = {
+        .timeout_ms = f->o.failover_ms, .poll_wait_ms = 1000, .caller_resumes = true};
     return wclient_open(url, &o, c);
 }
 
@@ -98,8 +95,7 @@ static int live_endpoints(const char *shm_dir, const char *name, char (*urls)[FE
         int32_t pid = atomic_load(&w->pid);
         if (pid == 0 || !arena_pid_alive(pid) || !w->endpoint[0]) continue;
         snprintf(urls[*n], FE_URL_MAX, "%.*s", (int)sizeof w->endpoint, w->endpoint);
-        LOG_DEBUG("frontend: worker %s (pid %d, gpu %d) in arena %s", urls[*n], pid, w->gpu,
-                  name);
+        LOG_DEBUG("frontend: worker %s (pid %d, gpu %d) in arena %s", urls[*n], pid, w->gpu, name);
         (*n)++;
     }
     arena_state_close(st);

@@ -20,7 +20,8 @@ static void usage(FILE *to)
         "       strata-frontend chat --help\n"
         "Serve the OpenAI-compatible API (docs/api.md) in front of strata workers.\n"
         "  --worker URL          a worker's socket (repeat for several)\n"
-        "  --arena NAME          every live worker registered in arena NAME (re-read every second)\n"
+        "  --arena NAME          every live worker registered in arena NAME (re-read every "
+        "second)\n"
         "  --shm-dir DIR         where the arena lives (default /dev/shm)\n"
         "  --host ADDR           address to bind (default 127.0.0.1)\n"
         "  --port N              port (default 8080; 0 picks a free one and prints it)\n"
@@ -54,24 +55,13 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "chat") == 0)
         return chat_main("strata-frontend chat", argc - 1, argv + 1);
-    static const struct option lo[] = {{"worker", 1, 0, 'w'},
-                                       {"arena", 1, 0, 'a'},
-                                       {"shm-dir", 1, 0, 'd'},
-                                       {"host", 1, 0, 'H'},
-                                       {"port", 1, 0, 'p'},
-                                       {"api-key", 1, 0, 'k'},
-                                       {"threads", 1, 0, 't'},
-                                       {"conn-limit", 1, 0, 'c'},
-                                       {"timeout", 1, 0, 'T'},
-                                       {"max-body", 1, 0, 'b'},
-                                       {"max-tokens", 1, 0, 'm'},
-                                       {"max-active", 1, 0, 'A'},
-                                       {"chat-template", 1, 0, 'C'},
-                                       {"alias", 1, 0, 'n'},
-                                       {"failover-ms", 1, 0, 'F'},
-                                       {"log", 1, 0, 'l'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"worker", 1, 0, 'w'},        {"arena", 1, 0, 'a'},      {"shm-dir", 1, 0, 'd'},
+        {"host", 1, 0, 'H'},          {"port", 1, 0, 'p'},       {"api-key", 1, 0, 'k'},
+        {"threads", 1, 0, 't'},       {"conn-limit", 1, 0, 'c'}, {"timeout", 1, 0, 'T'},
+        {"max-body", 1, 0, 'b'},      {"max-tokens", 1, 0, 'm'}, {"max-active", 1, 0, 'A'},
+        {"chat-template", 1, 0, 'C'}, {"alias", 1, 0, 'n'},      {"failover-ms", 1, 0, 'F'},
+        {"log", 1, 0, 'l'},           {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
     struct fe_opts o = {.port = 8080, .api_key = getenv("STRATA_API_KEY")};
     const char *workers[32], *arena = NULL, *shm_dir = NULL;
     int n_workers = 0, c, idx, rv;

@@ -6,7 +6,9 @@
  *   - the arena killed -9 while a worker serves: the worker keeps serving, the new arena adopts
  *     the segments (adopted, adoptions 1), `strata run --name` still gives the in-process ids;
  *   - a frontend killed -9 mid-stream: its requests end when their leases lapse;
- *   - two workers, requests spread over both, one killed: every stream completes unchanged;
+ *   - two workers, requests spread over both, one killed -9 (serve restarts it), then one stopped
+ *     (SIGSTOP: its calls time out): the frontend moves their streams to the other worker, where
+ *     every one completes unchanged;
  *   - Ctrl-C (SIGINT) stops everything in order and leaves no segment or socket behind.
  * Skips with a message when strata-worker or strata-frontend are not built. nng is opened only
  * inside the tests (Check forks each one), after the children were spawned.
@@ -248,6 +250,7 @@ struct call {
     int seed;
     bool stream;
     _Atomic int chunks; /* SSE events seen so far */
+    double max_gap;     /* longest wait between two reads of the answer after the first, s */
     char *text;         /* the completion's text (malloc'd; may hold NULs: a random model) */
     size_t len;
     char finish[16];
@@ -309,10 +312,13 @@ static void *call_main(void *arg)
     }
     size_t cap = 1 << 16, got = 0;
     char *buf = malloc(cap);
-    for (;;) {
+    for (double t_last = 0;;) {
         if (got + 4096 > cap) buf = realloc(buf, cap *= 2);
         ssize_t r = read(fd, buf + got, cap - got - 1);
         if (r <= 0) break;
+        double t = now_s();
+        if (t_last > 0 && t - t_last > c->max_gap) c->max_gap = t - t_last;
+        t_last = t;
         buf[got + (size_t)r] = '\0';
         for (char *p = buf + (got > 6 ? got - 6 : 0); (p = strstr(p, "data: ")) != NULL; p += 6)
             atomic_fetch_add(&c->chunks, 1);
@@ -432,6 +438,27 @@ static int worker_figures(const char *url, struct wclient_status *s, int timeout
     if (!rv) rv = wclient_status(c, s);
     wclient_close(c);
     return rv ? 0 : h.pid;
+}
+
+/* metric reads a counter or gauge from the frontend's /metrics (-1 when it cannot). */
+static double metric(int port, const char *name)
+{
+    char req[128], buf[32768], line[160];
+    int n = snprintf(req, sizeof req,
+                     "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    size_t got = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && write(fd, req, (size_t)n) == n)
+        for (ssize_t r;
+             got < sizeof buf - 1 && (r = read(fd, buf + got, sizeof buf - 1 - got)) > 0;)
+            got += (size_t)r;
+    close(fd);
+    buf[got] = '\0';
+    snprintf(line, sizeof line, "\n%s ", name);
+    const char *p = strstr(buf, line);
+    return p ? atof(p + strlen(line)) : -1;
 }
 
 static json_t *arena_status(const struct svc *s)
@@ -671,6 +698,15 @@ START_TEST(frontend_killed_leases_lapse)
 }
 END_TEST
 
+/* max_gap is the longest pause any of n streams saw between two reads, in ms. */
+static double max_gap_ms(const struct call *c, int n)
+{
+    double g = 0;
+    for (int k = 0; k < n; k++)
+        g = c[k].max_gap > g ? c[k].max_gap : g;
+    return g * 1e3;
+}
+
 START_TEST(two_workers_one_killed)
 {
     if (!have_bins()) return;
@@ -688,6 +724,8 @@ START_TEST(two_workers_one_killed)
         /* the frontend spread the undisturbed requests over both */
         ck_assert_msg(w[i].requests > 0, "worker %d got no request", i);
     }
+    /* worker 1 killed -9: serve restarts it within a second, but its streams finish on worker 0
+     * (the restarted worker lost them; moving costs the same prefill as resuming there) */
     int victim = state_pid(&s, "workers", 1);
     pthread_t th[N];
     run_streams(got, th, N, prompt, s.port, 1, GEN_TOKENS, 3);
@@ -695,14 +733,41 @@ START_TEST(two_workers_one_killed)
     for (int k = 0; k < N; k++)
         pthread_join(th[k], NULL);
     check_same(got, ref, N);
+    double moves = metric(s.port, "strata_stream_moves_total"), gap = max_gap_ms(got, N);
+    ck_assert_msg(moves >= 1, "the frontend moved %g streams", moves);
     ck_assert_int_gt(worker_figures(url[0], &after[0], 1000), 0);
     int back = worker_figures(url[1], &after[1], 1000);
+    ck_assert_msg(back > 0 && back != victim, "worker 1 was not restarted");
+    ck_assert_msg(after[1].requests == 0 && after[1].tokens_generated == 0,
+                  "the restarted worker 1 took %llu requests, made %llu tokens",
+                  (unsigned long long)after[1].requests,
+                  (unsigned long long)after[1].tokens_generated);
     printf("two workers (%llu and %llu requests undisturbed), worker 1 killed -9 mid-stream: "
-           "all %d streams completed unchanged; worker 0 made %llu more tokens, the restarted "
-           "worker 1 (pid %d) %llu\n",
-           (unsigned long long)w[0].requests, (unsigned long long)w[1].requests, N,
-           (unsigned long long)(after[0].tokens_generated - w[0].tokens_generated), back,
-           (unsigned long long)after[1].tokens_generated);
+           "%g streams moved to worker 0, all %d completed unchanged, the longest pause a "
+           "client saw was %.0f ms; worker 0 made %llu more tokens, the restarted worker 1 (pid "
+           "%d) none\n",
+           (unsigned long long)w[0].requests, (unsigned long long)w[1].requests, moves, N, gap,
+           (unsigned long long)(after[0].tokens_generated - w[0].tokens_generated), back);
+    free_calls(got, N);
+
+    /* worker 0 stopped (SIGSTOP: alive to serve, silent to the frontend): its calls time out
+     * and its streams move to worker 1 after the failover time */
+    int stopped = state_pid(&s, "workers", 0);
+    ck_assert_int_gt(worker_figures(url[1], &w[1], 1000), 0);
+    run_streams(got, th, N, prompt, s.port, 1, GEN_TOKENS, 3);
+    ck_assert_int_eq(kill(stopped, SIGSTOP), 0);
+    for (int k = 0; k < N; k++)
+        pthread_join(th[k], NULL);
+    ck_assert_int_eq(kill(stopped, SIGCONT), 0);
+    check_same(got, ref, N);
+    double moves2 = metric(s.port, "strata_stream_moves_total") - moves;
+    ck_assert_msg(moves2 >= 1, "the frontend moved %g streams off the stopped worker", moves2);
+    ck_assert_int_gt(worker_figures(url[1], &after[1], 1000), 0);
+    ck_assert_uint_ge(after[1].requests - w[1].requests, (uint64_t)moves2);
+    printf("worker 0 stopped (SIGSTOP) mid-stream: %g streams moved to worker 1, all %d "
+           "completed unchanged, the longest pause a client saw was %.0f ms (the frontend's "
+           "--failover-ms 1500 past a poll's 1 s wait)\n",
+           moves2, N, max_gap_ms(got, N));
     free_calls(got, N);
     free_calls(ref, N);
     svc_stop(&s);
