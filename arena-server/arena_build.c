@@ -20,6 +20,11 @@
                            that alignment gaps between tensors do not split a read */
 #define IOV_CAP    1024 /* IOV_MAX on Linux */
 #define HASH_BATCH 16   /* blobs a hash thread claims at once */
+/* Allocation unit of the segment: a huge page (so a hugetlbfs block is one page) and small enough
+ * that a read of a few blob parts does not allocate much more than it fills. */
+#define BLOCK (2ull << 20)
+
+enum { BLK_FREE, BLK_BUSY, BLK_DONE, BLK_FAILED };
 
 /* A chunk: len bytes of one file from src, feeding extents from ext_first (skip bytes into it). */
 struct chunk {
@@ -31,7 +36,9 @@ struct chunk {
 struct job {
     const struct arena_layout *L;
     const struct gguf_file *f;
-    uint8_t *img;
+    const char *dir;           /* shm directory of seg */
+    const struct shm_seg *seg; /* the segment being built */
+    uint8_t *img;              /* seg->map */
     int *fds;
     struct chunk *chunks;
     uint64_t n_chunks;
@@ -46,6 +53,13 @@ struct job {
     pthread_mutex_t err_mu;
     char err_detail[1024];
     struct arena view; /* for the hash phase */
+    _Atomic uint8_t *blk; /* per BLOCK of the segment: BLK_* */
+    uint64_t n_blk;
+    pthread_mutex_t blk_mu;   /* guards the BLK_BUSY -> DONE/FAILED moves against lost wakeups */
+    pthread_cond_t blk_done;  /* broadcast when a block leaves BLK_BUSY */
+    uint64_t fail_reserve;    /* opts->fail_reserve */
+    _Atomic uint64_t n_reserve;  /* block allocations started */
+    _Atomic uint64_t reserve_ns; /* time in them, summed */
 };
 
 static double now_s(void)
@@ -69,6 +83,56 @@ static void thread_done(struct job *j)
     pthread_mutex_lock(&j->err_mu);
     if (--j->running == 0) pthread_cond_signal(&j->finished);
     pthread_mutex_unlock(&j->err_mu);
+}
+
+/* reserve_block allocates block b, which the caller claimed (BLK_BUSY), and wakes the threads
+ * waiting for it. A failure is recorded before the block is marked failed, so a waiter reports it
+ * and not an error of its own. */
+static int reserve_block(struct job *j, uint64_t b)
+{
+    uint64_t off = b * BLOCK, len = j->seg->size - off < BLOCK ? j->seg->size - off : BLOCK;
+    /* The test hook asks for the block at an offset past the largest file size: the kernel
+     * refuses that (EFBIG) before the file system allocates anything, and shm_reserve reports it
+     * as a full directory, so the test takes the real failure path. */
+    if (atomic_fetch_add(&j->n_reserve, 1) + 1 == j->fail_reserve) off = INT64_MAX - len / 2;
+    double t0 = now_s();
+    int rv = shm_reserve(j->dir, j->seg, off, len);
+    atomic_fetch_add_explicit(&j->reserve_ns, (uint64_t)((now_s() - t0) * 1e9),
+                              memory_order_relaxed);
+    if (rv != 0) set_err(j, rv);
+    pthread_mutex_lock(&j->blk_mu);
+    atomic_store(&j->blk[b], rv == 0 ? BLK_DONE : BLK_FAILED);
+    pthread_cond_broadcast(&j->blk_done);
+    pthread_mutex_unlock(&j->blk_mu);
+    return rv;
+}
+
+/* reserve allocates every block under the n ranges of the image in v (entries pointing at skip are
+ * not in the image): first the free blocks, claimed with a CAS, then it waits for the blocks other
+ * threads are allocating. Returns the build's first error when an allocation fails. */
+static int reserve(struct job *j, const struct iovec *v, int n, const uint8_t *skip)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            if (v[i].iov_base == skip || v[i].iov_len == 0) continue;
+            uint64_t off = (uint64_t)((uint8_t *)v[i].iov_base - j->img);
+            for (uint64_t b = off / BLOCK; b <= (off + v[i].iov_len - 1) / BLOCK; b++) {
+                uint8_t st = atomic_load(&j->blk[b]);
+                if (pass == 0 && st == BLK_FREE &&
+                    atomic_compare_exchange_strong(&j->blk[b], &st, BLK_BUSY)) {
+                    int rv = reserve_block(j, b);
+                    if (rv != 0) return rv;
+                    continue;
+                }
+                if (pass == 0 || st == BLK_DONE) continue;
+                pthread_mutex_lock(&j->blk_mu);
+                while ((st = atomic_load(&j->blk[b])) == BLK_BUSY)
+                    pthread_cond_wait(&j->blk_done, &j->blk_mu);
+                pthread_mutex_unlock(&j->blk_mu);
+                if (st == BLK_FAILED) return atomic_load(&j->err);
+            }
+        }
+    return 0;
 }
 
 /* plan_chunks groups the sorted extents into reads of up to chunk bytes of contiguous file range.
@@ -136,6 +200,8 @@ static int read_chunk(struct job *j, const struct chunk *c, uint8_t *scratch)
         pos += take;
         skip = 0;
     }
+    int rv = reserve(j, iov, n, scratch);
+    if (rv != 0) return rv;
     int fd = j->fds[c->split];
     struct iovec *v = iov;
     uint64_t off = c->src, want = c->len;
@@ -264,14 +330,24 @@ static int run_phase(struct job *j, void *(*fn)(void *), int n, bool progress, c
     return 0;
 }
 
-int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, uint8_t *img,
-                     const struct arena_build_opts *opts, struct arena_build_stats *stats)
+/* fill is arena_build_create on a created segment. */
+static int fill(const struct arena_layout *L, const struct gguf_file *f, const char *dir,
+                const struct shm_seg *seg, const struct arena_build_opts *opts,
+                struct arena_build_stats *stats)
 {
     int rv = 0;
-    struct job j = {
-        .L = L, .f = f, .img = img, .keep_cache = opts->keep_cache, .cancel = opts->cancel};
+    struct job j = {.L = L,
+                    .f = f,
+                    .dir = dir,
+                    .seg = seg,
+                    .img = seg->map,
+                    .keep_cache = opts->keep_cache,
+                    .cancel = opts->cancel,
+                    .fail_reserve = opts->fail_reserve};
     pthread_mutex_init(&j.err_mu, NULL);
     pthread_cond_init(&j.finished, NULL);
+    pthread_mutex_init(&j.blk_mu, NULL);
+    pthread_cond_init(&j.blk_done, NULL);
     int n = opts->threads;
     if (n <= 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -280,8 +356,10 @@ int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, ui
     if (n > 64) n = 64;
     memset(stats, 0, sizeof *stats);
     stats->threads = n;
+    j.n_blk = (seg->size + BLOCK - 1) / BLOCK;
+    j.blk = calloc(j.n_blk, sizeof *j.blk);
     j.fds = calloc(f->n_splits, sizeof *j.fds);
-    if (!j.fds) {
+    if (!j.blk || !j.fds) {
         rv = STRATA_ENOMEM;
         goto out;
     }
@@ -296,21 +374,29 @@ int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, ui
         }
         posix_fadvise(j.fds[s], 0, 0, POSIX_FADV_SEQUENTIAL);
     }
-    arena_layout_write_tables(L, img);
     if ((rv = plan_chunks(&j, opts->chunk_bytes ? opts->chunk_bytes : DEFAULT_CHUNK)) != 0)
         goto out;
 
     double t0 = now_s();
+    /* The tables (and the blob hashes, written after the reads) lie before the dense region. */
+    struct iovec tables = {j.img, L->hdr.dense_off};
+    if ((rv = reserve(&j, &tables, 1, NULL)) != 0) goto out;
+    arena_layout_write_tables(L, j.img);
     uint64_t total = 0;
     for (uint64_t i = 0; i < j.n_chunks; i++)
         total += j.chunks[i].len;
     if ((rv = run_phase(&j, read_main, n, opts->progress, "reading", total)) != 0) goto out;
+    /* Readers may touch any page, so a block no read landed in must be allocated too. The layouts
+     * of arena_layout.c leave none (padding never spans a whole block), so this costs a scan. */
+    for (uint64_t b = 0; b < j.n_blk; b++)
+        if (atomic_load(&j.blk[b]) == BLK_FREE && (rv = reserve_block(&j, b)) != 0) goto out;
     stats->bytes_read = atomic_load(&j.done);
     stats->reads = atomic_load(&j.reads);
     stats->read_s = now_s() - t0;
+    stats->reserve_s = atomic_load(&j.reserve_ns) * 1e-9;
 
     t0 = now_s();
-    arena_view(img, L->hdr.total_bytes, &j.view);
+    arena_view(j.img, L->hdr.total_bytes, &j.view);
     if ((rv = run_phase(&j, hash_main, n, opts->progress, "hashing", L->blob_bytes_sum)) != 0)
         goto out;
     stats->hash_s = now_s() - t0;
@@ -320,7 +406,24 @@ out:
             if (j.fds[s] >= 0) close(j.fds[s]);
     free(j.fds);
     free(j.chunks);
+    free(j.blk);
+    pthread_cond_destroy(&j.blk_done);
+    pthread_mutex_destroy(&j.blk_mu);
     pthread_cond_destroy(&j.finished);
     pthread_mutex_destroy(&j.err_mu);
+    return rv;
+}
+
+int arena_build_create(const struct arena_layout *L, const struct gguf_file *f, const char *dir,
+                       const char *tmpname, const struct arena_build_opts *opts,
+                       struct shm_seg *seg, struct arena_build_stats *stats)
+{
+    int rv;
+    *seg = (struct shm_seg){.fd = -1};
+    if ((rv = shm_create_sparse(dir, tmpname, L->hdr.total_bytes, seg)) != 0) return rv;
+    if ((rv = fill(L, f, dir, seg, opts, stats)) != 0) {
+        shm_close(seg);
+        shm_remove(dir, tmpname);
+    }
     return rv;
 }

@@ -1,17 +1,24 @@
-/* arena_build — fills a planned arena image from the GGUF file(s): tables, tensor data, blob
- * hashes.
+/* arena_build — creates an arena segment and fills it from the GGUF file(s): tables, tensor data,
+ * blob hashes.
  *
  * Data moves with large preadv() calls (chunks of up to chunk_bytes of contiguous file range,
  * scattered straight into the mapping by the iovec) on several threads that take chunks in file
  * order, and posix_fadvise(DONTNEED) drops the source pages behind each chunk so the page cache
  * does not hold a second copy of the model. Then every blob's XXH3_64bits is computed, also in
- * parallel. The caller owns the image and publishes it (state READY) afterwards.
- * arena_build_fill blocks until done; it prints a progress bar on stderr when asked.
+ * parallel. The segment is created sparse and allocated in 2 MiB blocks: before a read, its thread
+ * allocates the blocks the read lands in (claimed with a CAS, so one thread allocates each block;
+ * blocks another thread is allocating are waited for), so one thread's allocation overlaps the
+ * others' reads instead of preceding all of them (the tables' blocks are allocated first, any block
+ * no read lands in last). No byte is touched before its block is allocated: a shm directory that
+ * fills up during the build gives STRATA_ENOSPC, never a SIGBUS. The caller publishes the segment
+ * (state READY) afterwards. arena_build_create blocks until done; it prints a progress bar on
+ * stderr when asked.
  */
 #ifndef STRATA_ARENA_BUILD_H
 #define STRATA_ARENA_BUILD_H
 
 #include "arena-server/arena_layout.h"
+#include "common/shm.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -26,22 +33,31 @@ struct arena_build_opts {
     bool keep_cache;           /* do not drop source pages (benchmarks of a warm build) */
     const _Atomic int *cancel; /* when non-NULL and set (e.g. by a signal handler), the build stops
                                   with STRATA_ECANCELED */
+    uint64_t fail_reserve;     /* tests: the fail_reserve-th block allocation fails as in a full
+                                  shm directory; 0: none does */
 };
 
 struct arena_build_stats {
     uint64_t bytes_read; /* tensor bytes read from the GGUF file(s) */
     uint64_t reads;      /* preadv calls */
-    double read_s;       /* wall time of the data phase */
+    double read_s;       /* wall time of the data phase (allocation included) */
+    double reserve_s;    /* time spent allocating the segment, summed over threads */
     double hash_s;       /* wall time of the hash phase */
     int threads;
 };
 
-/* arena_build_fill writes L's tables into img (L->hdr.total_bytes, zero-filled, writable), reads
- * every tensor into place from f's files and stores every blob's hash. The header's state stays
- * BUILDING. Returns 0, STRATA_EIO / errno codes (detail: file, offset) or STRATA_ETRUNC when a file
- * is shorter than its tensors claim. */
-int arena_build_fill(const struct arena_layout *L, const struct gguf_file *f, uint8_t *img,
-                     const struct arena_build_opts *opts, struct arena_build_stats *stats);
+/* arena_build_create creates segment tmpname in dir (NULL: /dev/shm) of L->hdr.total_bytes, writes
+ * L's tables into it, reads every tensor into place from f's files and stores every blob's hash.
+ * On success *seg is the segment mapped read-write, every byte allocated, its header's state still
+ * BUILDING; the caller publishes it. The caller compares the size with the free space first
+ * (arena_space_check), so that a directory too small is refused before anything is allocated;
+ * STRATA_ENOSPC here means the space went during the build. Returns 0, STRATA_EEXIST, STRATA_ENOSPC
+ * (detail: how much is needed, allocated and free, and what to do), STRATA_EIO / errno codes
+ * (detail: file, offset), STRATA_ETRUNC when a file is shorter than its tensors claim or
+ * STRATA_ECANCELED. On failure the segment is removed and *seg is closed. */
+int arena_build_create(const struct arena_layout *L, const struct gguf_file *f, const char *dir,
+                       const char *tmpname, const struct arena_build_opts *opts,
+                       struct shm_seg *seg, struct arena_build_stats *stats);
 
 /* arena_build_hash_blob returns XXH3_64bits of blob (l, e) of an image laid out by any plan (used
  * by fill and by verify). */

@@ -153,7 +153,7 @@ static int build(struct arena_server *s, const struct gguf_file *f)
 {
     struct arena_layout *L = NULL;
     struct shm_seg seg = {.fd = -1};
-    char tmp[300];
+    char tmp[300] = ""; /* the temporary segment to remove on failure, once created */
     int rv;
     uint64_t align = s->cfg.align ? s->cfg.align : ARENA_ALIGN_SMALL;
     if ((rv = arena_layout_plan(f, align, s->model_path, &L)) != 0) return rv;
@@ -172,10 +172,9 @@ static int build(struct arena_server *s, const struct gguf_file *f)
 
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", s->wseg, (int)getpid());
     double t0 = now_s();
-    if ((rv = shm_create(s->cfg.shm_dir, tmp, h->total_bytes, &seg)) != 0) goto out;
     struct arena_build_opts o = {
         .threads = s->cfg.threads, .progress = s->cfg.progress, .cancel = s->cfg.cancel};
-    if ((rv = arena_build_fill(L, f, seg.map, &o, &s->build)) != 0) goto out;
+    if ((rv = arena_build_create(L, f, s->cfg.shm_dir, tmp, &o, &seg, &s->build)) != 0) goto out;
     struct arena_header *dh = (struct arena_header *)seg.map;
     dh->fingerprint = s->fingerprint;
     dh->built_ns = wall_ns();
@@ -185,11 +184,12 @@ static int build(struct arena_server *s, const struct gguf_file *f)
         goto out;
     tmp[0] = '\0';
     s->load_s = now_s() - t0;
-    LOG_INFO("built arena '%s': %.2f GiB read in %.2f s (%.2f GiB/s; read %.2f s, hash %.2f s, %d "
-             "threads, %llu reads)",
+    LOG_INFO("built arena '%s': %.2f GiB read in %.2f s (%.2f GiB/s; read %.2f s with %.2f s of "
+             "allocation over the threads, hash %.2f s, %d threads, %llu reads)",
              s->name, GiB(s->build.bytes_read), s->load_s,
              s->load_s > 0 ? GiB(s->build.bytes_read) / s->load_s : 0.0, s->build.read_s,
-             s->build.hash_s, s->build.threads, (unsigned long long)s->build.reads);
+             s->build.reserve_s, s->build.hash_s, s->build.threads,
+             (unsigned long long)s->build.reads);
     /* Serve from a read-only mapping of what was published, checked as any reader checks it. */
     shm_close(&seg);
     rv = arena_open(s->cfg.shm_dir, s->name, &s->arena);

@@ -3,8 +3,8 @@
  * arena_serve_init takes the per-name lock file (a second server of the name gets STRATA_EBUSY
  * naming the holder), then adopts a published arena whose fingerprint matches and whose state is
  * READY (reading no tensor data), or removes it and builds a new one under a temporary name:
- * space check, posix_fallocate, threaded fill, READY with a release store, fchmod 0400 (0440 with
- * group), rename into place. It holds flock(LOCK_EX) on both segments while serving, creates or
+ * space check, threaded fill that allocates each range just before writing it, READY with a
+ * release store, fchmod 0400 (0440 with group), rename into place. It holds flock(LOCK_EX) on both segments while serving, creates or
  * adopts the state segment and loads the heat profile. arena_serve_run blocks (main thread) until
  * arena_serve_stop (async-signal-safe: call it from a SIGINT/SIGTERM handler) or a shutdown
  * request, saving the profile periodically; arena_serve_fini saves it once more and unlinks the

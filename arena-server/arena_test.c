@@ -14,6 +14,7 @@
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -197,7 +198,7 @@ static void build_in_process(const char *model, const char *name, uint64_t align
 {
     struct gguf_file *f = NULL;
     struct arena_layout *L = NULL;
-    struct shm_seg s = {.fd = -1};
+    struct shm_seg s;
     struct arena_build_stats st;
     char seg[300], tmp[320];
     ck_assert_int_eq(gguf_open(model, &f), 0);
@@ -205,10 +206,9 @@ static void build_in_process(const char *model, const char *name, uint64_t align
     ck_assert_msg(rv == 0, "plan: %s", strata_errdetail());
     shm_name(seg, sizeof seg, name, "");
     snprintf(tmp, sizeof tmp, "%s.tmp", seg);
-    ck_assert_int_eq(shm_create(g_shm, tmp, L->hdr.total_bytes, &s), 0);
     struct arena_build_opts o = {.threads = 2, .chunk_bytes = 64 << 10};
-    rv = arena_build_fill(L, f, s.map, &o, &st);
-    ck_assert_msg(rv == 0, "fill: %s", strata_errdetail());
+    rv = arena_build_create(L, f, g_shm, tmp, &o, &s, &st);
+    ck_assert_msg(rv == 0, "build: %s", strata_errdetail());
     ck_assert_uint_eq(st.bytes_read, L->hdr.source_bytes); /* fixtures have no alignment gaps */
     atomic_store_explicit(&((struct arena_header *)s.map)->state, ARENA_READY,
                           memory_order_release);
@@ -476,6 +476,66 @@ START_TEST(too_big_refused_before_reading)
 }
 END_TEST
 
+/* shm_entries counts the files in g_shm. */
+static int shm_entries(void)
+{
+    DIR *d = opendir(g_shm);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+/* The shm directory filling up during a build (the k-th block allocation fails, for every k: the
+ * tables' in the main thread, the readers', the sweep's) is refused with the helpful message and
+ * leaves no segment; without the failure every byte of the segment is allocated (a reader touching
+ * a hole of a full tmpfs would get SIGBUS). */
+START_TEST(enospc_during_build_refused_cleanly)
+{
+    fresh_dirs("enospc");
+    char model[800];
+    snprintf(model, sizeof model, "%s/model.gguf", g_dir);
+    make_fixture("qwen3moe", "f32", false, model);
+    struct gguf_file *f = NULL;
+    struct arena_layout *L = NULL;
+    ck_assert_int_eq(gguf_open(model, &f), 0);
+    ck_assert_int_eq(arena_layout_plan(f, ARENA_ALIGN_SMALL, model, &L), 0);
+    uint64_t blocks = (L->hdr.total_bytes + (2u << 20) - 1) / (2u << 20);
+    ck_assert_uint_ge(blocks, 4);
+    for (uint64_t k = 1; k <= blocks + 1; k++) {
+        struct shm_seg s;
+        struct arena_build_stats st;
+        struct arena_build_opts o = {.threads = 3, .chunk_bytes = 256 << 10, .fail_reserve = k};
+        int rv = arena_build_create(L, f, g_shm, "strata-test-enospc.tmp", &o, &s, &st);
+        if (k > blocks) { /* no allocation failed */
+            ck_assert_msg(rv == 0, "build: %s", strata_errdetail());
+            struct stat sb;
+            ck_assert_int_eq(fstat(s.fd, &sb), 0);
+            ck_assert_uint_ge((uint64_t)sb.st_blocks * 512, L->hdr.total_bytes);
+            ck_assert_uint_eq(st.bytes_read, L->hdr.source_bytes);
+            shm_close(&s);
+            ck_assert_int_eq(shm_remove(g_shm, "strata-test-enospc.tmp"), 0);
+            break;
+        }
+        ck_assert_msg(rv == STRATA_ENOSPC, "k=%llu: %s: %s", (unsigned long long)k,
+                      strata_strerror(rv), strata_errdetail());
+        const char *d = strata_errdetail();
+        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "GiB free") &&
+                          strstr(d, "--shm-dir") && (k == 1 || strstr(d, "were allocated")),
+                      "k=%llu: %s", (unsigned long long)k, d);
+        ck_assert_int_eq(s.fd, -1);
+        ck_assert_ptr_null(s.map);
+        ck_assert_int_eq(shm_entries(), 0);
+    }
+    ck_assert_int_eq(shm_entries(), 0);
+    arena_layout_free(L);
+    gguf_close(f);
+}
+END_TEST
+
 START_TEST(two_servers_one_wins)
 {
     fresh_dirs("race");
@@ -663,6 +723,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, generic_expert_tensors);
     tcase_add_test(tc, align_2m_pads_every_blob);
     tcase_add_test(tc, check_refuses_bad_images);
+    tcase_add_test(tc, enospc_during_build_refused_cleanly);
     suite_add_tcase(s, tc);
     TCase *srv = tcase_create("server");
     tcase_set_timeout(srv, 120);

@@ -76,16 +76,40 @@ int shm_free_bytes(const char *dir, uint64_t *out)
     return 0;
 }
 
+/* create_file creates segname in dir exclusively (mode 0600); path receives its path. */
+static int create_file(const char *dir, const char *segname, char *path, size_t n, int *fd)
+{
+    int rv;
+    if ((rv = shm_path(path, n, dir, segname)) != 0) return rv;
+    *fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (*fd >= 0) return 0;
+    if (errno == EEXIST) return strata_errf(STRATA_EEXIST, "%s exists", path);
+    return strata_errf(strata_errno(errno), "create %s: %s", path, strerror(errno));
+}
+
+/* no_space says that dir cannot hold a segment of size bytes, of which allocated are in place. */
+static int no_space(const char *dir, uint64_t size, uint64_t allocated)
+{
+    uint64_t avail = 0;
+    shm_free_bytes(dir, &avail);
+    if (allocated == 0)
+        return strata_errf(STRATA_ENOSPC,
+                           "arena needs %.1f GiB, %s has %.1f GiB free: mount a larger tmpfs or "
+                           "pass --shm-dir",
+                           size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0);
+    return strata_errf(STRATA_ENOSPC,
+                       "arena needs %.1f GiB, %s has %.1f GiB free after %.1f GiB of it were "
+                       "allocated (something else filled %s during the build): free space there, "
+                       "mount a larger tmpfs or pass --shm-dir",
+                       size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0,
+                       allocated / 1073741824.0, dir_or_default(dir));
+}
+
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out)
 {
     char path[4096];
     int rv, fd = -1;
-    if ((rv = shm_path(path, sizeof path, dir, segname)) != 0) return rv;
-    fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        if (errno == EEXIST) return strata_errf(STRATA_EEXIST, "%s exists", path);
-        return strata_errf(strata_errno(errno), "create %s: %s", path, strerror(errno));
-    }
+    if ((rv = create_file(dir, segname, path, sizeof path, &fd)) != 0) return rv;
     rv = posix_fallocate(fd, 0, (off_t)size);
     if (rv == EOPNOTSUPP || rv == EINVAL) {
         /* Some file systems have no fallocate; ftruncate is then the only way to size the file and
@@ -93,12 +117,7 @@ int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_s
         rv = ftruncate(fd, (off_t)size) == 0 ? 0 : errno;
     }
     if (rv == ENOSPC || rv == EFBIG) {
-        uint64_t avail = 0;
-        shm_free_bytes(dir, &avail);
-        rv = strata_errf(STRATA_ENOSPC,
-                         "arena needs %.1f GiB, %s has %.1f GiB free: mount a larger tmpfs or pass "
-                         "--shm-dir",
-                         size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0);
+        rv = no_space(dir, size, 0);
         goto fail;
     }
     if (rv != 0) {
@@ -112,6 +131,46 @@ fail:
     close(fd);
     unlink(path);
     return rv;
+}
+
+int shm_create_sparse(const char *dir, const char *segname, uint64_t size, struct shm_seg *out)
+{
+    char path[4096];
+    int rv, fd = -1;
+    if ((rv = create_file(dir, segname, path, sizeof path, &fd)) != 0) return rv;
+    if (ftruncate(fd, (off_t)size) != 0) {
+        rv = errno == EFBIG ? no_space(dir, size, 0)
+                            : strata_errf(strata_errno(errno), "size %s to %llu bytes: %s", path,
+                                          (unsigned long long)size, strerror(errno));
+        goto fail;
+    }
+    if ((rv = map_fd(fd, size, true, out)) != 0) goto fail;
+    return 0;
+fail:
+    close(fd);
+    unlink(path);
+    return rv;
+}
+
+int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t len)
+{
+    /* fallocate(2) rather than posix_fallocate: where the file system has no fallocate, glibc
+     * emulates it by writing a byte per block, which could overwrite data another thread has
+     * just written to a neighbouring range. */
+    while (fallocate(s->fd, 0, (off_t)off, (off_t)len) != 0) {
+        if (errno == EINTR) continue;
+        if (errno == EOPNOTSUPP) return 0;
+        if (errno == ENOSPC || errno == EFBIG) {
+            struct stat st;
+            uint64_t have = fstat(s->fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+            return no_space(dir, s->size, have);
+        }
+        return strata_errf(strata_errno(errno),
+                           "allocate %llu bytes at offset %llu of a segment in %s: %s",
+                           (unsigned long long)len, (unsigned long long)off, dir_or_default(dir),
+                           strerror(errno));
+    }
+    return 0;
 }
 
 int shm_open_seg(const char *dir, const char *segname, bool writable, struct shm_seg *out)

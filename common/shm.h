@@ -4,7 +4,9 @@
  * path with --shm-dir); on Linux that is exactly what shm_open() does, and taking a directory lets
  * one code path serve both. Names are `strata-<uid>-<name>[suffix]`, so two users never collide.
  * Creation preallocates every byte (posix_fallocate) because an ftruncate past the free space of a
- * tmpfs succeeds and then SIGBUSes on first touch. Readers open O_RDONLY and map PROT_READ.
+ * tmpfs succeeds and then SIGBUSes on first touch; a large segment may instead be created sparse
+ * and allocated range by range (shm_reserve) just before each range is written, so that the
+ * allocation overlaps the writing. Readers open O_RDONLY and map PROT_READ.
  * Everything platform-specific lives here so that a Windows file-mapping shim could replace it.
  * A struct shm_seg belongs to one thread at a time; the mapping itself may be read by any thread.
  */
@@ -42,6 +44,19 @@ int shm_path(char *buf, size_t n, const char *dir, const char *segname);
  * (detail: how much is needed and free, and what to do); errno codes otherwise. Nothing is left
  * behind on failure. */
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out);
+
+/* shm_create_sparse is shm_create without the preallocation: the file has its size but no pages.
+ * The caller must shm_reserve every byte before touching it (a touch of an unreserved page of a full
+ * tmpfs is a SIGBUS) and before publishing (readers may touch any page). Nothing is left behind on
+ * failure. */
+int shm_create_sparse(const char *dir, const char *segname, uint64_t size, struct shm_seg *out);
+
+/* shm_reserve allocates bytes [off, off + len) of s, a segment of dir made by shm_create_sparse.
+ * Ranges may overlap; any thread may call it, also while others write reserved ranges. Returns
+ * STRATA_ENOSPC when dir cannot hold them (detail: the segment's size, how much of it was allocated,
+ * what dir has free, what to do); errno codes otherwise. On a file system without fallocate it does
+ * nothing: the free-space check made before building is then the only guard. */
+int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t len);
 
 /* shm_open_seg opens and maps an existing segment, read-only unless writable. STRATA_ENOENT when it
  * does not exist, STRATA_EFORMAT when it is empty. */
