@@ -61,7 +61,7 @@ static int buf_add(struct tok_buf *b, const char *s, size_t n)
         b->p = p;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n); /* s may be NULL when n is 0 (an empty stop-matcher feed) */
     b->n += n;
     b->p[b->n] = '\0';
     return 0;

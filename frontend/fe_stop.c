@@ -54,7 +54,9 @@ bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **ou
     m->held_len += n;
     size_t best = SIZE_MAX;
     for (size_t i = 0; i < m->n_stop; i++) {
-        const char *hit = memmem(m->held, m->held_len, m->stop[i], m->stop_len[i]);
+        const char *hit = m->held_len /* held is NULL until the first bytes */
+                              ? memmem(m->held, m->held_len, m->stop[i], m->stop_len[i])
+                              : NULL;
         if (hit && (size_t)(hit - m->held) < best) best = (size_t)(hit - m->held);
     }
     if (best != SIZE_MAX) {
