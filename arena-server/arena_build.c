@@ -21,10 +21,10 @@
 #define IOV_CAP    1024 /* IOV_MAX on Linux */
 #define HASH_BATCH 16   /* blobs a hash thread claims at once */
 /* Allocation unit of the segment: a huge page (so a hugetlbfs block is one page) and small enough
- * that a read of a few blob parts does not allocate much more than it fills. */
+ * that the allocator is never far ahead of where the readers are. */
 #define BLOCK (2ull << 20)
 
-enum { BLK_FREE, BLK_BUSY, BLK_DONE, BLK_FAILED };
+enum { BLK_FREE, BLK_DONE, BLK_FAILED };
 
 /* A chunk: len bytes of one file from src, feeding extents from ext_first (skip bytes into it). */
 struct chunk {
@@ -53,13 +53,13 @@ struct job {
     pthread_mutex_t err_mu;
     char err_detail[1024];
     struct arena view; /* for the hash phase */
-    _Atomic uint8_t *blk; /* per BLOCK of the segment: BLK_* */
+    _Atomic uint8_t *blk; /* per BLOCK of the segment: BLK_*, written by one thread at a time */
     uint64_t n_blk;
-    pthread_mutex_t blk_mu;   /* guards the BLK_BUSY -> DONE/FAILED moves against lost wakeups */
-    pthread_cond_t blk_done;  /* broadcast when a block leaves BLK_BUSY */
-    uint64_t fail_reserve;    /* opts->fail_reserve */
-    _Atomic uint64_t n_reserve;  /* block allocations started */
-    _Atomic uint64_t reserve_ns; /* time in them, summed */
+    pthread_mutex_t blk_mu;  /* orders block and error updates against the readers' waits */
+    pthread_cond_t blk_done; /* broadcast when a block leaves BLK_FREE or an error is set */
+    uint64_t fail_reserve;   /* opts->fail_reserve */
+    uint64_t n_reserve;      /* block allocations so far (one thread at a time makes them) */
+    double reserve_s;        /* time in them */
 };
 
 static double now_s(void)
@@ -76,6 +76,9 @@ static void set_err(struct job *j, int rv)
     if (atomic_compare_exchange_strong(&j->err, &zero, rv))
         snprintf(j->err_detail, sizeof j->err_detail, "%s", strata_errdetail());
     pthread_mutex_unlock(&j->err_mu);
+    pthread_mutex_lock(&j->blk_mu); /* readers waiting for a block give up */
+    pthread_cond_broadcast(&j->blk_done);
+    pthread_mutex_unlock(&j->blk_mu);
 }
 
 static void thread_done(struct job *j)
@@ -85,20 +88,18 @@ static void thread_done(struct job *j)
     pthread_mutex_unlock(&j->err_mu);
 }
 
-/* reserve_block allocates block b, which the caller claimed (BLK_BUSY), and wakes the threads
- * waiting for it. A failure is recorded before the block is marked failed, so a waiter reports it
- * and not an error of its own. */
+/* reserve_block allocates block b and wakes the readers waiting for it. A failure is recorded
+ * before the block is marked failed, so a waiter reports it and not an error of its own. */
 static int reserve_block(struct job *j, uint64_t b)
 {
     uint64_t off = b * BLOCK, len = j->seg->size - off < BLOCK ? j->seg->size - off : BLOCK;
     /* The test hook asks for the block at an offset past the largest file size: the kernel
      * refuses that (EFBIG) before the file system allocates anything, and shm_reserve reports it
      * as a full directory, so the test takes the real failure path. */
-    if (atomic_fetch_add(&j->n_reserve, 1) + 1 == j->fail_reserve) off = INT64_MAX - len / 2;
+    if (++j->n_reserve == j->fail_reserve) off = INT64_MAX - len / 2;
     double t0 = now_s();
     int rv = shm_reserve(j->dir, j->seg, off, len);
-    atomic_fetch_add_explicit(&j->reserve_ns, (uint64_t)((now_s() - t0) * 1e9),
-                              memory_order_relaxed);
+    j->reserve_s += now_s() - t0;
     if (rv != 0) set_err(j, rv);
     pthread_mutex_lock(&j->blk_mu);
     atomic_store(&j->blk[b], rv == 0 ? BLK_DONE : BLK_FAILED);
@@ -107,31 +108,32 @@ static int reserve_block(struct job *j, uint64_t b)
     return rv;
 }
 
-/* reserve allocates every block under the n ranges of the image in v (entries pointing at skip are
- * not in the image): first the free blocks, claimed with a CAS, then it waits for the blocks other
- * threads are allocating. Returns the build's first error when an allocation fails. */
-static int reserve(struct job *j, const struct iovec *v, int n, const uint8_t *skip)
+/* reserve_range allocates the free blocks under [off, off + len). */
+static int reserve_range(struct job *j, uint64_t off, uint64_t len)
 {
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n; i++) {
-            if (v[i].iov_base == skip || v[i].iov_len == 0) continue;
-            uint64_t off = (uint64_t)((uint8_t *)v[i].iov_base - j->img);
-            for (uint64_t b = off / BLOCK; b <= (off + v[i].iov_len - 1) / BLOCK; b++) {
-                uint8_t st = atomic_load(&j->blk[b]);
-                if (pass == 0 && st == BLK_FREE &&
-                    atomic_compare_exchange_strong(&j->blk[b], &st, BLK_BUSY)) {
-                    int rv = reserve_block(j, b);
-                    if (rv != 0) return rv;
-                    continue;
-                }
-                if (pass == 0 || st == BLK_DONE) continue;
-                pthread_mutex_lock(&j->blk_mu);
-                while ((st = atomic_load(&j->blk[b])) == BLK_BUSY)
-                    pthread_cond_wait(&j->blk_done, &j->blk_mu);
-                pthread_mutex_unlock(&j->blk_mu);
-                if (st == BLK_FAILED) return atomic_load(&j->err);
-            }
+    for (uint64_t b = off / BLOCK; len > 0 && b <= (off + len - 1) / BLOCK; b++) {
+        int rv = atomic_load(&j->blk[b]) == BLK_FREE ? reserve_block(j, b) : 0;
+        if (rv != 0) return rv;
+    }
+    return 0;
+}
+
+/* await_blocks waits until every block under the n image ranges of v (entries pointing at skip are
+ * not in the image) is allocated. Returns the build's first error when it fails meanwhile. */
+static int await_blocks(struct job *j, const struct iovec *v, int n, const uint8_t *skip)
+{
+    for (int i = 0; i < n; i++) {
+        if (v[i].iov_base == skip || v[i].iov_len == 0) continue;
+        uint64_t off = (uint64_t)((uint8_t *)v[i].iov_base - j->img);
+        for (uint64_t b = off / BLOCK; b <= (off + v[i].iov_len - 1) / BLOCK; b++) {
+            if (atomic_load(&j->blk[b]) == BLK_DONE) continue;
+            pthread_mutex_lock(&j->blk_mu);
+            while (atomic_load(&j->blk[b]) == BLK_FREE && atomic_load(&j->err) == 0)
+                pthread_cond_wait(&j->blk_done, &j->blk_mu);
+            pthread_mutex_unlock(&j->blk_mu);
+            if (atomic_load(&j->blk[b]) != BLK_DONE) return atomic_load(&j->err);
         }
+    }
     return 0;
 }
 
@@ -177,11 +179,11 @@ static int plan_chunks(struct job *j, uint64_t chunk)
     return 0;
 }
 
-/* read_chunk rebuilds the chunk's iovec from its extents (as plan_chunks grouped them) and reads.
- */
-static int read_chunk(struct job *j, const struct chunk *c, uint8_t *scratch)
+/* chunk_iov rebuilds c's iovec (at most IOV_CAP entries) from its extents as plan_chunks grouped
+ * them, file padding going to scratch; returns the number of entries. */
+static int chunk_iov(const struct job *j, const struct chunk *c, uint8_t *scratch,
+                     struct iovec *iov)
 {
-    static _Thread_local struct iovec iov[IOV_CAP];
     const struct arena_layout *L = j->L;
     int n = 0;
     uint64_t left = c->len, pos = c->src, skip = c->skip;
@@ -200,7 +202,36 @@ static int read_chunk(struct job *j, const struct chunk *c, uint8_t *scratch)
         pos += take;
         skip = 0;
     }
-    int rv = reserve(j, iov, n, scratch);
+    return n;
+}
+
+/* alloc_main allocates the blocks the chunks land in, in the order the readers take the chunks.
+ * One thread allocates ahead of the readers rather than each reader before its own read: tmpfs
+ * serializes fallocate on a file (the inode lock, whose waiters spin), so readers allocating
+ * would mostly wait for each other instead of reading. */
+static void *alloc_main(void *arg)
+{
+    struct job *j = arg;
+    struct iovec *iov = malloc(IOV_CAP * sizeof *iov);
+    if (!iov) set_err(j, STRATA_ENOMEM);
+    for (uint64_t i = 0; iov && i < j->n_chunks && atomic_load(&j->err) == 0; i++) {
+        int n = chunk_iov(j, &j->chunks[i], NULL, iov);
+        for (int k = 0; k < n; k++)
+            if (iov[k].iov_base &&
+                reserve_range(j, (uint64_t)((uint8_t *)iov[k].iov_base - j->img),
+                              iov[k].iov_len) != 0)
+                break;
+    }
+    free(iov);
+    return NULL;
+}
+
+/* read_chunk waits for the blocks c lands in and reads it. */
+static int read_chunk(struct job *j, const struct chunk *c, uint8_t *scratch)
+{
+    static _Thread_local struct iovec iov[IOV_CAP];
+    int n = chunk_iov(j, c, scratch, iov);
+    int rv = await_blocks(j, iov, n, scratch);
     if (rv != 0) return rv;
     int fd = j->fds[c->split];
     struct iovec *v = iov;
@@ -379,21 +410,25 @@ static int fill(const struct arena_layout *L, const struct gguf_file *f, const c
 
     double t0 = now_s();
     /* The tables (and the blob hashes, written after the reads) lie before the dense region. */
-    struct iovec tables = {j.img, L->hdr.dense_off};
-    if ((rv = reserve(&j, &tables, 1, NULL)) != 0) goto out;
+    if ((rv = reserve_range(&j, 0, L->hdr.dense_off)) != 0) goto out;
     arena_layout_write_tables(L, j.img);
     uint64_t total = 0;
     for (uint64_t i = 0; i < j.n_chunks; i++)
         total += j.chunks[i].len;
-    if ((rv = run_phase(&j, read_main, n, opts->progress, "reading", total)) != 0) goto out;
-    /* Readers may touch any page, so a block no read landed in must be allocated too. The layouts
-     * of arena_layout.c leave none (padding never spans a whole block), so this costs a scan. */
-    for (uint64_t b = 0; b < j.n_blk; b++)
-        if (atomic_load(&j.blk[b]) == BLK_FREE && (rv = reserve_block(&j, b)) != 0) goto out;
+    pthread_t alloc;
+    if (pthread_create(&alloc, NULL, alloc_main, &j) != 0) {
+        rv = strata_errf(STRATA_ENOMEM, "cannot start a thread");
+        goto out;
+    }
+    rv = run_phase(&j, read_main, n, opts->progress, "reading", total);
+    pthread_join(alloc, NULL);
+    /* Readers may touch any page, so a block no read landed in is allocated too. The layouts of
+     * arena_layout.c leave none (padding never spans a whole block): this is a scan. */
+    if (rv != 0 || (rv = reserve_range(&j, 0, seg->size)) != 0) goto out;
     stats->bytes_read = atomic_load(&j.done);
     stats->reads = atomic_load(&j.reads);
     stats->read_s = now_s() - t0;
-    stats->reserve_s = atomic_load(&j.reserve_ns) * 1e-9;
+    stats->reserve_s = j.reserve_s;
 
     t0 = now_s();
     arena_view(j.img, L->hdr.total_bytes, &j.view);
