@@ -52,7 +52,7 @@ struct job {
     _Atomic int err;         /* first error, 0 if none */
     pthread_mutex_t err_mu;
     char err_detail[1024];
-    struct arena view; /* for the hash phase */
+    struct arena view;    /* for the hash phase */
     _Atomic uint8_t *blk; /* per BLOCK of the segment: BLK_*, written by one thread at a time */
     uint64_t n_blk;
     pthread_mutex_t blk_mu;  /* orders block and error updates against the readers' waits */
@@ -215,12 +215,11 @@ static void *alloc_main(void *arg)
     struct iovec *iov = malloc(IOV_CAP * sizeof *iov);
     if (!iov) set_err(j, STRATA_ENOMEM);
     for (uint64_t i = 0; iov && i < j->n_chunks && atomic_load(&j->err) == 0; i++) {
-        int n = chunk_iov(j, &j->chunks[i], NULL, iov);
-        for (int k = 0; k < n; k++)
-            if (iov[k].iov_base &&
-                reserve_range(j, (uint64_t)((uint8_t *)iov[k].iov_base - j->img),
-                              iov[k].iov_len) != 0)
-                break;
+        int n = chunk_iov(j, &j->chunks[i], NULL, iov), rv = 0;
+        for (int k = 0; k < n && rv == 0; k++) {
+            uint8_t *at = iov[k].iov_base; /* NULL: file padding */
+            if (at) rv = reserve_range(j, (uint64_t)(at - j->img), iov[k].iov_len);
+        }
     }
     free(iov);
     return NULL;

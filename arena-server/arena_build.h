@@ -5,12 +5,12 @@
  * scattered straight into the mapping by the iovec) on several threads that take chunks in file
  * order, and posix_fadvise(DONTNEED) drops the source pages behind each chunk so the page cache
  * does not hold a second copy of the model. Then every blob's XXH3_64bits is computed, also in
- * parallel. The segment is created sparse and allocated in 2 MiB blocks: before a read, its thread
- * allocates the blocks the read lands in (claimed with a CAS, so one thread allocates each block;
- * blocks another thread is allocating are waited for), so one thread's allocation overlaps the
- * others' reads instead of preceding all of them (the tables' blocks are allocated first, any block
- * no read lands in last). No byte is touched before its block is allocated: a shm directory that
- * fills up during the build gives STRATA_ENOSPC, never a SIGBUS. The caller publishes the segment
+ * parallel. The segment is created sparse and allocated in 2 MiB blocks by one allocator thread
+ * that walks the chunks in the readers' order, ahead of them; a reader waits only for blocks its
+ * chunk lands in that are not allocated yet. So the allocation overlaps the reads instead of
+ * preceding all of them (the tables' blocks are allocated first, any block no read lands in last).
+ * No byte is touched before its block is allocated: a shm directory that fills up during the build
+ * gives STRATA_ENOSPC, never a SIGBUS. The caller publishes the segment
  * (state READY) afterwards. arena_build_create blocks until done; it prints a progress bar on
  * stderr when asked.
  */

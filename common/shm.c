@@ -165,10 +165,9 @@ int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t
             uint64_t have = fstat(s->fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
             return no_space(dir, s->size, have);
         }
-        return strata_errf(strata_errno(errno),
-                           "allocate %llu bytes at offset %llu of a segment in %s: %s",
-                           (unsigned long long)len, (unsigned long long)off, dir_or_default(dir),
-                           strerror(errno));
+        return strata_errf(
+            strata_errno(errno), "allocate %llu bytes at offset %llu of a segment in %s: %s",
+            (unsigned long long)len, (unsigned long long)off, dir_or_default(dir), strerror(errno));
     }
     return 0;
 }

@@ -46,16 +46,16 @@ int shm_path(char *buf, size_t n, const char *dir, const char *segname);
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out);
 
 /* shm_create_sparse is shm_create without the preallocation: the file has its size but no pages.
- * The caller must shm_reserve every byte before touching it (a touch of an unreserved page of a full
- * tmpfs is a SIGBUS) and before publishing (readers may touch any page). Nothing is left behind on
- * failure. */
+ * The caller must shm_reserve every byte before touching it (a touch of an unreserved page of a
+ * full tmpfs is a SIGBUS) and before publishing (readers may touch any page). Nothing is left
+ * behind on failure. */
 int shm_create_sparse(const char *dir, const char *segname, uint64_t size, struct shm_seg *out);
 
 /* shm_reserve allocates bytes [off, off + len) of s, a segment of dir made by shm_create_sparse.
  * Ranges may overlap; any thread may call it, also while others write reserved ranges. Returns
- * STRATA_ENOSPC when dir cannot hold them (detail: the segment's size, how much of it was allocated,
- * what dir has free, what to do); errno codes otherwise. On a file system without fallocate it does
- * nothing: the free-space check made before building is then the only guard. */
+ * STRATA_ENOSPC when dir cannot hold them (detail: the segment's size, how much of it was
+ * allocated, what dir has free, what to do); errno codes otherwise. On a file system without
+ * fallocate it does nothing: the free-space check made before building is then the only guard. */
 int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t len);
 
 /* shm_open_seg opens and maps an existing segment, read-only unless writable. STRATA_ENOENT when it
