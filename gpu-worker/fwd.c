@@ -193,12 +193,12 @@ void fwd_close(struct fwd *f)
 {
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,       f->xn,         f->tmp,     f->q,         f->k,        f->v,
-                    f->att,     f->rlogit,     f->sel,     f->selw,      f->moe,      f->g,
-                    f->u,       f->y,          f->shg,     f->ptok,      f->pw,       f->ecount,
-                    f->acts[0], f->acts[1],    f->acts[2], f->pacts[0],  f->pacts[1], f->hacts,
-                    f->tasks,   f->task_first, f->pos,     f->run_first, f->chunk,    f->seen,
-                    f->seen_len};
+    void *bufs[] = {f->x,     f->xn,      f->tmp,        f->q,       f->k,         f->v,
+                    f->att,   f->rlogit,  f->sel,        f->selw,    f->moe,       f->g,
+                    f->u,     f->y,       f->shg,        f->ptok,    f->pw,        f->ecount,
+                    f->tpair, f->acts[0], f->acts[1],    f->acts[2], f->pacts[0],  f->pacts[1],
+                    f->hacts, f->tasks,   f->task_first, f->pos,     f->run_first, f->chunk,
+                    f->seen,  f->seen_len};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(f);
