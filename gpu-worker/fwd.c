@@ -35,6 +35,8 @@ struct fwd {
     struct fwd_opts o;
     struct pool *pool;
     struct fwd_stats st;
+    fwd_route_fn route; /* fwd_set_route's hook, or NULL */
+    void *route_ctx;
     size_t act_stride; /* bytes per token of quantized activations: the widest any matrix needs */
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
     uint32_t max_tasks;
@@ -202,6 +204,12 @@ void fwd_close(struct fwd *f)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(f);
+}
+
+void fwd_set_route(struct fwd *f, fwd_route_fn fn, void *ctx)
+{
+    f->route = fn;
+    f->route_ctx = ctx;
 }
 
 void fwd_get_stats(const struct fwd *f, struct fwd_stats *out)
@@ -585,6 +593,11 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
     const size_t E = hp->n_embd, F = G->n_out;
     int rv;
     const uint32_t n_pairs = pair_order(f, n);
+    if (f->route)
+        for (uint32_t e = 0; e < hp->n_expert; e++) {
+            const uint32_t p0 = f->ecount[e], np = f->ecount[e + 1] - p0;
+            if (np) f->route(f->route_ctx, il, e, f->ptok + p0, np);
+        }
     const uint8_t *ag, *au;
     if ((rv = inputs_for(f, G, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
         (rv = inputs_for(f, U, G, ag, f->xn, E, n, f->acts[1], &au)))

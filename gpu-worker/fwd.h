@@ -68,6 +68,20 @@ void fwd_close(struct fwd *f);
  * pool), STRATA_ENOMEM, a quant error; on error every sequence keeps its previous length. */
 int fwd_eval(struct fwd *f, const struct fwd_token *toks, uint32_t n, float *logits);
 
+/* fwd_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are
+ * indices into the pass's batch, ascending; the array is the pass's scratch, valid during the
+ * call only. */
+typedef void (*fwd_route_fn)(void *ctx, uint32_t layer, uint32_t expert, const uint32_t *tokens,
+                             uint32_t n_tokens);
+
+/* fwd_set_route makes every later fwd_eval call fn (NULL: no hook, the default, at no cost) once
+ * per (layer, expert) that holds tokens of the pass, after the layer's routing and before its
+ * experts run: layers in order, a layer's experts in ascending id order, so each token meets its
+ * experts of a layer in ascending id order. Over one layer, n_tokens sums to n * n_expert_used.
+ * fn runs on the thread that calls fwd_eval, never on the pool's. A pass that fails may already
+ * have reported the layers it reached. Same thread as fwd_eval. */
+void fwd_set_route(struct fwd *f, fwd_route_fn fn, void *ctx);
+
 /* fwd_get_stats copies the counters; fwd_reset_stats zeroes them. Same thread as fwd_eval. */
 void fwd_get_stats(const struct fwd *f, struct fwd_stats *out);
 void fwd_reset_stats(struct fwd *f);
