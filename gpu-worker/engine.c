@@ -56,7 +56,6 @@ struct item {
 };
 
 struct engine {
-    struct model mc; /* the borrowed model's table with the heat-counting resolver */
     const struct model *m;
     struct engine_opts o;
     struct kv_cache *kv;
@@ -105,12 +104,13 @@ static uint32_t blocks_for(const struct engine *e, uint32_t n_tokens)
     return (n_tokens + e->bt - 1) / e->bt;
 }
 
-/* route counts heat: the pass resolves each expert it computes once per window, at its GATE. */
-static const void *route(void *ctx, uint32_t layer, uint32_t expert, enum model_part part)
+/* route hands the window's routing to on_route: tokens per (layer, expert), as the heat counts. */
+static void route(void *ctx, uint32_t layer, uint32_t expert, const uint32_t *tokens,
+                  uint32_t n_tokens)
 {
-    struct engine *e = ctx;
-    if (part == MODEL_PART_GATE) e->o.on_route(e->o.route_ctx, layer, expert, 1);
-    return e->m->expert_part(e->m->expert_ctx, layer, expert, part);
+    const struct engine *e = ctx;
+    (void)tokens;
+    e->o.on_route(e->o.route_ctx, layer, expert, n_tokens);
 }
 
 static struct ereq *lookup(const struct engine *e, const char *id)
@@ -511,7 +511,6 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     if (!e) return strata_errf(STRATA_ENOMEM, "out of memory for the engine");
     int rv;
     e->m = m;
-    e->mc = *m;
     e->o = *o;
     if (!e->o.max_running) e->o.max_running = 16;
     if (!e->o.max_queue) e->o.max_queue = 64;
@@ -520,7 +519,6 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     if (!e->o.orphan_timeout_ms) e->o.orphan_timeout_ms = 10000;
     if (e->o.max_batch_tokens < e->o.max_running)
         e->o.max_batch_tokens = e->o.max_running; /* room for every running request's step */
-    if (e->o.on_route) model_set_expert_resolver(&e->mc, route, e);
     pthread_mutex_init(&e->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -533,9 +531,10 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     e->bt = kc.block_tokens;
     e->n_ctx = kc.n_ctx;
     struct fwd_opts fo = {.n_threads = o->n_threads, .max_tokens = e->o.max_batch_tokens};
-    if ((rv = kv_init(&kc, &e->kv)) != 0 || (rv = fwd_start(&e->mc, e->kv, &fo, &e->fwd)) != 0 ||
+    if ((rv = kv_init(&kc, &e->kv)) != 0 || (rv = fwd_start(m, e->kv, &fo, &e->fwd)) != 0 ||
         (rv = sample_init(m->hp.n_vocab, &e->smp)) != 0 || (rv = sample_init(1, &e->check)) != 0)
         goto fail;
+    if (e->o.on_route) fwd_set_route(e->fwd, route, e);
     e->cap_waiting = e->o.max_queue + e->o.max_running;
     e->waiting = calloc(e->cap_waiting, sizeof *e->waiting);
     e->running = calloc(e->o.max_running, sizeof *e->running);

@@ -44,9 +44,10 @@ struct engine_opts {
      * (admission, finish, cancel, lapse). Must not block: the service wakes long-polls from it. */
     void (*on_window)(void *ctx);
     void *window_ctx;
-    /* on_route: expert heat. Called from the forward pass's threads, once per (layer, expert) a
-     * window computes, with n the count of passes (today 1: the forward pass reports reached
-     * experts, not tokens per expert). Must be lock-free (arena_heat_add is). NULL: no heat. */
+    /* on_route: expert heat. Called on the decode thread once per (layer, expert) a window
+     * routes tokens to, with n the tokens routed to it (prompt tokens recomputed after a
+     * preemption count again; prefix-cache hits are not computed, so not counted). Must not
+     * block (arena_heat_add is lock-free). NULL: no heat. */
     void (*on_route)(void *ctx, uint32_t layer, uint32_t expert, uint32_t n);
     void *route_ctx;
 };
@@ -126,7 +127,7 @@ struct engine_status {
 struct engine;
 
 /* engine_start makes the KV cache, the forward pass and the decode-loop thread for m (borrowed;
- * it must outlive the engine; its expert resolver is copied, so set it before). Errors:
+ * it must outlive the engine, and its expert resolver must not change while it runs). Errors:
  * STRATA_EINVAL (options), STRATA_ENOMEM, fwd/kv errors, thread creation. Caller owns *out
  * (engine_stop). */
 int engine_start(const struct model *m, const struct engine_opts *o, struct engine **out);

@@ -485,6 +485,84 @@ START_TEST(stop_tokens_and_logprobs)
 }
 END_TEST
 
+/* Heat per (layer, expert) of the tiny fixture (2 layers, 8 experts). */
+#define HEAT_L 2
+#define HEAT_E 8
+static atomic_ulong g_cell[HEAT_L][HEAT_E];
+
+static void heat_cell(void *ctx, uint32_t layer, uint32_t expert, uint32_t n)
+{
+    (void)ctx;
+    ck_assert_uint_lt(layer, HEAT_L);
+    ck_assert_uint_lt(expert, HEAT_E);
+    atomic_fetch_add(&g_cell[layer][expert], n);
+}
+
+static void count_tokens(void *ctx, uint32_t layer, uint32_t expert, const uint32_t *tokens,
+                         uint32_t n_tokens)
+{
+    (void)tokens;
+    uint64_t(*want)[HEAT_E] = ctx;
+    want[layer][expert] += n_tokens;
+}
+
+START_TEST(heat_counts_routed_tokens_not_windows)
+{
+    struct env v;
+    env_open(&v);
+    const struct model_hparams *hp = &v.m->hp;
+    ck_assert_uint_eq(hp->n_layer, HEAT_L);
+    ck_assert_uint_eq(hp->n_expert, HEAT_E);
+    for (uint32_t l = 0; l < HEAT_L; l++)
+        for (uint32_t x = 0; x < HEAT_E; x++)
+            atomic_store(&g_cell[l][x], 0);
+    /* 21 prompt tokens in windows of 8, then 12 generated: 14 windows, 32 tokens computed (the
+     * last generated token is never fed). */
+    static struct job j;
+    job_make(&j, "heat", 21, 9, 0.0f, 12);
+    struct engine_opts o = {
+        .max_running = 1, .max_batch_tokens = 8, .no_prefix_cache = true, .on_route = heat_cell};
+    struct engine *e = start(&v, &o);
+    run_all(e, &v, &j, 1);
+    ck_assert_uint_eq(j.n_got, 12);
+    struct engine_status st;
+    engine_status(e, &st);
+    ck_assert_uint_eq(st.windows, 3 + 11);
+    engine_stop(e); /* joins the decode thread: every hook call has returned */
+    /* The same 32 tokens in one plain pass, counted by the forward pass's own hook. */
+    const uint32_t n = 21 + 11;
+    int32_t hist[21 + 11];
+    memcpy(hist, j.prompt, 21 * sizeof *hist);
+    memcpy(hist + 21, j.got, 11 * sizeof *hist);
+    struct kv_config kc;
+    fwd_kv_config(v.m, CTX, 1, &kc);
+    struct kv_cache *kv;
+    struct fwd *f;
+    struct fwd_opts fo = {.n_threads = 2, .max_tokens = n};
+    ck_assert_int_eq(kv_init(&kc, &kv), 0);
+    ck_assert_int_eq(fwd_start(v.m, kv, &fo, &f), 0);
+    uint64_t want[HEAT_L][HEAT_E] = {{0}};
+    fwd_set_route(f, count_tokens, want);
+    struct kv_seq seq;
+    kv_seq_init(&seq);
+    ck_assert_int_eq(fwd_prompt(f, &seq, hist, n, 0, NULL), 0);
+    for (uint32_t l = 0; l < HEAT_L; l++) {
+        uint64_t sum = 0;
+        for (uint32_t x = 0; x < HEAT_E; x++) {
+            ck_assert_msg(atomic_load(&g_cell[l][x]) == want[l][x],
+                          "layer %u expert %u: heat %lu, routed tokens %llu", l, x,
+                          atomic_load(&g_cell[l][x]), (unsigned long long)want[l][x]);
+            sum += atomic_load(&g_cell[l][x]);
+        }
+        ck_assert_uint_eq(sum, (uint64_t)n * hp->n_expert_used);
+    }
+    kv_seq_fini(kv, &seq);
+    fwd_close(f);
+    kv_fini(kv);
+    env_close(&v);
+}
+END_TEST
+
 int main(void)
 {
     snprintf(g_path, sizeof g_path, "%s/engine-tiny.gguf", test_tmpdir());
@@ -504,6 +582,7 @@ int main(void)
     tcase_add_test(tc, a_lapsed_lease_cancels_and_polls_keep_it);
     tcase_add_test(tc, duplicate_cancel_busy_and_refusals);
     tcase_add_test(tc, stop_tokens_and_logprobs);
+    tcase_add_test(tc, heat_counts_routed_tokens_not_windows);
     suite_add_tcase(s, tc);
     int rv = test_run(s);
     unlink(g_path);
