@@ -5,7 +5,6 @@
 #include "gpu-worker/kv.h"
 
 #include <math.h>
-#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,35 +58,28 @@ int trace_push(struct trace *t, const uint16_t *sel)
 /* ---- recording --------------------------------------------------------------------------------
  */
 
+/* Passes of at most TRACE_CHUNK tokens of a window: its tokens share each expert's weight reads,
+ * and the forward pass's scratch stays near 50 MB for Qwen3-30B-A3B's shapes. */
+#define TRACE_CHUNK 256
+
 struct rec {
-    model_expert_fn fn; /* the resolver being wrapped */
-    void *ctx;
-    uint32_t n_used;
-    uint16_t *sel; /* this token's picks, (n_layer, n_used), in the order they were reached */
-    uint32_t *got; /* picks seen per layer; may pass n_used, which trace_record reports */
+    uint32_t n_layer, n_used;
+    uint16_t *sel; /* (TRACE_CHUNK, n_layer, n_used) the pass's picks, in the order reported */
+    uint32_t *got; /* (TRACE_CHUNK, n_layer) picks reported; may pass n_used, which trace_record
+                      reports */
 };
 
-/* resolve notes each expert the pass reaches (once per expert: at its GATE part) and hands out the
- * weights through the wrapped resolver. The contract lets any thread resolve, so a pick takes its
- * place with an atomic increment; trace_record sorts each layer's picks after the pass. */
-static const void *resolve(void *ctx, uint32_t layer, uint32_t expert, enum model_part part)
+/* route notes the pass's picks. The forward pass reports a layer's experts in ascending id order,
+ * so each token's picks of a layer land sorted, as trace_push wants them. */
+static void route(void *ctx, uint32_t layer, uint32_t expert, const uint32_t *tokens,
+                  uint32_t n_tokens)
 {
     struct rec *r = ctx;
-    if (part == MODEL_PART_GATE) {
-        uint32_t i = __atomic_fetch_add(&r->got[layer], 1, __ATOMIC_RELAXED);
-        if (i < r->n_used) r->sel[layer * r->n_used + i] = (uint16_t)expert;
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        const size_t k = (size_t)tokens[i] * r->n_layer + layer;
+        if (r->got[k] < r->n_used) r->sel[k * r->n_used + r->got[k]] = (uint16_t)expert;
+        r->got[k]++;
     }
-    return r->fn(r->ctx, layer, expert, part);
-}
-
-static void sort_u16(uint16_t *v, uint32_t n)
-{
-    for (uint32_t i = 1; i < n; i++)
-        for (uint32_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            uint16_t x = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = x;
-        }
 }
 
 int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t ctx,
@@ -99,47 +91,52 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
         if (ids[i] < 0 || (uint32_t)ids[i] >= hp->n_vocab)
             return strata_errf(STRATA_EINVAL, "token %zu is id %d, outside the vocabulary of %u", i,
                                ids[i], hp->n_vocab);
-    /* A private copy of the model struct: the wrapper goes on the copy, so m stays untouched
-     * and the weights (borrowed pointers) are shared. */
-    struct model mc = *m;
-    struct rec r = {.fn = m->expert_part, .ctx = m->expert_ctx, .n_used = hp->n_expert_used};
-    r.sel = malloc((size_t)hp->n_layer * hp->n_expert_used * sizeof *r.sel);
-    r.got = malloc(hp->n_layer * sizeof *r.got);
+    const uint32_t chunk = ctx < TRACE_CHUNK ? ctx : TRACE_CHUNK;
+    struct rec r = {.n_layer = hp->n_layer, .n_used = hp->n_expert_used};
+    r.sel = malloc((size_t)chunk * hp->n_layer * hp->n_expert_used * sizeof *r.sel);
+    r.got = malloc((size_t)chunk * hp->n_layer * sizeof *r.got);
+    struct fwd_token *toks = malloc(chunk * sizeof *toks);
     struct kv_cache *kv = NULL;
     struct fwd *f = NULL;
     struct kv_seq seq;
     kv_seq_init(&seq);
-    float *logits = NULL;
-    int rv;
-    if (!r.sel || !r.got) {
-        rv = strata_errf(STRATA_ENOMEM, "out of memory");
+    int rv = 0;
+    if (!r.sel || !r.got || !toks) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for trace passes of %u tokens", chunk);
         goto fail;
     }
-    model_set_expert_resolver(&mc, resolve, &r);
     struct kv_config kc;
-    fwd_kv_config(&mc, ctx, 1, &kc);
-    struct fwd_opts fo = {.n_threads = n_threads, .max_tokens = 1};
-    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(&mc, kv, &fo, &f)) != 0) goto fail;
-    for (size_t i = 0; i < n; i++) {
+    fwd_kv_config(m, ctx, 1, &kc);
+    struct fwd_opts fo = {.n_threads = n_threads, .max_tokens = chunk};
+    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &f)) != 0) goto fail;
+    fwd_set_route(f, route, &r);
+    for (size_t i = 0; i < n;) {
         if (i % ctx == 0) {
             kv_seq_fini(kv, &seq);
             kv_seq_init(&seq);
         }
-        memset(r.got, 0, hp->n_layer * sizeof *r.got);
+        /* A pass stops at the window's end: the next window starts from an empty context. */
+        const size_t left = ctx - i % ctx < n - i ? ctx - i % ctx : n - i;
+        const uint32_t c = left < chunk ? (uint32_t)left : chunk;
         /* No logits are asked for: the routing is all a trace needs. */
-        struct fwd_token tk = {&seq, ids[i], false};
-        if ((rv = fwd_eval(f, &tk, 1, logits)) != 0) goto fail;
-        for (uint32_t l = 0; l < hp->n_layer; l++) {
-            if (r.got[l] != hp->n_expert_used) {
-                rv = strata_errf(STRATA_EINTERNAL,
-                                 "token %zu, layer %u: the forward pass reached %u experts, "
-                                 "expected %u: it no longer resolves experts once per pass",
-                                 i, l, r.got[l], hp->n_expert_used);
+        for (uint32_t j = 0; j < c; j++)
+            toks[j] = (struct fwd_token){&seq, ids[i + j], false};
+        memset(r.got, 0, (size_t)c * hp->n_layer * sizeof *r.got);
+        if ((rv = fwd_eval(f, toks, c, NULL)) != 0) goto fail;
+        for (uint32_t j = 0; j < c; j++) {
+            for (uint32_t l = 0; l < hp->n_layer; l++)
+                if (r.got[(size_t)j * hp->n_layer + l] != hp->n_expert_used) {
+                    rv = strata_errf(STRATA_EINTERNAL,
+                                     "token %zu, layer %u: the forward pass reported %u experts, "
+                                     "expected %u: its routing hook broke its contract",
+                                     i + j, l, r.got[(size_t)j * hp->n_layer + l],
+                                     hp->n_expert_used);
+                    goto fail;
+                }
+            if ((rv = trace_push(t, r.sel + (size_t)j * hp->n_layer * hp->n_expert_used)) != 0)
                 goto fail;
-            }
-            sort_u16(r.sel + (size_t)l * hp->n_expert_used, hp->n_expert_used);
         }
-        if ((rv = trace_push(t, r.sel)) != 0) goto fail;
+        i += c;
     }
 fail:
     kv_seq_fini(kv, &seq);
@@ -147,6 +144,7 @@ fail:
     kv_fini(kv);
     free(r.sel);
     free(r.got);
+    free(toks);
     return rv;
 }
 

@@ -2,10 +2,9 @@
  * `strata trace`.
  *
  * A trace holds, per token and per layer, the n_used experts the router picked (ascending ids).
- * trace_record fills one by running the reference forward pass one token at a time with a
- * wrapping expert resolver: the forward pass reaches an expert's weights only through
- * model_expert_part (common/model.h), once per part for each expert that holds tokens of the pass,
- * so with one token a pass the GATE lookups of layer l are exactly the token's experts in layer l.
+ * trace_record fills one by running the reference forward pass over whole windows with its
+ * routing hook (fwd_set_route), which names the tokens routed to each expert of each layer; a
+ * token's routing does not depend on the batch it shares a pass with (bit-exact mode).
  * The analysis reads a trace only: per-layer expert counts, the entropy of the popularity, and the
  * hit rate of a per-layer LRU cache replaying the trace in token order (each token's experts in
  * ascending id order, as the forward pass visits them; misses load the expert, evicting the least
@@ -41,9 +40,8 @@ int trace_push(struct trace *t, const uint16_t *sel);
 /* trace_record runs ids[0..n) through m (borrowed, not changed) in windows of ctx tokens, each
  * from an empty context, and appends every token's routing to t (made by trace_init with m's
  * sizes). Blocks; uses n_threads threads. Errors: STRATA_EINVAL (ctx 0, an id outside the
- * vocabulary), STRATA_EINTERNAL when the forward pass did not reach exactly n_used experts in a
- * layer for a token (the one-token-a-pass assumption above no longer holds), forward-pass errors.
- */
+ * vocabulary), STRATA_EINTERNAL when the forward pass did not report exactly n_used experts in a
+ * layer for a token, STRATA_ENOMEM, forward-pass errors. */
 int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t ctx,
                  uint32_t n_threads, struct trace *t);
 
