@@ -29,7 +29,7 @@ static void usage(FILE *out)
             "usage: strata trace MODEL.gguf FILE [--json] [--ids] [--vocab TOK.gguf] [--ctx N]\n"
             "                    [--max-tokens N] [--threads N]\n"
             "\n"
-            "Runs FILE through the model on the CPU one token at a time, records which experts\n"
+            "Runs FILE through the model on the CPU in windows of --ctx tokens, records which experts\n"
             "each layer routes every token to, and prints per layer: the entropy of the expert\n"
             "popularity (bits; log2(experts) is perfectly even), the most used experts and their\n"
             "share, and the hit rate of an LRU cache holding 25%% and 50%% of the layer's experts\n"
