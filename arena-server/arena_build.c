@@ -14,7 +14,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define DEFAULT_CHUNK (32ull << 20)
+/* 8 MiB: the readers take chunks in turn, so the device sees threads streams a chunk apart. Cold,
+ * on a virtio disk, two readers of 32 MiB chunks read 0.67 GiB in 0.34-0.56 s, of 8 MiB chunks in
+ * 0.24-0.30 s, as fast as one sequential reader. */
+#define DEFAULT_CHUNK (8ull << 20)
 #define GAP_MAX                                                                                    \
     (64u << 10)         /* file padding up to this is read into a scratch buffer, so               \
                            that alignment gaps between tensors do not split a read */

@@ -28,7 +28,7 @@ struct gguf_file;
 
 struct arena_build_opts {
     int threads;               /* reader threads; 0: min(8, online CPUs) */
-    uint64_t chunk_bytes;      /* bytes per read; 0: 32 MiB */
+    uint64_t chunk_bytes;      /* bytes per read; 0: 8 MiB */
     bool progress;             /* draw a progress bar on stderr */
     bool keep_cache;           /* do not drop source pages (benchmarks of a warm build) */
     const _Atomic int *cancel; /* when non-NULL and set (e.g. by a signal handler), the build stops
