@@ -28,7 +28,7 @@ static const char usage_text[] =
     "  stop NAME [--runtime-dir DIR] [--force] ask the server to shut down\n"
     "  inspect NAME [--shm-dir DIR] [--json]   print the layout (reads the segment directly)\n"
     "  verify NAME [--shm-dir DIR]             check every byte against the model file\n"
-    "  bench MODEL.gguf [--shm-dir DIR] [--threads N] [--align 4k|2m]\n"
+    "  bench MODEL.gguf [--shm-dir DIR] [--threads N] [--align 4k|2m] [--repeat N]\n"
     "                                          cold/warm build rate vs a sequential read\n";
 
 /* A signal during init cancels a build in progress; after init it stops the server. */
