@@ -389,6 +389,37 @@ static void argv_push(char **argv, int *n, const char *s)
     argv[*n] = NULL;
 }
 
+/* argv_opt appends "OPT VAL" when VAL is set; an option left out takes the child's default. */
+static void argv_opt(char **argv, int *n, const char *opt, const char *val)
+{
+    if (!val) return;
+    argv_push(argv, n, opt);
+    argv_push(argv, n, val);
+}
+
+/* argv_arena appends what the arena server and the workers must agree on: the arena's name (under
+ * NAME_OPT, "--name" for the server, "--arena" for a worker) and the directories of its files. */
+static void argv_arena(char **argv, int *n, const struct serve *sv, const char *name_opt)
+{
+    argv_opt(argv, n, name_opt, sv->name);
+    argv_opt(argv, n, "--runtime-dir", sv->dir);
+    argv_opt(argv, n, "--shm-dir", sv->o.shm_dir);
+}
+
+/* start_child adds child NAME (stopped at STAGE, restarted when it dies, logging to its own file)
+ * and spawns it; its index goes to *idx. */
+static int start_child(struct serve *sv, const char *name, char **argv, int stage, int *idx)
+{
+    char logb[600];
+    struct sup_child_opts co = {.name = name,
+                                .argv = argv,
+                                .log = log_path(sv, name, logb, sizeof logb),
+                                .stage = stage,
+                                .restart = true};
+    int rv = sup_add(sv->sup, &co, idx);
+    return rv ? rv : sup_start(sv->sup, *idx);
+}
+
 /* check_arena looks for an arena server already running under the name: 0 and sv->arena_pid
  * when one answers for the same model, STRATA_ENOENT when none does, STRATA_EEXIST when it serves
  * another model. */
@@ -417,28 +448,16 @@ static int check_arena(struct serve *sv)
 
 static int start_arena(struct serve *sv)
 {
-    char bin[PATH_MAX + 16], logb[600];
+    char bin[PATH_MAX + 16];
     snprintf(bin, sizeof bin, "%s/strata-arena", sv->bindir);
     char *argv[ARGV_MAX];
     int n = 0;
     argv_push(argv, &n, bin);
     argv_push(argv, &n, "serve");
     argv_push(argv, &n, sv->model);
-    argv_push(argv, &n, "--name");
-    argv_push(argv, &n, sv->name);
-    argv_push(argv, &n, "--runtime-dir");
-    argv_push(argv, &n, sv->dir);
-    if (sv->o.shm_dir) {
-        argv_push(argv, &n, "--shm-dir");
-        argv_push(argv, &n, sv->o.shm_dir);
-    }
-    struct sup_child_opts co = {.name = "arena",
-                                .argv = argv,
-                                .log = log_path(sv, "arena", logb, sizeof logb),
-                                .stage = 0,
-                                .restart = true};
-    int rv = sup_add(sv->sup, &co, &sv->arena);
-    if (rv || (rv = sup_start(sv->sup, sv->arena)) != 0) return rv;
+    argv_arena(argv, &n, sv, "--name");
+    int rv = start_child(sv, "arena", argv, 0, &sv->arena);
+    if (rv) return rv;
     LOG_INFO("arena '%s': starting (pid %d); a model read for the first time takes a while",
              sv->name, (int)sup_pid(sv->sup, sv->arena));
     return sup_wait_ready(sv->sup, sv->arena, arena_ready, sv, -1);
@@ -446,20 +465,13 @@ static int start_arena(struct serve *sv)
 
 static int start_worker(struct serve *sv, int i)
 {
-    char bin[PATH_MAX + 16], logb[600], cname[32], num[6][16];
+    char bin[PATH_MAX + 16], cname[32], num[6][16];
     snprintf(bin, sizeof bin, "%s/strata-worker", sv->bindir);
     snprintf(cname, sizeof cname, "worker-%d", i);
     char *argv[ARGV_MAX];
     int n = 0;
     argv_push(argv, &n, bin);
-    argv_push(argv, &n, "--arena");
-    argv_push(argv, &n, sv->name);
-    argv_push(argv, &n, "--runtime-dir");
-    argv_push(argv, &n, sv->dir);
-    if (sv->o.shm_dir) {
-        argv_push(argv, &n, "--shm-dir");
-        argv_push(argv, &n, sv->o.shm_dir);
-    }
+    argv_arena(argv, &n, sv, "--arena");
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = sv->o.threads ? sv->o.threads : (int)(ncpu > 0 ? ncpu : 1) / sv->o.n_workers;
     const struct {
@@ -473,59 +485,36 @@ static int start_worker(struct serve *sv, int i)
     for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++) {
         if (!nums[k].v) continue;
         snprintf(num[k], sizeof num[k], "%d", nums[k].v);
-        argv_push(argv, &n, nums[k].opt);
-        argv_push(argv, &n, num[k]);
+        argv_opt(argv, &n, nums[k].opt, num[k]);
     }
     if (sv->o.bit_exact) argv_push(argv, &n, "--bit-exact");
     for (int k = 0; k < sv->o.n_worker_args; k++)
         argv_push(argv, &n, sv->o.worker_args[k]);
-    struct sup_child_opts co = {.name = cname,
-                                .argv = argv,
-                                .log = log_path(sv, cname, logb, sizeof logb),
-                                .stage = 1,
-                                .restart = true};
-    int rv = sup_add(sv->sup, &co, &sv->workers[i]);
-    if (rv || (rv = sup_start(sv->sup, sv->workers[i])) != 0) return rv;
+    int rv = start_child(sv, cname, argv, 1, &sv->workers[i]);
+    if (rv) return rv;
     struct worker_probe p = {sv, i};
     return sup_wait_ready(sv->sup, sv->workers[i], worker_ready, &p, -1);
 }
 
 static int start_frontend(struct serve *sv, int i)
 {
-    char bin[PATH_MAX + 16], logb[600], cname[32], port[16];
+    char bin[PATH_MAX + 16], cname[32], port[16];
     snprintf(bin, sizeof bin, "%s/strata-frontend", sv->bindir);
     snprintf(cname, sizeof cname, "frontend-%d", i);
     snprintf(port, sizeof port, "%d", sv->o.port + i);
     char *argv[ARGV_MAX];
     int n = 0;
     argv_push(argv, &n, bin);
-    argv_push(argv, &n, "--port");
-    argv_push(argv, &n, port);
-    if (sv->o.host) {
-        argv_push(argv, &n, "--host");
-        argv_push(argv, &n, sv->o.host);
-    }
-    for (int w = 0; w < sv->o.n_workers; w++) {
-        argv_push(argv, &n, "--worker");
-        argv_push(argv, &n, sv->worker_url[w]);
-    }
-    if (sv->o.api_key) {
-        argv_push(argv, &n, "--api-key");
-        argv_push(argv, &n, sv->o.api_key);
-    }
-    if (sv->o.chat_template) {
-        argv_push(argv, &n, "--chat-template");
-        argv_push(argv, &n, sv->o.chat_template);
-    }
+    argv_opt(argv, &n, "--port", port);
+    argv_opt(argv, &n, "--host", sv->o.host);
+    for (int w = 0; w < sv->o.n_workers; w++)
+        argv_opt(argv, &n, "--worker", sv->worker_url[w]);
+    argv_opt(argv, &n, "--api-key", sv->o.api_key);
+    argv_opt(argv, &n, "--chat-template", sv->o.chat_template);
     for (int k = 0; k < sv->o.n_frontend_args; k++)
         argv_push(argv, &n, sv->o.frontend_args[k]);
-    struct sup_child_opts co = {.name = cname,
-                                .argv = argv,
-                                .log = log_path(sv, cname, logb, sizeof logb),
-                                .stage = 2,
-                                .restart = true};
-    int rv = sup_add(sv->sup, &co, &sv->frontends[i]);
-    if (rv || (rv = sup_start(sv->sup, sv->frontends[i])) != 0) return rv;
+    int rv = start_child(sv, cname, argv, 2, &sv->frontends[i]);
+    if (rv) return rv;
     struct frontend_probe p = {sv, sv->o.port + i};
     return sup_wait_ready(sv->sup, sv->frontends[i], frontend_ready, &p, -1);
 }
