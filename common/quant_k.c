@@ -29,35 +29,49 @@
 /* ---- scale searches (ggml's make_qx_quants, make_q3_quants, make_qkx2_quants) ------------------
  */
 
-/* qx_quants: symmetric levels -nmax..nmax-1, weights x^2, best of 19 trial scales (Q6_K). */
-static float qx_quants(int n, int nmax, const float *x, int8_t *L)
+/* sym_first_pass: the start both symmetric searches share. *max is the element of largest
+ * magnitude; L gets the levels -nmax..nmax-1 at scale -nmax / *max, plus offset; *sumlx and *suml2
+ * the x^2-weighted sums of l * x and l * l. Returns false, with L zeroed, for an all-zero group. */
+static bool sym_first_pass(int n, int nmax, const float *x, int8_t *L, int offset, float *max,
+                           float *sumlx, float *suml2)
 {
-    float max = 0, amax = 0;
+    float amax = 0;
+    *max = 0;
     for (int i = 0; i < n; ++i) {
         float ax = fabsf(x[i]);
         if (ax > amax) {
             amax = ax;
-            max = x[i];
+            *max = x[i];
         }
     }
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
-        return 0.f;
+        return false;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
+    float iscale = -nmax / *max;
+    float slx = 0, sl2 = 0;
     for (int i = 0; i < n; ++i) {
         int l = MAXI(-nmax, MINI(nmax - 1, quant_nearest_int(iscale * x[i])));
-        L[i] = (int8_t)(l + nmax);
+        L[i] = (int8_t)(l + offset);
         float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
+        slx += w * x[i] * l;
+        sl2 += w * l * l;
     }
+    *sumlx = slx;
+    *suml2 = sl2;
+    return true;
+}
+
+/* qx_quants: symmetric levels -nmax..nmax-1, weights x^2, best of 19 trial scales (Q6_K). */
+static float qx_quants(int n, int nmax, const float *x, int8_t *L)
+{
+    float max, sumlx, suml2;
+    if (!sym_first_pass(n, nmax, x, L, nmax, &max, &sumlx, &suml2)) return 0.f;
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) continue;
-        iscale = -(nmax + 0.1f * is) / max;
+        float iscale = -(nmax + 0.1f * is) / max;
         sumlx = suml2 = 0;
         for (int i = 0; i < n; ++i) {
             int l = MAXI(-nmax, MINI(nmax - 1, quant_nearest_int(iscale * x[i])));
@@ -81,27 +95,8 @@ static float qx_quants(int n, int nmax, const float *x, int8_t *L)
  * scales (Q3_K). */
 static float q3_quants(int n, int nmax, const float *x, int8_t *L)
 {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; ++i) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.f;
-    }
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; ++i) {
-        int l = MAXI(-nmax, MINI(nmax - 1, quant_nearest_int(iscale * x[i])));
-        L[i] = (int8_t)l;
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float max, sumlx, suml2;
+    if (!sym_first_pass(n, nmax, x, L, 0, &max, &sumlx, &suml2)) return 0.f;
     for (int itry = 0; itry < 5; ++itry) {
         int n_changed = 0;
         for (int i = 0; i < n; ++i) {
