@@ -6,7 +6,6 @@
 #include "launcher/cmd.h"
 #include "tools/bench.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -39,15 +38,6 @@ static void usage(FILE *out)
             "STRATA_CPU=ref|avx2|avx512 picks the kernels (default: the best this CPU has).\n");
 }
 
-static int parse_u32(const char *s, uint32_t min, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-' || v < min || v > UINT32_MAX) return 1;
-    *out = (uint32_t)v;
-    return 0;
-}
 
 /* The llama.cpp side: its JSON line parsed, or why there is none. */
 struct peer {
@@ -194,7 +184,7 @@ static int run(int argc, char **argv)
         } else {
             model = a;
         }
-        if (num && parse_u32(argv[++i], 1, num)) {
+        if (num && strata_cmd_parse_u32(argv[++i], a, 1, num)) {
             fprintf(stderr, "strata bench: %s %s: give a whole number >= 1\n", a, argv[i]);
             return 2;
         }

@@ -8,7 +8,6 @@
 #include "launcher/cmd.h"
 #include "tools/perplexity.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -38,15 +37,6 @@ static void usage(FILE *out)
             "                  stride, seconds\n");
 }
 
-static int parse_u32(const char *s, uint32_t min, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-' || v < min || v > UINT32_MAX) return 1;
-    *out = (uint32_t)v;
-    return 0;
-}
 
 static double now_s(void)
 {
@@ -96,7 +86,7 @@ static int run(int argc, char **argv)
         } else {
             pos[npos++] = a;
         }
-        if (num && parse_u32(argv[++i], min, num)) {
+        if (num && strata_cmd_parse_u32(argv[++i], a, min, num)) {
             fprintf(stderr, "strata perplexity: %s %s: give a whole number >= %u\n", a, argv[i],
                     min);
             return 2;

@@ -77,16 +77,6 @@ struct run_opts {
     struct sample_params sp;
 };
 
-static int parse_u32(const char *s, const char *opt, uint32_t min, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > UINT32_MAX || s[0] == '-')
-        return strata_errf(STRATA_EINVAL, "%s '%s': expected an integer >= %u", opt, s, min);
-    *out = (uint32_t)v;
-    return 0;
-}
 
 static int parse_f32(const char *s, const char *opt, float *out)
 {
@@ -162,9 +152,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case 'p': o->prompt = optarg; break;
         case O_IDS: o->ids = optarg; break;
         case O_TEACHER: o->teacher = optarg; break;
-        case 'n': rv = parse_u32(optarg, "-n", 1, &o->n_predict); break;
+        case 'n': rv = strata_cmd_parse_u32(optarg, "-n", 1, &o->n_predict); break;
         case O_TEMP: rv = parse_f32(optarg, "--temp", &o->sp.temperature); break;
-        case O_TOPK: rv = parse_u32(optarg, "--top-k", 0, &o->sp.top_k); break;
+        case O_TOPK: rv = strata_cmd_parse_u32(optarg, "--top-k", 0, &o->sp.top_k); break;
         case O_TOPP: rv = parse_f32(optarg, "--top-p", &o->sp.top_p); break;
         case O_MINP: rv = parse_f32(optarg, "--min-p", &o->sp.min_p); break;
         case O_REP: rv = parse_f32(optarg, "--repeat-penalty", &o->sp.repeat_penalty); break;
@@ -182,14 +172,14 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             break;
         }
         case O_LOGPROBS:
-            rv = parse_u32(optarg, "--logprobs", 0, &o->sp.n_logprobs);
+            rv = strata_cmd_parse_u32(optarg, "--logprobs", 0, &o->sp.n_logprobs);
             if (!rv && o->sp.n_logprobs > SAMPLE_MAX_LOGPROBS)
                 rv = strata_errf(STRATA_EINVAL, "--logprobs %u: at most %d", o->sp.n_logprobs,
                                  SAMPLE_MAX_LOGPROBS);
             break;
-        case O_CTX: rv = parse_u32(optarg, "--ctx", 1, &o->ctx); break;
-        case O_THREADS: rv = parse_u32(optarg, "--threads", 1, &o->threads); break;
-        case O_CHUNK: rv = parse_u32(optarg, "--chunk", 1, &o->chunk); break;
+        case O_CTX: rv = strata_cmd_parse_u32(optarg, "--ctx", 1, &o->ctx); break;
+        case O_THREADS: rv = strata_cmd_parse_u32(optarg, "--threads", 1, &o->threads); break;
+        case O_CHUNK: rv = strata_cmd_parse_u32(optarg, "--chunk", 1, &o->chunk); break;
         case O_BITEXACT: break; /* the reference backend has no other mode */
         case O_JSON: o->json = true; break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;

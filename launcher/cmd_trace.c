@@ -9,7 +9,6 @@
 #include "tools/perplexity.h"
 #include "tools/trace.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
@@ -43,15 +42,6 @@ static void usage(FILE *out)
             "  --json          one JSON object: sizes, per layer counts, entropy and hit rates\n");
 }
 
-static int parse_u32(const char *s, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-' || v < 1 || v > UINT32_MAX) return 1;
-    *out = (uint32_t)v;
-    return 0;
-}
 
 static uint32_t slots_for(uint32_t n_expert, uint32_t pct)
 {
@@ -197,7 +187,7 @@ static int run(int argc, char **argv)
         } else {
             pos[npos++] = a;
         }
-        if (num && parse_u32(argv[++i], num)) {
+        if (num && strata_cmd_parse_u32(argv[++i], a, 1, num)) {
             fprintf(stderr, "strata trace: %s %s: give a whole number >= 1\n", a, argv[i]);
             return 2;
         }
