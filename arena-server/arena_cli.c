@@ -53,25 +53,38 @@ int arena_cli_parse_align(const char *s, uint64_t *out)
     return 0;
 }
 
-/* Options shared by inspect and verify: NAME [--shm-dir DIR] [--json]. */
-struct seg_opts {
-    const char *name, *shm_dir;
-    int json;
+/* Options of the subcommands on one arena NAME: inspect and verify take SEG_LONGS, status and
+ * stop CTL_LONGS (status knows --force only to refuse it). */
+struct name_opts {
+    const char *name, *shm_dir, *rdir;
+    bool json, force;
 };
 
-static int parse_seg_opts(int argc, char **argv, struct seg_opts *o, const char *usage)
-{
-    static const struct option longs[] = {{"shm-dir", required_argument, NULL, 'd'},
+static const struct option seg_longs[] = {{"shm-dir", required_argument, NULL, 'd'},
                                           {"json", no_argument, NULL, 'j'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
+static const struct option ctl_longs[] = {{"runtime-dir", required_argument, NULL, 'r'},
+                                          {"force", no_argument, NULL, 'f'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+
+/* parse_name_opts fills o from the options in longs (--force only when take_force) and the one
+ * operand NAME. Returns -1 to go on, else the exit status: 0 after --help, 2 after a usage error. */
+static int parse_name_opts(int argc, char **argv, const struct option *longs, bool take_force,
+                           const char *usage, struct name_opts *o)
+{
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         if (c == 'd')
             o->shm_dir = optarg;
         else if (c == 'j')
-            o->json = 1;
+            o->json = true;
+        else if (c == 'r')
+            o->rdir = optarg;
+        else if (c == 'f' && take_force)
+            o->force = true;
         else if (c == 'h') {
             printf("%s", usage);
             return 0;
@@ -175,8 +188,8 @@ int arena_cli_inspect(int argc, char **argv)
         "usage: strata-arena inspect NAME [--shm-dir DIR] [--json]\n"
         "Reads the arena segment directly (no server needed) and prints its layout; --json lists\n"
         "every blob with its parts and every dense tensor, offsets from the segment's start.\n";
-    struct seg_opts o = {0};
-    int st = parse_seg_opts(argc, argv, &o, usage);
+    struct name_opts o = {0};
+    int st = parse_name_opts(argc, argv, seg_longs, false, usage, &o);
     if (st >= 0) return st;
     struct arena *a = NULL;
     char seg[300], path[4096];
@@ -239,8 +252,8 @@ int arena_cli_verify(int argc, char **argv)
         "usage: strata-arena verify NAME [--shm-dir DIR]\n"
         "Re-reads the model file the arena was built from and checks every byte of every dense\n"
         "tensor and expert blob, and every blob's xxHash.\n";
-    struct seg_opts o = {0};
-    int st = parse_seg_opts(argc, argv, &o, usage);
+    struct name_opts o = {0};
+    int st = parse_name_opts(argc, argv, seg_longs, false, usage, &o);
     if (st >= 0) return st;
     struct arena *a = NULL;
     struct gguf_file *f = NULL;
@@ -315,47 +328,16 @@ static bool pid_running(pid_t pid)
     return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
-/* Options shared by status and stop: NAME [--runtime-dir DIR] [--force]. */
-static int parse_ctl_opts(int argc, char **argv, const char **name, const char **rdir, bool *force,
-                          const char *usage)
-{
-    static const struct option longs[] = {{"runtime-dir", required_argument, NULL, 'r'},
-                                          {"force", no_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
-        if (c == 'r')
-            *rdir = optarg;
-        else if (c == 'f' && force)
-            *force = true;
-        else if (c == 'h') {
-            printf("%s", usage);
-            return 0;
-        } else {
-            fprintf(stderr, "%s", usage);
-            return 2;
-        }
-    }
-    if (optind != argc - 1) {
-        fprintf(stderr, "%s", usage);
-        return 2;
-    }
-    *name = argv[optind];
-    return -1;
-}
-
 int arena_cli_status(int argc, char **argv)
 {
     static const char usage[] = "usage: strata-arena status NAME [--runtime-dir DIR]\n"
                                 "Asks the arena-server of NAME for its status.\n";
-    const char *name = NULL, *rdir = NULL;
-    int st = parse_ctl_opts(argc, argv, &name, &rdir, NULL, usage);
+    struct name_opts o = {0};
+    int st = parse_name_opts(argc, argv, ctl_longs, false, usage, &o);
     if (st >= 0) return st;
     struct msg reply = {0};
-    int rv = arena_ctl_request(rdir, name, "status", false, 5000, &reply);
-    if (rv != 0) return fail("status", name, rv);
+    int rv = arena_ctl_request(o.rdir, o.name, "status", false, 5000, &reply);
+    if (rv != 0) return fail("status", o.name, rv);
     const msgpack_object_map *m = &reply.root.via.map;
     for (uint32_t i = 0; i < m->size; i++) {
         const msgpack_object *k = &m->ptr[i].key;
@@ -376,13 +358,12 @@ int arena_cli_stop(int argc, char **argv)
         "usage: strata-arena stop NAME [--runtime-dir DIR] [--force]\n"
         "Asks the arena-server of NAME to shut down and waits for it to exit. Its segments stay\n"
         "while registered workers map them, unless --force.\n";
-    const char *name = NULL, *rdir = NULL;
-    bool force = false;
-    int st = parse_ctl_opts(argc, argv, &name, &rdir, &force, usage);
+    struct name_opts o = {0};
+    int st = parse_name_opts(argc, argv, ctl_longs, true, usage, &o);
     if (st >= 0) return st;
     struct msg reply = {0};
-    int rv = arena_ctl_request(rdir, name, "shutdown", force, 5000, &reply);
-    if (rv != 0) return fail("stop", name, rv);
+    int rv = arena_ctl_request(o.rdir, o.name, "shutdown", o.force, 5000, &reply);
+    if (rv != 0) return fail("stop", o.name, rv);
     uint64_t pid = 0;
     msg_get_u64(&reply, NULL, "pid", INT32_MAX, &pid);
     msg_free(&reply);
@@ -396,6 +377,6 @@ int arena_cli_stop(int argc, char **argv)
                 (unsigned long long)pid);
         return 1;
     }
-    printf("arena-server of '%s' (pid %llu) stopped\n", name, (unsigned long long)pid);
+    printf("arena-server of '%s' (pid %llu) stopped\n", o.name, (unsigned long long)pid);
     return 0;
 }
