@@ -39,19 +39,6 @@ static int need(struct trt *rt, const char *f, const struct tv *v)
     return v ? 0 : tmpl_rt_err(rt, STRATA_EINVAL, "%s: a required argument is missing", f);
 }
 
-static int ret_str(struct trt *rt, struct tbuf *b, int rv, struct tv *out)
-{
-    if (!rv) {
-        struct tstr *s = tmpl_rt_str(rt, b->p ? b->p : "", b->n);
-        if (!s)
-            rv = tmpl_rt_oom(rt);
-        else
-            *out = tv_s(s);
-    }
-    free(b->p);
-    return rv;
-}
-
 static struct tbuf newbuf(struct trt *rt)
 {
     return (struct tbuf){.limit = rt->t->lim.max_memory};
@@ -156,7 +143,7 @@ static int f_tojson(struct trt *rt, struct tv in, const struct targs *x, struct 
     int rv = tv_tojson(&b, in, ind && tv_isint(*ind) ? (int)tv_asint(*ind) : -1, 0);
     if (rv && strncmp(strata_errdetail(), "line ", 5) != 0)
         rv = tmpl_rt_err(rt, rv, "%s", strata_errdetail());
-    return ret_str(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static int f_string(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)
@@ -215,7 +202,7 @@ static int f_join(struct trt *rt, struct tv in, const struct targs *x, struct tv
         if (!rv && i && ss) rv = tbuf_add(&b, ss->p, ss->n);
         if (!rv) rv = tv_write(&b, v, 0);
     }
-    return ret_str(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static int f_replace(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)
@@ -644,7 +631,7 @@ static int f_reverse(struct trt *rt, struct tv in, const struct targs *x, struct
     struct tbuf b = newbuf(rt);
     for (size_t i = 0; !rv && i < l->n; i++)
         rv = tbuf_add(&b, l->v[i].u.s->p, l->v[i].u.s->n);
-    return ret_str(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static int f_batch(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)
@@ -701,7 +688,7 @@ static int f_indent(struct trt *rt, struct tv in, const struct targs *x, struct 
         if (e == s->n) break;
         i = e + 1;
     }
-    return ret_str(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static int f_escape(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)
@@ -730,7 +717,7 @@ static int f_escape(struct trt *rt, struct tv in, const struct targs *x, struct 
             rv = tbuf_add(&b, &s->p[i], 1);
         }
     }
-    return ret_str(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static int f_wordcount(struct trt *rt, struct tv in, const struct targs *x, struct tv *out)

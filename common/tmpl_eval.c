@@ -36,6 +36,19 @@ struct tstr *tmpl_rt_str(struct trt *rt, const char *p, size_t n)
     return tv_newstr(&rt->arena, p, n);
 }
 
+int tmpl_rt_buf_str(struct trt *rt, struct tbuf *b, int rv, struct tv *out)
+{
+    if (!rv) {
+        struct tstr *s = tmpl_rt_str(rt, b->p ? b->p : "", b->n);
+        if (!s)
+            rv = tmpl_rt_oom(rt);
+        else
+            *out = tv_s(s);
+    }
+    free(b->p);
+    return rv;
+}
+
 int tmpl_rt_tostr(struct trt *rt, struct tv v, struct tstr **out)
 {
     if (v.k == TV_STR) {

@@ -298,6 +298,9 @@ int tmpl_rt_err(struct trt *rt, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int tmpl_rt_oom(struct trt *rt);
 struct tstr *tmpl_rt_str(struct trt *rt, const char *p, size_t n);
+/* tmpl_rt_buf_str ends a build into b: when rv is 0, *out is b's bytes as a new string; b is freed
+ * either way. Returns rv, or the error of copying b. */
+int tmpl_rt_buf_str(struct trt *rt, struct tbuf *b, int rv, struct tv *out);
 /* tmpl_rt_tostr: str(v) as a new string. */
 int tmpl_rt_tostr(struct trt *rt, struct tv v, struct tstr **out);
 /* tmpl_rt_iter: list(v) (dict keys, string characters); undefined is empty; else STRATA_EINVAL. */

@@ -108,15 +108,7 @@ static int capture(struct trt *rt, struct tnode *const *v, size_t n, struct tv *
     rt->out = &b;
     int rv = run(rt, v, n);
     rt->out = saved;
-    if (!rv) {
-        struct tstr *s = tmpl_rt_str(rt, b.p ? b.p : "", b.n);
-        if (!s)
-            rv = tmpl_rt_oom(rt);
-        else
-            *out = tv_s(s);
-    }
-    free(b.p);
-    return rv;
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static int step(struct trt *rt)

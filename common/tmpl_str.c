@@ -55,19 +55,6 @@ static bool jinja_word_sep(uint32_t c)
     return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || tmpl_u_isspace(c);
 }
 
-static int done_buf(struct trt *rt, struct tbuf *b, int rv, struct tv *out)
-{
-    if (!rv) {
-        struct tstr *s = tmpl_rt_str(rt, b->p ? b->p : "", b->n);
-        if (!s)
-            rv = tmpl_rt_oom(rt);
-        else
-            *out = tv_s(s);
-    }
-    free(b->p);
-    return rv;
-}
-
 int tmpl_str_case(struct trt *rt, const struct tstr *s, enum tcase mode, struct tv *out)
 {
     struct tbuf b = {.limit = rt->t->lim.max_memory};
@@ -100,7 +87,7 @@ int tmpl_str_case(struct trt *rt, const struct tstr *s, enum tcase mode, struct 
         char e[4];
         rv = tbuf_add(&b, e, (size_t)tmpl_u8_enc(e, o));
     }
-    return done_buf(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 static bool in_chars(const struct tstr *chars, uint32_t c)
@@ -163,7 +150,7 @@ int tmpl_str_replace(struct trt *rt, const struct tstr *s, const struct tstr *ol
             i += k;
         }
         if (!rv && i < s->n) rv = tbuf_add(&b, s->p + i, s->n - i);
-        return done_buf(rt, &b, rv, out);
+        return tmpl_rt_buf_str(rt, &b, rv, out);
     }
     while (!rv) {
         const char *hit = count != 0 ? memmem(s->p + i, s->n - i, old->p, old->n) : NULL;
@@ -174,7 +161,7 @@ int tmpl_str_replace(struct trt *rt, const struct tstr *s, const struct tstr *ol
         if (count > 0) count--;
     }
     if (!rv) rv = tbuf_add(&b, s->p + i, s->n - i);
-    return done_buf(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 /* ---- % formatting ---- */
@@ -281,7 +268,7 @@ int tmpl_str_percent(struct trt *rt, const struct tstr *s, struct tv args, struc
     }
     if (!rv && tuple && next < args.u.l->n)
         rv = tmpl_rt_err(rt, STRATA_EINVAL, "not all arguments converted during string formatting");
-    return done_buf(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 /* str_format: str.format with "{}", "{0}", "{name}" fields (no format specs), "{{" and "}}". */
@@ -330,7 +317,7 @@ static int str_format(struct trt *rt, const struct tstr *s, struct tv *args, siz
         rv = tv_write(&b, *v, 0);
         i = (size_t)(close - s->p);
     }
-    return done_buf(rt, &b, rv, out);
+    return tmpl_rt_buf_str(rt, &b, rv, out);
 }
 
 /* ---- methods ---- */
@@ -551,7 +538,7 @@ int tmpl_str_method(struct trt *rt, const struct tstr *s, const char *m, struct 
             if (!rv && i) rv = tbuf_add(&b, s->p, s->n);
             if (!rv) rv = tbuf_add(&b, l->v[i].u.s->p, l->v[i].u.s->n);
         }
-        return done_buf(rt, &b, rv, out);
+        return tmpl_rt_buf_str(rt, &b, rv, out);
     }
     if (!strcmp(m, "format")) return str_format(rt, s, args, nargs, kwn, kwv, nkw, out);
     if (!strcmp(m, "isdigit") || !strcmp(m, "isspace") || !strcmp(m, "isalpha")) {
