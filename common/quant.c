@@ -83,19 +83,6 @@ uint16_t quant_f32_to_bf16(float f)
 /* ---- 32-element formats: ggml's quantize_row_*_ref and dequantize_row_* ------------------------
  */
 
-/* amax_signed returns the element of largest magnitude (the first one on ties), 0 for none. */
-static float amax_signed(const float *x, int n)
-{
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < n; j++) {
-        if (amax < fabsf(x[j])) {
-            amax = fabsf(x[j]);
-            max = x[j];
-        }
-    }
-    return max;
-}
-
 static void min_max(const float *x, int n, float *min, float *max)
 {
     *min = FLT_MAX;
@@ -111,7 +98,7 @@ static void min_max(const float *x, int n, float *min, float *max)
 static void q4_0_quantize(const float *x, struct blk_q4_0 *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += QK_LEGACY) {
-        const float d = amax_signed(x, QK_LEGACY) / -8;
+        const float d = quant_amax_signed(x, QK_LEGACY) / -8;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = quant_f32_to_f16(d);
         for (int j = 0; j < 16; j++) {
@@ -152,7 +139,7 @@ static void q5_0_quantize(const float *x, struct blk_q5_0 *y, int64_t nb)
 {
     int q[QK_LEGACY];
     for (int64_t i = 0; i < nb; i++, x += QK_LEGACY) {
-        const float d = amax_signed(x, QK_LEGACY) / -16;
+        const float d = quant_amax_signed(x, QK_LEGACY) / -16;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = quant_f32_to_f16(d);
         for (int j = 0; j < QK_LEGACY; j++) {
@@ -264,7 +251,7 @@ static void q8_0_dequantize(const struct blk_q8_0 *x, float *y, int64_t nb)
 void quant_q8_K(const float *x, struct blk_q8_K *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max = amax_signed(x, QK_K);
+        float max = quant_amax_signed(x, QK_K);
         if (max == 0.0f) {
             /* ggml leaves bsums unset here; zeros keep the output deterministic */
             memset(&y[i], 0, sizeof y[i]);

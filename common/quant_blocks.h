@@ -14,6 +14,7 @@
 #ifndef STRATA_QUANT_BLOCKS_H
 #define STRATA_QUANT_BLOCKS_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -135,6 +136,20 @@ static inline int quant_nearest_int(float f)
     int32_t i;
     memcpy(&i, &v, sizeof i);
     return (i & 0x007fffff) - 0x00400000;
+}
+
+/* quant_amax_signed returns the element of largest magnitude (the first one on ties), 0 for none:
+ * the scale searches divide by it with its sign, as ggml's do. */
+static inline float quant_amax_signed(const float *x, int n)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
 }
 
 /* Family entry points (see the header comment). src/dst are nb blocks and nb * block-size floats.

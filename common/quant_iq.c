@@ -38,16 +38,10 @@ static int best_index(float x)
 static float block_scale(const float *xb, uint8_t *L)
 {
     float weight[32];
-    float amax = 0, max = 0;
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < 32; ++j)
         weight[j] = xb[j] * xb[j];
-        float ax = fabsf(xb[j]);
-        if (ax > amax) {
-            amax = ax;
-            max = xb[j];
-        }
-    }
-    if (amax < GROUP_MAX_EPS) {
+    float max = quant_amax_signed(xb, 32);
+    if (fabsf(max) < GROUP_MAX_EPS) {
         memset(L, 0, 32);
         return 0;
     }
@@ -105,14 +99,9 @@ static void iq4_xs_quantize(const float *x, struct blk_iq4_xs *y, int64_t nb)
     uint8_t L[QK_K];
     float scales[QK_K / 32];
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max_scale = 0, amax_scale = 0;
-        for (int ib = 0; ib < QK_K / 32; ++ib) {
+        for (int ib = 0; ib < QK_K / 32; ++ib)
             scales[ib] = block_scale(x + 32 * ib, L + 32 * ib);
-            if (fabsf(scales[ib]) > amax_scale) {
-                amax_scale = fabsf(scales[ib]);
-                max_scale = scales[ib];
-            }
-        }
+        float max_scale = quant_amax_signed(scales, QK_K / 32);
         y[i].scales_h = 0;
         const float d = -max_scale / 32;
         y[i].d = quant_f32_to_f16(d);

@@ -35,16 +35,8 @@
 static bool sym_first_pass(int n, int nmax, const float *x, int8_t *L, int offset, float *max,
                            float *sumlx, float *suml2)
 {
-    float amax = 0;
-    *max = 0;
-    for (int i = 0; i < n; ++i) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            *max = x[i];
-        }
-    }
-    if (amax < GROUP_MAX_EPS) {
+    *max = quant_amax_signed(x, n);
+    if (fabsf(*max) < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return false;
     }
@@ -277,15 +269,9 @@ static void q3_K_quantize(const float *x, struct blk_q3_K *y, int64_t nb)
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max_scale = 0, amax = 0;
-        for (int j = 0; j < QK_K / 16; ++j) {
+        for (int j = 0; j < QK_K / 16; ++j)
             scales[j] = q3_quants(16, 4, x + 16 * j, L + 16 * j);
-            float scale = fabsf(scales[j]);
-            if (scale > amax) {
-                amax = scale;
-                max_scale = scales[j];
-            }
-        }
+        float max_scale = quant_amax_signed(scales, QK_K / 16);
         memset(y[i].scales, 0, 12);
         if (max_scale) {
             float iscale = -32.f / max_scale;
@@ -481,15 +467,10 @@ static void q6_K_quantize(const float *x, struct blk_q6_K *y, int64_t nb)
     int8_t L[QK_K];
     float scales[QK_K / 16];
     for (int64_t i = 0; i < nb; i++, x += QK_K) {
-        float max_scale = 0, max_abs_scale = 0;
-        for (int ib = 0; ib < QK_K / 16; ++ib) {
+        for (int ib = 0; ib < QK_K / 16; ++ib)
             scales[ib] = qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
-            if (fabsf(scales[ib]) > max_abs_scale) {
-                max_abs_scale = fabsf(scales[ib]);
-                max_scale = scales[ib];
-            }
-        }
-        if (max_abs_scale < GROUP_MAX_EPS) {
+        float max_scale = quant_amax_signed(scales, QK_K / 16);
+        if (fabsf(max_scale) < GROUP_MAX_EPS) {
             memset(&y[i], 0, sizeof y[i]);
             continue;
         }
