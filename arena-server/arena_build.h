@@ -41,7 +41,7 @@ struct arena_build_stats {
     uint64_t bytes_read; /* tensor bytes read from the GGUF file(s) */
     uint64_t reads;      /* preadv calls */
     double read_s;       /* wall time of the data phase (allocation included) */
-    double reserve_s;    /* time spent allocating the segment, summed over threads */
+    double reserve_s;    /* time spent allocating the segment (mostly while the reads ran) */
     double hash_s;       /* wall time of the hash phase */
     int threads;
 };
