@@ -601,6 +601,9 @@ int ipc_url(const char *dir, const char *sock, char *out, size_t cap)
 
 struct ipc_client {
     nng_socket sock;
+    nng_dialer dialer;
+    pthread_mutex_t mu;      /* guards dialer and last_redial_ms */
+    int64_t last_redial_ms;
     char url[256];
 };
 
@@ -634,10 +637,11 @@ int ipc_client_open(const char *url, const struct ipc_client_opts *opts, struct 
         goto fail;
     }
     /* non-blocking: a server that is not up yet is reached when it comes */
-    if ((rv = nng_dial(cli->sock, url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+    if ((rv = nng_dial(cli->sock, url, &cli->dialer, NNG_FLAG_NONBLOCK)) != 0) {
         rv = nng_fail(rv, "cannot dial", url);
         goto fail;
     }
+    pthread_mutex_init(&cli->mu, NULL);
     *out = cli;
     return 0;
 fail:
@@ -651,6 +655,24 @@ static int64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* redial replaces the client's dialer (at most once a second). With nng 1.5.2 a dialer whose peer
+ * was killed and restarted can stay without a working pipe for good (seen: one of four frontends'
+ * sockets timed out for 30 s while the other three had reconnected in 0.3 s); a fresh dialer
+ * connects at once. Calls still waiting on the old pipes fail or are resent by req0. */
+static void redial(struct ipc_client *cli)
+{
+    pthread_mutex_lock(&cli->mu);
+    int64_t now = now_ms();
+    if (now - cli->last_redial_ms >= 1000) {
+        cli->last_redial_ms = now;
+        nng_dialer_close(cli->dialer);
+        int rv = nng_dial(cli->sock, cli->url, &cli->dialer, NNG_FLAG_NONBLOCK);
+        if (rv != 0) LOG_WARN("ipc: redialing %s: %s", cli->url, nng_strerror(rv));
+        else LOG_DEBUG("ipc: redialed %s after a timeout", cli->url);
+    }
+    pthread_mutex_unlock(&cli->mu);
 }
 
 /* wait_op runs one operation on aio with at most the time left until deadline. */
@@ -700,8 +722,11 @@ int ipc_call(struct ipc_client *cli, const void *req, size_t req_len, void **rep
     }
     nng_aio_set_msg(aio, m);
     m = NULL;
-    if ((rv = wait_op(cli, ctx, aio, true, deadline, timeout_ms)) != 0) goto fail;
-    if ((rv = wait_op(cli, ctx, aio, false, deadline, timeout_ms)) != 0) goto fail;
+    if ((rv = wait_op(cli, ctx, aio, true, deadline, timeout_ms)) != 0 ||
+        (rv = wait_op(cli, ctx, aio, false, deadline, timeout_ms)) != 0) {
+        if (rv == STRATA_ETIMEDOUT) redial(cli);
+        goto fail;
+    }
     m = nng_aio_get_msg(aio);
     size_t len = nng_msg_len(m);
     void *buf = malloc(len ? len : 1);
@@ -741,5 +766,6 @@ void ipc_client_close(struct ipc_client *cli)
 {
     if (!cli) return;
     nng_close(cli->sock);
+    pthread_mutex_destroy(&cli->mu);
     free(cli);
 }
