@@ -27,20 +27,7 @@ static const uint32_t types[] = {QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT
                                  QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-
-static double unif(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) * 0x1p-53;
-}
-
-static float gauss(void)
-{
-    return (float)(sqrt(-2 * log(unif() + 1e-300)) * cos(6.283185307179586 * unif()));
-}
+static struct test_rng rng = {0x9E3779B97F4A7C15ull};
 
 static void *guarded(size_t n)
 {
@@ -93,7 +80,7 @@ END_TEST
 START_TEST(test_bf16_nearest_even)
 {
     for (int i = 0; i < 200000; i++) {
-        uint32_t u = (uint32_t)(unif() * 4294967296.0);
+        uint32_t u = (uint32_t)(test_unif(&rng) * 4294967296.0);
         float f;
         memcpy(&f, &u, 4);
         uint16_t h = quant_f32_to_bf16(f);
@@ -272,7 +259,7 @@ static const char *const rowkind_name[] = {"gauss", "zeros", "one huge", "mixed 
 static void fill_row(enum rowkind k, float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
-        float g = gauss();
+        float g = test_gauss(&rng);
         switch (k) {
         case ROW_GAUSS:
             x[i] = g;
@@ -294,7 +281,7 @@ static void fill_row(enum rowkind k, float *x, int64_t n)
             break; /* all positive: exercises the min of affine formats */
         }
     }
-    if (k == ROW_HUGE) x[(int64_t)(unif() * (double)n)] = 2e4f;
+    if (k == ROW_HUGE) x[(int64_t)(test_unif(&rng) * (double)n)] = 2e4f;
 }
 
 START_TEST(test_roundtrip_bounds)
@@ -365,7 +352,7 @@ START_TEST(test_activations)
     const int64_t n = 768;
     float x[768];
     for (int64_t i = 0; i < n; i++)
-        x[i] = gauss() * (i % 100 == 7 ? 50 : 1);
+        x[i] = test_gauss(&rng) * (i % 100 == 7 ? 50 : 1);
     for (int i = 0; i < 64; i++)
         x[256 + i] = 0; /* a zero Q8_0 block */
     for (int t = 0; t < NTYPES + 1; t++) {

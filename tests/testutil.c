@@ -1,5 +1,6 @@
 #include "tests/testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,4 +64,18 @@ char *test_read_file(const char *path, size_t *len)
         if (len) *len = (size_t)n;
     }
     return buf;
+}
+
+double test_unif(struct test_rng *r)
+{
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (double)(r->s >> 11) * 0x1p-53;
+}
+
+float test_gauss(struct test_rng *r)
+{
+    double u = test_unif(r), v = test_unif(r);
+    return (float)(sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v));
 }

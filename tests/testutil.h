@@ -9,6 +9,7 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* test_data_path returns "<shared>/data/<rel>" in a static buffer if it exists, else NULL after
  * printing "SKIP <rel>: ../shared/data is absent". */
@@ -22,5 +23,14 @@ int test_run(Suite *s);
 
 /* test_read_file reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
 char *test_read_file(const char *path, size_t *len);
+
+/* A seeded xorshift64 stream for deterministic test inputs (one state per test file; the state
+ * must be nonzero). test_unif: uniform in [0, 1) with 53 bits; test_gauss: standard normal, Box-Muller
+ * of two test_unif draws taken in order. */
+struct test_rng {
+    uint64_t s;
+};
+double test_unif(struct test_rng *r);
+float test_gauss(struct test_rng *r);
 
 #endif

@@ -40,19 +40,7 @@ static const struct spec specs[] = {
 };
 #define NSPECS ((int)(sizeof specs / sizeof specs[0]))
 
-static uint64_t rng = 0x243F6A8885A308D3ull;
-
-static float gauss(void)
-{
-    double u[2];
-    for (int i = 0; i < 2; i++) {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        u[i] = (double)(rng >> 11) * 0x1p-53;
-    }
-    return (float)(sqrt(-2 * log(u[0] + 1e-300)) * cos(6.283185307179586 * u[1]));
-}
+static struct test_rng rng = {0x243F6A8885A308D3ull};
 
 static uint64_t nel(const struct spec *s)
 {
@@ -80,7 +68,7 @@ static void make_input(const char *path, float **src)
         uint64_t n = nel(&specs[i]), bytes = 0;
         float *x = malloc(n * 4);
         for (uint64_t j = 0; j < n; j++)
-            x[j] = gauss() * (j % 37 == 3 ? 4.0f : 0.5f) + (i == 7 ? 0.3f : 0);
+            x[j] = test_gauss(&rng) * (j % 37 == 3 ? 4.0f : 0.5f) + (i == 7 ? 0.3f : 0);
         ck_assert_int_eq(qtype_row_bytes(specs[i].type, n, &bytes), 0);
         void *q = malloc(bytes);
         /* whole tensors quantize as their rows do: every row length here is a multiple of the block

@@ -16,27 +16,14 @@ static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q4_0,
                                  QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
-
-static double unif(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) * 0x1p-53;
-}
-
-static float gauss(void)
-{
-    return (float)(sqrt(-2 * log(unif() + 1e-300)) * cos(6.283185307179586 * unif()));
-}
+static struct test_rng rng = {0x2545F4914F6CDD1Dull};
 
 enum xkind { X_GAUSS, X_HUGE, X_MIXED, X_TINY, X_SPARSE, X_KINDS };
 
 static void fill_x(enum xkind k, float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {
-        float g = gauss();
+        float g = test_gauss(&rng);
         switch (k) {
         case X_GAUSS:
             x[i] = g;
@@ -51,11 +38,11 @@ static void fill_x(enum xkind k, float *x, int64_t n)
             x[i] = g * 1e-5f;
             break; /* Q8_0's fp16 scale goes subnormal */
         default:
-            x[i] = unif() < 0.9 ? 0 : g;
+            x[i] = test_unif(&rng) < 0.9 ? 0 : g;
             break;
         }
     }
-    if (k == X_HUGE) x[(int64_t)(unif() * (double)n)] = 5e4f;
+    if (k == X_HUGE) x[(int64_t)(test_unif(&rng) * (double)n)] = 5e4f;
 }
 
 /* The row's weights: gaussian, or gaussian plus an offset (the min terms of affine formats). */
@@ -63,7 +50,7 @@ static void make_row(uint32_t t, int64_t n, bool offset, void *w, float *wf)
 {
     float *src = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++)
-        src[i] = gauss() * 0.05f + (offset ? 0.2f : 0);
+        src[i] = test_gauss(&rng) * 0.05f + (offset ? 0.2f : 0);
     ck_assert_int_eq(quant_quantize(t, src, w, n), 0);
     ck_assert_int_eq(quant_dequantize(t, w, wf, n), 0);
     free(src);
