@@ -12,6 +12,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* quant_dequantize turns n elements of type at src into floats. STRATA_EUNSUPPORTED for a type
  * strata does not compute with, STRATA_EINVAL when n is not a multiple of the block. */
 int quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n);
@@ -53,5 +57,9 @@ float quant_f16_to_f32(uint16_t h);
 uint16_t quant_f32_to_f16(float f);
 float quant_bf16_to_f32(uint16_t h);
 uint16_t quant_f32_to_bf16(float f);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,13 +10,16 @@
 #include "common/err.h"
 #include "common/qtype.h"
 #include "common/quant.h"
+#include "common/quant_blocks.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/qact.h"
 #include "kernels/cuda/router.h"
 #include "kernels/ref/ops.h"
+#include "kernels/ref/qdot.h"
 #include "tests/testutil.h"
 
 #define GUARD 64 /* guard floats after each output */
@@ -87,14 +90,67 @@ static double ref_dot(const float *a, const float *b, int64_t n, double *absdot)
 
 static const uint32_t gpu_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q5_0, QT_Q4_K, QT_Q6_K};
 
-/* matvec: fp32 products of exactly dequantized weights, so the only error is the summation order:
- * |y - ref| <= 1e-5 * sum|w_i x_i| + 1e-6. */
+/* acts_equal: the GPU's activation rows (qact.h layout) against quant_activations' bytes of the
+ * same floats: every q and every scale equal (Q8_0's fp16 scale compared widened). */
+static void acts_equal(uint32_t wtype, const float *x, int64_t n, int na, const uint8_t *gpu)
+{
+    const uint32_t at = quant_act_type(wtype);
+    const int blk = at == QT_Q8_0 ? 32 : 256;
+    const size_t arb = cu_act_row_bytes(wtype, n);
+    unsigned char *host = malloc(quant_act_bytes(wtype, n));
+    for (int r = 0; r < na; r++) {
+        ck_assert_int_eq(quant_activations(wtype, x + r * n, host, n), 0);
+        const uint8_t *g = gpu + r * arb;
+        for (int64_t b = 0; b < n / blk; b++) {
+            const int8_t *hq;
+            float hd;
+            if (at == QT_Q8_0) {
+                const struct blk_q8_0 *h = (const struct blk_q8_0 *)host + b;
+                hq = h->qs, hd = quant_f16_to_f32(h->d);
+            } else {
+                const struct blk_q8_K *h = (const struct blk_q8_K *)host + b;
+                hq = h->qs, hd = h->d;
+            }
+            float gd;
+            memcpy(&gd, g + n + 4 * b, 4);
+            ck_assert_msg(memcmp(&gd, &hd, 4) == 0, "%s acts row %d block %lld: scale %g vs %g",
+                          qtype_name(wtype), r, (long long)b, gd, hd);
+            ck_assert_msg(memcmp(g + b * blk, hq, blk) == 0, "%s acts row %d block %lld: q differ",
+                          qtype_name(wtype), r, (long long)b);
+        }
+    }
+    free(host);
+}
+
+/* random_acts: na rows of n floats in [-1, 1), with the cases the quantizers branch on: an
+ * all-zero 256-element block (row 1), the largest magnitude twice with both signs (row 2, the
+ * first one sets the sign), and values on rounding half-steps (row 3). */
+static float *random_acts(int64_t n, int na)
+{
+    float *x = malloc(sizeof(float) * n * na);
+    for (int64_t i = 0; i < n * na; i++) x[i] = frand();
+    if (na > 1)
+        for (int64_t i = 0; i < 256 && i < n; i++) x[n + i] = 0.0f;
+    if (na > 2) x[2 * n + 3] = -1.5f, x[2 * n + 10] = 1.5f;
+    if (na > 3)
+        for (int64_t i = 0; i < n; i++) x[3 * n + i] = (float)((i * 37) % 255 - 127) / 254.0f;
+    return x;
+}
+
+/* matvec, quantized weights: the GPU quantizes the activations exactly as quant_activations and
+ * its products equal qdot_ref bit for bit (same integer dots, same float steps, blocks summed in
+ * row order), so the check is equality. Float weights: fp32 products of the exact weights, the
+ * only error the summation order: |y - ref| <= 1e-5 * sum|w_i x_i| + 1e-6. Shapes cover one block,
+ * partial staging chunks (768, 2560 columns), long rows and the two-rows-per-warp path (>= 8192
+ * rows). */
 START_TEST(matvec_matches_reference)
 {
-    const int64_t shapes[][2] = {{256, 1}, {512, 37}, {2048, 129}, {768, 64}};
+    const int64_t shapes[][2] = {{256, 1},   {512, 37}, {768, 64}, {2048, 129},
+                                 {2560, 33}, {4096, 9}, {512, 8193}};
     const int acts[] = {1, 3, 4, 7, 16};
     for (size_t ti = 0; ti < sizeof gpu_types / sizeof gpu_types[0]; ti++) {
         uint32_t t = gpu_types[ti];
+        const bool quantized = qtype_get(t)->blck > 1;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int64_t ncols = shapes[si][0], nrows = shapes[si][1];
             float *deq;
@@ -102,25 +158,46 @@ START_TEST(matvec_matches_reference)
             uint64_t rb;
             qtype_row_bytes(t, ncols, &rb);
             void *dw = dev_upload(w, rb * nrows);
+            const size_t arb = cu_act_row_bytes(t, ncols);
+            unsigned char *hact = malloc(quant_act_bytes(t, ncols));
             for (size_t ai = 0; ai < sizeof acts / sizeof acts[0]; ai++) {
                 int na = acts[ai];
-                float *x = malloc(sizeof(float) * ncols * na);
-                for (int64_t i = 0; i < ncols * na; i++) x[i] = frand();
+                float *x = random_acts(ncols, na);
                 float *dx = dev_upload(x, sizeof(float) * ncols * na);
+                void *dact;
+                ck_assert_int_eq(cudaMalloc(&dact, arb * na), cudaSuccess);
+                ck_assert_int_eq(cu_quantize_acts(t, dx, ncols, na, dact, NULL), 0);
                 float *dy = dev_out(nrows * na);
-                ck_assert_int_eq(cu_matvec(t, dw, ncols, nrows, dx, na, dy, NULL), 0);
+                ck_assert_int_eq(cu_matvec(t, dw, ncols, nrows, dact, na, dy, NULL), 0);
                 float *y = fetch(dy, nrows * na);
-                for (int b = 0; b < na; b++)
+                if (quantized) {
+                    uint8_t *gact = malloc(arb * na);
+                    ck_assert_int_eq(cudaMemcpy(gact, dact, arb * na, cudaMemcpyDeviceToHost), 0);
+                    acts_equal(t, x, ncols, na, gact);
+                    free(gact);
+                }
+                for (int b = 0; b < na; b++) {
+                    if (quantized) ck_assert_int_eq(quant_activations(t, x + b * ncols, hact, ncols), 0);
                     for (int64_t r = 0; r < nrows; r++) {
-                        double ad, ref = ref_dot(deq + r * ncols, x + b * ncols, ncols, &ad);
-                        ck_assert_msg(fabs(y[b * nrows + r] - ref) <= 1e-5 * ad + 1e-6,
-                                      "%s %lldx%lld act %d row %lld: %g vs %g", qtype_name(t),
-                                      (long long)nrows, (long long)ncols, b, (long long)r,
-                                      y[b * nrows + r], ref);
+                        float got = y[b * nrows + r];
+                        if (quantized) {
+                            float ref = qdot_ref(t, ncols, (uint8_t *)w + r * rb, hact);
+                            ck_assert_msg(memcmp(&got, &ref, 4) == 0,
+                                          "%s %lldx%lld act %d/%d row %lld: %.9g vs qdot_ref %.9g",
+                                          qtype_name(t), (long long)nrows, (long long)ncols, b, na,
+                                          (long long)r, got, ref);
+                        } else {
+                            double ad, ref = ref_dot(deq + r * ncols, x + b * ncols, ncols, &ad);
+                            ck_assert_msg(fabs(got - ref) <= 1e-5 * ad + 1e-6,
+                                          "%s %lldx%lld act %d row %lld: %g vs %g", qtype_name(t),
+                                          (long long)nrows, (long long)ncols, b, (long long)r, got,
+                                          ref);
+                        }
                     }
-                free(y), free(x), cudaFree(dx), cudaFree(dy);
+                }
+                free(y), free(x), cudaFree(dx), cudaFree(dact), cudaFree(dy);
             }
-            free(w), free(deq), cudaFree(dw);
+            free(hact), free(w), free(deq), cudaFree(dw);
         }
     }
 }
@@ -131,6 +208,13 @@ START_TEST(matvec_refuses_cpu_types)
     ck_assert_int_eq(cu_matvec(QT_Q2_K, NULL, 256, 1, NULL, 1, NULL, NULL), STRATA_EUNSUPPORTED);
     ck_assert_int_eq(cu_matvec(QT_Q4_K, NULL, 100, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
     ck_assert_int_eq(cu_matvec(QT_Q8_0, NULL, 64, 1, NULL, 17, NULL, NULL), STRATA_EINVAL);
+    ck_assert_int_eq(cu_matvec(QT_Q8_0, (void *)8, 64, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
+    ck_assert_int_eq(cu_quantize_acts(QT_Q2_K, NULL, 256, 1, NULL, NULL), STRATA_EUNSUPPORTED);
+    ck_assert_int_eq(cu_quantize_acts(QT_Q4_K, NULL, 128, 1, NULL, NULL), STRATA_EINVAL);
+    /* 512 int8 and 2 float scales, padded to 16 bytes; floats stay floats */
+    ck_assert_uint_eq(cu_act_row_bytes(QT_Q4_K, 512), 528);
+    ck_assert_uint_eq(cu_act_row_bytes(QT_Q8_0, 64), 80);
+    ck_assert_uint_eq(cu_act_row_bytes(QT_F16, 64), 256);
 }
 END_TEST
 

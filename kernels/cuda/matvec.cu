@@ -1,50 +1,339 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matvec.h"
+#include "kernels/cuda/qact.h"
 
-/* 4 warps per block, one output row per warp: enough independent rows in flight to cover HBM
- * latency on an H200 at the 2048-4096 wide shapes of Qwen3-30B-A3B. */
+/* 4 warps per block. Tuned on an H200 (132 SMs, 4.8 TB/s HBM3e) at the 2048-4096 wide shapes of
+ * Qwen3-30B-A3B. */
 #define MV_WARPS 4
 
-/* warp_dot: the warp's lanes stride over 8-element chunks of one weight row; each lane keeps a
- * partial sum per activation row; the caller reduces across the warp. Two chunks per iteration
- * keep two weight loads in flight per lane. */
+/* ---- float weights: fp32 products, one warp per output row ---------------------------------- */
+
+/* The warp's lanes stride over 8-element chunks of one weight row; each lane keeps a partial sum
+ * per activation row; the warp then reduces them. */
 template <int T, int B>
-__device__ __forceinline__ void warp_dot(const uint8_t *wrow, int64_t ncols, const float *x,
-                                         int64_t ldx, int n_act, float acc[B])
+__global__ void __launch_bounds__(MV_WARPS *WARP)
+    matvec_f(const uint8_t *w, int64_t row_bytes, int64_t ncols, int64_t nrows, const float *x,
+             int n_act, float *y)
 {
+    const int64_t row = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x / WARP);
+    if (row >= nrows) return;
+    const uint8_t *wrow = w + row * row_bytes;
     const int lane = threadIdx.x & (WARP - 1);
-    const int64_t nch = ncols / 8;
-    for (int64_t c = lane; c < nch; c += WARP) {
+    float acc[B];
+#pragma unroll
+    for (int b = 0; b < B; b++) acc[b] = 0.0f;
+    for (int64_t c = lane; c < ncols / 8; c += WARP) {
         float v[8];
         deq8<T>(wrow, c, v);
 #pragma unroll
         for (int b = 0; b < B; b++) {
             if (b < n_act) {
-                const float4 *xp = (const float4 *)(x + b * ldx + c * 8);
+                const float4 *xp = (const float4 *)(x + b * ncols + c * 8);
                 float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
                 acc[b] += v[0] * x0.x + v[1] * x0.y + v[2] * x0.z + v[3] * x0.w + v[4] * x1.x +
                           v[5] * x1.y + v[6] * x1.z + v[7] * x1.w;
             }
         }
     }
-}
-
-template <int T, int B>
-__global__ void __launch_bounds__(MV_WARPS *WARP)
-    matvec_kernel(const uint8_t *w, int64_t row_bytes, int64_t ncols, int64_t nrows,
-                  const float *x, int n_act, float *y)
-{
-    const int64_t row = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x / WARP);
-    if (row >= nrows) return;
-    float acc[B];
-#pragma unroll
-    for (int b = 0; b < B; b++) acc[b] = 0.0f;
-    warp_dot<T, B>(w + row * row_bytes, ncols, x, ncols, n_act, acc);
 #pragma unroll
     for (int b = 0; b < B; b++) {
         float s = warp_sum(acc[b]);
-        if (b < n_act && (threadIdx.x & (WARP - 1)) == 0) y[b * nrows + row] = s;
+        if (b < n_act && lane == 0) y[b * nrows + row] = s;
     }
+}
+
+/* ---- quantized weights: integer block dots, bit-identical to qdot_ref ----------------------- *
+ *
+ * Why this shape: at 0.56-1.06 bytes per weight, loads of 2-8 bytes (the blocks are only 2-byte
+ * aligned) held these kernels at 21-55% of the H200's bandwidth: too few bytes in flight per load
+ * instruction. So each warp stages whole blocks of its rows into shared memory with 16-byte loads
+ * that bypass L1 (coalesced, all issued before the first use), then decodes from shared memory;
+ * activations (int8, reused by every row) stay in L1.
+ * A warp works on RPW rows; LPB lanes share one weight block, each taking a slice whose activation
+ * bytes are 16-byte aligned; their partial integer sums meet by shuffles and the first lane of the
+ * group computes the block's float term as qdot_ref does. The reference adds those terms block after
+ * block, a serial chain per (row, activation row): the terms go to shared memory and one thread per
+ * chain adds them in order, so the chains of a CTA's RT rows run side by side. */
+
+/* ld_words: n 32-bit words from a 2-byte aligned shared-memory address (funnel shifts of aligned
+ * words; may read one word past the end, inside the stage's slack). */
+template <int N> __device__ __forceinline__ void ld_words(const uint8_t *p, uint32_t *o)
+{
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3) * 8;
+    uint32_t w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) w[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+__device__ __forceinline__ uint4 ld_act16(const int8_t *p)
+{
+    return __ldg((const uint4 *)p);
+}
+
+__device__ __forceinline__ int dot16(const uint32_t q[4], uint4 x, int acc)
+{
+    acc = __dp4a((int)q[0], (int)x.x, acc);
+    acc = __dp4a((int)q[1], (int)x.y, acc);
+    acc = __dp4a((int)q[2], (int)x.z, acc);
+    return __dp4a((int)q[3], (int)x.w, acc);
+}
+
+__device__ __forceinline__ float hbits(uint32_t u)
+{
+    return u16_h2f((uint16_t)u);
+}
+
+/* Per weight type: LPB lanes per block, CB blocks of a row staged at a time (about 1 KB), and the
+ * part a lane decodes (load) once for all activation rows (dot), then the block's float term
+ * (value) with the reference's roundings: (dx * d) * isum - (dx * dmin) * msum. The reference's
+ * third term, (dx * m) * xsum, is a signed zero for these types, and adding it changes only the sign
+ * of a zero term, which cannot change the running sum (it starts at +0 and never becomes -0). */
+template <int T> struct mvq;
+
+/* Q8_0: 2 lanes per 32-element block, 16 elements each. */
+template <> struct mvq<QT_Q8_0> {
+    static constexpr int LPB = 2, CB = 32;
+    uint32_t q[4];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        d = hbits(*(const uint16_t *)b);
+        ld_words<4>(b + 2 + 16 * p, q);
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    {
+        *is = dot16(q, ld_act16(aq + 16 * p), 0);
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* Q5_0: 2 lanes per block; lane p takes the low (p = 0) or high nibbles of all 16 bytes, elements
+ * 16p..16p+15, and their fifth bits qh[16p..]. The multiply spreads 4 bits to bit 0 of 4 bytes. */
+template <> struct mvq<QT_Q5_0> {
+    static constexpr int LPB = 2, CB = 48;
+    uint32_t q[4];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        uint32_t qh, qs[4];
+        d = hbits(*(const uint16_t *)b);
+        ld_words<1>(b + 2, &qh);
+        ld_words<4>(b + 6, qs);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t nib = (qs[i] >> (4 * p)) & 0x0F0F0F0Fu;
+            uint32_t hb = (qh >> (16 * p + 4 * i)) & 0xFu;
+            q[i] = __vsub4(nib | (((hb * 0x00204081u) & 0x01010101u) << 4), 0x10101010u);
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    {
+        *is = dot16(q, ld_act16(aq + 16 * p), 0);
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* Q4_K: 8 lanes per 256-element block; lane p reads 16 bytes of group j = p / 2: low nibbles are
+ * elements 64j + 16h.. of sub-block 2j, high nibbles 64j + 32 + 16h.. of sub-block 2j + 1
+ * (h = p % 2). Blocks are 144 bytes, so 16-byte aligned in a 16-byte aligned matrix. */
+template <> struct mvq<QT_Q4_K> {
+    static constexpr int LPB = 8, CB = 8;
+    uint32_t lo[4], hi[4];
+    int sc0, sc1, m0, m1;
+    float d, dmin;
+    /* the packed 6-bit scale and min of sub-block s (quant_k4_scale_min) without a byte array */
+    static __device__ __forceinline__ void scale_min(int s, uint32_t s0, uint32_t s1, uint32_t s2,
+                                                     int *sc, int *m)
+    {
+        const int sh = 8 * (s & 3);
+        if (s < 4) {
+            *sc = (int)((s0 >> sh) & 63);
+            *m = (int)((s1 >> sh) & 63);
+        } else {
+            *sc = (int)(((s2 >> sh) & 0xF) | (((s0 >> sh) >> 6 & 3) << 4));
+            *m = (int)(((s2 >> sh) >> 4 & 0xF) | (((s1 >> sh) >> 6 & 3) << 4));
+        }
+    }
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        const int j = p >> 1, h = p & 1;
+        const uint4 hd = *(const uint4 *)b; /* d, dmin | scales[12] */
+        d = hbits(hd.x), dmin = hbits(hd.x >> 16);
+        scale_min(2 * j, hd.y, hd.z, hd.w, &sc0, &m0);
+        scale_min(2 * j + 1, hd.y, hd.z, hd.w, &sc1, &m1);
+        const uint4 w = *(const uint4 *)(b + 16 + 32 * j + 16 * h);
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) lo[i] = ws[i] & 0x0F0F0F0Fu, hi[i] = (ws[i] >> 4) & 0x0F0F0F0Fu;
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    {
+        const int j = p >> 1, h = p & 1;
+        const uint4 xl = ld_act16(aq + 64 * j + 16 * h), xh = ld_act16(aq + 64 * j + 32 + 16 * h);
+        const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+        *is = sc0 * dot16(lo, xl, 0) + sc1 * dot16(hi, xh, 0);
+        *ms = m0 * dot16(ones, xl, 0) + m1 * dot16(ones, xh, 0);
+    }
+    __device__ __forceinline__ float value(float dx, int is, int ms) const
+    {
+        return __fsub_rn(__fmul_rn(__fmul_rn(dx, d), (float)is),
+                         __fmul_rn(__fmul_rn(dx, dmin), (float)ms));
+    }
+};
+
+/* Q6_K: 8 lanes per block; lane p takes positions 8k..8k+7 (k = p % 4) of half p / 4 in all four
+ * 32-element quarters: 8 bytes of ql at +0 and +32, 8 of qh; its 4 scales are one per quarter. */
+template <> struct mvq<QT_Q6_K> {
+    static constexpr int LPB = 8, CB = 8;
+    uint32_t v[4][2];
+    int sc[4];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        const int half = p >> 2, k = p & 3;
+        uint32_t qa[2], qb[2], qh[2], sw[2];
+        ld_words<2>(b + half * 64 + 8 * k, qa);
+        ld_words<2>(b + half * 64 + 32 + 8 * k, qb);
+        ld_words<2>(b + 128 + half * 32 + 8 * k, qh);
+        ld_words<2>(b + 192 + half * 8, sw);
+        d = hbits(*(const uint16_t *)(b + 208));
+#pragma unroll
+        for (int quad = 0; quad < 4; quad++) {
+            const int s = (k >> 1) + 2 * quad; /* scale of this half's 16-element run */
+            sc[quad] = (int)(int8_t)(sw[s >> 2] >> (8 * (s & 3)));
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint32_t l = quad & 1 ? qb[i] : qa[i];
+                const uint32_t nib = (quad < 2 ? l : l >> 4) & 0x0F0F0F0Fu;
+                const uint32_t hb = ((qh[i] >> (2 * quad)) & 0x03030303u) << 4;
+                v[quad][i] = __vsub4(nib | hb, 0x20202020u);
+            }
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    {
+        const int half = p >> 2, k = p & 3;
+        int s = 0;
+#pragma unroll
+        for (int quad = 0; quad < 4; quad++) {
+            const uint2 x = __ldg((const uint2 *)(aq + half * 128 + 32 * quad + 8 * k));
+            s += sc[quad] * __dp4a((int)v[quad][1], (int)x.y, __dp4a((int)v[quad][0], (int)x.x, 0));
+        }
+        *is = s;
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* 16 bytes of the matrix at byte offset off (16-byte aligned); bytes past the matrix read as 0, so
+ * the last rows never load outside the allocation. Weights are read once: no L1 allocation. */
+__device__ __forceinline__ uint4 ld_weights16(const uint8_t *w, int64_t off, int64_t total)
+{
+    uint4 r;
+    if (off + 16 <= total) {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(w + off));
+        return r;
+    }
+    uint8_t b[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) b[i] = off + i < total ? w[off + i] : 0;
+    memcpy(&r, b, 16);
+    return r;
+}
+
+template <int T, int RPW, int B>
+__global__ void __launch_bounds__(MV_WARPS *WARP)
+    matvec_q(const uint8_t *w, int64_t nb, int64_t nrows, const uint8_t *act, int64_t arb,
+             int n_act, float *y)
+{
+    using P = mvq<T>;
+    constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
+    constexpr int BPP = WARP / LPB;           /* blocks per pass of the warp */
+    constexpr int RT = MV_WARPS * RPW;        /* rows per CTA */
+    constexpr int SPAN = CB * BYTES + 30;     /* staged bytes at most (alignment on both ends) */
+    constexpr int ROWBUF = SPAN / 16 + 3;     /* uint4s, with slack for ld_words' extra word */
+    constexpr int LOADS = (SPAN / 16 + 1 + WARP - 1) / WARP;
+    static_assert(CB % BPP == 0, "a pass stays inside one row");
+    static_assert(RPW == 1 || RPW == 2, "skew[] is picked by a select, not indexed");
+    __shared__ uint4 stage[MV_WARPS][RPW][ROWBUF];
+    __shared__ float terms[B][RT][CB + 1];
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int64_t row0 = (int64_t)blockIdx.x * RT, ncols = nb * BLK;
+    const int64_t row_bytes = nb * BYTES, total = nrows * row_bytes;
+    const int chain_row = threadIdx.x % RT, chain_act = threadIdx.x / RT; /* this thread's sum */
+    float acc = 0.0f;
+    for (int64_t c0 = 0; c0 < nb; c0 += CB) {
+        const int ncb = (int)min((int64_t)CB, nb - c0);
+        /* stage: all loads in flight before the first store */
+        uint4 reg[RPW][LOADS];
+        int skew[RPW], n16[RPW];
+#pragma unroll
+        for (int rs = 0; rs < RPW; rs++) {
+            const int64_t row = row0 + warp * RPW + rs;
+            const int64_t start = row * row_bytes + c0 * BYTES, a0 = start & ~(int64_t)15;
+            skew[rs] = (int)(start - a0);
+            n16[rs] = row < nrows ? (int)((start + ncb * BYTES - a0 + 15) >> 4) : 0;
+#pragma unroll
+            for (int l = 0; l < LOADS; l++)
+                if (lane + WARP * l < n16[rs]) reg[rs][l] = ld_weights16(w, a0 + 16 * (lane + WARP * l), total);
+        }
+#pragma unroll
+        for (int rs = 0; rs < RPW; rs++)
+#pragma unroll
+            for (int l = 0; l < LOADS; l++)
+                if (lane + WARP * l < n16[rs]) stage[warp][rs][lane + WARP * l] = reg[rs][l];
+        __syncwarp();
+
+        const int p = lane % LPB;
+#pragma unroll 2
+        for (int k = 0; k < RPW * CB / BPP; k++) {
+            const int wb = k * BPP + lane / LPB, rs = wb / CB, cb = wb % CB;
+            const bool ok = row0 + warp * RPW + rs < nrows && cb < ncb;
+            P part;
+            if (ok) {
+                const int sk = RPW == 1 || rs == 0 ? skew[0] : skew[RPW - 1];
+                part.load((const uint8_t *)stage[warp][rs] + sk + cb * BYTES, p);
+            }
+            const int64_t ab = c0 + cb; /* block index within the row */
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                if (b >= n_act) break;
+                const uint8_t *arow = act + b * arb;
+                int is = 0, ms = 0;
+                if (ok) part.dot((const int8_t *)arow + ab * BLK, p, &is, &ms);
+#pragma unroll
+                for (int o = 1; o < LPB; o <<= 1) {
+                    is += __shfl_xor_sync(0xffffffffu, is, o);
+                    ms += __shfl_xor_sync(0xffffffffu, ms, o);
+                }
+                if (ok && p == 0)
+                    terms[b][warp * RPW + rs][cb] =
+                        part.value(__ldg((const float *)(arow + ncols) + ab), is, ms);
+            }
+        }
+        __syncthreads();
+        if (chain_act < n_act)
+            for (int i = 0; i < ncb; i++) acc = __fadd_rn(acc, terms[chain_act][chain_row][i]);
+        __syncthreads();
+    }
+    if (chain_act < n_act && row0 + chain_row < nrows) y[chain_act * nrows + row0 + chain_row] = acc;
 }
 
 extern "C" bool cu_type_supported(uint32_t type)
@@ -57,25 +346,55 @@ extern "C" bool cu_type_supported(uint32_t type)
     }
 }
 
-template <int T>
-static void launch(const void *w, int64_t ncols, int64_t nrows, const float *x, int n_act, float *y,
-                   cudaStream_t s)
+/* The activation count is specialized in steps so small batches keep few registers and little
+ * shared memory. */
+template <int T, int B>
+static void launch_f(const uint8_t *w, int64_t ncols, int64_t nrows, const float *x, int n_act,
+                     float *y, cudaStream_t s)
 {
-    int64_t row_bytes = ncols / qt<T>::blck * qt<T>::bytes;
-    dim3 grid((unsigned)((nrows + MV_WARPS - 1) / MV_WARPS));
-    const uint8_t *wp = (const uint8_t *)w;
-    /* Specialize the activation count in steps so small batches keep few registers. */
-    if (n_act == 1)
-        matvec_kernel<T, 1><<<grid, MV_WARPS * WARP, 0, s>>>(wp, row_bytes, ncols, nrows, x, n_act, y);
-    else if (n_act <= 4)
-        matvec_kernel<T, 4><<<grid, MV_WARPS * WARP, 0, s>>>(wp, row_bytes, ncols, nrows, x, n_act, y);
-    else if (n_act <= 8)
-        matvec_kernel<T, 8><<<grid, MV_WARPS * WARP, 0, s>>>(wp, row_bytes, ncols, nrows, x, n_act, y);
-    else
-        matvec_kernel<T, 16><<<grid, MV_WARPS * WARP, 0, s>>>(wp, row_bytes, ncols, nrows, x, n_act, y);
+    const unsigned grid = (unsigned)((nrows + MV_WARPS - 1) / MV_WARPS);
+    matvec_f<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, ncols / qt<T>::blck * qt<T>::bytes, ncols,
+                                                    nrows, x, n_act, y);
 }
 
-extern "C" int cu_matvec(uint32_t type, const void *w, int64_t ncols, int64_t nrows, const float *x,
+template <int T, int RPW, int B>
+static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8_t *act,
+                     int n_act, float *y, cudaStream_t s)
+{
+    const unsigned grid = (unsigned)((nrows + MV_WARPS * RPW - 1) / (MV_WARPS * RPW));
+    matvec_q<T, RPW, B><<<grid, MV_WARPS * WARP, 0, s>>>(
+        w, ncols / qt<T>::blck, nrows, act, (int64_t)cu_act_row_bytes(T, ncols), n_act, y);
+}
+
+template <int T>
+static void launch(const void *w, int64_t ncols, int64_t nrows, const void *act, int n_act,
+                   float *y, cudaStream_t s)
+{
+    const uint8_t *wp = (const uint8_t *)w;
+    if constexpr (qt<T>::blck == 1) {
+        const float *x = (const float *)act;
+        if (n_act == 1) launch_f<T, 1>(wp, ncols, nrows, x, n_act, y, s);
+        else if (n_act <= 4) launch_f<T, 4>(wp, ncols, nrows, x, n_act, y, s);
+        else launch_f<T, 16>(wp, ncols, nrows, x, n_act, y, s);
+    } else {
+        /* Two rows per warp where there are enough rows to fill the GPU: twice the bytes in
+         * flight per warp; one where there are few, so more SMs get work. */
+        const uint8_t *a = (const uint8_t *)act;
+        const bool two = nrows >= 8192;
+        if (n_act == 1) {
+            if (two) launch_q<T, 2, 1>(wp, ncols, nrows, a, n_act, y, s);
+            else launch_q<T, 1, 1>(wp, ncols, nrows, a, n_act, y, s);
+        } else if (n_act <= 4) {
+            if (two) launch_q<T, 2, 4>(wp, ncols, nrows, a, n_act, y, s);
+            else launch_q<T, 1, 4>(wp, ncols, nrows, a, n_act, y, s);
+        } else {
+            if (two) launch_q<T, 2, 16>(wp, ncols, nrows, a, n_act, y, s);
+            else launch_q<T, 1, 16>(wp, ncols, nrows, a, n_act, y, s);
+        }
+    }
+}
+
+extern "C" int cu_matvec(uint32_t type, const void *w, int64_t ncols, int64_t nrows, const void *act,
                          int n_act, float *y, void *stream)
 {
     if (!cu_type_supported(type))
@@ -83,11 +402,13 @@ extern "C" int cu_matvec(uint32_t type, const void *w, int64_t ncols, int64_t nr
                            qtype_name(type));
     const struct qtype_info *ti = qtype_get(type);
     int64_t blk = ti->blck < 8 ? 8 : ti->blck;
-    if (n_act < 1 || n_act > CU_MATVEC_MAX_ACT || ncols <= 0 || nrows <= 0 || ncols % blk)
-        return strata_errf(STRATA_EINVAL, "cu_matvec: n_act %d (1..16), ncols %lld (multiple of %lld)",
-                           n_act, (long long)ncols, (long long)blk);
+    if (n_act < 1 || n_act > CU_MATVEC_MAX_ACT || ncols <= 0 || nrows <= 0 || ncols % blk ||
+        (uintptr_t)w % 16)
+        return strata_errf(STRATA_EINVAL,
+                           "cu_matvec: n_act %d (1..16), ncols %lld (multiple of %lld), weights at "
+                           "%p (16-byte aligned)", n_act, (long long)ncols, (long long)blk, w);
     cudaStream_t s = (cudaStream_t)stream;
-#define L(T) launch<T>(w, ncols, nrows, x, n_act, y, s)
+#define L(T) launch<T>(w, ncols, nrows, act, n_act, y, s)
     CU_TYPE_SWITCH(type, L)
 #undef L
     return cu_launch_check();

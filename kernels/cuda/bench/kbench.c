@@ -14,6 +14,7 @@
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
+#include "kernels/cuda/qact.h"
 
 #define CK(x)                                                                                      \
     do {                                                                                           \
@@ -70,8 +71,9 @@ static void *make_weights(uint32_t type, int64_t nrows, int64_t ncols, int copie
         }
     }
     unsigned char *d;
-    CK(cudaMalloc((void **)&d, *bytes * copies));
-    for (int c = 0; c < copies; c++) CK(cudaMemcpy(d + *bytes * c, h, *bytes, cudaMemcpyHostToDevice));
+    const uint64_t stride = (*bytes + 255) & ~(uint64_t)255;
+    CK(cudaMalloc((void **)&d, stride * copies));
+    for (int c = 0; c < copies; c++) CK(cudaMemcpy(d + stride * c, h, *bytes, cudaMemcpyHostToDevice));
     free(h), free(src);
     return d;
 }
@@ -84,25 +86,32 @@ static void bench_matvec(uint32_t type, int64_t nrows, int64_t ncols, int n_act,
     qtype_row_bytes(type, ncols, &rb);
     int copies = (int)(300e6 / (double)(rb * nrows)) + 1; /* 5x the 60 MB L2 */
     unsigned char *w = make_weights(type, nrows, ncols, copies, &bytes);
-    float *x, *y;
+    const uint64_t stride = (bytes + 255) & ~(uint64_t)255; /* copies stay 16-byte aligned */
+    const size_t arb = cu_act_row_bytes(type, ncols);
+    float *hx = malloc(sizeof(float) * ncols * n_act), *x, *y;
+    void *act;
+    for (int64_t i = 0; i < ncols * n_act; i++) hx[i] = frand();
     CK(cudaMalloc((void **)&x, sizeof(float) * ncols * n_act));
+    CK(cudaMalloc(&act, arb * n_act));
     CK(cudaMalloc((void **)&y, sizeof(float) * nrows * n_act));
-    CK(cudaMemset(x, 0, sizeof(float) * ncols * n_act));
-    for (int c = 0; c < copies; c++) cu_matvec(type, w + bytes * c, ncols, nrows, x, n_act, y, NULL);
+    CK(cudaMemcpy(x, hx, sizeof(float) * ncols * n_act, cudaMemcpyHostToDevice));
+    if (cu_quantize_acts(type, x, ncols, n_act, act, NULL) != 0) exit(1);
+    for (int c = 0; c < copies; c++)
+        if (cu_matvec(type, w + stride * c, ncols, nrows, act, n_act, y, NULL) != 0) exit(1);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     cudaEventRecord(e0, 0);
     for (int i = 0; i < reps; i++)
-        cu_matvec(type, w + bytes * (i % copies), ncols, nrows, x, n_act, y, NULL);
+        cu_matvec(type, w + stride * (i % copies), ncols, nrows, act, n_act, y, NULL);
     cudaEventRecord(e1, 0);
     CK(cudaEventSynchronize(e1));
     float ms;
     cudaEventElapsedTime(&ms, e0, e1);
     double us = ms * 1e3 / reps;
-    double gbs = (bytes + 4.0 * ncols * n_act + 4.0 * nrows * n_act) / (us * 1e-6) / 1e9;
+    double gbs = (bytes + (double)arb * n_act + 4.0 * nrows * n_act) / (us * 1e-6) / 1e9;
     printf("| matvec | %-5s | %6lld x %-5lld | %2d | %9.2f | %7.0f | %5.1f%% |\n", qtype_name(type),
            (long long)nrows, (long long)ncols, n_act, us, gbs, 100.0 * gbs / roof);
-    cudaFree(w), cudaFree(x), cudaFree(y);
+    cudaFree(w), cudaFree(x), cudaFree(act), cudaFree(y), free(hx);
 }
 
 static void bench_matmul(uint32_t type, int64_t nrows, int64_t ncols, int64_t ntok)
