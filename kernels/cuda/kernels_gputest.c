@@ -91,7 +91,8 @@ static double ref_dot(const float *a, const float *b, int64_t n, double *absdot)
 static const uint32_t gpu_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q5_0, QT_Q4_K, QT_Q6_K};
 
 /* acts_equal: the GPU's activation rows (qact.h layout) against quant_activations' bytes of the
- * same floats: every q and every scale equal (Q8_0's fp16 scale compared widened). */
+ * same floats: every q and every scale equal (Q8_0's fp16 scale compared widened), and the sums of
+ * 16 those of the q. */
 static void acts_equal(uint32_t wtype, const float *x, int64_t n, int na, const uint8_t *gpu)
 {
     const uint32_t at = quant_act_type(wtype);
@@ -112,11 +113,18 @@ static void acts_equal(uint32_t wtype, const float *x, int64_t n, int na, const 
                 hq = h->qs, hd = h->d;
             }
             float gd;
-            memcpy(&gd, g + n + 4 * b, 4);
+            memcpy(&gd, g + n + n / 8 + 4 * b, 4);
             ck_assert_msg(memcmp(&gd, &hd, 4) == 0, "%s acts row %d block %lld: scale %g vs %g",
                           qtype_name(wtype), r, (long long)b, gd, hd);
             ck_assert_msg(memcmp(g + b * blk, hq, blk) == 0, "%s acts row %d block %lld: q differ",
                           qtype_name(wtype), r, (long long)b);
+            for (int i = 0; i < blk / 16; i++) {
+                int16_t gs, hs = 0;
+                memcpy(&gs, g + n + 2 * (b * blk / 16 + i), 2);
+                for (int j = 0; j < 16; j++) hs += hq[16 * i + j];
+                ck_assert_msg(gs == hs, "%s acts row %d block %lld: sum %d is %d, not %d",
+                              qtype_name(wtype), r, (long long)b, i, gs, hs);
+            }
         }
     }
     free(host);
@@ -211,9 +219,9 @@ START_TEST(matvec_refuses_cpu_types)
     ck_assert_int_eq(cu_matvec(QT_Q8_0, (void *)8, 64, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
     ck_assert_int_eq(cu_quantize_acts(QT_Q2_K, NULL, 256, 1, NULL, NULL), STRATA_EUNSUPPORTED);
     ck_assert_int_eq(cu_quantize_acts(QT_Q4_K, NULL, 128, 1, NULL, NULL), STRATA_EINVAL);
-    /* 512 int8 and 2 float scales, padded to 16 bytes; floats stay floats */
-    ck_assert_uint_eq(cu_act_row_bytes(QT_Q4_K, 512), 528);
-    ck_assert_uint_eq(cu_act_row_bytes(QT_Q8_0, 64), 80);
+    /* 512 int8, 32 int16 sums and 2 float scales, padded to 16 bytes; floats stay floats */
+    ck_assert_uint_eq(cu_act_row_bytes(QT_Q4_K, 512), 592);
+    ck_assert_uint_eq(cu_act_row_bytes(QT_Q8_0, 64), 80 + 16);
     ck_assert_uint_eq(cu_act_row_bytes(QT_F16, 64), 256);
 }
 END_TEST

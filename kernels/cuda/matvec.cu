@@ -86,26 +86,29 @@ __device__ __forceinline__ float hbits(uint32_t u)
     return u16_h2f((uint16_t)u);
 }
 
-/* Per weight type: LPB lanes per block, CB blocks of a row staged at a time (about 1 KB), and the
- * part a lane decodes (load) once for all activation rows (dot), then the block's float term
- * (value) with the reference's roundings: (dx * d) * isum - (dx * dmin) * msum. The reference's
- * third term, (dx * m) * xsum, is a signed zero for these types, and adding it changes only the sign
- * of a zero term, which cannot change the running sum (it starts at +0 and never becomes -0). */
+/* Per weight type: LPB lanes per block (fewer lanes per block = less per-block work repeated:
+ * header, scales, shuffles), CB blocks of a row staged at a time (1.1-2.2 KB), and the part a lane
+ * decodes (load) once for all activation rows (dot), then the block's float term (value) with the
+ * reference's roundings: (dx * d) * isum - (dx * dmin) * msum. The reference's third term,
+ * (dx * m) * xsum, is a signed zero for these types, and adding it changes only the sign of a zero
+ * term, which cannot change the running sum (it starts at +0 and never becomes -0).
+ * Integer offsets (Q5_0's 16, Q6_K's 32) are taken out of the dot with the activations' 16-element
+ * sums (as): q stays unsigned, so no per-byte subtraction (emulated on sm_90) is needed. */
 template <int T> struct mvq;
 
-/* Q8_0: 2 lanes per 32-element block, 16 elements each. */
+/* Q8_0: one lane per 32-element block. */
 template <> struct mvq<QT_Q8_0> {
-    static constexpr int LPB = 2, CB = 32;
-    uint32_t q[4];
+    static constexpr int LPB = 1, CB = 64;
+    uint32_t q[8];
     float d;
-    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    __device__ __forceinline__ void load(const uint8_t *b, int)
     {
         d = hbits(*(const uint16_t *)b);
-        ld_words<4>(b + 2 + 16 * p, q);
+        ld_words<8>(b + 2, q);
     }
-    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *, int, int *is, int *ms) const
     {
-        *is = dot16(q, ld_act16(aq + 16 * p), 0);
+        *is = dot16(q + 4, ld_act16(aq + 16), dot16(q, ld_act16(aq), 0));
         *ms = 0;
     }
     __device__ __forceinline__ float value(float dx, int is, int) const
@@ -114,13 +117,18 @@ template <> struct mvq<QT_Q8_0> {
     }
 };
 
-/* Q5_0: 2 lanes per block; lane p takes the low (p = 0) or high nibbles of all 16 bytes, elements
- * 16p..16p+15, and their fifth bits qh[16p..]. The multiply spreads 4 bits to bit 0 of 4 bytes. */
+/* spread4: bits 0..3 of h to bit 4 of bytes 0..3 (the multiply puts bit k at bit 8k; no carries). */
+__device__ __forceinline__ uint32_t spread4(uint32_t h)
+{
+    return (((h & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
+}
+
+/* Q5_0: one lane per block; low nibbles are elements 0..15, high nibbles 16..31, fifth bits qh. */
 template <> struct mvq<QT_Q5_0> {
-    static constexpr int LPB = 2, CB = 48;
-    uint32_t q[4];
+    static constexpr int LPB = 1, CB = 64;
+    uint32_t q[8];
     float d;
-    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    __device__ __forceinline__ void load(const uint8_t *b, int)
     {
         uint32_t qh, qs[4];
         d = hbits(*(const uint16_t *)b);
@@ -128,14 +136,15 @@ template <> struct mvq<QT_Q5_0> {
         ld_words<4>(b + 6, qs);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            uint32_t nib = (qs[i] >> (4 * p)) & 0x0F0F0F0Fu;
-            uint32_t hb = (qh >> (16 * p + 4 * i)) & 0xFu;
-            q[i] = __vsub4(nib | (((hb * 0x00204081u) & 0x01010101u) << 4), 0x10101010u);
+            q[i] = (qs[i] & 0x0F0F0F0Fu) | spread4(qh >> (4 * i));
+            q[4 + i] = ((qs[i] >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * i));
         }
     }
-    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int, int *is, int *ms) const
     {
-        *is = dot16(q, ld_act16(aq + 16 * p), 0);
+        const uint32_t s2 = __ldg((const uint32_t *)as); /* the block's two 16-element sums */
+        const int sum = (int)(int16_t)s2 + ((int)s2 >> 16);
+        *is = dot16(q + 4, ld_act16(aq + 16), dot16(q, ld_act16(aq), 0)) - 16 * sum;
         *ms = 0;
     }
     __device__ __forceinline__ float value(float dx, int is, int) const
@@ -144,12 +153,12 @@ template <> struct mvq<QT_Q5_0> {
     }
 };
 
-/* Q4_K: 8 lanes per 256-element block; lane p reads 16 bytes of group j = p / 2: low nibbles are
- * elements 64j + 16h.. of sub-block 2j, high nibbles 64j + 32 + 16h.. of sub-block 2j + 1
- * (h = p % 2). Blocks are 144 bytes, so 16-byte aligned in a 16-byte aligned matrix. */
+/* Q4_K: 4 lanes per 256-element block; lane j reads the 32 bytes of group j: low nibbles are
+ * sub-block 2j (elements 64j..), high nibbles sub-block 2j + 1 (64j + 32..). Blocks are 144 bytes,
+ * so 16-byte aligned in a 16-byte aligned matrix. */
 template <> struct mvq<QT_Q4_K> {
-    static constexpr int LPB = 8, CB = 8;
-    uint32_t lo[4], hi[4];
+    static constexpr int LPB = 4, CB = 8;
+    uint32_t lo[8], hi[8];
     int sc0, sc1, m0, m1;
     float d, dmin;
     /* the packed 6-bit scale and min of sub-block s (quant_k4_scale_min) without a byte array */
@@ -165,25 +174,26 @@ template <> struct mvq<QT_Q4_K> {
             *m = (int)(((s2 >> sh) >> 4 & 0xF) | (((s1 >> sh) >> 6 & 3) << 4));
         }
     }
-    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    __device__ __forceinline__ void load(const uint8_t *b, int j)
     {
-        const int j = p >> 1, h = p & 1;
         const uint4 hd = *(const uint4 *)b; /* d, dmin | scales[12] */
         d = hbits(hd.x), dmin = hbits(hd.x >> 16);
         scale_min(2 * j, hd.y, hd.z, hd.w, &sc0, &m0);
         scale_min(2 * j + 1, hd.y, hd.z, hd.w, &sc1, &m1);
-        const uint4 w = *(const uint4 *)(b + 16 + 32 * j + 16 * h);
-        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+        const uint4 w0 = *(const uint4 *)(b + 16 + 32 * j), w1 = *(const uint4 *)(b + 32 + 32 * j);
+        const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) lo[i] = ws[i] & 0x0F0F0F0Fu, hi[i] = (ws[i] >> 4) & 0x0F0F0F0Fu;
+        for (int i = 0; i < 8; i++) lo[i] = ws[i] & 0x0F0F0F0Fu, hi[i] = (ws[i] >> 4) & 0x0F0F0F0Fu;
     }
-    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int j, int *is, int *ms) const
     {
-        const int j = p >> 1, h = p & 1;
-        const uint4 xl = ld_act16(aq + 64 * j + 16 * h), xh = ld_act16(aq + 64 * j + 32 + 16 * h);
-        const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
-        *is = sc0 * dot16(lo, xl, 0) + sc1 * dot16(hi, xh, 0);
-        *ms = m0 * dot16(ones, xl, 0) + m1 * dot16(ones, xh, 0);
+        const int8_t *x = aq + 64 * j;
+        const int dl = dot16(lo + 4, ld_act16(x + 16), dot16(lo, ld_act16(x), 0));
+        const int dh = dot16(hi + 4, ld_act16(x + 48), dot16(hi, ld_act16(x + 32), 0));
+        const uint2 s = __ldg((const uint2 *)(as + 4 * j)); /* sums of 16: 4j .. 4j + 3 */
+        const int sl = (int)(int16_t)s.x + ((int)s.x >> 16), sh = (int)(int16_t)s.y + ((int)s.y >> 16);
+        *is = sc0 * dl + sc1 * dh;
+        *ms = m0 * sl + m1 * sh;
     }
     __device__ __forceinline__ float value(float dx, int is, int ms) const
     {
@@ -192,45 +202,47 @@ template <> struct mvq<QT_Q4_K> {
     }
 };
 
-/* Q6_K: 8 lanes per block; lane p takes positions 8k..8k+7 (k = p % 4) of half p / 4 in all four
- * 32-element quarters: 8 bytes of ql at +0 and +32, 8 of qh; its 4 scales are one per quarter. */
+/* Q6_K: 4 lanes per block; lane p takes positions 16k..16k+15 (k = p % 2) of half p / 2 in all four
+ * 32-element quarters: 16 bytes of ql at +0 and +32, 16 of qh; one scale per quarter. */
 template <> struct mvq<QT_Q6_K> {
-    static constexpr int LPB = 8, CB = 8;
-    uint32_t v[4][2];
+    static constexpr int LPB = 4, CB = 8;
+    uint32_t v[4][4];
     int sc[4];
     float d;
     __device__ __forceinline__ void load(const uint8_t *b, int p)
     {
-        const int half = p >> 2, k = p & 3;
-        uint32_t qa[2], qb[2], qh[2], sw[2];
-        ld_words<2>(b + half * 64 + 8 * k, qa);
-        ld_words<2>(b + half * 64 + 32 + 8 * k, qb);
-        ld_words<2>(b + 128 + half * 32 + 8 * k, qh);
+        const int half = p >> 1, k = p & 1;
+        uint32_t qa[4], qb[4], qh[4], sw[2];
+        ld_words<4>(b + half * 64 + 16 * k, qa);
+        ld_words<4>(b + half * 64 + 32 + 16 * k, qb);
+        ld_words<4>(b + 128 + half * 32 + 16 * k, qh);
         ld_words<2>(b + 192 + half * 8, sw);
         d = hbits(*(const uint16_t *)(b + 208));
 #pragma unroll
         for (int quad = 0; quad < 4; quad++) {
-            const int s = (k >> 1) + 2 * quad; /* scale of this half's 16-element run */
+            const int s = k + 2 * quad; /* this half's 16-element run */
             sc[quad] = (int)(int8_t)(sw[s >> 2] >> (8 * (s & 3)));
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
+            for (int i = 0; i < 4; i++) {
                 const uint32_t l = quad & 1 ? qb[i] : qa[i];
-                const uint32_t nib = (quad < 2 ? l : l >> 4) & 0x0F0F0F0Fu;
-                const uint32_t hb = ((qh[i] >> (2 * quad)) & 0x03030303u) << 4;
-                v[quad][i] = __vsub4(nib | hb, 0x20202020u);
+                v[quad][i] = ((quad < 2 ? l : l >> 4) & 0x0F0F0F0Fu) |
+                             (((qh[i] >> (2 * quad)) & 0x03030303u) << 4);
             }
         }
     }
-    __device__ __forceinline__ void dot(const int8_t *aq, int p, int *is, int *ms) const
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int p, int *is, int *ms) const
     {
-        const int half = p >> 2, k = p & 3;
-        int s = 0;
+        const int half = p >> 1, k = p & 1;
+        const uint4 s = __ldg((const uint4 *)(as + 8 * half)); /* this half's 8 sums of 16 */
+        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        int acc = 0;
 #pragma unroll
         for (int quad = 0; quad < 4; quad++) {
-            const uint2 x = __ldg((const uint2 *)(aq + half * 128 + 32 * quad + 8 * k));
-            s += sc[quad] * __dp4a((int)v[quad][1], (int)x.y, __dp4a((int)v[quad][0], (int)x.x, 0));
+            const int dq = dot16(v[quad], ld_act16(aq + half * 128 + 32 * quad + 16 * k), 0);
+            const int sum = k ? (int)sw[quad] >> 16 : (int)(int16_t)sw[quad];
+            acc += sc[quad] * (dq - 32 * sum);
         }
-        *is = s;
+        *is = acc;
         *ms = 0;
     }
     __device__ __forceinline__ float value(float dx, int is, int) const
@@ -317,7 +329,9 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                 if (b >= n_act) break;
                 const uint8_t *arow = act + b * arb;
                 int is = 0, ms = 0;
-                if (ok) part.dot((const int8_t *)arow + ab * BLK, p, &is, &ms);
+                if (ok)
+                    part.dot((const int8_t *)arow + ab * BLK, (const int16_t *)(arow + ncols) + ab * (BLK / 16),
+                             p, &is, &ms);
 #pragma unroll
                 for (int o = 1; o < LPB; o <<= 1) {
                     is += __shfl_xor_sync(0xffffffffu, is, o);
@@ -325,7 +339,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                 }
                 if (ok && p == 0)
                     terms[b][warp * RPW + rs][cb] =
-                        part.value(__ldg((const float *)(arow + ncols) + ab), is, ms);
+                        part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
         __syncthreads();
@@ -380,7 +394,7 @@ static void launch(const void *w, int64_t ncols, int64_t nrows, const void *act,
         /* Two rows per warp where there are enough rows to fill the GPU: twice the bytes in
          * flight per warp; one where there are few, so more SMs get work. */
         const uint8_t *a = (const uint8_t *)act;
-        const bool two = nrows >= 8192;
+        const bool two = nrows >= 8192; /* (16 activation rows keep one: shared memory) */
         if (n_act == 1) {
             if (two) launch_q<T, 2, 1>(wp, ncols, nrows, a, n_act, y, s);
             else launch_q<T, 1, 1>(wp, ncols, nrows, a, n_act, y, s);
@@ -388,8 +402,7 @@ static void launch(const void *w, int64_t ncols, int64_t nrows, const void *act,
             if (two) launch_q<T, 2, 4>(wp, ncols, nrows, a, n_act, y, s);
             else launch_q<T, 1, 4>(wp, ncols, nrows, a, n_act, y, s);
         } else {
-            if (two) launch_q<T, 2, 16>(wp, ncols, nrows, a, n_act, y, s);
-            else launch_q<T, 1, 16>(wp, ncols, nrows, a, n_act, y, s);
+            launch_q<T, 1, 16>(wp, ncols, nrows, a, n_act, y, s);
         }
     }
 }

@@ -20,8 +20,13 @@ __global__ void qact_q8_0(const float *x, int64_t n, int64_t n_blocks, size_t ar
     const float d = amax / 127;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     uint8_t *r = act + row * arb;
-    r[b * 32 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(v, id));
-    if (lane == 0) ((float *)(r + n))[b] = __half2float(__float2half_rn(d));
+    const int q = (int)roundf(__fmul_rn(v, id));
+    r[b * 32 + lane] = (uint8_t)(int8_t)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((lane & 15) == 0) ((int16_t *)(r + n))[b * 2 + lane / 16] = (int16_t)sum;
+    if (lane == 0) ((float *)(r + n + n / 8))[b] = __half2float(__float2half_rn(d));
 }
 
 /* Q8_K: one warp per 256-element block, lane i elements 8i..8i+7. The scale comes from the element
@@ -50,18 +55,23 @@ __global__ void qact_q8_K(const float *x, int64_t n, int64_t n_blocks, size_t ar
     }
     uint8_t *r = act + row * arb;
     uint32_t q[2] = {0, 0};
+    int sum = 0;
     float d = 0.0f;
     if (max != 0.0f) {
         const float iscale = -127.f / max;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             int t = __float2int_rn(__fmul_rn(iscale, v[j]));
-            q[j / 4] |= (uint32_t)(uint8_t)(int8_t)(t < 127 ? t : 127) << (8 * (j % 4));
+            t = t < 127 ? t : 127;
+            q[j / 4] |= (uint32_t)(uint8_t)(int8_t)t << (8 * (j % 4));
+            sum += t;
         }
         d = 1.0f / iscale;
     }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     *(uint2 *)(r + b * 256 + lane * 8) = make_uint2(q[0], q[1]);
-    if (lane == 0) ((float *)(r + n))[b] = d;
+    if ((lane & 1) == 0) ((int16_t *)(r + n))[b * 16 + lane / 2] = (int16_t)sum;
+    if (lane == 0) ((float *)(r + n + n / 8))[b] = d;
 }
 
 extern "C" size_t cu_act_row_bytes(uint32_t wtype, int64_t n)
@@ -70,7 +80,7 @@ extern "C" size_t cu_act_row_bytes(uint32_t wtype, int64_t n)
     const struct qtype_info *ti = qtype_get(wtype);
     if (n % (ti->blck < 8 ? 8 : ti->blck)) return 0;
     if (quant_act_type(wtype) == QT_F32) return (size_t)n * sizeof(float);
-    size_t bytes = (size_t)n + sizeof(float) * (size_t)(n / ti->blck);
+    size_t bytes = (size_t)n + sizeof(int16_t) * (size_t)(n / 16) + sizeof(float) * (size_t)(n / ti->blck);
     return (bytes + 15) & ~(size_t)15;
 }
 

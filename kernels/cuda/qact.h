@@ -5,10 +5,12 @@
  * for float weights) and sums exact integer block dots (kernels/ref/qdot.h). The GPU does the same
  * arithmetic, so its activations are the same numbers: cu_quantize_acts reproduces quant_activations
  * value for value (scales, rounding, ties, all-zero blocks), in a layout made for 16-byte loads:
- *   one row of n elements = int8 q[n], then float d[n / blk] (blk 32 or 256; Q8_0's fp16 scale
- *   already widened), padded to cu_act_row_bytes; x = d * q.
- * Float weight types take the float row itself (cu_act_row_bytes = 4 n). Q8_K's per-16 sums are not
- * stored: the products form them from q. Asynchronous on stream.
+ *   one row of n elements = int8 q[n], then int16 s[n / 16] (the sum of each 16 q, Q8_K's bsums),
+ *   then float d[n / blk] (blk 32 or 256; Q8_0's fp16 scale already widened), padded to
+ *   cu_act_row_bytes; x = d * q.
+ * The sums let the products subtract a weight format's offset (Q5_0's 16, Q6_K's 32, Q4_K's mins)
+ * once per 16 elements instead of once per element. Float weight types take the float row itself
+ * (cu_act_row_bytes = 4 n). Asynchronous on stream.
  */
 #ifndef STRATA_CUDA_QACT_H
 #define STRATA_CUDA_QACT_H
