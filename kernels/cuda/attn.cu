@@ -3,15 +3,15 @@
 
 /* Launch constants, tuned for an H200 (132 SMs, 228 KB shared memory and 64K registers per SM).
  * A CTA of AT_WARPS warps streams one kv head of one split; each warp takes AT_TILE keys per step
- * and keeps AT_STAGES steps of K and V rows in flight through cp.async, so the bytes in flight do not
- * cost registers: at head_dim 128 a CTA holds 48 KB of stages and 4 CTAs fit an SM (16 warps, 128 KB
- * requested at any time, well above what 4.8 TB/s needs to cover the HBM latency). */
-#define AT_WARPS   4
-#define AT_TILE    4 /* keys per warp step: 8 lanes copy each key's rows */
-#define AT_STAGES  3
-#define AT_SMS     132
-#define AT_CWARPS  8 /* warps of the combine kernel */
-#define AT_MAXHD   256
+ * and keeps AT_STAGES steps of K and V rows in flight through cp.async, so the bytes in flight do
+ * not cost registers: at head_dim 128 a CTA holds 48 KB of stages and 4 CTAs fit an SM (16 warps,
+ * 128 KB requested at any time, well above what 4.8 TB/s needs to cover the HBM latency). */
+#define AT_WARPS  4
+#define AT_TILE   4 /* keys per warp step: 8 lanes copy each key's rows */
+#define AT_STAGES 3
+#define AT_SMS    132
+#define AT_CWARPS 8 /* warps of the combine kernel */
+#define AT_MAXHD  256
 
 /* Everything a partial-attention CTA needs, passed by value. */
 struct at_args {
@@ -80,11 +80,13 @@ template <int R, int N> __device__ __forceinline__ void reduce_scatter(float *s)
 {
     if constexpr (N > 1) {
 #pragma unroll
-        for (int j = 0; j < N / 2; j++) s[j] += __shfl_xor_sync(0xffffffffu, s[j + N / 2], WARP / R * (N / 2));
+        for (int j = 0; j < N / 2; j++)
+            s[j] += __shfl_xor_sync(0xffffffffu, s[j + N / 2], WARP / R * (N / 2));
         reduce_scatter<R, N / 2>(s);
     } else {
 #pragma unroll
-        for (int o = WARP / R / 2; o > 0; o /= 2) s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
+        for (int o = WARP / R / 2; o > 0; o /= 2)
+            s[0] += __shfl_xor_sync(0xffffffffu, s[0], o);
     }
 }
 
@@ -108,12 +110,13 @@ template <int R, int N> __device__ __forceinline__ void reduce_scatter(float *s)
  * At the end the warps' states merge in shared memory. Heads of a short last group (G not a power
  * of two) run with q = 0 and are not written. */
 template <int GT, int ND>
-__global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_partial(struct at_args a)
+__global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2)
+    attn_partial(struct at_args a)
 {
     constexpr int HD = ND * WARP, VW = ND % 4 == 0 ? 4 : ND % 2 == 0 ? 2 : 1, NV = ND / VW;
-    constexpr int R = AT_TILE * GT;       /* (key, head) scores of a step */
-    constexpr int PW = GT < 4 ? GT : 4;   /* vector width reading GT weights */
-    constexpr int STAGE = 2 * AT_TILE * HD; /* a step's K rows, then its V rows */
+    constexpr int R = AT_TILE * GT;          /* (key, head) scores of a step */
+    constexpr int PW = GT < 4 ? GT : 4;      /* vector width reading GT weights */
+    constexpr int STAGE = 2 * AT_TILE * HD;  /* a step's K rows, then its V rows */
     constexpr int SPAN = AT_TILE * AT_WARPS; /* keys per CTA step */
     static_assert(AT_TILE * 8 == WARP, "8 lanes copy each key of a step");
     static_assert(GT * HD + 2 * GT <= AT_STAGES * STAGE, "the merge reuses a warp's stages");
@@ -133,8 +136,8 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
     const int nmine = ntile > warp ? (ntile - warp + AT_WARPS - 1) / AT_WARPS : 0;
     const int32_t *bt = a.block_tables + (int64_t)a.q_seq[row] * a.bt_stride;
 
-    const int kx = lane >> 3;                /* the key of a step this lane copies and scores */
-    const int hx = lane / (8 / GT) % GT;     /* the head it scores */
+    const int kx = lane >> 3;                    /* the key of a step this lane copies and scores */
+    const int hx = lane / (8 / GT) % GT;         /* the head it scores */
     const int kfirst = k0 + warp * AT_TILE + kx; /* its key in step 0; step i adds i * SPAN */
     float *wsm = (float *)at_smem + warp * AT_STAGES * STAGE;
 
@@ -146,8 +149,8 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
         const int b = k / kv.block_size;
         return ((int64_t)bt[b] * kv.n_kv_head + kvh) * kv.block_size + (k - b * kv.block_size);
     };
-    /* Step i's rows go to stage i % AT_STAGES: the lane copies ND 16-byte chunks of its key's K and
-     * V rows (8 lanes a row, 128 contiguous bytes per 8 lanes); a key past the range copies zeros. */
+    /* Step i's rows go to stage i % AT_STAGES: the lane copies ND 16-byte chunks of its key's K
+     * and V rows (8 lanes a row, 128 contiguous bytes per 8 lanes); past the range, zeros. */
     auto issue = [&](int i, int64_t r) {
         float *st = wsm + i % AT_STAGES * STAGE + kx * HD;
         const int64_t off = r < 0 ? 0 : r * HD;
@@ -182,7 +185,8 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
 #pragma unroll
     for (int h = 0; h < GT; h++)
 #pragma unroll
-        for (int c = 0; c < ND; c++) acc[h][c] = 0.0f;
+        for (int c = 0; c < ND; c++)
+            acc[h][c] = 0.0f;
 
     for (int i = 0; i < nmine; i++) {
         const int64_t next = i + AT_STAGES < nmine ? row_of(i + AT_STAGES) : -1;
@@ -195,12 +199,14 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
         for (int kp = 0; kp < AT_TILE; kp++) {
             float kr[ND];
 #pragma unroll
-            for (int j = 0; j < NV; j++) ldv<VW>(kr + j * VW, st + (kp ^ kx) * HD + VW * (lane + WARP * j));
+            for (int j = 0; j < NV; j++)
+                ldv<VW>(kr + j * VW, st + (kp ^ kx) * HD + VW * (lane + WARP * j));
 #pragma unroll
             for (int hp = 0; hp < GT; hp++) {
                 float d = 0.0f;
 #pragma unroll
-                for (int c = 0; c < ND; c++) d = fmaf(qp[hp][c], kr[c], d);
+                for (int c = 0; c < ND; c++)
+                    d = fmaf(qp[hp][c], kr[c], d);
                 s[kp * GT + hp] = d;
             }
         }
@@ -225,11 +231,13 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
         __syncwarp();
         float cr[GT];
 #pragma unroll
-        for (int h = 0; h < GT; h += PW) ldv<PW>(cr + h, st + R + h);
+        for (int h = 0; h < GT; h += PW)
+            ldv<PW>(cr + h, st + R + h);
 #pragma unroll
         for (int h = 0; h < GT; h++)
 #pragma unroll
-            for (int c = 0; c < ND; c++) acc[h][c] *= cr[h];
+            for (int c = 0; c < ND; c++)
+                acc[h][c] *= cr[h];
 #pragma unroll
         for (int kk = 0; kk < AT_TILE; kk++) {
             float vr[ND], pk[GT];
@@ -237,11 +245,13 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
             for (int j = 0; j < NV; j++)
                 ldv<VW>(vr + j * VW, st + (AT_TILE + kk) * HD + VW * (lane + WARP * j));
 #pragma unroll
-            for (int h = 0; h < GT; h += PW) ldv<PW>(pk + h, st + kk * GT + h);
+            for (int h = 0; h < GT; h += PW)
+                ldv<PW>(pk + h, st + kk * GT + h);
 #pragma unroll
             for (int h = 0; h < GT; h++)
 #pragma unroll
-                for (int c = 0; c < ND; c++) acc[h][c] = fmaf(pk[h], vr[c], acc[h][c]);
+                for (int c = 0; c < ND; c++)
+                    acc[h][c] = fmaf(pk[h], vr[c], acc[h][c]);
         }
         __syncwarp(); /* the stage is free: step i + AT_STAGES refills it */
         if (i + AT_STAGES < nmine) issue(i + AT_STAGES, next);
@@ -254,7 +264,8 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
 #pragma unroll
     for (int h = 0; h < GT; h++)
 #pragma unroll
-        for (int j = 0; j < NV; j++) stv<VW>(wsm + h * HD + VW * (lane + WARP * j), acc[h] + j * VW);
+        for (int j = 0; j < NV; j++)
+            stv<VW>(wsm + h * HD + VW * (lane + WARP * j), acc[h] + j * VW);
     wsm[GT * HD + hx] = m;
     wsm[GT * HD + GT + hx] = l;
     __syncthreads();
@@ -264,7 +275,8 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
     for (int h = 0; h < GT && g0 + h < G; h++) {
         float M = -INFINITY, L = 0.0f, e[AT_WARPS];
 #pragma unroll
-        for (int w = 0; w < AT_WARPS; w++) M = fmaxf(M, base[w * AT_STAGES * STAGE + GT * HD + h]);
+        for (int w = 0; w < AT_WARPS; w++)
+            M = fmaxf(M, base[w * AT_STAGES * STAGE + GT * HD + h]);
 #pragma unroll
         for (int w = 0; w < AT_WARPS; w++) {
             const float *ww = base + w * AT_STAGES * STAGE;
@@ -275,7 +287,8 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2) attn_par
         for (int d = threadIdx.x; d < HD; d += AT_WARPS * WARP) {
             float x = 0.0f;
 #pragma unroll
-            for (int w = 0; w < AT_WARPS; w++) x += e[w] * base[w * AT_STAGES * STAGE + h * HD + d];
+            for (int w = 0; w < AT_WARPS; w++)
+                x += e[w] * base[w * AT_STAGES * STAGE + h * HD + d];
             if (n_split == 1)
                 a.out[rh * HD + d] = L > 0.0f ? x / L : 0.0f;
             else
@@ -302,17 +315,20 @@ __global__ void __launch_bounds__(AT_CWARPS *WARP)
     const int nc = hd / 4; /* float4s of a record */
 
     float M = -INFINITY;
-    for (int s = threadIdx.x; s < n_split; s += AT_CWARPS * WARP) M = fmaxf(M, ml[s].x);
+    for (int s = threadIdx.x; s < n_split; s += AT_CWARPS * WARP)
+        M = fmaxf(M, ml[s].x);
     M = warp_max(M);
     if (lane == 0) smax[warp] = M;
     __syncthreads();
 #pragma unroll
-    for (int w = 0; w < AT_CWARPS; w++) M = fmaxf(M, smax[w]);
+    for (int w = 0; w < AT_CWARPS; w++)
+        M = fmaxf(M, smax[w]);
 
     float4 x[AT_MAXHD / 4 / WARP];
     float L = 0.0f;
 #pragma unroll
-    for (int j = 0; j < AT_MAXHD / 4 / WARP; j++) x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < AT_MAXHD / 4 / WARP; j++)
+        x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
     for (int s = warp; s < n_split; s += AT_CWARPS) {
         const float2 r = ml[s];
@@ -336,11 +352,13 @@ __global__ void __launch_bounds__(AT_CWARPS *WARP)
     __syncthreads();
     L = 0.0f;
 #pragma unroll
-    for (int w = 0; w < AT_CWARPS; w++) L += sl[w];
+    for (int w = 0; w < AT_CWARPS; w++)
+        L += sl[w];
     for (int d = threadIdx.x; d < hd; d += AT_CWARPS * WARP) {
         float a = 0.0f;
 #pragma unroll
-        for (int w = 0; w < AT_CWARPS; w++) a += sacc[w][d];
+        for (int w = 0; w < AT_CWARPS; w++)
+            a += sacc[w][d];
         out[rh * hd + d] = L > 0.0f ? a / L : 0.0f;
     }
 }
@@ -364,34 +382,29 @@ extern "C" int cu_attn_splits(int64_t max_len, int64_t n_q, int n_head)
     return s < 1 ? 1 : (int)s;
 }
 
-template <int GT, int ND> static int attn_launch(const struct at_args *a, int64_t n_q, int n_split,
-                                                 cudaStream_t s)
+template <int GT, int ND>
+static int attn_launch(const struct at_args *a, int64_t n_q, int n_split, cudaStream_t s)
 {
     const int ngrp = (a->n_head / a->kv.n_kv_head + GT - 1) / GT;
     const size_t smem = (size_t)AT_WARPS * AT_STAGES * 2 * AT_TILE * ND * WARP * sizeof(float);
     int rv;
     if (smem > 48 * 1024 &&
-        (rv = cu_err(cudaFuncSetAttribute(attn_partial<GT, ND>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) != 0)
+        (rv = cu_err(cudaFuncSetAttribute(
+             attn_partial<GT, ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) != 0)
         return rv;
     dim3 grid((unsigned)(n_q * a->kv.n_kv_head * ngrp), (unsigned)n_split);
     attn_partial<GT, ND><<<grid, AT_WARPS * WARP, smem, s>>>(*a);
     return 0;
 }
 
-template <int GT> static int attn_launch_hd(const struct at_args *a, int64_t n_q, int n_split,
-                                            cudaStream_t s)
+template <int GT>
+static int attn_launch_hd(const struct at_args *a, int64_t n_q, int n_split, cudaStream_t s)
 {
-    switch (a->kv.head_dim / WARP) {
-    case 1: return attn_launch<GT, 1>(a, n_q, n_split, s);
-    case 2: return attn_launch<GT, 2>(a, n_q, n_split, s);
-    case 3: return attn_launch<GT, 3>(a, n_q, n_split, s);
-    case 4: return attn_launch<GT, 4>(a, n_q, n_split, s);
-    case 5: return attn_launch<GT, 5>(a, n_q, n_split, s);
-    case 6: return attn_launch<GT, 6>(a, n_q, n_split, s);
-    case 7: return attn_launch<GT, 7>(a, n_q, n_split, s);
-    default: return attn_launch<GT, 8>(a, n_q, n_split, s);
-    }
+    typedef int (*launch_fn)(const struct at_args *, int64_t, int, cudaStream_t);
+    static const launch_fn by_nd[] = {attn_launch<GT, 1>, attn_launch<GT, 2>, attn_launch<GT, 3>,
+                                      attn_launch<GT, 4>, attn_launch<GT, 5>, attn_launch<GT, 6>,
+                                      attn_launch<GT, 7>, attn_launch<GT, 8>};
+    return by_nd[a->kv.head_dim / WARP - 1](a, n_q, n_split, s);
 }
 
 extern "C" int cu_attention(const float *q, int64_t n_q, int n_head, const struct cu_kv *kv,
@@ -399,25 +412,26 @@ extern "C" int cu_attention(const float *q, int64_t n_q, int n_head, const struc
                             const int32_t *kv_len, int n_split, void *workspace, float *out,
                             void *stream)
 {
-    if (kv->head_dim % WARP || kv->head_dim > AT_MAXHD || kv->head_dim < WARP || kv->n_kv_head < 1 ||
-        n_head % kv->n_kv_head || n_split < 1 || n_split > 65535)
-        return strata_errf(STRATA_EINVAL, "cu_attention: head_dim %d (multiple of 32, <= 256), "
-                           "%d heads over %d kv heads, %d splits (1 to 65535)", kv->head_dim, n_head,
-                           kv->n_kv_head, n_split);
+    if (kv->head_dim % WARP || kv->head_dim > AT_MAXHD || kv->head_dim < WARP ||
+        kv->n_kv_head < 1 || n_head % kv->n_kv_head || n_split < 1 || n_split > 65535)
+        return strata_errf(STRATA_EINVAL,
+                           "cu_attention: head_dim %d (multiple of 32, <= 256), "
+                           "%d heads over %d kv heads, %d splits (1 to 65535)",
+                           kv->head_dim, n_head, kv->n_kv_head, n_split);
     if (n_q == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    const struct at_args a = {q, n_head, *kv, block_tables, bt_stride, q_seq, kv_len,
-                              (float *)workspace, out};
+    const struct at_args a = {
+        q, n_head, *kv, block_tables, bt_stride, q_seq, kv_len, (float *)workspace, out};
     /* heads per CTA: the GQA group rounded up to a power of two, at most 8 (larger groups take
      * several CTAs, each reading the kv head again) */
     const int g = n_head / kv->n_kv_head;
-    int rv = g == 1 ? attn_launch_hd<1>(&a, n_q, n_split, s)
-           : g == 2 ? attn_launch_hd<2>(&a, n_q, n_split, s)
-           : g <= 4 ? attn_launch_hd<4>(&a, n_q, n_split, s)
-                    : attn_launch_hd<8>(&a, n_q, n_split, s);
+    int rv = g == 1   ? attn_launch_hd<1>(&a, n_q, n_split, s)
+             : g == 2 ? attn_launch_hd<2>(&a, n_q, n_split, s)
+             : g <= 4 ? attn_launch_hd<4>(&a, n_q, n_split, s)
+                      : attn_launch_hd<8>(&a, n_q, n_split, s);
     if (rv != 0) return rv;
     if (n_split > 1)
-        attn_combine<<<(unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s>>>(kv->head_dim, n_split,
-                                                                          (const float *)workspace, out);
+        attn_combine<<<(unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s>>>(
+            kv->head_dim, n_split, (const float *)workspace, out);
     return cu_launch_check();
 }
