@@ -46,14 +46,16 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
  *
  * Why this shape: at 0.56-1.06 bytes per weight, loads of 2-8 bytes (the blocks are only 2-byte
  * aligned) held these kernels at 21-55% of the H200's bandwidth: too few bytes in flight per load
- * instruction. So each warp stages whole blocks of its rows into shared memory with 16-byte loads
- * that bypass L1 (coalesced, all issued before the first use), then decodes from shared memory;
- * activations (int8, reused by every row) stay in L1.
- * A warp works on RPW rows; LPB lanes share one weight block, each taking a slice whose activation
- * bytes are 16-byte aligned; their partial integer sums meet by shuffles and the first lane of the
- * group computes the block's float term as qdot_ref does. The reference adds those terms block after
- * block, a serial chain per (row, activation row): the terms go to shared memory and one thread per
- * chain adds them in order, so the chains of a CTA's RT rows run side by side. */
+ * instruction; one-shot CTAs that staged one row each still stopped at 48-65%, each CTA waiting out
+ * one full memory latency. So the CTAs are persistent (one wave) and each warp streams whole blocks
+ * of its rows into shared memory with 16-byte cp.async copies that bypass L1, three row chunks deep:
+ * two are in flight while the third is decoded. Activations (int8, reused by every row) stay in L1.
+ * A CTA takes groups of RT rows (one per warp), a chunk of CB blocks of each at a time; LPB lanes
+ * share one weight block, each taking a slice whose activation bytes are 16-byte aligned; their
+ * partial integer sums meet by shuffles and the first lane of the group computes the block's float
+ * term as qdot_ref does. The reference adds those terms block after block, a serial chain per (row,
+ * activation row): the terms go to shared memory and one thread per chain adds them in order, so the
+ * CTA's chains run side by side. */
 
 /* ld_words: n 32-bit words from a 2-byte aligned shared-memory address (funnel shifts of aligned
  * words; may read one word past the end, inside the stage's slack). */
@@ -251,78 +253,81 @@ template <> struct mvq<QT_Q6_K> {
     }
 };
 
-/* 16 bytes of the matrix at byte offset off (16-byte aligned); bytes past the matrix read as 0, so
- * the last rows never load outside the allocation. Weights are read once: no L1 allocation. */
-__device__ __forceinline__ uint4 ld_weights16(const uint8_t *w, int64_t off, int64_t total)
+/* cp_async16: 16 bytes of the matrix at byte offset off (16-byte aligned) into shared memory,
+ * bypassing L1 (weights are read once); bytes past the matrix are zero-filled, so the last rows
+ * never read outside the allocation. */
+__device__ __forceinline__ void cp_async16(void *dst, const uint8_t *w, int64_t off, int64_t total)
 {
-    uint4 r;
-    if (off + 16 <= total) {
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                     : "l"(w + off));
-        return r;
-    }
-    uint8_t b[16];
-#pragma unroll
-    for (int i = 0; i < 16; i++) b[i] = off + i < total ? w[off + i] : 0;
-    memcpy(&r, b, 16);
-    return r;
+    const int64_t left = total - off;
+    const int n = left >= 16 ? 16 : (left > 0 ? (int)left : 0);
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(n ? w + off : w),
+                 "r"(n));
 }
 
-template <int T, int RPW, int B>
+#define MV_STAGES 3 /* row chunks per warp: two in flight while one is decoded */
+
+template <int T, int B>
 __global__ void __launch_bounds__(MV_WARPS *WARP)
     matvec_q(const uint8_t *w, int64_t nb, int64_t nrows, const uint8_t *act, int64_t arb,
              int n_act, float *y)
 {
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
-    constexpr int BPP = WARP / LPB;           /* blocks per pass of the warp */
-    constexpr int RT = MV_WARPS * RPW;        /* rows per CTA */
-    constexpr int SPAN = CB * BYTES + 30;     /* staged bytes at most (alignment on both ends) */
-    constexpr int ROWBUF = SPAN / 16 + 3;     /* uint4s, with slack for ld_words' extra word */
+    constexpr int BPP = WARP / LPB;       /* blocks per pass of the warp */
+    constexpr int RT = MV_WARPS;          /* rows per group: one per warp */
+    constexpr int SPAN = CB * BYTES + 30; /* staged bytes at most (alignment on both ends) */
+    constexpr int BUF = SPAN / 16 + 3;    /* uint4s, with slack for ld_words' extra word */
     constexpr int LOADS = (SPAN / 16 + 1 + WARP - 1) / WARP;
-    static_assert(CB % BPP == 0, "a pass stays inside one row");
-    static_assert(RPW == 1 || RPW == 2, "skew[] is picked by a select, not indexed");
-    __shared__ uint4 stage[MV_WARPS][RPW][ROWBUF];
+    static_assert(CB % BPP == 0, "passes cover the chunk exactly");
+    __shared__ uint4 stage[MV_WARPS][MV_STAGES][BUF];
     __shared__ float terms[B][RT][CB + 1];
 
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int64_t row0 = (int64_t)blockIdx.x * RT, ncols = nb * BLK;
-    const int64_t row_bytes = nb * BYTES, total = nrows * row_bytes;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), p = lane % LPB;
+    const int64_t ncols = nb * BLK, row_bytes = nb * BYTES, total = nrows * row_bytes;
+    const int64_t n_groups = (nrows + RT - 1) / RT;
+    const int n_chunks = (int)((nb + CB - 1) / CB);
+    const int64_t n_items =
+        blockIdx.x < n_groups ? ((n_groups - 1 - blockIdx.x) / gridDim.x + 1) * n_chunks : 0;
+    /* item i: chunk i % n_chunks of group blockIdx.x + (i / n_chunks) * gridDim.x */
+    auto issue = [&](int64_t i) {
+        if (i < n_items) {
+            const int64_t row = (blockIdx.x + (i / n_chunks) * gridDim.x) * RT + warp;
+            const int64_t c0 = (i % n_chunks) * (int64_t)CB;
+            if (row < nrows) {
+                const int64_t start = row * row_bytes + c0 * BYTES, a0 = start & ~(int64_t)15;
+                const int ncb = (int)min((int64_t)CB, nb - c0);
+                const int n16 = (int)((start + ncb * BYTES - a0 + 15) >> 4);
+                uint4 *buf = stage[warp][i % MV_STAGES];
+#pragma unroll
+                for (int l = 0; l < LOADS; l++)
+                    if (lane + WARP * l < n16)
+                        cp_async16(buf + lane + WARP * l, w, a0 + 16 * (lane + WARP * l), total);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
     const int chain_row = threadIdx.x % RT, chain_act = threadIdx.x / RT; /* this thread's sum */
     float acc = 0.0f;
-    for (int64_t c0 = 0; c0 < nb; c0 += CB) {
-        const int ncb = (int)min((int64_t)CB, nb - c0);
-        /* stage: all loads in flight before the first store */
-        uint4 reg[RPW][LOADS];
-        int skew[RPW], n16[RPW];
-#pragma unroll
-        for (int rs = 0; rs < RPW; rs++) {
-            const int64_t row = row0 + warp * RPW + rs;
-            const int64_t start = row * row_bytes + c0 * BYTES, a0 = start & ~(int64_t)15;
-            skew[rs] = (int)(start - a0);
-            n16[rs] = row < nrows ? (int)((start + ncb * BYTES - a0 + 15) >> 4) : 0;
-#pragma unroll
-            for (int l = 0; l < LOADS; l++)
-                if (lane + WARP * l < n16[rs]) reg[rs][l] = ld_weights16(w, a0 + 16 * (lane + WARP * l), total);
-        }
-#pragma unroll
-        for (int rs = 0; rs < RPW; rs++)
-#pragma unroll
-            for (int l = 0; l < LOADS; l++)
-                if (lane + WARP * l < n16[rs]) stage[warp][rs][lane + WARP * l] = reg[rs][l];
+    issue(0);
+    issue(1);
+    for (int64_t i = 0; i < n_items; i++) {
+        issue(i + 2); /* into the buffer of item i - 1, decoded before the last __syncthreads */
+        asm volatile("cp.async.wait_group 2;\n" ::);
         __syncwarp();
-
-        const int p = lane % LPB;
-#pragma unroll 2
-        for (int k = 0; k < RPW * CB / BPP; k++) {
-            const int wb = k * BPP + lane / LPB, rs = wb / CB, cb = wb % CB;
-            const bool ok = row0 + warp * RPW + rs < nrows && cb < ncb;
+        const int64_t g = blockIdx.x + (i / n_chunks) * gridDim.x, row = g * RT + warp;
+        const int c = (int)(i % n_chunks);
+        const int64_t c0 = (int64_t)c * CB;
+        const int ncb = (int)min((int64_t)CB, nb - c0);
+        const uint8_t *base =
+            (const uint8_t *)stage[warp][i % MV_STAGES] + ((row * row_bytes + c0 * BYTES) & 15);
+#pragma unroll
+        for (int k = 0; k < CB / BPP; k++) {
+            const int cb = k * BPP + lane / LPB;
+            const bool ok = row < nrows && cb < ncb;
             P part;
-            if (ok) {
-                const int sk = RPW == 1 || rs == 0 ? skew[0] : skew[RPW - 1];
-                part.load((const uint8_t *)stage[warp][rs] + sk + cb * BYTES, p);
-            }
+            if (ok) part.load(base + cb * BYTES, p);
             const int64_t ab = c0 + cb; /* block index within the row */
 #pragma unroll
             for (int b = 0; b < B; b++) {
@@ -330,24 +335,29 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                 const uint8_t *arow = act + b * arb;
                 int is = 0, ms = 0;
                 if (ok)
-                    part.dot((const int8_t *)arow + ab * BLK, (const int16_t *)(arow + ncols) + ab * (BLK / 16),
-                             p, &is, &ms);
+                    part.dot((const int8_t *)arow + ab * BLK,
+                             (const int16_t *)(arow + ncols) + ab * (BLK / 16), p, &is, &ms);
 #pragma unroll
                 for (int o = 1; o < LPB; o <<= 1) {
                     is += __shfl_xor_sync(0xffffffffu, is, o);
                     ms += __shfl_xor_sync(0xffffffffu, ms, o);
                 }
                 if (ok && p == 0)
-                    terms[b][warp * RPW + rs][cb] =
+                    terms[b][warp][cb] =
                         part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
         __syncthreads();
-        if (chain_act < n_act)
-            for (int i = 0; i < ncb; i++) acc = __fadd_rn(acc, terms[chain_act][chain_row][i]);
+        if (chain_act < n_act) {
+            for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, terms[chain_act][chain_row][j]);
+            if (c == n_chunks - 1) {
+                if (g * RT + chain_row < nrows) y[chain_act * nrows + g * RT + chain_row] = acc;
+                acc = 0.0f;
+            }
+        }
         __syncthreads();
     }
-    if (chain_act < n_act && row0 + chain_row < nrows) y[chain_act * nrows + row0 + chain_row] = acc;
+    asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
 extern "C" bool cu_type_supported(uint32_t type)
@@ -371,13 +381,24 @@ static void launch_f(const uint8_t *w, int64_t ncols, int64_t nrows, const float
                                                     nrows, x, n_act, y);
 }
 
-template <int T, int RPW, int B>
+/* launch_q: one wave of persistent CTAs (as many as fit on the device at once), fewer when
+ * there are fewer row groups. */
+template <int T, int B>
 static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8_t *act,
                      int n_act, float *y, cudaStream_t s)
 {
-    const unsigned grid = (unsigned)((nrows + MV_WARPS * RPW - 1) / (MV_WARPS * RPW));
-    matvec_q<T, RPW, B><<<grid, MV_WARPS * WARP, 0, s>>>(
-        w, ncols / qt<T>::blck, nrows, act, (int64_t)cu_act_row_bytes(T, ncols), n_act, y);
+    static int wave; /* CTAs per wave, per instantiation; a benign race computes it twice */
+    if (wave == 0) {
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q<T, B>, MV_WARPS * WARP, 0);
+        wave = sms * (per_sm > 0 ? per_sm : 1);
+    }
+    const int64_t groups = (nrows + MV_WARPS - 1) / MV_WARPS;
+    const unsigned grid = (unsigned)(groups < wave ? groups : wave);
+    matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, ncols / qt<T>::blck, nrows, act,
+                                                     (int64_t)cu_act_row_bytes(T, ncols), n_act, y);
 }
 
 template <int T>
@@ -391,19 +412,10 @@ static void launch(const void *w, int64_t ncols, int64_t nrows, const void *act,
         else if (n_act <= 4) launch_f<T, 4>(wp, ncols, nrows, x, n_act, y, s);
         else launch_f<T, 16>(wp, ncols, nrows, x, n_act, y, s);
     } else {
-        /* Two rows per warp where there are enough rows to fill the GPU: twice the bytes in
-         * flight per warp; one where there are few, so more SMs get work. */
         const uint8_t *a = (const uint8_t *)act;
-        const bool two = nrows >= 8192; /* (16 activation rows keep one: shared memory) */
-        if (n_act == 1) {
-            if (two) launch_q<T, 2, 1>(wp, ncols, nrows, a, n_act, y, s);
-            else launch_q<T, 1, 1>(wp, ncols, nrows, a, n_act, y, s);
-        } else if (n_act <= 4) {
-            if (two) launch_q<T, 2, 4>(wp, ncols, nrows, a, n_act, y, s);
-            else launch_q<T, 1, 4>(wp, ncols, nrows, a, n_act, y, s);
-        } else {
-            launch_q<T, 1, 16>(wp, ncols, nrows, a, n_act, y, s);
-        }
+        if (n_act == 1) launch_q<T, 1>(wp, ncols, nrows, a, n_act, y, s);
+        else if (n_act <= 4) launch_q<T, 4>(wp, ncols, nrows, a, n_act, y, s);
+        else launch_q<T, 16>(wp, ncols, nrows, a, n_act, y, s);
     }
 }
 
