@@ -190,9 +190,26 @@ static void bench_attn(int64_t ctx, int n_seq, double roof)
 int main(int argc, char **argv)
 {
     double peak = 4800;
+    const char *one = NULL; /* --matvec TYPE ROWS COLS ACT: that case alone (for a profiler) */
+    int64_t one_rows = 0, one_cols = 0;
+    int one_act = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--peak-gbs") == 0 && i + 1 < argc) peak = atof(argv[++i]);
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+        if (strcmp(argv[i], "--matvec") == 0 && i + 4 < argc) {
+            one = argv[i + 1], one_rows = atoll(argv[i + 2]), one_cols = atoll(argv[i + 3]);
+            one_act = atoi(argv[i + 4]);
+            i += 4;
+        }
+    }
+    if (one) {
+        int t = qtype_parse(one);
+        if (t < 0 || !cu_type_supported((uint32_t)t)) {
+            fprintf(stderr, "strata-kbench: no GPU type named %s\n", one);
+            return 2;
+        }
+        bench_matvec((uint32_t)t, one_rows, one_cols, one_act, 4277); /* the last measured copy */
+        return 0;
     }
     struct cudaDeviceProp p;
     CK(cudaGetDeviceProperties(&p, 0));
