@@ -46,16 +46,17 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
  *
  * Why this shape: at 0.56-1.06 bytes per weight, loads of 2-8 bytes (the blocks are only 2-byte
  * aligned) held these kernels at 21-55% of the H200's bandwidth: too few bytes in flight per load
- * instruction; one-shot CTAs that staged one row each still stopped at 48-65%, each CTA waiting out
- * one full memory latency. So the CTAs are persistent (one wave) and each warp streams whole blocks
- * of its rows into shared memory with 16-byte cp.async copies that bypass L1, three row chunks deep:
- * two are in flight while the third is decoded. Activations (int8, reused by every row) stay in L1.
- * A CTA takes groups of RT rows (one per warp), a chunk of CB blocks of each at a time; LPB lanes
- * share one weight block, each taking a slice whose activation bytes are 16-byte aligned; their
- * partial integer sums meet by shuffles and the first lane of the group computes the block's float
- * term as qdot_ref does. The reference adds those terms block after block, a serial chain per (row,
- * activation row): the terms go to shared memory and one thread per chain adds them in order, so the
- * CTA's chains run side by side. */
+ * instruction; one-shot CTAs that staged one row each stopped at 48-65%, waiting out a memory
+ * latency each, and a CTA-wide pipeline with 64-bit item arithmetic was issue-bound (Nsight: 0.7
+ * warps issued per scheduler cycle at 28% of DRAM bandwidth). So: persistent CTAs (one wave) of
+ * independent warps (no CTA barrier); each warp streams chunks of CB blocks of its rows into shared
+ * memory with 16-byte cp.async copies that bypass L1, three chunks deep (two in flight while one is
+ * decoded), with 32-bit counters. Activations (int8, reused by every row) stay in L1.
+ * LPB lanes share one weight block, each taking a slice whose activation bytes are 16-byte aligned;
+ * their partial integer sums meet by shuffles and the first lane of the group computes the block's
+ * float term as qdot_ref does. The reference adds those terms block after block, a serial chain per
+ * (row, activation row): the terms go to the warp's shared memory and lane b adds activation row
+ * b's terms in order. */
 
 /* ld_words: n 32-bit words from a 2-byte aligned shared-memory address (funnel shifts of aligned
  * words; may read one word past the end, inside the stage's slack). */
@@ -167,14 +168,10 @@ template <> struct mvq<QT_Q4_K> {
     static __device__ __forceinline__ void scale_min(int s, uint32_t s0, uint32_t s1, uint32_t s2,
                                                      int *sc, int *m)
     {
-        const int sh = 8 * (s & 3);
-        if (s < 4) {
-            *sc = (int)((s0 >> sh) & 63);
-            *m = (int)((s1 >> sh) & 63);
-        } else {
-            *sc = (int)(((s2 >> sh) & 0xF) | (((s0 >> sh) >> 6 & 3) << 4));
-            *m = (int)(((s2 >> sh) >> 4 & 0xF) | (((s1 >> sh) >> 6 & 3) << 4));
-        }
+        const int sh = 8 * (s & 3); /* s < 4: bytes s, s + 4; else s + 4, s - 4 and s */
+        const uint32_t a = s0 >> sh, b = s1 >> sh, c = s2 >> sh;
+        *sc = (int)(s < 4 ? a & 63 : (c & 0xF) | ((a >> 6 & 3) << 4));
+        *m = (int)(s < 4 ? b & 63 : (c >> 4 & 0xF) | ((b >> 6 & 3) << 4));
     }
     __device__ __forceinline__ void load(const uint8_t *b, int j)
     {
@@ -269,66 +266,58 @@ __device__ __forceinline__ void cp_async16(void *dst, const uint8_t *w, int64_t 
 
 template <int T, int B>
 __global__ void __launch_bounds__(MV_WARPS *WARP)
-    matvec_q(const uint8_t *w, int64_t nb, int64_t nrows, const uint8_t *act, int64_t arb,
-             int n_act, float *y)
+    matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y)
 {
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
     constexpr int BPP = WARP / LPB;       /* blocks per pass of the warp */
-    constexpr int RT = MV_WARPS;          /* rows per group: one per warp */
     constexpr int SPAN = CB * BYTES + 30; /* staged bytes at most (alignment on both ends) */
     constexpr int BUF = SPAN / 16 + 3;    /* uint4s, with slack for ld_words' extra word */
     constexpr int LOADS = (SPAN / 16 + 1 + WARP - 1) / WARP;
-    static_assert(CB % BPP == 0, "passes cover the chunk exactly");
+    static_assert(CB % BPP == 0 && CB % 4 == 0, "passes cover a chunk; terms read as float4");
     __shared__ uint4 stage[MV_WARPS][MV_STAGES][BUF];
-    __shared__ float terms[B][RT][CB + 1];
+    __shared__ __align__(16) float terms[MV_WARPS][B][CB];
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), p = lane % LPB;
-    const int64_t ncols = nb * BLK, row_bytes = nb * BYTES, total = nrows * row_bytes;
-    const int64_t n_groups = (nrows + RT - 1) / RT;
-    const int n_chunks = (int)((nb + CB - 1) / CB);
-    const int64_t n_items =
-        blockIdx.x < n_groups ? ((n_groups - 1 - blockIdx.x) / gridDim.x + 1) * n_chunks : 0;
-    /* item i: chunk i % n_chunks of group blockIdx.x + (i / n_chunks) * gridDim.x */
-    auto issue = [&](int64_t i) {
-        if (i < n_items) {
-            const int64_t row = (blockIdx.x + (i / n_chunks) * gridDim.x) * RT + warp;
-            const int64_t c0 = (i % n_chunks) * (int64_t)CB;
-            if (row < nrows) {
-                const int64_t start = row * row_bytes + c0 * BYTES, a0 = start & ~(int64_t)15;
-                const int ncb = (int)min((int64_t)CB, nb - c0);
-                const int n16 = (int)((start + ncb * BYTES - a0 + 15) >> 4);
-                uint4 *buf = stage[warp][i % MV_STAGES];
+    const int n_warps = gridDim.x * MV_WARPS, first = blockIdx.x * MV_WARPS + warp;
+    const int n_chunks = (nb + CB - 1) / CB, ncols = nb * BLK;
+    const int64_t row_bytes = (int64_t)nb * BYTES, total = row_bytes * nrows;
+    float *tw = terms[warp][0];
+
+    /* The warp's items: rows first, first + n_warps, ..., each chunk by chunk. */
+    int in_row = first, in_c = 0, in_slot = 0; /* the next item to copy in */
+    auto issue = [&]() {
+        if (in_row < nrows) {
+            const int64_t start = in_row * row_bytes + (int64_t)in_c * (CB * BYTES);
+            const int64_t a0 = start & ~(int64_t)15;
+            const int ncb = min(CB, nb - in_c * CB);
+            const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
+            uint4 *buf = stage[warp][in_slot];
 #pragma unroll
-                for (int l = 0; l < LOADS; l++)
-                    if (lane + WARP * l < n16)
-                        cp_async16(buf + lane + WARP * l, w, a0 + 16 * (lane + WARP * l), total);
-            }
+            for (int l = 0; l < LOADS; l++)
+                if (lane + WARP * l < n16)
+                    cp_async16(buf + lane + WARP * l, w, a0 + 16 * (lane + WARP * l), total);
+            if (++in_c == n_chunks) in_c = 0, in_row += n_warps;
         }
         asm volatile("cp.async.commit_group;\n" ::);
+        in_slot = in_slot == MV_STAGES - 1 ? 0 : in_slot + 1;
     };
-
-    const int chain_row = threadIdx.x % RT, chain_act = threadIdx.x / RT; /* this thread's sum */
-    float acc = 0.0f;
-    issue(0);
-    issue(1);
-    for (int64_t i = 0; i < n_items; i++) {
-        issue(i + 2); /* into the buffer of item i - 1, decoded before the last __syncthreads */
+    issue();
+    issue();
+    float acc = 0.0f; /* lane b: the running sum of activation row b */
+    for (int row = first, c = 0, slot = 0; row < nrows;) {
+        issue(); /* into the slot of the previous item, decoded before the last __syncwarp */
         asm volatile("cp.async.wait_group 2;\n" ::);
         __syncwarp();
-        const int64_t g = blockIdx.x + (i / n_chunks) * gridDim.x, row = g * RT + warp;
-        const int c = (int)(i % n_chunks);
-        const int64_t c0 = (int64_t)c * CB;
-        const int ncb = (int)min((int64_t)CB, nb - c0);
+        const int c0 = c * CB, ncb = min(CB, nb - c0);
         const uint8_t *base =
-            (const uint8_t *)stage[warp][i % MV_STAGES] + ((row * row_bytes + c0 * BYTES) & 15);
+            (const uint8_t *)stage[warp][slot] + ((row * row_bytes + (int64_t)c0 * BYTES) & 15);
 #pragma unroll
         for (int k = 0; k < CB / BPP; k++) {
-            const int cb = k * BPP + lane / LPB;
-            const bool ok = row < nrows && cb < ncb;
+            const int cb = k * BPP + lane / LPB, ab = c0 + cb; /* ab: block within the row */
+            const bool ok = cb < ncb;
             P part;
             if (ok) part.load(base + cb * BYTES, p);
-            const int64_t ab = c0 + cb; /* block index within the row */
 #pragma unroll
             for (int b = 0; b < B; b++) {
                 if (b >= n_act) break;
@@ -343,19 +332,26 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     ms += __shfl_xor_sync(0xffffffffu, ms, o);
                 }
                 if (ok && p == 0)
-                    terms[b][warp][cb] =
+                    tw[b * CB + cb] =
                         part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
-        __syncthreads();
-        if (chain_act < n_act) {
-            for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, terms[chain_act][chain_row][j]);
-            if (c == n_chunks - 1) {
-                if (g * RT + chain_row < nrows) y[chain_act * nrows + g * RT + chain_row] = acc;
-                acc = 0.0f;
+        __syncwarp();
+        if (lane < n_act) {
+            const float *t = tw + lane * CB;
+            int j = 0;
+            for (; j + 4 <= ncb; j += 4) {
+                const float4 v = *(const float4 *)(t + j);
+                acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
             }
+            for (; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
         }
-        __syncthreads();
+        if (++c == n_chunks) {
+            if (lane < n_act) y[(int64_t)lane * nrows + row] = acc;
+            acc = 0.0f, c = 0, row += n_warps;
+        }
+        slot = slot == MV_STAGES - 1 ? 0 : slot + 1;
+        __syncwarp(); /* the terms and this slot are rewritten next */
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
@@ -382,7 +378,7 @@ static void launch_f(const uint8_t *w, int64_t ncols, int64_t nrows, const float
 }
 
 /* launch_q: one wave of persistent CTAs (as many as fit on the device at once), fewer when
- * there are fewer row groups. */
+ * there are fewer rows. */
 template <int T, int B>
 static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8_t *act,
                      int n_act, float *y, cudaStream_t s)
@@ -395,10 +391,10 @@ static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q<T, B>, MV_WARPS * WARP, 0);
         wave = sms * (per_sm > 0 ? per_sm : 1);
     }
-    const int64_t groups = (nrows + MV_WARPS - 1) / MV_WARPS;
-    const unsigned grid = (unsigned)(groups < wave ? groups : wave);
-    matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, ncols / qt<T>::blck, nrows, act,
-                                                     (int64_t)cu_act_row_bytes(T, ncols), n_act, y);
+    const int64_t ctas = (nrows + MV_WARPS - 1) / MV_WARPS;
+    const unsigned grid = (unsigned)(ctas < wave ? ctas : wave);
+    matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, (int)(ncols / qt<T>::blck), (int)nrows, act,
+                                                     (int)cu_act_row_bytes(T, ncols), n_act, y);
 }
 
 template <int T>
@@ -428,10 +424,11 @@ extern "C" int cu_matvec(uint32_t type, const void *w, int64_t ncols, int64_t nr
     const struct qtype_info *ti = qtype_get(type);
     int64_t blk = ti->blck < 8 ? 8 : ti->blck;
     if (n_act < 1 || n_act > CU_MATVEC_MAX_ACT || ncols <= 0 || nrows <= 0 || ncols % blk ||
-        (uintptr_t)w % 16)
+        (uintptr_t)w % 16 || nrows > INT32_MAX || ncols > INT32_MAX / 2)
         return strata_errf(STRATA_EINVAL,
-                           "cu_matvec: n_act %d (1..16), ncols %lld (multiple of %lld), weights at "
-                           "%p (16-byte aligned)", n_act, (long long)ncols, (long long)blk, w);
+                           "cu_matvec: n_act %d (1..16), %lld rows of %lld columns (a multiple of "
+                           "%lld, both below 2^30), weights at %p (16-byte aligned)", n_act,
+                           (long long)nrows, (long long)ncols, (long long)blk, w);
     cudaStream_t s = (cudaStream_t)stream;
 #define L(T) launch<T>(w, ncols, nrows, act, n_act, y, s)
     CU_TYPE_SWITCH(type, L)
