@@ -250,15 +250,20 @@ template <> struct mvq<QT_Q6_K> {
     }
 };
 
-/* cp_async16: 16 bytes of the matrix at byte offset off (16-byte aligned) into shared memory,
- * bypassing L1 (weights are read once); bytes past the matrix are zero-filled, so the last rows
- * never read outside the allocation. */
-__device__ __forceinline__ void cp_async16(void *dst, const uint8_t *w, int64_t off, int64_t total)
+/* cp_async16: 16 bytes from global src into shared memory at dst (a shared-space address),
+ * bypassing L1 (weights are read once). cp_async16_tail: the same for the matrix's last 16 bytes
+ * at most, zero-filling past total so the last row never reads outside the allocation. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const uint8_t *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async16_tail(uint32_t dst, const uint8_t *w, int64_t off,
+                                                int64_t total)
 {
     const int64_t left = total - off;
     const int n = left >= 16 ? 16 : (left > 0 ? (int)left : 0);
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(n ? w + off : w),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(n ? w + off : w),
                  "r"(n));
 }
 
@@ -285,6 +290,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     float *tw = terms[warp][0];
 
     /* The warp's items: rows first, first + n_warps, ..., each chunk by chunk. */
+    const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(stage[warp][0]) + 16 * lane;
     int in_row = first, in_c = 0, in_slot = 0; /* the next item to copy in */
     auto issue = [&]() {
         if (in_row < nrows) {
@@ -292,11 +298,18 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
             const int64_t a0 = start & ~(int64_t)15;
             const int ncb = min(CB, nb - in_c * CB);
             const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
-            uint4 *buf = stage[warp][in_slot];
+            const uint32_t dst = lane_dst + in_slot * (BUF * 16);
+            if (a0 + 16 * n16 <= total) { /* all but (perhaps) the matrix's last chunk */
+                const uint8_t *src = w + a0 + 16 * lane;
 #pragma unroll
-            for (int l = 0; l < LOADS; l++)
-                if (lane + WARP * l < n16)
-                    cp_async16(buf + lane + WARP * l, w, a0 + 16 * (lane + WARP * l), total);
+                for (int l = 0; l < LOADS; l++)
+                    if (lane + WARP * l < n16) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
+            } else {
+#pragma unroll
+                for (int l = 0; l < LOADS; l++)
+                    if (lane + WARP * l < n16)
+                        cp_async16_tail(dst + 16 * WARP * l, w, a0 + 16 * (lane + WARP * l), total);
+            }
             if (++in_c == n_chunks) in_c = 0, in_row += n_warps;
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -339,12 +352,15 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
         __syncwarp();
         if (lane < n_act) {
             const float *t = tw + lane * CB;
-            int j = 0;
-            for (; j + 4 <= ncb; j += 4) {
-                const float4 v = *(const float4 *)(t + j);
-                acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+            if (ncb == CB) {
+#pragma unroll
+                for (int j = 0; j < CB; j += 4) {
+                    const float4 v = *(const float4 *)(t + j);
+                    acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+                }
+            } else {
+                for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
             }
-            for (; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
         }
         if (++c == n_chunks) {
             if (lane < n_act) y[(int64_t)lane * nrows + row] = acc;
