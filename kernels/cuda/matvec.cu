@@ -120,10 +120,19 @@ template <> struct mvq<QT_Q8_0> {
     }
 };
 
-/* spread4: bits 0..3 of h to bit 4 of bytes 0..3 (the multiply puts bit k at bit 8k; no carries). */
+/* spread4: bits 0..3 of h to bit 4 of bytes 0..3 (the multiply puts bit k at bit 8k + 4, with no
+ * carries between the partial products). */
 __device__ __forceinline__ uint32_t spread4(uint32_t h)
 {
-    return (((h & 0xFu) * 0x00204081u) & 0x01010101u) << 4;
+    return ((h & 0xFu) * 0x02040810u) & 0x10101010u;
+}
+
+/* dp4a_us: dot of 4 unsigned bytes of a with 4 signed bytes of b, plus c. */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
 /* Q5_0: one lane per block; low nibbles are elements 0..15, high nibbles 16..31, fifth bits qh. */
@@ -161,38 +170,38 @@ template <> struct mvq<QT_Q5_0> {
  * so 16-byte aligned in a 16-byte aligned matrix. */
 template <> struct mvq<QT_Q4_K> {
     static constexpr int LPB = 4, CB = 8;
-    uint32_t lo[8], hi[8];
-    int sc0, sc1, m0, m1;
+    uint32_t w[8]; /* 32 bytes of qs: low nibbles sub-block 2j, high nibbles 2j + 1 */
+    uint32_t sc, m; /* scales and mins of sub-blocks 2j, 2j + 1 in bytes 0 and 1 */
     float d, dmin;
-    /* the packed 6-bit scale and min of sub-block s (quant_k4_scale_min) without a byte array */
-    static __device__ __forceinline__ void scale_min(int s, uint32_t s0, uint32_t s1, uint32_t s2,
-                                                     int *sc, int *m)
-    {
-        const int sh = 8 * (s & 3); /* s < 4: bytes s, s + 4; else s + 4, s - 4 and s */
-        const uint32_t a = s0 >> sh, b = s1 >> sh, c = s2 >> sh;
-        *sc = (int)(s < 4 ? a & 63 : (c & 0xF) | ((a >> 6 & 3) << 4));
-        *m = (int)(s < 4 ? b & 63 : (c >> 4 & 0xF) | ((b >> 6 & 3) << 4));
-    }
     __device__ __forceinline__ void load(const uint8_t *b, int j)
     {
-        const uint4 hd = *(const uint4 *)b; /* d, dmin | scales[12] */
+        const uint4 hd = *(const uint4 *)b; /* d, dmin | scales[12] (quant_k4_scale_min) */
         d = hbits(hd.x), dmin = hbits(hd.x >> 16);
-        scale_min(2 * j, hd.y, hd.z, hd.w, &sc0, &m0);
-        scale_min(2 * j + 1, hd.y, hd.z, hd.w, &sc1, &m1);
+        /* both sub-blocks' 6-bit values at once, as 16-bit pairs */
+        const int sh = 16 * (j & 1);
+        const uint32_t s0 = hd.y >> sh, s1 = hd.z >> sh, s2 = hd.w >> sh;
+        sc = j < 2 ? s0 & 0x3F3Fu : (s2 & 0x0F0Fu) | ((s0 & 0xC0C0u) >> 2);
+        m = j < 2 ? s1 & 0x3F3Fu : ((s2 >> 4) & 0x0F0Fu) | ((s1 & 0xC0C0u) >> 2);
         const uint4 w0 = *(const uint4 *)(b + 16 + 32 * j), w1 = *(const uint4 *)(b + 32 + 32 * j);
-        const uint32_t ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) lo[i] = ws[i] & 0x0F0F0F0Fu, hi[i] = (ws[i] >> 4) & 0x0F0F0F0Fu;
+        w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w;
+        w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
     }
     __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int j, int *is, int *ms) const
     {
         const int8_t *x = aq + 64 * j;
-        const int dl = dot16(lo + 4, ld_act16(x + 16), dot16(lo, ld_act16(x), 0));
-        const int dh = dot16(hi + 4, ld_act16(x + 48), dot16(hi, ld_act16(x + 32), 0));
+        const uint4 x0 = ld_act16(x), x1 = ld_act16(x + 16), x2 = ld_act16(x + 32), x3 = ld_act16(x + 48);
+        const uint32_t xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const uint32_t xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int dl = 0, dh16 = 0; /* dh16: the high nibbles left in place, 16 times their dot */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            dl = dp4a_us(w[i] & 0x0F0F0F0Fu, xl[i], dl);
+            dh16 = dp4a_us(w[i] & 0xF0F0F0F0u, xh[i], dh16);
+        }
         const uint2 s = __ldg((const uint2 *)(as + 4 * j)); /* sums of 16: 4j .. 4j + 3 */
         const int sl = (int)(int16_t)s.x + ((int)s.x >> 16), sh = (int)(int16_t)s.y + ((int)s.y >> 16);
-        *is = sc0 * dl + sc1 * dh;
-        *ms = m0 * sl + m1 * sh;
+        *is = (int)(sc & 0xFF) * dl + (int)(sc >> 8) * (dh16 >> 4);
+        *ms = (int)(m & 0xFF) * sl + (int)(m >> 8) * sh;
     }
     __device__ __forceinline__ float value(float dx, int is, int ms) const
     {
@@ -269,7 +278,23 @@ __device__ __forceinline__ void cp_async16_tail(uint32_t dst, const uint8_t *w, 
 
 #define MV_STAGES 3 /* row chunks per warp: two in flight while one is decoded */
 
-template <int T, int B>
+/* mv_cursor walks a warp's items: batches of R rows (first, first + n_warps, ... in batch units),
+ * each chunk by chunk, the batch's rows one after the other within a chunk. */
+struct mv_cursor {
+    int batch, c, r;
+    __device__ __forceinline__ int row(int R) const { return batch * R + r; }
+    __device__ __forceinline__ void next(int R, int nrows, int n_chunks, int n_warps)
+    {
+        if (++r == R || batch * R + r >= nrows) {
+            r = 0;
+            if (++c == n_chunks) c = 0, batch += n_warps;
+        }
+    }
+};
+
+/* R: rows whose chains one warp runs side by side (lane r sums row r): with one activation row the
+ * chain is the serial part, so 4 rows share its instructions; with more, the activation rows do. */
+template <int T, int B, int R = (B == 1 ? 4 : 1)>
 __global__ void __launch_bounds__(MV_WARPS *WARP)
     matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y)
 {
@@ -280,23 +305,24 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     constexpr int BUF = SPAN / 16 + 3;    /* uint4s, with slack for ld_words' extra word */
     constexpr int LOADS = (SPAN / 16 + 1 + WARP - 1) / WARP;
     static_assert(CB % BPP == 0 && CB % 4 == 0, "passes cover a chunk; terms read as float4");
+    static_assert(R * B <= WARP, "one lane per chain");
     __shared__ uint4 stage[MV_WARPS][MV_STAGES][BUF];
-    __shared__ __align__(16) float terms[MV_WARPS][B][CB];
+    __shared__ __align__(16) float terms[MV_WARPS][B * R][CB];
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), p = lane % LPB;
-    const int n_warps = gridDim.x * MV_WARPS, first = blockIdx.x * MV_WARPS + warp;
+    const int n_warps = gridDim.x * MV_WARPS;
     const int n_chunks = (nb + CB - 1) / CB, ncols = nb * BLK;
     const int64_t row_bytes = (int64_t)nb * BYTES, total = row_bytes * nrows;
     float *tw = terms[warp][0];
 
-    /* The warp's items: rows first, first + n_warps, ..., each chunk by chunk. */
     const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(stage[warp][0]) + 16 * lane;
-    int in_row = first, in_c = 0, in_slot = 0; /* the next item to copy in */
+    mv_cursor in = {(int)blockIdx.x * MV_WARPS + warp, 0, 0}; /* the next item to copy in */
+    int in_slot = 0;
     auto issue = [&]() {
-        if (in_row < nrows) {
-            const int64_t start = in_row * row_bytes + (int64_t)in_c * (CB * BYTES);
+        if (in.row(R) < nrows) {
+            const int64_t start = in.row(R) * row_bytes + (int64_t)in.c * (CB * BYTES);
             const int64_t a0 = start & ~(int64_t)15;
-            const int ncb = min(CB, nb - in_c * CB);
+            const int ncb = min(CB, nb - in.c * CB);
             const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
             const uint32_t dst = lane_dst + in_slot * (BUF * 16);
             if (a0 + 16 * n16 <= total) { /* all but (perhaps) the matrix's last chunk */
@@ -310,19 +336,22 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     if (lane + WARP * l < n16)
                         cp_async16_tail(dst + 16 * WARP * l, w, a0 + 16 * (lane + WARP * l), total);
             }
-            if (++in_c == n_chunks) in_c = 0, in_row += n_warps;
+            in.next(R, nrows, n_chunks, n_warps);
         }
         asm volatile("cp.async.commit_group;\n" ::);
         in_slot = in_slot == MV_STAGES - 1 ? 0 : in_slot + 1;
     };
     issue();
     issue();
-    float acc = 0.0f; /* lane b: the running sum of activation row b */
-    for (int row = first, c = 0, slot = 0; row < nrows;) {
+    /* lane r + R b (b < n_act): the running sum of activation row b for row r of the batch */
+    const int my_r = lane % R, my_b = lane / R;
+    float acc = 0.0f;
+    mv_cursor at = {(int)blockIdx.x * MV_WARPS + warp, 0, 0}; /* the item decoded next */
+    for (int slot = 0; at.row(R) < nrows;) {
         issue(); /* into the slot of the previous item, decoded before the last __syncwarp */
         asm volatile("cp.async.wait_group 2;\n" ::);
         __syncwarp();
-        const int c0 = c * CB, ncb = min(CB, nb - c0);
+        const int row = at.row(R), c0 = at.c * CB, ncb = min(CB, nb - c0);
         const uint8_t *base =
             (const uint8_t *)stage[warp][slot] + ((row * row_bytes + (int64_t)c0 * BYTES) & 15);
 #pragma unroll
@@ -345,27 +374,32 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     ms += __shfl_xor_sync(0xffffffffu, ms, o);
                 }
                 if (ok && p == 0)
-                    tw[b * CB + cb] =
+                    tw[(b * R + at.r) * CB + cb] =
                         part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
-        __syncwarp();
-        if (lane < n_act) {
-            const float *t = tw + lane * CB;
-            if (ncb == CB) {
+        const bool batch_done = at.r == R - 1 || row == nrows - 1;
+        if (batch_done) { /* the batch's rows have this chunk's terms: run the chains */
+            __syncwarp();
+            const int crow = at.batch * R + my_r;
+            if (lane < R * n_act && crow < nrows) {
+                const float *t = tw + lane * CB;
+                if (ncb == CB) {
 #pragma unroll
-                for (int j = 0; j < CB; j += 4) {
-                    const float4 v = *(const float4 *)(t + j);
-                    acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+                    for (int j = 0; j < CB; j += 4) {
+                        const float4 v = *(const float4 *)(t + j);
+                        acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
+                    }
+                } else {
+                    for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
                 }
-            } else {
-                for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
+                if (at.c == n_chunks - 1) {
+                    y[(int64_t)my_b * nrows + crow] = acc;
+                    acc = 0.0f;
+                }
             }
         }
-        if (++c == n_chunks) {
-            if (lane < n_act) y[(int64_t)lane * nrows + row] = acc;
-            acc = 0.0f, c = 0, row += n_warps;
-        }
+        at.next(R, nrows, n_chunks, n_warps);
         slot = slot == MV_STAGES - 1 ? 0 : slot + 1;
         __syncwarp(); /* the terms and this slot are rewritten next */
     }
@@ -407,7 +441,7 @@ static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q<T, B>, MV_WARPS * WARP, 0);
         wave = sms * (per_sm > 0 ? per_sm : 1);
     }
-    const int64_t ctas = (nrows + MV_WARPS - 1) / MV_WARPS;
+    const int64_t ctas = (nrows + 4 * MV_WARPS - 1) / (4 * MV_WARPS); /* R <= 4 rows a batch */
     const unsigned grid = (unsigned)(ctas < wave ? ctas : wave);
     matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, (int)(ncols / qt<T>::blck), (int)nrows, act,
                                                      (int)cu_act_row_bytes(T, ncols), n_act, y);
