@@ -292,45 +292,53 @@ struct mv_cursor {
     }
 };
 
-/* R: rows whose chains one warp runs side by side (lane r sums row r): with one activation row the
- * chain is the serial part, so 4 rows share its instructions; with more, the activation rows do. */
-template <int T, int B, int R = (B == 1 ? 4 : 1)>
+/* R (1..RMAX, uniform): rows whose chains one warp runs side by side (lane r + R b sums row r of
+ * the batch for activation row b). With one activation row the chain is the serial part, so 4 rows
+ * share its instructions where every warp has at least 4 rows; with more, the activation rows do. */
+template <int T, int B>
 __global__ void __launch_bounds__(MV_WARPS *WARP)
-    matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y)
+    matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y,
+             int R)
 {
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
+    constexpr int RMAX = B == 1 ? 4 : 1;
     constexpr int BPP = WARP / LPB;       /* blocks per pass of the warp */
     constexpr int SPAN = CB * BYTES + 30; /* staged bytes at most (alignment on both ends) */
     constexpr int BUF = SPAN / 16 + 3;    /* uint4s, with slack for ld_words' extra word */
     constexpr int LOADS = (SPAN / 16 + 1 + WARP - 1) / WARP;
     static_assert(CB % BPP == 0 && CB % 4 == 0, "passes cover a chunk; terms read as float4");
-    static_assert(R * B <= WARP, "one lane per chain");
+    static_assert(RMAX * B <= WARP, "one lane per chain");
     __shared__ uint4 stage[MV_WARPS][MV_STAGES][BUF];
-    __shared__ __align__(16) float terms[MV_WARPS][B * R][CB];
+    __shared__ __align__(16) float terms[MV_WARPS][B * RMAX][CB];
 
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), p = lane % LPB;
     const int n_warps = gridDim.x * MV_WARPS;
     const int n_chunks = (nb + CB - 1) / CB, ncols = nb * BLK;
     const int64_t row_bytes = (int64_t)nb * BYTES, total = row_bytes * nrows;
+    /* one chunk per row and rows 16-byte aligned (the usual shapes): a row is copied with the
+     * same n16 loads every time, no alignment or bounds arithmetic */
+    const bool whole_rows = n_chunks == 1 && (row_bytes & 15) == 0;
+    const int row16 = (int)(row_bytes >> 4);
     float *tw = terms[warp][0];
 
     const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(stage[warp][0]) + 16 * lane;
     mv_cursor in = {(int)blockIdx.x * MV_WARPS + warp, 0, 0}; /* the next item to copy in */
     int in_slot = 0;
     auto issue = [&]() {
-        if (in.row(R) < nrows) {
-            const int64_t start = in.row(R) * row_bytes + (int64_t)in.c * (CB * BYTES);
-            const int64_t a0 = start & ~(int64_t)15;
-            const int ncb = min(CB, nb - in.c * CB);
-            const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
+        const int row = in.row(R);
+        if (row < nrows) {
             const uint32_t dst = lane_dst + in_slot * (BUF * 16);
-            if (a0 + 16 * n16 <= total) { /* all but (perhaps) the matrix's last chunk */
-                const uint8_t *src = w + a0 + 16 * lane;
+            if (whole_rows) {
+                const uint8_t *src = w + row * row_bytes + 16 * lane;
 #pragma unroll
                 for (int l = 0; l < LOADS; l++)
-                    if (lane + WARP * l < n16) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
+                    if (lane + WARP * l < row16) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
             } else {
+                const int64_t start = row * row_bytes + (int64_t)in.c * (CB * BYTES);
+                const int64_t a0 = start & ~(int64_t)15;
+                const int ncb = min(CB, nb - in.c * CB);
+                const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
 #pragma unroll
                 for (int l = 0; l < LOADS; l++)
                     if (lane + WARP * l < n16)
@@ -343,8 +351,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     };
     issue();
     issue();
-    /* lane r + R b (b < n_act): the running sum of activation row b for row r of the batch */
-    const int my_r = lane % R, my_b = lane / R;
+    const int my_r = lane % R, my_b = lane / R; /* this lane's chain */
     float acc = 0.0f;
     mv_cursor at = {(int)blockIdx.x * MV_WARPS + warp, 0, 0}; /* the item decoded next */
     for (int slot = 0; at.row(R) < nrows;) {
@@ -354,6 +361,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
         const int row = at.row(R), c0 = at.c * CB, ncb = min(CB, nb - c0);
         const uint8_t *base =
             (const uint8_t *)stage[warp][slot] + ((row * row_bytes + (int64_t)c0 * BYTES) & 15);
+        float *trow = tw + at.r * CB;
 #pragma unroll
         for (int k = 0; k < CB / BPP; k++) {
             const int cb = k * BPP + lane / LPB, ab = c0 + cb; /* ab: block within the row */
@@ -374,12 +382,11 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     ms += __shfl_xor_sync(0xffffffffu, ms, o);
                 }
                 if (ok && p == 0)
-                    tw[(b * R + at.r) * CB + cb] =
+                    trow[b * R * CB + cb] =
                         part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
-        const bool batch_done = at.r == R - 1 || row == nrows - 1;
-        if (batch_done) { /* the batch's rows have this chunk's terms: run the chains */
+        if (at.r == R - 1 || row == nrows - 1) { /* the batch has this chunk's terms: chains */
             __syncwarp();
             const int crow = at.batch * R + my_r;
             if (lane < R * n_act && crow < nrows) {
@@ -441,10 +448,12 @@ static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q<T, B>, MV_WARPS * WARP, 0);
         wave = sms * (per_sm > 0 ? per_sm : 1);
     }
-    const int64_t ctas = (nrows + 4 * MV_WARPS - 1) / (4 * MV_WARPS); /* R <= 4 rows a batch */
+    /* 4-row chains where every warp of a full wave gets at least 4 rows */
+    const int R = B == 1 && nrows >= 4 * MV_WARPS * (int64_t)wave ? 4 : 1;
+    const int64_t ctas = (nrows + R * MV_WARPS - 1) / (R * MV_WARPS);
     const unsigned grid = (unsigned)(ctas < wave ? ctas : wave);
     matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, (int)(ncols / qt<T>::blck), (int)nrows, act,
-                                                     (int)cu_act_row_bytes(T, ncols), n_act, y);
+                                                     (int)cu_act_row_bytes(T, ncols), n_act, y, R);
 }
 
 template <int T>
