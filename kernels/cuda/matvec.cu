@@ -323,45 +323,14 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     float *tw = terms[warp][0];
 
     const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(stage[warp][0]) + 16 * lane;
-    mv_cursor in = {(int)blockIdx.x * MV_WARPS + warp, 0, 0}; /* the next item to copy in */
-    int in_slot = 0;
-    auto issue = [&]() {
-        const int row = in.row(R);
-        if (row < nrows) {
-            const uint32_t dst = lane_dst + in_slot * (BUF * 16);
-            if (whole_rows) {
-                const uint8_t *src = w + row * row_bytes + 16 * lane;
-#pragma unroll
-                for (int l = 0; l < LOADS; l++)
-                    if (lane + WARP * l < row16) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
-            } else {
-                const int64_t start = row * row_bytes + (int64_t)in.c * (CB * BYTES);
-                const int64_t a0 = start & ~(int64_t)15;
-                const int ncb = min(CB, nb - in.c * CB);
-                const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
-#pragma unroll
-                for (int l = 0; l < LOADS; l++)
-                    if (lane + WARP * l < n16)
-                        cp_async16_tail(dst + 16 * WARP * l, w, a0 + 16 * (lane + WARP * l), total);
-            }
-            in.next(R, nrows, n_chunks, n_warps);
-        }
-        asm volatile("cp.async.commit_group;\n" ::);
-        in_slot = in_slot == MV_STAGES - 1 ? 0 : in_slot + 1;
-    };
-    issue();
-    issue();
     const int my_r = lane % R, my_b = lane / R; /* this lane's chain */
     float acc = 0.0f;
-    mv_cursor at = {(int)blockIdx.x * MV_WARPS + warp, 0, 0}; /* the item decoded next */
-    for (int slot = 0; at.row(R) < nrows;) {
-        issue(); /* into the slot of the previous item, decoded before the last __syncwarp */
-        asm volatile("cp.async.wait_group 2;\n" ::);
-        __syncwarp();
-        const int row = at.row(R), c0 = at.c * CB, ncb = min(CB, nb - c0);
+
+    /* decode: the terms of one staged item (row, blocks c0 .. c0 + ncb) into terms row r */
+    auto decode = [&](int slot, int row, int c0, int ncb, int r) {
         const uint8_t *base =
             (const uint8_t *)stage[warp][slot] + ((row * row_bytes + (int64_t)c0 * BYTES) & 15);
-        float *trow = tw + at.r * CB;
+        float *trow = tw + r * CB;
 #pragma unroll
         for (int k = 0; k < CB / BPP; k++) {
             const int cb = k * BPP + lane / LPB, ab = c0 + cb; /* ab: block within the row */
@@ -386,29 +355,97 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                         part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
-        if (at.r == R - 1 || row == nrows - 1) { /* the batch has this chunk's terms: chains */
-            __syncwarp();
-            const int crow = at.batch * R + my_r;
-            if (lane < R * n_act && crow < nrows) {
-                const float *t = tw + lane * CB;
-                if (ncb == CB) {
+    };
+    /* chains: the batch's rows have the terms of chunk c: each chain lane adds them in order */
+    auto chains = [&](int batch, int c, int ncb) {
+        __syncwarp();
+        const int crow = batch * R + my_r;
+        if (lane < R * n_act && crow < nrows) {
+            const float *t = tw + lane * CB;
+            if (ncb == CB) {
 #pragma unroll
-                    for (int j = 0; j < CB; j += 4) {
-                        const float4 v = *(const float4 *)(t + j);
-                        acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
-                    }
-                } else {
-                    for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
+                for (int j = 0; j < CB; j += 4) {
+                    const float4 v = *(const float4 *)(t + j);
+                    acc = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(acc, v.x), v.y), v.z), v.w);
                 }
-                if (at.c == n_chunks - 1) {
-                    y[(int64_t)my_b * nrows + crow] = acc;
-                    acc = 0.0f;
-                }
+            } else {
+                for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, t[j]);
+            }
+            if (c == n_chunks - 1) {
+                y[(int64_t)my_b * nrows + crow] = acc;
+                acc = 0.0f;
             }
         }
-        at.next(R, nrows, n_chunks, n_warps);
-        slot = slot == MV_STAGES - 1 ? 0 : slot + 1;
-        __syncwarp(); /* the terms and this slot are rewritten next */
+    };
+
+    const int first = (int)blockIdx.x * MV_WARPS + warp; /* the warp's first batch */
+    if (whole_rows) {
+        /* Rows batch * R + r of batches first, first + n_warps, ...: a row is one item. */
+        const uint8_t *wl = w + 16 * lane;
+        uint32_t lmask = 0; /* which of the lane's LOADS copies fall inside a row */
+#pragma unroll
+        for (int l = 0; l < LOADS; l++) lmask |= (uint32_t)(lane + WARP * l < row16) << l;
+        int in_batch = first, in_r = 0, in_slot = 0;
+        auto issue = [&]() {
+            const int row = in_batch * R + in_r;
+            if (row < nrows) {
+                const uint8_t *src = wl + row * row_bytes;
+                const uint32_t dst = lane_dst + in_slot * (BUF * 16);
+#pragma unroll
+                for (int l = 0; l < LOADS; l++)
+                    if (lmask >> l & 1) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
+                if (++in_r == R) in_r = 0, in_batch += n_warps;
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
+            in_slot = in_slot == MV_STAGES - 1 ? 0 : in_slot + 1;
+        };
+        issue();
+        issue();
+        for (int batch = first, r = 0, slot = 0; batch * R + r < nrows;) {
+            issue(); /* into the slot of the previous row, decoded before the last __syncwarp */
+            asm volatile("cp.async.wait_group 2;\n" ::);
+            __syncwarp();
+            const int row = batch * R + r;
+            decode(slot, row, 0, nb, r);
+            if (r == R - 1 || row == nrows - 1) chains(batch, 0, nb);
+            if (++r == R) r = 0, batch += n_warps;
+            slot = slot == MV_STAGES - 1 ? 0 : slot + 1;
+            __syncwarp(); /* the terms and this slot are rewritten next */
+        }
+    } else {
+        mv_cursor in = {first, 0, 0}; /* the next item to copy in */
+        int in_slot = 0;
+        auto issue = [&]() {
+            const int row = in.row(R);
+            if (row < nrows) {
+                const int64_t start = row * row_bytes + (int64_t)in.c * (CB * BYTES);
+                const int64_t a0 = start & ~(int64_t)15;
+                const int ncb = min(CB, nb - in.c * CB);
+                const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
+                const uint32_t dst = lane_dst + in_slot * (BUF * 16);
+#pragma unroll
+                for (int l = 0; l < LOADS; l++)
+                    if (lane + WARP * l < n16)
+                        cp_async16_tail(dst + 16 * WARP * l, w, a0 + 16 * (lane + WARP * l), total);
+                in.next(R, nrows, n_chunks, n_warps);
+            }
+            asm volatile("cp.async.commit_group;\n" ::);
+            in_slot = in_slot == MV_STAGES - 1 ? 0 : in_slot + 1;
+        };
+        issue();
+        issue();
+        mv_cursor at = {first, 0, 0}; /* the item decoded next */
+        for (int slot = 0; at.row(R) < nrows;) {
+            issue();
+            asm volatile("cp.async.wait_group 2;\n" ::);
+            __syncwarp();
+            const int row = at.row(R), c0 = at.c * CB, ncb = min(CB, nb - c0);
+            decode(slot, row, c0, ncb, at.r);
+            if (at.r == R - 1 || row == nrows - 1) chains(at.batch, at.c, ncb);
+            at.next(R, nrows, n_chunks, n_warps);
+            slot = slot == MV_STAGES - 1 ? 0 : slot + 1;
+            __syncwarp();
+        }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
