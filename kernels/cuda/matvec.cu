@@ -90,7 +90,8 @@ __device__ __forceinline__ float hbits(uint32_t u)
 }
 
 /* Per weight type: LPB lanes per block (fewer lanes per block = less per-block work repeated:
- * header, scales, shuffles), CB blocks of a row staged at a time (1.1-2.2 KB), and the part a lane
+ * header, scales, shuffles), CB blocks of a row staged at a time (1.1-2.2 KB; CB1 with one
+ * activation row, where shared memory is left over for Q4_K's two rows an item), and the part a lane
  * decodes (load) once for all activation rows (dot), then the block's float term (value) with the
  * reference's roundings: (dx * d) * isum - (dx * dmin) * msum. The reference's third term,
  * (dx * m) * xsum, is a signed zero for these types, and adding it changes only the sign of a zero
@@ -101,7 +102,7 @@ template <int T> struct mvq;
 
 /* Q8_0: one lane per 32-element block. */
 template <> struct mvq<QT_Q8_0> {
-    static constexpr int LPB = 1, CB = 64;
+    static constexpr int LPB = 1, CB = 64, CB1 = 64;
     uint32_t q[8];
     float d;
     __device__ __forceinline__ void load(const uint8_t *b, int)
@@ -137,7 +138,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
 
 /* Q5_0: one lane per block; low nibbles are elements 0..15, high nibbles 16..31, fifth bits qh. */
 template <> struct mvq<QT_Q5_0> {
-    static constexpr int LPB = 1, CB = 64;
+    static constexpr int LPB = 1, CB = 64, CB1 = 64;
     uint32_t q[8];
     float d;
     __device__ __forceinline__ void load(const uint8_t *b, int)
@@ -169,7 +170,7 @@ template <> struct mvq<QT_Q5_0> {
  * sub-block 2j (elements 64j..), high nibbles sub-block 2j + 1 (64j + 32..). Blocks are 144 bytes,
  * so 16-byte aligned in a 16-byte aligned matrix. */
 template <> struct mvq<QT_Q4_K> {
-    static constexpr int LPB = 4, CB = 8;
+    static constexpr int LPB = 4, CB = 8, CB1 = 16;
     uint32_t w[8]; /* 32 bytes of qs: low nibbles sub-block 2j, high nibbles 2j + 1 */
     uint32_t sc, m; /* scales and mins of sub-blocks 2j, 2j + 1 in bytes 0 and 1 */
     float d, dmin;
@@ -213,7 +214,7 @@ template <> struct mvq<QT_Q4_K> {
 /* Q6_K: 4 lanes per block; lane p takes positions 16k..16k+15 (k = p % 2) of half p / 2 in all four
  * 32-element quarters: 16 bytes of ql at +0 and +32, 16 of qh; one scale per quarter. */
 template <> struct mvq<QT_Q6_K> {
-    static constexpr int LPB = 4, CB = 8;
+    static constexpr int LPB = 4, CB = 8, CB1 = 8;
     uint32_t v[4][4];
     int sc[4];
     float d;
@@ -294,15 +295,17 @@ struct mv_cursor {
 
 /* R (1..RMAX, uniform): rows whose chains one warp runs side by side (lane r + R b sums row r of
  * the batch for activation row b). With one activation row the chain is the serial part, so 4 rows
- * share its instructions where every warp has at least 4 rows; with more, the activation rows do. */
+ * share its instructions where every warp has at least 4 rows; with more, the activation rows do.
+ * RI (a power of two dividing R): rows per item where a row is a few blocks (Q4_K at 2048 columns
+ * is 8 of a 16-block chunk): one copy, one wait and one loop step serve RI rows. */
 template <int T, int B>
 __global__ void __launch_bounds__(MV_WARPS *WARP)
     matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y,
-             int R)
+             int R, int RI)
 {
     using P = mvq<T>;
-    constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
-    constexpr int RMAX = B == 1 ? 4 : 1;
+    constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB;
+    constexpr int CB = B == 1 ? P::CB1 : P::CB, RMAX = B == 1 ? 4 : 1;
     constexpr int BPP = WARP / LPB;       /* blocks per pass of the warp */
     constexpr int SPAN = CB * BYTES + 30; /* staged bytes at most (alignment on both ends) */
     constexpr int BUF = SPAN / 16 + 3;    /* uint4s, with slack for ld_words' extra word */
@@ -326,15 +329,18 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     const int my_r = lane % R, my_b = lane / R; /* this lane's chain */
     float acc = 0.0f;
 
-    /* decode: the terms of one staged item (row, blocks c0 .. c0 + ncb) into terms row r */
+    /* decode: the terms of one staged item, ncb blocks from block c0 of row (and, with RI > 1,
+     * the next rows: block cb is block cb & nb_mask of row + (cb >> nb_log)), into terms row r */
+    const int nb_log = RI > 1 ? __ffs(nb) - 1 : 16, nb_mask = RI > 1 ? nb - 1 : 0xFFFF;
     auto decode = [&](int slot, int row, int c0, int ncb, int r) {
         const uint8_t *base =
             (const uint8_t *)stage[warp][slot] + ((row * row_bytes + (int64_t)c0 * BYTES) & 15);
-        float *trow = tw + r * CB;
 #pragma unroll
         for (int k = 0; k < CB / BPP; k++) {
-            const int cb = k * BPP + lane / LPB, ab = c0 + cb; /* ab: block within the row */
-            const bool ok = cb < ncb;
+            const int cb = k * BPP + lane / LPB, rin = cb >> nb_log;
+            const int ab = c0 + (cb & nb_mask); /* ab: block within its row */
+            const bool ok = cb < ncb && row + rin < nrows;
+            float *trow = tw + (r + rin) * CB;
             P part;
             if (ok) part.load(base + cb * BYTES, p);
 #pragma unroll
@@ -351,7 +357,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
                     ms += __shfl_xor_sync(0xffffffffu, ms, o);
                 }
                 if (ok && p == 0)
-                    trow[b * R * CB + cb] =
+                    trow[b * R * CB + (ab - c0)] =
                         part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
@@ -380,21 +386,20 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
 
     const int first = (int)blockIdx.x * MV_WARPS + warp; /* the warp's first batch */
     if (whole_rows) {
-        /* Rows batch * R + r of batches first, first + n_warps, ...: a row is one item. */
+        /* Rows batch * R + r of batches first, first + n_warps, ...: RI rows (contiguous, so one
+         * copy) are one item. */
         const uint8_t *wl = w + 16 * lane;
-        uint32_t lmask = 0; /* which of the lane's LOADS copies fall inside a row */
-#pragma unroll
-        for (int l = 0; l < LOADS; l++) lmask |= (uint32_t)(lane + WARP * l < row16) << l;
         int in_batch = first, in_r = 0, in_slot = 0;
         auto issue = [&]() {
             const int row = in_batch * R + in_r;
             if (row < nrows) {
+                const int n16 = min(RI, nrows - row) * row16;
                 const uint8_t *src = wl + row * row_bytes;
                 const uint32_t dst = lane_dst + in_slot * (BUF * 16);
 #pragma unroll
                 for (int l = 0; l < LOADS; l++)
-                    if (lmask >> l & 1) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
-                if (++in_r == R) in_r = 0, in_batch += n_warps;
+                    if (lane + WARP * l < n16) cp_async16(dst + 16 * WARP * l, src + 16 * WARP * l);
+                if ((in_r += RI) == R) in_r = 0, in_batch += n_warps;
             }
             asm volatile("cp.async.commit_group;\n" ::);
             in_slot = in_slot == MV_STAGES - 1 ? 0 : in_slot + 1;
@@ -402,13 +407,13 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
         issue();
         issue();
         for (int batch = first, r = 0, slot = 0; batch * R + r < nrows;) {
-            issue(); /* into the slot of the previous row, decoded before the last __syncwarp */
+            issue(); /* into the slot of the previous item, decoded before the last __syncwarp */
             asm volatile("cp.async.wait_group 2;\n" ::);
             __syncwarp();
             const int row = batch * R + r;
-            decode(slot, row, 0, nb, r);
-            if (r == R - 1 || row == nrows - 1) chains(batch, 0, nb);
-            if (++r == R) r = 0, batch += n_warps;
+            decode(slot, row, 0, RI * nb, r);
+            if (r + RI == R || row + RI >= nrows) chains(batch, 0, nb);
+            if ((r += RI) == R) r = 0, batch += n_warps;
             slot = slot == MV_STAGES - 1 ? 0 : slot + 1;
             __syncwarp(); /* the terms and this slot are rewritten next */
         }
@@ -485,12 +490,19 @@ static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_q<T, B>, MV_WARPS * WARP, 0);
         wave = sms * (per_sm > 0 ? per_sm : 1);
     }
-    /* 4-row chains where every warp of a full wave gets at least 4 rows */
-    const int R = B == 1 && nrows >= 4 * MV_WARPS * (int64_t)wave ? 4 : 1;
+    /* RI: whole rows of a power-of-two block count share an item, as many as fit a chunk;
+     * R: 4-row chains where every warp of a full wave gets at least 4 rows */
+    constexpr int CB = B == 1 ? mvq<T>::CB1 : mvq<T>::CB, RMAX = B == 1 ? 4 : 1;
+    const int64_t nb = ncols / qt<T>::blck;
+    int RI = 1;
+    if (nb * qt<T>::bytes % 16 == 0 && (nb & (nb - 1)) == 0)
+        while (RI * 2 * nb <= CB && RI * 2 <= RMAX) RI *= 2;
+    const int R = B == 1 && nrows >= 4 * MV_WARPS * (int64_t)wave ? 4 : RI;
     const int64_t ctas = (nrows + R * MV_WARPS - 1) / (R * MV_WARPS);
     const unsigned grid = (unsigned)(ctas < wave ? ctas : wave);
-    matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, (int)(ncols / qt<T>::blck), (int)nrows, act,
-                                                     (int)cu_act_row_bytes(T, ncols), n_act, y, R);
+    matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, (int)nb, (int)nrows, act,
+                                                     (int)cu_act_row_bytes(T, ncols), n_act, y, R,
+                                                     RI);
 }
 
 template <int T>
