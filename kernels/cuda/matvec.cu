@@ -90,9 +90,11 @@ __device__ __forceinline__ float hbits(uint32_t u)
 }
 
 /* Per weight type: LPB lanes per block (fewer lanes per block = less per-block work repeated:
- * header, scales, shuffles), CB blocks of a row staged at a time (1.1-2.2 KB; CB1 with one
- * activation row, where shared memory is left over for Q4_K's two rows an item), and the part a lane
- * decodes (load) once for all activation rows (dot), then the block's float term (value) with the
+ * header, scales, shuffles); CB blocks of a row staged at a time (1.1-2.2 KB; CB1 with one
+ * activation row, where shared memory is left over for Q4_K's two rows an item); MINB, the CTAs
+ * per SM the registers must allow with one activation row (8 for the K-quants: +3-6% on the H200,
+ * while the same cap cost Q8_0 and Q5_0 4-8%); and the part a lane decodes (load) once for all
+ * activation rows (dot), then the block's float term (value) with the
  * reference's roundings: (dx * d) * isum - (dx * dmin) * msum. The reference's third term,
  * (dx * m) * xsum, is a signed zero for these types, and adding it changes only the sign of a zero
  * term, which cannot change the running sum (it starts at +0 and never becomes -0).
@@ -102,7 +104,7 @@ template <int T> struct mvq;
 
 /* Q8_0: one lane per 32-element block. */
 template <> struct mvq<QT_Q8_0> {
-    static constexpr int LPB = 1, CB = 64, CB1 = 64;
+    static constexpr int LPB = 1, CB = 64, CB1 = 64, MINB = 1;
     uint32_t q[8];
     float d;
     __device__ __forceinline__ void load(const uint8_t *b, int)
@@ -138,7 +140,7 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
 
 /* Q5_0: one lane per block; low nibbles are elements 0..15, high nibbles 16..31, fifth bits qh. */
 template <> struct mvq<QT_Q5_0> {
-    static constexpr int LPB = 1, CB = 64, CB1 = 64;
+    static constexpr int LPB = 1, CB = 64, CB1 = 64, MINB = 1;
     uint32_t q[8];
     float d;
     __device__ __forceinline__ void load(const uint8_t *b, int)
@@ -170,7 +172,7 @@ template <> struct mvq<QT_Q5_0> {
  * sub-block 2j (elements 64j..), high nibbles sub-block 2j + 1 (64j + 32..). Blocks are 144 bytes,
  * so 16-byte aligned in a 16-byte aligned matrix. */
 template <> struct mvq<QT_Q4_K> {
-    static constexpr int LPB = 4, CB = 8, CB1 = 16;
+    static constexpr int LPB = 4, CB = 8, CB1 = 16, MINB = 8;
     uint32_t w[8]; /* 32 bytes of qs: low nibbles sub-block 2j, high nibbles 2j + 1 */
     uint32_t sc, m; /* scales and mins of sub-blocks 2j, 2j + 1 in bytes 0 and 1 */
     float d, dmin;
@@ -214,7 +216,7 @@ template <> struct mvq<QT_Q4_K> {
 /* Q6_K: 4 lanes per block; lane p takes positions 16k..16k+15 (k = p % 2) of half p / 2 in all four
  * 32-element quarters: 16 bytes of ql at +0 and +32, 16 of qh; one scale per quarter. */
 template <> struct mvq<QT_Q6_K> {
-    static constexpr int LPB = 4, CB = 8, CB1 = 8;
+    static constexpr int LPB = 4, CB = 8, CB1 = 8, MINB = 8;
     uint32_t v[4][4];
     int sc[4];
     float d;
@@ -299,7 +301,7 @@ struct mv_cursor {
  * RI (a power of two dividing R): rows per item where a row is a few blocks (Q4_K at 2048 columns
  * is 8 of a 16-block chunk): one copy, one wait and one loop step serve RI rows. */
 template <int T, int B>
-__global__ void __launch_bounds__(MV_WARPS *WARP)
+__global__ void __launch_bounds__(MV_WARPS *WARP, B == 1 ? mvq<T>::MINB : 1)
     matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y,
              int R, int RI)
 {

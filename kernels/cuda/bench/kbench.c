@@ -14,6 +14,7 @@
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
+#include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/qact.h"
 
 #define CK(x)                                                                                      \
@@ -187,6 +188,73 @@ static void bench_attn(int64_t ctx, int n_seq, double roof)
     free(bt), free(seq), free(len);
 }
 
+/* One MoE layer of qwen3-30b-a3b (128 experts of 2048 x 768, q4_k_m: gate/up Q4_K, down Q6_K),
+ * every expert resident, n_tok tokens routed top-8 to distinct experts (8 per token, spread so a
+ * batch hits min(128, 8 n_tok) experts): GB/s over the hit experts' bytes. */
+static void bench_moe(int n_tok, double roof)
+{
+    const int n_exp = 128, k = 8;
+    const int64_t n_embd = 2048, n_ff = 768;
+    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {0, 0, 0}, n_embd, n_ff};
+    uint64_t psz[3], off = 0;
+    for (int p = 0; p < 3; p++) {
+        uint64_t rb;
+        qtype_row_bytes(parts.type[p], p == CU_PART_DOWN ? n_ff : n_embd, &rb);
+        psz[p] = rb * (p == CU_PART_DOWN ? n_embd : n_ff);
+        parts.off[p] = off, off = (off + psz[p] + 255) / 256 * 256;
+    }
+    /* blobs: n_exp copies of one random expert (the values do not change the timing) */
+    uint8_t *blobs;
+    CK(cudaMalloc((void **)&blobs, off * n_exp));
+    for (int p = 0; p < 3; p++) {
+        uint64_t b;
+        uint8_t *w = make_weights(parts.type[p], p == CU_PART_DOWN ? n_embd : n_ff,
+                                  p == CU_PART_DOWN ? n_ff : n_embd, 1, &b);
+        for (int e = 0; e < n_exp; e++)
+            CK(cudaMemcpy(blobs + e * off + parts.off[p], w, b, cudaMemcpyDeviceToDevice));
+        cudaFree(w);
+    }
+    const uint8_t *slot[128];
+    uint8_t resident[128];
+    for (int e = 0; e < n_exp; e++) slot[e] = blobs + e * off, resident[e] = 1;
+    int32_t ids[16 * 8], pair_idx[16 * 8];
+    float pw[16 * 8];
+    for (int t = 0; t < n_tok; t++)
+        for (int j = 0; j < k; j++) ids[t * k + j] = (t * 8 + j * 16 + t / 2) % n_exp, pw[t * k + j] = 0.125f;
+    struct cu_moe_group groups[16 * 8];
+    int ng = cu_moe_group(ids, n_tok, k, resident, groups, pair_idx);
+    const uint8_t **dslot;
+    struct cu_moe_group *dg;
+    int32_t *dpi;
+    float *dpw, *x, *h, *out;
+    CK(cudaMalloc((void **)&dslot, sizeof slot));
+    CK(cudaMalloc((void **)&dg, sizeof(groups[0]) * ng));
+    CK(cudaMalloc((void **)&dpi, sizeof(int32_t) * n_tok * k));
+    CK(cudaMalloc((void **)&dpw, sizeof(float) * n_tok * k));
+    CK(cudaMalloc((void **)&x, sizeof(float) * n_tok * n_embd));
+    CK(cudaMalloc((void **)&h, sizeof(float) * n_tok * k * n_ff));
+    CK(cudaMalloc((void **)&out, sizeof(float) * n_tok * k * n_embd));
+    CK(cudaMemcpy(dslot, slot, sizeof slot, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dg, groups, sizeof(groups[0]) * ng, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpi, pair_idx, sizeof(int32_t) * n_tok * k, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpw, pw, sizeof(float) * n_tok * k, cudaMemcpyHostToDevice));
+    CK(cudaMemset(x, 0, sizeof(float) * n_tok * n_embd));
+    if (cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, k, x, h, out, NULL) != 0) exit(1);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    cudaEventRecord(e0, 0);
+    for (int i = 0; i < reps; i++) cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, k, x, h, out, NULL);
+    cudaEventRecord(e1, 0);
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double us = ms * 1e3 / reps, bytes = (double)ng * (psz[0] + psz[1] + psz[2]);
+    printf("| moe_ffn (q4_k_m, 2048x768 experts) | %2d tok | %3d experts | %9.2f us | %7.0f GB/s | "
+           "%5.1f%% |\n", n_tok, ng, us, bytes / (us * 1e-6) / 1e9, 100.0 * bytes / (us * 1e-6) / 1e9 / roof);
+    cudaFree(blobs), cudaFree(dslot), cudaFree(dg), cudaFree(dpi), cudaFree(dpw), cudaFree(x),
+        cudaFree(h), cudaFree(out);
+}
+
 int main(int argc, char **argv)
 {
     double peak = 4800;
@@ -235,5 +303,8 @@ int main(int argc, char **argv)
     bench_attn(4096, 16, copy);
     bench_attn(32768, 1, copy);
     bench_attn(32768, 16, copy);
+    printf("\n");
+    bench_moe(1, copy);
+    bench_moe(16, copy);
     return 0;
 }
