@@ -443,23 +443,26 @@ START_TEST(attention_matches_reference)
 }
 END_TEST
 
-/* Expert FFN from a slot table: 16 experts, 10 resident, 5 tokens top-4 (pairs on missing experts
+/* Expert FFN from a slot table: 16 experts, 10 resident, top-4 routing of 1, 3 and 20 tokens (20:
+ * every token also routed to expert 3, whose 20 pairs take two groups); pairs on missing experts
  * are computed by the "CPU" — here the reference — and copied in before the combine, as the worker
- * does). Against fp64 dots of the dequantized parts: relative 1e-4 of sum|terms|. */
+ * does. The reference is the CPU's arithmetic: activations by quant_activations, dots by qdot_ref,
+ * ops_swiglu. Quantized gate/up dots are the same numbers on the GPU; h then differs by the GPU's
+ * expf (2 ulp), which can move one quantized h by one step, and float parts sum in another order:
+ * |out - ref| <= 1e-4 * sum|terms of the down dot| + 1e-6. */
 START_TEST(moe_ffn_matches_reference)
 {
     const uint32_t mixes[][3] = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {QT_Q8_0, QT_Q8_0, QT_Q8_0},
-                                 {QT_F16, QT_BF16, QT_Q5_0}};
-    const int n_exp = 16, n_tok = 5, k = 4;
+                                 {QT_F16, QT_BF16, QT_Q5_0}, {QT_Q5_0, QT_Q4_K, QT_F32}};
+    const int n_exp = 16, k = 4, toks[] = {1, 3, 20};
     const int64_t n_embd = 512, n_ff = 256;
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < 4; mi++) {
         struct cu_moe_parts parts = {{mixes[mi][0], mixes[mi][1], mixes[mi][2]}, {0, 0, 0}, n_embd, n_ff};
         float *deq[16][3];
-        uint64_t psz[3], off = 0;
+        uint64_t psz[3], rb[3], off = 0;
         for (int p = 0; p < 3; p++) {
-            uint64_t rb;
-            qtype_row_bytes(parts.type[p], p == CU_PART_DOWN ? n_ff : n_embd, &rb);
-            psz[p] = rb * (p == CU_PART_DOWN ? n_embd : n_ff);
+            qtype_row_bytes(parts.type[p], p == CU_PART_DOWN ? n_ff : n_embd, &rb[p]);
+            psz[p] = rb[p] * (p == CU_PART_DOWN ? n_embd : n_ff);
             parts.off[p] = off;
             off = (off + psz[p] + 255) / 256 * 256;
         }
@@ -480,74 +483,109 @@ START_TEST(moe_ffn_matches_reference)
             slot[e] = resident[e] ? dblobs + e * blob_bytes : NULL;
         }
         const uint8_t **dslot = dev_upload(slot, sizeof slot);
-        int32_t ids[20];
-        float pw[20], *x = malloc(sizeof(float) * n_tok * n_embd);
-        for (int t = 0; t < n_tok; t++)
-            for (int j = 0; j < k; j++) ids[t * k + j] = (t * 5 + j * 3) % n_exp, pw[t * k + j] = 0.1f + 0.2f * j;
-        for (int64_t i = 0; i < n_tok * n_embd; i++) x[i] = frand();
-        struct cu_moe_group groups[20];
-        int32_t pair_idx[20];
-        int ng = cu_moe_group(ids, n_tok, k, resident, groups, pair_idx);
-        for (int g = 1; g < ng; g++) ck_assert_int_lt(groups[g - 1].expert, groups[g].expert);
-        /* reference per pair */
-        float *ref = malloc(sizeof(float) * n_tok * k * n_embd), *h = malloc(sizeof(float) * n_ff);
-        double *refabs = malloc(sizeof(double) * n_tok * k * n_embd); /* pw * sum|down_i h_i| */
-        float *gate = malloc(sizeof(float) * n_ff), *up = malloc(sizeof(float) * n_ff);
-        for (int pi = 0; pi < n_tok * k; pi++) {
-            int e = ids[pi], t = pi / k;
-            for (int64_t r = 0; r < n_ff; r++) {
-                gate[r] = (float)ref_dot(deq[e][0] + r * n_embd, x + t * n_embd, n_embd, NULL);
-                up[r] = (float)ref_dot(deq[e][1] + r * n_embd, x + t * n_embd, n_embd, NULL);
+        for (int ti = 0; ti < 3; ti++) {
+            const int n_tok = toks[ti], n_pairs = n_tok * k;
+            int32_t ids[80], pair_idx[80];
+            float pw[80], *x = malloc(sizeof(float) * n_tok * n_embd);
+            for (int t = 0; t < n_tok; t++)
+                for (int j = 0; j < k; j++) {
+                    ids[t * k + j] = n_tok == 20 ? (j == 0 ? 3 : 4 + (t + 3 * j) % 12) : (t * 5 + j * 3) % n_exp;
+                    pw[t * k + j] = 0.1f + 0.2f * j;
+                }
+            for (int64_t i = 0; i < n_tok * n_embd; i++) x[i] = frand();
+            struct cu_moe_group groups[80];
+            int ng = cu_moe_group(ids, n_tok, k, resident, groups, pair_idx);
+            for (int g = 0; g < ng; g++) {
+                ck_assert_int_le(groups[g].count, CU_MOE_MAX_PAIRS);
+                if (g) ck_assert_int_le(groups[g - 1].expert, groups[g].expert);
             }
-            ops_swiglu(h, gate, up, n_ff);
-            for (int64_t d = 0; d < n_embd; d++) {
-                double ad;
-                ref[pi * n_embd + d] = pw[pi] * (float)ref_dot(deq[e][2] + d * n_ff, h, n_ff, &ad);
-                refabs[pi * n_embd + d] = pw[pi] * ad;
+            /* reference per pair, in the CPU's arithmetic */
+            float *ref = malloc(sizeof(float) * n_pairs * n_embd), *h = malloc(sizeof(float) * n_ff);
+            double *refabs = malloc(sizeof(double) * n_pairs * n_embd); /* pw * sum|down_i h_i| */
+            float *gate = malloc(sizeof(float) * n_ff), *up = malloc(sizeof(float) * n_ff);
+            uint8_t *ax = malloc(quant_act_bytes(QT_F32, n_embd) + quant_act_bytes(QT_F32, n_ff));
+            for (int pi = 0; pi < n_pairs; pi++) {
+                int e = ids[pi], t = pi / k;
+                const uint8_t *blob = blobs + e * blob_bytes;
+                ck_assert_int_eq(quant_activations(parts.type[0], x + t * n_embd, ax, n_embd), 0);
+                for (int64_t r = 0; r < n_ff; r++)
+                    gate[r] = qdot_ref(parts.type[0], n_embd, blob + parts.off[0] + r * rb[0], ax);
+                ck_assert_int_eq(quant_activations(parts.type[1], x + t * n_embd, ax, n_embd), 0);
+                for (int64_t r = 0; r < n_ff; r++)
+                    up[r] = qdot_ref(parts.type[1], n_embd, blob + parts.off[1] + r * rb[1], ax);
+                ops_swiglu(h, gate, up, n_ff);
+                ck_assert_int_eq(quant_activations(parts.type[2], h, ax, n_ff), 0);
+                for (int64_t d = 0; d < n_embd; d++) {
+                    double ad;
+                    ref_dot(deq[e][2] + d * n_ff, h, n_ff, &ad);
+                    ref[pi * n_embd + d] =
+                        pw[pi] * qdot_ref(parts.type[2], n_ff, blob + parts.off[2] + d * rb[2], ax);
+                    refabs[pi * n_embd + d] = pw[pi] * ad;
+                }
             }
+            struct cu_moe_group *dg = dev_upload(groups, sizeof(groups[0]) * (ng ? ng : 1));
+            int32_t *dpi = dev_upload(pair_idx, sizeof(int32_t) * n_pairs);
+            int32_t *dids = dev_upload(ids, sizeof(int32_t) * n_pairs);
+            float *dpw = dev_upload(pw, sizeof(float) * n_pairs);
+            float *dx = dev_upload(x, sizeof(float) * n_tok * n_embd);
+            float *dh;
+            void *ws;
+            ck_assert_int_eq(cudaMalloc((void **)&dh, sizeof(float) * n_pairs * n_ff), cudaSuccess);
+            ck_assert_int_eq(cudaMalloc(&ws, cu_moe_workspace_bytes(&parts, n_tok, k)), cudaSuccess);
+            float *dout = dev_out((size_t)n_pairs * n_embd);
+            ck_assert_int_eq(cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, n_tok, k, dx, dh, ws, dout,
+                                        NULL), 0);
+            float *out = fetch(dout, (size_t)n_pairs * n_embd);
+            for (int pi = 0; pi < n_pairs; pi++) {
+                if (!resident[ids[pi]]) continue;
+                for (int64_t d = 0; d < n_embd; d++)
+                    ck_assert_msg(fabs(out[pi * n_embd + d] - ref[pi * n_embd + d]) <=
+                                      1e-4 * refabs[pi * n_embd + d] + 1e-6,
+                                  "moe mix %d, %d tokens, pair %d dim %lld: %g vs %g", mi, n_tok, pi,
+                                  (long long)d, out[pi * n_embd + d], ref[pi * n_embd + d]);
+            }
+            /* the CPU's pairs copied in, then the combine in expert-id order */
+            for (int pi = 0; pi < n_pairs; pi++)
+                if (!resident[ids[pi]])
+                    cudaMemcpy(dout + pi * n_embd, ref + pi * n_embd, sizeof(float) * n_embd,
+                               cudaMemcpyHostToDevice);
+            float *dy = dev_out((size_t)n_tok * n_embd);
+            ck_assert_int_eq(cu_moe_combine(dout, dids, n_tok, k, n_embd, dy, NULL), 0);
+            float *y = fetch(dy, (size_t)n_tok * n_embd);
+            /* The combine is exact: the pairs' float outputs added in ascending expert-id order. */
+            for (int pi = 0; pi < n_pairs; pi++)
+                if (!resident[ids[pi]]) memcpy(out + pi * n_embd, ref + pi * n_embd, sizeof(float) * n_embd);
+            for (int t = 0; t < n_tok; t++)
+                for (int64_t d = 0; d < n_embd; d++) {
+                    float sum = 0.0f;
+                    for (int e = 0; e < n_exp; e++)
+                        for (int j = 0; j < k; j++)
+                            if (ids[t * k + j] == e) sum += out[(t * k + j) * n_embd + d];
+                    ck_assert_msg(y[t * n_embd + d] == sum, "combine tok %d dim %lld: %g vs %g", t,
+                                  (long long)d, y[t * n_embd + d], sum);
+                }
+            free(x), free(ref), free(refabs), free(h), free(gate), free(up), free(ax), free(out), free(y);
+            cudaFree(dg), cudaFree(dpi), cudaFree(dids), cudaFree(dpw), cudaFree(dx), cudaFree(dh),
+                cudaFree(ws), cudaFree(dout), cudaFree(dy);
         }
-        struct cu_moe_group *dg = dev_upload(groups, sizeof(groups[0]) * (ng ? ng : 1));
-        int32_t *dpi = dev_upload(pair_idx, sizeof pair_idx), *dids = dev_upload(ids, sizeof ids);
-        float *dpw = dev_upload(pw, sizeof pw), *dx = dev_upload(x, sizeof(float) * n_tok * n_embd);
-        float *dh;
-        cudaMalloc((void **)&dh, sizeof(float) * n_tok * k * n_ff);
-        float *dout = dev_out((size_t)n_tok * k * n_embd);
-        ck_assert_int_eq(cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, k, dx, dh, dout, NULL), 0);
-        float *out = fetch(dout, (size_t)n_tok * k * n_embd);
-        for (int pi = 0; pi < n_tok * k; pi++) {
-            if (!resident[ids[pi]]) continue;
-            for (int64_t d = 0; d < n_embd; d++)
-                ck_assert_msg(fabs(out[pi * n_embd + d] - ref[pi * n_embd + d]) <=
-                                  1e-4 * refabs[pi * n_embd + d] + 1e-6,
-                              "moe mix %d pair %d dim %lld: %g vs %g", mi, pi, (long long)d,
-                              out[pi * n_embd + d], ref[pi * n_embd + d]);
-        }
-        /* the CPU's pairs copied in, then the combine in expert-id order */
-        for (int pi = 0; pi < n_tok * k; pi++)
-            if (!resident[ids[pi]])
-                cudaMemcpy(dout + pi * n_embd, ref + pi * n_embd, sizeof(float) * n_embd,
-                           cudaMemcpyHostToDevice);
-        float *dy = dev_out((size_t)n_tok * n_embd);
-        ck_assert_int_eq(cu_moe_combine(dout, dids, n_tok, k, n_embd, dy, NULL), 0);
-        float *y = fetch(dy, (size_t)n_tok * n_embd);
-        /* The combine is exact: the pairs' float outputs added in ascending expert-id order. */
-        for (int pi = 0; pi < n_tok * k; pi++)
-            if (!resident[ids[pi]]) memcpy(out + pi * n_embd, ref + pi * n_embd, sizeof(float) * n_embd);
-        for (int t = 0; t < n_tok; t++)
-            for (int64_t d = 0; d < n_embd; d++) {
-                float s = 0.0f;
-                for (int e = 0; e < n_exp; e++)
-                    for (int j = 0; j < k; j++)
-                        if (ids[t * k + j] == e) s += out[(t * k + j) * n_embd + d];
-                ck_assert_msg(y[t * n_embd + d] == s, "combine tok %d dim %lld: %g vs %g", t,
-                              (long long)d, y[t * n_embd + d], s);
-            }
         for (int e = 0; e < n_exp; e++)
             for (int p = 0; p < 3; p++) free(deq[e][p]);
-        free(blobs), free(x), free(ref), free(refabs), free(h), free(gate), free(up), free(out), free(y);
-        cudaFree(dblobs), cudaFree(dslot), cudaFree(dg), cudaFree(dpi), cudaFree(dids), cudaFree(dpw),
-            cudaFree(dx), cudaFree(dh), cudaFree(dout), cudaFree(dy);
+        free(blobs), cudaFree(dblobs), cudaFree(dslot);
     }
+}
+END_TEST
+
+START_TEST(moe_ffn_refuses_bad_parts)
+{
+    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q2_K, QT_Q6_K}, {0, 256, 512}, 512, 256};
+    ck_assert_int_eq(cu_moe_ffn(&parts, NULL, NULL, 0, NULL, NULL, 1, 8, NULL, NULL, NULL, NULL, NULL),
+                     STRATA_EUNSUPPORTED);
+    parts.type[1] = QT_Q4_K, parts.off[1] = 250; /* not a multiple of 16 */
+    ck_assert_int_eq(cu_moe_ffn(&parts, NULL, NULL, 0, NULL, NULL, 1, 8, NULL, NULL, NULL, NULL, NULL),
+                     STRATA_EINVAL);
+    parts.off[1] = 256, parts.n_embd = 500; /* not whole Q4_K blocks */
+    ck_assert_int_eq(cu_moe_ffn(&parts, NULL, NULL, 0, NULL, NULL, 1, 8, NULL, NULL, NULL, NULL, NULL),
+                     STRATA_EINVAL);
 }
 END_TEST
 
@@ -571,6 +609,7 @@ int main(void)
     tcase_add_test(tc, router_matches_reference);
     tcase_add_test(tc, attention_matches_reference);
     tcase_add_test(tc, moe_ffn_matches_reference);
+    tcase_add_test(tc, moe_ffn_refuses_bad_parts);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

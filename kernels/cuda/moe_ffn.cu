@@ -1,101 +1,186 @@
+#include "common/quant.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/mvq.cuh"
+#include "kernels/cuda/qact.h"
 
+/* 4 warps per block; tuned on an H200 at Qwen3-30B-A3B's expert shapes (2048 x 768). */
 #define MF_WARPS 4
-#define MF_PAIRS 8 /* pairs per pass over a weight row */
 
-/* dot of one weight row with up to MF_PAIRS gathered activation rows. */
+/* One part (gate, up or down) of every group's expert times the group's activation rows: the
+ * activation row of pair p is row p / act_div (x by token: k; h by pair: 1); the result goes to
+ * out[p * ld + r], times scale[p] when scale is set (the down part's routing weight). */
+struct mf_task {
+    const uint8_t *const *slot_ptr;
+    const struct cu_moe_group *groups;
+    const int32_t *pair_idx;
+    uint64_t off;      /* the part's offset in a blob */
+    int nrows, ncols;  /* of the part */
+    const void *act;   /* float rows (float parts) or cu_quantize_acts rows */
+    int64_t arb;       /* bytes between activation rows */
+    int act_div;
+    float *out;
+    int64_t ld;
+    const float *scale;
+};
+
+/* ---- float parts: fp32 products, one warp per (row, group) ---------------------------------- */
+
 template <int T>
-__device__ __forceinline__ void gather_dot(const uint8_t *wrow, int64_t ncols, const float *x,
-                                           int64_t ldx, const int32_t *rows, int n, float acc[MF_PAIRS])
+__global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 {
+    const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
+    if (r >= t.nrows) return;
     const int lane = threadIdx.x & (WARP - 1);
-    for (int64_t c = lane; c < ncols / 8; c += WARP) {
+    const struct cu_moe_group g = t.groups[blockIdx.y];
+    const int64_t row_bytes = (int64_t)t.ncols / qt<T>::blck * qt<T>::bytes;
+    const uint8_t *wrow = t.slot_ptr[g.expert] + t.off + r * row_bytes;
+    float acc[CU_MOE_MAX_PAIRS];
+#pragma unroll
+    for (int b = 0; b < CU_MOE_MAX_PAIRS; b++) acc[b] = 0.0f;
+    for (int c = lane; c < t.ncols / 8; c += WARP) {
         float v[8];
         deq8<T>(wrow, c, v);
 #pragma unroll
-        for (int b = 0; b < MF_PAIRS; b++) {
-            if (b < n) {
-                const float4 *xp = (const float4 *)(x + rows[b] * ldx + c * 8);
-                float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-                acc[b] += v[0] * x0.x + v[1] * x0.y + v[2] * x0.z + v[3] * x0.w + v[4] * x1.x +
-                          v[5] * x1.y + v[6] * x1.z + v[7] * x1.w;
-            }
+        for (int b = 0; b < CU_MOE_MAX_PAIRS; b++) {
+            if (b >= g.count) break;
+            const int p = t.pair_idx[g.first + b];
+            const float4 *xp = (const float4 *)((const uint8_t *)t.act + (p / t.act_div) * t.arb) + 2 * c;
+            const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+            acc[b] += v[0] * x0.x + v[1] * x0.y + v[2] * x0.z + v[3] * x0.w + v[4] * x1.x +
+                      v[5] * x1.y + v[6] * x1.z + v[7] * x1.w;
         }
     }
 #pragma unroll
-    for (int b = 0; b < MF_PAIRS; b++) acc[b] = warp_sum(acc[b]);
-}
-
-__device__ void row_dot(uint32_t type, const uint8_t *wrow, int64_t ncols, const float *x,
-                        int64_t ldx, const int32_t *rows, int n, float acc[MF_PAIRS])
-{
-#pragma unroll
-    for (int b = 0; b < MF_PAIRS; b++) acc[b] = 0.0f;
-#define D(T) gather_dot<T>(wrow, ncols, x, ldx, rows, n, acc)
-    CU_TYPE_SWITCH(type, D)
-#undef D
-}
-
-__device__ __forceinline__ int64_t part_row_bytes(uint32_t type, int64_t ncols)
-{
-    switch (type) {
-    case QT_F32: return ncols * 4;
-    case QT_F16: case QT_BF16: return ncols * 2;
-    case QT_Q8_0: return ncols / 32 * 34;
-    case QT_Q5_0: return ncols / 32 * 22;
-    case QT_Q4_K: return ncols / 256 * 144;
-    default: return ncols / 256 * 210; /* Q6_K */
+    for (int b = 0; b < CU_MOE_MAX_PAIRS; b++) {
+        if (b >= g.count) break;
+        const float s = warp_sum(acc[b]);
+        const int p = t.pair_idx[g.first + b];
+        if (lane == 0) t.out[p * t.ld + r] = t.scale ? __fmul_rn(t.scale[p], s) : s;
     }
 }
 
-/* grid (n_ff / MF_WARPS, n_groups): one warp per n_ff row of one expert, all its pairs. */
-__global__ void __launch_bounds__(MF_WARPS *WARP)
-    moe_gate_up(struct cu_moe_parts p, const uint8_t *const *slot_ptr, const struct cu_moe_group *groups,
-                const int32_t *pair_idx, int k, const float *x, float *h)
+/* ---- quantized parts: matvec.cu's block dots, grouped ---------------------------------------- *
+ *
+ * The shape of matvec_q (see there: persistent warps, rows staged three chunks deep with cp.async,
+ * LPB lanes per block, the terms summed in block order by one lane per activation row), with an
+ * item = (group, row): each warp takes a contiguous run of items, so it meets few groups and loads a
+ * group's slot, pairs and offsets only when the group changes. Lane b holds the group's pair b. */
+
+#define MF_STAGES 3
+
+template <int T, int B>
+__global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, int n_groups)
 {
-    const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
-    if (r >= p.n_ff) return;
-    const struct cu_moe_group g = groups[blockIdx.y];
-    const uint8_t *blob = slot_ptr[g.expert];
-    const uint8_t *grow = blob + p.off[CU_PART_GATE] + r * part_row_bytes(p.type[0], p.n_embd);
-    const uint8_t *urow = blob + p.off[CU_PART_UP] + r * part_row_bytes(p.type[1], p.n_embd);
-    for (int b0 = 0; b0 < g.count; b0 += MF_PAIRS) {
-        int n = min(MF_PAIRS, g.count - b0);
-        int32_t toks[MF_PAIRS];
+    using P = mvq<T>;
+    constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
+    constexpr int BPP = WARP / LPB;
+    constexpr int SPAN = CB * BYTES + 30;
+    constexpr int BUF = SPAN / 16 + 3;
+    constexpr int LOADS = (SPAN / 16 + 1 + WARP - 1) / WARP;
+    static_assert(CB % BPP == 0 && CB % 4 == 0 && B <= WARP, "as matvec_q");
+    __shared__ uint4 stage[MF_WARPS][MF_STAGES][BUF];
+    __shared__ __align__(16) float terms[MF_WARPS][B][CB];
+
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), p = lane % LPB;
+    const int nb = t.ncols / BLK, n_chunks = (nb + CB - 1) / CB, ncols = t.ncols;
+    const int64_t row_bytes = (int64_t)nb * BYTES, total = row_bytes * t.nrows;
+    const int n_warps = gridDim.x * MF_WARPS, wid = blockIdx.x * MF_WARPS + warp;
+    const int n_items = n_groups * t.nrows, per = (n_items + n_warps - 1) / n_warps;
+    const int i_end = min(n_items, (wid + 1) * per);
+    float *tw = terms[warp][0];
+    const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(stage[warp][0]) + 16 * lane;
+
+    /* the copy-in side: item in_i, chunk in_c, its group's part base */
+    int in_i = wid * per, in_c = 0, in_slot = 0, in_g = -1;
+    const uint8_t *in_base = NULL;
+    auto issue = [&]() {
+        if (in_i < i_end) {
+            const int g = in_i / t.nrows, r = in_i - g * t.nrows;
+            if (g != in_g) in_g = g, in_base = t.slot_ptr[t.groups[g].expert] + t.off;
+            const int64_t start = r * row_bytes + (int64_t)in_c * (CB * BYTES);
+            const int64_t a0 = start & ~(int64_t)15;
+            const int ncb = min(CB, nb - in_c * CB);
+            const int n16 = (int)((start - a0 + ncb * BYTES + 15) >> 4);
+            const uint32_t dst = lane_dst + in_slot * (BUF * 16);
 #pragma unroll
-        for (int b = 0; b < MF_PAIRS; b++) toks[b] = b < n ? pair_idx[g.first + b0 + b] / k : 0;
-        float ga[MF_PAIRS], ua[MF_PAIRS];
-        row_dot(p.type[0], grow, p.n_embd, x, p.n_embd, toks, n, ga);
-        row_dot(p.type[1], urow, p.n_embd, x, p.n_embd, toks, n, ua);
-        if ((threadIdx.x & (WARP - 1)) == 0) {
-            for (int b = 0; b < n; b++) {
-                float s = ga[b] / (1.0f + expf(-ga[b]));
-                h[(int64_t)pair_idx[g.first + b0 + b] * p.n_ff + r] = s * ua[b];
+            for (int l = 0; l < LOADS; l++)
+                if (lane + WARP * l < n16)
+                    cp_async16_tail(dst + 16 * WARP * l, in_base, a0 + 16 * (lane + WARP * l), total);
+            if (++in_c == n_chunks) in_c = 0, in_i++;
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        in_slot = in_slot == MF_STAGES - 1 ? 0 : in_slot + 1;
+    };
+    issue();
+    issue();
+    int cur_g = -1, count = 0, my_pair = 0;
+    float acc = 0.0f;
+    for (int i = wid * per, c = 0, slot = 0; i < i_end;) {
+        issue();
+        asm volatile("cp.async.wait_group 2;\n" ::);
+        __syncwarp();
+        const int g = i / t.nrows, r = i - g * t.nrows;
+        if (g != cur_g) {
+            const struct cu_moe_group grp = t.groups[g];
+            cur_g = g, count = grp.count;
+            my_pair = lane < count ? t.pair_idx[grp.first + lane] : 0;
+        }
+        const int c0 = c * CB, ncb = min(CB, nb - c0);
+        const uint8_t *base =
+            (const uint8_t *)stage[warp][slot] + ((r * row_bytes + (int64_t)c0 * BYTES) & 15);
+#pragma unroll
+        for (int k = 0; k < CB / BPP; k++) {
+            const int cb = k * BPP + lane / LPB, ab = c0 + cb;
+            const bool ok = cb < ncb;
+            P part;
+            if (ok) part.load(base + cb * BYTES, p);
+#pragma unroll
+            for (int b = 0; b < B; b++) {
+                if (b >= count) break;
+                const int pb = __shfl_sync(0xffffffffu, my_pair, b);
+                const uint8_t *arow = (const uint8_t *)t.act + (pb / t.act_div) * t.arb;
+                int is = 0, ms = 0;
+                if (ok)
+                    part.dot((const int8_t *)arow + ab * BLK,
+                             (const int16_t *)(arow + ncols) + ab * (BLK / 16), p, &is, &ms);
+#pragma unroll
+                for (int o = 1; o < LPB; o <<= 1) {
+                    is += __shfl_xor_sync(0xffffffffu, is, o);
+                    ms += __shfl_xor_sync(0xffffffffu, ms, o);
+                }
+                if (ok && p == 0)
+                    tw[b * CB + cb] =
+                        part.value(__ldg((const float *)(arow + ncols + ncols / 8) + ab), is, ms);
             }
         }
+        __syncwarp();
+        if (lane < count) {
+            const float *tl = tw + lane * CB;
+            for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, tl[j]);
+            if (c == n_chunks - 1) {
+                t.out[my_pair * t.ld + r] = t.scale ? __fmul_rn(t.scale[my_pair], acc) : acc;
+                acc = 0.0f;
+            }
+        }
+        if (++c == n_chunks) c = 0, i++;
+        slot = slot == MF_STAGES - 1 ? 0 : slot + 1;
+        __syncwarp();
     }
+    asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-/* grid (n_embd / MF_WARPS, n_groups): one warp per output dim, down row times each pair's h. */
-__global__ void __launch_bounds__(MF_WARPS *WARP)
-    moe_down(struct cu_moe_parts p, const uint8_t *const *slot_ptr, const struct cu_moe_group *groups,
-             const int32_t *pair_idx, const float *pair_w, const float *h, float *out)
+/* h = silu(gate) * up for every pair of every group, as ops_swiglu (one IEEE step each; expf is
+ * the GPU's, within 2 ulp of the C library's). */
+__global__ void moe_swiglu(const struct cu_moe_group *groups, const int32_t *pair_idx, int n_ff,
+                           float *h, const float *up)
 {
-    const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
-    if (r >= p.n_embd) return;
-    const struct cu_moe_group g = groups[blockIdx.y];
-    const uint8_t *drow =
-        slot_ptr[g.expert] + p.off[CU_PART_DOWN] + r * part_row_bytes(p.type[2], p.n_ff);
-    for (int b0 = 0; b0 < g.count; b0 += MF_PAIRS) {
-        int n = min(MF_PAIRS, g.count - b0);
-        int32_t pairs[MF_PAIRS];
-#pragma unroll
-        for (int b = 0; b < MF_PAIRS; b++) pairs[b] = b < n ? pair_idx[g.first + b0 + b] : 0;
-        float acc[MF_PAIRS];
-        row_dot(p.type[2], drow, p.n_ff, h, p.n_ff, pairs, n, acc);
-        if ((threadIdx.x & (WARP - 1)) == 0)
-            for (int b = 0; b < n; b++) out[(int64_t)pairs[b] * p.n_embd + r] = pair_w[pairs[b]] * acc[b];
+    const struct cu_moe_group g = groups[blockIdx.x];
+    for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
+        const int64_t e = (int64_t)pair_idx[g.first + i / n_ff] * n_ff + i % n_ff;
+        const float x = h[e];
+        h[e] = __fmul_rn(x / (1.0f + expf(-x)), up[e]);
     }
 }
 
@@ -129,38 +214,137 @@ extern "C" int cu_moe_group(const int32_t *ids, int64_t n_tok, int k, const uint
         for (int64_t i = 0; i < n; i++)
             if (ids[i] > last && ids[i] < next && resident[ids[i]]) next = ids[i];
         if (next == 0x7fffffff) break;
-        groups[n_groups] = (struct cu_moe_group){next, (int32_t)placed, 0};
-        for (int64_t i = 0; i < n; i++)
-            if (ids[i] == next) pair_idx[placed++] = (int32_t)i, groups[n_groups].count++;
-        n_groups++;
+        for (int64_t i = 0; i < n; i++) {
+            if (ids[i] != next) continue;
+            if (n_groups == 0 || groups[n_groups - 1].expert != next ||
+                groups[n_groups - 1].count == CU_MOE_MAX_PAIRS)
+                groups[n_groups++] = (struct cu_moe_group){next, (int32_t)placed, 0};
+            pair_idx[placed++] = (int32_t)i, groups[n_groups - 1].count++;
+        }
         last = next;
     }
     return n_groups;
 }
 
+/* The workspace: up's products, then the activations quantized for gate, for up (when its layout
+ * differs) and for down, each region 256-byte aligned. */
+struct mf_layout {
+    size_t up, xg, xu, hd, total;
+};
+
+static struct mf_layout mf_layout(const struct cu_moe_parts *p, int64_t n_tok, int k)
+{
+    struct mf_layout l;
+    const int64_t n_pairs = n_tok * k;
+    size_t at = 0;
+#define MF_TAKE(field, bytes) (l.field = at, at += ((size_t)(bytes) + 255) & ~(size_t)255)
+    MF_TAKE(up, sizeof(float) * n_pairs * p->n_ff);
+    MF_TAKE(xg, cu_act_row_bytes(p->type[CU_PART_GATE], p->n_embd) * n_tok);
+    MF_TAKE(xu, quant_act_type(p->type[CU_PART_UP]) == quant_act_type(p->type[CU_PART_GATE])
+                    ? 0
+                    : cu_act_row_bytes(p->type[CU_PART_UP], p->n_embd) * n_tok);
+    MF_TAKE(hd, cu_act_row_bytes(p->type[CU_PART_DOWN], p->n_ff) * n_pairs);
+#undef MF_TAKE
+    l.total = at;
+    return l;
+}
+
+extern "C" size_t cu_moe_workspace_bytes(const struct cu_moe_parts *parts, int64_t n_tok, int k)
+{
+    return mf_layout(parts, n_tok, k).total;
+}
+
+/* run_part: one part of every group, on the float or the quantized kernel of its type. */
+static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_tok, cudaStream_t s)
+{
+    if (qtype_get(type)->blck == 1) {
+        dim3 grid((unsigned)((t.nrows + MF_WARPS - 1) / MF_WARPS), (unsigned)n_groups);
+#define F(T) moe_part_f<T><<<grid, MF_WARPS * WARP, 0, s>>>(t)
+        CU_TYPE_SWITCH(type, F)
+#undef F
+        return;
+    }
+    /* one wave at most: 8 CTAs of 4 warps per SM on the H200 (132 SMs) */
+    const int64_t items = (int64_t)n_groups * t.nrows, ctas = (items + 4 * MF_WARPS - 1) / (4 * MF_WARPS);
+    const unsigned grid = (unsigned)(ctas < 132 * 8 ? ctas : 132 * 8);
+#define Q(T, B) moe_part_q<T, B><<<grid, MF_WARPS * WARP, 0, s>>>(t, n_groups)
+#define QB(T)                                                                                      \
+    if (n_tok == 1) Q(T, 1);                                                                       \
+    else if (n_tok <= 4) Q(T, 4);                                                                  \
+    else Q(T, 16);
+    switch (type) {
+    case QT_Q8_0: QB(QT_Q8_0) break;
+    case QT_Q5_0: QB(QT_Q5_0) break;
+    case QT_Q4_K: QB(QT_Q4_K) break;
+    case QT_Q6_K: QB(QT_Q6_K) break;
+    default: break;
+    }
+#undef QB
+#undef Q
+}
+
 extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
                           const struct cu_moe_group *groups, int n_groups, const int32_t *pair_idx,
-                          const float *pair_w, int k, const float *x, float *h, float *out,
-                          void *stream)
+                          const float *pair_w, int64_t n_tok, int k, const float *x, float *h,
+                          void *ws, float *out, void *stream)
 {
     for (int i = 0; i < 3; i++) {
-        const struct qtype_info *ti = qtype_get(parts->type[i]);
-        int64_t ncols = i == CU_PART_DOWN ? parts->n_ff : parts->n_embd;
-        if (!ti || !(parts->type[i] == QT_F32 || parts->type[i] == QT_F16 ||
-                     parts->type[i] == QT_BF16 || parts->type[i] == QT_Q8_0 ||
-                     parts->type[i] == QT_Q5_0 || parts->type[i] == QT_Q4_K ||
-                     parts->type[i] == QT_Q6_K))
+        const int64_t ncols = i == CU_PART_DOWN ? parts->n_ff : parts->n_embd;
+        if (!cu_type_supported(parts->type[i]))
             return strata_errf(STRATA_EUNSUPPORTED, "expert part %d: %s is computed on the CPU", i,
                                qtype_name(parts->type[i]));
-        if (ncols % (ti->blck < 8 ? 8 : ti->blck))
-            return strata_errf(STRATA_EINVAL, "expert part %d: %lld columns", i, (long long)ncols);
+        if (cu_act_row_bytes(parts->type[i], ncols) == 0 || parts->off[i] % 16)
+            return strata_errf(STRATA_EINVAL,
+                               "expert part %d: %lld columns of %s at blob offset %llu (a whole "
+                               "number of blocks, at a multiple of 16 bytes)", i, (long long)ncols,
+                               qtype_name(parts->type[i]), (unsigned long long)parts->off[i]);
     }
+    if (n_tok < 1 || k < 1 || n_tok * k > INT32_MAX / parts->n_ff)
+        return strata_errf(STRATA_EINVAL, "cu_moe_ffn: %lld tokens top-%d", (long long)n_tok, k);
     if (n_groups == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
-    dim3 g1((unsigned)((parts->n_ff + MF_WARPS - 1) / MF_WARPS), (unsigned)n_groups);
-    moe_gate_up<<<g1, MF_WARPS * WARP, 0, s>>>(*parts, slot_ptr, groups, pair_idx, k, x, h);
-    dim3 g2((unsigned)((parts->n_embd + MF_WARPS - 1) / MF_WARPS), (unsigned)n_groups);
-    moe_down<<<g2, MF_WARPS * WARP, 0, s>>>(*parts, slot_ptr, groups, pair_idx, pair_w, h, out);
+    const struct mf_layout l = mf_layout(parts, n_tok, k);
+    uint8_t *w = (uint8_t *)ws;
+    const int64_t n_pairs = n_tok * k;
+    const uint32_t tg = parts->type[CU_PART_GATE], tu = parts->type[CU_PART_UP],
+                   td = parts->type[CU_PART_DOWN];
+    int rv;
+    /* h's rows of pairs on CPU experts are never written here; zeros keep the quantizer's input
+     * defined */
+    if ((rv = cu_err(cudaMemsetAsync(h, 0, sizeof(float) * n_pairs * parts->n_ff, s))) != 0) return rv;
+    /* gate and up: x quantized once per activation layout (floats pass through) */
+    const void *xg = x, *xu = x;
+    if (qtype_get(tg)->blck > 1) {
+        if ((rv = cu_quantize_acts(tg, x, parts->n_embd, (int)n_tok, w + l.xg, s)) != 0) return rv;
+        xg = w + l.xg;
+    }
+    if (qtype_get(tu)->blck > 1) {
+        if (quant_act_type(tu) == quant_act_type(tg)) {
+            xu = xg;
+        } else {
+            if ((rv = cu_quantize_acts(tu, x, parts->n_embd, (int)n_tok, w + l.xu, s)) != 0) return rv;
+            xu = w + l.xu;
+        }
+    }
+    float *up = (float *)(w + l.up);
+    struct mf_task t = {slot_ptr, groups, pair_idx, parts->off[CU_PART_GATE], (int)parts->n_ff,
+                        (int)parts->n_embd, xg, (int64_t)cu_act_row_bytes(tg, parts->n_embd), k,
+                        h, parts->n_ff, NULL};
+    run_part(tg, t, n_groups, n_tok, s);
+    t.off = parts->off[CU_PART_UP], t.act = xu, t.arb = (int64_t)cu_act_row_bytes(tu, parts->n_embd);
+    t.out = up;
+    run_part(tu, t, n_groups, n_tok, s);
+    moe_swiglu<<<(unsigned)n_groups, 256, 0, s>>>(groups, pair_idx, (int)parts->n_ff, h, up);
+    /* down: h by pair, quantized for its type (floats pass through), scaled by the route weight */
+    const void *hd = h;
+    if (qtype_get(td)->blck > 1) {
+        if ((rv = cu_quantize_acts(td, h, parts->n_ff, (int)n_pairs, w + l.hd, s)) != 0) return rv;
+        hd = w + l.hd;
+    }
+    t.off = parts->off[CU_PART_DOWN], t.nrows = (int)parts->n_embd, t.ncols = (int)parts->n_ff;
+    t.act = hd, t.arb = (int64_t)cu_act_row_bytes(td, parts->n_ff), t.act_div = 1, t.out = out;
+    t.ld = parts->n_embd, t.scale = pair_w;
+    run_part(td, t, n_groups, n_tok, s);
     return cu_launch_check();
 }
 

@@ -1,18 +1,22 @@
-/* moe_ffn — the routed experts of one MoE layer on the GPU, all hit experts in one pass.
+/* moe_ffn — the routed experts of one MoE layer on the GPU, all hit experts in a few launches.
  *
  * Expert weights come from slots: slot_ptr[e] is the device address of expert e's blob (the arena
- * blob copied into a VRAM slot), parts at the offsets of struct cu_moe_parts, each in its own type.
- * The host groups the (token, k) pairs routed to resident experts by expert id (cu_moe_group, in
- * ascending id order); misses are left to the CPU. For each group:
- *   h[pair]   = silu(gate_e . x_tok) * (up_e . x_tok)           (n_ff per pair)
- *   out[pair] = weight_pair * (down_e . h[pair])                (n_embd per pair, at tok * k + j)
- * Each group's weights are read once for all its pairs (up to 16 at a time). cu_moe_combine then sums
- * each token's k outputs in ascending expert-id order (DESIGN §3.4), so a pair computed by the CPU
- * and copied into out[] combines the same way. Asynchronous on stream.
+ * blob copied into a VRAM slot, 16-byte aligned), parts at the offsets of struct cu_moe_parts
+ * (multiples of 16), each in its own type. The host groups the (token, k) pairs routed to resident
+ * experts by expert id (cu_moe_group, ascending ids, at most CU_MOE_MAX_PAIRS pairs a group);
+ * misses are left to the CPU. For each pair of a group:
+ *   h[pair]   = silu(gate_e . x_tok) * (up_e . x_tok)           (n_ff per pair, at tok * k + j)
+ *   out[pair] = weight_pair * (down_e . h[pair])                (n_embd per pair)
+ * Each group's weights are read once for all its pairs. Quantized parts multiply activations
+ * quantized on the GPU (qact.h) exactly as the CPU reference does (qdot_ref over quant_activations:
+ * gate and up bit-identical, h then differs only by the GPU's expf in silu); float parts multiply in
+ * fp32. cu_moe_combine then sums each token's k outputs in ascending expert-id order (DESIGN §3.4),
+ * so a pair computed by the CPU and copied into out[] combines the same way. Asynchronous on stream.
  */
 #ifndef STRATA_CUDA_MOE_FFN_H
 #define STRATA_CUDA_MOE_FFN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -28,6 +32,8 @@ struct cu_moe_parts {
     int64_t n_ff;
 };
 
+#define CU_MOE_MAX_PAIRS 16 /* pairs of one group: an expert with more gets several groups */
+
 struct cu_moe_group {
     int32_t expert;     /* expert id */
     int32_t first;      /* index of its first pair in pair_idx */
@@ -35,16 +41,23 @@ struct cu_moe_group {
 };
 
 /* cu_moe_group (host): from ids[n_tok * k] and a residency test (resident[e] != 0), fill groups
- * (ascending expert id) and pair_idx (pair = tok * k + j, grouped); returns the group count. Arrays
- * sized n_tok * k. Pure host code: the worker knows routing before it splits hits and misses. */
+ * (ascending expert id; an expert's pairs in runs of at most CU_MOE_MAX_PAIRS) and pair_idx (pair =
+ * tok * k + j, grouped); returns the group count. Arrays sized n_tok * k. Pure host code: the
+ * worker knows routing before it splits hits and misses. */
 int cu_moe_group(const int32_t *ids, int64_t n_tok, int k, const uint8_t *resident,
                  struct cu_moe_group *groups, int32_t *pair_idx);
 
+/* cu_moe_workspace_bytes: the workspace cu_moe_ffn needs for n_tok tokens routed top-k. */
+size_t cu_moe_workspace_bytes(const struct cu_moe_parts *parts, int64_t n_tok, int k);
+
 /* cu_moe_ffn: groups, pair_idx, pair_w (weights [n_tok * k]) on the device; h is scratch of
- * n_tok * k * n_ff floats; out is [n_tok * k][n_embd]. */
+ * n_tok * k * n_ff floats (it ends holding h for the pairs of resident experts); ws holds
+ * cu_moe_workspace_bytes; out is [n_tok * k][n_embd]. STRATA_EUNSUPPORTED for a part type the GPU
+ * does not compute with, STRATA_EINVAL for a misaligned part or a bad shape. */
 int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
                const struct cu_moe_group *groups, int n_groups, const int32_t *pair_idx,
-               const float *pair_w, int k, const float *x, float *h, float *out, void *stream);
+               const float *pair_w, int64_t n_tok, int k, const float *x, float *h, void *ws,
+               float *out, void *stream);
 
 /* cu_moe_combine: y[t] = sum over j of out[t * k + j] in ascending ids[t * k + j] order. */
 int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_tok, int k, int64_t n_embd,

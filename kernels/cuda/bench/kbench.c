@@ -227,6 +227,8 @@ static void bench_moe(int n_tok, double roof)
     struct cu_moe_group *dg;
     int32_t *dpi;
     float *dpw, *x, *h, *out;
+    void *ws;
+    CK(cudaMalloc(&ws, cu_moe_workspace_bytes(&parts, n_tok, k)));
     CK(cudaMalloc((void **)&dslot, sizeof slot));
     CK(cudaMalloc((void **)&dg, sizeof(groups[0]) * ng));
     CK(cudaMalloc((void **)&dpi, sizeof(int32_t) * n_tok * k));
@@ -238,12 +240,15 @@ static void bench_moe(int n_tok, double roof)
     CK(cudaMemcpy(dg, groups, sizeof(groups[0]) * ng, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpi, pair_idx, sizeof(int32_t) * n_tok * k, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpw, pw, sizeof(float) * n_tok * k, cudaMemcpyHostToDevice));
-    CK(cudaMemset(x, 0, sizeof(float) * n_tok * n_embd));
-    if (cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, k, x, h, out, NULL) != 0) exit(1);
+    float *hx = malloc(sizeof(float) * n_tok * n_embd);
+    for (int64_t i = 0; i < n_tok * n_embd; i++) hx[i] = frand();
+    CK(cudaMemcpy(x, hx, sizeof(float) * n_tok * n_embd, cudaMemcpyHostToDevice));
+    free(hx);
+    if (cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, n_tok, k, x, h, ws, out, NULL) != 0) exit(1);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     cudaEventRecord(e0, 0);
-    for (int i = 0; i < reps; i++) cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, k, x, h, out, NULL);
+    for (int i = 0; i < reps; i++) cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, n_tok, k, x, h, ws, out, NULL);
     cudaEventRecord(e1, 0);
     CK(cudaEventSynchronize(e1));
     float ms;
@@ -252,7 +257,7 @@ static void bench_moe(int n_tok, double roof)
     printf("| moe_ffn (q4_k_m, 2048x768 experts) | %2d tok | %3d experts | %9.2f us | %7.0f GB/s | "
            "%5.1f%% |\n", n_tok, ng, us, bytes / (us * 1e-6) / 1e9, 100.0 * bytes / (us * 1e-6) / 1e9 / roof);
     cudaFree(blobs), cudaFree(dslot), cudaFree(dg), cudaFree(dpi), cudaFree(dpw), cudaFree(x),
-        cudaFree(h), cudaFree(out);
+        cudaFree(h), cudaFree(out), cudaFree(ws);
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,232 @@
+/* mvq.cuh — the quantized block dots shared by the weight-product kernels (matvec.cu, moe_ffn.cu):
+ * per weight type, how a group of lanes decodes a block from shared memory and dots it with
+ * activations quantized by cu_quantize_acts (qact.h), reproducing qdot_ref's integer sums and float
+ * steps exactly; and the cp.async copies that stage weight rows into shared memory.
+ */
+#ifndef STRATA_CUDA_MVQ_CUH
+#define STRATA_CUDA_MVQ_CUH
+
+#include "kernels/cuda/common.cuh"
+
+/* ld_words: n 32-bit words from a 2-byte aligned shared-memory address (funnel shifts of aligned
+ * words; may read one word past the end, inside the stage's slack). */
+template <int N> __device__ __forceinline__ void ld_words(const uint8_t *p, uint32_t *o)
+{
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 3) * 8;
+    uint32_t w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) w[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) o[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
+__device__ __forceinline__ uint4 ld_act16(const int8_t *p)
+{
+    return __ldg((const uint4 *)p);
+}
+
+__device__ __forceinline__ int dot16(const uint32_t q[4], uint4 x, int acc)
+{
+    acc = __dp4a((int)q[0], (int)x.x, acc);
+    acc = __dp4a((int)q[1], (int)x.y, acc);
+    acc = __dp4a((int)q[2], (int)x.z, acc);
+    return __dp4a((int)q[3], (int)x.w, acc);
+}
+
+__device__ __forceinline__ float hbits(uint32_t u)
+{
+    return u16_h2f((uint16_t)u);
+}
+
+/* Per weight type: LPB lanes per block (fewer lanes per block = less per-block work repeated:
+ * header, scales, shuffles); CB blocks of a row staged at a time (1.1-2.2 KB; CB1 with one
+ * activation row, where shared memory is left over for Q4_K's two rows an item); MINB, the CTAs
+ * per SM the registers must allow with one activation row (8 for the K-quants: +3-6% on the H200,
+ * while the same cap cost Q8_0 and Q5_0 4-8%); and the part a lane decodes (load) once for all
+ * activation rows (dot), then the block's float term (value) with the
+ * reference's roundings: (dx * d) * isum - (dx * dmin) * msum. The reference's third term,
+ * (dx * m) * xsum, is a signed zero for these types, and adding it changes only the sign of a zero
+ * term, which cannot change the running sum (it starts at +0 and never becomes -0).
+ * Integer offsets (Q5_0's 16, Q6_K's 32) are taken out of the dot with the activations' 16-element
+ * sums (as): q stays unsigned, so no per-byte subtraction (emulated on sm_90) is needed. */
+template <int T> struct mvq;
+
+/* Q8_0: one lane per 32-element block. */
+template <> struct mvq<QT_Q8_0> {
+    static constexpr int LPB = 1, CB = 64, CB1 = 64, MINB = 1;
+    uint32_t q[8];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int)
+    {
+        d = hbits(*(const uint16_t *)b);
+        ld_words<8>(b + 2, q);
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *, int, int *is, int *ms) const
+    {
+        *is = dot16(q + 4, ld_act16(aq + 16), dot16(q, ld_act16(aq), 0));
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* spread4: bits 0..3 of h to bit 4 of bytes 0..3 (the multiply puts bit k at bit 8k + 4, with no
+ * carries between the partial products). */
+__device__ __forceinline__ uint32_t spread4(uint32_t h)
+{
+    return ((h & 0xFu) * 0x02040810u) & 0x10101010u;
+}
+
+/* dp4a_us: dot of 4 unsigned bytes of a with 4 signed bytes of b, plus c. */
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c)
+{
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* Q5_0: one lane per block; low nibbles are elements 0..15, high nibbles 16..31, fifth bits qh. */
+template <> struct mvq<QT_Q5_0> {
+    static constexpr int LPB = 1, CB = 64, CB1 = 64, MINB = 1;
+    uint32_t q[8];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int)
+    {
+        uint32_t qh, qs[4];
+        d = hbits(*(const uint16_t *)b);
+        ld_words<1>(b + 2, &qh);
+        ld_words<4>(b + 6, qs);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            q[i] = (qs[i] & 0x0F0F0F0Fu) | spread4(qh >> (4 * i));
+            q[4 + i] = ((qs[i] >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * i));
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int, int *is, int *ms) const
+    {
+        const uint32_t s2 = __ldg((const uint32_t *)as); /* the block's two 16-element sums */
+        const int sum = (int)(int16_t)s2 + ((int)s2 >> 16);
+        *is = dot16(q + 4, ld_act16(aq + 16), dot16(q, ld_act16(aq), 0)) - 16 * sum;
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* Q4_K: 4 lanes per 256-element block; lane j reads the 32 bytes of group j: low nibbles are
+ * sub-block 2j (elements 64j..), high nibbles sub-block 2j + 1 (64j + 32..). Blocks are 144 bytes,
+ * so 16-byte aligned in a 16-byte aligned matrix. */
+template <> struct mvq<QT_Q4_K> {
+    static constexpr int LPB = 4, CB = 8, CB1 = 16, MINB = 8;
+    uint32_t w[8]; /* 32 bytes of qs: low nibbles sub-block 2j, high nibbles 2j + 1 */
+    uint32_t sc, m; /* scales and mins of sub-blocks 2j, 2j + 1 in bytes 0 and 1 */
+    float d, dmin;
+    __device__ __forceinline__ void load(const uint8_t *b, int j)
+    {
+        const uint4 hd = *(const uint4 *)b; /* d, dmin | scales[12] (quant_k4_scale_min) */
+        d = hbits(hd.x), dmin = hbits(hd.x >> 16);
+        /* both sub-blocks' 6-bit values at once, as 16-bit pairs */
+        const int sh = 16 * (j & 1);
+        const uint32_t s0 = hd.y >> sh, s1 = hd.z >> sh, s2 = hd.w >> sh;
+        sc = j < 2 ? s0 & 0x3F3Fu : (s2 & 0x0F0Fu) | ((s0 & 0xC0C0u) >> 2);
+        m = j < 2 ? s1 & 0x3F3Fu : ((s2 >> 4) & 0x0F0Fu) | ((s1 & 0xC0C0u) >> 2);
+        const uint4 w0 = *(const uint4 *)(b + 16 + 32 * j), w1 = *(const uint4 *)(b + 32 + 32 * j);
+        w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w;
+        w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int j, int *is, int *ms) const
+    {
+        const int8_t *x = aq + 64 * j;
+        const uint4 x0 = ld_act16(x), x1 = ld_act16(x + 16), x2 = ld_act16(x + 32), x3 = ld_act16(x + 48);
+        const uint32_t xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const uint32_t xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int dl = 0, dh16 = 0; /* dh16: the high nibbles left in place, 16 times their dot */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            dl = dp4a_us(w[i] & 0x0F0F0F0Fu, xl[i], dl);
+            dh16 = dp4a_us(w[i] & 0xF0F0F0F0u, xh[i], dh16);
+        }
+        const uint2 s = __ldg((const uint2 *)(as + 4 * j)); /* sums of 16: 4j .. 4j + 3 */
+        const int sl = (int)(int16_t)s.x + ((int)s.x >> 16), sh = (int)(int16_t)s.y + ((int)s.y >> 16);
+        *is = (int)(sc & 0xFF) * dl + (int)(sc >> 8) * (dh16 >> 4);
+        *ms = (int)(m & 0xFF) * sl + (int)(m >> 8) * sh;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int ms) const
+    {
+        return __fsub_rn(__fmul_rn(__fmul_rn(dx, d), (float)is),
+                         __fmul_rn(__fmul_rn(dx, dmin), (float)ms));
+    }
+};
+
+/* Q6_K: 4 lanes per block; lane p takes positions 16k..16k+15 (k = p % 2) of half p / 2 in all four
+ * 32-element quarters: 16 bytes of ql at +0 and +32, 16 of qh; one scale per quarter. */
+template <> struct mvq<QT_Q6_K> {
+    static constexpr int LPB = 4, CB = 8, CB1 = 8, MINB = 8;
+    uint32_t v[4][4];
+    int sc[4];
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        const int half = p >> 1, k = p & 1;
+        uint32_t qa[4], qb[4], qh[4], sw[2];
+        ld_words<4>(b + half * 64 + 16 * k, qa);
+        ld_words<4>(b + half * 64 + 32 + 16 * k, qb);
+        ld_words<4>(b + 128 + half * 32 + 16 * k, qh);
+        ld_words<2>(b + 192 + half * 8, sw);
+        d = hbits(*(const uint16_t *)(b + 208));
+#pragma unroll
+        for (int quad = 0; quad < 4; quad++) {
+            const int s = k + 2 * quad; /* this half's 16-element run */
+            sc[quad] = (int)(int8_t)(sw[s >> 2] >> (8 * (s & 3)));
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t l = quad & 1 ? qb[i] : qa[i];
+                v[quad][i] = ((quad < 2 ? l : l >> 4) & 0x0F0F0F0Fu) |
+                             (((qh[i] >> (2 * quad)) & 0x03030303u) << 4);
+            }
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int p, int *is, int *ms) const
+    {
+        const int half = p >> 1, k = p & 1;
+        const uint4 s = __ldg((const uint4 *)(as + 8 * half)); /* this half's 8 sums of 16 */
+        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        int acc = 0;
+#pragma unroll
+        for (int quad = 0; quad < 4; quad++) {
+            const int dq = dot16(v[quad], ld_act16(aq + half * 128 + 32 * quad + 16 * k), 0);
+            const int sum = k ? (int)sw[quad] >> 16 : (int)(int16_t)sw[quad];
+            acc += sc[quad] * (dq - 32 * sum);
+        }
+        *is = acc;
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* cp_async16: 16 bytes from global src into shared memory at dst (a shared-space address),
+ * bypassing L1 (weights are read once). cp_async16_tail: the same for the matrix's last 16 bytes
+ * at most, zero-filling past total so the last row never reads outside the allocation. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const uint8_t *src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async16_tail(uint32_t dst, const uint8_t *w, int64_t off,
+                                                int64_t total)
+{
+    const int64_t left = total - off;
+    const int n = left >= 16 ? 16 : (left > 0 ? (int)left : 0);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(n ? w + off : w),
+                 "r"(n));
+}
+
+#endif
