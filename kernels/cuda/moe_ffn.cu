@@ -264,8 +264,10 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
 #undef F
         return;
     }
-    /* one wave at most: 8 CTAs of 4 warps per SM on the H200 (132 SMs) */
-    const int64_t items = (int64_t)n_groups * t.nrows, ctas = (items + 4 * MF_WARPS - 1) / (4 * MF_WARPS);
+    /* a row per warp where that fits one wave (8 CTAs of 4 warps per SM on the H200's 132 SMs):
+     * a decode step's experts are only a few thousand rows, and each row a warp takes in turn
+     * adds a memory latency */
+    const int64_t items = (int64_t)n_groups * t.nrows, ctas = (items + MF_WARPS - 1) / MF_WARPS;
     const unsigned grid = (unsigned)(ctas < 132 * 8 ? ctas : 132 * 8);
 #define Q(T, B) moe_part_q<T, B><<<grid, MF_WARPS * WARP, 0, s>>>(t, n_groups)
 #define QB(T)                                                                                      \
