@@ -5,11 +5,11 @@
 #include "arena-server/arena_build.h"
 #include "arena-server/arena_cli.h"
 #include "arena-server/arena_fingerprint.h"
-#include "arena-server/arena_layout.h"
+#include "common/arena/arena_layout.h"
 #include "arena-server/arena_space.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/shm.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -218,7 +218,7 @@ int arena_cli_bench(int argc, char **argv)
 fail:
     if (rv != 0)
         fprintf(stderr, "strata-arena bench: %s: %s\n", strata_strerror(rv), strata_errdetail());
-    arena_layout_free(L);
+    arena_layout_fini(L);
     gguf_close(f);
     free(buf);
     return rv ? 1 : 0;

@@ -1,6 +1,6 @@
 #include "arena-server/arena_build.h"
-#include "common/err.h"
-#include "common/gguf.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

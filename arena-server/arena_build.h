@@ -17,8 +17,8 @@
 #ifndef STRATA_ARENA_BUILD_H
 #define STRATA_ARENA_BUILD_H
 
-#include "arena-server/arena_layout.h"
-#include "common/shm.h"
+#include "common/arena/arena_layout.h"
+#include "common/arena/shm.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>

@@ -2,11 +2,11 @@
 #include "arena-server/arena_build.h"
 #include "arena-server/arena_ctl.h"
 #include "arena-server/arena_fingerprint.h"
-#include "arena-server/arena_layout.h"
-#include "common/arena.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
+#include "common/arena/arena_layout.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
 
 #include <errno.h>
 #include <fcntl.h>

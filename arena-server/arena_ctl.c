@@ -1,8 +1,8 @@
 #include "arena-server/arena_ctl.h"
 #include "arena-server/arena_fingerprint.h"
 #include "arena-server/arena_serve.h"
-#include "common/err.h"
-#include "common/ipc.h"
+#include "common/base/err.h"
+#include "common/ipc/ipc.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* arena_ctl — the arena-server's control socket (ipc:// in the runtime directory, see common/ipc.h)
+/* arena_ctl — the arena-server's control socket (ipc:// in the runtime directory, see common/ipc/ipc.h)
  * and its client side.
  *
  * Ops: "status" (model, fingerprint, sizes, load time, counters, the worker registry with liveness
@@ -10,7 +10,7 @@
 #ifndef STRATA_ARENA_CTL_H
 #define STRATA_ARENA_CTL_H
 
-#include "common/msg.h"
+#include "common/ipc/msg.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 #include "arena-server/arena_fingerprint.h"
-#include "common/arena.h"
-#include "common/gguf.h"
+#include "common/arena/arena.h"
+#include "common/gguf/gguf.h"
 
 #include <stdio.h>
 #define XXH_STATIC_LINKING_ONLY /* a state on the stack: nothing to allocate or fail */

@@ -1,6 +1,6 @@
 #include "arena-server/arena_profile.h"
 #include "arena-server/arena_fingerprint.h"
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <errno.h>
 #include <fcntl.h>

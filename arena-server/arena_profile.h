@@ -10,7 +10,7 @@
 #ifndef STRATA_ARENA_PROFILE_H
 #define STRATA_ARENA_PROFILE_H
 
-#include "common/arena.h"
+#include "common/arena/arena.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,12 +1,12 @@
 #include "arena-server/arena_serve.h"
 #include "arena-server/arena_ctl.h"
 #include "arena-server/arena_fingerprint.h"
-#include "arena-server/arena_layout.h"
+#include "common/arena/arena_layout.h"
 #include "arena-server/arena_profile.h"
 #include "arena-server/arena_space.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/base/log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,28 +33,6 @@ static int64_t wall_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-int arena_serve_default_name(const char *model, char *buf, size_t n)
-{
-    const char *base = strrchr(model, '/');
-    base = base ? base + 1 : model;
-    size_t len = strlen(base);
-    if (len > 5 && strcmp(base + len - 5, ".gguf") == 0) len -= 5;
-    /* "-00001-of-00003" (15 characters) names one split of a set, not the model. */
-    if (len > 15 && strncmp(base + len - 15, "-", 1) == 0 &&
-        strncmp(base + len - 9, "-of-", 4) == 0)
-        len -= 15;
-    if (len >= n || len > SHM_NAME_MAX)
-        return strata_errf(STRATA_EINVAL,
-                           "model name '%s' is too long for an arena name: pass --name", base);
-    memcpy(buf, base, len);
-    buf[len] = '\0';
-    int rv = shm_check_name(buf);
-    if (rv != 0)
-        return strata_errf(rv, "%s: pass --name with letters, digits, '.', '_' and '-'",
-                           strata_errdetail());
-    return 0;
 }
 
 /* take_lock opens and flocks the name's lock file. The inode check after locking guards against a
@@ -196,7 +174,7 @@ static int build(struct arena_server *s, const struct gguf_file *f)
 out:
     if (seg.fd >= 0) shm_close(&seg);
     if (tmp[0] && rv != 0) shm_remove(s->cfg.shm_dir, tmp);
-    arena_layout_free(L);
+    arena_layout_fini(L);
     return rv;
 }
 
@@ -257,7 +235,7 @@ static int resolve_paths(struct arena_server *s, const struct arena_serve_config
     if (cfg->name)
         rv = shm_check_name(cfg->name) == 0 ? 0 : STRATA_EINVAL;
     else
-        rv = arena_serve_default_name(cfg->model, s->name, sizeof s->name);
+        rv = arena_default_name(cfg->model, s->name, sizeof s->name);
     if (rv != 0) return rv;
     if (cfg->name) snprintf(s->name, sizeof s->name, "%s", cfg->name);
     if (!realpath(cfg->model, s->model_path))

@@ -15,7 +15,7 @@
 #define STRATA_ARENA_SERVE_H
 
 #include "arena-server/arena_build.h"
-#include "common/arena.h"
+#include "common/arena/arena.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -56,10 +56,6 @@ struct arena_server {
     _Atomic bool force_stop; /* a shutdown request asked for force */
     struct arena_ctl *ctl;   /* the control socket, or NULL */
 };
-
-/* arena_serve_default_name writes the arena name for model path (base name without .gguf and
- * without a -0000K-of-0000N split suffix) to buf. STRATA_EINVAL when it is not a valid name. */
-int arena_serve_default_name(const char *model, char *buf, size_t n);
 
 /* arena_serve_init makes the arena available (adopting or building). Returns 0 and *out, or:
  * STRATA_EBUSY (another server holds the name), STRATA_ENOSPC (does not fit: the detail says how

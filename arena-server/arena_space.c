@@ -1,6 +1,6 @@
 #include "arena-server/arena_space.h"
-#include "common/err.h"
-#include "common/shm.h"
+#include "common/base/err.h"
+#include "common/arena/shm.h"
 
 #include <dirent.h>
 #include <errno.h>

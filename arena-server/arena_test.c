@@ -6,11 +6,12 @@
  * with --map-check. Every test uses its own shm and runtime directories under test_tmpdir(). nng is
  * never opened in this process (only the exec'd binaries use it). */
 #include "arena-server/arena_build.h"
-#include "arena-server/arena_layout.h"
-#include "common/arena.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
+#include "common/arena/arena_layout.h"
+#include "common/arena/model.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -214,7 +215,7 @@ static void build_in_process(const char *model, const char *name, uint64_t align
                           memory_order_release);
     ck_assert_int_eq(shm_publish(g_shm, &s, tmp, seg, 0400), 0);
     shm_close(&s);
-    arena_layout_free(L);
+    arena_layout_fini(L);
     gguf_close(f);
 }
 
@@ -273,6 +274,31 @@ START_TEST(every_arch_mapped_by_two_processes)
     ck_assert_int_eq(gguf_open(model, &f), 0);
     ck_assert_uint_eq(meta->n_tensors, f->n_tensors);
     ck_assert_uint_eq(meta->n_kv, f->n_kv);
+    /* The model over the arena exposes each blob through arena_blob_at, in the layout the model
+     * over the file computes, with the same bytes in every part. */
+    struct model *ma = NULL, *mf = NULL;
+    ck_assert_msg(model_load_arena(a, meta, &ma) == 0, "%s", strata_errdetail());
+    ck_assert_msg(model_load(f, &mf) == 0, "%s", strata_errdetail());
+    for (uint32_t l = 0; l < ma->hp.n_layer; l++) {
+        const struct model_blob_layout *ba = &ma->layers[l].blob, *bf = &mf->layers[l].blob;
+        ck_assert_uint_eq(ba->bytes, arena_layer_get(a, l)->blob_bytes);
+        ck_assert_uint_eq(ba->bytes, bf->bytes);
+        for (uint32_t e = 0; e < ma->hp.n_expert; e++) {
+            ck_assert_ptr_eq(model_expert_blob(ma, l, e), arena_blob_at(a, l, e));
+            ck_assert_ptr_null(model_expert_blob(mf, l, e));
+            for (int part = 0; part < MODEL_PART_COUNT; part++) {
+                ck_assert_uint_eq(ba->part_off[part], bf->part_off[part]);
+                const struct model_mat *pm = &ma->layers[l].part[part];
+                ck_assert_ptr_eq(model_expert_part(ma, l, e, part),
+                                 model_expert_blob(ma, l, e) + ba->part_off[part]);
+                ck_assert(memcmp(model_expert_part(ma, l, e, part),
+                                 model_expert_part(mf, l, e, part),
+                                 pm->row_bytes * pm->n_out) == 0);
+            }
+        }
+    }
+    model_fini(ma);
+    model_fini(mf);
     gguf_close(meta);
     gguf_close(f);
     arena_close(a);
@@ -531,7 +557,7 @@ START_TEST(enospc_during_build_refused_cleanly)
         ck_assert_int_eq(shm_entries(), 0);
     }
     ck_assert_int_eq(shm_entries(), 0);
-    arena_layout_free(L);
+    arena_layout_fini(L);
     gguf_close(f);
 }
 END_TEST

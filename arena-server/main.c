@@ -2,8 +2,8 @@
  * arena_serve_init/run/fini, plus the client subcommands of arena_cli.h. */
 #include "arena-server/arena_cli.h"
 #include "arena-server/arena_serve.h"
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 
 #include <getopt.h>
 #include <signal.h>

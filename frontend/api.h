@@ -11,7 +11,7 @@
 #ifndef STRATA_API_H
 #define STRATA_API_H
 
-#include "common/wclient.h"
+#include "common/ipc/wclient.h"
 #include "frontend/fe_stop.h"
 
 #include <jansson.h>

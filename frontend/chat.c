@@ -1,8 +1,8 @@
 /* chat — the command-line chat over one worker: conversation, streaming, tok/s. */
 #include "frontend/chat.h"
 
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 #include "frontend/fe_model.h"
 
 #include <getopt.h>

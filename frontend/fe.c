@@ -1,9 +1,9 @@
 /* fe — the frontend's server: workers and their monitor, routing, the small endpoints, metrics. */
 #include "frontend/fe_int.h"
 
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/base/log.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -13,12 +13,12 @@
  * Lifecycle: fe_init, fe_worker_add..., fe_start, fe_stop, fe_fini (stop before fini). Any HTTP
  * thread may use the fe between start and stop.
  * Workers are reached through struct fe_backend, so tests can drive the whole frontend with an
- * in-process fake; fe_wclient.c is the real one (common/wclient.h).
+ * in-process fake; fe_wclient.c is the real one (common/ipc/wclient.h).
  */
 #ifndef STRATA_FE_H
 #define STRATA_FE_H
 
-#include "common/wclient.h"
+#include "common/ipc/wclient.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
  * (tests/e2e/errors.sh), a 2-second load of 4 clients (tests/e2e/loadtest.mjs), and a worker
  * killed and restarted under a running stream. Skips with a
  * message when node, npm or curl are missing, or when npm cannot install the client. */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 

@@ -2,8 +2,8 @@
  * tokens into text (stop strings, reasoning split, logprobs) as SSE chunks or one final body. */
 #include "frontend/fe_int.h"
 
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,9 +1,9 @@
 /* fe_model — tokenizer, chat template and turn-ending ids from a model's GGUF metadata. */
 #include "frontend/fe_model.h"
 
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/tmpl.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/tmpl/tmpl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,8 +122,8 @@ fail:
 
 void fe_model_fini(struct fe_model *m)
 {
-    tok_free(m->tok);
-    tmpl_free(m->tmpl);
+    tok_fini(m->tok);
+    tmpl_fini(m->tmpl);
     free(m->bos_text);
     free(m->eos_text);
     memset(m, 0, sizeof *m);

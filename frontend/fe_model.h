@@ -9,8 +9,8 @@
 #ifndef STRATA_FE_MODEL_H
 #define STRATA_FE_MODEL_H
 
-#include "common/tmpl_reason.h"
-#include "common/tok.h"
+#include "common/tmpl/tmpl_reason.h"
+#include "common/tok/tok.h"
 
 #include <jansson.h>
 #include <stdbool.h>

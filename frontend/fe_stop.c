@@ -1,7 +1,7 @@
 /* fe_stop — stop strings on streamed text: hold back a possible prefix, cut at a match. */
 #include "frontend/fe_stop.h"
 
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <stdint.h>
 #include <stdlib.h>

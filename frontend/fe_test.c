@@ -5,9 +5,9 @@
 #include "frontend/fe.h"
 #include "frontend/fe_model.h"
 
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/tok/tok.h"
 #include "tests/testutil.h"
 #include "tools/fixture_vocab.h"
 
@@ -224,7 +224,7 @@ static void fake_init(struct fake *w, uint64_t fp)
 
 static void fake_fini(struct fake *w)
 {
-    tok_free(w->tok);
+    tok_fini(w->tok);
     free(w->meta);
 }
 

@@ -1,10 +1,10 @@
-/* fe_wclient — the frontend's real workers: common/wclient.h behind struct fe_backend, and worker
+/* fe_wclient — the frontend's real workers: common/ipc/wclient.h behind struct fe_backend, and worker
  * discovery by URL or from an arena's registry (re-read every monitor round). */
 #include "frontend/fe_int.h"
 
-#include "common/arena.h"
-#include "common/err.h"
-#include "common/log.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>

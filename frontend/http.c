@@ -2,8 +2,8 @@
  * thread (suspend/resume), disconnects reported to the stream's owner. */
 #include "frontend/http.h"
 
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>

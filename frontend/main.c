@@ -1,8 +1,8 @@
 /* strata-frontend — the OpenAI-compatible HTTP API (default) or, as `strata-frontend chat`, the
  * command-line chat. Options -> struct fe_opts -> fe_init / fe_start / wait for a signal / fe_fini.
  */
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 #include "frontend/chat.h"
 #include "frontend/fe.h"
 

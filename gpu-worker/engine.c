@@ -1,6 +1,6 @@
 #include "gpu-worker/engine.h"
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 #include "gpu-worker/fwd.h"
 #include "gpu-worker/kv.h"
 
@@ -530,7 +530,7 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     if (o->kv_blocks) kc.max_blocks = o->kv_blocks;
     e->bt = kc.block_tokens;
     e->n_ctx = kc.n_ctx;
-    struct fwd_opts fo = {.n_threads = o->n_threads, .max_tokens = e->o.max_batch_tokens};
+    struct fwd_opts fo = {.n_threads = o->n_threads, .max_pass_tokens = e->o.max_batch_tokens};
     if ((rv = kv_init(&kc, &e->kv)) != 0 || (rv = fwd_start(m, e->kv, &fo, &e->fwd)) != 0 ||
         (rv = sample_init(m->hp.n_vocab, &e->smp)) != 0 || (rv = sample_init(1, &e->check)) != 0)
         goto fail;
@@ -556,11 +556,11 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     *out = e;
     return 0;
 fail:
-    engine_stop(e);
+    engine_close(e);
     return rv;
 }
 
-void engine_stop(struct engine *e)
+void engine_close(struct engine *e)
 {
     if (!e) return;
     if (e->th_started) {

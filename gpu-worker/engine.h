@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/arena/model.h"
 #include "gpu-worker/sample.h"
 
 #define ENGINE_ID_MAX         64 /* most bytes of a request id (without the NUL) */
@@ -72,7 +72,7 @@ enum engine_finish {
     ENGINE_FINISH_NONE = 0,  /* running (or tokens remain to be polled) */
     ENGINE_FINISH_STOP,      /* a stop token was generated (it is the last token) */
     ENGINE_FINISH_LENGTH,    /* max_tokens or the context reached */
-    ENGINE_FINISH_CANCELLED, /* engine_cancel, a lapsed lease or engine_stop */
+    ENGINE_FINISH_CANCELLED, /* engine_cancel, a lapsed lease or engine_close */
     ENGINE_FINISH_ERROR,     /* the forward pass or the sampler failed: see error */
 };
 
@@ -129,12 +129,12 @@ struct engine;
 /* engine_start makes the KV cache, the forward pass and the decode-loop thread for m (borrowed;
  * it must outlive the engine, and its expert resolver must not change while it runs). Errors:
  * STRATA_EINVAL (options), STRATA_ENOMEM, fwd/kv errors, thread creation. Caller owns *out
- * (engine_stop). */
+ * (engine_close). */
 int engine_start(const struct model *m, const struct engine_opts *o, struct engine **out);
 
-/* engine_stop cancels every request, joins the decode thread and frees; NULL is fine. No other
+/* engine_close cancels every request, joins the decode thread and frees; NULL is fine. No other
  * call may run on e during or after it. */
-void engine_stop(struct engine *e);
+void engine_close(struct engine *e);
 
 /* engine_submit queues r (copied; r->id and the arrays may be freed on return) and starts its
  * lease. A duplicate id returns 0 and keeps the existing request (and renews its lease).

@@ -1,5 +1,5 @@
 #include "gpu-worker/engine.h"
-#include "common/err.h"
+#include "common/base/err.h"
 #include "gpu-worker/fwd.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -34,7 +34,7 @@ static void env_open(struct env *v)
 
 static void env_close(struct env *v)
 {
-    model_free(v->m);
+    model_fini(v->m);
     gguf_close(v->f);
 }
 
@@ -220,7 +220,7 @@ START_TEST(sixteen_concurrent_requests_give_their_lone_ids)
     ck_assert_uint_eq(st.kv_blocks_used, 0);
     /* The hook and the epoch follow the window just after the lock that published its tokens. */
     ck_assert_uint_ge(engine_epoch(e) + 1, st.windows);
-    engine_stop(e);
+    engine_close(e);
     ck_assert_uint_ge(atomic_load(&g_windows), st.windows);
     env_close(&v);
 }
@@ -252,7 +252,7 @@ static void preemption_case(bool prefix_cache)
         preempted += jobs[i].u.t.n_preempted;
     ck_assert_uint_eq(preempted, st.preemptions);
     if (!prefix_cache) ck_assert_uint_eq(st.prefix_hits, 0);
-    engine_stop(e);
+    engine_close(e);
     env_close(&v);
 }
 
@@ -297,7 +297,7 @@ START_TEST(a_follow_up_turn_prefills_only_its_new_tokens)
     memcpy(c.prompt, b.prompt, sizeof c.prompt);
     run_all(e, &v, &c, 1);
     ck_assert_uint_eq(c.u.t.n_cached, 96);
-    engine_stop(e);
+    engine_close(e);
     env_close(&v);
 }
 END_TEST
@@ -327,7 +327,7 @@ START_TEST(a_resumed_request_continues_the_same_ids)
             ck_assert_int_eq(rest.got[i], full.got[9 + i]);
         ck_assert_uint_eq(rest.u.seed, full.q.sp.seed);
     }
-    engine_stop(e);
+    engine_close(e);
     env_close(&v);
 }
 END_TEST
@@ -361,7 +361,7 @@ START_TEST(a_lapsed_lease_cancels_and_polls_keep_it)
     ck_assert_uint_gt(kept.u.n_total, 0);
     engine_status(e, &st);
     ck_assert_uint_eq(st.running + st.queued, 1);
-    engine_stop(e);
+    engine_close(e);
     env_close(&v);
 }
 END_TEST
@@ -439,7 +439,7 @@ START_TEST(duplicate_cancel_busy_and_refusals)
     bad.q.logprobs = true;
     bad.q.n_top = SAMPLE_MAX_LOGPROBS + 1;
     ck_assert_int_eq(engine_submit(e, &bad.q), STRATA_EINVAL);
-    engine_stop(e);
+    engine_close(e);
     env_close(&v);
 }
 END_TEST
@@ -480,7 +480,7 @@ START_TEST(stop_tokens_and_logprobs)
         ck_assert(t[i].logprob <= 0.0f && fabsf(t[i].logprob - t[i].top[0].logprob) < 1e-6f);
         ck_assert(t[i].top[1].logprob <= t[i].top[0].logprob);
     }
-    engine_stop(e);
+    engine_close(e);
     env_close(&v);
 }
 END_TEST
@@ -528,7 +528,7 @@ START_TEST(heat_counts_routed_tokens_not_windows)
     struct engine_status st;
     engine_status(e, &st);
     ck_assert_uint_eq(st.windows, 3 + 11);
-    engine_stop(e); /* joins the decode thread: every hook call has returned */
+    engine_close(e); /* joins the decode thread: every hook call has returned */
     /* The same 32 tokens in one plain pass, counted by the forward pass's own hook. */
     const uint32_t n = 21 + 11;
     int32_t hist[21 + 11];
@@ -538,7 +538,7 @@ START_TEST(heat_counts_routed_tokens_not_windows)
     fwd_kv_config(v.m, CTX, 1, &kc);
     struct kv_cache *kv;
     struct fwd *f;
-    struct fwd_opts fo = {.n_threads = 2, .max_tokens = n};
+    struct fwd_opts fo = {.n_threads = 2, .max_pass_tokens = n};
     ck_assert_int_eq(kv_init(&kc, &kv), 0);
     ck_assert_int_eq(fwd_start(v.m, kv, &fo, &f), 0);
     uint64_t want[HEAT_L][HEAT_E] = {{0}};

@@ -1,8 +1,8 @@
 #include "gpu-worker/fwd.h"
-#include "common/err.h"
-#include "common/pool.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/base/pool.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ops.h"
 
@@ -40,7 +40,7 @@ struct fwd {
     size_t act_stride; /* bytes per token of quantized activations: the widest any matrix needs */
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
     uint32_t max_tasks;
-    /* Scratch, rows of max_tokens tokens (T) or of routed (token, expert) pairs (T*K): */
+    /* Scratch, rows of max_pass_tokens tokens (T) or of routed (token, expert) pairs (T*K): */
     float *x;                /* (T, n_embd) residual stream */
     float *xn;               /* (T, n_embd) normalized input of a block */
     float *tmp;              /* (T, n_embd) a block's output before the residual add */
@@ -98,7 +98,7 @@ static void widen_act(struct fwd *f, const struct model_mat *w)
 static int alloc_scratch(struct fwd *f)
 {
     const struct model_hparams *hp = &f->m->hp;
-    const size_t T = f->o.max_tokens;
+    const size_t T = f->o.max_pass_tokens;
     f->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
     widen_act(f, &f->m->output);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
@@ -174,8 +174,8 @@ int fwd_start(const struct model *m, struct kv_cache *kv, const struct fwd_opts 
                            "(%u layers, %u, %u): make it with fwd_kv_config",
                            kc->n_layer, kc->k_dim, kc->v_dim, hp->n_layer,
                            hp->n_head_kv * hp->head_dim, hp->n_head_kv * hp->head_dim_v);
-    if (o->max_tokens == 0)
-        return strata_errf(STRATA_EINVAL, "max_tokens per forward pass must be positive");
+    if (o->max_pass_tokens == 0)
+        return strata_errf(STRATA_EINVAL, "max_pass_tokens (tokens per forward pass) must be positive");
     struct fwd *f = calloc(1, sizeof *f);
     if (!f) return strata_errf(STRATA_ENOMEM, "out of memory for the forward pass");
     f->m = m;
@@ -709,9 +709,9 @@ int fwd_eval(struct fwd *f, const struct fwd_token *toks, uint32_t n, float *log
     const struct model_hparams *hp = &m->hp;
     const size_t E = hp->n_embd;
     int rv;
-    if (n == 0 || n > f->o.max_tokens)
+    if (n == 0 || n > f->o.max_pass_tokens)
         return strata_errf(STRATA_EINVAL, "a forward pass of %u tokens: it takes 1..%u", n,
-                           f->o.max_tokens);
+                           f->o.max_pass_tokens);
     for (uint32_t t = 0; t < n; t++)
         if (toks[t].id < 0 || (uint32_t)toks[t].id >= hp->n_vocab)
             return strata_errf(STRATA_EINVAL, "token id %d is outside the vocabulary of %u",
@@ -746,7 +746,7 @@ fail:
 int fwd_prompt(struct fwd *f, struct kv_seq *s, const int32_t *ids, uint32_t n, uint32_t chunk,
                float *logits)
 {
-    if (chunk == 0 || chunk > f->o.max_tokens) chunk = f->o.max_tokens;
+    if (chunk == 0 || chunk > f->o.max_pass_tokens) chunk = f->o.max_pass_tokens;
     for (uint32_t i = 0; i < n; i += chunk) {
         uint32_t c = n - i < chunk ? n - i : chunk;
         for (uint32_t j = 0; j < c; j++)

@@ -1,6 +1,7 @@
 /* fwd — the reference forward pass: a batch of tokens of several sequences through the model,
- * on the CPU in plain C (kernels/ref), writing K/V into a paged cache and logits for the tokens
- * that ask for them.
+ * on the CPU with the kernels of kernels/cpu (AVX2 or AVX-512 when the CPU has them, equal bit for
+ * bit to the plain-C kernels/ref), writing K/V into a paged cache and logits for the tokens that
+ * ask for them.
  *
  * A batch is any mix of prompt chunks and decode steps: each token names its sequence, and the
  * tokens of one sequence take consecutive positions after those it already holds (in batch order).
@@ -20,14 +21,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/arena/model.h"
 #include "gpu-worker/kv.h"
 
 #define FWD_KV_BLOCK 32 /* positions per KV block by default: one attention key block */
 
 struct fwd_opts {
     uint32_t n_threads;  /* threads computing a pass, the caller's included; 0 means 1 */
-    uint32_t max_tokens; /* most tokens one fwd_eval takes; scratch is sized for it */
+    uint32_t max_pass_tokens; /* most tokens one fwd_eval takes; scratch is sized for it */
 };
 
 struct fwd_token {
@@ -62,7 +63,7 @@ int fwd_start(const struct model *m, struct kv_cache *kv, const struct fwd_opts 
 /* fwd_close stops the threads and frees; NULL is fine. */
 void fwd_close(struct fwd *f);
 
-/* fwd_eval runs n (1..max_tokens) tokens, growing their sequences, and writes the logits of each
+/* fwd_eval runs n (1..max_pass_tokens) tokens, growing their sequences, and writes the logits of each
  * token with .logits set, in batch order, as rows of n_vocab floats. Blocks until done. Errors:
  * STRATA_EINVAL (count, token id), STRATA_ELIMIT (past a sequence's context), STRATA_ENOSPC (KV
  * pool), STRATA_ENOMEM, a quant error; on error every sequence keeps its previous length. */
@@ -86,7 +87,7 @@ void fwd_set_route(struct fwd *f, fwd_route_fn fn, void *ctx);
 void fwd_get_stats(const struct fwd *f, struct fwd_stats *out);
 void fwd_reset_stats(struct fwd *f);
 
-/* fwd_prompt feeds ids[0..n) to s in chunks of `chunk` tokens (0 or above max_tokens: max_tokens)
+/* fwd_prompt feeds ids[0..n) to s in chunks of `chunk` tokens (0 or above max_pass_tokens: max_pass_tokens)
  * and writes the last token's logits to logits (n_vocab floats) when it is non-NULL. Errors as
  * fwd_eval; on error s holds the chunks that completed. */
 int fwd_prompt(struct fwd *f, struct kv_seq *s, const int32_t *ids, uint32_t n, uint32_t chunk,

@@ -1,4 +1,4 @@
-#include "common/err.h"
+#include "common/base/err.h"
 #include "gpu-worker/fwd.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -24,23 +24,18 @@ struct golden {
 };
 
 static const struct golden goldens[] = {
-    {"qwen3moe", "f32", 0xa34e8e6e4cdd778e},
-    {"qwen3moe", "q8_0", 0xbc91e150f9ac7e9a},
-    {"qwen3moe", "q4_k_m", 0xff84210123c1dd7e},
-    {"llama", "f32", 0xc736c2dd5c8097d3},
-    {"llama", "q8_0", 0xfd39800863cb827f},
-    {"llama", "q4_k_m", 0x811dd3cb4e1b39f4},
-    {"olmoe", "f32", 0xf848cf063007dea8},
-    {"olmoe", "q8_0", 0x59470bc896a48aeb},
-    {"olmoe", "q4_k_m", 0x85fe314f28514b9a},
-    {"qwen2moe", "f32", 0x6a3f94e63d387ae9},
-    {"qwen2moe", "q8_0", 0x7d67e5d66626fa80},
-    {"qwen2moe", "q4_k_m", 0x7f43d99d7be97422},
+    {"qwen3moe", "f32", 0xa34e8e6e4cdd778e},    {"qwen3moe", "q8_0", 0xbc91e150f9ac7e9a},
+    {"qwen3moe", "q4_k_m", 0xff84210123c1dd7e}, {"llama", "f32", 0xc736c2dd5c8097d3},
+    {"llama", "q8_0", 0xfd39800863cb827f},      {"llama", "q4_k_m", 0x811dd3cb4e1b39f4},
+    {"olmoe", "f32", 0xf848cf063007dea8},       {"olmoe", "q8_0", 0x59470bc896a48aeb},
+    {"olmoe", "q4_k_m", 0x85fe314f28514b9a},    {"qwen2moe", "f32", 0x6a3f94e63d387ae9},
+    {"qwen2moe", "q8_0", 0x7d67e5d66626fa80},   {"qwen2moe", "q4_k_m", 0x7f43d99d7be97422},
 };
 #define N_GOLDEN (sizeof goldens / sizeof goldens[0])
 
 /* case_hash builds the case's fixture and returns the hash of (N_POS, n_vocab) logits, the history
- * fed in chunks of 7 tokens on two threads (bit-exact mode makes chunking and threads invisible). */
+ * fed in chunks of 7 tokens on two threads (bit-exact mode makes chunking and threads invisible).
+ */
 static uint64_t case_hash(const struct golden *g)
 {
     char path[600];
@@ -75,7 +70,7 @@ static uint64_t case_hash(const struct golden *g)
     kv_seq_fini(kv, &s);
     fwd_close(fw);
     kv_fini(kv);
-    model_free(m);
+    model_fini(m);
     gguf_close(f);
     unlink(path);
     return h;
@@ -87,8 +82,10 @@ START_TEST(golden_logits)
     uint64_t h = case_hash(g);
     if (getenv("STRATA_GOLDEN_PRINT"))
         printf("    {\"%s\", \"%s\", 0x%016" PRIx64 "},\n", g->arch, g->type, h);
-    ck_assert_msg(h == g->hash, "%s %s: logits hash 0x%016" PRIx64 ", golden 0x%016" PRIx64
-                  " (a change to the arithmetic moved the bytes)", g->arch, g->type, h, g->hash);
+    ck_assert_msg(h == g->hash,
+                  "%s %s: logits hash 0x%016" PRIx64 ", golden 0x%016" PRIx64
+                  " (a change to the arithmetic moved the bytes)",
+                  g->arch, g->type, h, g->hash);
 }
 END_TEST
 

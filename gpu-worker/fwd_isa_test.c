@@ -3,7 +3,7 @@
  * with memcmp against the plain-C reference kernels (STRATA_CPU=ref), for fixtures whose weight
  * types cover the K-quants, the 32-element formats and float weights, with and without a shared
  * expert. */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "gpu-worker/fwd.h"
 #include "kernels/cpu/cpu.h"
 #include "tests/testutil.h"
@@ -81,7 +81,7 @@ START_TEST(same_logits_on_every_isa)
     }
     if (!tested) printf("SKIP fwd_isa: this CPU has neither AVX2 nor AVX-512\n");
     free(want);
-    model_free(m);
+    model_fini(m);
     gguf_close(gf);
     unlink(path);
 }

@@ -1,6 +1,6 @@
 #include "gpu-worker/fwd.h"
-#include "common/err.h"
-#include "common/qtype.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
 #include "tests/testutil.h"
 #include "tools/quantize.h"
 
@@ -114,7 +114,7 @@ static void parity(const char *arch, const struct variant *var)
     kv_seq_fini(kv, &s);
     fwd_close(fw);
     kv_fini(kv);
-    model_free(m);
+    model_fini(m);
     gguf_close(f);
     json_decref(j);
 }

@@ -1,4 +1,4 @@
-#include "common/err.h"
+#include "common/base/err.h"
 #include "gpu-worker/fwd.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -89,7 +89,7 @@ static void env_close(struct env *e)
     free(e->r.sel);
     free(e->r.got);
     kv_fini(e->kv);
-    model_free(e->m);
+    model_fini(e->m);
     gguf_close(e->f);
     unlink(e->path);
 }
@@ -116,7 +116,7 @@ static void eval(struct env *e, struct fwd *f, const struct fwd_token *toks, con
 static struct fwd *start(struct env *e, uint32_t threads, uint32_t max_tokens)
 {
     struct fwd *f;
-    struct fwd_opts o = {.n_threads = threads, .max_tokens = max_tokens};
+    struct fwd_opts o = {.n_threads = threads, .max_pass_tokens = max_tokens};
     ck_assert_int_eq(fwd_start(e->m, e->kv, &o, &f), 0);
     fwd_set_route(f, on_route, &e->r);
     return f;

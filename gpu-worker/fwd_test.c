@@ -1,5 +1,5 @@
 #include "gpu-worker/fwd.h"
-#include "common/err.h"
+#include "common/base/err.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -44,7 +44,7 @@ static void env_close(struct env *e)
 {
     free(e->base);
     kv_fini(e->kv);
-    model_free(e->m);
+    model_fini(e->m);
     gguf_close(e->f);
 }
 

@@ -1,5 +1,5 @@
 #include "gpu-worker/kv.h"
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

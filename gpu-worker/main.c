@@ -1,7 +1,7 @@
 /* strata-worker — serves a MoE model's forward pass and sampling over NNG to frontends: options ->
  * struct worker_config -> worker_init/run/fini. */
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 #include "gpu-worker/worker.h"
 
 #include <getopt.h>

@@ -1,5 +1,5 @@
 #include "gpu-worker/sample.h"
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <math.h>
 #include <stdlib.h>

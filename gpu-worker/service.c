@@ -1,8 +1,8 @@
 #include "gpu-worker/service.h"
 
-#include "common/err.h"
-#include "common/ipc.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/ipc/ipc.h"
+#include "common/base/log.h"
 
 #include <errno.h>
 #include <pthread.h>

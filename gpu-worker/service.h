@@ -11,13 +11,13 @@
  * Every op is idempotent (a duplicate submit returns the existing request, cancel of an unknown
  * request succeeds); unknown keys are ignored; per-op limits are answered with an error reply.
  * Lifecycle: service_init (the object the engine's hook points at) -> engine_start ->
- * service_start -> ... -> service_stop -> engine_stop -> service_fini.
+ * service_start -> ... -> service_stop -> engine_close -> service_fini.
  */
 #ifndef STRATA_SERVICE_H
 #define STRATA_SERVICE_H
 
-#include "common/msg.h"
-#include "common/wclient.h"
+#include "common/ipc/msg.h"
+#include "common/ipc/wclient.h"
 #include "gpu-worker/engine.h"
 
 #include <stdbool.h>

@@ -2,7 +2,7 @@
  * submit's, poll's and cancel's field validation, whatever the op says, so every field check is
  * reachable. Nothing may crash, read out of bounds or leak; an accepted submit must hold what the
  * limits promise the engine. */
-#include "common/msg.h"
+#include "common/ipc/msg.h"
 #include "gpu-worker/service.h"
 
 #include <stdint.h>

@@ -1,13 +1,13 @@
 /* service_test — strata-worker at the protocol level: the service and worker run inside the test
- * (nng only inside tests), clients speak through common/wclient.h or raw ipc calls. A tiny qwen3moe
+ * (nng only inside tests), clients speak through common/ipc/wclient.h or raw ipc calls. A tiny qwen3moe
  * fixture is written once before the tests fork; each test uses its own runtime directory. */
 #include "arena-server/arena_serve.h"
-#include "common/arena.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/ipc.h"
-#include "common/msg.h"
-#include "common/wclient.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/ipc/ipc.h"
+#include "common/ipc/msg.h"
+#include "common/ipc/wclient.h"
 #include "gpu-worker/service.h"
 #include "gpu-worker/worker.h"
 #include "tests/testutil.h"

@@ -1,13 +1,12 @@
 #include "gpu-worker/worker.h"
 
-#include "arena-server/arena_layout.h"
-#include "arena-server/arena_serve.h"
-#include "common/arena.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/ipc.h"
-#include "common/log.h"
-#include "common/model.h"
+#include "common/arena/arena_layout.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/ipc/ipc.h"
+#include "common/base/log.h"
+#include "common/arena/model.h"
 #include "gpu-worker/engine.h"
 #include "gpu-worker/fwd.h"
 #include "gpu-worker/service.h"
@@ -74,7 +73,7 @@ static int open_model(struct worker *w)
     int rv;
     if (!realpath(w->c.model, abs))
         return strata_errf(strata_errno(errno), "model file %s: cannot open it", w->c.model);
-    if ((rv = arena_serve_default_name(abs, w->name, sizeof w->name)) != 0 ||
+    if ((rv = arena_default_name(abs, w->name, sizeof w->name)) != 0 ||
         (rv = gguf_open(abs, &w->f)) != 0 ||
         (rv = arena_layout_plan(w->f, ARENA_ALIGN_SMALL, abs, &w->plan)) != 0 ||
         (rv = model_load(w->f, &w->m)) != 0)
@@ -217,11 +216,11 @@ void worker_fini(struct worker *w)
     if (!w) return;
     if (w->slot >= 0) arena_worker_unregister(w->state, w->slot);
     if (w->svc) service_stop(w->svc);
-    engine_stop(w->e);
+    engine_close(w->e);
     service_fini(w->svc);
-    model_free(w->m);
+    model_fini(w->m);
     gguf_close(w->f);
-    arena_layout_free(w->plan);
+    arena_layout_fini(w->plan);
     arena_state_close(w->state);
     arena_close(w->arena);
     free(w);

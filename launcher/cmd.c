@@ -1,5 +1,5 @@
 #include "launcher/cmd.h"
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <errno.h>
 #include <stdio.h>

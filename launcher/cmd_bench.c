@@ -2,7 +2,7 @@
  * [--llama]`: prefill and decode speed of the CPU forward pass, where the time goes, the weight
  * bandwidth reached against the machine's read bandwidth (tools/bench.h), and with --llama the
  * same run through llama.cpp (node-llama-cpp, tools/bench_llama.mjs) side by side. */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "launcher/cmd.h"
 #include "tools/bench.h"
 

@@ -1,12 +1,12 @@
 /* strata bench-worker — `strata bench-worker --worker URL`: aggregate decode tokens/s of a running
- * strata-worker at 1, 4 and 16 concurrent streams (or --streams LIST), through common/wclient.h.
+ * strata-worker at 1, 4 and 16 concurrent streams (or --streams LIST), through common/ipc/wclient.h.
  *
  * Each stream has its own prompt (no shared prefix, so the prefix cache does not help) and decodes
  * greedily without stop ids. Every update's arrival is time-stamped; the decode rate counts the
  * tokens that arrived while all streams of the round were decoding (after the last one's first
  * token, up to the first finish), so prefill and the ramp at either end stay out of it. */
-#include "common/err.h"
-#include "common/wclient.h"
+#include "common/base/err.h"
+#include "common/ipc/wclient.h"
 #include "launcher/cmd.h"
 
 #include <errno.h>

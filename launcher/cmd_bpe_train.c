@@ -1,6 +1,6 @@
 /* strata bpe-train — `strata bpe-train --vocab N [--pre gpt-2] -o OUT.gguf FILE...`: learns a
  * byte-level BPE from text files and writes a vocabulary-only GGUF (tools/bpe_train.h). */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "launcher/cmd.h"
 #include "tools/bpe_train.h"
 #include "tools/perplexity.h"
@@ -96,7 +96,7 @@ static int run(int argc, char **argv)
         goto out;
     }
     double t0 = now_s();
-    if ((rv = bpe_train_new(&o, &t)) != 0) {
+    if ((rv = bpe_train_init(&o, &t)) != 0) {
         status = strata_cmd_fail("bpe-train", "bad options", rv);
         goto out;
     }
@@ -135,7 +135,7 @@ static int run(int argc, char **argv)
     status = 0;
 out:
     free(text);
-    bpe_train_free(t);
+    bpe_train_fini(t);
     free(files);
     return status;
 }

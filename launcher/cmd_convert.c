@@ -1,6 +1,6 @@
 /* strata convert — a Hugging Face MoE checkpoint to GGUF: `strata convert DIR OUT.gguf`. */
-#include "common/err.h"
-#include "common/qtype.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
 #include "launcher/cmd.h"
 #include "tools/convert.h"
 

@@ -1,5 +1,5 @@
 /* strata fixture — write a GGUF MoE model with random weights (tools/fixture.h). */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "launcher/cmd.h"
 #include "tools/fixture.h"
 

@@ -4,9 +4,9 @@
  * --json is for a program: one document holding every KV pair (arrays of up to JSON_ARRAY_MAX
  * elements in full, longer ones as their type and count) and every tensor.
  */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
 #include "launcher/cmd.h"
 
 #include <inttypes.h>

@@ -1,10 +1,10 @@
 /* strata perplexity — `strata perplexity MODEL.gguf FILE [--ctx N] [--stride N] [--ids]`: the
  * model's perplexity on a text (or raw id file) with the reference forward pass, under the window
  * rule tools/train_demo.py uses (tools/perplexity.h). */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
+#include "common/tok/tok.h"
 #include "launcher/cmd.h"
 #include "tools/perplexity.h"
 
@@ -138,8 +138,8 @@ static int run(int argc, char **argv)
 fail:
     if (rv) status = strata_cmd_fail("perplexity", what, rv);
     free(ids);
-    tok_free(tk);
-    model_free(m);
+    tok_fini(tk);
+    model_fini(m);
     gguf_close(gf);
     return status;
 }

@@ -1,8 +1,8 @@
 /* strata quantize — `strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]`, as
  * llama-quantize: options -> quantize_opts -> quantize_file (tools/quantize.h). */
-#include "common/err.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "launcher/cmd.h"
 #include "tools/quantize.h"
 

@@ -10,10 +10,10 @@
  * The reference backend is bit-exact (DESIGN 3.4) in every mode: the same model, prompt, sampling
  * options and seed give the same tokens whatever the thread count or chunk size.
  */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
+#include "common/tok/tok.h"
 #include "gpu-worker/fwd.h"
 #include "gpu-worker/kv.h"
 #include "gpu-worker/sample.h"
@@ -468,8 +468,8 @@ fail:
     fwd_close(fw);
     if (kv) kv_seq_fini(kv, &seq);
     kv_fini(kv);
-    tok_free(tk);
-    model_free(m);
+    tok_fini(tk);
+    model_fini(m);
     gguf_close(gf);
     return status;
 }

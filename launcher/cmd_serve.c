@@ -11,12 +11,12 @@
  */
 #include "arena-server/arena_ctl.h"
 #include "arena-server/arena_serve.h"
-#include "common/err.h"
-#include "common/ipc.h"
-#include "common/log.h"
-#include "common/msg.h"
-#include "common/shm.h"
-#include "common/wclient.h"
+#include "common/base/err.h"
+#include "common/ipc/ipc.h"
+#include "common/base/log.h"
+#include "common/ipc/msg.h"
+#include "common/arena/shm.h"
+#include "common/ipc/wclient.h"
 #include "launcher/cmd.h"
 #include "launcher/sup_svc.h"
 #include "launcher/supervise.h"
@@ -597,7 +597,7 @@ static int serve_main(struct serve *sv)
     if (sv->o.name) {
         if ((rv = shm_check_name(sv->o.name)) != 0) goto fail;
         snprintf(sv->name, sizeof sv->name, "%s", sv->o.name);
-    } else if ((rv = arena_serve_default_name(sv->model, sv->name, sizeof sv->name)) != 0) {
+    } else if ((rv = arena_default_name(sv->model, sv->name, sizeof sv->name)) != 0) {
         goto fail;
     }
     what = "runtime directory";

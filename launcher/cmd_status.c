@@ -7,10 +7,10 @@
  * not answer is listed with its "error".
  */
 #include "arena-server/arena_ctl.h"
-#include "common/arena.h"
-#include "common/err.h"
-#include "common/msg.h"
-#include "common/wclient.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/ipc/msg.h"
+#include "common/ipc/wclient.h"
 #include "launcher/cmd.h"
 #include "launcher/sup_svc.h"
 

@@ -1,8 +1,8 @@
 /* strata template — renders a chat template for one conversation: the template is a file or a
  * built-in name, the conversation a JSON object on stdin (messages, add_generation_prompt,
  * bos_token, eos_token, extra); the rendering goes to stdout with nothing added. */
-#include "common/err.h"
-#include "common/tmpl.h"
+#include "common/base/err.h"
+#include "common/tmpl/tmpl.h"
 #include "launcher/cmd.h"
 
 #include <jansson.h>
@@ -138,7 +138,7 @@ done:
     free(out);
     json_decref(vars);
     json_decref(c);
-    tmpl_free(t);
+    tmpl_fini(t);
     return status;
 }
 

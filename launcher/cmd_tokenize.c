@@ -1,8 +1,8 @@
 /* strata tokenize — text to token ids and back with a GGUF file's tokenizer (a vocabulary-only GGUF
  * is enough), and a throughput bench against a plain byte copy. */
 #include "launcher/cmd.h"
-#include "common/err.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/tok/tok.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -190,7 +190,7 @@ static int run(int argc, char **argv)
     if (rv) return strata_cmd_fail("tokenize", model, rv);
     if (bench_file) {
         rv = bench(t, bench_file);
-        tok_free(t);
+        tok_fini(t);
         return rv ? strata_cmd_fail("tokenize", "bench", rv) : 0;
     }
     struct tok_buf in = {0}, text = {0};
@@ -226,7 +226,7 @@ done:
     free(in.p);
     free(text.p);
     free(ids.v);
-    tok_free(t);
+    tok_fini(t);
     if (rv) return strata_cmd_fail("tokenize", what, rv);
     return fflush(stdout) == 0 ? 0 : strata_cmd_fail("tokenize", "stdout", strata_errno(errno));
 }

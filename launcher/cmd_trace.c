@@ -1,10 +1,10 @@
 /* strata trace — `strata trace MODEL.gguf FILE [--json]`: records the model's routing over a text
  * and prints per-layer expert popularity and what a per-layer LRU expert cache of 25% and 50% of
  * the experts would hit replaying it (tools/trace.h). */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
+#include "common/tok/tok.h"
 #include "launcher/cmd.h"
 #include "tools/perplexity.h"
 #include "tools/trace.h"
@@ -222,8 +222,8 @@ fail:
     if (rv) status = strata_cmd_fail("trace", what, rv);
     trace_fini(&t);
     free(ids);
-    tok_free(tk);
-    model_free(m);
+    tok_fini(tk);
+    model_fini(m);
     gguf_close(gf);
     return status;
 }

@@ -1,6 +1,6 @@
 /* strata — the one command a user types: `strata <command> [args]`, as git. */
 #include "launcher/cmd.h"
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -14,9 +14,9 @@
  * inside the tests (Check forks each one), after the children were spawned.
  */
 #include "arena-server/arena_ctl.h"
-#include "common/err.h"
-#include "common/msg.h"
-#include "common/wclient.h"
+#include "common/base/err.h"
+#include "common/ipc/msg.h"
+#include "common/ipc/wclient.h"
 #include "launcher/sup_svc.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"

@@ -1,7 +1,7 @@
 #include "launcher/sup_svc.h"
-#include "common/err.h"
-#include "common/tok.h"
-#include "common/wclient.h"
+#include "common/base/err.h"
+#include "common/tok/tok.h"
+#include "common/ipc/wclient.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -352,7 +352,7 @@ out:
     free(st.text.p);
     free(st.ids.v);
     free(prompt.v);
-    tok_free(st.tk);
+    tok_fini(st.tk);
     wclient_meta_free(&meta);
     wclient_close(c);
     return rv;

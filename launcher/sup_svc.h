@@ -12,7 +12,7 @@
 #ifndef STRATA_SUP_SVC_H
 #define STRATA_SUP_SVC_H
 
-#include "common/wclient.h"
+#include "common/ipc/wclient.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -64,7 +64,7 @@ struct sup_svc_gen {
 };
 
 /* sup_svc_generate runs g on the worker at url with the restart-surviving stream of
- * common/wclient.h and prints what strata run prints: the text as it comes and a timing line on
+ * common/ipc/wclient.h and prints what strata run prints: the text as it comes and a timing line on
  * stderr, or with json one line {"prompt_ids", "ids", "text", "top_logprobs", "seed",
  * "finish_reason"}. Blocks until the request ends. Returns 0, or the worker's, the tokenizer's or a
  * call's error (the detail says which). */

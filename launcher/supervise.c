@@ -1,6 +1,6 @@
 #include "launcher/supervise.h"
-#include "common/err.h"
-#include "common/log.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
 
 #include <errno.h>
 #include <fcntl.h>

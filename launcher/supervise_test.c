@@ -2,7 +2,7 @@
  * after a stable run, stop by stage in order, SIGKILL for a child that ignores SIGTERM, a stop
  * signal ending sup_run, a child that dies before it is ready, a non-restarting child's death, a
  * missing executable, and the on_spawn hook. */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "launcher/supervise.h"
 #include "tests/testutil.h"
 

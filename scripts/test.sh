@@ -11,6 +11,7 @@ stage() { local s=$(date +%s); echo "=== $1"; shift; "$@"; echo "=== stage took 
 jobs=$(nproc)
 
 stage "deps" scripts/deps.sh
+stage "layout (the include graph of docs/layout.md)" scripts/check-layout
 stage "build (gcc, -Werror, CUDA for one architecture if a toolkit is present)" \
   scripts/build.sh build -DSTRATA_WERROR=ON
 stage "tests" ctest --test-dir build -LE gpu --output-on-failure -j"$jobs"

@@ -1,8 +1,8 @@
 #include "tools/bench.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
-#include "common/pool.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
+#include "common/base/pool.h"
 #include "kernels/cpu/cpu.h"
 
 #include <stdlib.h>
@@ -150,7 +150,7 @@ fail:
     if (kv) kv_seq_fini(kv, &s);
     fwd_close(f);
     kv_fini(kv);
-    model_free(m);
+    model_fini(m);
     gguf_close(gf);
     free(ids);
     free(logits);

@@ -1,6 +1,6 @@
 /* bench_test — strata bench's measurements on a tiny fixture: positive speeds, a breakdown that
  * fits inside the total, the weight bytes decode streams, a read bandwidth; bad lengths refused. */
-#include "common/err.h"
+#include "common/base/err.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
 #include "tools/bench.h"

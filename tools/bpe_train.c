@@ -1,7 +1,7 @@
 #include "tools/bpe_train.h"
 
-#include "common/err.h"
-#include "common/gguf.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The regex common/tok_pre.c applies for pre "gpt-2" (llama.cpp's gpt2 split). It is repeated
+/* The regex common/tok/tok_pre.c applies for pre "gpt-2" (llama.cpp's gpt2 split). It is repeated
  * here because tok exposes encoding, not splitting; bpe_train_test checks that tok encodes the
  * training text into exactly as many tokens as the trainer's own segmentation, which fails if the
  * two splits ever differ. */
@@ -173,7 +173,7 @@ static size_t gpt2_text(const uint8_t *p, uint32_t len, char *out)
     return n;
 }
 
-int bpe_train_new(const struct bpe_train_opts *o, struct bpe_train **out)
+int bpe_train_init(const struct bpe_train_opts *o, struct bpe_train **out)
 {
     int rv;
     *out = NULL;
@@ -215,7 +215,7 @@ int bpe_train_new(const struct bpe_train_opts *o, struct bpe_train **out)
     *out = t;
     return 0;
 fail:
-    bpe_train_free(t);
+    bpe_train_fini(t);
     return rv;
 }
 
@@ -662,7 +662,7 @@ void bpe_train_get_stats(const struct bpe_train *t, struct bpe_train_stats *out)
     out->n_words = t->words.n;
 }
 
-void bpe_train_free(struct bpe_train *t)
+void bpe_train_fini(struct bpe_train *t)
 {
     if (!t) return;
     pcre2_match_data_free(t->md);

@@ -39,10 +39,10 @@ struct bpe_train_stats {
 
 struct bpe_train;
 
-/* bpe_train_new checks o and prepares a trainer (compiles the pre-tokenizer regex). STRATA_EINVAL
+/* bpe_train_init checks o and prepares a trainer (compiles the pre-tokenizer regex). STRATA_EINVAL
  * for n_vocab outside [BPE_TRAIN_MIN_VOCAB, BPE_TRAIN_MAX_VOCAB], STRATA_EUNSUPPORTED for another
- * pre-tokenizer, STRATA_ENOMEM, STRATA_EINTERNAL (regex). Caller owns *out (bpe_train_free). */
-int bpe_train_new(const struct bpe_train_opts *o, struct bpe_train **out);
+ * pre-tokenizer, STRATA_ENOMEM, STRATA_EINTERNAL (regex). Caller owns *out (bpe_train_fini). */
+int bpe_train_init(const struct bpe_train_opts *o, struct bpe_train **out);
 
 /* bpe_train_add splits text[0..len) into pre-tokens and counts them; call once per file (a file's
  * last pre-token never joins the next file's first). Any bytes (invalid UTF-8 included).
@@ -62,7 +62,7 @@ int bpe_train_write(const struct bpe_train *t, const char *path);
 /* bpe_train_get_stats fills *out with what was added and learned so far. */
 void bpe_train_get_stats(const struct bpe_train *t, struct bpe_train_stats *out);
 
-/* bpe_train_free releases t; NULL is fine. */
-void bpe_train_free(struct bpe_train *t);
+/* bpe_train_fini releases t; NULL is fine. */
+void bpe_train_fini(struct bpe_train *t);
 
 #endif

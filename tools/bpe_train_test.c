@@ -2,8 +2,8 @@
  * byte-level round trips, frequent words became one token, tok's encoding of the training text has
  * exactly as many tokens as the trainer's own segmentation (same split, same merges), specials,
  * padding, identical bytes for identical input, errors, and `strata bpe-train` itself. */
-#include "common/err.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/tok/tok.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
 #include "tools/bpe_train.h"
@@ -41,14 +41,14 @@ static struct bpe_train_stats train(const char *text, size_t len, int reps, uint
 {
     struct bpe_train_opts o = {.n_vocab = n_vocab};
     struct bpe_train *t;
-    ck_assert_int_eq(bpe_train_new(&o, &t), 0);
+    ck_assert_int_eq(bpe_train_init(&o, &t), 0);
     for (int i = 0; i < reps; i++)
         ck_assert_int_eq(bpe_train_add(t, text, len), 0);
     ck_assert_int_eq(bpe_train_learn(t), 0);
     ck_assert_msg(bpe_train_write(t, path) == 0, "write: %s", strata_errdetail());
     struct bpe_train_stats st;
     bpe_train_get_stats(t, &st);
-    bpe_train_free(t);
+    bpe_train_fini(t);
     return st;
 }
 
@@ -128,7 +128,7 @@ START_TEST(test_learn_and_load)
     ck_assert(len == 1 && s[0] == '!');
     s = tok_token_text(tk, 188, &len);
     ck_assert(len == 2 && memcmp(s, "\xc4\x80", 2) == 0);
-    tok_free(tk);
+    tok_fini(tk);
 }
 END_TEST
 
@@ -163,7 +163,7 @@ START_TEST(test_padding)
     ck_assert_uint_eq(tok_n_vocab(tk), 2048);
     ck_assert_int_eq(tok_token_type(tk, 2047), TOK_TYPE_UNUSED);
     ck_assert_uint_eq(n_tokens(tk, " seven"), 1);
-    tok_free(tk);
+    tok_fini(tk);
 }
 END_TEST
 
@@ -171,14 +171,14 @@ START_TEST(test_errors)
 {
     struct bpe_train *t;
     struct bpe_train_opts o = {.n_vocab = 100};
-    ck_assert_int_eq(bpe_train_new(&o, &t), STRATA_EINVAL);
+    ck_assert_int_eq(bpe_train_init(&o, &t), STRATA_EINVAL);
     ck_assert_ptr_null(t);
     o.n_vocab = 1000;
     o.pre = "llama3";
-    ck_assert_int_eq(bpe_train_new(&o, &t), STRATA_EUNSUPPORTED);
+    ck_assert_int_eq(bpe_train_init(&o, &t), STRATA_EUNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "llama3"));
     o.pre = "gpt2";
-    ck_assert_int_eq(bpe_train_new(&o, &t), 0);
+    ck_assert_int_eq(bpe_train_init(&o, &t), 0);
     ck_assert_int_eq(bpe_train_learn(t), STRATA_ESTATE);
     ck_assert_int_eq(bpe_train_write(t, tmp_path("never.gguf")), STRATA_ESTATE);
     ck_assert_int_eq(bpe_train_add(t, "a b a b", 7), 0);
@@ -186,7 +186,7 @@ START_TEST(test_errors)
     ck_assert_int_eq(bpe_train_add(t, "more", 4), STRATA_ESTATE);
     ck_assert_int_eq(bpe_train_learn(t), STRATA_ESTATE);
     ck_assert_int_ne(bpe_train_write(t, "/nonexistent-dir/x.gguf"), 0);
-    bpe_train_free(t);
+    bpe_train_fini(t);
 }
 END_TEST
 
@@ -210,7 +210,7 @@ START_TEST(test_command)
     struct tok *tk;
     ck_assert_int_eq(tok_load(out, NULL, &tk), 0);
     ck_assert_uint_eq(tok_n_vocab(tk), 300);
-    tok_free(tk);
+    tok_fini(tk);
     const char *help[] = {"bpe-train", "--help"};
     ck_assert_int_eq(run_cmd(2, help), 0);
     const char *no_out[] = {"bpe-train", "--vocab", "300", in};
@@ -249,7 +249,7 @@ START_TEST(test_shakespeare)
     ck_assert(memcmp(back.p, text, len) == 0);
     free(back.p);
     free(ids.v);
-    tok_free(tk);
+    tok_fini(tk);
     free(text);
 }
 END_TEST

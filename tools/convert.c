@@ -1,8 +1,8 @@
 #include "tools/convert.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,8 +1,8 @@
 #include "tools/convert.h"
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
-#include "common/qtype.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
+#include "common/quant/qtype.h"
 #include "gpu-worker/fwd.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -216,7 +216,7 @@ static float *logits_of(const char *path, struct gguf_file **fo)
     kv_seq_fini(kv, &s);
     fwd_close(fw);
     kv_fini(kv);
-    model_free(m);
+    model_fini(m);
     return l;
 }
 

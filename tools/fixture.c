@@ -1,9 +1,9 @@
 #include "tools/fixture.h"
 
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "tools/fixture_vocab.h"
 #include "tools/quantize.h"
 

@@ -9,7 +9,7 @@
  * Scales are set so a random forward pass stays well-conditioned: residual-path outputs are scaled
  * by 1/sqrt(2 n_layer) (GPT-2 init) and logits have a spread of ~10-16, so the top two logits of a
  * greedy step are rarely closer than 0.05.
- * fixture_write() streams through the GGUF writer (common/gguf.h): memory stays at a few chunks of
+ * fixture_write() streams through the GGUF writer (common/gguf/gguf.h): memory stays at a few chunks of
  * FIXTURE_CHUNK_BYTES per thread. It may be called from any thread; it keeps no global state.
  */
 #ifndef STRATA_FIXTURE_H

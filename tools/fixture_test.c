@@ -1,7 +1,7 @@
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 

@@ -1,6 +1,6 @@
 #include "tools/fixture_vocab.h"
 
-#include "common/err.h"
+#include "common/base/err.h"
 
 #include <stdbool.h>
 #include <stdio.h>

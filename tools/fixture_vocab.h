@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "common/gguf.h"
+#include "common/gguf/gguf.h"
 
 /* fixture_vocab_write adds the tokenizer.* keys of the built-in vocabulary, padded to n_vocab
  * tokens, to w (before gguf_writer_begin). STRATA_EINVAL when n_vocab is smaller than the built-in

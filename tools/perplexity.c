@@ -1,7 +1,7 @@
 #include "tools/perplexity.h"
 
-#include "common/err.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/tok/tok.h"
 #include "gpu-worker/fwd.h"
 #include "gpu-worker/kv.h"
 
@@ -171,7 +171,7 @@ int ppl_eval(const struct model *m, const int32_t *ids, size_t n, const struct p
     ppl_windows(n, o->ctx, o->stride, ws, n_windows);
     struct kv_config kc;
     fwd_kv_config(m, o->ctx, 1, &kc);
-    struct fwd_opts fo = {.n_threads = o->n_threads, .max_tokens = PPL_CHUNK};
+    struct fwd_opts fo = {.n_threads = o->n_threads, .max_pass_tokens = PPL_CHUNK};
     if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &f)) != 0) goto fail;
     *out = (struct ppl_result){.n_windows = n_windows};
     for (size_t i = 0; i < n_windows; i++) {

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/arena/model.h"
 
 struct tok;
 

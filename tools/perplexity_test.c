@@ -2,10 +2,10 @@
  * gives), perplexity of a short sequence on a tiny F32 fixture equal to exp(mean NLL) computed here
  * from logits the forward pass gives one token at a time, the input readers, the errors and
  * `strata perplexity` itself. */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
-#include "common/tok.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
+#include "common/tok/tok.h"
 #include "gpu-worker/fwd.h"
 #include "gpu-worker/kv.h"
 #include "launcher/cmd.h"
@@ -87,7 +87,7 @@ static void fx_open(struct fx *x)
 
 static void fx_close(struct fx *x)
 {
-    model_free(x->m);
+    model_fini(x->m);
     gguf_close(x->gf);
 }
 
@@ -100,7 +100,7 @@ static float *logits_one_by_one(const struct model *m, const int32_t *ids, size_
     fwd_kv_config(m, (uint32_t)(e - b), 1, &kc);
     struct kv_cache *kv;
     struct fwd *f;
-    struct fwd_opts fo = {.n_threads = 2, .max_tokens = 1};
+    struct fwd_opts fo = {.n_threads = 2, .max_pass_tokens = 1};
     ck_assert_int_eq(kv_init(&kc, &kv), 0);
     ck_assert_int_eq(fwd_start(m, kv, &fo, &f), 0);
     struct kv_seq s;
@@ -225,7 +225,7 @@ START_TEST(test_read_tokens)
     ck_assert(memcmp(ids, want.v, n * sizeof *ids) == 0);
     free(ids);
     free(want.v);
-    tok_free(tk);
+    tok_fini(tk);
     fx_close(&x);
 }
 END_TEST

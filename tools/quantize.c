@@ -2,9 +2,9 @@
  * type, declare everything to the writer, then stream each tensor's data, converting it chunk by
  * chunk on a few threads. */
 #include "tools/quantize.h"
-#include "common/err.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* quantize — `strata quantize`: rewrite a GGUF file with its weight matrices in one quant type, as
  * llama-quantize does without an importance matrix (same bytes for the same source rows:
- * common/quant.h).
+ * common/quant/quant.h).
  *
  * Weight matrices are the 2-D and 3-D tensors whose name ends in ".weight"; each is dequantized to
  * F32 row by row (any computable source type) and quantized to its output type (quantize_choose).
@@ -13,7 +13,7 @@
 #ifndef STRATA_QUANTIZE_H
 #define STRATA_QUANTIZE_H
 
-#include "common/gguf.h"
+#include "common/gguf/gguf.h"
 
 #include <stdbool.h>
 #include <stdint.h>

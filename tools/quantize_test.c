@@ -1,10 +1,10 @@
 /* quantize_test — `strata quantize` on a small GGUF written here: output types per rule, metadata
  * copied, bytes equal to quantizing the rows directly (whatever the thread count), dequantized
  * output close to the input, --pure, and the errors. */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
 #include "tools/quantize.h"

@@ -1,6 +1,6 @@
 #include "tools/trace.h"
 
-#include "common/err.h"
+#include "common/base/err.h"
 #include "gpu-worker/fwd.h"
 #include "gpu-worker/kv.h"
 
@@ -107,7 +107,7 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
     }
     struct kv_config kc;
     fwd_kv_config(m, ctx, 1, &kc);
-    struct fwd_opts fo = {.n_threads = n_threads, .max_tokens = chunk};
+    struct fwd_opts fo = {.n_threads = n_threads, .max_pass_tokens = chunk};
     if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &f)) != 0) goto fail;
     fwd_set_route(f, route, &r);
     for (size_t i = 0; i < n;) {

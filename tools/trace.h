@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/arena/model.h"
 
 struct trace {
     uint32_t n_layer, n_expert, n_used;

@@ -1,9 +1,9 @@
 /* trace_test — the LRU replay and the popularity figures on synthetic traces with answers worked
  * out by hand, trace_push's checks, recording from a tiny fixture (uniform and zipf-skewed routers:
  * the skewed one must show it), independence from the thread count, and `strata trace`. */
-#include "common/err.h"
-#include "common/gguf.h"
-#include "common/model.h"
+#include "common/base/err.h"
+#include "common/gguf/gguf.h"
+#include "common/arena/model.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -168,8 +168,8 @@ START_TEST(test_record)
     trace_fini(&even);
     trace_fini(&skew);
     trace_fini(&skew2);
-    model_free(m1);
-    model_free(m2);
+    model_fini(m1);
+    model_fini(m2);
     gguf_close(g1);
     gguf_close(g2);
 }

@@ -1,8 +1,8 @@
 /* cpu — run-time choice of the kernel ISA and the dispatch of cpu.h's functions. */
 #include "kernels/cpu/cpu.h"
-#include "common/err.h"
-#include "common/log.h"
-#include "common/quant.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/quant/quant.h"
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/ref/qdot.h"
 

@@ -3,8 +3,8 @@
  * format allows), on odd shapes (rows not a multiple of 8, token counts across the token tile,
  * row sub-ranges, strided outputs, guard floats after the output), attention over a paged cache
  * with odd head sizes, RoPE of both styles and RMSNorm, on each ISA this CPU has. */
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/ref/ops.h"

@@ -1,8 +1,8 @@
 /* qdot_avx2 — the matmul kernels of qdot_body.inc for AVX2 + FMA + F16C (maddubs + madd integer
  * dots, 256-bit). Compiled for that target with a pragma so the rest of the binary stays baseline
  * x86-64; cpu.c calls in only when __builtin_cpu_supports says the CPU has it. */
-#include "common/qtype.h"
-#include "common/quant_blocks.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant_blocks.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_impl.h"
 

@@ -2,8 +2,8 @@
  * integer dots on 512-bit vectors with dpwssd folding the scale multiply into the accumulate, the
  * 32-element formats with 256-bit dpbusd. Compiled for that target with a pragma; cpu.c calls in
  * only when __builtin_cpu_supports says the CPU has every one of those extensions. */
-#include "common/qtype.h"
-#include "common/quant_blocks.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant_blocks.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_impl.h"
 

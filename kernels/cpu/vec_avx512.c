@@ -6,9 +6,9 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_impl.h"
 
-#include "common/qtype.h"
-#include "common/quant.h"
-#include "common/quant_blocks.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
+#include "common/quant/quant_blocks.h"
 
 #include <math.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * per-type dequantization of 8 consecutive weights (the unit all weight kernels are built from).
  *
  * deq8<T>(row, c, v) writes elements [8c, 8c+8) of a weight row of type T into v. The block layouts
- * are ggml's (common/quant.c is the CPU reference); element order inside a block follows the
+ * are ggml's (common/quant/quant.c is the CPU reference); element order inside a block follows the
  * dequantizer, so the GPU and CPU agree on which weight multiplies which activation.
  * Launch constants in the kernels were tuned on an H200 (132 SMs, 4.8 TB/s HBM3e).
  */
@@ -14,8 +14,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "common/err.h"
-#include "common/qtype.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
 
 #define WARP 32
 

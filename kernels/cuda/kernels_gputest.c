@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/err.h"
-#include "common/qtype.h"
-#include "common/quant.h"
-#include "common/quant_blocks.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
+#include "common/quant/quant_blocks.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"

@@ -1,4 +1,4 @@
-#include "common/quant.h"
+#include "common/quant/quant.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"

@@ -1,4 +1,4 @@
-#include "common/quant.h"
+#include "common/quant/quant.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/qact.h"
@@ -8,7 +8,7 @@
  * quant_activations' for every input, which kernels_gputest checks. */
 
 /* Q8_0: one warp per 32-element block, lane i element i. d = amax / 127, q = roundf(x / d) through
- * the reciprocal, as common/quant.c's q8_0_quantize; d is stored as its fp16 value widened. */
+ * the reciprocal, as common/quant/quant.c's q8_0_quantize; d is stored as its fp16 value widened. */
 __global__ void qact_q8_0(const float *x, int64_t n, int64_t n_blocks, size_t arb, uint8_t *act)
 {
     const int64_t blk = (int64_t)blockIdx.x * 4 + threadIdx.x / WARP;

@@ -1,5 +1,5 @@
 #include "kernels/ref/ops.h"
-#include "common/quant.h"
+#include "common/quant/quant.h"
 #include "kernels/ref/qdot.h"
 
 #include <math.h>

@@ -1,6 +1,6 @@
 #include "kernels/ref/ops.h"
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "kernels/ref/qdot.h"
 #include "tests/testutil.h"
 

@@ -3,9 +3,9 @@
  * with the activation block in the order qdot.h states. Slow on purpose: one clear loop per step.
  */
 #include "kernels/ref/qdot.h"
-#include "common/qtype.h"
-#include "common/quant.h"
-#include "common/quant_blocks.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
+#include "common/quant/quant_blocks.h"
 
 #include <math.h>
 #include <stdbool.h>

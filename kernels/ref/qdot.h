@@ -1,4 +1,4 @@
-/* qdot — the reference dot products of one weight row (any computable type, common/quant.h) with
+/* qdot — the reference dot products of one weight row (any computable type, common/quant/quant.h) with
  * activations: plain C, one reduction order, the yardstick the SIMD and CUDA kernels are checked
  * against. Pure functions; any thread.
  *

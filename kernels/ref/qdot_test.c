@@ -1,8 +1,8 @@
 /* qdot_test — the reference dot products: the stated bound of qdot_ref against the exact dot
  * product on random rows of many lengths and awkward inputs, qdot_f32's single rounding, the
  * integer decoding of every element position (one-hot activations), and bad types. */
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "kernels/ref/qdot.h"
 #include "tests/testutil.h"
 

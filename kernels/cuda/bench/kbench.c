@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/qtype.h"
-#include "common/quant.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"

@@ -1,0 +1,585 @@
+#include "common/arena/model.h"
+#include "common/arena/arena.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
+#include "common/quant/quant.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What model_load allocates: the layer table, the expert pointer table of the default resolver and
+ * the F32 copies of norms and biases. */
+struct model_priv {
+    const void **exp_ptr;      /* [layer][expert][part]: where each part lies in the GGUF mapping */
+    const struct arena *arena; /* model_load_arena: experts come from its blobs */
+    void **owned;              /* F32 vectors */
+    size_t n_owned, cap_owned;
+};
+
+static const char *const arch_names[] = {
+    [MODEL_ARCH_LLAMA] = "llama",
+    [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
+    [MODEL_ARCH_QWEN3MOE] = "qwen3moe",
+    [MODEL_ARCH_OLMOE] = "olmoe",
+};
+
+static const char *const part_names[MODEL_PART_COUNT] = {"gate", "up", "down"};
+
+const char *model_arch_name(enum model_arch a)
+{
+    return (unsigned)a < sizeof arch_names / sizeof arch_names[0] ? arch_names[a] : "?";
+}
+
+static const void *gguf_expert_part(void *ctx, uint32_t layer, uint32_t expert,
+                                    enum model_part part)
+{
+    const struct model *m = ctx;
+    const struct model_priv *p = m->priv_;
+    return p->exp_ptr[((size_t)layer * m->hp.n_expert + expert) * MODEL_PART_COUNT + part];
+}
+
+void model_set_expert_resolver(struct model *m, model_expert_fn fn, void *ctx)
+{
+    m->expert_part = fn;
+    m->expert_ctx = ctx;
+}
+
+/* ---- keys ---------------------------------------------------------------------------------- */
+
+/* arch_u32 reads "<arch>.<key>"; when dflt is non-NULL a missing key takes *dflt. */
+static int arch_u32(const struct gguf_file *f, const char *arch, const char *key,
+                    const uint32_t *dflt, uint32_t *out)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", arch, key);
+    if (dflt && !gguf_find(f, name)) {
+        *out = *dflt;
+        return 0;
+    }
+    int rv = gguf_get_u32(f, name, out);
+    if (rv == STRATA_ENOENT)
+        return strata_errf(rv, "key %s is missing: the file is not a complete %s model", name,
+                           arch);
+    if (rv)
+        return strata_errf(rv, "key %s: %s (a per-layer array is not supported)", name,
+                           strata_errdetail());
+    return 0;
+}
+
+static int arch_f32(const struct gguf_file *f, const char *arch, const char *key, const float *dflt,
+                    float *out)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", arch, key);
+    if (dflt && !gguf_find(f, name)) {
+        *out = *dflt;
+        return 0;
+    }
+    int rv = gguf_get_f32(f, name, out);
+    if (rv == STRATA_ENOENT)
+        return strata_errf(rv, "key %s is missing: the file is not a complete %s model", name,
+                           arch);
+    return rv;
+}
+
+/* ---- tensors ------------------------------------------------------------------------------- */
+
+static int own(struct model_priv *p, void *ptr)
+{
+    if (p->n_owned == p->cap_owned) {
+        size_t cap = p->cap_owned ? 2 * p->cap_owned : 64;
+        void **o = realloc(p->owned, cap * sizeof *o);
+        if (!o) return STRATA_ENOMEM;
+        p->owned = o;
+        p->cap_owned = cap;
+    }
+    p->owned[p->n_owned++] = ptr;
+    return 0;
+}
+
+static const char *fmt_name(char *buf, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static const char *fmt_name(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+static int check_type(const struct gguf_tensor *t)
+{
+    const struct qtype_info *q = qtype_get(t->type);
+    if (!q || !q->computable)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "tensor %s has type %s, which strata cannot compute with: requantize "
+                           "the model to a supported type (f32, f16, bf16, q8_0, q4_0, q4_1, "
+                           "q5_0, q5_1, q2_K..q6_K, iq4_nl, iq4_xs)",
+                           t->name, qtype_name(t->type));
+    if (t->ne[0] % q->blck)
+        return strata_errf(STRATA_EFORMAT,
+                           "tensor %s: rows of %llu elements are not a multiple "
+                           "of %s's block of %u",
+                           t->name, (unsigned long long)t->ne[0], q->name, q->blck);
+    return 0;
+}
+
+/* check_shape: t must be (ne2, ne1, ne0) in ggml order, unused dims 1. */
+static int check_shape(const struct gguf_tensor *t, uint64_t ne0, uint64_t ne1, uint64_t ne2,
+                       const char *what)
+{
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2 || t->ne[3] != 1)
+        return strata_errf(STRATA_EFORMAT,
+                           "tensor %s has ne [%llu, %llu, %llu, %llu], expected [%llu, %llu, "
+                           "%llu] %s: the file does not match its own hyperparameters",
+                           t->name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                           (unsigned long long)t->ne[2], (unsigned long long)t->ne[3],
+                           (unsigned long long)ne0, (unsigned long long)ne1,
+                           (unsigned long long)ne2, what);
+    return check_type(t);
+}
+
+static int find(const struct gguf_file *f, const char *name, const struct gguf_tensor **out)
+{
+    *out = gguf_tensor_find(f, name);
+    if (!*out) return strata_errf(STRATA_ENOENT, "tensor %s is missing from the model", name);
+    return 0;
+}
+
+static void mat_of(const struct gguf_tensor *t, struct model_mat *out)
+{
+    const struct qtype_info *q = qtype_get(t->type);
+    out->data = t->data;
+    out->type = t->type;
+    out->n_in = (uint32_t)t->ne[0];
+    out->n_out = (uint32_t)t->ne[1];
+    out->row_bytes = t->ne[0] / q->blck * q->bytes;
+}
+
+static int get_mat(const struct gguf_file *f, const char *name, uint32_t n_in, uint32_t n_out,
+                   const char *what, struct model_mat *out)
+{
+    const struct gguf_tensor *t;
+    int rv;
+    if ((rv = find(f, name, &t)) != 0) return rv;
+    if ((rv = check_shape(t, n_in, n_out, 1, what)) != 0) return rv;
+    mat_of(t, out);
+    return 0;
+}
+
+/* get_vec dequantizes the 1-D tensor name of n elements into an owned F32 array. */
+static int get_vec(const struct gguf_file *f, struct model_priv *p, const char *name, uint32_t n,
+                   const char *what, const float **out)
+{
+    const struct gguf_tensor *t;
+    int rv;
+    if ((rv = find(f, name, &t)) != 0) return rv;
+    if ((rv = check_shape(t, n, 1, 1, what)) != 0) return rv;
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v || own(p, v) != 0) {
+        free(v);
+        return strata_errf(STRATA_ENOMEM, "out of memory for tensor %s", name);
+    }
+    if ((rv = quant_dequantize(t->type, t->data, v, n)) != 0) return rv;
+    *out = v;
+    return 0;
+}
+
+/* ---- architecture ---------------------------------------------------------------------------- */
+
+static int parse_arch(const struct gguf_file *f, enum model_arch *out)
+{
+    struct gguf_str s;
+    int rv = gguf_get_str(f, "general.architecture", &s);
+    if (rv)
+        return strata_errf(rv, "key general.architecture is missing or not a string: not a "
+                               "model file");
+    for (size_t i = 0; i < sizeof arch_names / sizeof arch_names[0]; i++) {
+        if (strlen(arch_names[i]) == s.len && memcmp(arch_names[i], s.ptr, s.len) == 0) {
+            *out = (enum model_arch)i;
+            return 0;
+        }
+    }
+    return strata_errf(STRATA_EUNSUPPORTED,
+                       "architecture '%.*s' is not supported: strata runs llama (with experts), "
+                       "qwen2moe, qwen3moe and olmoe",
+                       (int)(s.len > 64 ? 64 : s.len), s.ptr);
+}
+
+static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
+{
+    const char *a;
+    int rv;
+    if ((rv = parse_arch(f, &hp->arch)) != 0) return rv;
+    a = arch_names[hp->arch];
+
+    const struct gguf_tensor *embd;
+    if ((rv = find(f, "token_embd.weight", &embd)) != 0) return rv;
+    hp->n_vocab = (uint32_t)embd->ne[1];
+
+    if ((rv = arch_u32(f, a, "embedding_length", NULL, &hp->n_embd)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "block_count", NULL, &hp->n_layer)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "attention.head_count", NULL, &hp->n_head)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "attention.head_count_kv", &hp->n_head, &hp->n_head_kv)) != 0)
+        return rv;
+    if ((rv = arch_u32(f, a, "context_length", NULL, &hp->n_ctx_train)) != 0) return rv;
+    if (hp->n_embd == 0 || hp->n_layer == 0 || hp->n_head == 0 || hp->n_head_kv == 0 ||
+        hp->n_head % hp->n_head_kv != 0 || hp->n_ctx_train == 0)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: embedding_length %u, block_count %u, head_count %u, "
+                           "head_count_kv %u, context_length %u: each must be positive and "
+                           "head_count a multiple of head_count_kv",
+                           a, hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv, hp->n_ctx_train);
+    uint32_t hd = hp->n_embd / hp->n_head;
+    if ((rv = arch_u32(f, a, "attention.key_length", &hd, &hp->head_dim)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "attention.value_length", &hp->head_dim, &hp->head_dim_v)) != 0)
+        return rv;
+    if ((rv = arch_u32(f, a, "rope.dimension_count", &hp->head_dim, &hp->n_rot)) != 0) return rv;
+    if (hp->head_dim == 0 || hp->head_dim_v == 0 || hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: key_length %u, value_length %u, rope.dimension_count %u: heads "
+                           "must be non-empty and the rotated dims even and within a head",
+                           a, hp->head_dim, hp->head_dim_v, hp->n_rot);
+
+    uint32_t zero = 0;
+    if ((rv = arch_u32(f, a, "expert_count", &zero, &hp->n_expert)) != 0) return rv;
+    if ((rv = arch_u32(f, a, "expert_used_count", &zero, &hp->n_expert_used)) != 0) return rv;
+    if (hp->n_expert == 0)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "%s.expert_count is missing or 0: a dense model; strata runs "
+                           "mixture-of-experts models only",
+                           a);
+    if (hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert)
+        return strata_errf(STRATA_EFORMAT, "%s.expert_used_count %u must be in 1..%u", a,
+                           hp->n_expert_used, hp->n_expert);
+    /* Mixtral and OLMoE files give the expert width as feed_forward_length. */
+    char name[128];
+    snprintf(name, sizeof name, "%s.expert_feed_forward_length", a);
+    if (gguf_find(f, name))
+        rv = arch_u32(f, a, "expert_feed_forward_length", NULL, &hp->n_ff_exp);
+    else
+        rv = arch_u32(f, a, "feed_forward_length", NULL, &hp->n_ff_exp);
+    if (rv) return rv;
+
+    if ((rv = arch_f32(f, a, "attention.layer_norm_rms_epsilon", NULL, &hp->rms_eps)) != 0)
+        return rv;
+    float theta = 10000.0f;
+    if ((rv = arch_f32(f, a, "rope.freq_base", &theta, &hp->rope_theta)) != 0) return rv;
+
+    snprintf(name, sizeof name, "%s.rope.scaling.type", a);
+    struct gguf_str st;
+    if (gguf_get_str(f, name, &st) == 0 && !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "%s is '%.*s': RoPE scaling is not supported yet; use a file without "
+                           "it (or --ctx within the unscaled context)",
+                           name, (int)(st.len > 32 ? 32 : st.len), st.ptr);
+    if (gguf_tensor_find(f, "rope_freqs.weight"))
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "tensor rope_freqs.weight (per-dimension RoPE factors) is not "
+                           "supported yet");
+
+    switch (hp->arch) {
+    case MODEL_ARCH_LLAMA:
+        hp->rope = MODEL_ROPE_NORM;
+        hp->gating = MODEL_GATING_TOPK_SOFTMAX;
+        hp->norm_topk = true; /* implied: a softmax over the k selected sums to 1 */
+        hp->qk_norm = MODEL_QK_NORM_NONE;
+        break;
+    case MODEL_ARCH_QWEN2MOE:
+        hp->rope = MODEL_ROPE_NEOX;
+        hp->gating = MODEL_GATING_SOFTMAX_TOPK;
+        hp->norm_topk = false;
+        hp->qk_norm = MODEL_QK_NORM_NONE;
+        hp->qkv_bias = true;
+        break;
+    case MODEL_ARCH_QWEN3MOE:
+        hp->rope = MODEL_ROPE_NEOX;
+        hp->gating = MODEL_GATING_SOFTMAX_TOPK;
+        hp->norm_topk = true; /* llama.cpp always renormalizes for qwen3moe */
+        hp->qk_norm = MODEL_QK_NORM_HEAD;
+        break;
+    case MODEL_ARCH_OLMOE:
+        hp->rope = MODEL_ROPE_NEOX;
+        hp->gating = MODEL_GATING_SOFTMAX_TOPK;
+        hp->norm_topk = false;
+        hp->qk_norm = MODEL_QK_NORM_FULL;
+        break;
+    }
+    snprintf(name, sizeof name, "%s.expert_weights_norm", a);
+    if (hp->gating == MODEL_GATING_SOFTMAX_TOPK && gguf_find(f, name) &&
+        (rv = gguf_get_bool(f, name, &hp->norm_topk)) != 0)
+        return strata_errf(rv, "key %s must be a bool", name);
+
+    if (hp->arch == MODEL_ARCH_QWEN2MOE) {
+        const struct gguf_tensor *t = gguf_tensor_find(f, "blk.0.ffn_up_shexp.weight");
+        uint32_t dflt = t ? (uint32_t)t->ne[1] : 0;
+        if ((rv = arch_u32(f, a, "expert_shared_feed_forward_length", &dflt, &hp->n_ff_shexp)) != 0)
+            return rv;
+        if (hp->n_ff_shexp == 0)
+            return strata_errf(STRATA_ENOENT,
+                               "qwen2moe: blk.0.ffn_up_shexp.weight (the shared expert) is "
+                               "missing");
+    }
+    return 0;
+}
+
+/* ---- experts ------------------------------------------------------------------------------- */
+
+/* load_experts fills layer il's part table and the default resolver's pointers, from the stacked
+ * blk.N.ffn_X_exps.weight tensors or, in older Mixtral files, blk.N.ffn_X.E.weight per expert. */
+static int load_experts(const struct gguf_file *f, struct model *m, uint32_t il)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct model_priv *p = m->priv_;
+    struct model_layer *L = &m->layers[il];
+    char name[128];
+    int rv;
+    for (int part = 0; part < MODEL_PART_COUNT; part++) {
+        uint32_t n_in = part == MODEL_PART_DOWN ? hp->n_ff_exp : hp->n_embd;
+        uint32_t n_out = part == MODEL_PART_DOWN ? hp->n_embd : hp->n_ff_exp;
+        bool down = part == MODEL_PART_DOWN;
+        const void **ptr = p->exp_ptr + (size_t)il * hp->n_expert * MODEL_PART_COUNT + part;
+        const struct gguf_tensor *t = gguf_tensor_find(
+            f, fmt_name(name, sizeof name, "blk.%u.ffn_%s_exps.weight", il, part_names[part]));
+        if (t) {
+            if ((rv = check_shape(t, n_in, n_out, hp->n_expert,
+                                  down ? "(n_expert, n_embd, n_ff_exp)"
+                                       : "(n_expert, n_ff_exp, n_embd)")) != 0)
+                return rv;
+            mat_of(t, &L->part[part]);
+            L->part[part].data = NULL;
+            uint64_t bytes = L->part[part].row_bytes * n_out;
+            /* arena metadata has no data: model_load_arena resolves experts from blobs */
+            for (uint32_t e = 0; t->data && e < hp->n_expert; e++)
+                ptr[(size_t)e * MODEL_PART_COUNT] = t->data + e * bytes;
+            continue;
+        }
+        for (uint32_t e = 0; e < hp->n_expert; e++) {
+            fmt_name(name, sizeof name, "blk.%u.ffn_%s.%u.weight", il, part_names[part], e);
+            t = gguf_tensor_find(f, name);
+            if (!t)
+                return strata_errf(STRATA_ENOENT,
+                                   "tensor blk.%u.ffn_%s_exps.weight (or per-expert %s) is "
+                                   "missing from the model",
+                                   il, part_names[part], name);
+            if ((rv = check_shape(t, n_in, n_out, 1,
+                                  down ? "(n_embd, n_ff_exp)" : "(n_ff_exp, n_embd)")) != 0)
+                return rv;
+            if (e == 0) {
+                mat_of(t, &L->part[part]);
+                L->part[part].data = NULL;
+            } else if (t->type != L->part[part].type) {
+                return strata_errf(STRATA_EUNSUPPORTED,
+                                   "tensor %s has type %s but expert 0 of the layer has %s: "
+                                   "experts of one layer must share a type",
+                                   name, qtype_name(t->type), qtype_name(L->part[part].type));
+            }
+            ptr[(size_t)e * MODEL_PART_COUNT] = t->data;
+        }
+    }
+    return 0;
+}
+
+/* file_blob_layout packs layer L's parts as the arena does (arena_layout_plan): in part order,
+ * each at the next multiple of ARENA_PART_ALIGN. */
+static void file_blob_layout(struct model_layer *L)
+{
+    uint64_t off = 0;
+    for (int part = 0; part < MODEL_PART_COUNT; part++) {
+        off = (off + ARENA_PART_ALIGN - 1) / ARENA_PART_ALIGN * ARENA_PART_ALIGN;
+        L->blob.part_off[part] = off;
+        off += L->part[part].row_bytes * L->part[part].n_out;
+    }
+    L->blob.bytes = off;
+}
+
+static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct model_priv *p = m->priv_;
+    struct model_layer *L = &m->layers[il];
+    uint32_t nq = hp->n_head * hp->head_dim, nk = hp->n_head_kv * hp->head_dim,
+             nv = hp->n_head_kv * hp->head_dim_v, no = hp->n_head * hp->head_dim_v;
+    char n[128];
+    int rv;
+#define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
+    if ((rv = get_vec(f, p, NAME("attn_norm.weight"), hp->n_embd, "(n_embd)", &L->attn_norm)) ||
+        (rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq, "(n_head*head_dim, n_embd)",
+                      &L->wq)) ||
+        (rv = get_mat(f, NAME("attn_k.weight"), hp->n_embd, nk, "(n_head_kv*head_dim, n_embd)",
+                      &L->wk)) ||
+        (rv = get_mat(f, NAME("attn_v.weight"), hp->n_embd, nv, "(n_head_kv*head_dim_v, n_embd)",
+                      &L->wv)) ||
+        (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd, "(n_embd, n_head*head_dim_v)",
+                      &L->wo)) ||
+        (rv = get_vec(f, p, NAME("ffn_norm.weight"), hp->n_embd, "(n_embd)", &L->ffn_norm)) ||
+        (rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
+                      "(n_expert, n_embd)", &L->router)))
+        return rv;
+    if (hp->qkv_bias &&
+        ((rv = get_vec(f, p, NAME("attn_q.bias"), nq, "(n_head*head_dim)", &L->bq)) ||
+         (rv = get_vec(f, p, NAME("attn_k.bias"), nk, "(n_head_kv*head_dim)", &L->bk)) ||
+         (rv = get_vec(f, p, NAME("attn_v.bias"), nv, "(n_head_kv*head_dim_v)", &L->bv))))
+        return rv;
+    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
+        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
+         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))
+        return rv;
+    if (hp->qk_norm == MODEL_QK_NORM_FULL &&
+        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), nq, "(n_head*head_dim)", &L->q_norm)) ||
+         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), nk, "(n_head_kv*head_dim)", &L->k_norm))))
+        return rv;
+    if (hp->n_ff_shexp && ((rv = get_mat(f, NAME("ffn_gate_inp_shexp.weight"), hp->n_embd, 1,
+                                         "(n_embd)", &L->gate_inp_shexp)) ||
+                           (rv = get_mat(f, NAME("ffn_gate_shexp.weight"), hp->n_embd,
+                                         hp->n_ff_shexp, "(n_ff_shexp, n_embd)", &L->gate_shexp)) ||
+                           (rv = get_mat(f, NAME("ffn_up_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
+                                         "(n_ff_shexp, n_embd)", &L->up_shexp)) ||
+                           (rv = get_mat(f, NAME("ffn_down_shexp.weight"), hp->n_ff_shexp,
+                                         hp->n_embd, "(n_embd, n_ff_shexp)", &L->down_shexp))))
+        return rv;
+#undef NAME
+    return load_experts(f, m, il);
+}
+
+int model_load(const struct gguf_file *f, struct model **out)
+{
+    int rv;
+    struct model *m = calloc(1, sizeof *m);
+    struct model_priv *p = calloc(1, sizeof *p);
+    if (!m || !p) {
+        free(m);
+        free(p);
+        return strata_errf(STRATA_ENOMEM, "out of memory for the model table");
+    }
+    m->priv_ = p;
+    m->gguf = f;
+    if ((rv = parse_hparams(f, &m->hp)) != 0) goto fail;
+    const struct model_hparams *hp = &m->hp;
+    m->layers = calloc(hp->n_layer, sizeof *m->layers);
+    p->exp_ptr = calloc((size_t)hp->n_layer * hp->n_expert * MODEL_PART_COUNT, sizeof *p->exp_ptr);
+    if (!m->layers || !p->exp_ptr) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for %u layers of %u experts", hp->n_layer,
+                         hp->n_expert);
+        goto fail;
+    }
+    if ((rv = get_mat(f, "token_embd.weight", hp->n_embd, hp->n_vocab, "(n_vocab, n_embd)",
+                      &m->token_embd)) != 0 ||
+        (rv = get_vec(f, p, "output_norm.weight", hp->n_embd, "(n_embd)", &m->output_norm)) != 0)
+        goto fail;
+    if (gguf_tensor_find(f, "output.weight")) {
+        if ((rv = get_mat(f, "output.weight", hp->n_embd, hp->n_vocab, "(n_vocab, n_embd)",
+                          &m->output)) != 0)
+            goto fail;
+    } else {
+        m->output = m->token_embd; /* tied embeddings */
+    }
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        if ((rv = load_layer(f, m, il)) != 0) goto fail;
+        file_blob_layout(&m->layers[il]);
+    }
+    model_set_expert_resolver(m, gguf_expert_part, m);
+    *out = m;
+    return 0;
+fail:
+    model_fini(m);
+    return rv;
+}
+
+void model_fini(struct model *m)
+{
+    if (!m) return;
+    struct model_priv *p = m->priv_;
+    if (p) {
+        for (size_t i = 0; i < p->n_owned; i++)
+            free(p->owned[i]);
+        free(p->owned);
+        free(p->exp_ptr);
+        free(p);
+    }
+    free(m->layers);
+    free(m);
+}
+
+const uint8_t *model_expert_blob(const struct model *m, uint32_t layer, uint32_t expert)
+{
+    const struct model_priv *p = m->priv_;
+    return p->arena ? arena_blob_at(p->arena, layer, expert) : NULL;
+}
+
+/* ---- arena ----------------------------------------------------------------------------------- */
+
+static const void *arena_expert_part(void *ctx, uint32_t layer, uint32_t expert,
+                                     enum model_part part)
+{
+    const struct model *m = ctx;
+    const struct model_priv *p = m->priv_;
+    return arena_blob_at(p->arena, layer, expert) + m->layers[layer].blob.part_off[part];
+}
+
+/* arena_dense_data points f's dense tensors at the arena's copies. */
+static int arena_dense_data(const struct arena *a, struct gguf_file *f)
+{
+    const uint8_t *img = (const uint8_t *)a->hdr;
+    for (uint64_t i = 0; i < a->hdr->n_dense; i++) {
+        const struct arena_tensor *d = &a->dense[i];
+        const char *name = arena_str(a, d->name_off);
+        const struct gguf_tensor *t = gguf_tensor_find(f, name);
+        if (!t || t->nbytes != d->bytes || t->type != d->type)
+            return strata_errf(STRATA_EFORMAT,
+                               "arena dense tensor %s (%llu bytes) has no matching tensor info in "
+                               "the arena's metadata: the arena is damaged, rebuild it",
+                               name, (unsigned long long)d->bytes);
+        f->tensors[t - f->tensors].data = img + d->offset;
+    }
+    return 0;
+}
+
+/* arena_parts finds each expert part of layer il among the layer's blob parts, by source tensor
+ * name, and checks its type and size against the model's part table. */
+static int arena_parts(const struct arena *a, struct model *m, uint32_t il)
+{
+    const struct model_layer *L = &m->layers[il];
+    const struct arena_layer *al = arena_layer_get(a, il);
+    for (int part = 0; part < MODEL_PART_COUNT; part++) {
+        char stacked[96], single[96];
+        snprintf(stacked, sizeof stacked, "blk.%u.ffn_%s_exps.weight", il, part_names[part]);
+        snprintf(single, sizeof single, "blk.%u.ffn_%s.*.weight", il, part_names[part]);
+        const struct arena_part *ap = NULL;
+        for (uint32_t k = 0; al && k < al->n_parts; k++) {
+            const struct arena_part *c = &a->parts[al->part_first + k];
+            const char *name = arena_str(a, c->name_off);
+            if (strcmp(name, stacked) == 0 || strcmp(name, single) == 0) ap = c;
+        }
+        uint64_t bytes = L->part[part].row_bytes * L->part[part].n_out;
+        if (!ap || ap->type != L->part[part].type || ap->bytes != bytes ||
+            a->hdr->n_expert != m->hp.n_expert)
+            return strata_errf(STRATA_EFORMAT,
+                               "arena has no blob part %s of %llu bytes for layer %u's %u "
+                               "experts: the arena is damaged or of another model, rebuild it",
+                               stacked, (unsigned long long)bytes, il, m->hp.n_expert);
+        m->layers[il].blob.part_off[part] = ap->offset;
+    }
+    m->layers[il].blob.bytes = al->blob_bytes;
+    return 0;
+}
+
+int model_load_arena(const struct arena *a, struct gguf_file *f, struct model **out)
+{
+    struct model *m = NULL;
+    int rv;
+    if ((rv = arena_dense_data(a, f)) != 0 || (rv = model_load(f, &m)) != 0) return rv;
+    struct model_priv *p = m->priv_;
+    p->arena = a;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++)
+        if ((rv = arena_parts(a, m, il)) != 0) goto fail;
+    model_set_expert_resolver(m, arena_expert_part, m);
+    *out = m;
+    return 0;
+fail:
+    model_fini(m);
+    return rv;
+}

@@ -1,0 +1,171 @@
+/* model — the model contract: hyperparameters per architecture from GGUF keys and the weight table.
+ *
+ * model_load() reads a parsed GGUF (file mapping or arena metadata), decides the architecture's
+ * behaviour as llama.cpp does (RoPE style, q/k norms, gating, biases, shared expert), checks every
+ * tensor's presence, shape and type, and fills a table of pointers into the tensor data. Dense
+ * weights are read in place; norms and biases (tiny, 1-D) are dequantized to owned F32 arrays.
+ * Experts are reached only through model_expert_part(), whose resolver defaults to slices of the
+ * GGUF tensors and can be replaced (the worker points it at the arena's blob_at), so one forward
+ * pass serves a one-shot run and the served model alike.
+ * After load the object is immutable; any thread may read it. It borrows the gguf_file (and its
+ * mapping): close the file only after model_fini().
+ * Matrix convention, as ggml: a weight of shape (n_out, n_in) has n_out rows of n_in elements;
+ * shapes below are written (rows, row length), GGUF ne order reversed.
+ */
+#ifndef STRATA_MODEL_H
+#define STRATA_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/gguf/gguf.h"
+
+enum model_arch {
+    MODEL_ARCH_LLAMA,    /* "llama" with experts (Mixtral) */
+    MODEL_ARCH_QWEN2MOE, /* "qwen2moe" */
+    MODEL_ARCH_QWEN3MOE, /* "qwen3moe" */
+    MODEL_ARCH_OLMOE,    /* "olmoe" */
+};
+
+enum model_rope {
+    MODEL_ROPE_NORM, /* rotate adjacent pairs (x[2i], x[2i+1]): llama.cpp's LLAMA_ROPE_TYPE_NORM */
+    MODEL_ROPE_NEOX, /* rotate halves (x[i], x[i + n_rot/2]): LLAMA_ROPE_TYPE_NEOX */
+};
+
+enum model_gating {
+    MODEL_GATING_SOFTMAX_TOPK, /* softmax over all experts, then top-k of the probabilities */
+    MODEL_GATING_TOPK_SOFTMAX, /* top-k of the router logits, then softmax over the k selected */
+};
+
+enum model_qk_norm {
+    MODEL_QK_NORM_NONE,
+    MODEL_QK_NORM_HEAD, /* RMSNorm of each head, weight (head_dim) shared by heads (qwen3moe) */
+    MODEL_QK_NORM_FULL, /* RMSNorm over the whole projection, weight (n_head*head_dim) (olmoe) */
+};
+
+/* The parts of one expert, in the order a blob packs them. */
+enum model_part {
+    MODEL_PART_GATE, /* (n_ff_exp, n_embd) */
+    MODEL_PART_UP,   /* (n_ff_exp, n_embd) */
+    MODEL_PART_DOWN, /* (n_embd, n_ff_exp) */
+    MODEL_PART_COUNT,
+};
+
+struct model_hparams {
+    enum model_arch arch;
+    uint32_t n_vocab;       /* rows of token_embd */
+    uint32_t n_embd;        /* residual width */
+    uint32_t n_layer;       /* transformer blocks */
+    uint32_t n_head;        /* query heads */
+    uint32_t n_head_kv;     /* key/value heads (GQA: n_head is a multiple of it) */
+    uint32_t head_dim;      /* query/key head size: attention.key_length, else n_embd / n_head */
+    uint32_t head_dim_v;    /* value head size: attention.value_length, else head_dim */
+    uint32_t n_rot;         /* rotated dims per head: rope.dimension_count, else head_dim */
+    uint32_t n_ctx_train;   /* context_length: the default context of a run */
+    uint32_t n_expert;      /* experts per layer */
+    uint32_t n_expert_used; /* experts per token (top-k) */
+    uint32_t n_ff_exp;      /* hidden width of one expert */
+    uint32_t n_ff_shexp;    /* hidden width of the shared expert; 0 without one */
+    float rms_eps;          /* attention.layer_norm_rms_epsilon */
+    float rope_theta;       /* rope.freq_base */
+    enum model_rope rope;
+    enum model_gating gating;
+    bool norm_topk; /* renormalize the k selected weights to sum 1 (SOFTMAX_TOPK only) */
+    enum model_qk_norm qk_norm;
+    bool qkv_bias; /* q, k, v projections have biases (qwen2moe) */
+};
+
+/* A 2-D weight read in place: n_out rows of n_in elements of type, row r at data + r*row_bytes. */
+struct model_mat {
+    const void *data; /* NULL for expert parts (reached through model_expert_part) */
+    uint32_t type;    /* enum qtype; computable */
+    uint32_t n_in;    /* row length (ne0) */
+    uint32_t n_out;   /* rows (ne1) */
+    uint64_t row_bytes;
+};
+
+/* Where the parts of one expert sit in its blob, the arena's packing: parts in enum model_part
+ * order, each starting at a multiple of 256 bytes (ARENA_PART_ALIGN). Read from the arena's
+ * descriptors for an arena's model; computed by the same rule for a GGUF file, so an expert cache
+ * fills its slots in one layout either way. */
+struct model_blob_layout {
+    uint64_t bytes;                      /* blob_bytes: what one copy of a blob moves */
+    uint64_t part_off[MODEL_PART_COUNT]; /* each part's first byte, from the blob's start */
+};
+
+struct model_layer {
+    const float *attn_norm;       /* (n_embd) */
+    struct model_mat wq;          /* (n_head*head_dim, n_embd) */
+    struct model_mat wk;          /* (n_head_kv*head_dim, n_embd) */
+    struct model_mat wv;          /* (n_head_kv*head_dim_v, n_embd) */
+    struct model_mat wo;          /* (n_embd, n_head*head_dim_v) */
+    const float *bq, *bk, *bv;    /* biases of the three projections; NULL unless qkv_bias */
+    const float *q_norm, *k_norm; /* (head_dim) or full width per qk_norm; NULL when NONE */
+    const float *ffn_norm;        /* (n_embd) */
+    struct model_mat router;      /* ffn_gate_inp: (n_expert, n_embd) */
+    struct model_mat part[MODEL_PART_COUNT]; /* each expert's part: type and shape, data NULL */
+    struct model_blob_layout blob;           /* the parts' places in one expert's blob */
+    /* Shared expert (qwen2moe), all zero without one: */
+    struct model_mat gate_shexp;     /* (n_ff_shexp, n_embd) */
+    struct model_mat up_shexp;       /* (n_ff_shexp, n_embd) */
+    struct model_mat down_shexp;     /* (n_embd, n_ff_shexp) */
+    struct model_mat gate_inp_shexp; /* (1, n_embd): its output scaled by sigmoid(this . x) */
+};
+
+/* model_expert_fn returns the first byte of part of expert (layer, expert): rows of
+ * layer.part[part], contiguous. Called from any thread; must not fail for valid arguments. */
+typedef const void *(*model_expert_fn)(void *ctx, uint32_t layer, uint32_t expert,
+                                       enum model_part part);
+
+struct model {
+    struct model_hparams hp;
+    struct model_mat token_embd; /* (n_vocab, n_embd) */
+    const float *output_norm;    /* (n_embd) */
+    struct model_mat output;     /* (n_vocab, n_embd); token_embd itself when tied */
+    struct model_layer *layers;  /* n_layer */
+    model_expert_fn expert_part; /* the one resolver of expert weights */
+    void *expert_ctx;
+    const struct gguf_file *gguf; /* borrowed: metadata and tensor infos */
+    void *priv_;                  /* model.c's owned storage */
+};
+
+/* model_arch_name: "llama", "qwen2moe", ... */
+const char *model_arch_name(enum model_arch a);
+
+/* model_load builds the model from f. Errors: STRATA_EUNSUPPORTED for an unsupported architecture,
+ * rope scaling or tensor type; STRATA_ENOENT for a missing key or tensor; STRATA_EFORMAT for a
+ * mis-shaped tensor or inconsistent keys; the detail names the key or tensor, the value and the
+ * expectation. Caller owns *out (model_fini). */
+int model_load(const struct gguf_file *f, struct model **out);
+
+struct arena;
+
+/* model_load_arena builds the model from arena a, whose metadata f was parsed by arena_meta
+ * (tensor data NULL): it points f's dense tensors at their bytes in the arena's dense region (f
+ * is modified), loads as model_load, and resolves experts with arena_blob_at plus each part's
+ * offset in the blob. a and f must outlive the model. Errors as model_load, and STRATA_EFORMAT
+ * when the arena's tables do not match f (a dense tensor or an expert part missing or of another
+ * size or type). */
+int model_load_arena(const struct arena *a, struct gguf_file *f, struct model **out);
+
+/* model_fini frees what model_load allocated; NULL is fine. */
+void model_fini(struct model *m);
+
+/* model_set_expert_resolver replaces where expert weights are read from (e.g. the arena's blob_at).
+ * Parts must keep the types and shapes of m->layers[l].part. Call before any forward pass. */
+void model_set_expert_resolver(struct model *m, model_expert_fn fn, void *ctx);
+
+/* model_expert_blob returns the first byte of expert (layer, expert)'s blob in the model's arena
+ * (arena_blob_at: m->layers[layer].blob.bytes bytes, parts at blob.part_off), or NULL when the
+ * model was loaded from a GGUF file, whose parts lie apart (model_expert_part gives each), or for
+ * indices out of range. Any thread. */
+const uint8_t *model_expert_blob(const struct model *m, uint32_t layer, uint32_t expert);
+
+/* model_expert_part: the rows of part of expert (layer, expert), through the resolver. */
+static inline const void *model_expert_part(const struct model *m, uint32_t layer, uint32_t expert,
+                                            enum model_part part)
+{
+    return m->expert_part(m->expert_ctx, layer, expert, part);
+}
+
+#endif

@@ -1,0 +1,314 @@
+#include "common/arena/model.h"
+#include "common/base/err.h"
+#include "common/quant/qtype.h"
+#include "gpu-worker/fwd.h"
+#include "tests/testutil.h"
+#include "tools/fixture.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* fixture writes the tiny fixture of arch (type NULL: the Q4_K_M mix) and returns its path. */
+static const char *fixture(const char *arch, const char *type, bool tied)
+{
+    static char path[600];
+    snprintf(path, sizeof path, "%s/%s-%s%s.gguf", test_tmpdir(), arch, type ? type : "q4_k_m",
+             tied ? "-tied" : "");
+    struct fixture_opts o = {.arch = arch, .type = type, .tied = tied, .seed = 7};
+    ck_assert_msg(fixture_write(&o, path) == 0, "fixture %s: %s", path, strata_errdetail());
+    return path;
+}
+
+/* A rewrite of a GGUF file with one change, for the error paths and the old expert layout. */
+struct edit {
+    const char *arch;         /* general.architecture becomes this */
+    const char *drop_tensor;  /* leave this tensor out */
+    const char *drop_key;     /* leave this key out */
+    const char *short_tensor; /* declare this one with a row fewer (ne1 - 1) */
+    const char *retype;       /* declare this one as Q8_1 (not computable), zero data */
+    bool split_experts;       /* blk.N.ffn_X_exps -> one blk.N.ffn_X.E per expert */
+};
+
+static bool is_exps(const struct gguf_tensor *t)
+{
+    size_t n = strlen(t->name);
+    return n > 12 && strcmp(t->name + n - 12, "_exps.weight") == 0;
+}
+
+static void rewrite(const char *src, const char *dst, const struct edit *e)
+{
+    struct gguf_file *f;
+    struct gguf_writer *w;
+    ck_assert_int_eq(gguf_open(src, &f), 0);
+    ck_assert_int_eq(gguf_writer_open(dst, f->alignment == 32 ? 0 : f->alignment, &w), 0);
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const char *k = f->kv[i].key;
+        if (strcmp(k, "general.alignment") == 0 || (e->drop_key && strcmp(k, e->drop_key) == 0))
+            continue;
+        if (e->arch && strcmp(k, "general.architecture") == 0)
+            ck_assert_int_eq(gguf_w_str(w, k, e->arch), 0);
+        else
+            ck_assert_int_eq(gguf_w_value(w, k, &f->kv[i].val), 0);
+    }
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i];
+        uint64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (e->drop_tensor && strcmp(t->name, e->drop_tensor) == 0) continue;
+        if (e->split_experts && is_exps(t)) {
+            char name[128];
+            int len = (int)(strlen(t->name) - 12);
+            for (uint64_t x = 0; x < t->ne[2]; x++) {
+                snprintf(name, sizeof name, "%.*s.%llu.weight", len, t->name,
+                         (unsigned long long)x);
+                ck_assert_int_eq(gguf_w_tensor(w, name, t->type, 2, ne), 0);
+            }
+            continue;
+        }
+        uint32_t type = t->type;
+        if (e->short_tensor && strcmp(t->name, e->short_tensor) == 0) ne[1]--;
+        if (e->retype && strcmp(t->name, e->retype) == 0) type = QT_Q8_1;
+        ck_assert_int_eq(gguf_w_tensor(w, t->name, type, t->n_dims, ne), 0);
+    }
+    ck_assert_int_eq(gguf_writer_begin(w), 0);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i];
+        uint64_t bytes = t->nbytes;
+        if (e->drop_tensor && strcmp(t->name, e->drop_tensor) == 0) continue;
+        if (e->short_tensor && strcmp(t->name, e->short_tensor) == 0) bytes -= bytes / t->ne[1];
+        if (e->retype && strcmp(t->name, e->retype) == 0) {
+            uint64_t rb;
+            ck_assert_int_eq(qtype_row_bytes(QT_Q8_1, t->ne[0], &rb), 0);
+            void *z = calloc(t->ne[1] * t->ne[2], rb);
+            ck_assert_int_eq(gguf_writer_data(w, z, rb * t->ne[1] * t->ne[2]), 0);
+            free(z);
+            continue;
+        }
+        ck_assert_int_eq(gguf_writer_data(w, t->data, bytes), 0);
+    }
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+    gguf_close(f);
+}
+
+/* load_err returns model_load's code for path (and frees what it opened). */
+static int load_err(const char *path)
+{
+    struct gguf_file *f;
+    struct model *m = NULL;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    int rv = model_load(f, &m);
+    model_fini(m);
+    gguf_close(f);
+    return rv;
+}
+
+/* last_logits runs ids through a fresh forward pass and returns the last token's logits. */
+static float *last_logits(const struct model *m, const int32_t *ids, uint32_t n)
+{
+    struct kv_config kc;
+    struct kv_cache *kv;
+    struct fwd *fw;
+    struct kv_seq s;
+    fwd_kv_config(m, 64, 1, &kc);
+    ck_assert_int_eq(kv_init(&kc, &kv), 0);
+    struct fwd_opts fo = {1, 16};
+    ck_assert_int_eq(fwd_start(m, kv, &fo, &fw), 0);
+    kv_seq_init(&s);
+    float *logits = malloc(m->hp.n_vocab * sizeof *logits);
+    ck_assert_msg(fwd_prompt(fw, &s, ids, n, 0, logits) == 0, "%s", strata_errdetail());
+    kv_seq_fini(kv, &s);
+    fwd_close(fw);
+    kv_fini(kv);
+    return logits;
+}
+
+static const int32_t prompt[12] = {1, 17, 42, 5, 99, 3, 250, 7, 64, 128, 11, 2};
+
+START_TEST(each_arch_gets_llama_cpp_behaviour)
+{
+    static const struct {
+        const char *arch;
+        enum model_rope rope;
+        enum model_gating gating;
+        bool norm;
+        enum model_qk_norm qk;
+        bool bias, shexp;
+    } want[] = {
+        {"qwen3moe", MODEL_ROPE_NEOX, MODEL_GATING_SOFTMAX_TOPK, true, MODEL_QK_NORM_HEAD, 0, 0},
+        {"llama", MODEL_ROPE_NORM, MODEL_GATING_TOPK_SOFTMAX, true, MODEL_QK_NORM_NONE, 0, 0},
+        {"olmoe", MODEL_ROPE_NEOX, MODEL_GATING_SOFTMAX_TOPK, false, MODEL_QK_NORM_FULL, 0, 0},
+        {"qwen2moe", MODEL_ROPE_NEOX, MODEL_GATING_SOFTMAX_TOPK, false, MODEL_QK_NORM_NONE, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        struct fixture_hparams fh;
+        ck_assert_int_eq(fixture_hparams(want[i].arch, NULL, &fh), 0);
+        struct gguf_file *f;
+        struct model *m;
+        const char *path = fixture(want[i].arch, NULL, false);
+        ck_assert_int_eq(gguf_open(path, &f), 0);
+        ck_assert_msg(model_load(f, &m) == 0, "%s: %s", want[i].arch, strata_errdetail());
+        const struct model_hparams *hp = &m->hp;
+        ck_assert_str_eq(model_arch_name(hp->arch), want[i].arch);
+        ck_assert_int_eq(hp->rope, want[i].rope);
+        ck_assert_int_eq(hp->gating, want[i].gating);
+        ck_assert_int_eq(hp->norm_topk, want[i].norm);
+        ck_assert_int_eq(hp->qk_norm, want[i].qk);
+        ck_assert_int_eq(hp->qkv_bias, want[i].bias);
+        ck_assert_int_eq(hp->n_ff_shexp != 0, want[i].shexp);
+        ck_assert_uint_eq(hp->n_embd, fh.n_embd);
+        ck_assert_uint_eq(hp->n_head_kv, fh.n_head_kv);
+        ck_assert_uint_eq(hp->head_dim, fh.head_dim);
+        ck_assert_uint_eq(hp->n_expert, fh.n_expert);
+        ck_assert_uint_eq(hp->n_ff_exp, fh.n_ff_exp);
+        ck_assert_float_eq(hp->rms_eps, fh.rms_eps);
+        ck_assert_ptr_nonnull(m->layers[hp->n_layer - 1].ffn_norm);
+        ck_assert_ptr_ne(m->output.data, m->token_embd.data);
+        float *l = last_logits(m, prompt, 12);
+        for (uint32_t v = 0; v < hp->n_vocab; v++) ck_assert(isfinite(l[v]));
+        free(l);
+        model_fini(m);
+        gguf_close(f);
+        unlink(path);
+    }
+}
+END_TEST
+
+START_TEST(old_per_expert_tensors_give_the_same_logits)
+{
+    const char *src = fixture("llama", NULL, false);
+    char dst[600];
+    snprintf(dst, sizeof dst, "%s/llama-split.gguf", test_tmpdir());
+    rewrite(src, dst, &(struct edit){.split_experts = true});
+    struct gguf_file *fa, *fb;
+    struct model *a, *b;
+    ck_assert_int_eq(gguf_open(src, &fa), 0);
+    ck_assert_int_eq(gguf_open(dst, &fb), 0);
+    ck_assert_int_eq(gguf_tensor_find(fb, "blk.0.ffn_down_exps.weight") == NULL, 1);
+    ck_assert_ptr_nonnull(gguf_tensor_find(fb, "blk.0.ffn_down.1.weight"));
+    ck_assert_int_eq(model_load(fa, &a), 0);
+    ck_assert_msg(model_load(fb, &b) == 0, "%s", strata_errdetail());
+    float *la = last_logits(a, prompt, 12), *lb = last_logits(b, prompt, 12);
+    ck_assert_mem_eq(la, lb, a->hp.n_vocab * sizeof *la);
+    free(la);
+    free(lb);
+    model_fini(a);
+    model_fini(b);
+    gguf_close(fa);
+    gguf_close(fb);
+    unlink(src);
+    unlink(dst);
+}
+END_TEST
+
+START_TEST(tied_output_and_every_type)
+{
+    struct gguf_file *f;
+    struct model *m;
+    const char *path = fixture("qwen3moe", NULL, true);
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_int_eq(model_load(f, &m), 0);
+    ck_assert_ptr_eq(m->output.data, m->token_embd.data);
+    free(last_logits(m, prompt, 4));
+    model_fini(m);
+    gguf_close(f);
+    unlink(path);
+    /* One file per type, every weight matrix in it: each is computable end to end. */
+    const char *types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                           "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        path = fixture("qwen3moe", types[i], false);
+        ck_assert_int_eq(gguf_open(path, &f), 0);
+        ck_assert_msg(model_load(f, &m) == 0, "%s: %s", types[i], strata_errdetail());
+        ck_assert_int_eq(m->layers[0].wq.type, qtype_parse(types[i]));
+        float *l = last_logits(m, prompt, 4);
+        for (uint32_t v = 0; v < m->hp.n_vocab; v++) ck_assert(isfinite(l[v]));
+        free(l);
+        model_fini(m);
+        gguf_close(f);
+        unlink(path);
+    }
+}
+END_TEST
+
+START_TEST(bad_files_are_refused_by_name)
+{
+    const char *src = fixture("qwen2moe", NULL, false);
+    char dst[600];
+    snprintf(dst, sizeof dst, "%s/bad.gguf", test_tmpdir());
+    static const struct {
+        struct edit e;
+        int code;
+        const char *says;
+    } cases[] = {
+        {{.arch = "gpt2"}, STRATA_EUNSUPPORTED, "architecture 'gpt2'"},
+        {{.drop_tensor = "blk.1.attn_k.weight"}, STRATA_ENOENT, "blk.1.attn_k.weight"},
+        {{.drop_tensor = "blk.0.attn_q.bias"}, STRATA_ENOENT, "blk.0.attn_q.bias"},
+        {{.drop_tensor = "blk.1.ffn_up_exps.weight"}, STRATA_ENOENT, "blk.1.ffn_up_exps"},
+        {{.drop_tensor = "blk.0.ffn_gate_inp_shexp.weight"}, STRATA_ENOENT, "ffn_gate_inp_shexp"},
+        {{.drop_key = "qwen2moe.block_count"}, STRATA_ENOENT, "qwen2moe.block_count"},
+        {{.short_tensor = "blk.0.attn_output.weight"}, STRATA_EFORMAT, "blk.0.attn_output.weight"},
+        {{.retype = "blk.1.attn_v.weight"}, STRATA_EUNSUPPORTED, "q8_1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(src, dst, &cases[i].e);
+        ck_assert_int_eq(load_err(dst), cases[i].code);
+        ck_assert_msg(strstr(strata_errdetail(), cases[i].says), "case %zu: '%s' lacks '%s'", i,
+                      strata_errdetail(), cases[i].says);
+    }
+    unlink(src);
+    unlink(dst);
+}
+END_TEST
+
+/* A resolver that counts its calls and forwards to the GGUF one. */
+struct counting {
+    model_expert_fn fn;
+    void *ctx;
+    unsigned calls;
+};
+
+static const void *counting_part(void *ctx, uint32_t l, uint32_t e, enum model_part p)
+{
+    struct counting *c = ctx;
+    __atomic_add_fetch(&c->calls, 1, __ATOMIC_RELAXED);
+    return c->fn(c->ctx, l, e, p);
+}
+
+START_TEST(experts_come_only_through_the_resolver)
+{
+    struct gguf_file *f;
+    struct model *m;
+    const char *path = fixture("olmoe", NULL, false);
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_int_eq(model_load(f, &m), 0);
+    float *a = last_logits(m, prompt, 12);
+    struct counting c = {m->expert_part, m->expert_ctx, 0};
+    model_set_expert_resolver(m, counting_part, &c);
+    float *b = last_logits(m, prompt, 12);
+    ck_assert_mem_eq(a, b, m->hp.n_vocab * sizeof *a);
+    /* Every (layer, distinct expert) of each pass asks for its three parts. */
+    ck_assert_uint_ge(c.calls, 3 * m->hp.n_layer * m->hp.n_expert_used);
+    ck_assert_uint_eq(c.calls % 3, 0);
+    free(a);
+    free(b);
+    model_fini(m);
+    gguf_close(f);
+    unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 240); /* Debug + ASan builds run ~10x slower */
+    tcase_add_test(tc, each_arch_gets_llama_cpp_behaviour);
+    tcase_add_test(tc, old_per_expert_tensors_give_the_same_logits);
+    tcase_add_test(tc, tied_output_and_every_type);
+    tcase_add_test(tc, bad_files_are_refused_by_name);
+    tcase_add_test(tc, experts_come_only_through_the_resolver);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}
