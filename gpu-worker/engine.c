@@ -1,7 +1,7 @@
 #include "gpu-worker/engine.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 
 #include <pthread.h>
@@ -58,8 +58,8 @@ struct item {
 struct engine {
     const struct model *m;
     struct engine_opts o;
-    struct kv_cache *kv;
-    struct fwd *fwd;
+    struct kv_cache *kv; /* backend_kv(be): the sequences' block tables */
+    struct backend *be;
     struct sample *smp;   /* the loop's sampler */
     struct sample *check; /* a one-token sampler that validates parameters at submit (under mu) */
     uint32_t bt;          /* positions per KV block */
@@ -78,11 +78,20 @@ struct engine {
     /* (loop) window scratch */
     struct item *items;
     uint32_t n_items;
-    struct fwd_token *toks;
+    struct backend_token *toks;
     float *logits; /* (max_running, n_vocab) */
     /* counters, under mu */
     _Atomic uint64_t epoch;
     struct engine_status st;
+    struct backend_info info; /* refreshed by the loop (gauge) */
+    /* The command slot: one command at a time from another thread, run by the loop between
+     * windows; the caller waits for cmd_done. */
+    enum { CMD_NONE, CMD_QUIESCE, CMD_RESIZE } cmd;
+    uint64_t cmd_arg;
+    int cmd_rv;
+    char cmd_msg[256]; /* the error's detail, made on the decode thread */
+    bool cmd_done;
+    pthread_cond_t cmd_cv;
     uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
 };
@@ -346,10 +355,10 @@ static int compute(struct engine *e, uint32_t *n_tok)
         it->sampled = it->from + it->n == r->n_hist;
         for (uint32_t j = 0; j < it->n; j++)
             e->toks[n++] =
-                (struct fwd_token){&r->seq, r->hist[it->from + j], it->sampled && j + 1 == it->n};
+                (struct backend_token){&r->seq, r->hist[it->from + j], it->sampled && j + 1 == it->n};
     }
     *n_tok = n;
-    int rv = fwd_eval(e->fwd, e->toks, n, e->logits);
+    int rv = backend_eval(e->be, e->toks, n, e->logits);
     if (rv) return rv;
     for (uint32_t i = 0; i < e->n_items; i++) {
         struct item *it = &e->items[i];
@@ -449,6 +458,7 @@ static void gauge(struct engine *e)
     e->st.kv_blocks_free = kv_blocks_free(e->kv);
     e->st.kv_blocks_cached = kv_blocks_cached(e->kv);
     e->st.kv_blocks_used = e->st.kv_blocks_total - e->st.kv_blocks_free;
+    if (e->be) backend_info(e->be, &e->info);
 }
 
 static void notify(struct engine *e)
@@ -457,12 +467,29 @@ static void notify(struct engine *e)
     if (e->o.on_window) e->o.on_window(e->o.window_ctx);
 }
 
+/* run_command runs the pending command on the decode thread, between windows (under mu on entry
+ * and return; unlocked while it runs). */
+static void run_command(struct engine *e)
+{
+    const int cmd = e->cmd;
+    const uint64_t arg = e->cmd_arg;
+    pthread_mutex_unlock(&e->mu);
+    int rv = cmd == CMD_RESIZE ? backend_resize(e->be, arg) : backend_quiesce(e->be);
+    pthread_mutex_lock(&e->mu);
+    e->cmd_rv = rv;
+    snprintf(e->cmd_msg, sizeof e->cmd_msg, "%s", rv ? strata_errdetail() : "");
+    e->cmd_done = true;
+    backend_info(e->be, &e->info);
+    pthread_cond_broadcast(&e->cmd_cv);
+}
+
 static void *loop(void *arg)
 {
     struct engine *e = arg;
     pthread_mutex_lock(&e->mu);
     for (;;) {
         if (e->stop) break;
+        if (e->cmd != CMD_NONE && !e->cmd_done) run_command(e);
         bool changed = sweep(e);
         gauge(e);
         if (!e->n_running) {
@@ -478,6 +505,7 @@ static void *loop(void *arg)
                 ts.tv_sec++;
                 ts.tv_nsec -= 1000000000;
             }
+            if (e->cmd != CMD_NONE && !e->cmd_done) continue;
             if (e->all)
                 pthread_cond_timedwait(&e->wake, &e->mu, &ts);
             else
@@ -490,6 +518,7 @@ static void *loop(void *arg)
         if (e->n_items) {
             pthread_mutex_unlock(&e->mu);
             rv = compute(e, &n_tok);
+            if (!rv) rv = backend_tick(e->be);
             pthread_mutex_lock(&e->mu);
             apply(e, rv, n_tok);
             gauge(e);
@@ -498,6 +527,13 @@ static void *loop(void *arg)
         pthread_mutex_unlock(&e->mu);
         notify(e);
         pthread_mutex_lock(&e->mu);
+    }
+    /* a command that came too late gets an answer, not a hang */
+    if (e->cmd != CMD_NONE && !e->cmd_done) {
+        e->cmd_rv = STRATA_ESTATE;
+        snprintf(e->cmd_msg, sizeof e->cmd_msg, "the engine is shutting down");
+        e->cmd_done = true;
+        pthread_cond_broadcast(&e->cmd_cv);
     }
     pthread_mutex_unlock(&e->mu);
     return NULL;
@@ -524,17 +560,22 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->wake, &ca);
+    pthread_cond_init(&e->cmd_cv, NULL);
     pthread_condattr_destroy(&ca);
-    struct kv_config kc;
-    fwd_kv_config(m, o->n_ctx, e->o.max_running, &kc);
-    if (o->kv_blocks) kc.max_blocks = o->kv_blocks;
-    e->bt = kc.block_tokens;
-    e->n_ctx = kc.n_ctx;
-    struct fwd_opts fo = {.n_threads = o->n_threads, .max_pass_tokens = e->o.max_batch_tokens};
-    if ((rv = kv_init(&kc, &e->kv)) != 0 || (rv = fwd_start(m, e->kv, &fo, &e->fwd)) != 0 ||
+    struct backend_opts bo = o->backend;
+    bo.n_threads = o->n_threads;
+    bo.max_pass_tokens = e->o.max_batch_tokens;
+    bo.n_ctx = o->n_ctx;
+    bo.n_seq = e->o.max_running;
+    bo.kv_blocks = o->kv_blocks;
+    if ((rv = backend_start(m, &bo, &e->be)) != 0 ||
         (rv = sample_init(m->hp.n_vocab, &e->smp)) != 0 || (rv = sample_init(1, &e->check)) != 0)
         goto fail;
-    if (e->o.on_route) fwd_set_route(e->fwd, route, e);
+    e->kv = backend_kv(e->be);
+    backend_info(e->be, &e->info);
+    e->bt = kv_config_of(e->kv)->block_tokens;
+    e->n_ctx = kv_config_of(e->kv)->n_ctx;
+    if (e->o.on_route) backend_set_route(e->be, route, e);
     e->cap_waiting = e->o.max_queue + e->o.max_running;
     e->waiting = calloc(e->cap_waiting, sizeof *e->waiting);
     e->running = calloc(e->o.max_running, sizeof *e->running);
@@ -575,8 +616,7 @@ void engine_close(struct engine *e)
         e->all = r->next;
         req_free(e, r);
     }
-    fwd_close(e->fwd);
-    kv_fini(e->kv);
+    backend_close(e->be);
     sample_fini(e->smp);
     sample_fini(e->check);
     free(e->waiting);
@@ -586,6 +626,7 @@ void engine_close(struct engine *e)
     free(e->logits);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->cmd_cv);
     free(e);
 }
 
@@ -747,4 +788,43 @@ void engine_status(struct engine *e, struct engine_status *out)
 uint64_t engine_epoch(struct engine *e)
 {
     return atomic_load(&e->epoch);
+}
+
+/* command queues cmd for the decode thread and waits until it has run; the error's detail is
+ * carried back to this thread. */
+static int command(struct engine *e, int cmd, uint64_t arg)
+{
+    pthread_mutex_lock(&e->mu);
+    while (e->cmd != CMD_NONE)
+        pthread_cond_wait(&e->cmd_cv, &e->mu);
+    e->cmd = cmd;
+    e->cmd_arg = arg;
+    e->cmd_done = false;
+    pthread_cond_signal(&e->wake);
+    while (!e->cmd_done)
+        pthread_cond_wait(&e->cmd_cv, &e->mu);
+    int rv = e->cmd_rv;
+    char msg[sizeof e->cmd_msg];
+    memcpy(msg, e->cmd_msg, sizeof msg);
+    e->cmd = CMD_NONE;
+    pthread_cond_broadcast(&e->cmd_cv);
+    pthread_mutex_unlock(&e->mu);
+    return rv ? strata_errf(rv, "%s", msg) : 0;
+}
+
+int engine_quiesce(struct engine *e)
+{
+    return command(e, CMD_QUIESCE, 0);
+}
+
+int engine_resize(struct engine *e, uint64_t bytes)
+{
+    return command(e, CMD_RESIZE, bytes);
+}
+
+void engine_backend_info(struct engine *e, struct backend_info *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->info;
+    pthread_mutex_unlock(&e->mu);
 }

@@ -1,8 +1,8 @@
 /* engine — the worker's scheduler: continuous batching of many requests over one forward pass
- * (fwd) and a paged KV cache (kv) with a prefix cache, sampling (sample), leases and timings.
+ * (a backend, backend.h) and a paged KV cache (kv) with a prefix cache, sampling (sample), leases and timings.
  *
  * One decode-loop thread owns the model pass, the KV cache and every running sequence. A window
- * is one fwd_eval of at most max_batch_tokens tokens: first one token of every request that is
+ * is one backend_eval of at most max_batch_tokens tokens: first one token of every request that is
  * decoding, then prompt chunks of the requests still prefilling, oldest first. Waiting requests
  * join at window boundaries when the cache can reserve blocks for their prompt plus a share of
  * their max_tokens; when blocks run out the youngest running request is preempted (its blocks
@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "common/arena/model.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/sample.h"
 
 #define ENGINE_ID_MAX         64 /* most bytes of a request id (without the NUL) */
@@ -29,8 +30,8 @@
 
 struct engine_opts {
     uint32_t n_ctx;             /* positions per sequence; 0: the model's trained context */
-    uint32_t kv_blocks;         /* KV pool in blocks of FWD_KV_BLOCK positions; 0: n_ctx worth
-                                   for each of max_running sequences */
+    uint32_t kv_blocks;         /* KV pool in blocks of BACKEND_KV_BLOCK positions; 0: n_ctx
+                                   worth for each of max_running sequences */
     uint32_t max_running;       /* sequences in the batch at once; 0: 16 */
     uint32_t max_queue;         /* requests waiting for admission before submit says busy; 0: 64 */
     uint32_t max_batch_tokens;  /* tokens per window (decode steps + prompt chunks); 0: 256 */
@@ -40,6 +41,9 @@ struct engine_opts {
     uint32_t orphan_timeout_ms; /* lease: a request not polled for this long is cancelled, and a
                                    finished one forgotten; 0: 10000 */
     bool no_prefix_cache;       /* do not share blocks between requests */
+    struct backend_opts backend; /* which backend, its KV type and expert cache; the sizes (threads,
+                                    tokens per pass, context, sequences, blocks) are the fields
+                                    above */
     /* on_window: called on the decode thread after every window and every other change of state
      * (admission, finish, cancel, lapse). Must not block: the service wakes long-polls from it. */
     void (*on_window)(void *ctx);
@@ -128,7 +132,7 @@ struct engine;
 
 /* engine_start makes the KV cache, the forward pass and the decode-loop thread for m (borrowed;
  * it must outlive the engine, and its expert resolver must not change while it runs). Errors:
- * STRATA_EINVAL (options), STRATA_ENOMEM, fwd/kv errors, thread creation. Caller owns *out
+ * STRATA_EINVAL (options), STRATA_ENOMEM, backend errors, thread creation. Caller owns *out
  * (engine_close). */
 int engine_start(const struct model *m, const struct engine_opts *o, struct engine **out);
 
@@ -158,5 +162,16 @@ void engine_status(struct engine *e, struct engine_status *out);
 /* engine_epoch: a counter incremented after each window (and each change of state), for
  * long-polls: wait until it moves, then poll. */
 uint64_t engine_epoch(struct engine *e);
+
+/* engine_quiesce lands everything the backend has in flight (the adaptive tier's copies), on
+ * the decode thread between windows; returns once done. engine_resize changes the backend's
+ * fast-tier budget to bytes the same way (the `vram` op): the backend's error (STRATA_EUNSUPPORTED
+ * where it has none) comes back with its detail. Both block; STRATA_ESTATE during shutdown. Any
+ * thread but the decode thread. */
+int engine_quiesce(struct engine *e);
+int engine_resize(struct engine *e, uint64_t bytes);
+
+/* engine_backend_info: what the backend is and holds, as of the last window. Any thread. */
+void engine_backend_info(struct engine *e, struct backend_info *out);
 
 #endif

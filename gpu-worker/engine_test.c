@@ -1,6 +1,6 @@
 #include "gpu-worker/engine.h"
 #include "common/base/err.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -54,14 +54,12 @@ struct job {
 static void reference(const struct model *m, const struct engine_req *q, int32_t *ids,
                       uint32_t *n_ids)
 {
-    struct kv_config kc;
-    fwd_kv_config(m, CTX, 1, &kc);
     struct kv_cache *kv;
-    struct fwd *f;
+    struct backend *f;
     struct sample *s;
-    struct fwd_opts fo = {1, 64};
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    ck_assert_int_eq(fwd_start(m, kv, &fo, &f), 0);
+    struct backend_opts fo = {.n_threads = 1, .max_pass_tokens = 64, .n_ctx = CTX, .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &fo, &f), 0);
+    kv = backend_kv(f);
     ck_assert_int_eq(sample_init(m->hp.n_vocab, &s), 0);
     float *logits = malloc(m->hp.n_vocab * sizeof *logits);
     int32_t hist[CTX];
@@ -69,7 +67,7 @@ static void reference(const struct model *m, const struct engine_req *q, int32_t
     memcpy(hist, q->prompt, n * sizeof *hist);
     struct kv_seq seq;
     kv_seq_init(&seq);
-    ck_assert_int_eq(fwd_prompt(f, &seq, hist, n, 0, logits), 0);
+    ck_assert_int_eq(backend_prompt(f, &seq, hist, n, 0, logits), 0);
     *n_ids = 0;
     for (;;) {
         uint32_t w0 = n - gen0 > ENGINE_PENALTY_WINDOW ? n - ENGINE_PENALTY_WINDOW : gen0;
@@ -80,14 +78,13 @@ static void reference(const struct model *m, const struct engine_req *q, int32_t
         for (uint32_t i = 0; i < q->n_stop; i++)
             stop |= q->stop[i] == r.id;
         if (stop || *n_ids == q->max_tokens || n == CTX) break;
-        struct fwd_token t = {&seq, r.id, true};
-        ck_assert_int_eq(fwd_eval(f, &t, 1, logits), 0);
+        struct backend_token t = {&seq, r.id, true};
+        ck_assert_int_eq(backend_eval(f, &t, 1, logits), 0);
     }
     kv_seq_fini(kv, &seq);
     free(logits);
     sample_fini(s);
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
 }
 
 /* job_make: a prompt of n ids drawn from salt; greedy when temp is 0. */
@@ -534,18 +531,16 @@ START_TEST(heat_counts_routed_tokens_not_windows)
     int32_t hist[21 + 11];
     memcpy(hist, j.prompt, 21 * sizeof *hist);
     memcpy(hist + 21, j.got, 11 * sizeof *hist);
-    struct kv_config kc;
-    fwd_kv_config(v.m, CTX, 1, &kc);
     struct kv_cache *kv;
-    struct fwd *f;
-    struct fwd_opts fo = {.n_threads = 2, .max_pass_tokens = n};
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    ck_assert_int_eq(fwd_start(v.m, kv, &fo, &f), 0);
+    struct backend *f;
+    struct backend_opts fo = {.n_threads = 2, .max_pass_tokens = n, .n_ctx = CTX, .n_seq = 1};
+    ck_assert_int_eq(backend_start(v.m, &fo, &f), 0);
+    kv = backend_kv(f);
     uint64_t want[HEAT_L][HEAT_E] = {{0}};
-    fwd_set_route(f, count_tokens, want);
+    backend_set_route(f, count_tokens, want);
     struct kv_seq seq;
     kv_seq_init(&seq);
-    ck_assert_int_eq(fwd_prompt(f, &seq, hist, n, 0, NULL), 0);
+    ck_assert_int_eq(backend_prompt(f, &seq, hist, n, 0, NULL), 0);
     for (uint32_t l = 0; l < HEAT_L; l++) {
         uint64_t sum = 0;
         for (uint32_t x = 0; x < HEAT_E; x++) {
@@ -557,8 +552,7 @@ START_TEST(heat_counts_routed_tokens_not_windows)
         ck_assert_uint_eq(sum, (uint64_t)n * hp->n_expert_used);
     }
     kv_seq_fini(kv, &seq);
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
     env_close(&v);
 }
 END_TEST

@@ -1,5 +1,5 @@
 #include "common/base/err.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -47,29 +47,26 @@ static uint64_t case_hash(const struct golden *g)
     ck_assert_int_eq(gguf_open(path, &f), 0);
     ck_assert_msg(model_load(f, &m) == 0, "%s", strata_errdetail());
     uint32_t V = m->hp.n_vocab;
-    struct kv_config kc;
-    fwd_kv_config(m, 64, 1, &kc);
     struct kv_cache *kv;
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    struct fwd *fw;
-    struct fwd_opts fo = {2, 8};
-    ck_assert_int_eq(fwd_start(m, kv, &fo, &fw), 0);
+    struct backend *fw;
+    struct backend_opts fo = {.n_threads = 2, .max_pass_tokens = 8, .n_ctx = 64, .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &fo, &fw), 0);
+    kv = backend_kv(fw);
     struct kv_seq s;
     kv_seq_init(&s);
     float *logits = malloc((size_t)N_POS * V * sizeof *logits);
     ck_assert_ptr_nonnull(logits);
-    struct fwd_token t[8];
+    struct backend_token t[8];
     for (uint32_t i = 0; i < N_POS; i += 7) {
         uint32_t n = N_POS - i < 7 ? N_POS - i : 7;
         for (uint32_t j = 0; j < n; j++)
-            t[j] = (struct fwd_token){&s, (int32_t)(((i + j) * 7919u + 13) % V), true};
-        ck_assert_msg(fwd_eval(fw, t, n, logits + (size_t)i * V) == 0, "%s", strata_errdetail());
+            t[j] = (struct backend_token){&s, (int32_t)(((i + j) * 7919u + 13) % V), true};
+        ck_assert_msg(backend_eval(fw, t, n, logits + (size_t)i * V) == 0, "%s", strata_errdetail());
     }
     uint64_t h = XXH3_64bits(logits, (size_t)N_POS * V * sizeof *logits);
     free(logits);
     kv_seq_fini(kv, &s);
-    fwd_close(fw);
-    kv_fini(kv);
+    backend_close(fw);
     model_fini(m);
     gguf_close(f);
     unlink(path);

@@ -4,7 +4,7 @@
  * types cover the K-quants, the 32-element formats and float weights, with and without a shared
  * expert. */
 #include "common/base/err.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "kernels/cpu/cpu.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -28,27 +28,24 @@ static const struct {
 /* logits_of runs the prompt on the current ISA: (N_TOK, n_vocab) floats, caller frees. */
 static float *logits_of(const struct model *m)
 {
-    struct kv_config kc;
     struct kv_cache *kv;
-    struct fwd *f;
-    fwd_kv_config(m, 64, 1, &kc);
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    struct fwd_opts o = {2, 8};
-    ck_assert_int_eq(fwd_start(m, kv, &o, &f), 0);
+    struct backend *f;
+    struct backend_opts o = {.n_threads = 2, .max_pass_tokens = 8, .n_ctx = 64, .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &o, &f), 0);
+    kv = backend_kv(f);
     const uint32_t V = m->hp.n_vocab;
     float *out = malloc((size_t)N_TOK * V * sizeof(float));
     struct kv_seq s;
     kv_seq_init(&s);
-    struct fwd_token t[7];
+    struct backend_token t[7];
     for (uint32_t i = 0; i < N_TOK; i += 7) {
         const uint32_t n = N_TOK - i < 7 ? N_TOK - i : 7;
         for (uint32_t j = 0; j < n; j++)
-            t[j] = (struct fwd_token){&s, (int32_t)(((i + j) * 7919u + 13) % V), true};
-        ck_assert_msg(fwd_eval(f, t, n, out + (size_t)i * V) == 0, "%s", strata_errdetail());
+            t[j] = (struct backend_token){&s, (int32_t)(((i + j) * 7919u + 13) % V), true};
+        ck_assert_msg(backend_eval(f, t, n, out + (size_t)i * V) == 0, "%s", strata_errdetail());
     }
     kv_seq_fini(kv, &s);
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
     return out;
 }
 

@@ -1,4 +1,4 @@
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "common/base/err.h"
 #include "common/quant/qtype.h"
 #include "tests/testutil.h"
@@ -66,19 +66,17 @@ static void parity(const char *arch, const struct variant *var)
     ck_assert_int_eq(gguf_open(gguf, &f), 0);
     ck_assert_msg(model_load(f, &m) == 0, "%s", strata_errdetail());
     ck_assert_uint_eq(m->hp.n_vocab, V);
-    struct kv_config kc;
     struct kv_cache *kv;
-    struct fwd *fw;
+    struct backend *fw;
     struct kv_seq s;
-    fwd_kv_config(m, (uint32_t)(np + ng + 1), 1, &kc);
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    struct fwd_opts fo = {2, 16};
-    ck_assert_int_eq(fwd_start(m, kv, &fo, &fw), 0);
+    struct backend_opts fo = {.n_threads = 2, .max_pass_tokens = 16, .n_ctx = (uint32_t)(np + ng + 1), .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &fo, &fw), 0);
+    kv = backend_kv(fw);
     kv_seq_init(&s);
     int32_t *ids = malloc(np * sizeof *ids);
     for (size_t i = 0; i < np; i++) ids[i] = (int32_t)json_integer_value(json_array_get(prompt, i));
     float *l = malloc(V * sizeof *l);
-    ck_assert_int_eq(fwd_prompt(fw, &s, ids, (uint32_t)np, 0, l), 0);
+    ck_assert_int_eq(backend_prompt(fw, &s, ids, (uint32_t)np, 0, l), 0);
     float worst = 0;
     for (size_t step = 0; step <= ng; step++) {
         const float *r = ref + step * V;
@@ -103,8 +101,8 @@ static void parity(const char *arch, const struct variant *var)
         if (var->type == QT_F32 || r[ref1] - r[ref2] > tol)
             ck_assert_msg((int32_t)best == g, "%s %s step %zu: strata picks %u, transformers %d",
                           arch, qtype_name(var->type), step, best, g);
-        struct fwd_token t = {&s, g, true};
-        ck_assert_int_eq(fwd_eval(fw, &t, 1, l), 0);
+        struct backend_token t = {&s, g, true};
+        ck_assert_int_eq(backend_eval(fw, &t, 1, l), 0);
     }
     printf("parity %s %s: %zu steps, largest logit difference %.3g of the logit range "
            "(tolerance %g)\n", arch, qtype_name(var->type), ng + 1, worst, var->tol_frac);
@@ -112,8 +110,7 @@ static void parity(const char *arch, const struct variant *var)
     free(ids);
     free(ref);
     kv_seq_fini(kv, &s);
-    fwd_close(fw);
-    kv_fini(kv);
+    backend_close(fw);
     model_fini(m);
     gguf_close(f);
     json_decref(j);

@@ -1,5 +1,5 @@
 #include "common/base/err.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -71,9 +71,6 @@ static void env_open(struct env *e, const char *arch)
     ck_assert_msg(model_load(e->f, &e->m) == 0, "%s", strata_errdetail());
     const struct model_hparams *hp = &e->m->hp;
     ck_assert_uint_le(hp->n_expert_used, MAX_K);
-    struct kv_config kc;
-    fwd_kv_config(e->m, 64, N_SEQ, &kc);
-    ck_assert_int_eq(kv_init(&kc, &e->kv), 0);
     for (uint32_t s = 0; s < N_SEQ; s++)
         for (uint32_t i = 0; i < N_HIST; i++)
             e->hist[s][i] = (int32_t)((i * 7919u + s * 104729u + 13) % hp->n_vocab);
@@ -88,7 +85,6 @@ static void env_close(struct env *e)
     free(e->r.layer_sum);
     free(e->r.sel);
     free(e->r.got);
-    kv_fini(e->kv);
     model_fini(e->m);
     gguf_close(e->f);
     unlink(e->path);
@@ -96,7 +92,7 @@ static void env_close(struct env *e)
 
 /* eval runs one pass of toks (slots[i]: where token i's routing goes) and checks that every
  * token was reported n_expert_used times in every layer. */
-static void eval(struct env *e, struct fwd *f, const struct fwd_token *toks, const uint32_t *slots,
+static void eval(struct env *e, struct backend *f, const struct backend_token *toks, const uint32_t *slots,
                  uint32_t n)
 {
     struct rec *r = &e->r;
@@ -105,7 +101,7 @@ static void eval(struct env *e, struct fwd *f, const struct fwd_token *toks, con
     r->n = n;
     r->last = -1;
     memset(r->layer_sum, 0, r->n_layer * sizeof *r->layer_sum);
-    ck_assert_msg(fwd_eval(f, toks, n, NULL) == 0, "%s", strata_errdetail());
+    ck_assert_msg(backend_eval(f, toks, n, NULL) == 0, "%s", strata_errdetail());
     for (uint32_t l = 0; l < r->n_layer; l++)
         ck_assert_uint_eq(r->layer_sum[l], (uint64_t)n * r->K);
     for (uint32_t i = 0; i < n; i++)
@@ -113,12 +109,14 @@ static void eval(struct env *e, struct fwd *f, const struct fwd_token *toks, con
             ck_assert_uint_eq(r->got[(size_t)slots[i] * r->n_layer + l], r->K);
 }
 
-static struct fwd *start(struct env *e, uint32_t threads, uint32_t max_tokens)
+static struct backend *start(struct env *e, uint32_t threads, uint32_t max_tokens)
 {
-    struct fwd *f;
-    struct fwd_opts o = {.n_threads = threads, .max_pass_tokens = max_tokens};
-    ck_assert_int_eq(fwd_start(e->m, e->kv, &o, &f), 0);
-    fwd_set_route(f, on_route, &e->r);
+    struct backend *f;
+    struct backend_opts o = {.n_threads = threads, .max_pass_tokens = max_tokens, .n_ctx = 64,
+                             .n_seq = N_SEQ};
+    ck_assert_int_eq(backend_start(e->m, &o, &f), 0);
+    e->kv = backend_kv(f);
+    backend_set_route(f, on_route, &e->r);
     return f;
 }
 
@@ -136,18 +134,18 @@ static void routes_tokens(const char *arch)
     const size_t n_sel = (size_t)N_SEQ * N_HIST * e.r.n_layer * MAX_K;
     uint32_t *base = malloc(n_sel * sizeof *base);
     /* Token by token: one token a pass, one thread. */
-    struct fwd *f = start(&e, 1, 1);
+    struct backend *f = start(&e, 1, 1);
     struct kv_seq seq[N_SEQ];
     for (uint32_t s = 0; s < N_SEQ; s++) {
         kv_seq_init(&seq[s]);
         for (uint32_t i = 0; i < N_HIST; i++) {
-            struct fwd_token t = {&seq[s], e.hist[s][i], false};
+            struct backend_token t = {&seq[s], e.hist[s][i], false};
             uint32_t slot = s * N_HIST + i;
             eval(&e, f, &t, &slot, 1);
         }
         kv_seq_fini(e.kv, &seq[s]);
     }
-    fwd_close(f);
+    backend_close(f);
     memcpy(base, e.r.sel, n_sel * sizeof *base);
     for (size_t i = 0; i < (size_t)N_SEQ * N_HIST * e.r.n_layer; i++)
         for (uint32_t k = 1; k < e.r.K; k++)
@@ -160,13 +158,13 @@ static void routes_tokens(const char *arch)
     uint32_t done[N_SEQ] = {0};
     const uint64_t calls0 = e.r.calls;
     for (uint32_t step = 0; done[0] < N_HIST || done[1] < N_HIST; step++) {
-        struct fwd_token t[2 * N_HIST];
+        struct backend_token t[2 * N_HIST];
         uint32_t slots[2 * N_HIST], n = 0;
         for (uint32_t s = 0; s < N_SEQ; s++) {
             uint32_t c = s == 0 ? 1 + step % 7 : 13 - step % 5;
             for (uint32_t j = 0; j < c && done[s] < N_HIST; j++, done[s]++) {
                 slots[n] = s * N_HIST + done[s];
-                t[n++] = (struct fwd_token){&seq[s], e.hist[s][done[s]], false};
+                t[n++] = (struct backend_token){&seq[s], e.hist[s][done[s]], false};
             }
         }
         eval(&e, f, t, slots, n);
@@ -176,17 +174,17 @@ static void routes_tokens(const char *arch)
     ck_assert_msg(memcmp(base, e.r.sel, n_sel * sizeof *base) == 0,
                   "batched passes routed a token differently from one-token passes");
     /* Without the hook a pass reports nothing. */
-    fwd_set_route(f, NULL, NULL);
+    backend_set_route(f, NULL, NULL);
     const uint64_t calls1 = e.r.calls;
-    struct fwd_token t = {&seq[0], 1, true};
+    struct backend_token t = {&seq[0], 1, true};
     float *logits = malloc(e.m->hp.n_vocab * sizeof *logits);
     ck_assert_int_eq(kv_seq_resize(e.kv, &seq[0], 10), 0);
-    ck_assert_int_eq(fwd_eval(f, &t, 1, logits), 0);
+    ck_assert_int_eq(backend_eval(f, &t, 1, logits), 0);
     ck_assert_uint_eq(e.r.calls, calls1);
     free(logits);
     for (uint32_t s = 0; s < N_SEQ; s++)
         kv_seq_fini(e.kv, &seq[s]);
-    fwd_close(f);
+    backend_close(f);
     free(base);
     env_close(&e);
 }

@@ -1,24 +1,24 @@
-/* kv — the KV cache: a pool of fixed-size blocks, and per sequence a block table.
+/* kv — the KV cache's bookkeeping: blocks named by uint32 ids, per sequence a block table, reference
+ * counts, the prefix cache and its LRU. It holds no K/V data: storage is a pool indexed by block id
+ * that the backend owns (gpu-worker/kv_store.h on the host; a device pool on a GPU).
  *
- * A block holds block_tokens consecutive positions of one sequence for every layer: for layer l,
- * K rows (k_dim floats each) then V rows (v_dim floats). A block table maps logical block i
- * (positions i*block_tokens ...) to a pool block, so sequences grow, shrink and share without
- * moving data. Blocks come from the heap on first use, up to max_blocks; a sequence is refused
- * past n_ctx positions (STRATA_ELIMIT) and the pool past max_blocks (STRATA_ENOSPC).
+ * A block holds block_tokens consecutive positions of one sequence for every layer. A block table
+ * maps logical block i (positions i*block_tokens ...) to a block id, so sequences grow, shrink and
+ * share without moving data. Ids are handed out lowest first, up to max_blocks: ids below
+ * kv_blocks_used_ever() are the ones storage must have. A sequence is refused past n_ctx positions
+ * (STRATA_ELIMIT) and the pool past max_blocks (STRATA_ENOSPC).
  * Prefix cache: a full block can be published under the chained hash of its tokens and of every
  * block before it; other sequences attach it read-only, counted by a reference count. A published
  * block nobody holds stays cached (and counts as free) until the pool needs it, least recently
  * released first. A published block is never written again: a sequence writes only past its
  * n_tokens, and only full blocks are published or attached.
  * Not thread-safe: one thread (the worker's decode loop) resizes sequences; during a forward pass
- * any thread may read and write rows of blocks a sequence holds.
+ * any thread may read the block tables.
  */
 #ifndef STRATA_KV_H
 #define STRATA_KV_H
 
 #include <stdint.h>
-
-#include "kernels/ref/ops.h"
 
 struct kv_config {
     uint32_t n_layer;
@@ -36,7 +36,7 @@ struct kv_seq {
     uint32_t n_tokens; /* positions held: 0 .. n_tokens-1 */
     uint32_t n_blocks; /* entries of blocks in use */
     uint32_t cap;      /* entries allocated */
-    float **blocks;    /* logical block -> pool block base */
+    uint32_t *blocks;  /* logical block -> block id */
 };
 
 /* kv_init checks cfg and creates an empty pool (no block memory yet). Caller owns *out. */
@@ -51,15 +51,20 @@ const struct kv_config *kv_config_of(const struct kv_cache *kv);
 /* kv_blocks_free: blocks still available to sequences, cached ones nobody holds included. */
 uint32_t kv_blocks_free(const struct kv_cache *kv);
 
+/* kv_blocks_used_ever: block ids handed out so far; every id a sequence holds is below it. */
+uint32_t kv_blocks_used_ever(const struct kv_cache *kv);
+
 /* kv_blocks_cached: of the free blocks, those kept for the prefix cache. */
 uint32_t kv_blocks_cached(const struct kv_cache *kv);
 
 void kv_seq_init(struct kv_seq *s);
 
 /* kv_seq_resize makes s hold exactly n_tokens positions: growing takes blocks (contents of new
- * positions undefined until written; a cached block may be evicted for it), shrinking returns
+ * positions undefined until written; a cached block may be evicted for it; the storage of a
+ * never-used id must be made before it is written: kv_blocks_used_ever), shrinking returns
  * the blocks past the end (to re-prefill from the middle; not into a published block).
- * STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, ENOMEM; on error s is
+ * STRATA_ELIMIT past n_ctx, STRATA_ENOSPC when the pool is exhausted, STRATA_ENOMEM (the block
+ * table); on error s is
  * unchanged. */
 int kv_seq_resize(struct kv_cache *kv, struct kv_seq *s, uint32_t n_tokens);
 
@@ -85,13 +90,5 @@ uint64_t kv_prefix_publish(struct kv_cache *kv, const struct kv_seq *s, uint32_t
  * unchanged), STRATA_EINVAL if s is not empty. */
 int kv_prefix_attach(struct kv_cache *kv, struct kv_seq *s, const int32_t *ids, uint32_t n_ids,
                      uint32_t max_blocks, uint32_t *n_blocks, uint64_t *key);
-
-/* kv_k / kv_v: the K (k_dim floats) / V (v_dim floats) row of position pos < s->n_tokens. */
-float *kv_k(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t pos);
-float *kv_v(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t pos);
-
-/* kv_view: the ops_attention view of s's KV head `head` (head_dim, head_dim_v floats) of layer. */
-void kv_view(const struct kv_cache *kv, const struct kv_seq *s, uint32_t layer, uint32_t head,
-             uint32_t head_dim, uint32_t head_dim_v, struct ops_kv_view *out);
 
 #endif

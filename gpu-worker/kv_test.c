@@ -1,5 +1,6 @@
 #include "gpu-worker/kv.h"
 #include "common/base/err.h"
+#include "gpu-worker/kv_store.h"
 #include "tests/testutil.h"
 
 #include <string.h>
@@ -7,36 +8,64 @@
 static const struct kv_config cfg = {
     .n_layer = 2, .k_dim = 8, .v_dim = 4, .block_tokens = 4, .n_ctx = 20, .max_blocks = 6};
 
+/* The bookkeeping holds no data: these tests keep rows in a host store beside it, as a backend
+ * does, reserving storage for the ids handed out. */
+
+/* put writes position p of layer l of s: K[i] = k0 + i, V[i] = v0 - i. */
+static void put(struct kv_cache *kv, struct kv_store *st, struct kv_seq *s, uint32_t l, uint32_t p,
+                float k0, float v0)
+{
+    ck_assert_int_eq(kv_store_reserve(st, kv_blocks_used_ever(kv)), 0);
+    float k[8], v[4];
+    for (uint32_t i = 0; i < 8; i++)
+        k[i] = k0 + (float)i;
+    for (uint32_t i = 0; i < 4; i++)
+        v[i] = v0 - (float)i;
+    kv_store_write(st, s, l, p, k, v);
+}
+
+/* k_at reads K[i] of position p of layer l of s through the attention view (head i / 4). */
+static float k_at(const struct kv_store *st, const struct kv_seq *s, uint32_t l, uint32_t p,
+                  uint32_t i)
+{
+    static _Alignas(64) unsigned char scratch[1 << 14];
+    ck_assert_uint_le(kv_store_scratch_bytes(st, 4, 2), sizeof scratch);
+    struct ops_kv_view v;
+    kv_store_view(st, s, l, i / 4, 4, 2, s->n_tokens, scratch, &v);
+    return (v.blocks[p / 4] + v.k_off + (p % 4) * v.k_stride)[i % 4];
+}
+
 START_TEST(rows_stay_put_across_growth)
 {
+    /* _i: the KV type; the values are integers fp16 holds exactly */
+    const enum kv_type type = (enum kv_type)_i;
     struct kv_cache *kv;
+    struct kv_store *st;
     ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    ck_assert_int_eq(kv_store_init(&cfg, type, &st), 0);
     struct kv_seq s;
     kv_seq_init(&s);
     ck_assert_int_eq(kv_seq_resize(kv, &s, 3), 0);
     ck_assert_uint_eq(s.n_blocks, 1);
     for (uint32_t p = 0; p < 3; p++)
-        for (uint32_t l = 0; l < 2; l++) {
-            for (uint32_t i = 0; i < 8; i++)
-                kv_k(kv, &s, l, p)[i] = 100.0f * l + 10 * p + i;
-            for (uint32_t i = 0; i < 4; i++)
-                kv_v(kv, &s, l, p)[i] = -100.0f * l - 10 * p - i;
-        }
+        for (uint32_t l = 0; l < 2; l++)
+            put(kv, st, &s, l, p, 100.0f * l + 10 * p, -100.0f * l - 10 * p);
     ck_assert_int_eq(kv_seq_resize(kv, &s, 9), 0);
     ck_assert_uint_eq(s.n_blocks, 3);
     ck_assert_uint_eq(kv_blocks_free(kv), 3);
+    ck_assert_uint_eq(kv_blocks_used_ever(kv), 3);
     for (uint32_t p = 3; p < 9; p++)
-        for (uint32_t l = 0; l < 2; l++) {
-            for (uint32_t i = 0; i < 8; i++)
-                kv_k(kv, &s, l, p)[i] = 100.0f * l + 10 * p + i;
-            for (uint32_t i = 0; i < 4; i++)
-                kv_v(kv, &s, l, p)[i] = -100.0f * l - 10 * p - i;
-        }
+        for (uint32_t l = 0; l < 2; l++)
+            put(kv, st, &s, l, p, 100.0f * l + 10 * p, -100.0f * l - 10 * p);
+    /* Storage is made per block id used, in the type's size: 2 layers x 4 positions x 12. */
+    ck_assert_uint_eq(kv_store_bytes(st), 3u * 2 * 4 * 12 * (type == KV_F16 ? 2 : 4));
+    ck_assert_uint_eq(kv_pos_bytes(&cfg, type), 2u * 12 * (type == KV_F16 ? 2 : 4));
     /* Through the attention view, every row reads back what was written, K and V apart. */
+    static _Alignas(64) unsigned char scratch[1 << 14];
     for (uint32_t l = 0; l < 2; l++)
         for (uint32_t h = 0; h < 2; h++) {
             struct ops_kv_view v;
-            kv_view(kv, &s, l, h, 4, 2, &v);
+            kv_store_view(st, &s, l, h, 4, 2, 9, scratch, &v);
             for (uint32_t p = 0; p < 9; p++) {
                 const float *kr = v.blocks[p / 4] + v.k_off + (p % 4) * v.k_stride;
                 const float *vr = v.blocks[p / 4] + v.v_off + (p % 4) * v.v_stride;
@@ -46,7 +75,31 @@ START_TEST(rows_stay_put_across_growth)
         }
     kv_seq_fini(kv, &s);
     ck_assert_uint_eq(kv_blocks_free(kv), 6);
+    kv_store_fini(st);
     kv_fini(kv);
+}
+END_TEST
+
+START_TEST(f16_rounds_to_nearest_even)
+{
+    struct kv_cache *kv;
+    struct kv_store *st;
+    ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    ck_assert_int_eq(kv_store_init(&cfg, KV_F16, &st), 0);
+    struct kv_seq s;
+    kv_seq_init(&s);
+    ck_assert_int_eq(kv_seq_resize(kv, &s, 1), 0);
+    /* 1 + 2^-11 is halfway between 1 and the next fp16 (1 + 2^-10): ties go to even, 1 */
+    put(kv, st, &s, 0, 0, 1.0f + 1.0f / 2048, 0);
+    ck_assert_float_eq(k_at(st, &s, 0, 0, 0), 1.0f);
+    ck_assert_float_eq(k_at(st, &s, 0, 0, 1), 2.0f);
+    kv_seq_fini(kv, &s);
+    kv_store_fini(st);
+    kv_fini(kv);
+    ck_assert_int_eq(kv_type_parse("f16", &(enum kv_type){KV_F32}), 0);
+    enum kv_type t;
+    ck_assert_int_eq(kv_type_parse("q8_0", &t), STRATA_EINVAL);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "f32 or f16"));
 }
 END_TEST
 
@@ -80,24 +133,27 @@ START_TEST(limits_are_refused_and_leave_the_sequence_alone)
 END_TEST
 
 /* fill writes a mark of (tag, pos) into every K row of s from position from. */
-static void fill(struct kv_cache *kv, struct kv_seq *s, uint32_t from, float tag)
+static void fill(struct kv_cache *kv, struct kv_store *st, struct kv_seq *s, uint32_t from,
+                 float tag)
 {
     for (uint32_t p = from; p < s->n_tokens; p++)
         for (uint32_t l = 0; l < 2; l++)
-            kv_k(kv, s, l, p)[0] = tag + p;
+            put(kv, st, s, l, p, tag + p, 0);
 }
 
 START_TEST(prefix_blocks_are_shared_by_reference_and_evicted_last_released_last)
 {
     struct kv_cache *kv;
+    struct kv_store *st;
     ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    ck_assert_int_eq(kv_store_init(&cfg, KV_F32, &st), 0);
     const int32_t ids[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
     struct kv_seq a, b, c;
     kv_seq_init(&a);
     kv_seq_init(&b);
     kv_seq_init(&c);
     ck_assert_int_eq(kv_seq_resize(kv, &a, 10), 0); /* blocks 0, 1 full; block 2 partial */
-    fill(kv, &a, 0, 1000.0f);
+    fill(kv, st, &a, 0, 1000.0f);
     uint64_t k0 = kv_prefix_publish(kv, &a, 0, KV_PREFIX_ROOT, ids);
     uint64_t k1 = kv_prefix_publish(kv, &a, 1, k0, ids + 4);
     ck_assert_uint_eq(k0, kv_prefix_hash(KV_PREFIX_ROOT, ids, 4));
@@ -112,8 +168,8 @@ START_TEST(prefix_blocks_are_shared_by_reference_and_evicted_last_released_last)
     ck_assert_uint_eq(n, 2);
     ck_assert_uint_eq(key, k1);
     ck_assert_uint_eq(b.n_tokens, 8);
-    ck_assert_ptr_eq(b.blocks[1], a.blocks[1]);
-    ck_assert_float_eq(kv_k(kv, &b, 1, 6)[0], 1006.0f);
+    ck_assert_uint_eq(b.blocks[1], a.blocks[1]);
+    ck_assert_float_eq(k_at(st, &b, 1, 6, 0), 1006.0f);
     ck_assert_uint_eq(kv_blocks_free(kv), 3);
     /* A different second block matches only the first; max_blocks caps the match. */
     int32_t other[8] = {1, 2, 3, 4, 5, 6, 7, 99};
@@ -135,7 +191,7 @@ START_TEST(prefix_blocks_are_shared_by_reference_and_evicted_last_released_last)
     ck_assert_uint_eq(kv_blocks_free(kv), 6);
     ck_assert_int_eq(kv_prefix_attach(kv, &b, ids, 12, 8, &n, &key), 0);
     ck_assert_uint_eq(n, 2);
-    ck_assert_float_eq(kv_k(kv, &b, 0, 3)[0], 1003.0f);
+    ck_assert_float_eq(k_at(st, &b, 0, 3, 0), 1003.0f);
     kv_seq_fini(kv, &b);
 
     /* Taking the whole pool evicts the cache: the block released first (block 1 of b's table is
@@ -155,6 +211,7 @@ START_TEST(prefix_blocks_are_shared_by_reference_and_evicted_last_released_last)
     kv_seq_fini(kv, &b);
     kv_seq_fini(kv, &c);
     ck_assert_uint_eq(kv_blocks_free(kv), 6);
+    kv_store_fini(st);
     kv_fini(kv);
 }
 END_TEST
@@ -162,7 +219,9 @@ END_TEST
 START_TEST(a_duplicate_prefix_stays_private)
 {
     struct kv_cache *kv;
+    struct kv_store *st;
     ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    ck_assert_int_eq(kv_store_init(&cfg, KV_F32, &st), 0);
     const int32_t ids[4] = {7, 7, 7, 7};
     struct kv_seq a, b, c;
     kv_seq_init(&a);
@@ -170,8 +229,8 @@ START_TEST(a_duplicate_prefix_stays_private)
     kv_seq_init(&c);
     ck_assert_int_eq(kv_seq_resize(kv, &a, 4), 0);
     ck_assert_int_eq(kv_seq_resize(kv, &b, 4), 0);
-    fill(kv, &a, 0, 100.0f);
-    fill(kv, &b, 0, 200.0f);
+    fill(kv, st, &a, 0, 100.0f);
+    fill(kv, st, &b, 0, 200.0f);
     uint64_t ka = kv_prefix_publish(kv, &a, 0, KV_PREFIX_ROOT, ids);
     ck_assert_uint_eq(kv_prefix_publish(kv, &b, 0, KV_PREFIX_ROOT, ids), ka);
     ck_assert_uint_eq(kv_prefix_publish(kv, &a, 0, KV_PREFIX_ROOT, ids), ka);
@@ -181,10 +240,11 @@ START_TEST(a_duplicate_prefix_stays_private)
     uint64_t key;
     ck_assert_int_eq(kv_prefix_attach(kv, &c, ids, 4, 8, &n, &key), 0);
     ck_assert_uint_eq(n, 1);
-    ck_assert_float_eq(kv_k(kv, &c, 0, 2)[0], 102.0f);
+    ck_assert_float_eq(k_at(st, &c, 0, 2, 0), 102.0f);
     kv_seq_fini(kv, &a);
     kv_seq_fini(kv, &c);
     ck_assert_uint_eq(kv_blocks_cached(kv), 1);
+    kv_store_fini(st);
     kv_fini(kv);
 }
 END_TEST
@@ -193,7 +253,8 @@ int main(void)
 {
     Suite *s = suite_create("kv");
     TCase *tc = tcase_create("kv");
-    tcase_add_test(tc, rows_stay_put_across_growth);
+    tcase_add_loop_test(tc, rows_stay_put_across_growth, KV_F32, KV_F16 + 1);
+    tcase_add_test(tc, f16_rounds_to_nearest_even);
     tcase_add_test(tc, limits_are_refused_and_leave_the_sequence_alone);
     tcase_add_test(tc, prefix_blocks_are_shared_by_reference_and_evicted_last_released_last);
     tcase_add_test(tc, a_duplicate_prefix_stays_private);

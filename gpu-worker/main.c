@@ -2,6 +2,7 @@
  * struct worker_config -> worker_init/run/fini. */
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/worker.h"
 
 #include <getopt.h>
@@ -24,8 +25,9 @@ static const char usage_text[] =
     "  --max-seqs N         requests decoded at once (default 16)\n"
     "  --max-queue N        requests waiting before submit answers busy (default 64)\n"
     "  --ctx N              positions per request (default: the model's context length)\n"
-    "  --bit-exact          answers depend only on the model and the token history (the CPU\n"
-    "                       backend always is)\n"
+    BACKEND_OPTS_USAGE
+    "  --bit-exact          refuse to start unless answers depend only on the model and the\n"
+    "                       token history (the CPU backend always can)\n"
     "Serves in the foreground until SIGINT or SIGTERM; the protocol is docs/protocol.md.\n";
 
 /* A signal during init is remembered so the worker stops as soon as it is up. */
@@ -64,6 +66,8 @@ int main(int argc, char **argv)
                                           {"max-queue", required_argument, NULL, 'q'},
                                           {"ctx", required_argument, NULL, 'c'},
                                           {"bit-exact", no_argument, NULL, 'b'},
+                                          {"backend", required_argument, NULL, 'B'},
+                                          {"kv-type", required_argument, NULL, 'K'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     struct worker_config cfg = {0};
@@ -100,6 +104,13 @@ int main(int argc, char **argv)
             break;
         case 'b':
             cfg.bit_exact = true;
+            break;
+        case 'B':
+        case 'K':
+            if (backend_opt(&cfg.backend, c == 'B' ? "backend" : "kv-type", optarg) != 0) {
+                fprintf(stderr, "strata-worker: %s\n", strata_errdetail());
+                return 2;
+            }
             break;
         case 'h':
             fputs(usage_text, stdout);

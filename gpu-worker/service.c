@@ -204,6 +204,8 @@ static int op_hello(struct ipc_call *call, void *ctx)
                            "the client speaks worker protocol %lld..%lld, this worker %d..%d: "
                            "upgrade the older of the two",
                            (long long)lo, (long long)hi, WCLIENT_PROTO_MIN, WCLIENT_PROTO_MAX);
+    struct backend_info bi;
+    engine_backend_info(s->e, &bi);
     struct msg_builder b;
     msg_begin_reply(&b);
     msg_key(&b, "proto_min");
@@ -217,7 +219,9 @@ static int op_hello(struct ipc_call *call, void *ctx)
     msg_key(&b, "arch");
     msg_pack_str(&b, s->o.arch);
     msg_key(&b, "backend");
-    msg_pack_str(&b, s->o.backend);
+    msg_pack_str(&b, bi.name);
+    msg_key(&b, "kv_type");
+    msg_pack_str(&b, kv_type_name(bi.kv_type));
     msg_key(&b, "n_ctx");
     msg_pack_i64(&b, s->o.n_ctx);
     msg_key(&b, "max_seqs");
@@ -225,7 +229,7 @@ static int op_hello(struct ipc_call *call, void *ctx)
     msg_key(&b, "pid");
     msg_pack_i64(&b, getpid());
     msg_key(&b, "bit_exact");
-    msg_pack_bool(&b, s->o.bit_exact);
+    msg_pack_bool(&b, bi.bit_exact);
     ipc_reply(call, &b);
     return 0;
 }
@@ -505,7 +509,20 @@ static int op_status(struct ipc_call *call, void *ctx)
     msg_pack_f64(&b, pre_s);
     msg_key(&b, "uptime_s");
     msg_pack_f64(&b, (double)(now_ns() - s->started_ns) / 1e9);
-    /* the CPU backend computes every expert from the arena: no cache, every pair a miss */
+    struct backend_info bi;
+    engine_backend_info(s->e, &bi);
+    msg_key(&b, "backend");
+    msg_pack_map(&b, 5);
+    msg_pack_str(&b, "name");
+    msg_pack_str(&b, bi.name);
+    msg_pack_str(&b, "device");
+    msg_pack_str(&b, bi.device);
+    msg_pack_str(&b, "kv_type");
+    msg_pack_str(&b, kv_type_name(bi.kv_type));
+    msg_pack_str(&b, "kv_bytes");
+    msg_pack_u64(&b, bi.kv_bytes);
+    msg_pack_str(&b, "bit_exact");
+    msg_pack_bool(&b, bi.bit_exact);
     msg_key(&b, "cache");
     msg_pack_map(&b, 3);
     msg_pack_str(&b, "slots");
@@ -523,16 +540,15 @@ static int op_vram(struct ipc_call *call, void *ctx)
     struct service *s = ctx;
     uint64_t want;
     int rv = msg_get_u64(ipc_call_msg(call), NULL, "cache_bytes", UINT64_MAX, &want);
-    if (rv == 0)
-        return strata_errf(STRATA_EUNSUPPORTED,
-                           "the %s backend has no expert cache to resize to %llu bytes: run a "
-                           "CUDA worker for that",
-                           s->o.backend, (unsigned long long)want);
-    if (rv != STRATA_ENOENT) return rv;
+    /* the resize runs on the decode thread between windows; the reply waits for it */
+    if (rv == 0 && (rv = engine_resize(s->e, want)) != 0) return rv;
+    if (rv != 0 && rv != STRATA_ENOENT) return rv;
+    struct backend_info bi;
+    engine_backend_info(s->e, &bi);
     struct msg_builder b;
     msg_begin_reply(&b);
     msg_key(&b, "backend");
-    msg_pack_str(&b, s->o.backend);
+    msg_pack_str(&b, bi.name);
     msg_key(&b, "total_bytes");
     msg_pack_u64(&b, 0);
     msg_key(&b, "free_bytes");
@@ -540,7 +556,7 @@ static int op_vram(struct ipc_call *call, void *ctx)
     msg_key(&b, "weights_bytes");
     msg_pack_u64(&b, s->o.weights_bytes);
     msg_key(&b, "kv_bytes");
-    msg_pack_u64(&b, s->o.kv_bytes);
+    msg_pack_u64(&b, bi.kv_bytes);
     msg_key(&b, "cache_bytes");
     msg_pack_u64(&b, 0);
     msg_key(&b, "cache_slots");

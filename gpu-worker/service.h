@@ -33,14 +33,11 @@ struct service_opts {
     uint64_t fingerprint;   /* XXH3_64bits of meta: the model's identity in hello */
     const char *model_name; /* for hello */
     const char *arch;
-    const char *backend;  /* "cpu" */
     uint32_t n_vocab;     /* token ids must be below it */
     uint32_t n_ctx;       /* positions per request (the engine's) */
     uint32_t max_running; /* as engine_opts (resolved, not 0) */
     uint32_t max_queue;
-    bool bit_exact;
     uint64_t weights_bytes; /* for vram: model weights this worker holds */
-    uint64_t kv_bytes;      /* KV cache at its full size */
     int watchdog_ms;        /* ipc watchdog period; 0: ipc's default */
 };
 

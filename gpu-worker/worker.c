@@ -8,7 +8,6 @@
 #include "common/base/log.h"
 #include "common/arena/model.h"
 #include "gpu-worker/engine.h"
-#include "gpu-worker/fwd.h"
 #include "gpu-worker/service.h"
 
 #include <errno.h>
@@ -149,15 +148,11 @@ int worker_init(const struct worker_config *c, struct worker **out)
         .fingerprint = XXH3_64bits(meta, meta_len),
         .model_name = w->model_name,
         .arch = w->arch,
-        .backend = "cpu",
         .n_vocab = hp->n_vocab,
         .n_ctx = n_ctx,
         .max_running = max_running,
         .max_queue = max_queue,
-        .bit_exact = true, /* the CPU forward pass is bit-exact by construction (fwd.h) */
         .weights_bytes = weights,
-        .kv_bytes = (uint64_t)max_running * n_ctx * hp->n_layer *
-                    (hp->n_head_kv * (hp->head_dim + hp->head_dim_v)) * sizeof(float),
         .watchdog_ms = c->watchdog_ms,
     };
     if ((rv = service_init(&so, &w->svc)) != 0) goto fail;
@@ -171,8 +166,18 @@ int worker_init(const struct worker_config *c, struct worker **out)
         .window_ctx = w->svc,
         .on_route = w->state ? heat : NULL,
         .route_ctx = w->state,
+        .backend = c->backend,
     };
     if ((rv = engine_start(w->m, &eo, &w->e)) != 0) goto fail;
+    struct backend_info bi;
+    engine_backend_info(w->e, &bi);
+    if (c->bit_exact && !bi.bit_exact) {
+        rv = strata_errf(STRATA_EUNSUPPORTED,
+                         "--bit-exact: the %s backend cannot promise bit-exact answers with this "
+                         "configuration: drop --bit-exact or change the backend's options",
+                         bi.name);
+        goto fail;
+    }
     if ((rv = serve(w)) != 0) goto fail;
     if (w->state && (rv = arena_worker_register(w->state, -1, w->url, 0, 0, &w->slot)) != 0)
         goto fail;

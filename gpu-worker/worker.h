@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "gpu-worker/backend.h"
+
 struct worker_config {
     const char *arena;       /* arena name (strata-arena serve), or NULL with model */
     const char *model;       /* a GGUF file to serve without an arena, or NULL */
@@ -29,8 +31,9 @@ struct worker_config {
     int max_seqs;            /* requests decoded at once; 0: 16 */
     int max_queue;           /* requests waiting; 0: 64 */
     int ctx;                 /* positions per request; 0: the model's trained context */
-    bool bit_exact;          /* refuse to serve unless answers are bit-exact (the CPU backend
-                                always is) */
+    bool bit_exact;          /* worker_init refuses (STRATA_EUNSUPPORTED) a backend and options
+                                that cannot promise bit-exact answers (DESIGN 3.4) */
+    struct backend_opts backend; /* name, KV type, expert cache (backend_opt); sizes are ours */
     int watchdog_ms;         /* ipc watchdog period; 0: default */
 };
 

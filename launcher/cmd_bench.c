@@ -33,6 +33,7 @@ static void usage(FILE *out)
             "  --json        one JSON line: prefill_tok_s, decode_tok_s, the breakdowns, ...\n"
             "  --llama       also run llama.cpp on the same file, threads and lengths through\n"
             "                node-llama-cpp, side by side\n"
+            BACKEND_OPTS_USAGE
             "  --nlc DIR     where `npm install --prefix DIR " NLC_PACKAGE "` put the package\n"
             "                (default: $STRATA_NLC, else build/nlc under the source tree)\n"
             "STRATA_CPU=ref|avx2|avx512 picks the kernels (default: the best this CPU has).\n");
@@ -106,7 +107,7 @@ static void run_llama(const char *model, const char *nlc, uint32_t threads, uint
     json_decref(j);
 }
 
-static void breakdown_json(FILE *out, const char *name, const struct fwd_stats *s)
+static void breakdown_json(FILE *out, const char *name, const struct backend_stats *s)
 {
     fprintf(out,
             "\"%s\": {\"total_s\": %.4f, \"attention_s\": %.4f, \"dense_s\": %.4f, "
@@ -124,8 +125,9 @@ static void row(const char *what, double a, double at, double b, double bt)
 static void table(const char *model, const struct bench_opts *o, const struct bench_result *r,
                   const struct peer *p, bool asked, double load)
 {
-    printf("strata bench %s: %.0f MiB, %u threads, %s kernels, load average %.2f\n", model,
-           (double)r->file_bytes / (1 << 20), r->threads, r->isa, load);
+    printf("strata bench %s: %.0f MiB, %s backend (%s), KV %s, load average %.2f\n", model,
+           (double)r->file_bytes / (1 << 20), r->info.name, r->info.device,
+           kv_type_name(r->info.kv_type), load);
     printf("\n  %-22s %16s %16s\n", "", "strata", asked ? "llama.cpp" : "");
     char a[64], b[64];
     snprintf(a, sizeof a, "prefill (%u tokens)", o->prompt);
@@ -137,7 +139,7 @@ static void table(const char *model, const struct bench_opts *o, const struct be
     if (p->ok) printf(" %10.1f tok/s  (%.2fx)", p->decode_tok_s, r->decode_tok_s / p->decode_tok_s);
     printf("\n");
     if (asked && !p->ok) printf("  llama.cpp: %s\n", p->why);
-    const struct fwd_stats *P = &r->prefill, *D = &r->decode;
+    const struct backend_stats *P = &r->prefill, *D = &r->decode;
     printf("\n  %-22s %18s %18s\n", "where the time goes", "prefill", "decode");
     row("attention", P->attention_s, P->total_s, D->attention_s, D->total_s);
     row("dense matmuls", P->dense_s, P->total_s, D->dense_s, D->total_s);
@@ -156,6 +158,7 @@ static int run(int argc, char **argv)
 {
     const char *model = NULL, *nlc = NULL;
     bool json = false, llama = false;
+    int rv;
     struct bench_opts o = {.prompt = 512, .gen = 64, .reps = 3};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -177,6 +180,13 @@ static int run(int argc, char **argv)
             num = &o.gen;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             num = &o.reps;
+        } else if (a[0] == '-' && a[1] == '-' && i + 1 < argc &&
+                   (rv = backend_opt(&o.backend, a + 2, argv[i + 1])) != STRATA_ENOENT) {
+            if (rv) {
+                fprintf(stderr, "strata bench: %s\n", strata_errdetail());
+                return 2;
+            }
+            i++;
         } else if (a[0] == '-' || model) {
             fprintf(stderr, "strata bench: unexpected argument '%s'\n", a);
             usage(stderr);
@@ -195,7 +205,7 @@ static int run(int argc, char **argv)
     }
     o.model = model;
     struct bench_result r;
-    int rv = bench_run(&o, &r);
+    rv = bench_run(&o, &r);
     if (rv) return strata_cmd_fail("bench", model, rv);
     struct peer p = {0};
     if (llama) run_llama(model, nlc, r.threads, o.prompt, o.gen, o.reps, &p);

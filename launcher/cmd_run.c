@@ -1,7 +1,7 @@
 /* strata run — one-shot generation in this process: `strata run MODEL.gguf -p TEXT`.
  *
  * The model is read in place from the GGUF mapping (no arena, no worker) and computed by the
- * plain-C reference forward pass (gpu-worker/fwd.h) on --threads CPU threads; prompts go in chunks
+ * forward pass of a backend (gpu-worker/backend.h) on --threads CPU threads; prompts go in chunks
  * of --chunk tokens. The output is the generated text (or ids, for a file without a tokenizer), or
  * with --json one line {"prompt_ids", "ids", "text", "top_logprobs", "seed", "finish_reason"}.
  * With --teacher LIST it generates nothing: it feeds the given continuation after the prompt
@@ -14,7 +14,7 @@
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "common/tok/tok.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 #include "gpu-worker/sample.h"
 #include "launcher/cmd.h"
@@ -63,7 +63,8 @@ static void usage(FILE *out)
             "  --ctx N               context length (default: the model's trained context)\n"
             "  --threads N           compute threads (default: the online CPUs)\n"
             "  --chunk N             prompt tokens per forward pass (default 256)\n"
-            "  --bit-exact           ask for bit-exact results; the reference backend always is\n"
+            "  --bit-exact           refuse to run unless the backend promises bit-exact results\n"
+            BACKEND_OPTS_USAGE
             "  --json                print one JSON line: prompt_ids, ids, text, top_logprobs,\n"
             "                        seed, finish_reason (\"stop\" at EOS, \"length\" otherwise)\n",
             PENALTY_LAST_N);
@@ -73,8 +74,9 @@ struct run_opts {
     const char *model, *prompt, *ids, *teacher;
     const char *name, *runtime_dir; /* --name: a running service generates (run_service) */
     uint32_t n_predict, ctx, threads, chunk;
-    bool json, ignore_eos, seed_given;
+    bool json, ignore_eos, seed_given, bit_exact;
     struct sample_params sp;
+    struct backend_opts backend;
 };
 
 
@@ -115,7 +117,7 @@ static int parse_ids(const char *s, const char *opt, struct tok_ids *out)
 }
 
 enum { O_IDS = 256, O_TEACHER, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED,
-       O_LOGPROBS, O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP, O_NAME,
+       O_LOGPROBS, O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP, O_NAME, O_BACKEND, O_KV_TYPE,
        O_RUNTIME };
 
 /* parse_args returns 0, or 2 for a usage error (message printed), or -1 after --help. */
@@ -135,7 +137,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"chunk", required_argument, NULL, O_CHUNK}, {"bit-exact", no_argument, NULL, O_BITEXACT},
         {"json", no_argument, NULL, O_JSON}, {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
         {"help", no_argument, NULL, O_HELP}, {"name", required_argument, NULL, O_NAME},
-        {"runtime-dir", required_argument, NULL, O_RUNTIME}, {NULL, 0, NULL, 0},
+        {"runtime-dir", required_argument, NULL, O_RUNTIME},
+        {"backend", required_argument, NULL, O_BACKEND},
+        {"kv-type", required_argument, NULL, O_KV_TYPE}, {NULL, 0, NULL, 0},
     };
     *o = (struct run_opts){.n_predict = 64, .chunk = 256};
     sample_params_default(&o->sp);
@@ -180,7 +184,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_CTX: rv = strata_cmd_parse_u32(optarg, "--ctx", 1, &o->ctx); break;
         case O_THREADS: rv = strata_cmd_parse_u32(optarg, "--threads", 1, &o->threads); break;
         case O_CHUNK: rv = strata_cmd_parse_u32(optarg, "--chunk", 1, &o->chunk); break;
-        case O_BITEXACT: break; /* the reference backend has no other mode */
+        case O_BITEXACT: o->bit_exact = true; break;
+        case O_BACKEND: rv = backend_opt(&o->backend, "backend", optarg); break;
+        case O_KV_TYPE: rv = backend_opt(&o->backend, "kv-type", optarg); break;
         case O_JSON: o->json = true; break;
         case O_IGNORE_EOS: o->ignore_eos = true; break;
         case O_NAME: o->name = optarg; break;
@@ -231,7 +237,7 @@ static json_t *logprob_json(const struct sample_result *r)
  * in `logits` (n_vocab floats, overwritten): one step per id, then the id is fed. Appends to steps
  * one object per step: the id, its logit, the argmax (lowest id on a tie), the top and the lowest
  * logit (a checker states its tolerance as a share of top - min). Errors as fwd_eval. */
-static int teacher_force(struct fwd *fw, struct kv_seq *seq, uint32_t n_vocab, const int32_t *ids,
+static int teacher_force(struct backend *fw, struct kv_seq *seq, uint32_t n_vocab, const int32_t *ids,
                          size_t n, float *logits, json_t *steps)
 {
     for (size_t i = 0; i < n; i++) {
@@ -246,8 +252,8 @@ static int teacher_force(struct fwd *fw, struct kv_seq *seq, uint32_t n_vocab, c
                                         (double)logits[ids[i]], "argmax", (int)best, "top_logit",
                                         (double)logits[best], "min_logit", (double)lo));
         if (i + 1 == n) break; /* the last id's own logits are not asked for */
-        struct fwd_token ft = {seq, ids[i], true};
-        int rv = fwd_eval(fw, &ft, 1, logits);
+        struct backend_token ft = {seq, ids[i], true};
+        int rv = backend_eval(fw, &ft, 1, logits);
         if (rv) return rv;
     }
     return 0;
@@ -308,7 +314,7 @@ static int run(int argc, char **argv)
     struct model *m = NULL;
     struct tok *tk = NULL;
     struct kv_cache *kv = NULL;
-    struct fwd *fw = NULL;
+    struct backend *fw = NULL;
     struct sample *smp = NULL;
     struct kv_seq seq;
     struct tok_ids hist = {0};
@@ -357,7 +363,7 @@ static int run(int argc, char **argv)
 
     what = "setup";
     struct kv_config kc;
-    fwd_kv_config(m, o.ctx, 1, &kc);
+    backend_kv_config(m, o.ctx, 1, &kc);
     /* the last teacher id is scored, never fed */
     if (o.teacher && hist.n - 1 > kc.n_ctx) {
         rv = strata_errf(STRATA_ELIMIT,
@@ -366,7 +372,11 @@ static int run(int argc, char **argv)
                          hist.n - 1, kc.n_ctx);
         goto fail;
     }
-    struct fwd_opts fo = {o.threads, o.chunk < kc.n_ctx ? o.chunk : kc.n_ctx};
+    struct backend_opts bo = o.backend;
+    bo.n_threads = o.threads;
+    bo.max_pass_tokens = o.chunk < kc.n_ctx ? o.chunk : kc.n_ctx;
+    bo.n_ctx = kc.n_ctx;
+    bo.n_seq = 1;
     logits = malloc((size_t)hp->n_vocab * sizeof *logits);
     int32_t *grown = realloc(hist.v, (hist.n + o.n_predict) * sizeof *hist.v);
     if (grown) hist.v = grown;
@@ -374,13 +384,23 @@ static int run(int argc, char **argv)
         rv = strata_errf(STRATA_ENOMEM, "out of memory for %u logits", hp->n_vocab);
         goto fail;
     }
-    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &fw)) != 0 ||
+    if ((rv = backend_start(m, &bo, &fw)) != 0 ||
         (!o.teacher && (rv = sample_init(hp->n_vocab, &smp)) != 0))
         goto fail;
+    kv = backend_kv(fw);
+    struct backend_info bi;
+    backend_info(fw, &bi);
+    if (o.bit_exact && !bi.bit_exact) {
+        rv = strata_errf(STRATA_EUNSUPPORTED,
+                         "--bit-exact: the %s backend cannot promise bit-exact results with these "
+                         "options",
+                         bi.name);
+        goto fail;
+    }
 
     what = "prompt";
     double t0 = now_s();
-    if ((rv = fwd_prompt(fw, &seq, hist.v, (uint32_t)n_prompt, o.chunk, logits)) != 0) goto fail;
+    if ((rv = backend_prompt(fw, &seq, hist.v, (uint32_t)n_prompt, o.chunk, logits)) != 0) goto fail;
     double t1 = now_s();
     if (o.teacher) {
         what = "--teacher";
@@ -433,8 +453,8 @@ static int run(int argc, char **argv)
                         kc.n_ctx);
                 break;
             }
-            struct fwd_token ft = {&seq, r.id, true};
-            if ((rv = fwd_eval(fw, &ft, 1, logits)) != 0) goto fail;
+            struct backend_token ft = {&seq, r.id, true};
+            if ((rv = backend_eval(fw, &ft, 1, logits)) != 0) goto fail;
         }
         if (tk) {
             size_t before = text.n;
@@ -465,9 +485,8 @@ fail:
     free(hist.v);
     free(logits);
     sample_fini(smp);
-    fwd_close(fw);
     if (kv) kv_seq_fini(kv, &seq);
-    kv_fini(kv);
+    backend_close(fw);
     tok_fini(tk);
     model_fini(m);
     gguf_close(gf);

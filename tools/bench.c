@@ -82,7 +82,7 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
     struct gguf_file *gf = NULL;
     struct model *m = NULL;
     struct kv_cache *kv = NULL;
-    struct fwd *f = NULL;
+    struct backend *f = NULL;
     struct kv_seq s;
     int32_t *ids = NULL;
     float *logits = NULL;
@@ -104,10 +104,13 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
                          o->prompt, o->gen, m->hp.n_ctx_train);
         goto fail;
     }
-    struct kv_config kc;
-    fwd_kv_config(m, n_ctx, 1, &kc);
-    struct fwd_opts fo = {out->threads, o->prompt};
-    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &f)) != 0) goto fail;
+    struct backend_opts bo = o->backend;
+    bo.n_threads = out->threads;
+    bo.max_pass_tokens = o->prompt;
+    bo.n_ctx = n_ctx;
+    bo.n_seq = 1;
+    if ((rv = backend_start(m, &bo, &f)) != 0) goto fail;
+    kv = backend_kv(f);
     ids = malloc((size_t)o->prompt * sizeof *ids);
     logits = malloc((size_t)V * sizeof *logits);
     if (!ids || !logits) {
@@ -117,22 +120,22 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
     for (uint32_t i = 0; i < o->prompt; i++)
         ids[i] = (int32_t)((i * 7919ull + 13) % V);
     /* warm-up: page the weights in (most experts are hit by 64 tokens), then start over */
-    if ((rv = fwd_prompt(f, &s, ids, o->prompt < 64 ? o->prompt : 64, 0, logits)) != 0) goto fail;
+    if ((rv = backend_prompt(f, &s, ids, o->prompt < 64 ? o->prompt : 64, 0, logits)) != 0) goto fail;
     for (uint32_t rep = 0; rep < (o->reps ? o->reps : 1); rep++) {
         if ((rv = kv_seq_resize(kv, &s, 0)) != 0) goto fail;
-        struct fwd_stats ps, ds;
-        fwd_reset_stats(f);
+        struct backend_stats ps, ds;
+        backend_reset_stats(f);
         double t0 = now_s();
-        if ((rv = fwd_prompt(f, &s, ids, o->prompt, 0, logits)) != 0) goto fail;
+        if ((rv = backend_prompt(f, &s, ids, o->prompt, 0, logits)) != 0) goto fail;
         double t1 = now_s();
-        fwd_get_stats(f, &ps);
-        fwd_reset_stats(f);
+        backend_get_stats(f, &ps);
+        backend_reset_stats(f);
         for (uint32_t i = 0; i < o->gen; i++) {
-            struct fwd_token t = {&s, (int32_t)argmax(logits, V), true};
-            if ((rv = fwd_eval(f, &t, 1, logits)) != 0) goto fail;
+            struct backend_token t = {&s, (int32_t)argmax(logits, V), true};
+            if ((rv = backend_eval(f, &t, 1, logits)) != 0) goto fail;
         }
         double t2 = now_s();
-        fwd_get_stats(f, &ds);
+        backend_get_stats(f, &ds);
         if (rep == 0 || t1 - t0 < out->prefill_s) {
             out->prefill_s = t1 - t0;
             out->prefill = ps;
@@ -145,11 +148,11 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
     out->prefill_tok_s = o->prompt / out->prefill_s;
     out->decode_tok_s = o->gen / out->decode_s;
     out->decode_gbs = (double)out->decode.weight_bytes / out->decode_s / 1e9;
+    backend_info(f, &out->info);
     rv = bench_read_gbs(out->threads, 256u << 20, &out->read_gbs);
 fail:
     if (kv) kv_seq_fini(kv, &s);
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
     model_fini(m);
     gguf_close(gf);
     free(ids);

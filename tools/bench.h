@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 
 struct bench_opts {
     const char *model; /* GGUF path */
@@ -21,14 +21,16 @@ struct bench_opts {
     uint32_t prompt;   /* prompt tokens (>= 1) */
     uint32_t gen;      /* decode steps (>= 1) */
     uint32_t reps;     /* runs; 0 means 1 */
+    struct backend_opts backend; /* name, KV type, expert cache; the sizes are the bench's */
 };
 
 struct bench_result {
     uint32_t threads;
     const char *isa; /* kernels/cpu's ISA name */
+    struct backend_info info; /* the backend that ran */
     double prefill_s, decode_s;
     double prefill_tok_s, decode_tok_s;
-    struct fwd_stats prefill, decode; /* the forward pass's own breakdown of each phase */
+    struct backend_stats prefill, decode; /* the forward pass's own breakdown of each phase */
     double read_gbs;     /* streaming read bandwidth of this machine, same thread count */
     double decode_gbs;   /* weight bytes per second the decode steps streamed */
     uint64_t file_bytes; /* the GGUF's size */

@@ -17,7 +17,7 @@ START_TEST(measures_a_tiny_model)
     snprintf(path, sizeof path, "%s/bench.gguf", test_tmpdir());
     struct fixture_opts fo = {.seed = 5};
     ck_assert_msg(fixture_write(&fo, path) == 0, "%s", strata_errdetail());
-    struct bench_opts o = {path, 2, 40, 6, 2};
+    struct bench_opts o = {.model = path, .threads = 2, .prompt = 40, .gen = 6, .reps = 2};
     struct bench_result r;
     ck_assert_msg(bench_run(&o, &r) == 0, "%s", strata_errdetail());
     ck_assert_uint_eq(r.threads, 2);
@@ -27,7 +27,7 @@ START_TEST(measures_a_tiny_model)
     ck_assert_uint_eq(r.prefill.passes, 1); /* the prompt in one chunk */
     ck_assert_uint_eq(r.decode.tokens, 6);
     ck_assert_uint_eq(r.decode.passes, 6);
-    const struct fwd_stats *s[] = {&r.prefill, &r.decode};
+    const struct backend_stats *s[] = {&r.prefill, &r.decode};
     for (int i = 0; i < 2; i++) {
         const double parts = s[i]->attention_s + s[i]->dense_s + s[i]->experts_s + s[i]->output_s;
         ck_assert(parts > 0 && parts <= s[i]->total_s * 1.0001);
@@ -48,12 +48,12 @@ START_TEST(refuses_bad_lengths)
     struct fixture_opts fo = {.seed = 5};
     ck_assert_int_eq(fixture_write(&fo, path), 0);
     struct bench_result r;
-    struct bench_opts zero = {path, 1, 0, 4, 1};
+    struct bench_opts zero = {.model = path, .threads = 1, .prompt = 0, .gen = 4, .reps = 1};
     ck_assert_int_eq(bench_run(&zero, &r), STRATA_EINVAL);
-    struct bench_opts long_ctx = {path, 1, 5000, 4, 1}; /* the tiny shape's context is 4096 */
+    struct bench_opts long_ctx = {.model = path, .threads = 1, .prompt = 5000, .gen = 4, .reps = 1}; /* the tiny shape's context is 4096 */
     ck_assert_int_eq(bench_run(&long_ctx, &r), STRATA_EINVAL);
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "context of 4096"));
-    struct bench_opts missing = {"/nonexistent/model.gguf", 1, 4, 4, 1};
+    struct bench_opts missing = {.model = "/nonexistent/model.gguf", .threads = 1, .prompt = 4, .gen = 4, .reps = 1};
     ck_assert_int_ne(bench_run(&missing, &r), 0);
     unlink(path);
 }

@@ -3,7 +3,7 @@
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "common/quant/qtype.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -202,20 +202,17 @@ static float *logits_of(const char *path, struct gguf_file **fo)
     struct model *m;
     ck_assert_int_eq(gguf_open(path, fo), 0);
     ck_assert_msg(model_load(*fo, &m) == 0, "%s: %s", path, strata_errdetail());
-    struct kv_config kc;
     struct kv_cache *kv;
-    struct fwd *fw;
+    struct backend *fw;
     struct kv_seq s;
-    fwd_kv_config(m, 32, 1, &kc);
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    struct fwd_opts o = {1, 16};
-    ck_assert_int_eq(fwd_start(m, kv, &o, &fw), 0);
+    struct backend_opts o = {.n_threads = 1, .max_pass_tokens = 16, .n_ctx = 32, .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &o, &fw), 0);
+    kv = backend_kv(fw);
     kv_seq_init(&s);
     float *l = malloc(m->hp.n_vocab * sizeof *l);
-    ck_assert_int_eq(fwd_prompt(fw, &s, ids, 11, 0, l), 0);
+    ck_assert_int_eq(backend_prompt(fw, &s, ids, 11, 0, l), 0);
     kv_seq_fini(kv, &s);
-    fwd_close(fw);
-    kv_fini(kv);
+    backend_close(fw);
     model_fini(m);
     return l;
 }

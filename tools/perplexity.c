@@ -2,7 +2,7 @@
 
 #include "common/base/err.h"
 #include "common/tok/tok.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 
 #include <errno.h>
@@ -116,8 +116,8 @@ static double nll_of(const float *logits, uint32_t n_vocab, int32_t target)
 }
 
 /* eval_window runs w through a fresh sequence and adds the NLL of its scored tokens. */
-static int eval_window(struct fwd *f, struct kv_cache *kv, const struct model *m,
-                       const int32_t *ids, const struct ppl_window *w, struct fwd_token *toks,
+static int eval_window(struct backend *f, struct kv_cache *kv, const struct model *m,
+                       const int32_t *ids, const struct ppl_window *w, struct backend_token *toks,
                        float *logits, double *nll, uint64_t *scored)
 {
     const uint32_t V = m->hp.n_vocab;
@@ -129,8 +129,8 @@ static int eval_window(struct fwd *f, struct kv_cache *kv, const struct model *m
         uint32_t nt = 0;
         /* Token q's logits predict q + 1: needed for q in [first - 1, end - 1). */
         for (size_t q = c; q < ce; q++)
-            toks[nt++] = (struct fwd_token){&seq, ids[q], q + 1 >= w->first && q + 1 < w->end};
-        if ((rv = fwd_eval(f, toks, nt, logits)) != 0) break;
+            toks[nt++] = (struct backend_token){&seq, ids[q], q + 1 >= w->first && q + 1 < w->end};
+        if ((rv = backend_eval(f, toks, nt, logits)) != 0) break;
         const float *row = logits;
         for (size_t q = c; q < ce; q++) {
             if (!(q + 1 >= w->first && q + 1 < w->end)) continue;
@@ -158,10 +158,10 @@ int ppl_eval(const struct model *m, const int32_t *ids, size_t n, const struct p
                                i, ids[i], m->hp.n_vocab);
     const size_t n_windows = ppl_windows(n, o->ctx, o->stride, NULL, 0);
     struct ppl_window *ws = malloc(n_windows * sizeof *ws);
-    struct fwd_token *toks = malloc(PPL_CHUNK * sizeof *toks);
+    struct backend_token *toks = malloc(PPL_CHUNK * sizeof *toks);
     float *logits = malloc((size_t)PPL_CHUNK * m->hp.n_vocab * sizeof *logits);
     struct kv_cache *kv = NULL;
-    struct fwd *f = NULL;
+    struct backend *f = NULL;
     int rv;
     if (!ws || !toks || !logits) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for %zu windows of %u tokens", n_windows,
@@ -169,10 +169,9 @@ int ppl_eval(const struct model *m, const int32_t *ids, size_t n, const struct p
         goto fail;
     }
     ppl_windows(n, o->ctx, o->stride, ws, n_windows);
-    struct kv_config kc;
-    fwd_kv_config(m, o->ctx, 1, &kc);
-    struct fwd_opts fo = {.n_threads = o->n_threads, .max_pass_tokens = PPL_CHUNK};
-    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &f)) != 0) goto fail;
+    struct backend_opts bo = {.n_threads = o->n_threads, .max_pass_tokens = PPL_CHUNK, .n_ctx = o->ctx, .n_seq = 1};
+    if ((rv = backend_start(m, &bo, &f)) != 0) goto fail;
+    kv = backend_kv(f);
     *out = (struct ppl_result){.n_windows = n_windows};
     for (size_t i = 0; i < n_windows; i++) {
         if ((rv = eval_window(f, kv, m, ids, &ws[i], toks, logits, &out->nll, &out->scored)) != 0)
@@ -181,8 +180,7 @@ int ppl_eval(const struct model *m, const int32_t *ids, size_t n, const struct p
     }
     out->perplexity = exp(out->nll / (double)out->scored);
 fail:
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
     free(ws);
     free(toks);
     free(logits);

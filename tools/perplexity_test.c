@@ -6,7 +6,7 @@
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "common/tok/tok.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
@@ -96,23 +96,20 @@ static void fx_close(struct fx *x)
 static float *logits_one_by_one(const struct model *m, const int32_t *ids, size_t b, size_t e)
 {
     const uint32_t V = m->hp.n_vocab;
-    struct kv_config kc;
-    fwd_kv_config(m, (uint32_t)(e - b), 1, &kc);
     struct kv_cache *kv;
-    struct fwd *f;
-    struct fwd_opts fo = {.n_threads = 2, .max_pass_tokens = 1};
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    ck_assert_int_eq(fwd_start(m, kv, &fo, &f), 0);
+    struct backend *f;
+    struct backend_opts fo = {.n_threads = 2, .max_pass_tokens = 1, .n_ctx = (uint32_t)(e - b), .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &fo, &f), 0);
+    kv = backend_kv(f);
     struct kv_seq s;
     kv_seq_init(&s);
     float *out = malloc((e - b) * V * sizeof *out);
     for (size_t q = b; q < e; q++) {
-        struct fwd_token t = {&s, ids[q], true};
-        ck_assert_int_eq(fwd_eval(f, &t, 1, out + (q - b) * V), 0);
+        struct backend_token t = {&s, ids[q], true};
+        ck_assert_int_eq(backend_eval(f, &t, 1, out + (q - b) * V), 0);
     }
     kv_seq_fini(kv, &s);
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
     return out;
 }
 

@@ -1,7 +1,7 @@
 #include "tools/trace.h"
 
 #include "common/base/err.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 
 #include <math.h>
@@ -95,9 +95,9 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
     struct rec r = {.n_layer = hp->n_layer, .n_used = hp->n_expert_used};
     r.sel = malloc((size_t)chunk * hp->n_layer * hp->n_expert_used * sizeof *r.sel);
     r.got = malloc((size_t)chunk * hp->n_layer * sizeof *r.got);
-    struct fwd_token *toks = malloc(chunk * sizeof *toks);
+    struct backend_token *toks = malloc(chunk * sizeof *toks);
     struct kv_cache *kv = NULL;
-    struct fwd *f = NULL;
+    struct backend *f = NULL;
     struct kv_seq seq;
     kv_seq_init(&seq);
     int rv = 0;
@@ -105,11 +105,10 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
         rv = strata_errf(STRATA_ENOMEM, "out of memory for trace passes of %u tokens", chunk);
         goto fail;
     }
-    struct kv_config kc;
-    fwd_kv_config(m, ctx, 1, &kc);
-    struct fwd_opts fo = {.n_threads = n_threads, .max_pass_tokens = chunk};
-    if ((rv = kv_init(&kc, &kv)) != 0 || (rv = fwd_start(m, kv, &fo, &f)) != 0) goto fail;
-    fwd_set_route(f, route, &r);
+    struct backend_opts bo = {.n_threads = n_threads, .max_pass_tokens = chunk, .n_ctx = ctx, .n_seq = 1};
+    if ((rv = backend_start(m, &bo, &f)) != 0) goto fail;
+    kv = backend_kv(f);
+    backend_set_route(f, route, &r);
     for (size_t i = 0; i < n;) {
         if (i % ctx == 0) {
             kv_seq_fini(kv, &seq);
@@ -120,9 +119,9 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
         const uint32_t c = left < chunk ? (uint32_t)left : chunk;
         /* No logits are asked for: the routing is all a trace needs. */
         for (uint32_t j = 0; j < c; j++)
-            toks[j] = (struct fwd_token){&seq, ids[i + j], false};
+            toks[j] = (struct backend_token){&seq, ids[i + j], false};
         memset(r.got, 0, (size_t)c * hp->n_layer * sizeof *r.got);
-        if ((rv = fwd_eval(f, toks, c, NULL)) != 0) goto fail;
+        if ((rv = backend_eval(f, toks, c, NULL)) != 0) goto fail;
         for (uint32_t j = 0; j < c; j++) {
             for (uint32_t l = 0; l < hp->n_layer; l++)
                 if (r.got[(size_t)j * hp->n_layer + l] != hp->n_expert_used) {
@@ -140,8 +139,7 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
     }
 fail:
     kv_seq_fini(kv, &seq);
-    fwd_close(f);
-    kv_fini(kv);
+    backend_close(f);
     free(r.sel);
     free(r.got);
     free(toks);

@@ -1,7 +1,7 @@
 #include "common/arena/model.h"
 #include "common/base/err.h"
 #include "common/quant/qtype.h"
-#include "gpu-worker/fwd.h"
+#include "gpu-worker/backend.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -107,20 +107,17 @@ static int load_err(const char *path)
 /* last_logits runs ids through a fresh forward pass and returns the last token's logits. */
 static float *last_logits(const struct model *m, const int32_t *ids, uint32_t n)
 {
-    struct kv_config kc;
     struct kv_cache *kv;
-    struct fwd *fw;
+    struct backend *fw;
     struct kv_seq s;
-    fwd_kv_config(m, 64, 1, &kc);
-    ck_assert_int_eq(kv_init(&kc, &kv), 0);
-    struct fwd_opts fo = {1, 16};
-    ck_assert_int_eq(fwd_start(m, kv, &fo, &fw), 0);
+    struct backend_opts fo = {.n_threads = 1, .max_pass_tokens = 16, .n_ctx = 64, .n_seq = 1};
+    ck_assert_int_eq(backend_start(m, &fo, &fw), 0);
+    kv = backend_kv(fw);
     kv_seq_init(&s);
     float *logits = malloc(m->hp.n_vocab * sizeof *logits);
-    ck_assert_msg(fwd_prompt(fw, &s, ids, n, 0, logits) == 0, "%s", strata_errdetail());
+    ck_assert_msg(backend_prompt(fw, &s, ids, n, 0, logits) == 0, "%s", strata_errdetail());
     kv_seq_fini(kv, &s);
-    fwd_close(fw);
-    kv_fini(kv);
+    backend_close(fw);
     return logits;
 }
 

@@ -493,8 +493,8 @@ START_TEST(moe_ffn_matches_reference)
                     pw[t * k + j] = 0.1f + 0.2f * j;
                 }
             for (int64_t i = 0; i < n_tok * n_embd; i++) x[i] = frand();
-            struct cu_moe_group groups[80];
-            int ng = cu_moe_group(ids, n_tok, k, resident, groups, pair_idx);
+            struct moe_group groups[80];
+            int ng = moe_group(ids, n_tok, k, (uint32_t)n_exp, resident, CU_MOE_MAX_PAIRS, groups, pair_idx);
             for (int g = 0; g < ng; g++) {
                 ck_assert_int_le(groups[g].count, CU_MOE_MAX_PAIRS);
                 if (g) ck_assert_int_le(groups[g - 1].expert, groups[g].expert);
@@ -523,7 +523,7 @@ START_TEST(moe_ffn_matches_reference)
                     refabs[pi * n_embd + d] = pw[pi] * ad;
                 }
             }
-            struct cu_moe_group *dg = dev_upload(groups, sizeof(groups[0]) * (ng ? ng : 1));
+            struct moe_group *dg = dev_upload(groups, sizeof(groups[0]) * (ng ? ng : 1));
             int32_t *dpi = dev_upload(pair_idx, sizeof(int32_t) * n_pairs);
             int32_t *dids = dev_upload(ids, sizeof(int32_t) * n_pairs);
             float *dpw = dev_upload(pw, sizeof(float) * n_pairs);

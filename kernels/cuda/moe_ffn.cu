@@ -13,7 +13,7 @@
  * out[p * ld + r], times scale[p] when scale is set (the down part's routing weight). */
 struct mf_task {
     const uint8_t *const *slot_ptr;
-    const struct cu_moe_group *groups;
+    const struct moe_group *groups;
     const int32_t *pair_idx;
     uint64_t off;      /* the part's offset in a blob */
     int nrows, ncols;  /* of the part */
@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
     const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
     if (r >= t.nrows) return;
     const int lane = threadIdx.x & (WARP - 1);
-    const struct cu_moe_group g = t.groups[blockIdx.y];
+    const struct moe_group g = t.groups[blockIdx.y];
     const int64_t row_bytes = (int64_t)t.ncols / qt<T>::blck * qt<T>::bytes;
     const uint8_t *wrow = t.slot_ptr[g.expert] + t.off + r * row_bytes;
     float acc[CU_MOE_MAX_PAIRS];
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
         __syncwarp();
         const int g = i / t.nrows, r = i - g * t.nrows;
         if (g != cur_g) {
-            const struct cu_moe_group grp = t.groups[g];
+            const struct moe_group grp = t.groups[g];
             cur_g = g, count = grp.count;
             my_pair = lane < count ? t.pair_idx[grp.first + lane] : 0;
         }
@@ -173,10 +173,10 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
 
 /* h = silu(gate) * up for every pair of every group, as ops_swiglu (one IEEE step each; expf is
  * the GPU's, within 2 ulp of the C library's). */
-__global__ void moe_swiglu(const struct cu_moe_group *groups, const int32_t *pair_idx, int n_ff,
+__global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_idx, int n_ff,
                            float *h, const float *up)
 {
-    const struct cu_moe_group g = groups[blockIdx.x];
+    const struct moe_group g = groups[blockIdx.x];
     for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
         const int64_t e = (int64_t)pair_idx[g.first + i / n_ff] * n_ff + i % n_ff;
         const float x = h[e];
@@ -199,31 +199,6 @@ __global__ void moe_combine(const float *out, const int32_t *ids, int k, int64_t
         for (int j = 0; j < k; j++) s += out[(t * k + order[j]) * n_embd + d];
         y[t * n_embd + d] = s;
     }
-}
-
-extern "C" int cu_moe_group(const int32_t *ids, int64_t n_tok, int k, const uint8_t *resident,
-                            struct cu_moe_group *groups, int32_t *pair_idx)
-{
-    /* O(pairs^2) selection by expert id: fine for decode batches (<= 16 tokens x 8) and chunks
-     * of a few hundred tokens; a counting sort would replace it for long prompt chunks. */
-    int64_t n = n_tok * k, placed = 0;
-    int n_groups = 0;
-    int32_t last = -1;
-    for (;;) {
-        int32_t next = 0x7fffffff;
-        for (int64_t i = 0; i < n; i++)
-            if (ids[i] > last && ids[i] < next && resident[ids[i]]) next = ids[i];
-        if (next == 0x7fffffff) break;
-        for (int64_t i = 0; i < n; i++) {
-            if (ids[i] != next) continue;
-            if (n_groups == 0 || groups[n_groups - 1].expert != next ||
-                groups[n_groups - 1].count == CU_MOE_MAX_PAIRS)
-                groups[n_groups++] = (struct cu_moe_group){next, (int32_t)placed, 0};
-            pair_idx[placed++] = (int32_t)i, groups[n_groups - 1].count++;
-        }
-        last = next;
-    }
-    return n_groups;
 }
 
 /* The workspace: up's products, then the activations quantized for gate, for up (when its layout
@@ -286,7 +261,7 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
 }
 
 extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
-                          const struct cu_moe_group *groups, int n_groups, const int32_t *pair_idx,
+                          const struct moe_group *groups, int n_groups, const int32_t *pair_idx,
                           const float *pair_w, int64_t n_tok, int k, const float *x, float *h,
                           void *ws, float *out, void *stream)
 {

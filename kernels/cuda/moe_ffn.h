@@ -3,7 +3,7 @@
  * Expert weights come from slots: slot_ptr[e] is the device address of expert e's blob (the arena
  * blob copied into a VRAM slot, 16-byte aligned), parts at the offsets of struct cu_moe_parts
  * (multiples of 16), each in its own type. The host groups the (token, k) pairs routed to resident
- * experts by expert id (cu_moe_group, ascending ids, at most CU_MOE_MAX_PAIRS pairs a group);
+ * experts by expert id (moe_group, ascending ids, at most CU_MOE_MAX_PAIRS pairs a group);
  * misses are left to the CPU. For each pair of a group:
  *   h[pair]   = silu(gate_e . x_tok) * (up_e . x_tok)           (n_ff per pair, at tok * k + j)
  *   out[pair] = weight_pair * (down_e . h[pair])                (n_embd per pair)
@@ -18,6 +18,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kernels/ref/moe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,18 +36,8 @@ struct cu_moe_parts {
 
 #define CU_MOE_MAX_PAIRS 16 /* pairs of one group: an expert with more gets several groups */
 
-struct cu_moe_group {
-    int32_t expert;     /* expert id */
-    int32_t first;      /* index of its first pair in pair_idx */
-    int32_t count;      /* pairs routed to it */
-};
-
-/* cu_moe_group (host): from ids[n_tok * k] and a residency test (resident[e] != 0), fill groups
- * (ascending expert id; an expert's pairs in runs of at most CU_MOE_MAX_PAIRS) and pair_idx (pair =
- * tok * k + j, grouped); returns the group count. Arrays sized n_tok * k. Pure host code: the
- * worker knows routing before it splits hits and misses. */
-int cu_moe_group(const int32_t *ids, int64_t n_tok, int k, const uint8_t *resident,
-                 struct cu_moe_group *groups, int32_t *pair_idx);
+/* Groups come from moe_group (kernels/ref/moe.h, shared with the CPU expert step) with mask = the
+ * resident experts and max_pairs = CU_MOE_MAX_PAIRS. */
 
 /* cu_moe_workspace_bytes: the workspace cu_moe_ffn needs for n_tok tokens routed top-k. */
 size_t cu_moe_workspace_bytes(const struct cu_moe_parts *parts, int64_t n_tok, int k);
@@ -55,7 +47,7 @@ size_t cu_moe_workspace_bytes(const struct cu_moe_parts *parts, int64_t n_tok, i
  * cu_moe_workspace_bytes; out is [n_tok * k][n_embd]. STRATA_EUNSUPPORTED for a part type the GPU
  * does not compute with, STRATA_EINVAL for a misaligned part or a bad shape. */
 int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
-               const struct cu_moe_group *groups, int n_groups, const int32_t *pair_idx,
+               const struct moe_group *groups, int n_groups, const int32_t *pair_idx,
                const float *pair_w, int64_t n_tok, int k, const float *x, float *h, void *ws,
                float *out, void *stream);
 

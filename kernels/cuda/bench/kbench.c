@@ -221,10 +221,10 @@ static void bench_moe(int n_tok, double roof)
     float pw[16 * 8];
     for (int t = 0; t < n_tok; t++)
         for (int j = 0; j < k; j++) ids[t * k + j] = (t * 8 + j * 16 + t / 2) % n_exp, pw[t * k + j] = 0.125f;
-    struct cu_moe_group groups[16 * 8];
-    int ng = cu_moe_group(ids, n_tok, k, resident, groups, pair_idx);
+    struct moe_group groups[16 * 8];
+    int ng = moe_group(ids, n_tok, k, (uint32_t)n_exp, resident, CU_MOE_MAX_PAIRS, groups, pair_idx);
     const uint8_t **dslot;
-    struct cu_moe_group *dg;
+    struct moe_group *dg;
     int32_t *dpi;
     float *dpw, *x, *h, *out;
     void *ws;

@@ -1,41 +1,41 @@
-#include "gpu-worker/fwd.h"
+/* The CPU backend: today's forward pass, behind backend.h's table.
+ *
+ * Kernels: kernels/cpu (AVX2 / AVX-512 when the CPU has them, equal bit for bit to kernels/ref).
+ * Every matmul output is one row dot of one token, attention walks keys in fixed blocks, experts
+ * are added to a token in expert-id order (kernels/ref/moe.h), and threads only split independent
+ * rows or heads: bit-exact by construction for each KV type. The routed experts of a layer run as
+ * one cpu_moe_ffn step over every expert (the GPU backend runs the same step for its misses).
+ * A backend owns its scratch, its K/V storage (kv_store) and a pool of n_threads-1 threads.
+ */
+#include "gpu-worker/backend.h"
 #include "common/base/err.h"
 #include "common/base/pool.h"
 #include "common/quant/qtype.h"
 #include "common/quant/quant.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_mm.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/ref/moe.h"
 #include "kernels/ref/ops.h"
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-/* Weight rows per work item: whole 8-row kernel groups, at least MM_ROWS_MIN so a claim amortizes
- * the prefetch ramp at its start, and about MM_ITEMS_PER_THREAD items per thread on a big matrix
- * so a thread slowed by a busy core is made up for by the others. */
-#define MM_ROWS_MIN         32
-#define MM_ITEMS_PER_THREAD 16
-
-/* One matrix times a set of tokens' activations, for the task runner. */
-struct mm_task {
-    const struct model_mat *w;
-    const void *wdata; /* w->data, or an expert part from the resolver */
-    const void *acts;
-    size_t act_stride;
-    uint32_t n_tok;
-    float *out;
-    size_t out_stride;
-};
-
 struct fwd {
+    struct kv_store *store; /* K/V rows by block id */
+    struct cpu_moe *moe_w;  /* the routed-expert step's scratch */
+    uint8_t *att_scratch;   /* (n_threads, att_scratch_bytes) kv_store_view scratch */
+    size_t att_scratch_bytes;
     const struct model *m;
     struct kv_cache *kv;
-    struct fwd_opts o;
+    struct backend_opts o;
     struct pool *pool;
-    struct fwd_stats st;
-    fwd_route_fn route; /* fwd_set_route's hook, or NULL */
+    struct backend_stats st;
+    backend_route_fn route; /* backend_set_route's hook, or NULL */
     void *route_ctx;
     size_t act_stride; /* bytes per token of quantized activations: the widest any matrix needs */
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
@@ -47,24 +47,20 @@ struct fwd {
     float *q, *k, *v;        /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
     float *att;              /* (T, n_head*head_dim_v) */
     float *rlogit;           /* (T, n_expert) router logits, then probabilities */
-    uint32_t *sel;           /* (T, n_expert_used) selected experts */
+    int32_t *sel;            /* (T, n_expert_used) selected experts: pair t*K + j */
     float *selw;             /* (T, n_expert_used) their weights */
     float *moe;              /* (T, n_embd) sum of expert outputs */
-    float *g, *u;            /* (T*K, n_ff) gate and up outputs, then the SwiGLU product in g */
-    float *y;                /* (T*K, n_embd) expert (or shared expert) outputs */
+    float *g, *u;            /* (T, n_ff) shared expert gate and up outputs, then SwiGLU in g */
+    float *y;                /* (T*K, n_embd) expert outputs by pair (or shared expert output) */
     float *shg;              /* (T) shared expert gate logit */
-    uint32_t *ptok;          /* (T*K) pairs by expert id, then token: the token */
-    float *pw;               /* (T*K) its routing weight */
-    uint32_t *ecount;        /* (n_expert + 1) pairs per expert, then offsets */
-    uint32_t *tpair;         /* (T*K) each token's pairs, in expert-id order */
+    struct moe_group *groups; /* (n_expert) a layer's groups: one per expert hit */
+    int32_t *pair_idx;       /* (T*K) pairs grouped by expert */
+    uint32_t *rtok;          /* (T) the route hook's tokens of one expert */
     uint8_t *acts[3];        /* (T, act_stride) each: quantized inputs of up to three matrices */
-    uint8_t *pacts[2];       /* (T*K, act_stride): expert inputs (gate, up), gathered per pair */
-    uint8_t *hacts;          /* (T*K, act_stride): SwiGLU outputs quantized for down */
-    struct mm_task *tasks;   /* (max_tasks) */
+    struct cpu_mm_task *tasks; /* (max_tasks) */
     uint32_t *task_first;    /* (max_tasks + 1) first work item of each task */
     uint32_t *pos;           /* (T) positions */
     uint32_t *run_first;     /* (T + 1) first token of each attention run, then n */
-    struct fwd_token *chunk; /* (T) fwd_prompt's batch */
     struct kv_seq **seen;    /* (T) sequences of the batch being grown */
     uint32_t *seen_len;      /* (T) their lengths before */
 };
@@ -74,18 +70,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void fwd_kv_config(const struct model *m, uint32_t n_ctx, uint32_t n_seq, struct kv_config *out)
-{
-    const struct model_hparams *hp = &m->hp;
-    if (n_ctx == 0) n_ctx = hp->n_ctx_train;
-    out->n_layer = hp->n_layer;
-    out->k_dim = hp->n_head_kv * hp->head_dim;
-    out->v_dim = hp->n_head_kv * hp->head_dim_v;
-    out->block_tokens = FWD_KV_BLOCK;
-    out->n_ctx = n_ctx;
-    out->max_blocks = (n_ctx + FWD_KV_BLOCK - 1) / FWD_KV_BLOCK * (n_seq ? n_seq : 1);
 }
 
 static void widen_act(struct fwd *f, const struct model_mat *w)
@@ -113,7 +97,7 @@ static int alloc_scratch(struct fwd *f)
     /* Round rows up to 64 bytes so each token's activations start on their own cache line. */
     f->act_stride = (f->act_stride + 63) & ~(size_t)63;
     const size_t E = hp->n_embd, K = hp->n_expert_used, P = T * (K ? K : 1);
-    f->max_tasks = 2 * hp->n_expert + 3;
+    f->max_tasks = 3;
     struct {
         void **p;
         size_t bytes;
@@ -126,28 +110,23 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->v, T * hp->n_head_kv * hp->head_dim_v * sizeof(float)},
         {(void **)&f->att, T * hp->n_head * hp->head_dim_v * sizeof(float)},
         {(void **)&f->rlogit, T * hp->n_expert * sizeof(float)},
-        {(void **)&f->sel, T * K * sizeof(uint32_t)},
+        {(void **)&f->sel, T * K * sizeof(int32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
-        {(void **)&f->g, P * f->n_ff * sizeof(float)},
-        {(void **)&f->u, P * f->n_ff * sizeof(float)},
+        {(void **)&f->g, T * f->n_ff * sizeof(float)},
+        {(void **)&f->u, T * f->n_ff * sizeof(float)},
         {(void **)&f->y, P * E * sizeof(float)},
         {(void **)&f->shg, T * sizeof(float)},
-        {(void **)&f->ptok, P * sizeof(uint32_t)},
-        {(void **)&f->pw, P * sizeof(float)},
-        {(void **)&f->ecount, (hp->n_expert + 1) * sizeof(uint32_t)},
-        {(void **)&f->tpair, P * sizeof(uint32_t)},
+        {(void **)&f->groups, (hp->n_expert ? hp->n_expert : 1) * sizeof(struct moe_group)},
+        {(void **)&f->pair_idx, P * sizeof(int32_t)},
+        {(void **)&f->rtok, T * sizeof(uint32_t)},
         {(void **)&f->acts[0], T * f->act_stride},
         {(void **)&f->acts[1], T * f->act_stride},
         {(void **)&f->acts[2], T * f->act_stride},
-        {(void **)&f->pacts[0], P * f->act_stride},
-        {(void **)&f->pacts[1], P * f->act_stride},
-        {(void **)&f->hacts, P * f->act_stride},
-        {(void **)&f->tasks, f->max_tasks * sizeof(struct mm_task)},
+        {(void **)&f->tasks, f->max_tasks * sizeof(struct cpu_mm_task)},
         {(void **)&f->task_first, (f->max_tasks + 1) * sizeof(uint32_t)},
         {(void **)&f->pos, T * sizeof(uint32_t)},
         {(void **)&f->run_first, (T + 1) * sizeof(uint32_t)},
-        {(void **)&f->chunk, T * sizeof(struct fwd_token)},
         {(void **)&f->seen, T * sizeof(struct kv_seq *)},
         {(void **)&f->seen_len, T * sizeof(uint32_t)},
     };
@@ -159,23 +138,20 @@ static int alloc_scratch(struct fwd *f)
                                "or chunk size",
                                T);
     }
-    return 0;
+    f->att_scratch_bytes =
+        (kv_store_scratch_bytes(f->store, hp->head_dim, hp->head_dim_v) + 63) & ~(size_t)63;
+    if (!(f->att_scratch = aligned_alloc(64, f->o.n_threads * f->att_scratch_bytes)))
+        return strata_errf(STRATA_ENOMEM, "out of memory for attention scratch (%zu bytes)",
+                           f->o.n_threads * f->att_scratch_bytes);
+    return cpu_moe_init((uint32_t)P, (uint32_t)E, hp->n_ff_exp, f->act_stride,
+                        hp->n_expert ? hp->n_expert : 1, &f->moe_w);
 }
 
-int fwd_start(const struct model *m, struct kv_cache *kv, const struct fwd_opts *o,
-              struct fwd **out)
+static void cpu_close(void *impl);
+
+static int cpu_start(const struct model *m, const struct backend_opts *o, struct kv_cache *kv,
+                     void **out)
 {
-    const struct kv_config *kc = kv_config_of(kv);
-    const struct model_hparams *hp = &m->hp;
-    if (kc->n_layer != hp->n_layer || kc->k_dim != hp->n_head_kv * hp->head_dim ||
-        kc->v_dim != hp->n_head_kv * hp->head_dim_v)
-        return strata_errf(STRATA_EINVAL,
-                           "KV cache of %u layers, k_dim %u, v_dim %u does not fit the model "
-                           "(%u layers, %u, %u): make it with fwd_kv_config",
-                           kc->n_layer, kc->k_dim, kc->v_dim, hp->n_layer,
-                           hp->n_head_kv * hp->head_dim, hp->n_head_kv * hp->head_dim_v);
-    if (o->max_pass_tokens == 0)
-        return strata_errf(STRATA_EINVAL, "max_pass_tokens (tokens per forward pass) must be positive");
     struct fwd *f = calloc(1, sizeof *f);
     if (!f) return strata_errf(STRATA_ENOMEM, "out of memory for the forward pass");
     f->m = m;
@@ -183,88 +159,89 @@ int fwd_start(const struct model *m, struct kv_cache *kv, const struct fwd_opts 
     f->o = *o;
     if (f->o.n_threads == 0) f->o.n_threads = 1;
     int rv;
-    if ((rv = alloc_scratch(f)) != 0 || (rv = pool_start(f->o.n_threads, &f->pool)) != 0) goto fail;
+    if ((rv = kv_store_init(kv_config_of(kv), o->kv_type, &f->store)) != 0 ||
+        (rv = alloc_scratch(f)) != 0 || (rv = pool_start(f->o.n_threads, &f->pool)) != 0)
+        goto fail;
     *out = f;
     return 0;
 fail:
-    fwd_close(f);
+    cpu_close(f);
     return rv;
 }
 
-void fwd_close(struct fwd *f)
+static void cpu_close(void *impl)
 {
+    struct fwd *f = impl;
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,     f->xn,      f->tmp,        f->q,       f->k,         f->v,
-                    f->att,   f->rlogit,  f->sel,        f->selw,    f->moe,       f->g,
-                    f->u,     f->y,       f->shg,        f->ptok,    f->pw,        f->ecount,
-                    f->tpair, f->acts[0], f->acts[1],    f->acts[2], f->pacts[0],  f->pacts[1],
-                    f->hacts, f->tasks,   f->task_first, f->pos,     f->run_first, f->chunk,
-                    f->seen,  f->seen_len};
+    void *bufs[] = {f->x,      f->xn,       f->tmp,         f->q,      f->k,        f->v,
+                    f->att,    f->rlogit,   f->sel,         f->selw,   f->moe,      f->g,
+                    f->u,      f->y,        f->shg,         f->groups, f->pair_idx, f->rtok,
+                    f->acts[0], f->acts[1], f->acts[2],     f->tasks,  f->task_first,
+                    f->pos,    f->run_first, f->seen,       f->seen_len, f->att_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    cpu_moe_fini(f->moe_w);
+    kv_store_fini(f->store);
     free(f);
 }
 
-void fwd_set_route(struct fwd *f, fwd_route_fn fn, void *ctx)
+static void cpu_set_route(void *impl, backend_route_fn fn, void *ctx)
 {
+    struct fwd *f = impl;
     f->route = fn;
     f->route_ctx = ctx;
 }
 
-void fwd_get_stats(const struct fwd *f, struct fwd_stats *out)
+static void cpu_get_stats(const void *impl, struct backend_stats *out)
 {
+    const struct fwd *f = impl;
     *out = f->st;
 }
 
-void fwd_reset_stats(struct fwd *f)
+static void cpu_reset_stats(void *impl)
 {
+    struct fwd *f = impl;
     memset(&f->st, 0, sizeof f->st);
 }
 
-/* ---- matmuls ------------------------------------------------------------------------------
- * A step's matrices (q, k and v; or gate and up of every expert hit) go to the pool as one loop
- * over chunks of MM_ROWS rows of all of them, so threads stream distinct rows and a decode step
- * pays one wake-up per step rather than one per matrix. */
-
-struct mm_run {
-    const struct mm_task *t;
-    const uint32_t *first; /* first item of each task, then the total */
-    uint32_t n;
-    uint32_t rows; /* rows per item */
-};
-
-static void mm_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+static int cpu_tick(void *impl)
 {
-    const struct mm_run *r = ctx;
-    uint32_t k = 0;
-    for (uint32_t item = lo; item < hi; item++) {
-        while (r->first[k + 1] <= item)
-            k++;
-        const struct mm_task *t = &r->t[k];
-        const uint32_t r0 = (item - r->first[k]) * r->rows;
-        const uint32_t r1 = t->w->n_out - r0 < r->rows ? t->w->n_out : r0 + r->rows;
-        cpu_matmul(t->w->type, t->wdata, t->w->row_bytes, t->w->n_in, r0, r1, t->acts,
-                   t->act_stride, t->n_tok, t->out, t->out_stride);
-    }
+    return 0;
 }
 
-/* run_tasks computes f->tasks[0..n) in one parallel loop. */
+static int cpu_quiesce(void *impl)
+{
+    return 0;
+}
+
+static int cpu_resize(void *impl, uint64_t bytes)
+{
+    return strata_errf(STRATA_EUNSUPPORTED,
+                       "the CPU backend has no fast-tier memory to resize (its expert cache is "
+                       "set at start with --expert-cache)");
+}
+
+static void cpu_info(const void *impl, struct backend_info *out)
+{
+    const struct fwd *f = impl;
+    *out = (struct backend_info){
+        .name = "cpu",
+        .kv_type = kv_store_type(f->store),
+        .kv_bytes = kv_store_bytes(f->store),
+        .kv_pos_bytes = kv_pos_bytes(kv_config_of(f->kv), kv_store_type(f->store)),
+        .bit_exact = true,
+    };
+    snprintf(out->device, sizeof out->device, "%s x %u threads", cpu_isa_name(cpu_isa()),
+             f->o.n_threads);
+}
+
+/* ---- matmuls ------------------------------------------------------------------------------ */
+
+/* run_tasks computes f->tasks[0..n) in one parallel loop (cpu_mm.h). */
 static void run_tasks(struct fwd *f, uint32_t n)
 {
-    uint64_t total = 0;
-    for (uint32_t k = 0; k < n; k++)
-        total += f->tasks[k].w->n_out;
-    uint64_t rows = total / ((uint64_t)pool_threads(f->pool) * MM_ITEMS_PER_THREAD);
-    rows = rows < MM_ROWS_MIN ? MM_ROWS_MIN : (rows + 7) / 8 * 8;
-    f->task_first[0] = 0;
-    for (uint32_t k = 0; k < n; k++) {
-        const struct model_mat *w = f->tasks[k].w;
-        f->task_first[k + 1] = f->task_first[k] + (uint32_t)((w->n_out + rows - 1) / rows);
-        f->st.weight_bytes += w->row_bytes * w->n_out;
-    }
-    struct mm_run r = {f->tasks, f->task_first, n, (uint32_t)rows};
-    pool_for(f->pool, f->task_first[n], 1, mm_items, &r);
+    f->st.weight_bytes += cpu_mm_run(f->pool, f->tasks, n, f->task_first);
 }
 
 /* Quantization of n rows for the pool: rows [lo, hi) of src into dst. */
@@ -294,10 +271,11 @@ static int quantize(struct fwd *f, const struct model_mat *w, const float *x, si
     return atomic_load(&j.rv);
 }
 
-static struct mm_task task(struct fwd *f, const struct model_mat *w, const void *wdata,
-                           const void *acts, uint32_t n_tok, float *out, size_t out_stride)
+static struct cpu_mm_task task(struct fwd *f, const struct model_mat *w, const void *wdata,
+                               const void *acts, uint32_t n_tok, float *out, size_t out_stride)
 {
-    return (struct mm_task){w, wdata, acts, f->act_stride, n_tok, out, out_stride};
+    return (struct cpu_mm_task){w->type, w->n_in, w->n_out,    w->row_bytes, wdata,
+                                acts,    f->act_stride, n_tok, out,          out_stride};
 }
 
 /* inputs_for: activations of x (n rows of w->n_in) for matrix w, reusing those already made for
@@ -333,7 +311,7 @@ static int matmul(struct fwd *f, const struct model_mat *w, const float *x, size
 
 struct att_job {
     struct fwd *f;
-    const struct fwd_token *toks;
+    const struct backend_token *toks;
     uint32_t layer;
     uint32_t n_runs;
 };
@@ -350,7 +328,9 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         const uint32_t r = i / hp->n_head_kv, g = i % hp->n_head_kv, h = g * group;
         const uint32_t t0 = f->run_first[r], nt = f->run_first[r + 1] - t0;
         struct ops_kv_view view;
-        kv_view(f->kv, j->toks[t0].seq, j->layer, g, hp->head_dim, hp->head_dim_v, &view);
+        kv_store_view(f->store, j->toks[t0].seq, j->layer, g, hp->head_dim, hp->head_dim_v,
+                      f->pos[t0] + nt, f->att_scratch + (size_t)thread * f->att_scratch_bytes,
+                      &view);
         const struct cpu_att_q a = {f->q + t0 * nq + (size_t)h * hp->head_dim,
                                     nq,
                                     hp->head_dim,
@@ -366,7 +346,7 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 
 /* runs splits the batch into runs of one sequence's consecutive positions, at most ATT_RUN tokens
  * and CPU_ATT_MAXQ queries each; returns their count. */
-static uint32_t runs(struct fwd *f, const struct fwd_token *toks, uint32_t n)
+static uint32_t runs(struct fwd *f, const struct backend_token *toks, uint32_t n)
 {
     const uint32_t group = f->m->hp.n_head / f->m->hp.n_head_kv;
     uint32_t max = CPU_ATT_MAXQ / group < ATT_RUN ? CPU_ATT_MAXQ / group : ATT_RUN, nr = 0;
@@ -382,7 +362,7 @@ static uint32_t runs(struct fwd *f, const struct fwd_token *toks, uint32_t n)
 /* After the projections, per token (items): biases, q/k norms, RoPE, and the K/V store. */
 struct qkv_job {
     struct fwd *f;
-    const struct fwd_token *toks;
+    const struct backend_token *toks;
     uint32_t layer;
 };
 
@@ -390,7 +370,7 @@ static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     const struct qkv_job *j = ctx;
     struct fwd *f = j->f;
-    const struct fwd_token *toks = j->toks;
+    const struct backend_token *toks = j->toks;
     const uint32_t il = j->layer;
     const struct model_hparams *hp = &f->m->hp;
     const struct model_layer *L = &f->m->layers[il];
@@ -420,12 +400,11 @@ static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         const bool neox = hp->rope == MODEL_ROPE_NEOX;
         cpu_rope(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
         cpu_rope(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
-        memcpy(kv_k(f->kv, toks[t].seq, il, f->pos[t]), k, nk * sizeof(float));
-        memcpy(kv_v(f->kv, toks[t].seq, il, f->pos[t]), v, nv * sizeof(float));
+        kv_store_write(f->store, toks[t].seq, il, f->pos[t], k, v);
     }
 }
 
-static int attention(struct fwd *f, const struct fwd_token *toks, uint32_t n, uint32_t il)
+static int attention(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &f->m->hp;
     const struct model_layer *L = &f->m->layers[il];
@@ -473,7 +452,7 @@ static void route(struct fwd *f, uint32_t n)
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     for (uint32_t t = 0; t < n; t++) {
         float *p = f->rlogit + (size_t)t * E, *w = f->selw + (size_t)t * K;
-        uint32_t *sel = f->sel + (size_t)t * K;
+        uint32_t *sel = (uint32_t *)(f->sel + (size_t)t * K); /* ids < n_expert fit both */
         if (hp->gating == MODEL_GATING_TOPK_SOFTMAX) {
             ops_topk(p, E, K, sel);
             for (uint32_t i = 0; i < K; i++)
@@ -492,94 +471,35 @@ static void route(struct fwd *f, uint32_t n)
     }
 }
 
-/* pair_order lays out the (token, expert) pairs by expert id, tokens in batch order within an
- * expert (the order the reference adds them in); ecount[e] becomes expert e's first pair. */
-static uint32_t pair_order(struct fwd *f, uint32_t n)
-{
-    const uint32_t NE = f->m->hp.n_expert, K = f->m->hp.n_expert_used;
-    memset(f->ecount, 0, (NE + 1) * sizeof(uint32_t));
-    for (uint32_t i = 0; i < n * K; i++)
-        f->ecount[f->sel[i] + 1]++;
-    for (uint32_t e = 0; e < NE; e++)
-        f->ecount[e + 1] += f->ecount[e];
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < K; i++) {
-            const uint32_t e = f->sel[t * K + i];
-            /* ecount[e] walks forward as pairs land; shifted back below */
-            f->tpair[t * K + i] = f->ecount[e];
-            f->ptok[f->ecount[e]] = t;
-            f->pw[f->ecount[e]++] = f->selw[t * K + i];
-        }
-    /* pairs are in expert order, so a token's pairs sorted by index are in expert-id order */
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 1; i < K; i++)
-            for (uint32_t j = i; j > 0 && f->tpair[t * K + j - 1] > f->tpair[t * K + j]; j--) {
-                const uint32_t x = f->tpair[t * K + j];
-                f->tpair[t * K + j] = f->tpair[t * K + j - 1];
-                f->tpair[t * K + j - 1] = x;
-            }
-    for (uint32_t e = NE; e > 0; e--)
-        f->ecount[e] = f->ecount[e - 1];
-    f->ecount[0] = 0;
-    return n * K;
-}
-
-/* SwiGLU of the pairs and its quantization for down, items = pairs. */
-struct glu_job {
-    struct fwd *f;
-    const struct model_mat *down;
-    uint32_t F;
-    _Atomic int rv;
+/* Expert parts through the model's resolver, for cpu_moe_ffn. */
+struct part_ctx {
+    const struct model *m;
+    uint32_t layer;
 };
 
-static void glu_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+static const void *expert_part(void *ctx, uint32_t expert, int part)
 {
-    struct glu_job *j = ctx;
-    struct fwd *f = j->f;
-    for (uint32_t p = lo; p < hi; p++)
-        ops_swiglu(f->g + (size_t)p * j->F, f->g + (size_t)p * j->F, f->u + (size_t)p * j->F, j->F);
-    int rv = cpu_quantize_acts(j->down->type, f->g + (size_t)lo * j->F, j->F, j->F, hi - lo,
-                               f->hacts + lo * f->act_stride, f->act_stride);
-    if (rv) atomic_store(&j->rv, rv);
+    const struct part_ctx *c = ctx;
+    return model_expert_part(c->m, c->layer, expert, (enum model_part)part);
 }
 
-/* Gathering token rows of quantized activations into pair order, items = pairs. */
-struct gather_job {
-    struct fwd *f;
-    const uint8_t *src;
-    uint8_t *dst;
-    size_t bytes;
-};
-
-static void gather_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
-{
-    const struct gather_job *j = ctx;
-    const size_t s = j->f->act_stride;
-    for (uint32_t p = lo; p < hi; p++)
-        memcpy(j->dst + p * s, j->src + j->f->ptok[p] * s, j->bytes);
-}
-
-static void gather(struct fwd *f, const uint8_t *src, uint8_t *dst, uint32_t n_pairs, size_t bytes)
-{
-    struct gather_job j = {f, src, dst, bytes};
-    pool_for(f->pool, n_pairs, 64, gather_rows, &j);
-}
-
-/* The weighted sum of each token's expert outputs, items = tokens; each token adds its pairs in
- * expert-id order, from zero, as the reference does. */
+/* combine_rows: each token's expert outputs summed in expert-id order (moe_combine), items =
+ * tokens. */
 static void combine_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     struct fwd *f = ctx;
-    const size_t E = f->m->hp.n_embd, K = f->m->hp.n_expert_used;
-    for (uint32_t t = lo; t < hi; t++) {
-        float *o = f->moe + t * E;
-        memset(o, 0, E * sizeof(float));
-        for (size_t i = 0; i < K; i++) {
-            const uint32_t p = f->tpair[t * K + i];
-            const float *y = f->y + p * E, w = f->pw[p];
-            for (size_t d = 0; d < E; d++)
-                o[d] += w * y[d];
-        }
+    moe_combine(f->y, f->sel, lo, hi, (int)f->m->hp.n_expert_used, f->m->hp.n_embd, f->moe);
+}
+
+/* report_routes calls the route hook per expert with the tokens of its pairs, ascending. */
+static void report_routes(struct fwd *f, uint32_t il, int n_groups)
+{
+    const uint32_t K = f->m->hp.n_expert_used;
+    for (int g = 0; g < n_groups; g++) {
+        const struct moe_group *gr = &f->groups[g];
+        for (int32_t i = 0; i < gr->count; i++)
+            f->rtok[i] = (uint32_t)f->pair_idx[gr->first + i] / K;
+        f->route(f->route_ctx, il, (uint32_t)gr->expert, f->rtok, (uint32_t)gr->count);
     }
 }
 
@@ -588,44 +508,24 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
     const struct model *m = f->m;
     const struct model_hparams *hp = &m->hp;
     const struct model_layer *L = &m->layers[il];
-    const struct model_mat *G = &L->part[MODEL_PART_GATE], *U = &L->part[MODEL_PART_UP],
-                           *D = &L->part[MODEL_PART_DOWN];
-    const size_t E = hp->n_embd, F = G->n_out;
-    int rv;
-    const uint32_t n_pairs = pair_order(f, n);
-    if (f->route)
-        for (uint32_t e = 0; e < hp->n_expert; e++) {
-            const uint32_t p0 = f->ecount[e], np = f->ecount[e + 1] - p0;
-            if (np) f->route(f->route_ctx, il, e, f->ptok + p0, np);
-        }
-    const uint8_t *ag, *au;
-    if ((rv = inputs_for(f, G, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
-        (rv = inputs_for(f, U, G, ag, f->xn, E, n, f->acts[1], &au)))
-        return rv;
-    gather(f, ag, f->pacts[0], n_pairs, quant_act_bytes(G->type, E));
-    if (au != ag) gather(f, au, f->pacts[1], n_pairs, quant_act_bytes(U->type, E));
-    const uint8_t *pu = au != ag ? f->pacts[1] : f->pacts[0];
-    uint32_t nt = 0;
-    for (uint32_t e = 0; e < hp->n_expert; e++) {
-        const uint32_t p0 = f->ecount[e], np = f->ecount[e + 1] - p0;
-        if (!np) continue;
-        f->tasks[nt++] = task(f, G, model_expert_part(m, il, e, MODEL_PART_GATE),
-                              f->pacts[0] + p0 * f->act_stride, np, f->g + p0 * F, F);
-        f->tasks[nt++] = task(f, U, model_expert_part(m, il, e, MODEL_PART_UP),
-                              pu + p0 * f->act_stride, np, f->u + p0 * F, F);
-    }
-    run_tasks(f, nt);
-    struct glu_job gj = {f, D, (uint32_t)F, 0};
-    pool_for(f->pool, n_pairs, 8, glu_rows, &gj);
-    if ((rv = atomic_load(&gj.rv))) return rv;
-    nt = 0;
-    for (uint32_t e = 0; e < hp->n_expert; e++) {
-        const uint32_t p0 = f->ecount[e], np = f->ecount[e + 1] - p0;
-        if (np)
-            f->tasks[nt++] = task(f, D, model_expert_part(m, il, e, MODEL_PART_DOWN),
-                                  f->hacts + p0 * f->act_stride, np, f->y + p0 * E, E);
-    }
-    run_tasks(f, nt);
+    const int K = (int)hp->n_expert_used;
+    /* One group per expert hit: the CPU's matmul takes any token count at the same bits. */
+    const int ng = moe_group(f->sel, n, K, hp->n_expert, NULL, UINT32_MAX, f->groups, f->pair_idx);
+    if (f->route) report_routes(f, il, ng);
+    const struct cpu_moe_parts parts = {
+        {L->part[MODEL_PART_GATE].type, L->part[MODEL_PART_GATE].n_in,
+         L->part[MODEL_PART_GATE].n_out, L->part[MODEL_PART_GATE].row_bytes},
+        {L->part[MODEL_PART_UP].type, L->part[MODEL_PART_UP].n_in, L->part[MODEL_PART_UP].n_out,
+         L->part[MODEL_PART_UP].row_bytes},
+        {L->part[MODEL_PART_DOWN].type, L->part[MODEL_PART_DOWN].n_in,
+         L->part[MODEL_PART_DOWN].n_out, L->part[MODEL_PART_DOWN].row_bytes},
+    };
+    struct part_ctx pc = {m, il};
+    uint64_t bytes;
+    int rv = cpu_moe_ffn(f->moe_w, f->pool, &parts, expert_part, &pc, f->groups, ng, f->pair_idx,
+                         f->selw, n, K, f->xn, hp->n_embd, f->y, &bytes);
+    if (rv) return rv;
+    f->st.weight_bytes += bytes;
     pool_for(f->pool, n, 4, combine_rows, f);
     return 0;
 }
@@ -681,7 +581,7 @@ static int moe(struct fwd *f, uint32_t n, uint32_t il)
 }
 
 /* grow assigns positions and grows each sequence of the batch; on error it restores them all. */
-static int grow(struct fwd *f, const struct fwd_token *toks, uint32_t n)
+static int grow(struct fwd *f, const struct backend_token *toks, uint32_t n)
 {
     uint32_t n_seen = 0;
     int rv = 0;
@@ -697,25 +597,21 @@ static int grow(struct fwd *f, const struct fwd_token *toks, uint32_t n)
         f->pos[t] = toks[t].seq->n_tokens;
         if ((rv = kv_seq_resize(f->kv, toks[t].seq, f->pos[t] + 1)) != 0) break;
     }
+    if (!rv) rv = kv_store_reserve(f->store, kv_blocks_used_ever(f->kv));
     if (rv)
         for (uint32_t s = 0; s < n_seen; s++)
             kv_seq_resize(f->kv, f->seen[s], f->seen_len[s]);
     return rv;
 }
 
-int fwd_eval(struct fwd *f, const struct fwd_token *toks, uint32_t n, float *logits)
+/* cpu_eval: backend_eval has checked the count and the ids. */
+static int cpu_eval(void *impl, const struct backend_token *toks, uint32_t n, float *logits)
 {
+    struct fwd *f = impl;
     const struct model *m = f->m;
     const struct model_hparams *hp = &m->hp;
     const size_t E = hp->n_embd;
     int rv;
-    if (n == 0 || n > f->o.max_pass_tokens)
-        return strata_errf(STRATA_EINVAL, "a forward pass of %u tokens: it takes 1..%u", n,
-                           f->o.max_pass_tokens);
-    for (uint32_t t = 0; t < n; t++)
-        if (toks[t].id < 0 || (uint32_t)toks[t].id >= hp->n_vocab)
-            return strata_errf(STRATA_EINVAL, "token id %d is outside the vocabulary of %u",
-                               toks[t].id, hp->n_vocab);
     if ((rv = grow(f, toks, n)) != 0) return rv;
     const double t0 = now_s();
     for (uint32_t t = 0; t < n; t++) {
@@ -743,16 +639,16 @@ fail:
     return rv;
 }
 
-int fwd_prompt(struct fwd *f, struct kv_seq *s, const int32_t *ids, uint32_t n, uint32_t chunk,
-               float *logits)
-{
-    if (chunk == 0 || chunk > f->o.max_pass_tokens) chunk = f->o.max_pass_tokens;
-    for (uint32_t i = 0; i < n; i += chunk) {
-        uint32_t c = n - i < chunk ? n - i : chunk;
-        for (uint32_t j = 0; j < c; j++)
-            f->chunk[j] = (struct fwd_token){s, ids[i + j], logits && i + j == n - 1};
-        int rv = fwd_eval(f, f->chunk, c, logits);
-        if (rv) return rv;
-    }
-    return 0;
-}
+const struct backend_ops backend_cpu_ops = {
+    .name = "cpu",
+    .start = cpu_start,
+    .eval = cpu_eval,
+    .set_route = cpu_set_route,
+    .tick = cpu_tick,
+    .quiesce = cpu_quiesce,
+    .resize = cpu_resize,
+    .info = cpu_info,
+    .get_stats = cpu_get_stats,
+    .reset_stats = cpu_reset_stats,
+    .close = cpu_close,
+};

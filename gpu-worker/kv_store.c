@@ -1,0 +1,169 @@
+#include "gpu-worker/kv_store.h"
+#include "common/base/err.h"
+#include "common/quant/quant.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct kv_store {
+    struct kv_config cfg;
+    enum kv_type type;
+    size_t elem;         /* bytes of one element */
+    size_t block_elems;  /* n_layer * block_tokens * (k_dim + v_dim) */
+    void **base;         /* (max_blocks) each block's memory, NULL until reserved */
+    uint32_t n_reserved; /* ids below it have memory */
+};
+
+const char *kv_type_name(enum kv_type t)
+{
+    return t == KV_F16 ? "f16" : "f32";
+}
+
+int kv_type_parse(const char *name, enum kv_type *out)
+{
+    if (strcmp(name, "f32") == 0) *out = KV_F32;
+    else if (strcmp(name, "f16") == 0) *out = KV_F16;
+    else return strata_errf(STRATA_EINVAL, "KV type '%s': use f32 or f16", name);
+    return 0;
+}
+
+static size_t elem_bytes(enum kv_type t)
+{
+    return t == KV_F16 ? 2 : 4;
+}
+
+uint64_t kv_pos_bytes(const struct kv_config *c, enum kv_type t)
+{
+    return (uint64_t)c->n_layer * (c->k_dim + c->v_dim) * elem_bytes(t);
+}
+
+int kv_store_init(const struct kv_config *c, enum kv_type t, struct kv_store **out)
+{
+    struct kv_store *st = calloc(1, sizeof *st);
+    if (st) st->base = calloc(c->max_blocks, sizeof *st->base);
+    if (!st || !st->base) {
+        free(st);
+        return strata_errf(STRATA_ENOMEM, "out of memory for a KV store of %u blocks",
+                           c->max_blocks);
+    }
+    st->cfg = *c;
+    st->type = t;
+    st->elem = elem_bytes(t);
+    st->block_elems = (size_t)c->n_layer * c->block_tokens * (c->k_dim + c->v_dim);
+    *out = st;
+    return 0;
+}
+
+void kv_store_fini(struct kv_store *st)
+{
+    if (!st) return;
+    for (uint32_t i = 0; i < st->n_reserved; i++)
+        free(st->base[i]);
+    free(st->base);
+    free(st);
+}
+
+int kv_store_reserve(struct kv_store *st, uint32_t n_ids)
+{
+    if (n_ids > st->cfg.max_blocks) n_ids = st->cfg.max_blocks;
+    while (st->n_reserved < n_ids) {
+        void *b = aligned_alloc(64, (st->block_elems * st->elem + 63) & ~(size_t)63);
+        if (!b)
+            return strata_errf(STRATA_ENOMEM, "out of memory for KV block %u (%zu bytes)",
+                               st->n_reserved, st->block_elems * st->elem);
+        st->base[st->n_reserved++] = b;
+    }
+    return 0;
+}
+
+enum kv_type kv_store_type(const struct kv_store *st)
+{
+    return st->type;
+}
+
+uint64_t kv_store_bytes(const struct kv_store *st)
+{
+    return (uint64_t)st->n_reserved * st->block_elems * st->elem;
+}
+
+/* layer_off: elements from a block's base to layer's K rows; its V rows follow block_tokens K rows. */
+static size_t layer_off(const struct kv_config *c, uint32_t layer)
+{
+    return (size_t)layer * c->block_tokens * (c->k_dim + c->v_dim);
+}
+
+void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t pos,
+                    const float *k, const float *v)
+{
+    const struct kv_config *c = &st->cfg;
+    const uint32_t slot = pos % c->block_tokens;
+    const size_t ko = layer_off(c, layer) + (size_t)slot * c->k_dim,
+                 vo = layer_off(c, layer) + (size_t)c->block_tokens * c->k_dim +
+                      (size_t)slot * c->v_dim;
+    void *base = st->base[s->blocks[pos / c->block_tokens]];
+    if (st->type == KV_F32) {
+        memcpy((float *)base + ko, k, c->k_dim * sizeof(float));
+        memcpy((float *)base + vo, v, c->v_dim * sizeof(float));
+        return;
+    }
+    uint16_t *kd = (uint16_t *)base + ko, *vd = (uint16_t *)base + vo;
+    for (uint32_t i = 0; i < c->k_dim; i++)
+        kd[i] = quant_f32_to_f16(k[i]);
+    for (uint32_t i = 0; i < c->v_dim; i++)
+        vd[i] = quant_f32_to_f16(v[i]);
+}
+
+size_t kv_store_scratch_bytes(const struct kv_store *st, uint32_t head_dim, uint32_t head_dim_v)
+{
+    const struct kv_config *c = &st->cfg;
+    const size_t n_blocks = (c->n_ctx + c->block_tokens - 1) / c->block_tokens;
+    size_t b = (n_blocks * sizeof(float *) + 63) & ~(size_t)63;
+    if (st->type == KV_F16)
+        b += (size_t)n_blocks * c->block_tokens * (head_dim + head_dim_v) * sizeof(float);
+    return b;
+}
+
+void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t head,
+                   uint32_t head_dim, uint32_t head_dim_v, uint32_t n_keys, void *scratch,
+                   struct ops_kv_view *out)
+{
+    const struct kv_config *c = &st->cfg;
+    const uint32_t bt = c->block_tokens, nb = (n_keys + bt - 1) / bt;
+    float **bases = scratch;
+    const size_t ko = layer_off(c, layer) + (size_t)head * head_dim,
+                 vo = layer_off(c, layer) + (size_t)bt * c->k_dim + (size_t)head * head_dim_v;
+    out->blocks = (float *const *)bases;
+    out->block_tokens = bt;
+    if (st->type == KV_F32) {
+        for (uint32_t i = 0; i < nb; i++)
+            bases[i] = st->base[s->blocks[i]];
+        out->k_off = ko;
+        out->v_off = vo;
+        out->k_stride = c->k_dim;
+        out->v_stride = c->v_dim;
+        return;
+    }
+    /* fp16: this head's rows of each block, converted into scratch blocks of the same shape
+     * (K rows of head_dim, then V rows of head_dim_v): the view's arithmetic is the fp32 one. */
+    const size_t n_blocks = (c->n_ctx + bt - 1) / bt;
+    float *conv = (float *)((char *)scratch + ((n_blocks * sizeof(float *) + 63) & ~(size_t)63));
+    const size_t blk = (size_t)bt * (head_dim + head_dim_v);
+    for (uint32_t i = 0; i < nb; i++) {
+        const uint16_t *src = st->base[s->blocks[i]];
+        float *dst = conv + i * blk;
+        const uint32_t rows = i + 1 < nb ? bt : n_keys - i * bt;
+        for (uint32_t r = 0; r < rows; r++) {
+            const uint16_t *kr = src + ko + (size_t)r * c->k_dim, *vr = src + vo + (size_t)r * c->v_dim;
+            float *kd = dst + (size_t)r * head_dim, *vd = dst + (size_t)bt * head_dim + (size_t)r * head_dim_v;
+            for (uint32_t d = 0; d < head_dim; d++)
+                kd[d] = quant_f16_to_f32(kr[d]);
+            for (uint32_t d = 0; d < head_dim_v; d++)
+                vd[d] = quant_f16_to_f32(vr[d]);
+        }
+        bases[i] = dst;
+    }
+    out->k_off = 0;
+    out->v_off = (size_t)bt * head_dim;
+    out->k_stride = head_dim;
+    out->v_stride = head_dim_v;
+}

@@ -1,0 +1,66 @@
+/* kv_store — the host storage of the KV cache: one allocation per block id (kv.h names the ids),
+ * made when the id is first used, holding K/V as fp32 or fp16.
+ *
+ * A block of block_tokens positions holds, for each layer in order, K rows (k_dim elements each)
+ * then V rows (v_dim elements). Writing a row converts floats to the store's type (fp16: round to
+ * nearest even, as ggml); attention reads a float view (kv_store_view): fp32 rows in place, fp16
+ * rows converted into the caller's scratch. Each type is its own bit-exact contract: a position's
+ * stored bits depend only on the floats written, so logits stay the same across batches, chunks,
+ * threads and re-prefill for a given type (fp16 is not fp32: the two differ by its rounding).
+ * Threads: kv_store_reserve on the decode thread between passes; during a pass any thread writes
+ * the rows of positions it owns and reads any row.
+ */
+#ifndef STRATA_KV_STORE_H
+#define STRATA_KV_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu-worker/kv.h"
+#include "kernels/ref/ops.h"
+
+enum kv_type {
+    KV_F32 = 0, /* 4 bytes an element: the CPU default */
+    KV_F16 = 1, /* 2 bytes: half the memory (llama.cpp's default KV type) */
+};
+
+/* kv_type_name: "f32", "f16". kv_type_parse: STRATA_EINVAL naming the choices for another name. */
+const char *kv_type_name(enum kv_type t);
+int kv_type_parse(const char *name, enum kv_type *out);
+
+/* kv_pos_bytes: bytes one position takes over all layers (K and V). */
+uint64_t kv_pos_bytes(const struct kv_config *c, enum kv_type t);
+
+struct kv_store;
+
+/* kv_store_init: an empty store for blocks of c (no block memory yet). Caller owns *out
+ * (kv_store_fini). STRATA_ENOMEM. */
+int kv_store_init(const struct kv_config *c, enum kv_type t, struct kv_store **out);
+
+/* kv_store_fini frees every block; NULL is fine. */
+void kv_store_fini(struct kv_store *st);
+
+/* kv_store_reserve makes storage for block ids below n_ids (kv_blocks_used_ever). STRATA_ENOMEM
+ * leaves the ids already made. Decode thread, between passes. */
+int kv_store_reserve(struct kv_store *st, uint32_t n_ids);
+
+/* kv_store_type: the element type. kv_store_bytes: block memory allocated so far. */
+enum kv_type kv_store_type(const struct kv_store *st);
+uint64_t kv_store_bytes(const struct kv_store *st);
+
+/* kv_store_write stores position pos of s in layer: k (k_dim floats) and v (v_dim floats),
+ * converted to the store's type. pos < s->n_tokens, its block reserved. */
+void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t pos,
+                    const float *k, const float *v);
+
+/* kv_store_scratch_bytes: the scratch one kv_store_view call needs (per thread). */
+size_t kv_store_scratch_bytes(const struct kv_store *st, uint32_t head_dim, uint32_t head_dim_v);
+
+/* kv_store_view fills out with the float view ops_attention reads of KV head `head` (head_dim
+ * and head_dim_v elements) of layer, positions [0, n_keys) of s. scratch (kv_store_scratch_bytes,
+ * 64-byte aligned) backs the view until the next call with the same scratch. */
+void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t head,
+                   uint32_t head_dim, uint32_t head_dim_v, uint32_t n_keys, void *scratch,
+                   struct ops_kv_view *out);
+
+#endif
