@@ -125,6 +125,7 @@ START_TEST(test_hello_meta)
     ck_assert_msg(rv == 0, "%s", strata_errdetail());
     ck_assert_str_eq(h.arch, "qwen3moe");
     ck_assert_str_eq(h.backend, "cpu");
+    ck_assert_str_eq(h.kv_type, "f32");
     ck_assert_uint_eq(h.n_ctx, N_CTX);
     ck_assert_uint_eq(h.max_seqs, N_STREAMS);
     ck_assert_int_eq(h.pid, getpid());
