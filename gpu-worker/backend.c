@@ -139,10 +139,14 @@ int backend_eval(struct backend *b, const struct backend_token *toks, uint32_t n
     if (n == 0 || n > b->max_pass_tokens)
         return strata_errf(STRATA_EINVAL, "a forward pass of %u tokens: it takes 1..%u", n,
                            b->max_pass_tokens);
-    for (uint32_t t = 0; t < n; t++)
+    for (uint32_t t = 0; t < n; t++) {
         if (toks[t].id < 0 || (uint32_t)toks[t].id >= V)
             return strata_errf(STRATA_EINVAL, "token id %d is outside the vocabulary of %u",
                                toks[t].id, V);
+        if (toks[t].logits && !logits)
+            return strata_errf(STRATA_EINVAL, "token %u asks for logits and there is no buffer",
+                               t);
+    }
     return b->ops->eval(b->impl, toks, n, logits);
 }
 
