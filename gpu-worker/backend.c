@@ -227,10 +227,10 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
         {"adapt-min", 1, offsetof(struct backend_opts, tier.min_count), 0, 1e9},
         {"adapt-lead", 1, offsetof(struct backend_opts, tier.lead), 0, 1e9},
     };
-    if (strcmp(name, "cache-verify") == 0) {
+    if (strcmp(name, "cache-verify") == 0 || strcmp(name, "adapt-async") == 0) {
         if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
-            return strata_errf(STRATA_EINVAL, "--cache-verify %s: give 0 or 1", value);
-        o->cache_verify = value[0] == '1';
+            return strata_errf(STRATA_EINVAL, "--%s %s: give 0 or 1", name, value);
+        *(name[0] == 'c' ? &o->cache_verify : &o->tier.async) = value[0] == '1';
         return 0;
     }
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {

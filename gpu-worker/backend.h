@@ -84,6 +84,7 @@ struct backend_info {
     uint64_t copy_bytes;      /* bytes copied into slots */
     double copy_gibs;         /* their rate while copying */
     uint64_t verify_failures; /* copies refused by --cache-verify */
+    double adapt_wait_s;      /* time windows waited for the tier's copies */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are
@@ -181,6 +182,7 @@ void backend_reset_stats(struct backend *b);
     "  --adapt-decay F      counts decay per round (default 0.7)\n"                                \
     "  --adapt-min F        count a candidate needs (default 2.0)\n"                               \
     "  --adapt-lead F       lead over the resident it replaces (default 1.5)\n"                    \
+    "  --adapt-async 1      the tier's copies run while windows do (default 0: blocking)\n"        \
     "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"
 
 /* backend_opt applies option `name` (without its dashes) with value to o. Returns 0, STRATA_ENOENT

@@ -158,6 +158,7 @@ static struct backend_info run(struct env *e, const struct model *m, struct back
     struct backend_info bi;
     backend_info(b, &bi);
     script(e, b, got, resize_at, bi.slot_bytes, bi.cache_slots);
+    ck_assert_int_eq(backend_quiesce(b), 0); /* lands the copies still in flight */
     backend_info(b, &bi);
     size_t differ = 0;
     for (size_t r = 0; r < e->n_rows; r++)
@@ -183,17 +184,24 @@ static void independence(const char *arch)
     env_open(&e, arch);
     const struct tier_opts none = {0}, busy = {.every = 1, .swaps = 8, .decay = 0.9f,
                                                .min_count = 0.5f, .lead = 0.25f};
+    struct tier_opts async = busy;
+    async.async = true;
+    /* copies held 2 ms each: without ASYNC_WAIT they land windows after they were posted */
+    const struct copy_hooks stretch = {.hold_ms = 2};
+    static const char *const modes[] = {"static", "blocking", "async", "async, no wait"};
     const uint32_t sizes[] = {1, (e.total + 9) / 10, e.total / 2, e.total};
     for (int model = 0; model < 2; model++) {
         const struct model *m = model ? e.ma : e.m;
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-            for (int adapt = 0; adapt < 2; adapt++) {
+            for (int adapt = 0; adapt < 4; adapt++) {
                 struct backend_opts o = {.expert_cache = {CACHE_SLOTS, sizes[i]},
-                                         .tier = adapt ? busy : none,
-                                         .cache_verify = true};
+                                         .tier = adapt == 0 ? none : adapt == 1 ? busy : async,
+                                         .cache_verify = true,
+                                         .copy_hooks = adapt == 3 ? &stretch : NULL};
+                setenv("STRATA_ADAPT_ASYNC_WAIT", adapt == 3 ? "0" : "1", 1);
                 char what[128];
                 snprintf(what, sizeof what, "%s %s, %u slots, %s tier", arch,
-                         model ? "arena" : "file", sizes[i], adapt ? "adaptive" : "static");
+                         model ? "arena" : "file", sizes[i], modes[adapt]);
                 struct backend_info bi = run(&e, m, &o, adapt && i == 2 ? 5 : 0, true, what);
                 ck_assert_uint_eq(bi.verify_failures, 0);
                 ck_assert_uint_gt(bi.hits, 0);
@@ -214,6 +222,48 @@ static void independence(const char *arch)
     ck_assert_uint_eq(bi.hits, 0);
     env_close(&e);
 }
+
+/* Races of the async tier, made to happen with the copy engine's hooks. */
+static int fail_every_third(void *ctx, uint32_t slot, uint64_t ticket)
+{
+    return ticket % 3 == 0 ? STRATA_EIO : 0;
+}
+
+START_TEST(async_fences_failures_and_a_removed_fence)
+{
+    struct env e;
+    env_open(&e, "qwen3moe");
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "0", 1);
+    const struct tier_opts async = {.every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f,
+                                    .lead = 0.25f, .async = true};
+    const uint32_t n = (e.total + 3) / 4;
+    /* copies still running across the resize fence (held 30 ms): logits exact */
+    const struct copy_hooks held = {.hold_ms = 30};
+    struct backend_opts o = {.expert_cache = {CACHE_SLOTS, n}, .tier = async, .copy_hooks = &held,
+                             .cache_verify = true};
+    struct backend_info bi = run(&e, e.m, &o, 4, true, "async, held copies across a resize");
+    ck_assert_uint_gt(bi.swaps, 0);
+    /* failed copies leave their experts on the host tier (slots poisoned), logits exact */
+    const struct copy_hooks failing = {.fail = fail_every_third};
+    o.copy_hooks = &failing;
+    bi = run(&e, e.m, &o, 0, true, "async, every third copy failing");
+    ck_assert_uint_gt(bi.swaps, 0);
+    /* the same with a picking on the decode thread and one copy posted per tick */
+    setenv("STRATA_ADAPT_PICK_INLINE", "1", 1);
+    setenv("STRATA_ADAPT_ASYNC_BATCH", "1", 1);
+    o.copy_hooks = &held;
+    bi = run(&e, e.m, &o, 0, true, "async, inline pick, one copy a tick");
+    ck_assert_uint_gt(bi.swaps, 0);
+    unsetenv("STRATA_ADAPT_PICK_INLINE");
+    unsetenv("STRATA_ADAPT_ASYNC_BATCH");
+    /* the suite sees a removed fence: a copy that overwrites a slot the next window still reads */
+    const struct copy_hooks unfenced = {.unfenced = true};
+    o.copy_hooks = &unfenced;
+    o.cache_verify = false;
+    run(&e, e.m, &o, 0, false, "async without its fence");
+    env_close(&e);
+}
+END_TEST
 
 START_TEST(independent_of_the_cache_qwen3moe)
 {
@@ -253,6 +303,8 @@ START_TEST(options_parse_and_refuse)
     ck_assert_int_eq(backend_opt(&o, "adapt-decay", "2"), STRATA_EINVAL);
     ck_assert_int_eq(backend_opt(&o, "adapt-swaps", "1.5"), STRATA_EINVAL);
     ck_assert_int_eq(backend_opt(&o, "cache-verify", "yes"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "adapt-async", "1"), 0);
+    ck_assert(o.tier.async);
     ck_assert_int_eq(backend_opt(&o, "kv-type", "f16"), 0);
     ck_assert_int_eq(backend_opt(&o, "backend", "tpu"), STRATA_EINVAL);
     ck_assert_int_eq(backend_opt(&o, "threads", "2"), STRATA_ENOENT);
@@ -265,6 +317,7 @@ int main(void)
     TCase *tc = tcase_create("cache");
     tcase_set_timeout(tc, 300); /* Debug + ASan builds run ~10x slower */
     tcase_add_test(tc, options_parse_and_refuse);
+    tcase_add_test(tc, async_fences_failures_and_a_removed_fence);
     tcase_add_test(tc, independent_of_the_cache_qwen3moe);
     tcase_add_test(tc, independent_of_the_cache_llama);
     tcase_add_test(tc, independent_of_the_cache_olmoe);

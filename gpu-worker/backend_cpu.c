@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,26 @@ struct fwd {
     struct tier_move *moves; /* (tier.swaps) a round's picks */
     uint32_t *chunk_of;      /* (T) a prompt chunk's first batch index, or UINT32_MAX: decode */
     uint32_t *stamp;         /* (T) per chunk, the last (layer, expert) it was counted for */
-    uint64_t window;         /* windows ticked */
+    uint64_t window;          /* windows ticked */
+    /* The async tier (--adapt-async 1): the round in flight and the thread that picks it. */
+    struct tier_move *flight; /* (swaps) the round's moves */
+    uint64_t *ticket;         /* (swaps) the copy of each posted move */
+    uint8_t *landed;          /* (swaps) moves whose copy has landed */
+    uint32_t n_flight, n_posted, n_landed;
+    uint64_t posted_at;       /* the window after which the last batch was posted */
+    bool async_wait;          /* STRATA_ADAPT_ASYNC_WAIT (1): the tick after posting lands all */
+    bool pick_inline;         /* STRATA_ADAPT_PICK_INLINE (0): pick on the decode thread */
+    uint32_t async_batch;     /* STRATA_ADAPT_ASYNC_BATCH (0: all): copies posted per tick */
+    pthread_t picker;
+    bool picker_started, picker_stop;
+    pthread_mutex_t pmu;
+    pthread_cond_t pcv;
+    enum { PICK_IDLE, PICK_ASKED, PICK_READY } pick;
+    uint32_t n_picked;
+    double adapt_wait_s;      /* decode-thread time spent waiting for copies */
+    double window_wait_s;     /* of it, in the window just ticked (STRATA_DECODE_TIMING) */
+    uint64_t window_swaps;    /* swaps landed at the last tick */
+    bool timing;              /* STRATA_DECODE_TIMING=1 */
     uint64_t hits, misses, swaps, verify_failures;
     double first_hit_rate;
     bool first_done;
@@ -168,6 +188,10 @@ static void cpu_close(void *impl);
 
 /* ---- slot mode: the expert cache on the host ------------------------------------------------ */
 
+static int async_start(struct fwd *f);
+static void async_stop(struct fwd *f);
+static int env_flag(const char *name, int dflt);
+
 /* blob_extents: the copy of expert (l, e) into a slot: the arena's blob as one extent of exactly
  * blob_bytes, or, from a GGUF file, each part at its blob offset with the gaps zeroed, so the slot
  * holds the arena's bytes either way. Returns the extent count. */
@@ -215,17 +239,18 @@ static uint64_t blob_hash(const struct fwd *f, uint32_t l, uint32_t e)
 
 /* land finishes the copy of (l, e) into slot: waits for it, checks the slot's bytes when asked,
  * and gives the slot to the expert in the working table only if the copy is good. */
-static int land(struct fwd *f, uint64_t ticket, uint32_t slot, uint32_t l, uint32_t e)
+static void finish(struct fwd *f, int rv, uint32_t slot, uint32_t l, uint32_t e)
 {
-    int rv = copy_wait(f->copy, ticket);
+    uint8_t *s = f->slots + (uint64_t)slot * f->cache->slot_bytes;
     if (rv) {
+        /* a free slot holds poison: a window that read it anyway would show in the logits */
+        memset(s, 0xa5, f->cache->slot_bytes);
         LOG_WARN("expert cache: the copy of layer %u expert %u into slot %u failed (%s): it "
                  "stays on the host tier",
                  l, e, slot, strata_strerror(rv));
-        return 0;
+        return;
     }
     if (f->o.cache_verify) {
-        const uint8_t *s = f->slots + (uint64_t)slot * f->cache->slot_bytes;
         const uint64_t got = XXH3_64bits(s, f->m->layers[l].blob.bytes), want = blob_hash(f, l, e);
         if (got != want) {
             f->verify_failures++;
@@ -233,10 +258,16 @@ static int land(struct fwd *f, uint64_t ticket, uint32_t slot, uint32_t l, uint3
                      "source has %016llx: the copy is refused and the expert stays on the host "
                      "tier",
                      slot, l, e, (unsigned long long)got, (unsigned long long)want);
-            return 0;
+            memset(s, 0xa5, f->cache->slot_bytes);
+            return;
         }
     }
     cache_assign(f->cache, slot, l, e);
+}
+
+static int land(struct fwd *f, uint64_t ticket, uint32_t slot, uint32_t l, uint32_t e)
+{
+    finish(f, copy_wait(f->copy, ticket), slot, l, e);
     return 0;
 }
 
@@ -307,26 +338,32 @@ static int cache_open(struct fwd *f)
     if ((rv = cache_init(hp->n_layer, hp->n_expert, n, sb, &f->cache)) != 0 ||
         (rv = slot_pool(f, n)) != 0 ||
         (f->o.tier.every && (rv = tier_init(hp->n_layer, hp->n_expert, &f->o.tier, &f->tier))) ||
+        (f->tier && f->o.tier.async && (rv = async_start(f)) != 0) ||
         (rv = cache_fill_order(hp->n_layer, hp->n_expert, f->o.heat, order)) != 0 ||
         (rv = fill_slots(f, order, total)) != 0) {
         free(order);
         return rv;
     }
     free(order);
+    f->timing = env_flag("STRATA_DECODE_TIMING", 0) != 0;
     LOG_INFO("expert cache: %u slots of %.2f MiB on the host (slot mode), %u of %u experts "
              "resident, tier %s",
              n, (double)sb / (1 << 20), cache_resident(f->cache), total,
-             f->tier ? "adaptive" : "static");
+             !f->tier ? "static" : f->o.tier.async ? "adaptive, async" : "adaptive, blocking");
     return 0;
 }
 
 static void cache_close(struct fwd *f)
 {
+    async_stop(f);
     copy_close(f->copy);
     tier_fini(f->tier);
     cache_fini(f->cache);
     free(f->slots);
     free(f->moves);
+    free(f->flight);
+    free(f->ticket);
+    free(f->landed);
     free(f->chunk_of);
     free(f->stamp);
 }
@@ -413,18 +450,228 @@ static void cpu_reset_stats(void *impl)
     memset(&f->st, 0, sizeof f->st);
 }
 
+/* ---- the async tier ----------------------------------------------------------------------
+ * DESIGN 3.3's order: a move's victim leaves the working table and the table is republished
+ * before its copy is posted; the copy waits for the last window that may still read the slot
+ * (copy_post's after_window); the expert turns resident only once its copy has landed. The pick
+ * runs on the picker thread while windows go on; posting and landing run at ticks, between
+ * windows, where the tables may change. */
+
+static void *picker_main(void *arg)
+{
+    struct fwd *f = arg;
+    pthread_mutex_lock(&f->pmu);
+    for (;;) {
+        while (f->pick != PICK_ASKED && !f->picker_stop)
+            pthread_cond_wait(&f->pcv, &f->pmu);
+        if (f->picker_stop) break;
+        pthread_mutex_unlock(&f->pmu);
+        const uint32_t n = tier_pick(f->tier, f->cache, f->flight, f->o.tier.swaps);
+        pthread_mutex_lock(&f->pmu);
+        f->n_picked = n;
+        f->pick = PICK_READY;
+        pthread_cond_broadcast(&f->pcv);
+    }
+    pthread_mutex_unlock(&f->pmu);
+    return NULL;
+}
+
+static int env_flag(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : dflt;
+}
+
+static int async_start(struct fwd *f)
+{
+    const uint32_t swaps = f->o.tier.swaps ? f->o.tier.swaps : 1;
+    f->async_wait = env_flag("STRATA_ADAPT_ASYNC_WAIT", 1) != 0;
+    f->pick_inline = env_flag("STRATA_ADAPT_PICK_INLINE", 0) != 0;
+    f->async_batch = (uint32_t)env_flag("STRATA_ADAPT_ASYNC_BATCH", 0);
+    if (!(f->flight = malloc(swaps * sizeof *f->flight)) ||
+        !(f->ticket = malloc(swaps * sizeof *f->ticket)) || !(f->landed = calloc(swaps, 1)))
+        return strata_errf(STRATA_ENOMEM, "out of memory for the async tier");
+    pthread_mutex_init(&f->pmu, NULL);
+    pthread_cond_init(&f->pcv, NULL);
+    if (f->pick_inline) return 0;
+    int err = pthread_create(&f->picker, NULL, picker_main, f);
+    if (err) return strata_errf(strata_errno(err), "cannot start the adaptive tier's thread");
+    f->picker_started = true;
+    return 0;
+}
+
+/* pick_settle waits until no pick is running (the picker reads the working table). */
+static void pick_settle(struct fwd *f)
+{
+    pthread_mutex_lock(&f->pmu);
+    while (f->pick == PICK_ASKED)
+        pthread_cond_wait(&f->pcv, &f->pmu);
+    pthread_mutex_unlock(&f->pmu);
+}
+
+/* land_flight lands the posted copies that are done (all of them when wait): each good copy's
+ * expert turns resident in the working table; the caller publishes. Returns the count landed. */
+static uint32_t land_flight(struct fwd *f, bool wait)
+{
+    uint32_t n = 0;
+    const double t0 = now_s();
+    for (uint32_t i = 0; i < f->n_posted; i++) {
+        if (f->landed[i]) continue;
+        int rv;
+        if (wait)
+            rv = copy_wait(f->copy, f->ticket[i]);
+        else if (!copy_done(f->copy, f->ticket[i], &rv))
+            continue;
+        const struct tier_move *mv = &f->flight[i];
+        finish(f, rv, mv->slot, mv->layer, mv->expert);
+        f->landed[i] = 1;
+        f->n_landed++;
+        if (f->cache->work[(uint64_t)mv->layer * f->m->hp.n_expert + mv->expert] != CACHE_NONE) {
+            f->swaps++;
+            n++;
+        }
+    }
+    if (wait) f->window_wait_s += now_s() - t0;
+    if (f->n_landed == f->n_flight) f->n_flight = f->n_posted = f->n_landed = 0;
+    return n;
+}
+
+/* post_flight posts up to async_batch more moves of the round: their victims leave the working
+ * table, the table is republished, then the copies go, fenced on the window just finished (the
+ * last that may read the victims' slots). */
+static int post_flight(struct fwd *f)
+{
+    uint32_t end = f->n_flight;
+    if (f->async_batch && end - f->n_posted > f->async_batch) end = f->n_posted + f->async_batch;
+    const bool unfenced = f->o.copy_hooks && f->o.copy_hooks->unfenced;
+    if (!unfenced) {
+        for (uint32_t i = f->n_posted; i < end; i++)
+            if (f->flight[i].victim != CACHE_NONE) cache_evict(f->cache, f->flight[i].slot);
+        cache_publish(f->cache);
+    }
+    for (uint32_t i = f->n_posted; i < end; i++) {
+        const struct tier_move *mv = &f->flight[i];
+        struct copy_extent x[COPY_MAX_EXTENTS];
+        int rv = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
+                           f->window, &f->ticket[i]);
+        if (rv) return rv;
+        f->landed[i] = 0;
+        /* the test hook that removes the fence: the copy lands before the next window, which
+         * still reads the victim's slot from the old table */
+        if (unfenced) copy_wait(f->copy, f->ticket[i]);
+    }
+    if (unfenced) {
+        for (uint32_t i = f->n_posted; i < end; i++)
+            if (f->flight[i].victim != CACHE_NONE) cache_evict(f->cache, f->flight[i].slot);
+    }
+    f->n_posted = end;
+    f->posted_at = f->window;
+    return 0;
+}
+
+/* async_quiesce is the fence: the pick in progress settles, the round's posted copies land, its
+ * unposted moves are dropped (their counts stay for the next round), the table is published. */
+static int async_quiesce(struct fwd *f)
+{
+    if (!f->flight) return 0;
+    pick_settle(f);
+    pthread_mutex_lock(&f->pmu);
+    f->pick = PICK_IDLE;
+    pthread_mutex_unlock(&f->pmu);
+    land_flight(f, true);
+    f->n_flight = f->n_posted = f->n_landed = 0;
+    cache_publish(f->cache);
+    return 0;
+}
+
+static void async_stop(struct fwd *f)
+{
+    if (!f->flight) return;
+    async_quiesce(f);
+    if (f->picker_started) {
+        pthread_mutex_lock(&f->pmu);
+        f->picker_stop = true;
+        pthread_cond_broadcast(&f->pcv);
+        pthread_mutex_unlock(&f->pmu);
+        pthread_join(f->picker, NULL);
+    }
+    pthread_mutex_destroy(&f->pmu);
+    pthread_cond_destroy(&f->pcv);
+}
+
+/* async_tick: land what has landed (everything, the tick after posting, with ASYNC_WAIT), post
+ * the next batch of a picked round, and start a pick when a round is due. */
+static int async_tick(struct fwd *f)
+{
+    int rv = 0;
+    bool changed = false;
+    if (f->n_posted)
+        changed = land_flight(f, f->async_wait && f->window > f->posted_at) > 0 ||
+                  f->n_flight == 0;
+    pthread_mutex_lock(&f->pmu);
+    const bool ready = f->pick == PICK_READY;
+    if (ready) {
+        f->n_flight = f->n_picked;
+        f->n_posted = f->n_landed = 0;
+        f->pick = PICK_IDLE;
+    }
+    pthread_mutex_unlock(&f->pmu);
+    if (f->n_flight > f->n_posted) {
+        if (changed) cache_publish(f->cache);
+        changed = false;
+        rv = post_flight(f);
+    }
+    if (changed) cache_publish(f->cache);
+    pthread_mutex_lock(&f->pmu);
+    const bool idle = f->pick == PICK_IDLE;
+    pthread_mutex_unlock(&f->pmu);
+    /* one round at a time: a round is due only once the last one has landed */
+    if (!rv && idle && f->n_flight == 0 && tier_window(f->tier)) {
+        tier_decay(f->tier);
+        if (f->pick_inline) {
+            f->n_flight = tier_pick(f->tier, f->cache, f->flight, f->o.tier.swaps);
+            f->n_posted = f->n_landed = 0;
+            if (f->n_flight) rv = post_flight(f);
+        } else {
+            pthread_mutex_lock(&f->pmu);
+            f->pick = PICK_ASKED;
+            pthread_cond_broadcast(&f->pcv);
+            pthread_mutex_unlock(&f->pmu);
+        }
+    }
+    return rv;
+}
+
 static int cpu_tick(void *impl)
 {
     struct fwd *f = impl;
     f->window++;
     if (!f->cache) return 0;
     copy_window_done(f->copy, f->window);
-    return f->tier && tier_window(f->tier) ? round_blocking(f) : 0;
+    const uint64_t swaps0 = f->swaps;
+    f->window_wait_s = 0;
+    int rv = !f->tier                ? 0
+             : f->o.tier.async       ? async_tick(f)
+             : tier_window(f->tier) ? round_blocking(f)
+                                     : 0;
+    f->adapt_wait_s += f->window_wait_s;
+    f->window_swaps = f->swaps - swaps0;
+    if (f->timing) {
+        const struct backend_stats *st = &f->st;
+        LOG_INFO("window %llu: %.2f ms total (attention %.2f, dense %.2f, experts %.2f, output "
+                 "%.2f), hits %llu misses %llu so far, adapt wait %.3f ms, %llu swaps/window",
+                 (unsigned long long)f->window, 1e3 * st->total_s, 1e3 * st->attention_s,
+                 1e3 * st->dense_s, 1e3 * st->experts_s, 1e3 * st->output_s,
+                 (unsigned long long)f->hits, (unsigned long long)f->misses,
+                 1e3 * f->window_wait_s, (unsigned long long)f->window_swaps);
+    }
+    return rv;
 }
 
 static int cpu_quiesce(void *impl)
 {
-    return 0;
+    struct fwd *f = impl;
+    return f->cache ? async_quiesce(f) : 0;
 }
 
 /* cpu_resize changes slot mode's pool to bytes / slot_bytes slots, between windows: the slots
@@ -432,6 +679,7 @@ static int cpu_quiesce(void *impl)
 static int cpu_resize(void *impl, uint64_t bytes)
 {
     struct fwd *f = impl;
+    if (f->cache) async_quiesce(f); /* the fence: no copy in flight while slots change hands */
     if (!f->cache)
         return strata_errf(STRATA_EUNSUPPORTED,
                            "this CPU backend runs without an expert cache: start it with "
@@ -474,6 +722,7 @@ static void cpu_info(const void *impl, struct backend_info *out)
     out->copy_bytes = cs.bytes;
     out->copy_gibs = cs.busy_s > 0 ? (double)cs.bytes / cs.busy_s / (1 << 30) : 0;
     out->verify_failures = f->verify_failures;
+    out->adapt_wait_s = f->adapt_wait_s;
 }
 
 /* ---- matmuls ------------------------------------------------------------------------------ */

@@ -34,6 +34,9 @@ struct copy_hooks {
     uint32_t hold_ms;
     /* window_ms: the backend stretches every window by this long (read by the backend). */
     uint32_t window_ms;
+    /* unfenced: the backend posts a move's copy before it takes the victim out of the table a
+     * window reads (a removed fence, for the test that must then fail). */
+    bool unfenced;
     /* fail: a nonzero return fails the copy (its slot is not filled). */
     int (*fail)(void *ctx, uint32_t slot, uint64_t ticket);
     /* after_copy: runs on the copy thread once the bytes are in the slot, before completion:

@@ -84,6 +84,7 @@ struct engine {
     _Atomic uint64_t epoch;
     struct engine_status st;
     struct backend_info info; /* refreshed by the loop (gauge) */
+    bool fence;               /* a request started: land the tier's round before the window */
     /* The command slot: one command at a time from another thread, run by the loop between
      * windows; the caller waits for cmd_done. */
     enum { CMD_NONE, CMD_QUIESCE, CMD_RESIZE } cmd;
@@ -246,6 +247,7 @@ static bool admit(struct engine *e, struct ereq *r)
     r->tm.n_cached += n_blocks * e->bt;
     e->st.prefix_hits += n_blocks * e->bt;
     e->running[e->n_running++] = r;
+    e->fence = true;
     return true;
 }
 
@@ -517,7 +519,9 @@ static void *loop(void *arg)
         int rv = 0;
         if (e->n_items) {
             pthread_mutex_unlock(&e->mu);
-            rv = compute(e, &n_tok);
+            /* DESIGN 3.3's fence: a request start lands the adaptive tier's round in flight */
+            if (e->fence && (rv = backend_quiesce(e->be)) == 0) e->fence = false;
+            if (!rv) rv = compute(e, &n_tok);
             if (!rv) rv = backend_tick(e->be);
             pthread_mutex_lock(&e->mu);
             apply(e, rv, n_tok);

@@ -75,6 +75,7 @@ int main(int argc, char **argv)
                                           {"adapt-min", required_argument, NULL, 'B'},
                                           {"adapt-lead", required_argument, NULL, 'B'},
                                           {"cache-verify", required_argument, NULL, 'B'},
+        {"adapt-async", required_argument, NULL, 'B'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     struct worker_config cfg = {.backend = backend_opts_default()};

@@ -7,7 +7,8 @@
 struct tier {
     uint32_t n_layer, n_expert;
     struct tier_opts o;
-    float *count;     /* (n_layer * n_expert) decayed counts */
+    float *count;      /* (n_layer * n_expert) decayed counts, added to by the windows */
+    float *snap;       /* (n_layer * n_expert) the counts as of the last tier_decay */
     uint32_t windows; /* since the last round */
     uint32_t *cand;   /* (n_layer * n_expert) scratch: candidates of a round */
     uint8_t *taken;   /* (n_layer * n_expert) scratch: residents evicted this round */
@@ -19,10 +20,11 @@ int tier_init(uint32_t n_layer, uint32_t n_expert, const struct tier_opts *o, st
     struct tier *t = calloc(1, sizeof *t);
     if (t) {
         t->count = calloc(n, sizeof *t->count);
+        t->snap = calloc(n, sizeof *t->snap);
         t->cand = malloc(n * sizeof *t->cand);
         t->taken = malloc(n);
     }
-    if (!t || !t->count || !t->cand || !t->taken) {
+    if (!t || !t->count || !t->snap || !t->cand || !t->taken) {
         tier_fini(t);
         return strata_errf(STRATA_ENOMEM, "out of memory for the adaptive tier");
     }
@@ -37,6 +39,7 @@ void tier_fini(struct tier *t)
 {
     if (!t) return;
     free(t->count);
+    free(t->snap);
     free(t->cand);
     free(t->taken);
     free(t);
@@ -64,19 +67,31 @@ static int hotter(const void *a, const void *b, void *ctx)
 {
     const struct tier *t = ctx;
     const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    const float cx = t->count[x], cy = t->count[y];
+    const float cx = t->snap[x], cy = t->snap[y];
     if (cx != cy) return cx > cy ? -1 : 1;
     return x < y ? -1 : x > y;
 }
 
-uint32_t tier_round(struct tier *t, const struct cache *c, struct tier_move *moves, uint32_t max)
+void tier_decay(struct tier *t)
 {
     const size_t n = (size_t)t->n_layer * t->n_expert;
     for (size_t i = 0; i < n; i++)
-        t->count[i] *= t->o.decay;
+        t->snap[i] = t->count[i] *= t->o.decay;
+}
+
+uint32_t tier_round(struct tier *t, const struct cache *c, struct tier_move *moves, uint32_t max)
+{
+    tier_decay(t);
+    return tier_pick(t, c, moves, max);
+}
+
+uint32_t tier_pick(struct tier *t, const struct cache *c, struct tier_move *moves, uint32_t max)
+{
+    const size_t n = (size_t)t->n_layer * t->n_expert;
+    const float *count = t->snap;
     uint32_t nc = 0;
     for (size_t i = 0; i < n; i++)
-        if (c->work[i] == CACHE_NONE && t->count[i] >= t->o.min_count) t->cand[nc++] = (uint32_t)i;
+        if (c->work[i] == CACHE_NONE && count[i] >= t->o.min_count) t->cand[nc++] = (uint32_t)i;
     qsort_r(t->cand, nc, sizeof *t->cand, hotter, t);
     memset(t->taken, 0, n);
     /* free slots of the working table, handed out in order */
@@ -94,9 +109,9 @@ uint32_t tier_round(struct tier *t, const struct cache *c, struct tier_move *mov
         for (uint32_t v = 0; v < t->n_expert; v++) {
             const uint32_t y = l * t->n_expert + v;
             if (c->work[y] == CACHE_NONE || t->taken[y]) continue;
-            if (victim == CACHE_NONE || t->count[y] < t->count[victim]) victim = (int32_t)y;
+            if (victim == CACHE_NONE || count[y] < count[victim]) victim = (int32_t)y;
         }
-        if (victim == CACHE_NONE || t->count[x] < t->count[victim] + t->o.lead) continue;
+        if (victim == CACHE_NONE || count[x] < count[victim] + t->o.lead) continue;
         t->taken[victim] = 1;
         moves[n_moves++] = (struct tier_move){l, e, (uint32_t)c->work[victim], victim};
     }

@@ -25,12 +25,10 @@ struct tier_opts {
     float decay;    /* counts are multiplied by this each round */
     float min_count;
     float lead;
+    bool async; /* --adapt-async 1: a round's copies run while windows do (the backend's part) */
 };
 
-#define TIER_OPTS_DEFAULT                                                                          \
-    {                                                                                              \
-        4, 96, 0.7f, 2.0f, 1.5f                                                                    \
-    }
+#define TIER_OPTS_DEFAULT {4, 96, 0.7f, 2.0f, 1.5f, false}
 
 /* One move: (layer, expert) into slot, evicting victim (CACHE_NONE: the slot was free). */
 struct tier_move {
@@ -50,8 +48,14 @@ void tier_count(struct tier *t, uint32_t layer, uint32_t expert, float n);
 bool tier_window(struct tier *t);
 
 /* tier_round decays the counts and picks up to max moves against c's working table, filling
- * moves; returns their count. Does not change c. */
+ * moves; returns their count. Does not change c. It is tier_decay then tier_pick. */
 uint32_t tier_round(struct tier *t, const struct cache *c, struct tier_move *moves, uint32_t max);
+
+/* tier_decay decays the counts and takes the snapshot tier_pick reads, on the decode thread;
+ * tier_pick may then run on another thread while windows go on counting (it reads only the
+ * snapshot and c's working table, which must not change until it returns). */
+void tier_decay(struct tier *t);
+uint32_t tier_pick(struct tier *t, const struct cache *c, struct tier_move *moves, uint32_t max);
 
 /* tier_count_of: the decayed count of (layer, expert), for tests and status. */
 float tier_count_of(const struct tier *t, uint32_t layer, uint32_t expert);

@@ -174,6 +174,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"adapt-min", required_argument, NULL, O_BACKEND},
         {"adapt-lead", required_argument, NULL, O_BACKEND},
         {"cache-verify", required_argument, NULL, O_BACKEND},
+        {"adapt-async", required_argument, NULL, O_BACKEND},
         {NULL, 0, NULL, 0},
     };
     *o = (struct run_opts){.n_predict = 64, .chunk = 256, .backend = backend_opts_default()};
