@@ -206,7 +206,10 @@ static void independence(const char *arch)
                 ck_assert_uint_eq(bi.verify_failures, 0);
                 ck_assert_uint_gt(bi.hits, 0);
                 if (sizes[i] == e.total) ck_assert_uint_eq(bi.misses, 0);
-                if (adapt && sizes[i] < e.total / 2) ck_assert_uint_gt(bi.swaps, 0);
+                /* blocking and ASYNC_WAIT rounds land at fixed ticks; without the wait the
+                 * windows a pick and its copies land in depend on timing */
+                if ((adapt == 1 || adapt == 2) && sizes[i] < e.total / 2)
+                    ck_assert_uint_gt(bi.swaps, 0);
                 if (!adapt) ck_assert_uint_eq(bi.swaps, 0);
             }
     }
@@ -233,7 +236,10 @@ START_TEST(async_fences_failures_and_a_removed_fence)
 {
     struct env e;
     env_open(&e, "qwen3moe");
+    /* copies land when they land (no wait), picks at fixed ticks (inline): a round is in flight
+     * at known windows, its copies across them */
     setenv("STRATA_ADAPT_ASYNC_WAIT", "0", 1);
+    setenv("STRATA_ADAPT_PICK_INLINE", "1", 1);
     const struct tier_opts async = {.every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f,
                                     .lead = 0.25f, .async = true};
     const uint32_t n = (e.total + 3) / 4;
@@ -248,11 +254,10 @@ START_TEST(async_fences_failures_and_a_removed_fence)
     o.copy_hooks = &failing;
     bi = run(&e, e.m, &o, 0, true, "async, every third copy failing");
     ck_assert_uint_gt(bi.swaps, 0);
-    /* the same with a picking on the decode thread and one copy posted per tick */
-    setenv("STRATA_ADAPT_PICK_INLINE", "1", 1);
+    /* the same with one copy posted per tick */
     setenv("STRATA_ADAPT_ASYNC_BATCH", "1", 1);
     o.copy_hooks = &held;
-    bi = run(&e, e.m, &o, 0, true, "async, inline pick, one copy a tick");
+    bi = run(&e, e.m, &o, 0, true, "async, one copy a tick");
     ck_assert_uint_gt(bi.swaps, 0);
     unsetenv("STRATA_ADAPT_PICK_INLINE");
     unsetenv("STRATA_ADAPT_ASYNC_BATCH");

@@ -608,6 +608,13 @@ static int async_tick(struct fwd *f)
     if (f->n_posted)
         changed = land_flight(f, f->async_wait && f->window > f->posted_at) > 0 ||
                   f->n_flight == 0;
+    /* with ASYNC_WAIT the tick after a pick was asked waits for it too: the window a round is
+     * posted in, and so the one its experts turn resident in, does not depend on timing */
+    if (f->async_wait) {
+        const double t0 = now_s();
+        pick_settle(f);
+        f->window_wait_s += now_s() - t0;
+    }
     pthread_mutex_lock(&f->pmu);
     const bool ready = f->pick == PICK_READY;
     if (ready) {

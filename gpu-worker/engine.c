@@ -32,6 +32,9 @@ struct ereq {
     uint32_t resv;        /* blocks reserved at admission: the sequence may grow to this many */
     uint32_t plan_blocks; /* blocks the window being planned takes for it */
     bool fresh;           /* admitted and no token sampled since: prefill timing runs */
+    int32_t draft[ENGINE_MAX_DRAFT]; /* the window's drafts after hist[n_hist - 1] */
+    uint32_t n_draft;
+    uint32_t spec_k; /* drafts to try next: grows while all are accepted, halves on none */
     uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
     /* shared */
     enum { RQ_QUEUED, RQ_RUNNING, RQ_DONE } state;
@@ -46,13 +49,16 @@ struct ereq {
     struct engine_timings tm;
 };
 
-/* One request's share of a window: hist[from .. from+n) fed, then maybe a token sampled. */
+/* One request's share of a window: hist[from .. from+n) fed (a decode step: hist[n_hist - 1]
+ * and the request's drafts), then maybe tokens sampled: one, or with drafts the accepted ones
+ * and the one after them. */
 struct item {
     struct ereq *r;
     uint32_t from, n;
     bool sampled;
     int err; /* the sampler's error */
-    struct sample_result res;
+    uint32_t n_res;
+    struct sample_result res[ENGINE_MAX_DRAFT + 1];
 };
 
 struct engine {
@@ -328,8 +334,39 @@ static bool plan_one(struct engine *e, struct ereq *r, uint32_t n, uint32_t *bud
     return true;
 }
 
-/* plan fills the window: a decode step for each request that has sampled its last token, then
- * prompt chunks, oldest request first, up to max_batch_tokens. */
+/* propose drafts up to k tokens for r by prompt lookup: the most recent earlier occurrence of
+ * the history's last 3 (else 2, else 1) tokens, and what followed it. O(history) per request and
+ * window, beside a pass that reads every weight. */
+static uint32_t propose(const struct ereq *r, uint32_t k, int32_t *out)
+{
+    const int32_t *h = r->hist;
+    const uint32_t n = r->n_hist;
+    for (uint32_t g = n > 3 ? 3 : n - 1; g >= 1 && k; g--)
+        for (uint32_t i = n - g; i-- > 0;) {
+            if (memcmp(h + i, h + n - g, g * sizeof *h) != 0) continue;
+            uint32_t c = 0;
+            for (; c < k && i + g + c < n; c++)
+                out[c] = h[i + g + c];
+            if (c) return c;
+        }
+    return 0;
+}
+
+/* drafts_for: how many drafts r verifies this window: its adaptive count, within what it may
+ * still generate (one token is sampled after the drafts), its context and the window. */
+static uint32_t drafts_for(const struct engine *e, struct ereq *r, uint32_t budget)
+{
+    if (!e->o.spec_lookup || budget < 2) return 0;
+    const uint32_t gen = r->n_hist - r->n_prompt, left = r->max_new - gen;
+    uint32_t k = r->spec_k;
+    if (k + 1 > left) k = left - 1;
+    if (k + 1 > budget) k = budget - 1;
+    if (r->n_hist + k > e->n_ctx) k = e->n_ctx > r->n_hist ? e->n_ctx - r->n_hist : 0;
+    return k ? propose(r, k, r->draft) : 0;
+}
+
+/* plan fills the window: a decode step for each request that has sampled its last token (with
+ * its drafts), then prompt chunks, oldest request first, up to max_batch_tokens. */
 static void plan(struct engine *e)
 {
     uint32_t budget = e->o.max_batch_tokens;
@@ -341,9 +378,17 @@ static void plan(struct engine *e)
             struct ereq *r = e->running[i];
             uint32_t left = r->n_hist - r->seq.n_tokens;
             if ((pass == 0) != (left == 1)) continue;
-            if (!plan_one(e, r, left < budget ? left : budget, &budget))
+            r->n_draft = left == 1 ? drafts_for(e, r, budget) : 0;
+            if (!plan_one(e, r, left + r->n_draft < budget ? left + r->n_draft : budget, &budget))
                 i--; /* r left the running list: the next one moved into slot i */
         }
+}
+
+static bool is_stop(const struct ereq *r, int32_t id)
+{
+    for (uint32_t i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == id) return true;
+    return false;
 }
 
 /* compute runs the window's forward pass and samples (outside the lock). Returns the error of
@@ -354,10 +399,13 @@ static int compute(struct engine *e, uint32_t *n_tok)
     for (uint32_t i = 0; i < e->n_items; i++) {
         struct item *it = &e->items[i];
         struct ereq *r = it->r;
-        it->sampled = it->from + it->n == r->n_hist;
+        it->sampled = it->from + it->n == r->n_hist + r->n_draft;
+        it->n_res = 0;
+        const uint32_t fed = it->n - r->n_draft; /* from hist; the drafts follow */
         for (uint32_t j = 0; j < it->n; j++)
-            e->toks[n++] = (struct backend_token){&r->seq, r->hist[it->from + j],
-                                                  it->sampled && j + 1 == it->n};
+            e->toks[n++] = (struct backend_token){
+                &r->seq, j < fed ? r->hist[it->from + j] : r->draft[j - fed],
+                it->sampled && j + 1 + r->n_draft >= it->n};
     }
     *n_tok = n;
     int rv = backend_eval(e->be, e->toks, n, e->logits);
@@ -365,31 +413,45 @@ static int compute(struct engine *e, uint32_t *n_tok)
     for (uint32_t i = 0; i < e->n_items; i++) {
         struct item *it = &e->items[i];
         struct ereq *r = it->r;
-        /* Full blocks go to the prefix cache; a block is full once the window wrote it. */
+        if (it->sampled) {
+            /* Each position is sampled as plain decoding samples it (the draw is a function of
+             * seed and position, the logits bit-exact); drafts count while they match. */
+            const uint32_t d = r->n_draft, n0 = r->n_hist;
+            for (uint32_t j = 0; j <= d; j++) {
+                /* Penalties see the last generated tokens, those inside a resumed prompt too. */
+                uint32_t w0 = r->n_hist - r->gen_start > ENGINE_PENALTY_WINDOW
+                                  ? r->n_hist - ENGINE_PENALTY_WINDOW
+                                  : r->gen_start;
+                const float *lg = e->logits + (size_t)(rows + j) * e->m->hp.n_vocab;
+                struct sample_result *res = &it->res[it->n_res];
+                it->err = sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0,
+                                       r->n_hist, res);
+                if (it->err) break;
+                r->hist[r->n_hist++] = res->id;
+                it->n_res++;
+                if (j == d || res->id != r->draft[j] || is_stop(r, res->id) ||
+                    r->n_hist - r->n_prompt == r->max_new)
+                    break;
+            }
+            rows += d + 1;
+            /* the KV of rejected drafts goes: positions past the accepted ones */
+            if (d && !it->err && r->seq.n_tokens > n0 + it->n_res - 1)
+                kv_seq_resize(e->kv, &r->seq, n0 + it->n_res - 1);
+        }
+        /* Full blocks go to the prefix cache; a block is full once the window wrote it (and
+         * every draft in it was accepted). */
         while (!e->o.no_prefix_cache && (r->n_pub + 1) * e->bt <= r->seq.n_tokens) {
             r->pub_key = kv_prefix_publish(e->kv, &r->seq, r->n_pub, r->pub_key,
                                            r->hist + (size_t)r->n_pub * e->bt);
             r->n_pub++;
         }
-        if (!it->sampled) continue;
-        /* Penalties see the last generated tokens, those inside a resumed prompt included. */
-        uint32_t w0 = r->n_hist - r->gen_start > ENGINE_PENALTY_WINDOW
-                          ? r->n_hist - ENGINE_PENALTY_WINDOW
-                          : r->gen_start;
-        const float *lg = e->logits + (size_t)rows++ * e->m->hp.n_vocab;
-        it->err =
-            sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0, r->n_hist, &it->res);
-        if (!it->err) r->hist[r->n_hist++] = it->res.id;
     }
     return 0;
 }
 
-static bool is_stop(const struct ereq *r, int32_t id)
-{
-    for (uint32_t i = 0; i < r->n_stop; i++)
-        if (r->stop[i] == id) return true;
-    return false;
-}
+
+static void emit(struct engine *e, struct ereq *r, const struct sample_result *s, int64_t now,
+                 uint32_t n_gen);
 
 /* apply publishes the window's tokens and ends requests that stopped (under mu). */
 static void apply(struct engine *e, int rv, uint32_t n_tok)
@@ -415,18 +477,38 @@ static void apply(struct engine *e, int rv, uint32_t n_tok)
             e->st.tokens_prefilled += end - it->from;
         }
         if (!it->sampled) continue;
-        const struct sample_result *s = &it->res;
-        if (it->err) {
-            finish(e, r, ENGINE_FINISH_ERROR, it->err);
-            continue;
+        if (r->n_draft) {
+            const uint32_t acc = it->n_res ? it->n_res - 1 : 0;
+            e->st.drafts_proposed += r->n_draft;
+            e->st.drafts_accepted += acc;
+            r->spec_k = acc == r->n_draft ? (r->spec_k < e->o.spec_lookup ? r->spec_k + 1 : r->spec_k)
+                        : acc == 0        ? (r->spec_k > 1 ? r->spec_k / 2 : 1)
+                                          : r->spec_k;
         }
+        if (it->from + 1 == r->n_hist - it->n_res) {
+            e->st.decode_passes++;
+            e->st.decode_tokens += it->n_res;
+        }
+        /* the k-th token sits at hist[n_hist - n_res + k] */
+        for (uint32_t k = 0; k < it->n_res && r->state == RQ_RUNNING; k++)
+            emit(e, r, &it->res[k], now, r->n_hist - it->n_res + k + 1 - r->n_prompt);
+        if (it->err && r->state == RQ_RUNNING) finish(e, r, ENGINE_FINISH_ERROR, it->err);
+    }
+}
+
+/* emit publishes one sampled token of r, its n_gen-th generated, and ends r at a stop token or
+ * its length (under mu). */
+static void emit(struct engine *e, struct ereq *r, const struct sample_result *s, int64_t now,
+                 uint32_t n_gen)
+{
+    {
         if (r->n_out == r->cap_out) {
             uint32_t cap = r->cap_out ? 2 * r->cap_out : 16;
             struct engine_token *o = realloc(r->out, (size_t)cap * sizeof *o);
             if (!o) {
                 finish(e, r, ENGINE_FINISH_ERROR,
                        strata_errf(STRATA_ENOMEM, "out of memory for %u tokens", cap));
-                continue;
+                return;
             }
             r->out = o;
             r->cap_out = cap;
@@ -447,7 +529,7 @@ static void apply(struct engine *e, int rv, uint32_t n_tok)
         }
         if (is_stop(r, s->id))
             finish(e, r, ENGINE_FINISH_STOP, 0);
-        else if (r->n_hist - r->n_prompt == r->max_new)
+        else if (n_gen == r->max_new)
             finish(e, r, ENGINE_FINISH_LENGTH, 0);
     }
 }
@@ -585,7 +667,10 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     e->running = calloc(e->o.max_running, sizeof *e->running);
     e->items = calloc(e->o.max_running, sizeof *e->items);
     e->toks = calloc(e->o.max_batch_tokens, sizeof *e->toks);
-    e->logits = malloc((size_t)e->o.max_running * m->hp.n_vocab * sizeof *e->logits);
+    if (e->o.spec_lookup > ENGINE_MAX_DRAFT) e->o.spec_lookup = ENGINE_MAX_DRAFT;
+    /* a row per sampled position: each decoding request's step and its drafts */
+    e->logits = malloc((size_t)e->o.max_running * (1 + e->o.spec_lookup) * m->hp.n_vocab *
+                       sizeof *e->logits);
     if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for an engine of %u sequences",
                          e->o.max_running);
@@ -676,6 +761,7 @@ static struct ereq *req_new(const struct engine *e, const struct engine_req *q)
     uint32_t room = e->n_ctx - q->n_prompt;
     r->max_new = q->max_tokens && q->max_tokens < room ? q->max_tokens : room;
     r->hist = malloc(((size_t)q->n_prompt + r->max_new) * sizeof *r->hist);
+    r->spec_k = e->o.spec_lookup;
     if (!r->hist) {
         free(r);
         return NULL;

@@ -27,6 +27,7 @@
 #define ENGINE_ID_MAX         64 /* most bytes of a request id (without the NUL) */
 #define ENGINE_MAX_STOP       16 /* most stop token ids per request */
 #define ENGINE_PENALTY_WINDOW 64 /* penalties look at the last N generated tokens (llama.cpp's) */
+#define ENGINE_MAX_DRAFT      8  /* drafts verified per request and window */
 
 struct engine_opts {
     uint32_t n_ctx;             /* positions per sequence; 0: the model's trained context */
@@ -41,6 +42,8 @@ struct engine_opts {
     uint32_t orphan_timeout_ms; /* lease: a request not polled for this long is cancelled, and a
                                    finished one forgotten; 0: 10000 */
     bool no_prefix_cache;       /* do not share blocks between requests */
+    uint32_t spec_lookup;       /* prompt-lookup drafts a decoding request verifies per window
+                                   (0 off, up to ENGINE_MAX_DRAFT); fewer while few are accepted */
     struct backend_opts backend; /* which backend, its KV type and expert cache; the sizes (threads,
                                     tokens per pass, context, sequences, blocks) are the fields
                                     above */
@@ -126,6 +129,8 @@ struct engine_status {
     uint64_t prefix_hits;      /* positions taken from the prefix cache */
     uint64_t preemptions;
     uint64_t lapsed; /* requests cancelled because their lease lapsed */
+    uint64_t drafts_proposed, drafts_accepted; /* speculative decoding (spec_lookup) */
+    uint64_t decode_passes, decode_tokens;     /* decode items and the tokens they sampled */
 };
 
 struct engine;

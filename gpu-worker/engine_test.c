@@ -254,6 +254,43 @@ static void preemption_case(bool prefix_cache)
     env_close(&v);
 }
 
+/* Speculative decoding by prompt lookup: drafts verified in one window give the same ids as
+ * plain decoding, greedy and sampled (with penalties), beside requests without drafts, and with
+ * the expert cache's async tier swapping under them. */
+START_TEST(drafts_give_the_same_ids)
+{
+    struct env v;
+    env_open(&v);
+    static struct job jobs[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "d%u", i);
+        job_make(&jobs[i], id, 12 + i * 3, i, i % 2 ? 0.8f : 0.0f, 40);
+        /* a prompt that repeats itself, as code edits and quotes do: lookup finds drafts */
+        for (uint32_t k = 6; k < jobs[i].n_prompt; k++)
+            jobs[i].prompt[k] = jobs[i].prompt[k % 6];
+    }
+    const struct backend_opts cache = {
+        .expert_cache = {CACHE_SLOTS, 5},
+        .tier = {.every = 1, .swaps = 4, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f,
+                 .async = _i == 1}};
+    struct engine_opts o = {.max_running = 8, .max_batch_tokens = 64, .spec_lookup = 4,
+                            .backend = _i ? cache : (struct backend_opts){0}};
+    struct engine *e = start(&v, &o);
+    run_all(e, &v, jobs, 8);
+    struct engine_status st;
+    engine_status(e, &st);
+    ck_assert_uint_gt(st.drafts_proposed, 0);
+    ck_assert_uint_gt(st.drafts_accepted, 0);
+    ck_assert_uint_gt(st.decode_tokens, st.decode_passes); /* more than a token per pass */
+    printf("drafts: %llu of %llu accepted, %.2f tokens per decode pass\n",
+           (unsigned long long)st.drafts_accepted, (unsigned long long)st.drafts_proposed,
+           (double)st.decode_tokens / (double)st.decode_passes);
+    engine_close(e);
+    env_close(&v);
+}
+END_TEST
+
 /* Commands from another thread (the service's vram op, quiesce) run on the decode thread between
  * windows while requests decode; their answers come back with the backend's detail, and the
  * requests' ids are unchanged. */
@@ -626,6 +663,7 @@ int main(void)
     tcase_add_test(tc, sixteen_concurrent_requests_give_their_lone_ids);
     tcase_add_test(tc, preemption_under_a_tiny_pool_keeps_the_ids);
     tcase_add_test(tc, commands_run_between_windows);
+    tcase_add_loop_test(tc, drafts_give_the_same_ids, 0, 2);
     tcase_add_test(tc, preemption_with_the_prefix_cache_keeps_the_ids);
     tcase_add_test(tc, a_follow_up_turn_prefills_only_its_new_tokens);
     tcase_add_test(tc, a_resumed_request_continues_the_same_ids);

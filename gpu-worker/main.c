@@ -24,8 +24,9 @@ static const char usage_text[] =
     "  --orphan-timeout S   cancel a request nobody polled for S seconds (default 10)\n"
     "  --max-seqs N         requests decoded at once (default 16)\n"
     "  --max-queue N        requests waiting before submit answers busy (default 64)\n"
-    "  --ctx N              positions per request (default: the model's context "
-    "length)\n" BACKEND_OPTS_USAGE
+    "  --ctx N              positions per request (default: the model's context length)\n"
+    "  --spec-lookup N      verify up to N (<= 8) prompt-lookup drafts per request and window\n"
+    BACKEND_OPTS_USAGE
     "  --bit-exact          refuse to start unless answers depend only on the model and the\n"
     "                       token history (the CPU backend always can)\n"
     "Serves in the foreground until SIGINT or SIGTERM; the protocol is docs/protocol.md.\n";
@@ -76,6 +77,7 @@ int main(int argc, char **argv)
                                           {"adapt-lead", required_argument, NULL, 'B'},
                                           {"cache-verify", required_argument, NULL, 'B'},
         {"adapt-async", required_argument, NULL, 'B'},
+        {"spec-lookup", required_argument, NULL, 'S'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     struct worker_config cfg = {.backend = backend_opts_default()};
@@ -112,6 +114,9 @@ int main(int argc, char **argv)
             break;
         case 'b':
             cfg.bit_exact = true;
+            break;
+        case 'S':
+            cfg.spec_lookup = num("spec-lookup", optarg);
             break;
         case 'B': /* the backend's own options (backend.h) */
             if (backend_opt(&cfg.backend, longs[li].name, optarg) != 0) {

@@ -501,6 +501,10 @@ static int op_status(struct ipc_call *call, void *ctx)
     KEY_I("prefix_hits", st.prefix_hits);
     KEY_I("preemptions", st.preemptions);
     KEY_I("lapsed", st.lapsed);
+    KEY_I("drafts_proposed", st.drafts_proposed);
+    KEY_I("drafts_accepted", st.drafts_accepted);
+    KEY_I("decode_passes", st.decode_passes);
+    KEY_I("decode_tokens", st.decode_tokens);
     KEY_I("requests", atomic_load(&s->requests));
 #undef KEY_I
     msg_key(&b, "tok_s");

@@ -167,6 +167,7 @@ int worker_init(const struct worker_config *c, struct worker **out)
         .on_route = w->state ? heat : NULL,
         .route_ctx = w->state,
         .backend = c->backend,
+        .spec_lookup = c->spec_lookup > 0 ? (uint32_t)c->spec_lookup : 0,
     };
     /* the arena's heat, for the expert cache's first fill (hottest first) */
     uint64_t *heat = NULL;

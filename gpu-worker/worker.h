@@ -33,6 +33,7 @@ struct worker_config {
     int ctx;                 /* positions per request; 0: the model's trained context */
     bool bit_exact;          /* worker_init refuses (STRATA_EUNSUPPORTED) a backend and options
                                 that cannot promise bit-exact answers (DESIGN 3.4) */
+    int spec_lookup;             /* prompt-lookup drafts per window (engine_opts.spec_lookup) */
     struct backend_opts backend; /* name, KV type, expert cache (backend_opt); sizes are ours */
     int watchdog_ms;         /* ipc watchdog period; 0: default */
 };
