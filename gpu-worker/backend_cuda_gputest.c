@@ -245,6 +245,7 @@ int main(void)
         fprintf(stderr, "backend_cuda_gputest: no CUDA device here: this test needs a GPU\n");
         return 1;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each case's figures survive a crash of the next */
     Suite *s = suite_create("backend_cuda");
     TCase *tc = tcase_create("cuda");
     tcase_set_timeout(tc, 300);
