@@ -168,7 +168,7 @@ static int check_mat(const struct model_mat *w, const char *name)
         snprintf(pattern, sizeof pattern, "%.*s", (int)strcspn(p, "."), p);
         return strata_errf(STRATA_EUNSUPPORTED,
                            "the CUDA backend has no kernel for tensor %s: %s, %u columns (its "
-                           "types: f32 f16 bf16 q8_0 q5_0 q4_K q6_K): requantize it with `strata "
+                           "types: f32 f16 bf16 q8_0 q5_0 q4_K q5_K q6_K): requantize it with `strata "
                            "quantize IN.gguf OUT.gguf TYPE --tensor-type %s=q4_K` (or q8_0), or run "
                            "it with --backend cpu",
                            name, qtype_name(w->type), w->n_in, pattern);

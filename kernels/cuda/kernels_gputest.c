@@ -88,7 +88,8 @@ static double ref_dot(const float *a, const float *b, int64_t n, double *absdot)
     return s;
 }
 
-static const uint32_t gpu_types[] = {QT_F32, QT_F16, QT_BF16, QT_Q8_0, QT_Q5_0, QT_Q4_K, QT_Q6_K};
+static const uint32_t gpu_types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,
+                                     QT_Q5_0, QT_Q4_K, QT_Q5_K, QT_Q6_K};
 
 /* acts_equal: the GPU's activation rows (qact.h layout) against quant_activations' bytes of the
  * same floats: every q and every scale equal (Q8_0's fp16 scale compared widened), and the sums of
@@ -453,10 +454,11 @@ END_TEST
 START_TEST(moe_ffn_matches_reference)
 {
     const uint32_t mixes[][3] = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {QT_Q8_0, QT_Q8_0, QT_Q8_0},
-                                 {QT_F16, QT_BF16, QT_Q5_0}, {QT_Q5_0, QT_Q4_K, QT_F32}};
+                                 {QT_F16, QT_BF16, QT_Q5_0}, {QT_Q5_0, QT_Q4_K, QT_F32},
+                                 {QT_Q5_K, QT_Q4_K, QT_Q5_K}};
     const int n_exp = 16, k = 4, toks[] = {1, 3, 20};
     const int64_t n_embd = 512, n_ff = 256;
-    for (int mi = 0; mi < 4; mi++) {
+    for (size_t mi = 0; mi < sizeof mixes / sizeof mixes[0]; mi++) {
         struct cu_moe_parts parts = {{mixes[mi][0], mixes[mi][1], mixes[mi][2]}, {0, 0, 0}, n_embd, n_ff};
         float *deq[16][3];
         uint64_t psz[3], rb[3], off = 0;
@@ -541,7 +543,7 @@ START_TEST(moe_ffn_matches_reference)
                 for (int64_t d = 0; d < n_embd; d++)
                     ck_assert_msg(fabs(out[pi * n_embd + d] - ref[pi * n_embd + d]) <=
                                       1e-4 * refabs[pi * n_embd + d] + 1e-6,
-                                  "moe mix %d, %d tokens, pair %d dim %lld: %g vs %g", mi, n_tok, pi,
+                                  "moe mix %d, %d tokens, pair %d dim %lld: %g vs %g", (int)mi, n_tok, pi,
                                   (long long)d, out[pi * n_embd + d], ref[pi * n_embd + d]);
             }
             /* the CPU's pairs copied in, then the combine in expert-id order */
