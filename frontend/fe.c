@@ -516,10 +516,15 @@ static void do_metrics(struct fe *f, struct http_req *r)
         {"strata_worker_decode_tokens_per_second", "The worker's recent decode rate."},
         {"strata_worker_prefill_tokens_per_second", "The worker's recent prefill rate."},
         {"strata_worker_requests_total", "Generations this frontend routed to the worker."},
+        {"strata_worker_expert_hits_total", "Routed (token, expert) pairs computed from slots."},
+        {"strata_worker_expert_misses_total", "Routed pairs computed from the host tier."},
+        {"strata_worker_experts_resident", "Experts in the worker's expert cache."},
+        {"strata_worker_expert_swaps_total", "Experts the adaptive tier moved into the cache."},
+        {"strata_worker_expert_copy_gibps", "GiB/s of the cache's copies while copying."},
     };
     for (size_t k = 0; k < sizeof wnames / sizeof *wnames; k++) {
         mprintf(&b, &n, &cap, "# HELP %s %s\n# TYPE %s %s\n", wnames[k][0], wnames[k][1],
-                wnames[k][0], k == 8 ? "counter" : "gauge");
+                wnames[k][0], strstr(wnames[k][0], "_total") ? "counter" : "gauge");
         pthread_mutex_lock(&f->mu);
         for (int i = 0; i < atomic_load(&f->n_workers); i++) {
             const struct fe_worker *w = &f->workers[i];
@@ -528,7 +533,8 @@ static void do_metrics(struct fe *f, struct http_req *r)
             double v[] = {
                 atomic_load(&w->ready),   atomic_load(&w->inflight), s->running, s->queued,
                 s->kv_blocks_used,        s->kv_blocks_total,        s->tok_s,   s->prefill_tok_s,
-                atomic_load(&w->requests)};
+                atomic_load(&w->requests), s->cache_hits, s->cache_misses, s->cache_resident,
+                s->cache_swaps,           s->cache_copy_gibs};
             mprintf(&b, &n, &cap, "%s{worker=\"%s\"} %.3f\n", wnames[k][0], w->name, v[k]);
         }
         pthread_mutex_unlock(&f->mu);

@@ -1,6 +1,7 @@
 #include "gpu-worker/backend.h"
 #include "common/base/err.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,11 @@ struct backend {
     uint32_t max_pass_tokens;
     struct backend_token *chunk; /* (max_pass_tokens) backend_prompt's batch */
 };
+
+struct backend_opts backend_opts_default(void)
+{
+    return (struct backend_opts){.tier = TIER_OPTS_DEFAULT};
+}
 
 void backend_kv_config(const struct model *m, uint32_t n_ctx, uint32_t n_seq, struct kv_config *out)
 {
@@ -76,8 +82,7 @@ int backend_start(const struct model *m, const struct backend_opts *o, struct ba
             for (size_t i = 0; i < N_BACKENDS; i++)
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
                          registry[i]->name);
-            return strata_errf(STRATA_ENOENT, "no backend '%s': this build has %s", o->name,
-                               list);
+            return strata_errf(STRATA_ENOENT, "no backend '%s': this build has %s", o->name, list);
         }
         if (!ops_available(ops))
             return strata_errf(STRATA_EUNSUPPORTED,
@@ -141,10 +146,14 @@ int backend_eval(struct backend *b, const struct backend_token *toks, uint32_t n
     if (n == 0 || n > b->max_pass_tokens)
         return strata_errf(STRATA_EINVAL, "a forward pass of %u tokens: it takes 1..%u", n,
                            b->max_pass_tokens);
-    for (uint32_t t = 0; t < n; t++)
+    for (uint32_t t = 0; t < n; t++) {
         if (toks[t].id < 0 || (uint32_t)toks[t].id >= V)
             return strata_errf(STRATA_EINVAL, "token id %d is outside the vocabulary of %u",
                                toks[t].id, V);
+        if (toks[t].logits && !logits)
+            return strata_errf(STRATA_EINVAL, "token %u asks for logits and there is no buffer",
+                               t);
+    }
     return b->ops->eval(b->impl, toks, n, logits);
 }
 
@@ -157,6 +166,7 @@ int backend_prompt(struct backend *b, struct kv_seq *s, const int32_t *ids, uint
         for (uint32_t j = 0; j < c; j++)
             b->chunk[j] = (struct backend_token){s, ids[i + j], logits && i + j == n - 1};
         int rv = backend_eval(b, b->chunk, c, logits);
+        if (!rv) rv = backend_tick(b);
         if (rv) return rv;
     }
     return 0;
@@ -224,6 +234,41 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
                                "--vram-reserve-mib %s: give MiB of VRAM to leave, 1 to 1048576",
                                value);
         o->vram_reserve_mib = (uint32_t)v;
+        return 0;
+    }
+    if (strcmp(name, "expert-cache") == 0) return cache_spec_parse(value, &o->expert_cache);
+    static const struct {
+        const char *name;
+        int is_float;
+        size_t off;
+        double lo, hi;
+    } nums[] = {
+        {"adapt-every", 0, offsetof(struct backend_opts, tier.every), 0, 1e6},
+        {"adapt-swaps", 0, offsetof(struct backend_opts, tier.swaps), 0, 1e6},
+        {"adapt-decay", 1, offsetof(struct backend_opts, tier.decay), 0, 1},
+        {"adapt-min", 1, offsetof(struct backend_opts, tier.min_count), 0, 1e9},
+        {"adapt-lead", 1, offsetof(struct backend_opts, tier.lead), 0, 1e9},
+    };
+    if (strcmp(name, "cache-verify") == 0) {
+        if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
+            return strata_errf(STRATA_EINVAL, "--cache-verify %s: give 0 or 1", value);
+        o->cache_verify = value[0] == '1';
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        if (strcmp(name, nums[i].name) != 0) continue;
+        char *end;
+        double v = strtod(value, &end);
+        if (end == value || *end || v < nums[i].lo || v > nums[i].hi ||
+            (!nums[i].is_float && v != (double)(uint32_t)v))
+            return strata_errf(STRATA_EINVAL, "--%s %s: give %s from %g to %g", name, value,
+                               nums[i].is_float ? "a number" : "a whole number", nums[i].lo,
+                               nums[i].hi);
+        char *field = (char *)o + nums[i].off;
+        if (nums[i].is_float)
+            *(float *)field = (float)v;
+        else
+            *(uint32_t *)field = (uint32_t)v;
         return 0;
     }
     return STRATA_ENOENT;

@@ -19,8 +19,11 @@
 #include <stdint.h>
 
 #include "common/arena/model.h"
+#include "gpu-worker/cache.h"
+#include "gpu-worker/copy.h"
 #include "gpu-worker/kv.h"
 #include "gpu-worker/kv_store.h"
+#include "gpu-worker/tier.h"
 
 #define BACKEND_KV_BLOCK 32 /* positions per KV block by default: one attention key block */
 
@@ -34,7 +37,18 @@ struct backend_opts {
     enum kv_type kv_type;     /* K/V storage type (f32 default on the CPU) */
     bool kv_type_set;         /* --kv-type was given: otherwise --backend cuda picks f16 */
     uint32_t vram_reserve_mib; /* VRAM a GPU backend leaves unplanned; 0: 700 */
+    /* The expert cache and its adaptive tier (cache.h, tier.h): */
+    struct cache_spec expert_cache; /* --expert-cache: auto (0 slots on the CPU backend), N, XGiB */
+    struct tier_opts tier;          /* --adapt-*: every 0 is a static cache */
+    bool cache_verify;              /* --cache-verify: each slot's xxHash checked as it turns
+                                       resident; a mismatch keeps the expert on the host tier */
+    const uint64_t *heat; /* (n_layer * n_expert) routed-token totals for the first fill (the
+                             arena's heat), borrowed during backend_start; NULL: none */
+    const struct copy_hooks *copy_hooks; /* tests: hold, fail or change copies; NULL: none */
 };
+
+/* backend_opts_default: the defaults a command starts from (tier TIER_OPTS_DEFAULT, cache auto). */
+struct backend_opts backend_opts_default(void);
 
 struct backend_token {
     struct kv_seq *seq; /* the sequence the token extends */
@@ -56,18 +70,28 @@ struct backend_stats {
 
 /* What a backend is and holds, for status and hello. */
 struct backend_info {
-    const char *name;     /* "cpu" */
-    char device[64];      /* what computes, e.g. "avx2 x 2 threads" */
+    const char *name; /* "cpu" */
+    char device[64];  /* what computes, e.g. "avx2 x 2 threads" */
     enum kv_type kv_type;
-    uint64_t kv_bytes;    /* K/V storage allocated now */
+    uint64_t kv_bytes;     /* K/V storage allocated now */
     uint64_t kv_pos_bytes; /* K/V bytes one position takes */
-    bool bit_exact;       /* answers promised bit-exact across batches, splits and restarts */
+    bool bit_exact;        /* answers promised bit-exact across batches, splits and restarts */
+    /* the expert cache: */
+    uint32_t cache_slots;     /* slots (0: every expert computed from the host tier) */
+    uint64_t slot_bytes;      /* bytes of one slot: the largest blob */
+    uint32_t resident;        /* experts in slots now */
+    uint64_t hits, misses;    /* routed (token, expert) pairs computed from a slot / the host */
+    double first_hit_rate;    /* hits / pairs of the first window (a warm start shows here) */
+    uint64_t swaps;           /* experts the tier moved in */
+    uint64_t copy_bytes;      /* bytes copied into slots */
+    double copy_gibs;         /* their rate while copying */
+    uint64_t verify_failures; /* copies refused by --cache-verify */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are
  * indices into the pass's batch, ascending; the array is valid during the call only. */
-typedef void (*backend_route_fn)(void *ctx, uint32_t layer, uint32_t expert,
-                                 const uint32_t *tokens, uint32_t n_tokens);
+typedef void (*backend_route_fn)(void *ctx, uint32_t layer, uint32_t expert, const uint32_t *tokens,
+                                 uint32_t n_tokens);
 
 struct backend;
 
@@ -122,8 +146,9 @@ const struct model *backend_model(const struct backend *b);
 int backend_eval(struct backend *b, const struct backend_token *toks, uint32_t n, float *logits);
 
 /* backend_prompt feeds ids[0..n) to s in chunks of `chunk` tokens (0 or above max_pass_tokens:
- * max_pass_tokens) and writes the last token's logits (n_vocab floats) when logits is non-NULL.
- * Errors as backend_eval; on error s holds the chunks that completed. */
+ * max_pass_tokens) and writes the last token's logits (n_vocab floats) when logits is non-NULL,
+ * ticking after each chunk (one window each). Errors as backend_eval and backend_tick; on error
+ * s holds the chunks that completed. */
 int backend_prompt(struct backend *b, struct kv_seq *s, const int32_t *ids, uint32_t n,
                    uint32_t chunk, float *logits);
 
@@ -134,9 +159,10 @@ int backend_prompt(struct backend *b, struct kv_seq *s, const int32_t *ids, uint
 void backend_set_route(struct backend *b, backend_route_fn fn, void *ctx);
 
 /* backend_tick: the point between windows where a backend lands background work (the adaptive
- * tier's copies). backend_quiesce: land everything in flight before the caller changes what it
- * may touch (a request start, a KV grow, a resize, shutdown). backend_resize: change the memory
- * budget of the fast tier to bytes (STRATA_EUNSUPPORTED where a backend has none to change). */
+ * tier's rounds and copies); whoever calls backend_eval calls it after each window.
+ * backend_quiesce: land everything in flight before the caller changes what it may touch (a request
+ * start, a KV grow, a resize, shutdown). backend_resize: change the memory budget of the fast tier
+ * to bytes (STRATA_EUNSUPPORTED where a backend has none to change). */
 int backend_tick(struct backend *b);
 int backend_quiesce(struct backend *b);
 int backend_resize(struct backend *b, uint64_t bytes);
@@ -152,7 +178,14 @@ void backend_reset_stats(struct backend *b);
     "  --backend NAME       the forward pass: cpu (default: the first this machine runs)\n"        \
     "  --kv-type T          K/V storage: f32 (default; f16 with --backend cuda) or f16 (half the\n" \
     "                       memory)\n"                                                             \
-    "  --vram-reserve-mib N VRAM a GPU backend leaves to others (default 700)\n"
+    "  --vram-reserve-mib N VRAM a GPU backend leaves to others (default 700)\n"                   \
+    "  --expert-cache C     fast-tier slots: auto (CPU: none), N slots or a size (12GiB)\n"        \
+    "  --adapt-every N      windows between adaptive-tier rounds (default 4; 0: static cache)\n"   \
+    "  --adapt-swaps N      most experts moved in a round (default 96)\n"                          \
+    "  --adapt-decay F      counts decay per round (default 0.7)\n"                                \
+    "  --adapt-min F        count a candidate needs (default 2.0)\n"                               \
+    "  --adapt-lead F       lead over the resident it replaces (default 1.5)\n"                    \
+    "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"
 
 /* backend_opt applies option `name` (without its dashes) with value to o. Returns 0, STRATA_ENOENT
  * when name is not a backend option (the caller's own), STRATA_EINVAL for a bad value (the detail

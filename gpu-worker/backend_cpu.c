@@ -9,6 +9,7 @@
  */
 #include "gpu-worker/backend.h"
 #include "common/base/err.h"
+#include "common/base/log.h"
 #include "common/base/pool.h"
 #include "common/quant/qtype.h"
 #include "common/quant/quant.h"
@@ -18,6 +19,8 @@
 #include "kernels/ref/moe.h"
 #include "kernels/ref/ops.h"
 
+#include <xxhash.h>
+
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -26,6 +29,20 @@
 #include <time.h>
 
 struct fwd {
+    /* Slot mode: the expert cache over a host slot pool, its copy engine and adaptive tier; all
+     * NULL without slots. A window reads the published table; hits are computed from the slot
+     * copies, misses from the model's own bytes (the arena or the file), with the same kernel. */
+    struct cache *cache;
+    struct tier *tier;
+    struct copy_engine *copy;
+    uint8_t *slots;          /* (n_slots, slot_bytes), page-aligned */
+    struct tier_move *moves; /* (tier.swaps) a round's picks */
+    uint32_t *chunk_of;      /* (T) a prompt chunk's first batch index, or UINT32_MAX: decode */
+    uint32_t *stamp;         /* (T) per chunk, the last (layer, expert) it was counted for */
+    uint64_t window;         /* windows ticked */
+    uint64_t hits, misses, swaps, verify_failures;
+    double first_hit_rate;
+    bool first_done;
     struct kv_store *store; /* K/V rows by block id */
     struct cpu_moe *moe_w;  /* the routed-expert step's scratch */
     uint8_t *att_scratch;   /* (n_threads, att_scratch_bytes) kv_store_view scratch */
@@ -41,28 +58,28 @@ struct fwd {
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
     uint32_t max_tasks;
     /* Scratch, rows of max_pass_tokens tokens (T) or of routed (token, expert) pairs (T*K): */
-    float *x;                /* (T, n_embd) residual stream */
-    float *xn;               /* (T, n_embd) normalized input of a block */
-    float *tmp;              /* (T, n_embd) a block's output before the residual add */
-    float *q, *k, *v;        /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
-    float *att;              /* (T, n_head*head_dim_v) */
-    float *rlogit;           /* (T, n_expert) router logits, then probabilities */
-    int32_t *sel;            /* (T, n_expert_used) selected experts: pair t*K + j */
-    float *selw;             /* (T, n_expert_used) their weights */
-    float *moe;              /* (T, n_embd) sum of expert outputs */
-    float *g, *u;            /* (T, n_ff) shared expert gate and up outputs, then SwiGLU in g */
-    float *y;                /* (T*K, n_embd) expert outputs by pair (or shared expert output) */
-    float *shg;              /* (T) shared expert gate logit */
-    struct moe_group *groups; /* (n_expert) a layer's groups: one per expert hit */
-    int32_t *pair_idx;       /* (T*K) pairs grouped by expert */
-    uint32_t *rtok;          /* (T) the route hook's tokens of one expert */
-    uint8_t *acts[3];        /* (T, act_stride) each: quantized inputs of up to three matrices */
+    float *x;                  /* (T, n_embd) residual stream */
+    float *xn;                 /* (T, n_embd) normalized input of a block */
+    float *tmp;                /* (T, n_embd) a block's output before the residual add */
+    float *q, *k, *v;          /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
+    float *att;                /* (T, n_head*head_dim_v) */
+    float *rlogit;             /* (T, n_expert) router logits, then probabilities */
+    int32_t *sel;              /* (T, n_expert_used) selected experts: pair t*K + j */
+    float *selw;               /* (T, n_expert_used) their weights */
+    float *moe;                /* (T, n_embd) sum of expert outputs */
+    float *g, *u;              /* (T, n_ff) shared expert gate and up outputs, then SwiGLU in g */
+    float *y;                  /* (T*K, n_embd) expert outputs by pair (or shared expert output) */
+    float *shg;                /* (T) shared expert gate logit */
+    struct moe_group *groups;  /* (n_expert) a layer's groups: one per expert hit */
+    int32_t *pair_idx;         /* (T*K) pairs grouped by expert */
+    uint32_t *rtok;            /* (T) the route hook's tokens of one expert */
+    uint8_t *acts[3];          /* (T, act_stride) each: quantized inputs of up to three matrices */
     struct cpu_mm_task *tasks; /* (max_tasks) */
-    uint32_t *task_first;    /* (max_tasks + 1) first work item of each task */
-    uint32_t *pos;           /* (T) positions */
-    uint32_t *run_first;     /* (T + 1) first token of each attention run, then n */
-    struct kv_seq **seen;    /* (T) sequences of the batch being grown */
-    uint32_t *seen_len;      /* (T) their lengths before */
+    uint32_t *task_first;      /* (max_tasks + 1) first work item of each task */
+    uint32_t *pos;             /* (T) positions */
+    uint32_t *run_first;       /* (T + 1) first token of each attention run, then n */
+    struct kv_seq **seen;      /* (T) sequences of the batch being grown */
+    uint32_t *seen_len;        /* (T) their lengths before */
 };
 
 static double now_s(void)
@@ -149,6 +166,195 @@ static int alloc_scratch(struct fwd *f)
 
 static void cpu_close(void *impl);
 
+/* ---- slot mode: the expert cache on the host ------------------------------------------------ */
+
+/* blob_extents: the copy of expert (l, e) into a slot: the arena's blob as one extent of exactly
+ * blob_bytes, or, from a GGUF file, each part at its blob offset with the gaps zeroed, so the slot
+ * holds the arena's bytes either way. Returns the extent count. */
+static uint32_t blob_extents(const struct fwd *f, uint32_t l, uint32_t e, struct copy_extent *x)
+{
+    const struct model_layer *L = &f->m->layers[l];
+    const uint8_t *blob = model_expert_blob(f->m, l, e);
+    if (blob) {
+        x[0] = (struct copy_extent){blob, L->blob.bytes, 0};
+        return 1;
+    }
+    uint32_t n = 0;
+    uint64_t at = 0;
+    for (int p = 0; p < MODEL_PART_COUNT; p++) {
+        const uint64_t off = L->blob.part_off[p], bytes = L->part[p].row_bytes * L->part[p].n_out;
+        if (off > at) x[n++] = (struct copy_extent){NULL, off - at, at};
+        x[n++] =
+            (struct copy_extent){model_expert_part(f->m, l, e, (enum model_part)p), bytes, off};
+        at = off + bytes;
+    }
+    return n;
+}
+
+/* blob_hash: the XXH3 of expert (l, e)'s blob as the arena stores it, computed from its source. */
+static uint64_t blob_hash(const struct fwd *f, uint32_t l, uint32_t e)
+{
+    struct copy_extent x[COPY_MAX_EXTENTS];
+    const uint32_t n = blob_extents(f, l, e, x);
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) return 0;
+    XXH3_64bits_reset(st);
+    static const uint8_t zeros[4096];
+    for (uint32_t i = 0; i < n; i++)
+        for (uint64_t done = 0; done < x[i].bytes;) {
+            const uint64_t c = x[i].src                           ? x[i].bytes - done
+                               : x[i].bytes - done < sizeof zeros ? x[i].bytes - done
+                                                                  : sizeof zeros;
+            XXH3_64bits_update(st, x[i].src ? (const uint8_t *)x[i].src + done : zeros, c);
+            done += c;
+        }
+    const uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
+}
+
+/* land finishes the copy of (l, e) into slot: waits for it, checks the slot's bytes when asked,
+ * and gives the slot to the expert in the working table only if the copy is good. */
+static int land(struct fwd *f, uint64_t ticket, uint32_t slot, uint32_t l, uint32_t e)
+{
+    int rv = copy_wait(f->copy, ticket);
+    if (rv) {
+        LOG_WARN("expert cache: the copy of layer %u expert %u into slot %u failed (%s): it "
+                 "stays on the host tier",
+                 l, e, slot, strata_strerror(rv));
+        return 0;
+    }
+    if (f->o.cache_verify) {
+        const uint8_t *s = f->slots + (uint64_t)slot * f->cache->slot_bytes;
+        const uint64_t got = XXH3_64bits(s, f->m->layers[l].blob.bytes), want = blob_hash(f, l, e);
+        if (got != want) {
+            f->verify_failures++;
+            LOG_WARN("expert cache: slot %u holds layer %u expert %u with xxHash %016llx, the "
+                     "source has %016llx: the copy is refused and the expert stays on the host "
+                     "tier",
+                     slot, l, e, (unsigned long long)got, (unsigned long long)want);
+            return 0;
+        }
+    }
+    cache_assign(f->cache, slot, l, e);
+    return 0;
+}
+
+/* fill_slots copies experts order[0..n) into free slots (blocking: posted, then landed), then
+ * publishes the table. */
+static int fill_slots(struct fwd *f, const uint32_t *order, uint32_t n)
+{
+    const uint32_t NE = f->m->hp.n_expert;
+    for (uint32_t i = 0; i < n; i++) {
+        const int32_t slot = cache_free_slot(f->cache);
+        if (slot == CACHE_NONE) break;
+        struct copy_extent x[COPY_MAX_EXTENTS];
+        const uint32_t l = order[i] / NE, e = order[i] % NE;
+        uint64_t ticket;
+        int rv =
+            copy_post(f->copy, (uint32_t)slot, x, blob_extents(f, l, e, x), f->window, &ticket);
+        if (!rv) rv = land(f, ticket, (uint32_t)slot, l, e);
+        if (rv) return rv;
+        /* a refused copy leaves its slot free: the next expert takes it */
+    }
+    cache_publish(f->cache);
+    return 0;
+}
+
+/* slot_pool (re)makes the pool for n slots, keeping the first min(n, old) slots' bytes, and
+ * restarts the copy engine over it. Nothing may be in flight (between windows, quiesced). */
+static int slot_pool(struct fwd *f, uint32_t n)
+{
+    const uint64_t sb = f->cache->slot_bytes;
+    uint8_t *p = aligned_alloc(4096, (n ? n : 1) * sb);
+    if (!p)
+        return strata_errf(STRATA_ENOMEM, "out of memory for %u expert slots of %.1f MiB", n,
+                           (double)sb / (1 << 20));
+    if (f->slots) {
+        const uint32_t keep = n < f->cache->n_slots ? n : f->cache->n_slots;
+        memcpy(p, f->slots, keep * sb);
+    }
+    copy_close(f->copy);
+    f->copy = NULL;
+    free(f->slots);
+    f->slots = p;
+    return copy_start(p, sb, n, f->o.copy_hooks, &f->copy);
+}
+
+/* cache_open sizes the cache (slots of the largest blob), makes the pool and fills it
+ * hottest-first from o->heat (cache_fill_order's rule). */
+static int cache_open(struct fwd *f)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    uint64_t sb = 0;
+    for (uint32_t l = 0; l < hp->n_layer; l++)
+        if (f->m->layers[l].blob.bytes > sb) sb = f->m->layers[l].blob.bytes;
+    sb = (sb + 4095) & ~(uint64_t)4095;
+    const uint32_t total = hp->n_layer * hp->n_expert;
+    /* auto is 0 on the CPU: its host tier already is RAM; slots are for testing the tier */
+    const uint32_t n = cache_spec_slots(&f->o.expert_cache, sb, 0, total);
+    if (!n || !total) return 0;
+    int rv;
+    uint32_t *order = malloc(total * sizeof *order);
+    const uint32_t swaps = f->o.tier.swaps ? f->o.tier.swaps : 1;
+    const size_t T = f->o.max_pass_tokens;
+    if (!order || !(f->moves = malloc(swaps * sizeof *f->moves)) ||
+        !(f->chunk_of = malloc(T * sizeof *f->chunk_of)) ||
+        !(f->stamp = malloc(T * sizeof *f->stamp))) {
+        free(order);
+        return strata_errf(STRATA_ENOMEM, "out of memory for the expert cache");
+    }
+    if ((rv = cache_init(hp->n_layer, hp->n_expert, n, sb, &f->cache)) != 0 ||
+        (rv = slot_pool(f, n)) != 0 ||
+        (f->o.tier.every && (rv = tier_init(hp->n_layer, hp->n_expert, &f->o.tier, &f->tier))) ||
+        (rv = cache_fill_order(hp->n_layer, hp->n_expert, f->o.heat, order)) != 0 ||
+        (rv = fill_slots(f, order, total)) != 0) {
+        free(order);
+        return rv;
+    }
+    free(order);
+    LOG_INFO("expert cache: %u slots of %.2f MiB on the host (slot mode), %u of %u experts "
+             "resident, tier %s",
+             n, (double)sb / (1 << 20), cache_resident(f->cache), total,
+             f->tier ? "adaptive" : "static");
+    return 0;
+}
+
+static void cache_close(struct fwd *f)
+{
+    copy_close(f->copy);
+    tier_fini(f->tier);
+    cache_fini(f->cache);
+    free(f->slots);
+    free(f->moves);
+    free(f->chunk_of);
+    free(f->stamp);
+}
+
+/* round runs one blocking tier round: each move's victim leaves the working table, the copy is
+ * posted after the window just finished and landed, then the table is published. */
+static int round_blocking(struct fwd *f)
+{
+    const uint32_t n = tier_round(f->tier, f->cache, f->moves, f->o.tier.swaps);
+    const uint32_t NE = f->m->hp.n_expert;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct tier_move *mv = &f->moves[i];
+        if (mv->victim != CACHE_NONE) cache_evict(f->cache, mv->slot);
+        struct copy_extent x[COPY_MAX_EXTENTS];
+        uint64_t ticket;
+        int rv = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
+                           f->window, &ticket);
+        if (!rv) rv = land(f, ticket, mv->slot, mv->layer, mv->expert);
+        if (rv) {
+            cache_publish(f->cache);
+            return rv;
+        }
+        if (f->cache->work[(uint64_t)mv->layer * NE + mv->expert] != CACHE_NONE) f->swaps++;
+    }
+    cache_publish(f->cache);
+    return 0;
+}
+
 static int cpu_start(const struct model *m, const struct backend_opts *o, struct kv_cache *kv,
                      void **out)
 {
@@ -160,7 +366,8 @@ static int cpu_start(const struct model *m, const struct backend_opts *o, struct
     if (f->o.n_threads == 0) f->o.n_threads = 1;
     int rv;
     if ((rv = kv_store_init(kv_config_of(kv), o->kv_type, &f->store)) != 0 ||
-        (rv = alloc_scratch(f)) != 0 || (rv = pool_start(f->o.n_threads, &f->pool)) != 0)
+        (rv = alloc_scratch(f)) != 0 || (rv = pool_start(f->o.n_threads, &f->pool)) != 0 ||
+        (rv = cache_open(f)) != 0)
         goto fail;
     *out = f;
     return 0;
@@ -174,13 +381,14 @@ static void cpu_close(void *impl)
     struct fwd *f = impl;
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,      f->xn,       f->tmp,         f->q,      f->k,        f->v,
-                    f->att,    f->rlogit,   f->sel,         f->selw,   f->moe,      f->g,
-                    f->u,      f->y,        f->shg,         f->groups, f->pair_idx, f->rtok,
-                    f->acts[0], f->acts[1], f->acts[2],     f->tasks,  f->task_first,
-                    f->pos,    f->run_first, f->seen,       f->seen_len, f->att_scratch};
+    void *bufs[] = {f->x,         f->xn,      f->tmp,      f->q,          f->k,          f->v,
+                    f->att,       f->rlogit,  f->sel,      f->selw,       f->moe,        f->g,
+                    f->u,         f->y,       f->shg,      f->groups,     f->pair_idx,   f->rtok,
+                    f->acts[0],   f->acts[1], f->acts[2],  f->tasks,      f->task_first, f->pos,
+                    f->run_first, f->seen,    f->seen_len, f->att_scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
+    cache_close(f);
     cpu_moe_fini(f->moe_w);
     kv_store_fini(f->store);
     free(f);
@@ -207,7 +415,11 @@ static void cpu_reset_stats(void *impl)
 
 static int cpu_tick(void *impl)
 {
-    return 0;
+    struct fwd *f = impl;
+    f->window++;
+    if (!f->cache) return 0;
+    copy_window_done(f->copy, f->window);
+    return f->tier && tier_window(f->tier) ? round_blocking(f) : 0;
 }
 
 static int cpu_quiesce(void *impl)
@@ -215,11 +427,26 @@ static int cpu_quiesce(void *impl)
     return 0;
 }
 
+/* cpu_resize changes slot mode's pool to bytes / slot_bytes slots, between windows: the slots
+ * kept keep their experts; new ones are filled by the tier's next rounds. */
 static int cpu_resize(void *impl, uint64_t bytes)
 {
-    return strata_errf(STRATA_EUNSUPPORTED,
-                       "the CPU backend has no fast-tier memory to resize (its expert cache is "
-                       "set at start with --expert-cache)");
+    struct fwd *f = impl;
+    if (!f->cache)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "this CPU backend runs without an expert cache: start it with "
+                           "--expert-cache N to resize one");
+    const uint32_t total = f->m->hp.n_layer * f->m->hp.n_expert;
+    uint64_t n = bytes / f->cache->slot_bytes;
+    if (n > total) n = total;
+    int rv;
+    if ((uint32_t)n < f->cache->n_slots) {
+        cache_resize(f->cache, (uint32_t)n); /* evicts first: no window reads the slots freed */
+        cache_publish(f->cache);
+        return slot_pool(f, (uint32_t)n);
+    }
+    if ((rv = slot_pool(f, (uint32_t)n)) != 0) return rv;
+    return cache_resize(f->cache, (uint32_t)n);
 }
 
 static void cpu_info(const void *impl, struct backend_info *out)
@@ -234,6 +461,19 @@ static void cpu_info(const void *impl, struct backend_info *out)
     };
     snprintf(out->device, sizeof out->device, "%s x %u threads", cpu_isa_name(cpu_isa()),
              f->o.n_threads);
+    if (!f->cache) return;
+    struct copy_stats cs;
+    copy_get_stats(f->copy, &cs);
+    out->cache_slots = f->cache->n_slots;
+    out->slot_bytes = f->cache->slot_bytes;
+    out->resident = cache_resident(f->cache);
+    out->hits = f->hits;
+    out->misses = f->misses;
+    out->first_hit_rate = f->first_hit_rate;
+    out->swaps = f->swaps;
+    out->copy_bytes = cs.bytes;
+    out->copy_gibs = cs.busy_s > 0 ? (double)cs.bytes / cs.busy_s / (1 << 30) : 0;
+    out->verify_failures = f->verify_failures;
 }
 
 /* ---- matmuls ------------------------------------------------------------------------------ */
@@ -274,8 +514,8 @@ static int quantize(struct fwd *f, const struct model_mat *w, const float *x, si
 static struct cpu_mm_task task(struct fwd *f, const struct model_mat *w, const void *wdata,
                                const void *acts, uint32_t n_tok, float *out, size_t out_stride)
 {
-    return (struct cpu_mm_task){w->type, w->n_in, w->n_out,    w->row_bytes, wdata,
-                                acts,    f->act_stride, n_tok, out,          out_stride};
+    return (struct cpu_mm_task){w->type, w->n_in,       w->n_out, w->row_bytes, wdata,
+                                acts,    f->act_stride, n_tok,    out,          out_stride};
 }
 
 /* inputs_for: activations of x (n rows of w->n_in) for matrix w, reusing those already made for
@@ -471,16 +711,47 @@ static void route(struct fwd *f, uint32_t n)
     }
 }
 
-/* Expert parts through the model's resolver, for cpu_moe_ffn. */
+/* Expert parts for cpu_moe_ffn: from the expert's slot when the published table holds it, else
+ * through the model's resolver (arena or file). */
 struct part_ctx {
-    const struct model *m;
+    const struct fwd *f;
     uint32_t layer;
 };
 
 static const void *expert_part(void *ctx, uint32_t expert, int part)
 {
     const struct part_ctx *c = ctx;
-    return model_expert_part(c->m, c->layer, expert, (enum model_part)part);
+    const struct fwd *f = c->f;
+    const int32_t slot = f->cache ? cache_slot(f->cache, c->layer, expert) : CACHE_NONE;
+    if (slot == CACHE_NONE) return model_expert_part(f->m, c->layer, expert, (enum model_part)part);
+    return f->slots + (uint64_t)slot * f->cache->slot_bytes +
+           f->m->layers[c->layer].blob.part_off[part];
+}
+
+/* count_layer: the layer's hits and misses, and its routed entries for the tier: a decode token
+ * counts each pair, a prompt chunk each of its experts once. */
+static void count_layer(struct fwd *f, uint32_t il, int n_groups)
+{
+    const uint32_t K = f->m->hp.n_expert_used;
+    for (int g = 0; g < n_groups; g++) {
+        const struct moe_group *gr = &f->groups[g];
+        const uint32_t e = (uint32_t)gr->expert;
+        const bool hit = cache_slot(f->cache, il, e) != CACHE_NONE;
+        *(hit ? &f->hits : &f->misses) += (uint64_t)gr->count;
+        if (!f->tier) continue;
+        const uint32_t mark = il * f->m->hp.n_expert + e + 1;
+        float n = 0;
+        for (int32_t i = 0; i < gr->count; i++) {
+            const uint32_t t = (uint32_t)f->pair_idx[gr->first + i] / K, c = f->chunk_of[t];
+            if (c == UINT32_MAX) {
+                n += 1;
+            } else if (f->stamp[c] != mark) {
+                f->stamp[c] = mark;
+                n += 1;
+            }
+        }
+        tier_count(f->tier, il, e, n);
+    }
 }
 
 /* combine_rows: each token's expert outputs summed in expert-id order (moe_combine), items =
@@ -512,6 +783,7 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
     /* One group per expert hit: the CPU's matmul takes any token count at the same bits. */
     const int ng = moe_group(f->sel, n, K, hp->n_expert, NULL, UINT32_MAX, f->groups, f->pair_idx);
     if (f->route) report_routes(f, il, ng);
+    if (f->cache) count_layer(f, il, ng);
     const struct cpu_moe_parts parts = {
         {L->part[MODEL_PART_GATE].type, L->part[MODEL_PART_GATE].n_in,
          L->part[MODEL_PART_GATE].n_out, L->part[MODEL_PART_GATE].row_bytes},
@@ -520,7 +792,7 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
         {L->part[MODEL_PART_DOWN].type, L->part[MODEL_PART_DOWN].n_in,
          L->part[MODEL_PART_DOWN].n_out, L->part[MODEL_PART_DOWN].row_bytes},
     };
-    struct part_ctx pc = {m, il};
+    struct part_ctx pc = {f, il};
     uint64_t bytes;
     int rv = cpu_moe_ffn(f->moe_w, f->pool, &parts, expert_part, &pc, f->groups, ng, f->pair_idx,
                          f->selw, n, K, f->xn, hp->n_embd, f->y, &bytes);
@@ -604,6 +876,23 @@ static int grow(struct fwd *f, const struct backend_token *toks, uint32_t n)
     return rv;
 }
 
+/* mark_chunks: for the tier's counting, each token's prompt chunk (the first batch index of its
+ * sequence when the sequence has several tokens in the batch) or UINT32_MAX for a decode step.
+ * O(n * sequences), as grow. */
+static void mark_chunks(struct fwd *f, const struct backend_token *toks, uint32_t n)
+{
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t first = t, count = 0;
+        for (uint32_t u = 0; u < n; u++)
+            if (toks[u].seq == toks[t].seq) {
+                if (!count) first = u;
+                count++;
+            }
+        f->chunk_of[t] = count > 1 ? first : UINT32_MAX;
+        f->stamp[t] = 0;
+    }
+}
+
 /* cpu_eval: backend_eval has checked the count and the ids. */
 static int cpu_eval(void *impl, const struct backend_token *toks, uint32_t n, float *logits)
 {
@@ -614,6 +903,8 @@ static int cpu_eval(void *impl, const struct backend_token *toks, uint32_t n, fl
     int rv;
     if ((rv = grow(f, toks, n)) != 0) return rv;
     const double t0 = now_s();
+    const uint64_t hits0 = f->hits, misses0 = f->misses;
+    if (f->tier) mark_chunks(f, toks, n);
     for (uint32_t t = 0; t < n; t++) {
         const uint8_t *row =
             (const uint8_t *)m->token_embd.data + (uint64_t)toks[t].id * m->token_embd.row_bytes;
@@ -632,6 +923,18 @@ static int cpu_eval(void *impl, const struct backend_token *toks, uint32_t n, fl
     f->st.tokens += n;
     f->st.output_s += t2 - t1;
     f->st.total_s += t2 - t0;
+    if (f->cache && !f->first_done) {
+        const uint64_t pairs = f->hits - hits0 + f->misses - misses0;
+        f->first_hit_rate = pairs ? (double)(f->hits - hits0) / (double)pairs : 0;
+        f->first_done = true;
+        LOG_INFO("expert cache: first window hit rate %.1f%% (%llu of %llu pairs from slots)",
+                 100.0 * f->first_hit_rate, (unsigned long long)(f->hits - hits0),
+                 (unsigned long long)pairs);
+    }
+    if (f->o.copy_hooks && f->o.copy_hooks->window_ms) {
+        const uint32_t ms = f->o.copy_hooks->window_ms;
+        nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000}, NULL);
+    }
     return 0;
 fail:
     for (uint32_t t = n; t-- > 0;)

@@ -73,7 +73,8 @@ struct cuda_be {
     struct dlayer *L;
     struct dmat embd, output;
     float *output_norm;
-    uint64_t weight_bytes, expert_bytes, kv_bytes, scratch_bytes;
+    uint64_t weight_bytes, expert_bytes, kv_bytes, scratch_bytes, slot_bytes;
+    uint64_t pairs; /* routed (token, expert) pairs computed, all from slots */
     /* KV: per layer, K then V pools of pool_blocks blocks */
     uint8_t *kv_pool;
     uint64_t kv_layer_bytes; /* one layer's K pool (V the same) */
@@ -311,6 +312,16 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         if (sb > slot_bytes) slot_bytes = sb;
     }
     c->act_stride = (c->act_stride + 255) & ~(size_t)255;
+    c->slot_bytes = slot_bytes;
+    const uint32_t n_total = hp->n_layer * hp->n_expert;
+    if (cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total) < n_total) {
+        rv = strata_errf(STRATA_EUNSUPPORTED,
+                         "--expert-cache gives %u of the %u experts: the CUDA backend holds every "
+                         "expert resident (the hybrid, a cache of some with the rest on the CPU, "
+                         "comes next): leave --expert-cache auto or use --backend cpu",
+                         cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total), n_total);
+        goto fail;
+    }
     c->block_tokens = kc->block_tokens;
     c->pool_blocks = kc->max_blocks;
     c->max_bt = (kc->n_ctx + kc->block_tokens - 1) / kc->block_tokens;
@@ -583,6 +594,7 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
                          c->h, c->moe_ws, c->y, c->s)) ||
         (rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s)))
         return rv;
+    c->pairs += (uint64_t)n * K;
     for (int g = 0; g < ng; g++)
         for (int p = 0; p < MODEL_PART_COUNT; p++)
             c->st.weight_bytes += c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
@@ -730,6 +742,11 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .kv_bytes = c->kv_bytes,
         .kv_pos_bytes = kv_pos_bytes(kv_config_of(c->kv), c->o.kv_type),
         .bit_exact = true,
+        .cache_slots = c->m->hp.n_layer * c->m->hp.n_expert,
+        .slot_bytes = c->slot_bytes,
+        .resident = c->m->hp.n_layer * c->m->hp.n_expert,
+        .hits = c->pairs,
+        .first_hit_rate = 1.0,
     };
     snprintf(out->device, sizeof out->device, "%s", c->device);
 }

@@ -354,8 +354,8 @@ static int compute(struct engine *e, uint32_t *n_tok)
         struct ereq *r = it->r;
         it->sampled = it->from + it->n == r->n_hist;
         for (uint32_t j = 0; j < it->n; j++)
-            e->toks[n++] =
-                (struct backend_token){&r->seq, r->hist[it->from + j], it->sampled && j + 1 == it->n};
+            e->toks[n++] = (struct backend_token){&r->seq, r->hist[it->from + j],
+                                                  it->sampled && j + 1 == it->n};
     }
     *n_tok = n;
     int rv = backend_eval(e->be, e->toks, n, e->logits);

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,6 +253,60 @@ static void preemption_case(bool prefix_cache)
     engine_close(e);
     env_close(&v);
 }
+
+/* Commands from another thread (the service's vram op, quiesce) run on the decode thread between
+ * windows while requests decode; their answers come back with the backend's detail, and the
+ * requests' ids are unchanged. */
+struct cmd_run {
+    struct engine *e;
+    int n_quiesce, n_resize;
+    char resize_msg[256];
+};
+
+static void *commands(void *arg)
+{
+    struct cmd_run *c = arg;
+    for (int i = 0; i < 40; i++) {
+        if (engine_quiesce(c->e) == 0) c->n_quiesce++;
+        if (engine_resize(c->e, 1u << 20) == STRATA_EUNSUPPORTED) {
+            c->n_resize++;
+            snprintf(c->resize_msg, sizeof c->resize_msg, "%s", strata_errdetail());
+        }
+    }
+    return NULL;
+}
+
+START_TEST(commands_run_between_windows)
+{
+    struct env v;
+    env_open(&v);
+    static struct job jobs[6];
+    for (uint32_t i = 0; i < 6; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "m%u", i);
+        job_make(&jobs[i], id, 5 + i * 7, i, 0.0f, 12);
+    }
+    struct engine_opts o = {.max_running = 6, .max_batch_tokens = 16};
+    struct engine *e = start(&v, &o);
+    struct backend_info bi;
+    engine_backend_info(e, &bi);
+    ck_assert_str_eq(bi.name, "cpu");
+    ck_assert(bi.bit_exact);
+    ck_assert_int_eq(bi.kv_type, KV_F32);
+    struct cmd_run c = {.e = e};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, commands, &c), 0);
+    run_all(e, &v, jobs, 6);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(c.n_quiesce, 40);
+    ck_assert_int_eq(c.n_resize, 40);
+    ck_assert_ptr_nonnull(strstr(c.resize_msg, "--expert-cache"));
+    engine_backend_info(e, &bi);
+    ck_assert_uint_gt(bi.kv_bytes, 0); /* storage made for the blocks the requests used */
+    engine_close(e);
+    env_close(&v);
+}
+END_TEST
 
 START_TEST(preemption_under_a_tiny_pool_keeps_the_ids)
 {
@@ -570,6 +625,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, sixteen_concurrent_requests_give_their_lone_ids);
     tcase_add_test(tc, preemption_under_a_tiny_pool_keeps_the_ids);
+    tcase_add_test(tc, commands_run_between_windows);
     tcase_add_test(tc, preemption_with_the_prefix_cache_keeps_the_ids);
     tcase_add_test(tc, a_follow_up_turn_prefills_only_its_new_tokens);
     tcase_add_test(tc, a_resumed_request_continues_the_same_ids);

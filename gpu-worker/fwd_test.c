@@ -47,7 +47,8 @@ static void env_open(struct env *e, const char *arch, int config)
     ck_assert_int_eq(gguf_open(e->path, &e->f), 0);
     ck_assert_msg(model_load(e->f, &e->m) == 0, "%s", strata_errdetail());
     e->V = e->m->hp.n_vocab;
-    for (int i = 0; i < N_HIST; i++) e->hist[i] = (int32_t)((i * 7919u + 13) % e->V);
+    for (int i = 0; i < N_HIST; i++)
+        e->hist[i] = (int32_t)((i * 7919u + 13) % e->V);
     e->base = malloc((size_t)N_HIST * e->V * sizeof(float));
 }
 
@@ -61,8 +62,12 @@ static void env_close(struct env *e)
 static struct backend *start(struct env *e, uint32_t threads, uint32_t max_tokens)
 {
     struct backend *f;
-    struct backend_opts o = {.name = e->backend, .kv_type = e->kv_type, .n_threads = threads,
-                             .max_pass_tokens = max_tokens, .n_ctx = 128, .n_seq = N_OTHERS + 2};
+    struct backend_opts o = {.name = e->backend,
+                             .kv_type = e->kv_type,
+                             .n_threads = threads,
+                             .max_pass_tokens = max_tokens,
+                             .n_ctx = 128,
+                             .n_seq = N_OTHERS + 2};
     ck_assert_msg(backend_start(e->m, &o, &f) == 0, "%s", strata_errdetail());
     e->kv = backend_kv(f);
     return f;
@@ -75,7 +80,8 @@ static void feed(struct env *e, struct backend *f, struct kv_seq *s, uint32_t fr
     struct backend_token t[N_HIST];
     for (uint32_t i = from; i < to; i += chunk) {
         uint32_t n = to - i < chunk ? to - i : chunk;
-        for (uint32_t j = 0; j < n; j++) t[j] = (struct backend_token){s, e->hist[i + j], true};
+        for (uint32_t j = 0; j < n; j++)
+            t[j] = (struct backend_token){s, e->hist[i + j], true};
         ck_assert_msg(backend_eval(f, t, n, out + (size_t)i * e->V) == 0, "%s", strata_errdetail());
     }
 }
@@ -86,18 +92,18 @@ static void baseline(struct env *e)
     struct kv_seq s;
     kv_seq_init(&s);
     feed(e, f, &s, 0, N_HIST, 1, e->base);
-    for (size_t i = 0; i < (size_t)N_HIST * e->V; i++) ck_assert(isfinite(e->base[i]));
+    for (size_t i = 0; i < (size_t)N_HIST * e->V; i++)
+        ck_assert(isfinite(e->base[i]));
     kv_seq_fini(e->kv, &s);
     backend_close(f);
 }
 
-static void check_rows(struct env *e, const float *got, uint32_t from, uint32_t to,
-                       const char *how)
+static void check_rows(struct env *e, const float *got, uint32_t from, uint32_t to, const char *how)
 {
     for (uint32_t p = from; p < to; p++)
-        ck_assert_msg(memcmp(got + (size_t)p * e->V, e->base + (size_t)p * e->V,
-                             e->V * sizeof(float)) == 0,
-                      "%s: logits of position %u differ from one-token decode", how, p);
+        ck_assert_msg(
+            memcmp(got + (size_t)p * e->V, e->base + (size_t)p * e->V, e->V * sizeof(float)) == 0,
+            "%s: logits of position %u differ from one-token decode", how, p);
 }
 
 /* Chunk sizes and thread counts: a prompt in one pass, in chunks of 7 on 2 threads, of 5 on 3. */
@@ -126,7 +132,8 @@ static void among_neighbours(struct env *e)
     struct backend *f = start(e, 2, 256);
     struct kv_seq target, others[N_OTHERS];
     kv_seq_init(&target);
-    for (int k = 0; k < N_OTHERS; k++) kv_seq_init(&others[k]);
+    for (int k = 0; k < N_OTHERS; k++)
+        kv_seq_init(&others[k]);
     float *got = malloc((size_t)N_HIST * e->V * sizeof(float));
     float *logits = malloc((size_t)256 * e->V * sizeof(float));
     struct backend_token t[256];
@@ -137,17 +144,19 @@ static void among_neighbours(struct env *e)
         for (int k = 0; k < N_OTHERS / 2; k++) {
             uint32_t cnt = (k + step) % 4 == 0 ? 5 : 1;
             for (uint32_t j = 0; j < cnt; j++)
-                t[n++] = (struct backend_token){&others[k], (int32_t)((k * 31 + step * 7 + j) % e->V),
-                                            j + 1 == cnt};
+                t[n++] = (struct backend_token){
+                    &others[k], (int32_t)((k * 31 + step * 7 + j) % e->V), j + 1 == cnt};
         }
         for (uint32_t j = 0; j < mine && done + j < N_HIST; j++) {
             if (j == 0)
-                for (uint32_t i = 0; i < n; i++) first += t[i].logits;
+                for (uint32_t i = 0; i < n; i++)
+                    first += t[i].logits;
             t[n++] = (struct backend_token){&target, e->hist[done + j], true};
         }
         for (int k = N_OTHERS / 2; k < N_OTHERS; k++)
             t[n++] = (struct backend_token){&others[k], (int32_t)((k * 17 + step) % e->V), k % 2};
-        for (uint32_t i = 0; i < n; i++) n_out += t[i].logits;
+        for (uint32_t i = 0; i < n; i++)
+            n_out += t[i].logits;
         ck_assert_msg(backend_eval(f, t, n, logits) == 0, "%s", strata_errdetail());
         uint32_t fed = mine < N_HIST - done ? mine : N_HIST - done;
         memcpy(got + (size_t)done * e->V, logits + (size_t)first * e->V,
@@ -156,7 +165,8 @@ static void among_neighbours(struct env *e)
     }
     check_rows(e, got, 0, N_HIST, "in a batch of 17 sequences");
     kv_seq_fini(e->kv, &target);
-    for (int k = 0; k < N_OTHERS; k++) kv_seq_fini(e->kv, &others[k]);
+    for (int k = 0; k < N_OTHERS; k++)
+        kv_seq_fini(e->kv, &others[k]);
     free(got);
     free(logits);
     backend_close(f);
@@ -207,8 +217,12 @@ START_TEST(context_is_refused_past_its_end)
     struct env e;
     env_open(&e, "llama", _i);
     struct backend *f;
-    struct backend_opts o = {.name = e.backend, .kv_type = e.kv_type, .n_threads = 1,
-                             .max_pass_tokens = 32, .n_ctx = 20, .n_seq = 1};
+    struct backend_opts o = {.name = e.backend,
+                             .kv_type = e.kv_type,
+                             .n_threads = 1,
+                             .max_pass_tokens = 32,
+                             .n_ctx = 20,
+                             .n_seq = 1};
     ck_assert_int_eq(backend_start(e.m, &o, &f), 0);
     struct kv_cache *kv = backend_kv(f);
     struct kv_seq s;

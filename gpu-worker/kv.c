@@ -9,11 +9,11 @@
 /* Bookkeeping of one block id. Token ids of published blocks live in kv_cache.ids, block_tokens per
  * block id. */
 struct blk {
-    uint32_t refs;        /* sequences holding the block */
-    bool cached;          /* published: in the hash table under key */
-    uint64_t key;         /* kv_prefix_hash(parent, ids) */
-    uint64_t parent;      /* key of the blocks before it */
-    uint32_t hnext;       /* hash bucket chain, KV_NO_BLOCK at its end */
+    uint32_t refs;         /* sequences holding the block */
+    bool cached;           /* published: in the hash table under key */
+    uint64_t key;          /* kv_prefix_hash(parent, ids) */
+    uint64_t parent;       /* key of the blocks before it */
+    uint32_t hnext;        /* hash bucket chain, KV_NO_BLOCK at its end */
     uint32_t lprev, lnext; /* the LRU of cached blocks nobody holds */
 };
 
@@ -127,7 +127,8 @@ static uint32_t take_block(struct kv_cache *kv)
         id = kv->free_list[--kv->n_free];
     } else if (kv->n_alloc < kv->cfg.max_blocks) {
         id = kv->n_alloc++;
-        kv->blk[id] = (struct blk){.hnext = KV_NO_BLOCK, .lprev = KV_NO_BLOCK, .lnext = KV_NO_BLOCK};
+        kv->blk[id] =
+            (struct blk){.hnext = KV_NO_BLOCK, .lprev = KV_NO_BLOCK, .lnext = KV_NO_BLOCK};
     } else if (kv->lru_head != KV_NO_BLOCK) {
         id = kv->lru_head;
         lru_unlink(kv, id);

@@ -21,9 +21,12 @@ const char *kv_type_name(enum kv_type t)
 
 int kv_type_parse(const char *name, enum kv_type *out)
 {
-    if (strcmp(name, "f32") == 0) *out = KV_F32;
-    else if (strcmp(name, "f16") == 0) *out = KV_F16;
-    else return strata_errf(STRATA_EINVAL, "KV type '%s': use f32 or f16", name);
+    if (strcmp(name, "f32") == 0)
+        *out = KV_F32;
+    else if (strcmp(name, "f16") == 0)
+        *out = KV_F16;
+    else
+        return strata_errf(STRATA_EINVAL, "KV type '%s': use f32 or f16", name);
     return 0;
 }
 
@@ -86,7 +89,8 @@ uint64_t kv_store_bytes(const struct kv_store *st)
     return (uint64_t)st->n_reserved * st->block_elems * st->elem;
 }
 
-/* layer_off: elements from a block's base to layer's K rows; its V rows follow block_tokens K rows. */
+/* layer_off: elements from a block's base to layer's K rows; its V rows follow block_tokens K rows.
+ */
 static size_t layer_off(const struct kv_config *c, uint32_t layer)
 {
     return (size_t)layer * c->block_tokens * (c->k_dim + c->v_dim);
@@ -153,8 +157,10 @@ void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t l
         float *dst = conv + i * blk;
         const uint32_t rows = i + 1 < nb ? bt : n_keys - i * bt;
         for (uint32_t r = 0; r < rows; r++) {
-            const uint16_t *kr = src + ko + (size_t)r * c->k_dim, *vr = src + vo + (size_t)r * c->v_dim;
-            float *kd = dst + (size_t)r * head_dim, *vd = dst + (size_t)bt * head_dim + (size_t)r * head_dim_v;
+            const uint16_t *kr = src + ko + (size_t)r * c->k_dim,
+                           *vr = src + vo + (size_t)r * c->v_dim;
+            float *kd = dst + (size_t)r * head_dim,
+                  *vd = dst + (size_t)bt * head_dim + (size_t)r * head_dim_v;
             for (uint32_t d = 0; d < head_dim; d++)
                 kd[d] = quant_f16_to_f32(kr[d]);
             for (uint32_t d = 0; d < head_dim_v; d++)

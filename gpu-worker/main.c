@@ -24,8 +24,8 @@ static const char usage_text[] =
     "  --orphan-timeout S   cancel a request nobody polled for S seconds (default 10)\n"
     "  --max-seqs N         requests decoded at once (default 16)\n"
     "  --max-queue N        requests waiting before submit answers busy (default 64)\n"
-    "  --ctx N              positions per request (default: the model's context length)\n"
-    BACKEND_OPTS_USAGE
+    "  --ctx N              positions per request (default: the model's context "
+    "length)\n" BACKEND_OPTS_USAGE
     "  --bit-exact          refuse to start unless answers depend only on the model and the\n"
     "                       token history (the CPU backend always can)\n"
     "Serves in the foreground until SIGINT or SIGTERM; the protocol is docs/protocol.md.\n";
@@ -67,13 +67,20 @@ int main(int argc, char **argv)
                                           {"ctx", required_argument, NULL, 'c'},
                                           {"bit-exact", no_argument, NULL, 'b'},
                                           {"backend", required_argument, NULL, 'B'},
-                                          {"kv-type", required_argument, NULL, 'K'},
+                                          {"kv-type", required_argument, NULL, 'B'},
+                                          {"expert-cache", required_argument, NULL, 'B'},
+                                          {"adapt-every", required_argument, NULL, 'B'},
+                                          {"adapt-swaps", required_argument, NULL, 'B'},
+                                          {"adapt-decay", required_argument, NULL, 'B'},
+                                          {"adapt-min", required_argument, NULL, 'B'},
+                                          {"adapt-lead", required_argument, NULL, 'B'},
+                                          {"cache-verify", required_argument, NULL, 'B'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
-    struct worker_config cfg = {0};
-    int c;
+    struct worker_config cfg = {.backend = backend_opts_default()};
+    int c, li;
     strata_log_set_tag("worker");
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", longs, &li)) != -1) {
         switch (c) {
         case 'a':
             cfg.arena = optarg;
@@ -105,9 +112,8 @@ int main(int argc, char **argv)
         case 'b':
             cfg.bit_exact = true;
             break;
-        case 'B':
-        case 'K':
-            if (backend_opt(&cfg.backend, c == 'B' ? "backend" : "kv-type", optarg) != 0) {
+        case 'B': /* the backend's own options (backend.h) */
+            if (backend_opt(&cfg.backend, longs[li].name, optarg) != 0) {
                 fprintf(stderr, "strata-worker: %s\n", strata_errdetail());
                 return 2;
             }

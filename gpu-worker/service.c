@@ -523,14 +523,29 @@ static int op_status(struct ipc_call *call, void *ctx)
     msg_pack_u64(&b, bi.kv_bytes);
     msg_pack_str(&b, "bit_exact");
     msg_pack_bool(&b, bi.bit_exact);
+    const uint64_t pairs = bi.hits + bi.misses;
     msg_key(&b, "cache");
-    msg_pack_map(&b, 3);
+    msg_pack_map(&b, 10);
     msg_pack_str(&b, "slots");
-    msg_pack_u64(&b, 0);
+    msg_pack_u64(&b, bi.cache_slots);
     msg_pack_str(&b, "bytes");
-    msg_pack_u64(&b, 0);
+    msg_pack_u64(&b, (uint64_t)bi.cache_slots * bi.slot_bytes);
     msg_pack_str(&b, "hit_rate");
-    msg_pack_f64(&b, 0);
+    msg_pack_f64(&b, pairs ? (double)bi.hits / (double)pairs : 0);
+    msg_pack_str(&b, "hits");
+    msg_pack_u64(&b, bi.hits);
+    msg_pack_str(&b, "misses");
+    msg_pack_u64(&b, bi.misses);
+    msg_pack_str(&b, "resident");
+    msg_pack_u64(&b, bi.resident);
+    msg_pack_str(&b, "swaps");
+    msg_pack_u64(&b, bi.swaps);
+    msg_pack_str(&b, "copy_gibs");
+    msg_pack_f64(&b, bi.copy_gibs);
+    msg_pack_str(&b, "first_hit_rate");
+    msg_pack_f64(&b, bi.first_hit_rate);
+    msg_pack_str(&b, "verify_failures");
+    msg_pack_u64(&b, bi.verify_failures);
     ipc_reply(call, &b);
     return 0;
 }
@@ -558,9 +573,9 @@ static int op_vram(struct ipc_call *call, void *ctx)
     msg_key(&b, "kv_bytes");
     msg_pack_u64(&b, bi.kv_bytes);
     msg_key(&b, "cache_bytes");
-    msg_pack_u64(&b, 0);
+    msg_pack_u64(&b, (uint64_t)bi.cache_slots * bi.slot_bytes);
     msg_key(&b, "cache_slots");
-    msg_pack_u64(&b, 0);
+    msg_pack_u64(&b, bi.cache_slots);
     ipc_reply(call, &b);
     return 0;
 }

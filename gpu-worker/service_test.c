@@ -43,18 +43,25 @@ static const char *rundir(const char *tag)
     return dir;
 }
 
-static struct worker *start(const char *run, int orphan_s)
+static struct worker *start_with(const char *run, int orphan_s, const struct backend_opts *bo)
 {
     struct worker_config c = {.model = g_model,
                               .runtime_dir = run,
                               .ctx = N_CTX,
                               .max_seqs = N_STREAMS,
                               .orphan_timeout_s = orphan_s,
-                              .watchdog_ms = -1};
+                              .watchdog_ms = -1,
+                              .backend = *bo};
     struct worker *w;
     int rv = worker_init(&c, &w);
     ck_assert_msg(rv == 0, "worker_init: %s: %s", strata_strerror(rv), strata_errdetail());
     return w;
+}
+
+static struct worker *start(const char *run, int orphan_s)
+{
+    const struct backend_opts none = {0};
+    return start_with(run, orphan_s, &none);
 }
 
 static struct wclient *client(const char *url)
@@ -125,6 +132,7 @@ START_TEST(test_hello_meta)
     ck_assert_msg(rv == 0, "%s", strata_errdetail());
     ck_assert_str_eq(h.arch, "qwen3moe");
     ck_assert_str_eq(h.backend, "cpu");
+    ck_assert_str_eq(h.kv_type, "f32");
     ck_assert_uint_eq(h.n_ctx, N_CTX);
     ck_assert_uint_eq(h.max_seqs, N_STREAMS);
     ck_assert_int_eq(h.pid, getpid());
@@ -257,6 +265,59 @@ START_TEST(test_concurrent_streams)
     ck_assert_uint_eq(st.tokens_generated, 2 * N_STREAMS * GEN_TOKENS);
     wclient_close(c);
     worker_fini(w);
+}
+END_TEST
+
+/* streams_of runs N_STREAMS concurrent streams on a worker made with bo into jobs. */
+static void streams_of(const char *tag, const struct backend_opts *bo, struct job *jobs,
+                       struct wclient_status *st)
+{
+    struct worker *w = start_with(rundir(tag), 0, bo);
+    struct wclient *c = client(worker_url(w));
+    pthread_t th[N_STREAMS];
+    for (int k = 0; k < N_STREAMS; k++) {
+        jobs[k] = (struct job){.c = c, .k = k};
+        ck_assert_int_eq(pthread_create(&th[k], NULL, job_run, &jobs[k]), 0);
+    }
+    for (int k = 0; k < N_STREAMS; k++)
+        pthread_join(th[k], NULL);
+    ck_assert_int_eq(wclient_status(c, st), 0);
+    wclient_close(c);
+    worker_fini(w);
+}
+
+/* Concurrent streams give the same ids without a cache, with a small cache whose tier swaps every
+ * window, and after a restart with a larger static one (answers never depend on the tier). */
+START_TEST(test_ids_independent_of_the_expert_cache)
+{
+    static struct job plain[N_STREAMS], small[N_STREAMS], large[N_STREAMS];
+    struct wclient_status st;
+    const struct backend_opts none = {0};
+    streams_of("nocache", &none, plain, &st);
+    ck_assert_uint_eq(st.cache_slots, 0);
+    const struct backend_opts a = {
+        .expert_cache = {CACHE_SLOTS, 3},
+        .tier = {.every = 1, .swaps = 4, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f},
+        .cache_verify = true};
+    streams_of("small", &a, small, &st);
+    ck_assert_uint_eq(st.cache_slots, 3);
+    ck_assert_uint_gt(st.cache_hits, 0);
+    ck_assert_uint_gt(st.cache_misses, 0);
+    ck_assert_uint_gt(st.cache_swaps, 0);
+    ck_assert_str_eq(st.backend, "cpu");
+    const struct backend_opts b = {.expert_cache = {CACHE_SLOTS, 12}};
+    streams_of("large", &b, large, &st);
+    ck_assert_uint_eq(st.cache_slots, 12);
+    ck_assert_uint_eq(st.cache_swaps, 0);
+    for (int k = 0; k < N_STREAMS; k++) {
+        ck_assert_uint_eq(plain[k].n, GEN_TOKENS);
+        ck_assert_uint_eq(small[k].n, plain[k].n);
+        ck_assert_uint_eq(large[k].n, plain[k].n);
+        ck_assert_msg(memcmp(small[k].out, plain[k].out, plain[k].n * sizeof(int32_t)) == 0,
+                      "stream %d: ids with a swapping cache of 3 differ", k);
+        ck_assert_msg(memcmp(large[k].out, plain[k].out, plain[k].n * sizeof(int32_t)) == 0,
+                      "stream %d: ids after a restart with a cache of 12 differ", k);
+    }
 }
 END_TEST
 
@@ -699,6 +760,7 @@ int main(void)
     tcase_add_test(tc, test_hello_meta);
     tcase_add_test(tc, test_idempotent_status_vram);
     tcase_add_test(tc, test_concurrent_streams);
+    tcase_add_test(tc, test_ids_independent_of_the_expert_cache);
     tcase_add_test(tc, test_malformed);
     tcase_add_test(tc, test_lease_lapse);
     tcase_add_test(tc, test_restart_resume);

@@ -168,7 +168,19 @@ int worker_init(const struct worker_config *c, struct worker **out)
         .route_ctx = w->state,
         .backend = c->backend,
     };
-    if ((rv = engine_start(w->m, &eo, &w->e)) != 0) goto fail;
+    /* the arena's heat, for the expert cache's first fill (hottest first) */
+    uint64_t *heat = NULL;
+    if (w->state && w->state->hdr->n_layers == hp->n_layer &&
+        w->state->hdr->n_expert == hp->n_expert &&
+        (heat = malloc((size_t)hp->n_layer * hp->n_expert * sizeof *heat))) {
+        for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert; i++)
+            heat[i] = atomic_load(&w->state->heat[i]);
+        eo.backend.heat = heat;
+    }
+    rv = engine_start(w->m, &eo, &w->e);
+    free(heat);
+    eo.backend.heat = NULL;
+    if (rv != 0) goto fail;
     struct backend_info bi;
     engine_backend_info(w->e, &bi);
     if (c->bit_exact && !bi.bit_exact) {

@@ -159,7 +159,7 @@ static int run(int argc, char **argv)
     const char *model = NULL, *nlc = NULL;
     bool json = false, llama = false;
     int rv;
-    struct bench_opts o = {.prompt = 512, .gen = 64, .reps = 3};
+    struct bench_opts o = {.prompt = 512, .gen = 64, .reps = 3, .backend = backend_opts_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         uint32_t *num = NULL;

@@ -63,8 +63,8 @@ static void usage(FILE *out)
             "  --ctx N               context length (default: the model's trained context)\n"
             "  --threads N           compute threads (default: the online CPUs)\n"
             "  --chunk N             prompt tokens per forward pass (default 256)\n"
-            "  --bit-exact           refuse to run unless the backend promises bit-exact results\n"
-            BACKEND_OPTS_USAGE
+            "  --bit-exact           refuse to run unless the backend promises bit-exact "
+            "results\n" BACKEND_OPTS_USAGE
             "  --json                print one JSON line: prompt_ids, ids, text, top_logprobs,\n"
             "                        seed, finish_reason (\"stop\" at EOS, \"length\" otherwise)\n",
             PENALTY_LAST_N);
@@ -79,13 +79,13 @@ struct run_opts {
     struct backend_opts backend;
 };
 
-
 static int parse_f32(const char *s, const char *opt, float *out)
 {
     char *end;
     errno = 0;
     float v = strtof(s, &end);
-    if (errno || end == s || *end) return strata_errf(STRATA_EINVAL, "%s '%s': expected a number", opt, s);
+    if (errno || end == s || *end)
+        return strata_errf(STRATA_EINVAL, "%s '%s': expected a number", opt, s);
     *out = v;
     return 0;
 }
@@ -116,32 +116,67 @@ static int parse_ids(const char *s, const char *opt, struct tok_ids *out)
     return 0;
 }
 
-enum { O_IDS = 256, O_TEACHER, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_PRES, O_FREQ, O_SEED,
-       O_LOGPROBS, O_CTX, O_THREADS, O_CHUNK, O_BITEXACT, O_JSON, O_IGNORE_EOS, O_HELP, O_NAME, O_BACKEND, O_KV_TYPE,
-       O_RUNTIME };
+enum {
+    O_IDS = 256,
+    O_TEACHER,
+    O_TEMP,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_REP,
+    O_PRES,
+    O_FREQ,
+    O_SEED,
+    O_LOGPROBS,
+    O_CTX,
+    O_THREADS,
+    O_CHUNK,
+    O_BITEXACT,
+    O_JSON,
+    O_IGNORE_EOS,
+    O_HELP,
+    O_NAME,
+    O_BACKEND,
+    O_RUNTIME
+};
 
 /* parse_args returns 0, or 2 for a usage error (message printed), or -1 after --help. */
 static int parse_args(int argc, char **argv, struct run_opts *o)
 {
     static const struct option longopts[] = {
-        {"prompt", required_argument, NULL, 'p'}, {"ids", required_argument, NULL, O_IDS},
+        {"prompt", required_argument, NULL, 'p'},
+        {"ids", required_argument, NULL, O_IDS},
         {"teacher", required_argument, NULL, O_TEACHER},
-        {"temp", required_argument, NULL, O_TEMP}, {"top-k", required_argument, NULL, O_TOPK},
-        {"top-p", required_argument, NULL, O_TOPP}, {"min-p", required_argument, NULL, O_MINP},
+        {"temp", required_argument, NULL, O_TEMP},
+        {"top-k", required_argument, NULL, O_TOPK},
+        {"top-p", required_argument, NULL, O_TOPP},
+        {"min-p", required_argument, NULL, O_MINP},
         {"repeat-penalty", required_argument, NULL, O_REP},
         {"presence-penalty", required_argument, NULL, O_PRES},
         {"frequency-penalty", required_argument, NULL, O_FREQ},
         {"seed", required_argument, NULL, O_SEED},
         {"logprobs", required_argument, NULL, O_LOGPROBS},
-        {"ctx", required_argument, NULL, O_CTX}, {"threads", required_argument, NULL, O_THREADS},
-        {"chunk", required_argument, NULL, O_CHUNK}, {"bit-exact", no_argument, NULL, O_BITEXACT},
-        {"json", no_argument, NULL, O_JSON}, {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
-        {"help", no_argument, NULL, O_HELP}, {"name", required_argument, NULL, O_NAME},
+        {"ctx", required_argument, NULL, O_CTX},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"chunk", required_argument, NULL, O_CHUNK},
+        {"bit-exact", no_argument, NULL, O_BITEXACT},
+        {"json", no_argument, NULL, O_JSON},
+        {"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+        {"help", no_argument, NULL, O_HELP},
+        {"name", required_argument, NULL, O_NAME},
         {"runtime-dir", required_argument, NULL, O_RUNTIME},
         {"backend", required_argument, NULL, O_BACKEND},
-        {"kv-type", required_argument, NULL, O_KV_TYPE}, {NULL, 0, NULL, 0},
+        {"kv-type", required_argument, NULL, O_BACKEND},
+        {"expert-cache", required_argument, NULL, O_BACKEND},
+        {"adapt-every", required_argument, NULL, O_BACKEND},
+        {"adapt-swaps", required_argument, NULL, O_BACKEND},
+        {"adapt-decay", required_argument, NULL, O_BACKEND},
+        {"adapt-min", required_argument, NULL, O_BACKEND},
+        {"adapt-lead", required_argument, NULL, O_BACKEND},
+        {"cache-verify", required_argument, NULL, O_BACKEND},
+        {NULL, 0, NULL, 0},
     };
-    *o = (struct run_opts){.n_predict = 64, .chunk = 256};
+    *o = (struct run_opts){.n_predict = 64, .chunk = 256, .backend = backend_opts_default()};
     sample_params_default(&o->sp);
     o->sp.temperature = 0.8f;
     o->sp.top_k = 40;
@@ -150,28 +185,50 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = ncpu > 0 ? (uint32_t)ncpu : 1;
     optind = 1;
-    int c, rv = 0;
-    while (rv == 0 && (c = getopt_long(argc, argv, "p:n:h", longopts, NULL)) != -1) {
+    int c, li = 0, rv = 0;
+    while (rv == 0 && (c = getopt_long(argc, argv, "p:n:h", longopts, &li)) != -1) {
         switch (c) {
-        case 'p': o->prompt = optarg; break;
-        case O_IDS: o->ids = optarg; break;
-        case O_TEACHER: o->teacher = optarg; break;
-        case 'n': rv = strata_cmd_parse_u32(optarg, "-n", 1, &o->n_predict); break;
-        case O_TEMP: rv = parse_f32(optarg, "--temp", &o->sp.temperature); break;
-        case O_TOPK: rv = strata_cmd_parse_u32(optarg, "--top-k", 0, &o->sp.top_k); break;
-        case O_TOPP: rv = parse_f32(optarg, "--top-p", &o->sp.top_p); break;
-        case O_MINP: rv = parse_f32(optarg, "--min-p", &o->sp.min_p); break;
-        case O_REP: rv = parse_f32(optarg, "--repeat-penalty", &o->sp.repeat_penalty); break;
-        case O_PRES: rv = parse_f32(optarg, "--presence-penalty", &o->sp.presence_penalty); break;
-        case O_FREQ: rv = parse_f32(optarg, "--frequency-penalty", &o->sp.frequency_penalty); break;
+        case 'p':
+            o->prompt = optarg;
+            break;
+        case O_IDS:
+            o->ids = optarg;
+            break;
+        case O_TEACHER:
+            o->teacher = optarg;
+            break;
+        case 'n':
+            rv = strata_cmd_parse_u32(optarg, "-n", 1, &o->n_predict);
+            break;
+        case O_TEMP:
+            rv = parse_f32(optarg, "--temp", &o->sp.temperature);
+            break;
+        case O_TOPK:
+            rv = strata_cmd_parse_u32(optarg, "--top-k", 0, &o->sp.top_k);
+            break;
+        case O_TOPP:
+            rv = parse_f32(optarg, "--top-p", &o->sp.top_p);
+            break;
+        case O_MINP:
+            rv = parse_f32(optarg, "--min-p", &o->sp.min_p);
+            break;
+        case O_REP:
+            rv = parse_f32(optarg, "--repeat-penalty", &o->sp.repeat_penalty);
+            break;
+        case O_PRES:
+            rv = parse_f32(optarg, "--presence-penalty", &o->sp.presence_penalty);
+            break;
+        case O_FREQ:
+            rv = parse_f32(optarg, "--frequency-penalty", &o->sp.frequency_penalty);
+            break;
         case O_SEED: {
             char *end;
             errno = 0;
             o->sp.seed = strtoull(optarg, &end, 10);
             /* At most 2^53 - 1: the seed travels in JSON, whose readers keep doubles. */
             if (errno || end == optarg || *end || optarg[0] == '-' || o->sp.seed > SEED_MAX)
-                rv = strata_errf(STRATA_EINVAL, "--seed '%s': expected an integer 0..%llu",
-                                 optarg, (unsigned long long)SEED_MAX);
+                rv = strata_errf(STRATA_EINVAL, "--seed '%s': expected an integer 0..%llu", optarg,
+                                 (unsigned long long)SEED_MAX);
             o->seed_given = true;
             break;
         }
@@ -181,19 +238,40 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
                 rv = strata_errf(STRATA_EINVAL, "--logprobs %u: at most %d", o->sp.n_logprobs,
                                  SAMPLE_MAX_LOGPROBS);
             break;
-        case O_CTX: rv = strata_cmd_parse_u32(optarg, "--ctx", 1, &o->ctx); break;
-        case O_THREADS: rv = strata_cmd_parse_u32(optarg, "--threads", 1, &o->threads); break;
-        case O_CHUNK: rv = strata_cmd_parse_u32(optarg, "--chunk", 1, &o->chunk); break;
-        case O_BITEXACT: o->bit_exact = true; break;
-        case O_BACKEND: rv = backend_opt(&o->backend, "backend", optarg); break;
-        case O_KV_TYPE: rv = backend_opt(&o->backend, "kv-type", optarg); break;
-        case O_JSON: o->json = true; break;
-        case O_IGNORE_EOS: o->ignore_eos = true; break;
-        case O_NAME: o->name = optarg; break;
-        case O_RUNTIME: o->runtime_dir = optarg; break;
+        case O_CTX:
+            rv = strata_cmd_parse_u32(optarg, "--ctx", 1, &o->ctx);
+            break;
+        case O_THREADS:
+            rv = strata_cmd_parse_u32(optarg, "--threads", 1, &o->threads);
+            break;
+        case O_CHUNK:
+            rv = strata_cmd_parse_u32(optarg, "--chunk", 1, &o->chunk);
+            break;
+        case O_BITEXACT:
+            o->bit_exact = true;
+            break;
+        case O_BACKEND:
+            rv = backend_opt(&o->backend, longopts[li].name, optarg);
+            break;
+        case O_JSON:
+            o->json = true;
+            break;
+        case O_IGNORE_EOS:
+            o->ignore_eos = true;
+            break;
+        case O_NAME:
+            o->name = optarg;
+            break;
+        case O_RUNTIME:
+            o->runtime_dir = optarg;
+            break;
         case 'h':
-        case O_HELP: usage(stdout); return -1;
-        default: usage(stderr); return 2;
+        case O_HELP:
+            usage(stdout);
+            return -1;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (rv) {
@@ -220,7 +298,8 @@ static double now_s(void)
 static json_t *ids_json(const int32_t *ids, size_t n)
 {
     json_t *a = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
     return a;
 }
 
@@ -228,8 +307,8 @@ static json_t *logprob_json(const struct sample_result *r)
 {
     json_t *top = json_array();
     for (uint32_t j = 0; j < r->n_top; j++)
-        json_array_append_new(top, json_pack("{s:i, s:f}", "id", r->top[j].id, "logprob",
-                                             (double)r->top[j].logprob));
+        json_array_append_new(
+            top, json_pack("{s:i, s:f}", "id", r->top[j].id, "logprob", (double)r->top[j].logprob));
     return json_pack("{s:i, s:f, s:o}", "id", r->id, "logprob", (double)r->logprob, "top", top);
 }
 
@@ -237,8 +316,8 @@ static json_t *logprob_json(const struct sample_result *r)
  * in `logits` (n_vocab floats, overwritten): one step per id, then the id is fed. Appends to steps
  * one object per step: the id, its logit, the argmax (lowest id on a tie), the top and the lowest
  * logit (a checker states its tolerance as a share of top - min). Errors as fwd_eval. */
-static int teacher_force(struct backend *fw, struct kv_seq *seq, uint32_t n_vocab, const int32_t *ids,
-                         size_t n, float *logits, json_t *steps)
+static int teacher_force(struct backend *fw, struct kv_seq *seq, uint32_t n_vocab,
+                         const int32_t *ids, size_t n, float *logits, json_t *steps)
 {
     for (size_t i = 0; i < n; i++) {
         uint32_t best = 0;
@@ -254,6 +333,7 @@ static int teacher_force(struct backend *fw, struct kv_seq *seq, uint32_t n_voca
         if (i + 1 == n) break; /* the last id's own logits are not asked for */
         struct backend_token ft = {seq, ids[i], true};
         int rv = backend_eval(fw, &ft, 1, logits);
+        if (!rv) rv = backend_tick(fw);
         if (rv) return rv;
     }
     return 0;
@@ -400,7 +480,8 @@ static int run(int argc, char **argv)
 
     what = "prompt";
     double t0 = now_s();
-    if ((rv = backend_prompt(fw, &seq, hist.v, (uint32_t)n_prompt, o.chunk, logits)) != 0) goto fail;
+    if ((rv = backend_prompt(fw, &seq, hist.v, (uint32_t)n_prompt, o.chunk, logits)) != 0)
+        goto fail;
     double t1 = now_s();
     if (o.teacher) {
         what = "--teacher";
@@ -454,7 +535,8 @@ static int run(int argc, char **argv)
                 break;
             }
             struct backend_token ft = {&seq, r.id, true};
-            if ((rv = backend_eval(fw, &ft, 1, logits)) != 0) goto fail;
+            if ((rv = backend_eval(fw, &ft, 1, logits)) != 0 || (rv = backend_tick(fw)) != 0)
+                goto fail;
         }
         if (tk) {
             size_t before = text.n;

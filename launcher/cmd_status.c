@@ -129,6 +129,11 @@ static json_t *worker_json(const char *url)
     json_object_update_new(w, json_pack("{s:i, s:I, s:f, s:f}", "cache_slots", (int)s.cache_slots,
                                         "cache_bytes", (json_int_t)s.cache_bytes, "cache_hit_rate",
                                         s.cache_hit_rate, "uptime_s", s.uptime_s));
+    json_object_update_new(
+        w, json_pack("{s:I, s:I, s:i, s:I, s:f, s:s}", "cache_hits", (json_int_t)s.cache_hits,
+                     "cache_misses", (json_int_t)s.cache_misses, "cache_resident",
+                     (int)s.cache_resident, "cache_swaps", (json_int_t)s.cache_swaps,
+                     "cache_copy_gibs", s.cache_copy_gibs, "kv_type", s.kv_type));
     return w;
 }
 
@@ -259,14 +264,14 @@ static void print_table(const json_t *svc)
                        json_string_value(json_object_get(w, "error")), ep);
                 continue;
             }
-            char run[24], q[24], kv[24], cache[24];
+            char run[24], q[24], kv[24], cache[48];
             snprintf(run, sizeof run, "%d/%d", (int)num(w, "running"), (int)num(w, "max_seqs"));
             snprintf(q, sizeof q, "%d/%d", (int)num(w, "queued"), (int)num(w, "max_queue"));
             snprintf(kv, sizeof kv, "%d/%d", (int)num(w, "kv_blocks_used"),
                      (int)num(w, "kv_blocks_total"));
             if (num(w, "cache_slots") > 0)
-                snprintf(cache, sizeof cache, "%d %.0f%%", (int)num(w, "cache_slots"),
-                         100 * num(w, "cache_hit_rate"));
+                snprintf(cache, sizeof cache, "%d %.0f%% %dsw", (int)num(w, "cache_slots"),
+                         100 * num(w, "cache_hit_rate"), (int)num(w, "cache_swaps"));
             else
                 snprintf(cache, sizeof cache, "-");
             fmt_dur(num(w, "uptime_s"), up, sizeof up);

@@ -132,7 +132,8 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         backend_reset_stats(f);
         for (uint32_t i = 0; i < o->gen; i++) {
             struct backend_token t = {&s, (int32_t)argmax(logits, V), true};
-            if ((rv = backend_eval(f, &t, 1, logits)) != 0) goto fail;
+            if ((rv = backend_eval(f, &t, 1, logits)) != 0 || (rv = backend_tick(f)) != 0)
+                goto fail;
         }
         double t2 = now_s();
         backend_get_stats(f, &ds);

@@ -108,7 +108,8 @@ int wclient_hello(struct wclient *c, struct wclient_hello *out)
         (rv = opt(msg_get_bool(&r, NULL, "bit_exact", &be))) != 0 ||
         (rv = copy_str(&r, NULL, "model", out->model, sizeof out->model)) != 0 ||
         (rv = copy_str(&r, NULL, "arch", out->arch, sizeof out->arch)) != 0 ||
-        (rv = copy_str(&r, NULL, "backend", out->backend, sizeof out->backend)) != 0)
+        (rv = copy_str(&r, NULL, "backend", out->backend, sizeof out->backend)) != 0 ||
+        (rv = opt(copy_str(&r, NULL, "kv_type", out->kv_type, sizeof out->kv_type))) != 0)
         goto done;
     out->pid = (int32_t)pid;
     out->bit_exact = be;
@@ -451,7 +452,17 @@ int wclient_status(struct wclient *c, struct wclient_status *out)
         goto done;
     if (cache && ((rv = opt(get_u32(&m, cache, "slots", &out->cache_slots))) != 0 ||
                   (rv = opt(msg_get_u64(&m, cache, "bytes", UINT64_MAX, &out->cache_bytes))) != 0 ||
-                  (rv = opt(msg_get_f64(&m, cache, "hit_rate", 0, 1, &out->cache_hit_rate))) != 0))
+                  (rv = opt(msg_get_f64(&m, cache, "hit_rate", 0, 1, &out->cache_hit_rate))) != 0 ||
+                  (rv = opt(msg_get_u64(&m, cache, "hits", UINT64_MAX, &out->cache_hits))) != 0 ||
+                  (rv = opt(msg_get_u64(&m, cache, "misses", UINT64_MAX, &out->cache_misses))) != 0 ||
+                  (rv = opt(get_u32(&m, cache, "resident", &out->cache_resident))) != 0 ||
+                  (rv = opt(msg_get_u64(&m, cache, "swaps", UINT64_MAX, &out->cache_swaps))) != 0 ||
+                  (rv = opt(msg_get_f64(&m, cache, "copy_gibs", 0, 1e9, &out->cache_copy_gibs))) != 0))
+        goto done;
+    const msgpack_object *be = NULL;
+    if ((rv = opt(msg_get_map(&m, NULL, "backend", &be))) != 0) goto done;
+    if (be && ((rv = opt(copy_str(&m, be, "name", out->backend, sizeof out->backend))) != 0 ||
+               (rv = opt(copy_str(&m, be, "kv_type", out->kv_type, sizeof out->kv_type))) != 0))
         goto done;
 done:
     msg_free(&m);

@@ -70,6 +70,8 @@ struct wclient_hello {
     char model[128];      /* general.name, else the arena's or file's name */
     char arch[32];        /* general.architecture */
     char backend[16];     /* "cpu" or "cuda" */
+    char kv_type[8];      /* "f32" or "f16": a stream fails over only to the same backend and
+                             KV type (empty from an older worker) */
     uint32_t n_ctx;       /* most positions (prompt + generated) of one request */
     uint32_t max_seqs;    /* requests decoded at once */
     int32_t pid;
@@ -194,6 +196,11 @@ struct wclient_status {
     uint32_t cache_slots;      /* expert cache (0 on the CPU backend) */
     uint64_t cache_bytes;
     double cache_hit_rate; /* routed (token, expert) pairs served from the cache, 0..1 */
+    uint64_t cache_hits, cache_misses; /* those pairs counted apart */
+    uint32_t cache_resident;           /* experts in slots */
+    uint64_t cache_swaps;              /* moved in by the adaptive tier */
+    double cache_copy_gibs;            /* copy rate while copying */
+    char backend[16], kv_type[8];      /* what computes; empty from an older worker */
     double uptime_s;
 };
 

@@ -31,6 +31,7 @@ struct cpu_mm_task {
 
 /* cpu_mm_run computes tasks[0..n) on pool; first is scratch of n + 1 entries. Returns the weight
  * bytes streamed (each matrix once). Blocks until done. */
-uint64_t cpu_mm_run(struct pool *pool, const struct cpu_mm_task *tasks, uint32_t n, uint32_t *first);
+uint64_t cpu_mm_run(struct pool *pool, const struct cpu_mm_task *tasks, uint32_t n,
+                    uint32_t *first);
 
 #endif

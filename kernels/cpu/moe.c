@@ -14,13 +14,13 @@
 struct cpu_moe {
     uint32_t max_pairs, max_groups, n_embd, n_ff;
     size_t act_stride;
-    uint8_t *acts[2];       /* (max_pairs tokens, act_stride): x quantized for gate, for up */
-    uint8_t *pacts[2];      /* (max_pairs, act_stride): gathered per pair in group order */
-    uint8_t *hacts;         /* (max_pairs, act_stride): SwiGLU outputs quantized for down */
-    float *g, *u;           /* (max_pairs, n_ff) gate and up outputs, then h in g */
-    float *y;               /* (max_pairs, n_embd) down outputs in group order */
+    uint8_t *acts[2];          /* (max_pairs tokens, act_stride): x quantized for gate, for up */
+    uint8_t *pacts[2];         /* (max_pairs, act_stride): gathered per pair in group order */
+    uint8_t *hacts;            /* (max_pairs, act_stride): SwiGLU outputs quantized for down */
+    float *g, *u;              /* (max_pairs, n_ff) gate and up outputs, then h in g */
+    float *y;                  /* (max_pairs, n_embd) down outputs in group order */
     struct cpu_mm_task *tasks; /* (2 * max_groups) */
-    uint32_t *first;        /* (2 * max_groups + 1) */
+    uint32_t *first;           /* (2 * max_groups + 1) */
 };
 
 int cpu_moe_init(uint32_t max_pairs, uint32_t n_embd, uint32_t n_ff, size_t act_stride,
@@ -28,8 +28,11 @@ int cpu_moe_init(uint32_t max_pairs, uint32_t n_embd, uint32_t n_ff, size_t act_
 {
     struct cpu_moe *w = calloc(1, sizeof *w);
     if (!w) return strata_errf(STRATA_ENOMEM, "out of memory for the expert step");
-    *w = (struct cpu_moe){.max_pairs = max_pairs, .max_groups = max_groups, .n_embd = n_embd,
-                          .n_ff = n_ff, .act_stride = act_stride};
+    *w = (struct cpu_moe){.max_pairs = max_pairs,
+                          .max_groups = max_groups,
+                          .n_embd = n_embd,
+                          .n_ff = n_ff,
+                          .act_stride = act_stride};
     const size_t P = max_pairs ? max_pairs : 1;
     struct {
         void **p;
@@ -43,7 +46,8 @@ int cpu_moe_init(uint32_t max_pairs, uint32_t n_embd, uint32_t n_ff, size_t act_
         {(void **)&w->g, P * n_ff * sizeof(float)},
         {(void **)&w->u, P * n_ff * sizeof(float)},
         {(void **)&w->y, P * n_embd * sizeof(float)},
-        {(void **)&w->tasks, 2 * (size_t)(max_groups ? max_groups : 1) * sizeof(struct cpu_mm_task)},
+        {(void **)&w->tasks,
+         2 * (size_t)(max_groups ? max_groups : 1) * sizeof(struct cpu_mm_task)},
         {(void **)&w->first, (2 * (size_t)max_groups + 1) * sizeof(uint32_t)},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -78,9 +82,9 @@ struct job {
     const float *x;
     size_t x_stride;
     const struct cpu_moe_part *qpart; /* quant_rows: the part x is quantized for */
-    const uint8_t *src; /* gather: token rows */
-    uint8_t *dst;       /* gather: pair rows */
-    size_t bytes;       /* gather: bytes of a row */
+    const uint8_t *src;               /* gather: token rows */
+    uint8_t *dst;                     /* gather: pair rows */
+    size_t bytes;                     /* gather: bytes of a row */
     float *out;
     _Atomic int rv;
 };
@@ -132,14 +136,14 @@ static void scatter_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 static struct cpu_mm_task mm(const struct cpu_moe_part *p, const void *wdata, const void *acts,
                              size_t act_stride, uint32_t n_tok, float *out, size_t out_stride)
 {
-    return (struct cpu_mm_task){p->type, p->n_in,   p->n_out, p->row_bytes, wdata,
-                                acts,    act_stride, n_tok,   out,          out_stride};
+    return (struct cpu_mm_task){p->type, p->n_in,    p->n_out, p->row_bytes, wdata,
+                                acts,    act_stride, n_tok,    out,          out_stride};
 }
 
 int cpu_moe_ffn(struct cpu_moe *w, struct pool *pool, const struct cpu_moe_parts *parts,
                 cpu_moe_part_fn part, void *ctx, const struct moe_group *groups, int n_groups,
-                const int32_t *pair_idx, const float *pair_w, uint32_t n_tok, int k,
-                const float *x, size_t x_stride, float *out, uint64_t *weight_bytes)
+                const int32_t *pair_idx, const float *pair_w, uint32_t n_tok, int k, const float *x,
+                size_t x_stride, float *out, uint64_t *weight_bytes)
 {
     const size_t F = parts->gate.n_out, E = parts->down.n_out, s = w->act_stride;
     uint32_t n_pairs = 0;
@@ -182,8 +186,8 @@ int cpu_moe_ffn(struct cpu_moe *w, struct pool *pool, const struct cpu_moe_parts
     for (int g = 0; g < n_groups; g++) {
         const uint32_t e = (uint32_t)groups[g].expert, c = (uint32_t)groups[g].count,
                        i0 = (uint32_t)(groups[g].first - groups[0].first);
-        w->tasks[nt++] = mm(&parts->gate, part(ctx, e, 0), w->pacts[0] + i0 * s, s, c,
-                            w->g + i0 * F, F);
+        w->tasks[nt++] =
+            mm(&parts->gate, part(ctx, e, 0), w->pacts[0] + i0 * s, s, c, w->g + i0 * F, F);
         w->tasks[nt++] = mm(&parts->up, part(ctx, e, 1), pu + i0 * s, s, c, w->u + i0 * F, F);
     }
     bytes += cpu_mm_run(pool, w->tasks, nt, w->first);
@@ -193,8 +197,8 @@ int cpu_moe_ffn(struct cpu_moe *w, struct pool *pool, const struct cpu_moe_parts
     for (int g = 0; g < n_groups; g++) {
         const uint32_t e = (uint32_t)groups[g].expert, c = (uint32_t)groups[g].count,
                        i0 = (uint32_t)(groups[g].first - groups[0].first);
-        w->tasks[nt++] = mm(&parts->down, part(ctx, e, 2), w->hacts + i0 * s, s, c,
-                            w->y + i0 * E, E);
+        w->tasks[nt++] =
+            mm(&parts->down, part(ctx, e, 2), w->hacts + i0 * s, s, c, w->y + i0 * E, E);
     }
     bytes += cpu_mm_run(pool, w->tasks, nt, w->first);
     pool_for(pool, n_pairs, 16, scatter_rows, &j);

@@ -52,7 +52,7 @@ void cpu_moe_fini(struct cpu_moe *w);
  * *weight_bytes (may be NULL) gets the bytes of weights streamed. Blocks until done. */
 int cpu_moe_ffn(struct cpu_moe *w, struct pool *pool, const struct cpu_moe_parts *parts,
                 cpu_moe_part_fn part, void *ctx, const struct moe_group *groups, int n_groups,
-                const int32_t *pair_idx, const float *pair_w, uint32_t n_tok, int k,
-                const float *x, size_t x_stride, float *out, uint64_t *weight_bytes);
+                const int32_t *pair_idx, const float *pair_w, uint32_t n_tok, int k, const float *x,
+                size_t x_stride, float *out, uint64_t *weight_bytes);
 
 #endif

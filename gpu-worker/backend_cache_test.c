@@ -1,0 +1,274 @@
+#include "gpu-worker/backend.h"
+#include "arena-server/arena_build.h"
+#include "common/arena/arena.h"
+#include "common/arena/arena_layout.h"
+#include "common/base/err.h"
+#include "tests/testutil.h"
+#include "tools/fixture.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Answers do not depend on the tier (DESIGN 3.4): the logits of every position of three
+ * interleaved streams (prompt chunks and decode steps in shared windows), with the expert cache
+ * at 1 slot, 10%, 50% and 100% of the experts, static or with an adaptive tier that swaps every
+ * window, resized mid-run, from a GGUF file or an arena, equal byte for byte to the logits without
+ * a cache. A copy hook that flips one byte of every copy must make them differ (the test sees a
+ * bad copy), and --cache-verify must then refuse those copies and keep the logits exact. */
+
+#define N_SEQ  3
+#define N_STEP 12 /* windows: each stream feeds a chunk, then decodes */
+
+struct env {
+    char path[600];
+    struct gguf_file *f;
+    struct model *m;
+    /* the arena of the same file, for the arena path */
+    char shm[600];
+    struct arena *a;
+    struct gguf_file *meta;
+    struct model *ma;
+    uint32_t V, total;
+    size_t n_rows; /* logits rows the script asks for */
+    float *base;
+};
+
+/* script runs the same windows on b: step s gives stream q a chunk of (q + s) % 4 + 1 tokens
+ * while it is in its prompt (the first 3 steps), then one decode token; every token asks for its
+ * logits. resize_at: the step before which the cache is shrunk to 2 slots and grown back (0:
+ * none). Writes every row into out (n_rows). */
+static size_t script(struct env *e, struct backend *b, float *out, uint32_t resize_at,
+                     uint64_t slot_bytes, uint32_t slots)
+{
+    struct kv_seq seq[N_SEQ];
+    for (int q = 0; q < N_SEQ; q++)
+        kv_seq_init(&seq[q]);
+    struct backend_token t[64];
+    size_t rows = 0;
+    for (uint32_t s = 0; s < N_STEP; s++) {
+        if (resize_at && s == resize_at) {
+            ck_assert_msg(backend_resize(b, 2 * slot_bytes) == 0, "%s", strata_errdetail());
+            struct backend_info bi;
+            backend_info(b, &bi);
+            ck_assert_uint_eq(bi.cache_slots, 2);
+            ck_assert_uint_le(bi.resident, 2);
+            ck_assert_msg(backend_resize(b, slots * slot_bytes) == 0, "%s", strata_errdetail());
+        }
+        uint32_t n = 0;
+        for (int q = 0; q < N_SEQ; q++) {
+            const uint32_t c = s < 3 ? (q + s) % 4 + 1 : 1;
+            for (uint32_t j = 0; j < c; j++)
+                t[n++] = (struct backend_token){
+                    &seq[q], (int32_t)((s * 131u + q * 977u + j * 31u + 7) % e->V), out != NULL};
+        }
+        ck_assert_msg(backend_eval(b, t, n, out ? out + rows * e->V : NULL) == 0, "%s",
+                      strata_errdetail());
+        ck_assert_msg(backend_tick(b) == 0, "%s", strata_errdetail());
+        rows += n;
+    }
+    for (int q = 0; q < N_SEQ; q++)
+        kv_seq_fini(backend_kv(b), &seq[q]);
+    return rows;
+}
+
+static struct backend *start(const struct model *m, const struct backend_opts *extra)
+{
+    struct backend_opts o = *extra;
+    o.n_threads = 2;
+    o.max_pass_tokens = 32;
+    o.n_ctx = 64;
+    o.n_seq = N_SEQ;
+    struct backend *b;
+    ck_assert_msg(backend_start(m, &o, &b) == 0, "%s", strata_errdetail());
+    return b;
+}
+
+/* build_arena plans and builds the file's arena in this test's shm directory and opens it. */
+static void build_arena(struct env *e)
+{
+    snprintf(e->shm, sizeof e->shm, "%s/shm", test_tmpdir());
+    mkdir(e->shm, 0700);
+    struct arena_layout *L;
+    ck_assert_msg(arena_layout_plan(e->f, ARENA_ALIGN_SMALL, e->path, &L) == 0, "%s",
+                  strata_errdetail());
+    char seg[300], tmp[320];
+    shm_name(seg, sizeof seg, "cachetest", "");
+    snprintf(tmp, sizeof tmp, "%s.tmp", seg);
+    struct shm_seg s;
+    struct arena_build_stats st;
+    struct arena_build_opts bo = {.threads = 1};
+    ck_assert_msg(arena_build_create(L, e->f, e->shm, tmp, &bo, &s, &st) == 0, "%s",
+                  strata_errdetail());
+    atomic_store_explicit(&((struct arena_header *)s.map)->state, ARENA_READY,
+                          memory_order_release);
+    ck_assert_int_eq(shm_publish(e->shm, &s, tmp, seg, 0400), 0);
+    shm_close(&s);
+    arena_layout_fini(L);
+    ck_assert_int_eq(arena_open(e->shm, "cachetest", &e->a), 0);
+    ck_assert_int_eq(arena_meta(e->a, &e->meta), 0);
+    ck_assert_msg(model_load_arena(e->a, e->meta, &e->ma) == 0, "%s", strata_errdetail());
+}
+
+static void env_open(struct env *e, const char *arch)
+{
+    snprintf(e->path, sizeof e->path, "%s/cache-%s.gguf", test_tmpdir(), arch);
+    struct fixture_opts fo = {.arch = arch, .seed = 21, .zipf = 1.1};
+    ck_assert_msg(fixture_write(&fo, e->path) == 0, "%s", strata_errdetail());
+    ck_assert_int_eq(gguf_open(e->path, &e->f), 0);
+    ck_assert_msg(model_load(e->f, &e->m) == 0, "%s", strata_errdetail());
+    e->V = e->m->hp.n_vocab;
+    e->total = e->m->hp.n_layer * e->m->hp.n_expert;
+    struct backend_opts none = {0};
+    struct backend *b = start(e->m, &none);
+    e->n_rows = script(e, b, NULL, 0, 0, 0);
+    backend_close(b);
+    e->base = malloc(e->n_rows * e->V * sizeof(float));
+    b = start(e->m, &none);
+    script(e, b, e->base, 0, 0, 0);
+    backend_close(b);
+    build_arena(e);
+}
+
+static void env_close(struct env *e)
+{
+    free(e->base);
+    model_fini(e->ma);
+    gguf_close(e->meta);
+    arena_close(e->a);
+    char seg[300], p[1000];
+    shm_name(seg, sizeof seg, "cachetest", "");
+    snprintf(p, sizeof p, "%s/%s", e->shm, seg);
+    unlink(p);
+    rmdir(e->shm);
+    model_fini(e->m);
+    gguf_close(e->f);
+    unlink(e->path);
+}
+
+/* run: the script with the cache of opts, compared with the baseline; returns the info. */
+static struct backend_info run(struct env *e, const struct model *m, struct backend_opts *o,
+                               uint32_t resize_at, bool want_equal, const char *what)
+{
+    float *got = malloc(e->n_rows * e->V * sizeof(float));
+    struct backend *b = start(m, o);
+    struct backend_info bi;
+    backend_info(b, &bi);
+    script(e, b, got, resize_at, bi.slot_bytes, bi.cache_slots);
+    backend_info(b, &bi);
+    size_t differ = 0;
+    for (size_t r = 0; r < e->n_rows; r++)
+        differ += memcmp(got + r * e->V, e->base + r * e->V, e->V * sizeof(float)) != 0;
+    if (want_equal)
+        ck_assert_msg(differ == 0, "%s: %zu of %zu logits rows differ from no cache", what, differ,
+                      e->n_rows);
+    else
+        ck_assert_msg(differ > 0, "%s: a corrupted copy left every logit unchanged", what);
+    backend_close(b);
+    free(got);
+    return bi;
+}
+
+static void flip_byte(void *ctx, uint32_t slot, uint8_t *dst, uint64_t bytes)
+{
+    dst[bytes / 3] ^= 0x10; /* a byte inside the gate or up part's blocks */
+}
+
+static void independence(const char *arch)
+{
+    struct env e;
+    env_open(&e, arch);
+    const struct tier_opts none = {0}, busy = {.every = 1, .swaps = 8, .decay = 0.9f,
+                                               .min_count = 0.5f, .lead = 0.25f};
+    const uint32_t sizes[] = {1, (e.total + 9) / 10, e.total / 2, e.total};
+    for (int model = 0; model < 2; model++) {
+        const struct model *m = model ? e.ma : e.m;
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+            for (int adapt = 0; adapt < 2; adapt++) {
+                struct backend_opts o = {.expert_cache = {CACHE_SLOTS, sizes[i]},
+                                         .tier = adapt ? busy : none,
+                                         .cache_verify = true};
+                char what[128];
+                snprintf(what, sizeof what, "%s %s, %u slots, %s tier", arch,
+                         model ? "arena" : "file", sizes[i], adapt ? "adaptive" : "static");
+                struct backend_info bi = run(&e, m, &o, adapt && i == 2 ? 5 : 0, true, what);
+                ck_assert_uint_eq(bi.verify_failures, 0);
+                ck_assert_uint_gt(bi.hits, 0);
+                if (sizes[i] == e.total) ck_assert_uint_eq(bi.misses, 0);
+                if (adapt && sizes[i] < e.total / 2) ck_assert_uint_gt(bi.swaps, 0);
+                if (!adapt) ck_assert_uint_eq(bi.swaps, 0);
+            }
+    }
+    /* a bad copy is seen: every copy with one byte flipped changes logits... */
+    const struct copy_hooks corrupt = {.after_copy = flip_byte};
+    struct backend_opts o = {.expert_cache = {CACHE_SLOTS, e.total}, .copy_hooks = &corrupt};
+    run(&e, e.ma, &o, 0, false, "corrupted copies");
+    /* ...and --cache-verify refuses each of them: every expert stays on the host tier */
+    o.cache_verify = true;
+    struct backend_info bi = run(&e, e.ma, &o, 0, true, "corrupted copies, verified");
+    ck_assert_uint_eq(bi.verify_failures, e.total);
+    ck_assert_uint_eq(bi.resident, 0);
+    ck_assert_uint_eq(bi.hits, 0);
+    env_close(&e);
+}
+
+START_TEST(independent_of_the_cache_qwen3moe)
+{
+    independence("qwen3moe");
+}
+END_TEST
+
+START_TEST(independent_of_the_cache_llama)
+{
+    independence("llama");
+}
+END_TEST
+
+START_TEST(independent_of_the_cache_olmoe)
+{
+    independence("olmoe");
+}
+END_TEST
+
+START_TEST(independent_of_the_cache_qwen2moe)
+{
+    independence("qwen2moe");
+}
+END_TEST
+
+START_TEST(options_parse_and_refuse)
+{
+    struct backend_opts o = backend_opts_default();
+    ck_assert_uint_eq(o.tier.every, 4);
+    ck_assert_uint_eq(o.tier.swaps, 96);
+    ck_assert_int_eq(backend_opt(&o, "expert-cache", "12GiB"), 0);
+    ck_assert_int_eq(o.expert_cache.kind, CACHE_BYTES);
+    ck_assert_int_eq(backend_opt(&o, "adapt-every", "0"), 0);
+    ck_assert_uint_eq(o.tier.every, 0);
+    ck_assert_int_eq(backend_opt(&o, "adapt-decay", "0.5"), 0);
+    ck_assert_float_eq(o.tier.decay, 0.5f);
+    ck_assert_int_eq(backend_opt(&o, "adapt-decay", "2"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "adapt-swaps", "1.5"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "cache-verify", "yes"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "kv-type", "f16"), 0);
+    ck_assert_int_eq(backend_opt(&o, "backend", "tpu"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "threads", "2"), STRATA_ENOENT);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("backend_cache");
+    TCase *tc = tcase_create("cache");
+    tcase_set_timeout(tc, 300); /* Debug + ASan builds run ~10x slower */
+    tcase_add_test(tc, options_parse_and_refuse);
+    tcase_add_test(tc, independent_of_the_cache_qwen3moe);
+    tcase_add_test(tc, independent_of_the_cache_llama);
+    tcase_add_test(tc, independent_of_the_cache_olmoe);
+    tcase_add_test(tc, independent_of_the_cache_qwen2moe);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}

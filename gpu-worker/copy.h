@@ -1,0 +1,78 @@
+/* copy — the copy engine the expert cache fills its slots through: post a copy of a blob into a
+ * slot that may start only once a given window has finished with that slot; ask or wait for its
+ * completion. Backend-neutral interface; this is the host implementation (one copy thread, for
+ * the CPU backend's slot mode). The CUDA one (streams, events) implements the same calls.
+ *
+ * A copy is a list of extents into the slot: from an arena blob it is one extent of exactly
+ * blob_bytes (never a slot-sized read, which would cross into the next blob); from a GGUF file it
+ * is each part at its blob offset, the gaps zero-filled, so the slot holds the arena's bytes.
+ * The fence: copy_post(after_window = W) starts the copy only after copy_window_done(W) — the last
+ * window that may still read the slot's previous expert. Tickets complete in posting order.
+ * Test hooks (struct copy_hooks) hold a copy's completion, stretch a window, fail a copy or change
+ * the bytes it wrote, so tests can make every race and every bad copy happen.
+ * Threads: one thread (the decode thread) posts, marks windows and waits; the copy thread writes
+ * slots. copy_close waits for copies in flight.
+ */
+#ifndef STRATA_COPY_H
+#define STRATA_COPY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One piece of a copy: bytes from src (NULL: zeros) to dst_off in the slot. */
+struct copy_extent {
+    const void *src;
+    uint64_t bytes;
+    uint64_t dst_off;
+};
+
+#define COPY_MAX_EXTENTS 8 /* parts of one blob, with their gaps */
+
+struct copy_hooks {
+    void *ctx;
+    /* hold_ms: every copy's completion is reported this long after its bytes landed. */
+    uint32_t hold_ms;
+    /* window_ms: the backend stretches every window by this long (read by the backend). */
+    uint32_t window_ms;
+    /* fail: a nonzero return fails the copy (its slot is not filled). */
+    int (*fail)(void *ctx, uint32_t slot, uint64_t ticket);
+    /* after_copy: runs on the copy thread once the bytes are in the slot, before completion:
+     * it may change them (a torn or wrong copy). */
+    void (*after_copy)(void *ctx, uint32_t slot, uint8_t *dst, uint64_t bytes);
+};
+
+struct copy_stats {
+    uint64_t copies; /* completed */
+    uint64_t failed;
+    uint64_t bytes; /* copied */
+    double busy_s;  /* copy thread time spent copying */
+};
+
+struct copy_engine;
+
+/* copy_start starts the copy thread over slots (n_slots of slot_bytes, borrowed). hooks may be
+ * NULL (copied). Caller owns *out (copy_close). STRATA_ENOMEM, thread errors. */
+int copy_start(uint8_t *slots, uint64_t slot_bytes, uint32_t n_slots,
+               const struct copy_hooks *hooks, struct copy_engine **out);
+
+/* copy_close waits for posted copies and stops the thread; NULL is fine. */
+void copy_close(struct copy_engine *ce);
+
+/* copy_post queues a copy of extents x[0..n) into slot, to start once window after_window has
+ * finished (0: at once). Returns 0 and *ticket; STRATA_EINVAL when an extent falls outside the
+ * slot or n exceeds COPY_MAX_EXTENTS; STRATA_ENOMEM. Never blocks on the copy. */
+int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x, uint32_t n,
+              uint64_t after_window, uint64_t *ticket);
+
+/* copy_window_done: window w (counted from 1) has finished; copies fenced on it may start. */
+void copy_window_done(struct copy_engine *ce, uint64_t w);
+
+/* copy_done: whether ticket has completed; *rv its result (0, or the failure's code). */
+bool copy_done(struct copy_engine *ce, uint64_t ticket, int *rv);
+
+/* copy_wait blocks until ticket completes and returns its result. */
+int copy_wait(struct copy_engine *ce, uint64_t ticket);
+
+void copy_get_stats(struct copy_engine *ce, struct copy_stats *out);
+
+#endif
