@@ -18,7 +18,10 @@
  *              products, all a few ulp, through two layers;
  *   ARGMAX_EPS the CPU's greedy token is the GPU's argmax, or its GPU logit is within this
  *              fraction of the row's range of the GPU's top logit (two near-equal logits may swap).
- * Within the GPU: greedy ids equal and logits equal bit for bit across batches and chunkings. */
+ * Within the GPU: greedy ids equal and logits equal bit for bit across batches and chunkings.
+ * Measured on an H200 (9 fixtures x 2 KV types): worst logit 5.4e-3 of the range (q4_k_m), 7e-6 or
+ * less for float weights; the CPU's token was the GPU's argmax at 46-48 of 48 positions, the
+ * others within 7.1e-4 of the range of the top. */
 
 #define LOGIT_TOL  0.02
 #define ARGMAX_EPS 0.01
