@@ -52,7 +52,8 @@ struct dmat {
 };
 
 struct dlayer {
-    float *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk, *bv; /* NULL where the model has none */
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk,
+        *bv; /* NULL where the model has none */
     struct dmat wq, wk, wv, wo, router, gate_sh, up_sh, down_sh, gate_inp_sh;
     const uint8_t *const *slots; /* device array of n_expert blob addresses */
     struct cu_moe_parts parts;
@@ -68,7 +69,7 @@ struct cuda_be {
     void *route_ctx;
     char device[64];
     bool attn_plain_f32; /* STRATA_CUDA_ATTN=plain: the plain kernel for f32 KV too */
-    void **allocs; /* every cudaMalloc, freed at close */
+    void **allocs;       /* every cudaMalloc, freed at close */
     uint32_t n_allocs, cap_allocs;
     struct dlayer *L;
     struct dmat embd, output;
@@ -127,7 +128,8 @@ static int dalloc(struct cuda_be *c, size_t bytes, void **out)
     }
     int rv = ck(cudaMalloc(out, bytes ? bytes : 1), "cudaMalloc");
     if (rv)
-        return strata_errf(STRATA_ENOSPC, "CUDA: cannot allocate %.1f MiB of VRAM (%s): lower "
+        return strata_errf(STRATA_ENOSPC,
+                           "CUDA: cannot allocate %.1f MiB of VRAM (%s): lower "
                            "--ctx or --seqs, raise nothing else on this GPU, or use --backend cpu",
                            (double)bytes / (1 << 20), strata_errdetail());
     c->allocs[c->n_allocs++] = *out;
@@ -167,12 +169,13 @@ static int check_mat(const struct model_mat *w, const char *name)
         const char *p = strncmp(name, "blk.", 4) == 0 ? strchr(name + 4, '.') + 1 : name;
         char pattern[64];
         snprintf(pattern, sizeof pattern, "%.*s", (int)strcspn(p, "."), p);
-        return strata_errf(STRATA_EUNSUPPORTED,
-                           "the CUDA backend has no kernel for tensor %s: %s, %u columns (its "
-                           "types: f32 f16 bf16 q8_0 q5_0 q4_K q5_K q6_K): requantize it with `strata "
-                           "quantize IN.gguf OUT.gguf TYPE --tensor-type %s=q4_K` (or q8_0), or run "
-                           "it with --backend cpu",
-                           name, qtype_name(w->type), w->n_in, pattern);
+        return strata_errf(
+            STRATA_EUNSUPPORTED,
+            "the CUDA backend has no kernel for tensor %s: %s, %u columns (its "
+            "types: f32 f16 bf16 q8_0 q5_0 q4_K q5_K q6_K): requantize it with `strata "
+            "quantize IN.gguf OUT.gguf TYPE --tensor-type %s=q4_K` (or q8_0), or run "
+            "it with --backend cpu",
+            name, qtype_name(w->type), w->n_in, pattern);
     }
     return 0;
 }
@@ -300,9 +303,9 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     widen_act(c, &m->output);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
-        const struct model_mat *mats[] = {&L->wq,         &L->wk,        &L->wv,
-                                          &L->wo,         &L->router,    &L->gate_shexp,
-                                          &L->up_shexp,   &L->down_shexp, &L->gate_inp_shexp};
+        const struct model_mat *mats[] = {&L->wq,       &L->wk,         &L->wv,
+                                          &L->wo,       &L->router,     &L->gate_shexp,
+                                          &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
             dense += mats[i]->n_out * mats[i]->row_bytes;
             widen_act(c, mats[i]);
@@ -334,11 +337,11 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
                  NK = (size_t)hp->n_head_kv * hp->head_dim;
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
-        c->L[l].parts = (struct cu_moe_parts){
-            {L->part[0].type, L->part[1].type, L->part[2].type},
-            {L->blob.part_off[0], L->blob.part_off[1], L->blob.part_off[2]},
-            E,
-            hp->n_ff_exp};
+        c->L[l].parts =
+            (struct cu_moe_parts){{L->part[0].type, L->part[1].type, L->part[2].type},
+                                  {L->blob.part_off[0], L->blob.part_off[1], L->blob.part_off[2]},
+                                  E,
+                                  hp->n_ff_exp};
     }
     size_t moe_ws = 0; /* layers differ in part types (q4_k_m's Q6_K downs): the widest */
     for (uint32_t l = 0; l < hp->n_layer; l++) {
@@ -349,19 +352,31 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         void **p;
         size_t bytes;
     } bufs[] = {
-        {(void **)&c->x, (size_t)T * E * 4},       {(void **)&c->xn, (size_t)T * E * 4},
-        {(void **)&c->tmp, (size_t)T * E * 4},     {(void **)&c->q, T * NQ * 4},
-        {(void **)&c->k, T * NK * 4},              {(void **)&c->v, T * NK * 4},
-        {(void **)&c->att, T * NQ * 4},            {(void **)&c->rlogit, (size_t)T * hp->n_expert * 4},
-        {(void **)&c->selw, P * 4},                {(void **)&c->sel, P * 4},
-        {(void **)&c->moe, (size_t)T * E * 4},     {(void **)&c->g, (size_t)T * F * 4},
-        {(void **)&c->u, (size_t)T * F * 4},       {(void **)&c->y, P * E * 4},
-        {(void **)&c->h, P * hp->n_ff_exp * 4},    {(void **)&c->shg, (size_t)T * 4},
-        {(void **)&c->xo, (size_t)T * E * 4},      {(void **)&c->logits, (size_t)T * hp->n_vocab * 4},
+        {(void **)&c->x, (size_t)T * E * 4},
+        {(void **)&c->xn, (size_t)T * E * 4},
+        {(void **)&c->tmp, (size_t)T * E * 4},
+        {(void **)&c->q, T * NQ * 4},
+        {(void **)&c->k, T * NK * 4},
+        {(void **)&c->v, T * NK * 4},
+        {(void **)&c->att, T * NQ * 4},
+        {(void **)&c->rlogit, (size_t)T * hp->n_expert * 4},
+        {(void **)&c->selw, P * 4},
+        {(void **)&c->sel, P * 4},
+        {(void **)&c->moe, (size_t)T * E * 4},
+        {(void **)&c->g, (size_t)T * F * 4},
+        {(void **)&c->u, (size_t)T * F * 4},
+        {(void **)&c->y, P * E * 4},
+        {(void **)&c->h, P * hp->n_ff_exp * 4},
+        {(void **)&c->shg, (size_t)T * 4},
+        {(void **)&c->xo, (size_t)T * E * 4},
+        {(void **)&c->logits, (size_t)T * hp->n_vocab * 4},
         {(void **)&c->d_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4},
-        {(void **)&c->d_pair_idx, P * 4},          {(void **)&c->d_groups, P * sizeof(struct moe_group)},
-        {(void **)&c->acts[0], T * c->act_stride}, {(void **)&c->acts[1], T * c->act_stride},
-        {(void **)&c->acts[2], T * c->act_stride}, {(void **)&c->moe_ws, moe_ws},
+        {(void **)&c->d_pair_idx, P * 4},
+        {(void **)&c->d_groups, P * sizeof(struct moe_group)},
+        {(void **)&c->acts[0], T * c->act_stride},
+        {(void **)&c->acts[1], T * c->act_stride},
+        {(void **)&c->acts[2], T * c->act_stride},
+        {(void **)&c->moe_ws, moe_ws},
     };
     const size_t n_bufs = sizeof bufs / sizeof bufs[0];
     for (size_t i = 0; i < n_bufs; i++) /* cudaMalloc rounds each to 256 bytes or more */
@@ -506,16 +521,21 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
                vk = D->wv.type == D->wk.type;
     if ((rv = mm(c, &D->wk, c->xn, n, c->k, kq ? c->acts[0] : c->acts[1], kq ? &D->wq : NULL)) ||
-        (rv = mm(c, &D->wv, c->xn, n, c->v, vq ? c->acts[0] : vk && !kq ? c->acts[1] : c->acts[2],
-                 vq ? &D->wq : vk && !kq ? &D->wk : NULL)))
+        (rv = mm(c, &D->wv, c->xn, n, c->v,
+                 vq          ? c->acts[0]
+                 : vk && !kq ? c->acts[1]
+                             : c->acts[2],
+                 vq          ? &D->wq
+                 : vk && !kq ? &D->wk
+                             : NULL)))
         return rv;
     if (D->bq && ((rv = cu_add_rows(c->q, D->bq, n, NQ, c->s)) ||
                   (rv = cu_add_rows(c->k, D->bk, n, NK, c->s)) ||
                   (rv = cu_add_rows(c->v, D->bv, n, NK, c->s))))
         return rv;
     if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
-        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, (int64_t)n * hp->n_head, hp->head_dim,
-                          hp->rms_eps, c->s)) ||
+        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, (int64_t)n * hp->n_head, hp->head_dim, hp->rms_eps,
+                          c->s)) ||
          (rv = cu_rmsnorm(c->k, D->k_norm, c->k, (int64_t)n * hp->n_head_kv, hp->head_dim,
                           hp->rms_eps, c->s))))
         return rv;
@@ -581,8 +601,8 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
                  "routes down")) ||
         (rv = ck(cudaStreamSynchronize(c->s), "router")))
         return rv;
-    const int ng = moe_group(c->h_sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->h_groups,
-                             c->h_pair_idx);
+    const int ng =
+        moe_group(c->h_sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->h_groups, c->h_pair_idx);
     if (c->route) report_routes(c, il, ng);
     if ((rv = ck(cudaMemcpyAsync(c->d_groups, c->h_groups, (size_t)ng * sizeof *c->h_groups,
                                  cudaMemcpyHostToDevice, c->s),
@@ -597,7 +617,8 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     c->pairs += (uint64_t)n * K;
     for (int g = 0; g < ng; g++)
         for (int p = 0; p < MODEL_PART_COUNT; p++)
-            c->st.weight_bytes += c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
+            c->st.weight_bytes +=
+                c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
     if (hp->n_ff_shexp) {
         const size_t F = D->gate_sh.n_out;
         const bool uq = D->up_sh.type == D->gate_sh.type;
@@ -664,7 +685,8 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
             in[IN_BT * T + s * bt_stride + b] =
                 b < c->seen[s]->n_blocks ? (int32_t)c->seen[s]->blocks[b] : 0;
     const size_t in_bytes = ((size_t)IN_BT * T + (size_t)n_seen * bt_stride) * 4;
-    if ((rv = ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s), "inputs up")) ||
+    if ((rv = ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s),
+                 "inputs up")) ||
         (rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
                             c->x, c->s)))
         goto fail;
