@@ -7,10 +7,17 @@
 #include <string.h>
 
 extern const struct backend_ops backend_cpu_ops;
+#ifdef STRATA_HAVE_CUDA
+extern const struct backend_ops backend_cuda_ops;
+#endif
 
-/* The one registration point: the first available backend is the default. */
+/* The one registration point: the first available backend is the default (the CPU's, until
+ * `strata serve` picks GPUs itself). */
 static const struct backend_ops *const registry[] = {
     &backend_cpu_ops,
+#ifdef STRATA_HAVE_CUDA
+    &backend_cuda_ops,
+#endif
 };
 #define N_BACKENDS (sizeof registry / sizeof registry[0])
 
@@ -211,9 +218,24 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
             return strata_errf(STRATA_EINVAL, "--backend %s: this build has %s", value, list);
         }
         o->name = value;
+        if (!o->kv_type_set && strcmp(value, "cuda") == 0) o->kv_type = KV_F16; /* the GPU's */
         return 0;
     }
-    if (strcmp(name, "kv-type") == 0) return kv_type_parse(value, &o->kv_type);
+    if (strcmp(name, "kv-type") == 0) {
+        int rv = kv_type_parse(value, &o->kv_type);
+        if (rv == 0) o->kv_type_set = true;
+        return rv;
+    }
+    if (strcmp(name, "vram-reserve-mib") == 0) {
+        char *end;
+        unsigned long v = strtoul(value, &end, 10);
+        if (!*value || *end || v == 0 || v > (1ul << 20))
+            return strata_errf(STRATA_EINVAL,
+                               "--vram-reserve-mib %s: give MiB of VRAM to leave, 1 to 1048576",
+                               value);
+        o->vram_reserve_mib = (uint32_t)v;
+        return 0;
+    }
     if (strcmp(name, "expert-cache") == 0) return cache_spec_parse(value, &o->expert_cache);
     static const struct {
         const char *name;

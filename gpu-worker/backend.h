@@ -35,6 +35,8 @@ struct backend_opts {
     uint32_t n_seq;           /* sequences of full length the KV pool holds; 0 means 1 */
     uint32_t kv_blocks;       /* KV pool blocks, overriding n_ctx * n_seq; 0: from them */
     enum kv_type kv_type;     /* K/V storage type (f32 default on the CPU) */
+    bool kv_type_set;         /* --kv-type was given: otherwise --backend cuda picks f16 */
+    uint32_t vram_reserve_mib; /* VRAM a GPU backend leaves unplanned; 0: 700 */
     /* The expert cache and its adaptive tier (cache.h, tier.h): */
     struct cache_spec expert_cache; /* --expert-cache: auto (0 slots on the CPU backend), N, XGiB */
     struct tier_opts tier;          /* --adapt-*: every 0 is a static cache */
@@ -175,7 +177,9 @@ void backend_reset_stats(struct backend *b);
  * for its usage text. */
 #define BACKEND_OPTS_USAGE                                                                         \
     "  --backend NAME       the forward pass: cpu (default: the first this machine runs)\n"        \
-    "  --kv-type T          K/V storage: f32 (default) or f16 (half the memory)\n"                 \
+    "  --kv-type T          K/V storage: f32 (default; f16 with --backend cuda) or f16 (half the\n" \
+    "                       memory)\n"                                                             \
+    "  --vram-reserve-mib N VRAM a GPU backend leaves to others (default 700)\n"                   \
     "  --expert-cache C     fast-tier slots: auto (CPU: none), N slots or a size (12GiB)\n"        \
     "  --adapt-every N      windows between adaptive-tier rounds (default 4; 0: static cache)\n"   \
     "  --adapt-swaps N      most experts moved in a round (default 96)\n"                          \

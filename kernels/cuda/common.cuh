@@ -77,6 +77,7 @@ template <> struct qt<QT_BF16> { static constexpr int blck = 1, bytes = 2; };
 template <> struct qt<QT_Q8_0> { static constexpr int blck = 32, bytes = 34; };
 template <> struct qt<QT_Q5_0> { static constexpr int blck = 32, bytes = 22; };
 template <> struct qt<QT_Q4_K> { static constexpr int blck = 256, bytes = 144; };
+template <> struct qt<QT_Q5_K> { static constexpr int blck = 256, bytes = 176; };
 template <> struct qt<QT_Q6_K> { static constexpr int blck = 256, bytes = 210; };
 
 template <int T> __device__ __forceinline__ void deq8(const uint8_t *row, int64_t c, float v[8]);
@@ -183,6 +184,36 @@ template <> __device__ __forceinline__ void deq8<QT_Q4_K>(const uint8_t *row, in
     }
 }
 
+/* Q5_K: Q4_K's head and nibble layout (qs at +48), the fifth bit of element l of group j's two
+ * sub-blocks in bits 2j and 2j + 1 of qh[l] (+16). */
+template <> __device__ __forceinline__ void deq8<QT_Q5_K>(const uint8_t *row, int64_t c, float v[8])
+{
+    const uint8_t *b = row + (c >> 5) * 176;
+    int e = (int)(c & 31) * 8, j = e >> 6, hi = (e >> 5) & 1, sb = 2 * j + hi;
+    uint32_t dm = __ldg((const uint32_t *)b);
+    const uint32_t *sw = (const uint32_t *)(b + 4);
+    uint32_t s0 = __ldg(sw), s1 = __ldg(sw + 1), s2 = __ldg(sw + 2);
+    uint8_t sc8[12];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sc8[i] = (uint8_t)(s0 >> (8 * i));
+        sc8[4 + i] = (uint8_t)(s1 >> (8 * i));
+        sc8[8 + i] = (uint8_t)(s2 >> (8 * i));
+    }
+    int sc, m;
+    scale_min_k4(sb, sc8, &sc, &m);
+    float d = u16_h2f((uint16_t)dm) * (float)sc, mn = u16_h2f((uint16_t)(dm >> 16)) * (float)m;
+    uint2 u = __ldg((const uint2 *)(b + 48 + j * 32 + (e & 31)));
+    uint2 h = __ldg((const uint2 *)(b + 16 + (e & 31)));
+    const uint32_t w[2] = {u.x, u.y}, hw[2] = {h.x, h.y};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        uint32_t x = (w[i >> 2] >> (8 * (i & 3) + 4 * hi)) & 0xF;
+        x |= ((hw[i >> 2] >> (8 * (i & 3) + sb)) & 1) << 4;
+        v[i] = d * (float)x - mn;
+    }
+}
+
 template <> __device__ __forceinline__ void deq8<QT_Q6_K>(const uint8_t *row, int64_t c, float v[8])
 {
     const uint8_t *b = row + (c >> 5) * 210;
@@ -216,6 +247,7 @@ template <> __device__ __forceinline__ void deq8<QT_Q6_K>(const uint8_t *row, in
     case QT_Q8_0: F(QT_Q8_0); break;                                                               \
     case QT_Q5_0: F(QT_Q5_0); break;                                                               \
     case QT_Q4_K: F(QT_Q4_K); break;                                                               \
+    case QT_Q5_K: F(QT_Q5_K); break;                                                               \
     case QT_Q6_K: F(QT_Q6_K); break;                                                               \
     default: break;                                                                                \
     }

@@ -240,7 +240,8 @@ __global__ void __launch_bounds__(MV_WARPS *WARP, B == 1 ? mvq<T>::MINB : 1)
 extern "C" bool cu_type_supported(uint32_t type)
 {
     switch (type) {
-    case QT_F32: case QT_F16: case QT_BF16: case QT_Q8_0: case QT_Q5_0: case QT_Q4_K: case QT_Q6_K:
+    case QT_F32: case QT_F16: case QT_BF16: case QT_Q8_0: case QT_Q5_0: case QT_Q4_K: case QT_Q5_K:
+    case QT_Q6_K:
         return true;
     default:
         return false;

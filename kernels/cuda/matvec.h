@@ -4,7 +4,7 @@
  * type, rows contiguous (row bytes = qtype_row_bytes), its base 16-byte aligned (cudaMalloc's and
  * the slot allocator's are). act holds n_act rows as cu_quantize_acts (qact.h) made them, row stride
  * cu_act_row_bytes; y is float, row-major with leading dimension nrows.
- * Quantized weights (Q8_0, Q5_0, Q4_K, Q6_K) compute exactly what the CPU reference qdot_ref does:
+ * Quantized weights (Q8_0, Q5_0, Q4_K, Q5_K, Q6_K) compute exactly what the CPU reference qdot_ref does:
  * exact integer block dots, each block's float term in the reference's order, the terms summed
  * block after block; so y is bit-identical to qdot_ref over quant_activations' bytes, for any n_act.
  * Float weights (F32, F16, BF16) multiply float activations in fp32, one warp reduction per output

@@ -253,6 +253,7 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
     case QT_Q8_0: QB(QT_Q8_0) break;
     case QT_Q5_0: QB(QT_Q5_0) break;
     case QT_Q4_K: QB(QT_Q4_K) break;
+    case QT_Q5_K: QB(QT_Q5_K) break;
     case QT_Q6_K: QB(QT_Q6_K) break;
     default: break;
     }

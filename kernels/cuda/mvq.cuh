@@ -163,6 +163,56 @@ template <> struct mvq<QT_Q4_K> {
     }
 };
 
+/* Q5_K: Q4_K with a fifth bit (176-byte blocks, 16-byte aligned too): lane j reads the 32 bytes
+ * of qs for group j (+48) and all 32 of qh (+16), whose bits 2j and 2j + 1 are the fifth bits of
+ * its two sub-blocks; values 0..31 in bytes, so both halves dot directly. */
+template <> struct mvq<QT_Q5_K> {
+    static constexpr int LPB = 4, CB = 8, CB1 = 8, MINB = 8;
+    uint32_t lo[8], hi[8]; /* sub-blocks 2j and 2j + 1, one value a byte */
+    uint32_t sc, m;
+    float d, dmin;
+    __device__ __forceinline__ void load(const uint8_t *b, int j)
+    {
+        const uint4 hd = *(const uint4 *)b;
+        d = hbits(hd.x), dmin = hbits(hd.x >> 16);
+        const int sh = 16 * (j & 1);
+        const uint32_t s0 = hd.y >> sh, s1 = hd.z >> sh, s2 = hd.w >> sh;
+        sc = j < 2 ? s0 & 0x3F3Fu : (s2 & 0x0F0Fu) | ((s0 & 0xC0C0u) >> 2);
+        m = j < 2 ? s1 & 0x3F3Fu : ((s2 >> 4) & 0x0F0Fu) | ((s1 & 0xC0C0u) >> 2);
+        const uint4 h0 = *(const uint4 *)(b + 16), h1 = *(const uint4 *)(b + 32);
+        const uint4 w0 = *(const uint4 *)(b + 48 + 32 * j), w1 = *(const uint4 *)(b + 64 + 32 * j);
+        const uint32_t hw[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        const uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            lo[i] = (w[i] & 0x0F0F0F0Fu) | (((hw[i] >> (2 * j)) & 0x01010101u) << 4);
+            hi[i] = ((w[i] >> 4) & 0x0F0F0F0Fu) | (((hw[i] >> (2 * j + 1)) & 0x01010101u) << 4);
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int j, int *is, int *ms) const
+    {
+        const int8_t *x = aq + 64 * j;
+        const uint4 x0 = ld_act16(x), x1 = ld_act16(x + 16), x2 = ld_act16(x + 32), x3 = ld_act16(x + 48);
+        const uint32_t xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        const uint32_t xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+        int dl = 0, dh = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            dl = dp4a_us(lo[i], xl[i], dl);
+            dh = dp4a_us(hi[i], xh[i], dh);
+        }
+        const uint2 s = __ldg((const uint2 *)(as + 4 * j));
+        const int sl = (int)(int16_t)s.x + ((int)s.x >> 16), sh = (int)(int16_t)s.y + ((int)s.y >> 16);
+        *is = (int)(sc & 0xFF) * dl + (int)(sc >> 8) * dh;
+        *ms = (int)(m & 0xFF) * sl + (int)(m >> 8) * sh;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int ms) const
+    {
+        return __fsub_rn(__fmul_rn(__fmul_rn(dx, d), (float)is),
+                         __fmul_rn(__fmul_rn(dx, dmin), (float)ms));
+    }
+};
+
 /* Q6_K: 4 lanes per block; lane p takes positions 16k..16k+15 (k = p % 2) of half p / 2 in all four
  * 32-element quarters: 16 bytes of ql at +0 and +32, 16 of qh; one scale per quarter. */
 template <> struct mvq<QT_Q6_K> {

@@ -1,0 +1,801 @@
+/* The CUDA backend: the whole forward pass on one GPU, every routed expert resident in VRAM.
+ *
+ * At start the dense weights (embeddings, attention, norms, routers, shared experts, output) are
+ * uploaded once, every expert blob is copied into its own VRAM slot (the arena's blob layout, parts
+ * at model_blob_layout's offsets, so the hybrid's expert cache can later reuse the slots), and the
+ * K/V storage is one device pool per layer indexed by block id in attn.h's layout (f16 or f32;
+ * the bookkeeping is kv.h's, shared with the CPU). A VRAM plan (weights, KV, experts, scratch,
+ * free after --vram-reserve-mib) is logged; a plan that does not fit, a dense tensor or expert part
+ * of a type the kernels lack, or a model shape they do not take is refused by name at start.
+ * A pass follows backend_cpu.c's order of operations layer by layer. Products run on cu_matvec in
+ * runs of at most 16 tokens (its exact integer block dots: the same bits for any batch), attention
+ * in one split per row, and every glue kernel computes each row from that row alone, so a token's
+ * logits are the same bits whatever the batch, the chunking or decode vs re-prefill (DESIGN 3.4)
+ * for each KV type. Against the CPU backend the logits differ within the tolerances of docs/cuda.md
+ * (the GPU's expf, sin/cos, fp32 float products).
+ * Host round trips in a pass: the pass's inputs go up once; per MoE layer the router's picks come
+ * down (pinned) so the host groups the pairs (moe_group, shared with the CPU) and calls the route
+ * hook, and the groups go up; the logits come down at the end. Device-side grouping, so that a
+ * decode step can be one CUDA graph, is the next step (issue 22, item 2).
+ * Stats: passes, tokens, total_s and weight_bytes; the per-step breakdown (attention_s, ...) needs
+ * CUDA events and stays zero for now. Threads: the decode thread only; device 0, one stream.
+ */
+#include "gpu-worker/backend.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/quant/qtype.h"
+#include "kernels/cuda/attn.h"
+#include "kernels/cuda/attn_plain.h"
+#include "kernels/cuda/glue.h"
+#include "kernels/cuda/matvec.h"
+#include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/norm.h"
+#include "kernels/cuda/qact.h"
+#include "kernels/cuda/router.h"
+#include "kernels/ref/moe.h"
+
+#include <cuda_runtime_api.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define VRAM_RESERVE_MIB 700 /* --vram-reserve-mib default: the CUDA context, cuBLAS-free slack */
+#define MM_ROWS          CU_MATVEC_MAX_ACT /* tokens one cu_matvec launch takes */
+
+/* A weight matrix in VRAM: the model_mat's shape with a device pointer. */
+struct dmat {
+    const void *d;
+    uint32_t type, n_in, n_out;
+    uint64_t row_bytes;
+};
+
+struct dlayer {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm, *bq, *bk,
+        *bv; /* NULL where the model has none */
+    struct dmat wq, wk, wv, wo, router, gate_sh, up_sh, down_sh, gate_inp_sh;
+    const uint8_t *const *slots; /* device array of n_expert blob addresses */
+    struct cu_moe_parts parts;
+};
+
+struct cuda_be {
+    const struct model *m;
+    struct kv_cache *kv;
+    struct backend_opts o;
+    cudaStream_t s;
+    struct backend_stats st;
+    backend_route_fn route;
+    void *route_ctx;
+    char device[64];
+    bool attn_plain_f32; /* STRATA_CUDA_ATTN=plain: the plain kernel for f32 KV too */
+    void **allocs;       /* every cudaMalloc, freed at close */
+    uint32_t n_allocs, cap_allocs;
+    struct dlayer *L;
+    struct dmat embd, output;
+    float *output_norm;
+    uint64_t weight_bytes, expert_bytes, kv_bytes, scratch_bytes, slot_bytes;
+    uint64_t pairs; /* routed (token, expert) pairs computed, all from slots */
+    /* KV: per layer, K then V pools of pool_blocks blocks */
+    uint8_t *kv_pool;
+    uint64_t kv_layer_bytes; /* one layer's K pool (V the same) */
+    uint32_t pool_blocks, block_tokens, max_bt;
+    /* device scratch, rows of T = max_pass_tokens tokens or T*K pairs */
+    float *x, *xn, *tmp, *q, *k, *v, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo, *logits;
+    int32_t *sel, *d_in, *d_pair_idx;
+    struct moe_group *d_groups;
+    uint8_t *acts[3];
+    size_t act_stride;
+    void *moe_ws;
+    /* pinned host mirrors */
+    int32_t *h_in, *h_sel, *h_pair_idx;
+    struct moe_group *h_groups;
+    /* host scratch */
+    uint32_t *pos, *rtok, *seen_len;
+    struct kv_seq **seen;
+};
+
+/* The packed per-pass inputs (d_in / h_in), in units of T int32: ids, positions, KV slots, each
+ * token's sequence index, its key count, the rows asking for logits, then block tables. */
+enum { IN_IDS, IN_POS, IN_SLOT, IN_QSEQ, IN_KVLEN, IN_OUTROWS, IN_BT };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int ck(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 0;
+    return strata_errf(STRATA_ECUDAERR | (int)e, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+static double gib(uint64_t b)
+{
+    return (double)b / (1u << 30);
+}
+
+/* dalloc: bytes of VRAM (at least 1), remembered for close. */
+static int dalloc(struct cuda_be *c, size_t bytes, void **out)
+{
+    if (c->n_allocs == c->cap_allocs) {
+        uint32_t cap = c->cap_allocs ? 2 * c->cap_allocs : 64;
+        void **a = realloc(c->allocs, cap * sizeof *a);
+        if (!a) return strata_errf(STRATA_ENOMEM, "out of memory for the VRAM table");
+        c->allocs = a, c->cap_allocs = cap;
+    }
+    int rv = ck(cudaMalloc(out, bytes ? bytes : 1), "cudaMalloc");
+    if (rv)
+        return strata_errf(STRATA_ENOSPC,
+                           "CUDA: cannot allocate %.1f MiB of VRAM (%s): lower "
+                           "--ctx or --seqs, raise nothing else on this GPU, or use --backend cpu",
+                           (double)bytes / (1 << 20), strata_errdetail());
+    c->allocs[c->n_allocs++] = *out;
+    return 0;
+}
+
+static int upload(struct cuda_be *c, const void *src, size_t bytes, void **out)
+{
+    int rv = dalloc(c, bytes, out);
+    if (rv) return rv;
+    return ck(cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice), "upload");
+}
+
+static int upload_vec(struct cuda_be *c, const float *src, size_t n, float **out)
+{
+    if (!src) return *out = NULL, 0;
+    c->weight_bytes += n * sizeof(float);
+    return upload(c, src, n * sizeof(float), (void **)out);
+}
+
+static int upload_mat(struct cuda_be *c, const struct model_mat *w, struct dmat *out)
+{
+    *out = (struct dmat){NULL, w->type, w->n_in, w->n_out, w->row_bytes};
+    if (!w->data) return 0;
+    c->weight_bytes += w->n_out * w->row_bytes;
+    return upload(c, w->data, w->n_out * w->row_bytes, (void **)&out->d);
+}
+
+/* ---- what the kernels take: refused by name at start -------------------------------------- */
+
+/* check_mat: a dense matrix the products compute with (type and row length). */
+static int check_mat(const struct model_mat *w, const char *name)
+{
+    if (!w->n_in) return 0;
+    if (!cu_type_supported(w->type) || cu_act_row_bytes(w->type, w->n_in) == 0) {
+        /* the PATTERN of --tensor-type: the name without blk.N. and .weight */
+        const char *p = strncmp(name, "blk.", 4) == 0 ? strchr(name + 4, '.') + 1 : name;
+        char pattern[64];
+        snprintf(pattern, sizeof pattern, "%.*s", (int)strcspn(p, "."), p);
+        return strata_errf(
+            STRATA_EUNSUPPORTED,
+            "the CUDA backend has no kernel for tensor %s: %s, %u columns (its "
+            "types: f32 f16 bf16 q8_0 q5_0 q4_K q5_K q6_K): requantize it with `strata "
+            "quantize IN.gguf OUT.gguf TYPE --tensor-type %s=q4_K` (or q8_0), or run "
+            "it with --backend cpu",
+            name, qtype_name(w->type), w->n_in, pattern);
+    }
+    return 0;
+}
+
+static int check_model(const struct model *m)
+{
+    const struct model_hparams *hp = &m->hp;
+    int rv;
+    if (hp->head_dim != hp->head_dim_v || hp->head_dim % 32 || hp->head_dim > 256)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "the CUDA backend's attention takes key and value heads of one size, a "
+                           "multiple of 32 up to 256; this model has %u and %u: use --backend cpu",
+                           hp->head_dim, hp->head_dim_v);
+    if (hp->n_expert > 256 || hp->n_expert_used > 16 || hp->n_expert_used == 0)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "the CUDA router takes up to 256 experts and top-1..16; this model has "
+                           "%u experts, top-%u: use --backend cpu",
+                           hp->n_expert, hp->n_expert_used);
+    if ((rv = check_mat(&m->token_embd, "token_embd.weight")) ||
+        (rv = check_mat(&m->output, "output.weight")))
+        return rv;
+    if (hp->n_embd % 8)
+        return strata_errf(STRATA_EUNSUPPORTED, "n_embd %u: the CUDA backend takes multiples of 8",
+                           hp->n_embd);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct {
+            const struct model_mat *w;
+            const char *name;
+        } mats[] = {{&L->wq, "attn_q"},
+                    {&L->wk, "attn_k"},
+                    {&L->wv, "attn_v"},
+                    {&L->wo, "attn_output"},
+                    {&L->router, "ffn_gate_inp"},
+                    {&L->gate_shexp, "ffn_gate_shexp"},
+                    {&L->up_shexp, "ffn_up_shexp"},
+                    {&L->down_shexp, "ffn_down_shexp"},
+                    {&L->gate_inp_shexp, "ffn_gate_inp_shexp"},
+                    {&L->part[MODEL_PART_GATE], "ffn_gate_exps"},
+                    {&L->part[MODEL_PART_UP], "ffn_up_exps"},
+                    {&L->part[MODEL_PART_DOWN], "ffn_down_exps"}};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%u.%s.weight", l, mats[i].name);
+            if ((rv = check_mat(mats[i].w, name))) return rv;
+        }
+    }
+    return 0;
+}
+
+/* ---- start ---------------------------------------------------------------------------------- */
+
+static void widen_act(struct cuda_be *c, const struct model_mat *w)
+{
+    if (!w->n_in) return;
+    size_t b = cu_act_row_bytes(w->type, w->n_in);
+    if (b > c->act_stride) c->act_stride = b;
+}
+
+static int upload_experts(struct cuda_be *c, uint64_t slot_bytes)
+{
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    const uint64_t n_slots = (uint64_t)hp->n_layer * hp->n_expert;
+    uint8_t *base;
+    const uint8_t **ptrs = malloc(n_slots * sizeof *ptrs);
+    if (!ptrs) return strata_errf(STRATA_ENOMEM, "out of memory for the slot table");
+    int rv = dalloc(c, n_slots * slot_bytes, (void **)&base);
+    for (uint32_t l = 0; !rv && l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        for (uint32_t e = 0; !rv && e < hp->n_expert; e++) {
+            uint8_t *dst = base + ((uint64_t)l * hp->n_expert + e) * slot_bytes;
+            ptrs[(uint64_t)l * hp->n_expert + e] = dst;
+            const uint8_t *blob = model_expert_blob(m, l, e);
+            if (blob) {
+                rv = ck(cudaMemcpy(dst, blob, L->blob.bytes, cudaMemcpyHostToDevice), "expert");
+                continue;
+            }
+            /* a GGUF file: its parts lie apart, copied into the blob layout */
+            for (int p = 0; !rv && p < MODEL_PART_COUNT; p++)
+                rv = ck(cudaMemcpy(dst + L->blob.part_off[p],
+                                   model_expert_part(m, l, e, (enum model_part)p),
+                                   L->part[p].n_out * L->part[p].row_bytes, cudaMemcpyHostToDevice),
+                        "expert part");
+        }
+    }
+    const uint8_t **d_ptrs = NULL;
+    if (!rv) rv = upload(c, ptrs, n_slots * sizeof *ptrs, (void **)&d_ptrs);
+    for (uint32_t l = 0; !rv && l < hp->n_layer; l++)
+        c->L[l].slots = (const uint8_t *const *)(d_ptrs + (uint64_t)l * hp->n_expert);
+    free(ptrs);
+    return rv;
+}
+
+static void cuda_close(void *impl);
+
+static int cuda_start(const struct model *m, const struct backend_opts *o, struct kv_cache *kv,
+                      void **out)
+{
+    const struct model_hparams *hp = &m->hp;
+    int rv;
+    if ((rv = check_model(m)) != 0) return rv;
+    struct cuda_be *c = calloc(1, sizeof *c);
+    if (!c) return strata_errf(STRATA_ENOMEM, "out of memory for the CUDA backend");
+    c->m = m;
+    c->kv = kv;
+    c->o = *o;
+    const char *ap = getenv("STRATA_CUDA_ATTN");
+    c->attn_plain_f32 = ap && strcmp(ap, "plain") == 0;
+    const uint32_t T = o->max_pass_tokens, K = hp->n_expert_used, E = hp->n_embd;
+    const struct kv_config *kc = kv_config_of(kv);
+    struct cudaDeviceProp prop;
+    if ((rv = ck(cudaSetDevice(0), "cudaSetDevice")) ||
+        (rv = ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties")) ||
+        (rv = ck(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), "cudaStreamCreate")))
+        goto fail;
+    snprintf(c->device, sizeof c->device, "%.48s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    if (!(c->L = calloc(hp->n_layer, sizeof *c->L))) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for the CUDA layer table");
+        goto fail;
+    }
+    /* ---- the plan, before any allocation ---- */
+    uint64_t slot_bytes = 0, dense = m->token_embd.n_out * m->token_embd.row_bytes;
+    if (m->output.data != m->token_embd.data) dense += m->output.n_out * m->output.row_bytes;
+    widen_act(c, &m->output);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct model_mat *mats[] = {&L->wq,       &L->wk,         &L->wv,
+                                          &L->wo,       &L->router,     &L->gate_shexp,
+                                          &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            dense += mats[i]->n_out * mats[i]->row_bytes;
+            widen_act(c, mats[i]);
+        }
+        dense += (uint64_t)(4 * E + 2 * hp->n_head * hp->head_dim) * sizeof(float);
+        uint64_t sb = (L->blob.bytes + 255) & ~(uint64_t)255;
+        if (sb > slot_bytes) slot_bytes = sb;
+    }
+    c->act_stride = (c->act_stride + 255) & ~(size_t)255;
+    c->slot_bytes = slot_bytes;
+    const uint32_t n_total = hp->n_layer * hp->n_expert;
+    if (cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total) < n_total) {
+        rv = strata_errf(STRATA_EUNSUPPORTED,
+                         "--expert-cache gives %u of the %u experts: the CUDA backend holds every "
+                         "expert resident (the hybrid, a cache of some with the rest on the CPU, "
+                         "comes next): leave --expert-cache auto or use --backend cpu",
+                         cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total), n_total);
+        goto fail;
+    }
+    c->block_tokens = kc->block_tokens;
+    c->pool_blocks = kc->max_blocks;
+    c->max_bt = (kc->n_ctx + kc->block_tokens - 1) / kc->block_tokens;
+    const size_t elem = o->kv_type == KV_F16 ? 2 : 4;
+    c->kv_layer_bytes = (uint64_t)c->pool_blocks * kc->block_tokens * kc->k_dim * elem;
+    c->kv_bytes = 2 * c->kv_layer_bytes * hp->n_layer;
+    c->expert_bytes = slot_bytes * hp->n_layer * hp->n_expert;
+    const uint32_t F = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+    const size_t P = (size_t)T * K, NQ = (size_t)hp->n_head * hp->head_dim,
+                 NK = (size_t)hp->n_head_kv * hp->head_dim;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        c->L[l].parts =
+            (struct cu_moe_parts){{L->part[0].type, L->part[1].type, L->part[2].type},
+                                  {L->blob.part_off[0], L->blob.part_off[1], L->blob.part_off[2]},
+                                  E,
+                                  hp->n_ff_exp};
+    }
+    size_t moe_ws = 0; /* layers differ in part types (q4_k_m's Q6_K downs): the widest */
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const size_t b = cu_moe_workspace_bytes(&c->L[l].parts, T, (int)K);
+        if (b > moe_ws) moe_ws = b;
+    }
+    struct {
+        void **p;
+        size_t bytes;
+    } bufs[] = {
+        {(void **)&c->x, (size_t)T * E * 4},
+        {(void **)&c->xn, (size_t)T * E * 4},
+        {(void **)&c->tmp, (size_t)T * E * 4},
+        {(void **)&c->q, T * NQ * 4},
+        {(void **)&c->k, T * NK * 4},
+        {(void **)&c->v, T * NK * 4},
+        {(void **)&c->att, T * NQ * 4},
+        {(void **)&c->rlogit, (size_t)T * hp->n_expert * 4},
+        {(void **)&c->selw, P * 4},
+        {(void **)&c->sel, P * 4},
+        {(void **)&c->moe, (size_t)T * E * 4},
+        {(void **)&c->g, (size_t)T * F * 4},
+        {(void **)&c->u, (size_t)T * F * 4},
+        {(void **)&c->y, P * E * 4},
+        {(void **)&c->h, P * hp->n_ff_exp * 4},
+        {(void **)&c->shg, (size_t)T * 4},
+        {(void **)&c->xo, (size_t)T * E * 4},
+        {(void **)&c->logits, (size_t)T * hp->n_vocab * 4},
+        {(void **)&c->d_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4},
+        {(void **)&c->d_pair_idx, P * 4},
+        {(void **)&c->d_groups, P * sizeof(struct moe_group)},
+        {(void **)&c->acts[0], T * c->act_stride},
+        {(void **)&c->acts[1], T * c->act_stride},
+        {(void **)&c->acts[2], T * c->act_stride},
+        {(void **)&c->moe_ws, moe_ws},
+    };
+    const size_t n_bufs = sizeof bufs / sizeof bufs[0];
+    for (size_t i = 0; i < n_bufs; i++) /* cudaMalloc rounds each to 256 bytes or more */
+        c->scratch_bytes += (bufs[i].bytes + 255) & ~(size_t)255;
+    size_t vfree = 0, vtotal = 0;
+    if ((rv = ck(cudaMemGetInfo(&vfree, &vtotal), "cudaMemGetInfo"))) goto fail;
+    const uint64_t reserve =
+        (uint64_t)(o->vram_reserve_mib ? o->vram_reserve_mib : VRAM_RESERVE_MIB) << 20;
+    const uint64_t need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes;
+    const uint64_t avail = vfree > reserve ? vfree - reserve : 0;
+    LOG_INFO("cuda: %s, %.1f GiB free of %.1f: weights %.2f GiB, KV %.2f GiB (%u blocks of %u "
+             "positions, %s), experts %.2f GiB (%u x %u slots of %.2f MiB, all resident), scratch "
+             "%.2f GiB for %u tokens a pass; %.2f GiB left after the %.0f MiB reserve",
+             c->device, gib(vfree), gib(vtotal), gib(dense), gib(c->kv_bytes), c->pool_blocks,
+             kc->block_tokens, kv_type_name(o->kv_type), gib(c->expert_bytes), hp->n_layer,
+             hp->n_expert, (double)slot_bytes / (1 << 20), gib(c->scratch_bytes), T,
+             need <= avail ? gib(avail - need) : 0.0, (double)reserve / (1 << 20));
+    if (need > avail) {
+        rv = strata_errf(STRATA_ENOSPC,
+                         "the CUDA backend needs %.2f GiB of VRAM (weights %.2f, KV %.2f, experts "
+                         "%.2f, scratch %.2f) and %s has %.2f GiB free after the %.0f MiB "
+                         "reserve: lower --ctx or --seqs (KV), pass a smaller --vram-reserve-mib, "
+                         "or use --backend cpu (experts that do not fit are the hybrid's, not "
+                         "built yet)",
+                         gib(need), gib(dense), gib(c->kv_bytes), gib(c->expert_bytes),
+                         gib(c->scratch_bytes), c->device, gib(avail), (double)reserve / (1 << 20));
+        goto fail;
+    }
+    /* ---- uploads ---- */
+    if ((rv = upload_mat(c, &m->token_embd, &c->embd))) goto fail;
+    if (m->output.data == m->token_embd.data)
+        c->output = c->embd;
+    else if ((rv = upload_mat(c, &m->output, &c->output)))
+        goto fail;
+    if ((rv = upload_vec(c, m->output_norm, E, &c->output_norm))) goto fail;
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        struct dlayer *D = &c->L[l];
+        const size_t qn = hp->qk_norm == MODEL_QK_NORM_FULL ? NQ : hp->head_dim,
+                     kn = hp->qk_norm == MODEL_QK_NORM_FULL ? NK : hp->head_dim;
+        if ((rv = upload_vec(c, L->attn_norm, E, &D->attn_norm)) ||
+            (rv = upload_vec(c, L->ffn_norm, E, &D->ffn_norm)) ||
+            (rv = upload_vec(c, L->q_norm, qn, &D->q_norm)) ||
+            (rv = upload_vec(c, L->k_norm, kn, &D->k_norm)) ||
+            (rv = upload_vec(c, L->bq, NQ, &D->bq)) || (rv = upload_vec(c, L->bk, NK, &D->bk)) ||
+            (rv = upload_vec(c, L->bv, NK, &D->bv)) || (rv = upload_mat(c, &L->wq, &D->wq)) ||
+            (rv = upload_mat(c, &L->wk, &D->wk)) || (rv = upload_mat(c, &L->wv, &D->wv)) ||
+            (rv = upload_mat(c, &L->wo, &D->wo)) || (rv = upload_mat(c, &L->router, &D->router)) ||
+            (rv = upload_mat(c, &L->gate_shexp, &D->gate_sh)) ||
+            (rv = upload_mat(c, &L->up_shexp, &D->up_sh)) ||
+            (rv = upload_mat(c, &L->down_shexp, &D->down_sh)) ||
+            (rv = upload_mat(c, &L->gate_inp_shexp, &D->gate_inp_sh)))
+            goto fail;
+    }
+    if ((rv = upload_experts(c, slot_bytes))) goto fail;
+    if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool))) goto fail;
+    for (size_t i = 0; i < n_bufs; i++)
+        if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
+    if ((rv = ck(cudaMallocHost((void **)&c->h_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4),
+                 "cudaMallocHost")) ||
+        (rv = ck(cudaMallocHost((void **)&c->h_sel, P * 4), "cudaMallocHost")) ||
+        (rv = ck(cudaMallocHost((void **)&c->h_pair_idx, P * 4), "cudaMallocHost")) ||
+        (rv = ck(cudaMallocHost((void **)&c->h_groups, P * sizeof(struct moe_group)),
+                 "cudaMallocHost")))
+        goto fail;
+    if (!(c->pos = malloc(T * sizeof *c->pos)) || !(c->rtok = malloc(T * sizeof *c->rtok)) ||
+        !(c->seen_len = malloc(T * sizeof *c->seen_len)) ||
+        !(c->seen = malloc(T * sizeof *c->seen))) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for a batch of %u tokens", T);
+        goto fail;
+    }
+    *out = c;
+    return 0;
+fail:
+    cuda_close(c);
+    return rv;
+}
+
+static void cuda_close(void *impl)
+{
+    struct cuda_be *c = impl;
+    if (!c) return;
+    if (c->s) cudaStreamSynchronize(c->s);
+    for (uint32_t i = 0; i < c->n_allocs; i++)
+        cudaFree(c->allocs[i]);
+    cudaFreeHost(c->h_in);
+    cudaFreeHost(c->h_sel);
+    cudaFreeHost(c->h_pair_idx);
+    cudaFreeHost(c->h_groups);
+    if (c->s) cudaStreamDestroy(c->s);
+    free(c->allocs);
+    free(c->L);
+    free(c->pos);
+    free(c->rtok);
+    free(c->seen_len);
+    free(c->seen);
+    free(c);
+}
+
+/* ---- a pass --------------------------------------------------------------------------------- */
+
+/* mm: y (n rows of w->n_out floats) = W . x (n rows of w->n_in floats), in launches of up to 16
+ * tokens over activations quantized once into acts (T * act_stride bytes). prev: a matrix of
+ * the same type and width whose activations of this x acts already holds (not made again), or
+ * NULL. Float weights take x itself. */
+static int mm(struct cuda_be *c, const struct dmat *w, const float *x, uint32_t n, float *y,
+              uint8_t *acts, const struct dmat *prev)
+{
+    const size_t arb = cu_act_row_bytes(w->type, w->n_in);
+    const bool is_float = qtype_get(w->type)->blck == 1;
+    const void *a = is_float ? (const void *)x : acts;
+    int rv;
+    if (!is_float && !prev && (rv = cu_quantize_acts(w->type, x, w->n_in, (int)n, acts, c->s)))
+        return rv;
+    for (uint32_t i = 0; i < n; i += MM_ROWS) {
+        const uint32_t r = n - i < MM_ROWS ? n - i : MM_ROWS;
+        if ((rv = cu_matvec(w->type, w->d, w->n_in, w->n_out, (const uint8_t *)a + i * arb, (int)r,
+                            y + (size_t)i * w->n_out, c->s)))
+            return rv;
+        c->st.weight_bytes += w->n_out * w->row_bytes;
+    }
+    return 0;
+}
+
+static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_stride)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const int32_t T = (int32_t)c->o.max_pass_tokens;
+    const int32_t *d_pos = c->d_in + IN_POS * T, *d_slot = c->d_in + IN_SLOT * T,
+                  *d_qseq = c->d_in + IN_QSEQ * T, *d_kvlen = c->d_in + IN_KVLEN * T,
+                  *d_bt = c->d_in + IN_BT * T;
+    const size_t E = hp->n_embd, NQ = (size_t)hp->n_head * hp->head_dim,
+                 NK = (size_t)hp->n_head_kv * hp->head_dim;
+    const bool f16 = c->o.kv_type == KV_F16;
+    uint8_t *kp = c->kv_pool + 2 * il * c->kv_layer_bytes, *vp = kp + c->kv_layer_bytes;
+    int rv;
+    if ((rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
+        (rv = mm(c, &D->wq, c->xn, n, c->q, c->acts[0], NULL)))
+        return rv;
+    /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
+    const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
+               vk = D->wv.type == D->wk.type;
+    if ((rv = mm(c, &D->wk, c->xn, n, c->k, kq ? c->acts[0] : c->acts[1], kq ? &D->wq : NULL)) ||
+        (rv = mm(c, &D->wv, c->xn, n, c->v,
+                 vq          ? c->acts[0]
+                 : vk && !kq ? c->acts[1]
+                             : c->acts[2],
+                 vq          ? &D->wq
+                 : vk && !kq ? &D->wk
+                             : NULL)))
+        return rv;
+    if (D->bq && ((rv = cu_add_rows(c->q, D->bq, n, NQ, c->s)) ||
+                  (rv = cu_add_rows(c->k, D->bk, n, NK, c->s)) ||
+                  (rv = cu_add_rows(c->v, D->bv, n, NK, c->s))))
+        return rv;
+    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
+        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, (int64_t)n * hp->n_head, hp->head_dim, hp->rms_eps,
+                          c->s)) ||
+         (rv = cu_rmsnorm(c->k, D->k_norm, c->k, (int64_t)n * hp->n_head_kv, hp->head_dim,
+                          hp->rms_eps, c->s))))
+        return rv;
+    if (hp->qk_norm == MODEL_QK_NORM_FULL &&
+        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, n, NQ, hp->rms_eps, c->s)) ||
+         (rv = cu_rmsnorm(c->k, D->k_norm, c->k, n, NK, hp->rms_eps, c->s))))
+        return rv;
+    const int neox = hp->rope == MODEL_ROPE_NEOX;
+    if ((rv = cu_rope(c->q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
+                      c->s)) ||
+        (rv = cu_rope(c->k, d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
+                      c->s)) ||
+        (rv = cu_kv_store(c->k, c->v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens, f16,
+                          kp, vp, c->s)))
+        return rv;
+    /* every token's K/V of the layer is stored before any attends (a chunk sees itself causally);
+     * one split per row, so a row's sums never depend on the batch */
+    if (f16 || c->attn_plain_f32) {
+        rv = cu_attention_plain(c->q, n, hp->n_head, kp, vp, f16, c->block_tokens, hp->n_head_kv,
+                                hp->head_dim, d_bt, bt_stride, d_qseq, d_kvlen, c->att, c->s);
+    } else {
+        const struct cu_kv kv = {(const float *)kp, (const float *)vp, (int)c->block_tokens,
+                                 (int)hp->n_head_kv, (int)hp->head_dim};
+        rv = cu_attention(c->q, n, hp->n_head, &kv, d_bt, bt_stride, d_qseq, d_kvlen, 1, NULL,
+                          c->att, c->s);
+    }
+    if (rv || (rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL)) ||
+        (rv = cu_add(c->x, c->tmp, (int64_t)n * E, c->s)))
+        return rv;
+    return 0;
+}
+
+/* report_routes calls the route hook once per expert with its tokens, ascending (an expert with
+ * more than CU_MOE_MAX_PAIRS pairs spans consecutive groups). */
+static void report_routes(struct cuda_be *c, uint32_t il, int ng)
+{
+    const uint32_t K = c->m->hp.n_expert_used;
+    for (int g = 0; g < ng;) {
+        const int32_t e = c->h_groups[g].expert;
+        uint32_t nt = 0;
+        for (; g < ng && c->h_groups[g].expert == e; g++)
+            for (int32_t i = 0; i < c->h_groups[g].count; i++)
+                c->rtok[nt++] = (uint32_t)c->h_pair_idx[c->h_groups[g].first + i] / K;
+        c->route(c->route_ctx, il, (uint32_t)e, c->rtok, nt);
+    }
+}
+
+static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const size_t E = hp->n_embd;
+    const int K = (int)hp->n_expert_used;
+    int rv;
+    if ((rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
+        (rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL)))
+        return rv;
+    const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
+    if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
+                             topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
+                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)) ||
+        (rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
+                 "routes down")) ||
+        (rv = ck(cudaStreamSynchronize(c->s), "router")))
+        return rv;
+    const int ng =
+        moe_group(c->h_sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->h_groups, c->h_pair_idx);
+    if (c->route) report_routes(c, il, ng);
+    if ((rv = ck(cudaMemcpyAsync(c->d_groups, c->h_groups, (size_t)ng * sizeof *c->h_groups,
+                                 cudaMemcpyHostToDevice, c->s),
+                 "groups up")) ||
+        (rv = ck(cudaMemcpyAsync(c->d_pair_idx, c->h_pair_idx, (size_t)n * K * 4,
+                                 cudaMemcpyHostToDevice, c->s),
+                 "pairs up")) ||
+        (rv = cu_moe_ffn(&D->parts, D->slots, c->d_groups, ng, c->d_pair_idx, c->selw, n, K, c->xn,
+                         c->h, c->moe_ws, c->y, c->s)) ||
+        (rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s)))
+        return rv;
+    c->pairs += (uint64_t)n * K;
+    for (int g = 0; g < ng; g++)
+        for (int p = 0; p < MODEL_PART_COUNT; p++)
+            c->st.weight_bytes +=
+                c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
+    if (hp->n_ff_shexp) {
+        const size_t F = D->gate_sh.n_out;
+        const bool uq = D->up_sh.type == D->gate_sh.type;
+        if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
+            (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
+                     uq ? &D->gate_sh : NULL)) ||
+            (rv = mm(c, &D->gate_inp_sh, c->xn, n, c->shg, c->acts[2], NULL)) ||
+            (rv = cu_swiglu(c->g, c->u, c->g, (int64_t)n * F, c->s)) ||
+            (rv = mm(c, &D->down_sh, c->g, n, c->y, c->acts[0], NULL)) ||
+            (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s)))
+            return rv;
+    }
+    return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
+}
+
+/* grow assigns positions and grows each sequence of the batch; on error it restores them all.
+ * The device pool holds every block id the bookkeeping hands out (max_blocks), so no reserve. */
+static int grow(struct cuda_be *c, const struct backend_token *toks, uint32_t n, uint32_t *n_seen)
+{
+    int rv = 0;
+    *n_seen = 0;
+    /* O(n * sequences): a batch holds at most a few hundred sequences. */
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t s = 0;
+        while (s < *n_seen && c->seen[s] != toks[t].seq)
+            s++;
+        if (s == *n_seen) {
+            c->seen[*n_seen] = toks[t].seq;
+            c->seen_len[(*n_seen)++] = toks[t].seq->n_tokens;
+        }
+        c->h_in[IN_QSEQ * c->o.max_pass_tokens + t] = (int32_t)s;
+        c->pos[t] = toks[t].seq->n_tokens;
+        if ((rv = kv_seq_resize(c->kv, toks[t].seq, c->pos[t] + 1)) != 0) break;
+    }
+    if (rv)
+        for (uint32_t s = 0; s < *n_seen; s++)
+            kv_seq_resize(c->kv, c->seen[s], c->seen_len[s]);
+    return rv;
+}
+
+static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, float *logits)
+{
+    struct cuda_be *c = impl;
+    const struct model_hparams *hp = &c->m->hp;
+    const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd, bs = c->block_tokens;
+    uint32_t n_seen;
+    int rv;
+    if ((rv = grow(c, toks, n, &n_seen)) != 0) return rv;
+    const double t0 = now_s();
+    int32_t *in = c->h_in;
+    uint32_t n_out = 0, bt_stride = 1;
+    for (uint32_t s = 0; s < n_seen; s++)
+        if (c->seen[s]->n_blocks > bt_stride) bt_stride = c->seen[s]->n_blocks;
+    for (uint32_t t = 0; t < n; t++) {
+        const struct kv_seq *sq = toks[t].seq;
+        in[IN_IDS * T + t] = toks[t].id;
+        in[IN_POS * T + t] = (int32_t)c->pos[t];
+        in[IN_SLOT * T + t] = (int32_t)(sq->blocks[c->pos[t] / bs] * bs + c->pos[t] % bs);
+        in[IN_KVLEN * T + t] = (int32_t)c->pos[t] + 1;
+        if (toks[t].logits) in[IN_OUTROWS * T + n_out++] = (int32_t)t;
+    }
+    for (uint32_t s = 0; s < n_seen; s++)
+        for (uint32_t b = 0; b < bt_stride; b++)
+            in[IN_BT * T + s * bt_stride + b] =
+                b < c->seen[s]->n_blocks ? (int32_t)c->seen[s]->blocks[b] : 0;
+    const size_t in_bytes = ((size_t)IN_BT * T + (size_t)n_seen * bt_stride) * 4;
+    if ((rv = ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s),
+                 "inputs up")) ||
+        (rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
+                            c->x, c->s)))
+        goto fail;
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        if ((rv = attention(c, n, il, bt_stride)) || (rv = moe(c, n, il))) goto fail;
+    }
+    if (n_out &&
+        ((rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
+         (rv = cu_gather_rows(c->xn, c->d_in + IN_OUTROWS * T, n_out, E, c->xo, c->s)) ||
+         (rv = mm(c, &c->output, c->xo, n_out, c->logits, c->acts[0], NULL)) ||
+         (rv = ck(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
+                                  cudaMemcpyDeviceToHost, c->s),
+                  "logits down"))))
+        goto fail;
+    if ((rv = ck(cudaStreamSynchronize(c->s), "the pass"))) goto fail;
+    c->st.passes++;
+    c->st.tokens += n;
+    c->st.total_s += now_s() - t0;
+    return 0;
+fail:
+    cudaStreamSynchronize(c->s);
+    for (uint32_t t = n; t-- > 0;)
+        kv_seq_resize(c->kv, toks[t].seq, c->pos[t]);
+    return rv;
+}
+
+/* ---- the rest of the table ------------------------------------------------------------------ */
+
+/* cuda_available asks the NVIDIA kernel driver, not CUDA: CUDA does not survive fork() once
+ * initialized, and a test runner (Check) asks in its parent and forks a child per case. A device
+ * the driver lists but CUDA cannot use (CUDA_VISIBLE_DEVICES="") is reported by cuda_start. */
+static bool cuda_available(void)
+{
+    static const char *const where[] = {"/proc/driver/nvidia/gpus/*", "/dev/nvidia[0-9]*"};
+    for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+        glob_t g;
+        const bool found = glob(where[i], 0, NULL, &g) == 0 && g.gl_pathc > 0;
+        globfree(&g);
+        if (found) return true;
+    }
+    return false;
+}
+
+static void cuda_set_route(void *impl, backend_route_fn fn, void *ctx)
+{
+    struct cuda_be *c = impl;
+    c->route = fn;
+    c->route_ctx = ctx;
+}
+
+static int cuda_tick(void *impl)
+{
+    return 0;
+}
+
+static int cuda_quiesce(void *impl)
+{
+    struct cuda_be *c = impl;
+    return ck(cudaStreamSynchronize(c->s), "quiesce");
+}
+
+static int cuda_resize(void *impl, uint64_t bytes)
+{
+    return strata_errf(STRATA_EUNSUPPORTED,
+                       "the CUDA backend holds every expert resident: it has no expert cache to "
+                       "resize yet (the hybrid backend will)");
+}
+
+static void cuda_info(const void *impl, struct backend_info *out)
+{
+    const struct cuda_be *c = impl;
+    *out = (struct backend_info){
+        .name = "cuda",
+        .kv_type = c->o.kv_type,
+        .kv_bytes = c->kv_bytes,
+        .kv_pos_bytes = kv_pos_bytes(kv_config_of(c->kv), c->o.kv_type),
+        .bit_exact = true,
+        .cache_slots = c->m->hp.n_layer * c->m->hp.n_expert,
+        .slot_bytes = c->slot_bytes,
+        .resident = c->m->hp.n_layer * c->m->hp.n_expert,
+        .hits = c->pairs,
+        .first_hit_rate = 1.0,
+    };
+    snprintf(out->device, sizeof out->device, "%s", c->device);
+}
+
+static void cuda_get_stats(const void *impl, struct backend_stats *out)
+{
+    const struct cuda_be *c = impl;
+    *out = c->st;
+}
+
+static void cuda_reset_stats(void *impl)
+{
+    struct cuda_be *c = impl;
+    memset(&c->st, 0, sizeof c->st);
+}
+
+const struct backend_ops backend_cuda_ops = {
+    .name = "cuda",
+    .available = cuda_available,
+    .start = cuda_start,
+    .eval = cuda_eval,
+    .set_route = cuda_set_route,
+    .tick = cuda_tick,
+    .quiesce = cuda_quiesce,
+    .resize = cuda_resize,
+    .info = cuda_info,
+    .get_stats = cuda_get_stats,
+    .reset_stats = cuda_reset_stats,
+    .close = cuda_close,
+};
