@@ -521,6 +521,8 @@ static void do_metrics(struct fe *f, struct http_req *r)
         {"strata_worker_experts_resident", "Experts in the worker's expert cache."},
         {"strata_worker_expert_swaps_total", "Experts the adaptive tier moved into the cache."},
         {"strata_worker_expert_copy_gibps", "GiB/s of the cache's copies while copying."},
+        {"strata_worker_adapt_wait_seconds_per_window", "Mean wait of a window for the tier."},
+        {"strata_worker_expert_swaps_per_window", "Mean experts the tier moved in a window."},
     };
     for (size_t k = 0; k < sizeof wnames / sizeof *wnames; k++) {
         mprintf(&b, &n, &cap, "# HELP %s %s\n# TYPE %s %s\n", wnames[k][0], wnames[k][1],
@@ -534,7 +536,9 @@ static void do_metrics(struct fe *f, struct http_req *r)
                 atomic_load(&w->ready),   atomic_load(&w->inflight), s->running, s->queued,
                 s->kv_blocks_used,        s->kv_blocks_total,        s->tok_s,   s->prefill_tok_s,
                 atomic_load(&w->requests), s->cache_hits, s->cache_misses, s->cache_resident,
-                s->cache_swaps,           s->cache_copy_gibs};
+                s->cache_swaps,           s->cache_copy_gibs,
+                s->windows ? s->adapt_wait_s / (double)s->windows : 0.0,
+                s->windows ? (double)s->cache_swaps / (double)s->windows : 0.0};
             mprintf(&b, &n, &cap, "%s{worker=\"%s\"} %.3f\n", wnames[k][0], w->name, v[k]);
         }
         pthread_mutex_unlock(&f->mu);

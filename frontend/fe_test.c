@@ -87,6 +87,11 @@ static int f_status(void *h, struct wclient_status *out)
 {
     memset(out, 0, sizeof *out);
     out->tok_s = 100;
+    out->windows = 40;
+    out->cache_hits = 300;
+    out->cache_misses = 100;
+    out->cache_swaps = 20;
+    out->adapt_wait_s = 0.2;
     return 0;
 }
 
@@ -661,6 +666,14 @@ START_TEST(endpoints)
     ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_up{worker=\"fake0\"} 1.000"));
     ck_assert_ptr_nonnull(
         strstr(r.body, "strata_worker_decode_tokens_per_second{worker=\"fake0\"} 100.000"));
+    /* the expert cache's figures: hits and misses apart, swaps and adapt wait per window */
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_expert_hits_total{worker=\"fake0\"} 300.000"));
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_expert_misses_total{worker=\"fake0\"} 100.000"));
+    ck_assert_ptr_nonnull(
+        strstr(r.body, "strata_worker_expert_swaps_per_window{worker=\"fake0\"} 0.500"));
+    ck_assert_ptr_nonnull(
+        strstr(r.body, "strata_worker_adapt_wait_seconds_per_window{worker=\"fake0\"} 0.005"));
+    ck_assert_ptr_nonnull(strstr(r.body, "# TYPE strata_worker_expert_hits_total counter"));
     free(r.body);
 }
 END_TEST

@@ -529,7 +529,11 @@ static int op_status(struct ipc_call *call, void *ctx)
     msg_pack_bool(&b, bi.bit_exact);
     const uint64_t pairs = bi.hits + bi.misses;
     msg_key(&b, "cache");
-    msg_pack_map(&b, 10);
+    msg_pack_map(&b, 12);
+    msg_pack_str(&b, "adapt_wait_s");
+    msg_pack_f64(&b, bi.adapt_wait_s);
+    msg_pack_str(&b, "windows");
+    msg_pack_u64(&b, st.windows);
     msg_pack_str(&b, "slots");
     msg_pack_u64(&b, bi.cache_slots);
     msg_pack_str(&b, "bytes");

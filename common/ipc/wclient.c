@@ -457,7 +457,8 @@ int wclient_status(struct wclient *c, struct wclient_status *out)
                   (rv = opt(msg_get_u64(&m, cache, "misses", UINT64_MAX, &out->cache_misses))) != 0 ||
                   (rv = opt(get_u32(&m, cache, "resident", &out->cache_resident))) != 0 ||
                   (rv = opt(msg_get_u64(&m, cache, "swaps", UINT64_MAX, &out->cache_swaps))) != 0 ||
-                  (rv = opt(msg_get_f64(&m, cache, "copy_gibs", 0, 1e9, &out->cache_copy_gibs))) != 0))
+                  (rv = opt(msg_get_f64(&m, cache, "copy_gibs", 0, 1e9, &out->cache_copy_gibs))) != 0 ||
+                  (rv = opt(msg_get_f64(&m, cache, "adapt_wait_s", 0, 1e15, &out->adapt_wait_s))) != 0))
         goto done;
     const msgpack_object *be = NULL;
     if ((rv = opt(msg_get_map(&m, NULL, "backend", &be))) != 0) goto done;

@@ -200,6 +200,7 @@ struct wclient_status {
     uint32_t cache_resident;           /* experts in slots */
     uint64_t cache_swaps;              /* moved in by the adaptive tier */
     double cache_copy_gibs;            /* copy rate while copying */
+    double adapt_wait_s;               /* windows' time spent waiting for the tier's copies */
     char backend[16], kv_type[8];      /* what computes; empty from an older worker */
     double uptime_s;
 };
