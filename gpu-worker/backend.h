@@ -45,6 +45,10 @@ struct backend_opts {
     const uint64_t *heat; /* (n_layer * n_expert) routed-token totals for the first fill (the
                              arena's heat), borrowed during backend_start; NULL: none */
     const struct copy_hooks *copy_hooks; /* tests: hold, fail or change copies; NULL: none */
+    /* on_round: after each tier round's decay, its counts (n_layer * n_expert) on the decode
+     * thread, e.g. for the arena's decayed profile. NULL: none. */
+    void (*on_round)(void *ctx, const float *counts);
+    void *round_ctx;
 };
 
 /* backend_opts_default: the defaults a command starts from (tier TIER_OPTS_DEFAULT, cache auto). */

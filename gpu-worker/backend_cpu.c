@@ -373,6 +373,7 @@ static void cache_close(struct fwd *f)
 static int round_blocking(struct fwd *f)
 {
     const uint32_t n = tier_round(f->tier, f->cache, f->moves, f->o.tier.swaps);
+    if (f->o.on_round) f->o.on_round(f->o.round_ctx, tier_snapshot(f->tier));
     const uint32_t NE = f->m->hp.n_expert;
     for (uint32_t i = 0; i < n; i++) {
         const struct tier_move *mv = &f->moves[i];
@@ -635,6 +636,7 @@ static int async_tick(struct fwd *f)
     /* one round at a time: a round is due only once the last one has landed */
     if (!rv && idle && f->n_flight == 0 && tier_window(f->tier)) {
         tier_decay(f->tier);
+        if (f->o.on_round) f->o.on_round(f->o.round_ctx, tier_snapshot(f->tier));
         if (f->pick_inline) {
             f->n_flight = tier_pick(f->tier, f->cache, f->flight, f->o.tier.swaps);
             f->n_posted = f->n_landed = 0;

@@ -559,8 +559,18 @@ START_TEST(test_arena_worker)
     struct arena_server *as;
     int rv = arena_serve_init(&ac, &as);
     ck_assert_msg(rv == 0, "arena: %s: %s", strata_strerror(rv), strata_errdetail());
+    /* slot mode over the arena: its copies come from arena_blob_at, its tier's rounds write the
+     * arena's decayed profile */
     struct worker_config wc = {
-        .arena = "svc", .shm_dir = shm, .runtime_dir = run_w, .ctx = N_CTX, .watchdog_ms = -1};
+        .arena = "svc",
+        .shm_dir = shm,
+        .runtime_dir = run_w,
+        .ctx = N_CTX,
+        .watchdog_ms = -1,
+        .backend = {.expert_cache = {CACHE_SLOTS, 4},
+                    .tier = {.every = 1, .swaps = 4, .decay = 0.9f, .min_count = 0.5f,
+                             .lead = 0.25f},
+                    .cache_verify = true}};
     struct worker *wa;
     rv = worker_init(&wc, &wa);
     ck_assert_msg(rv == 0, "worker: %s: %s", strata_strerror(rv), strata_errdetail());
@@ -592,6 +602,13 @@ START_TEST(test_arena_worker)
     ck_assert_uint_eq(nf, 20);
     ck_assert_int_eq(memcmp(oa, of, sizeof oa), 0);
     ck_assert_uint_gt(atomic_load(&as->state->hdr->heat_total), heat0);
+    struct wclient_status st;
+    ck_assert_int_eq(wclient_status(ca, &st), 0);
+    ck_assert_uint_gt(st.cache_swaps, 0);
+    ck_assert_uint_gt(st.cache_hits, 0);
+    float *decayed = malloc((size_t)as->state->hdr->n_layers * as->state->hdr->n_expert * 4);
+    ck_assert(arena_profile_get(as->state, decayed)); /* the tier's rounds wrote it */
+    free(decayed);
     wclient_close(ca);
     wclient_close(cf);
     worker_fini(wa);

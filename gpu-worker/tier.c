@@ -58,6 +58,11 @@ bool tier_window(struct tier *t)
     return true;
 }
 
+const float *tier_snapshot(const struct tier *t)
+{
+    return t->snap;
+}
+
 float tier_count_of(const struct tier *t, uint32_t layer, uint32_t expert)
 {
     return t->count[(size_t)layer * t->n_expert + expert];

@@ -57,6 +57,10 @@ uint32_t tier_round(struct tier *t, const struct cache *c, struct tier_move *mov
 void tier_decay(struct tier *t);
 uint32_t tier_pick(struct tier *t, const struct cache *c, struct tier_move *moves, uint32_t max);
 
+/* tier_snapshot: the counts as of the last decay (n_layer * n_expert), for the arena's decayed
+ * profile. Valid until the next tier_decay. */
+const float *tier_snapshot(const struct tier *t);
+
 /* tier_count_of: the decayed count of (layer, expert), for tests and status. */
 float tier_count_of(const struct tier *t, uint32_t layer, uint32_t expert);
 

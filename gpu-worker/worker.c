@@ -41,6 +41,12 @@ static void heat(void *ctx, uint32_t layer, uint32_t expert, uint32_t n)
     arena_heat_add(ctx, layer, expert, n);
 }
 
+/* profile: each tier round's decayed counts become the arena's decayed profile. */
+static void profile(void *ctx, const float *counts)
+{
+    arena_profile_store(ctx, counts);
+}
+
 /* attach_arena maps the arena and builds the model over it. */
 static int attach_arena(struct worker *w)
 {
@@ -169,17 +175,25 @@ int worker_init(const struct worker_config *c, struct worker **out)
         .backend = c->backend,
         .spec_lookup = c->spec_lookup > 0 ? (uint32_t)c->spec_lookup : 0,
     };
-    /* the arena's heat, for the expert cache's first fill (hottest first) */
+    /* The expert cache's first fill, hottest first: by the arena's decayed profile (the last
+     * worker's tier), else by its heat totals. */
+    const size_t n_cells = (size_t)hp->n_layer * hp->n_expert;
     uint64_t *heat = NULL;
+    float *decayed = NULL;
     if (w->state && w->state->hdr->n_layers == hp->n_layer &&
-        w->state->hdr->n_expert == hp->n_expert &&
-        (heat = malloc((size_t)hp->n_layer * hp->n_expert * sizeof *heat))) {
-        for (size_t i = 0; i < (size_t)hp->n_layer * hp->n_expert; i++)
-            heat[i] = atomic_load(&w->state->heat[i]);
+        w->state->hdr->n_expert == hp->n_expert && (heat = malloc(n_cells * sizeof *heat)) &&
+        (decayed = malloc(n_cells * sizeof *decayed))) {
+        const bool recent = arena_profile_get(w->state, decayed);
+        for (size_t i = 0; i < n_cells; i++)
+            heat[i] = recent ? (uint64_t)(decayed[i] * 1024.0f) : atomic_load(&w->state->heat[i]);
         eo.backend.heat = heat;
+        eo.backend.on_round = profile;
+        eo.backend.round_ctx = w->state;
+        LOG_INFO("expert cache: first fill by the arena's %s", recent ? "decayed profile" : "heat totals");
     }
     rv = engine_start(w->m, &eo, &w->e);
     free(heat);
+    free(decayed);
     eo.backend.heat = NULL;
     if (rv != 0) goto fail;
     struct backend_info bi;

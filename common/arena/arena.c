@@ -256,10 +256,18 @@ static uint64_t heat_off(void)
     return (sizeof(struct arena_state_header) + 63) & ~(uint64_t)63;
 }
 
+/* state_bytes: the segment with the decayed profile (float bits after the heat counters), or
+ * without it (segments made before it was added, still read). */
+static uint64_t state_bytes(uint32_t n_layers, uint32_t n_expert, bool profile)
+{
+    const uint64_t n = (uint64_t)n_layers * n_expert;
+    uint64_t b = heat_off() + n * sizeof(uint64_t) + (profile ? n * sizeof(uint32_t) : 0);
+    return (b + 4095) & ~(uint64_t)4095;
+}
+
 uint64_t arena_state_size(uint32_t n_layers, uint32_t n_expert)
 {
-    uint64_t b = heat_off() + (uint64_t)n_layers * n_expert * sizeof(uint64_t);
-    return (b + 4095) & ~(uint64_t)4095;
+    return state_bytes(n_layers, n_expert, true);
 }
 
 void arena_state_init(void *img, uint32_t n_layers, uint32_t n_expert, uint64_t fingerprint)
@@ -284,14 +292,19 @@ int arena_state_view(void *img, uint64_t size, struct arena_state *st)
         return strata_errf(STRATA_EPROTO, "arena state version %u, this build reads %u",
                            h->version_major, ARENA_VERSION_MAJOR);
     if (h->n_layers > MAX_LAYERS || h->n_expert > MAX_EXPERTS ||
-        h->total_bytes != arena_state_size(h->n_layers, h->n_expert) || h->total_bytes != size ||
-        h->heat_off != heat_off())
+        (h->total_bytes != state_bytes(h->n_layers, h->n_expert, true) &&
+         h->total_bytes != state_bytes(h->n_layers, h->n_expert, false)) ||
+        h->total_bytes != size || h->heat_off != heat_off())
         return strata_errf(STRATA_EFORMAT, "arena state segment of %llu bytes has a bad size",
                            (unsigned long long)size);
     memset(st, 0, sizeof *st);
     st->seg.fd = -1;
     st->hdr = h;
     st->heat = (_Atomic uint64_t *)((uint8_t *)img + h->heat_off);
+    /* a segment made before the profile was added may have no room for it: read without (when
+     * both sizes round to the same pages, its zeroed tail reads as no profile yet) */
+    if (h->total_bytes == state_bytes(h->n_layers, h->n_expert, true))
+        st->profile = (_Atomic uint32_t *)(st->heat + (uint64_t)h->n_layers * h->n_expert);
     return 0;
 }
 
@@ -331,6 +344,30 @@ void arena_heat_add(struct arena_state *st, uint32_t l, uint32_t e, uint64_t n)
     if (l >= h->n_layers || e >= h->n_expert) return;
     atomic_fetch_add_explicit(&st->heat[(uint64_t)l * h->n_expert + e], n, memory_order_relaxed);
     atomic_fetch_add_explicit(&st->hdr->heat_total, n, memory_order_relaxed);
+}
+
+void arena_profile_store(struct arena_state *st, const float *counts)
+{
+    if (!st->profile) return;
+    const uint64_t n = (uint64_t)st->hdr->n_layers * st->hdr->n_expert;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &counts[i], sizeof bits);
+        atomic_store_explicit(&st->profile[i], bits, memory_order_relaxed);
+    }
+}
+
+bool arena_profile_get(const struct arena_state *st, float *out)
+{
+    if (!st->profile) return false;
+    const uint64_t n = (uint64_t)st->hdr->n_layers * st->hdr->n_expert;
+    bool any = false;
+    for (uint64_t i = 0; i < n; i++) {
+        const uint32_t bits = atomic_load_explicit(&st->profile[i], memory_order_relaxed);
+        memcpy(&out[i], &bits, sizeof bits);
+        any |= out[i] > 0;
+    }
+    return any;
 }
 
 bool arena_pid_alive(int32_t pid)

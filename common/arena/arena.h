@@ -156,6 +156,8 @@ struct arena_state {
     struct shm_seg seg;
     struct arena_state_header *hdr;
     _Atomic uint64_t *heat; /* [layer * n_expert + expert] */
+    _Atomic uint32_t *profile; /* [layer * n_expert + expert] the tier's decayed counts, float
+                                  bits; NULL in a segment made before it existed */
 };
 
 /* arena_check validates a weights segment image of size bytes: magic, major version, state READY
@@ -224,6 +226,13 @@ int arena_state_view(void *img, uint64_t size, struct arena_state *st);
 
 /* arena_state_close unmaps and frees; NULL is fine. */
 void arena_state_close(struct arena_state *st);
+
+/* arena_profile_store writes the adaptive tier's decayed counts (n_layers * n_expert floats) as
+ * the arena's decayed profile, which a starting worker fills its cache from; the last writer's
+ * round wins. arena_profile_get reads it into out and returns whether any count is positive.
+ * Both lock-free; no-ops (false) on a segment without a profile. */
+void arena_profile_store(struct arena_state *st, const float *counts);
+bool arena_profile_get(const struct arena_state *st, float *out);
 
 /* arena_heat_add adds n routed tokens to (l, e); ignores out-of-range ids. Lock-free. */
 void arena_heat_add(struct arena_state *st, uint32_t l, uint32_t e, uint64_t n);
