@@ -1,6 +1,7 @@
 #include "launcher/supervise.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/own.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -131,15 +133,32 @@ static int spawn(struct sup *s, int idx)
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     sigset_t none, dfl;
+    int log_fd = -1;
+    /* The log is opened here, not in the child: a log directory others can write must not make
+     * us follow a symlink or append to someone else's file, and a failure is told as what it is. */
+    if (c->log) {
+        int lv = own_open(c->log, O_WRONLY | O_CREAT | O_APPEND, 0600, false, &log_fd);
+        if (lv == STRATA_ENOENT)
+            return strata_errf(lv, "cannot start %s: its log %s cannot be created because its "
+                               "directory does not exist: create it or pass another --log-dir",
+                               c->name, c->log);
+        if (lv != 0)
+            return strata_errf(lv, "cannot start %s: log %s: %s", c->name, c->log,
+                               strata_errdetail());
+    }
     int rv = posix_spawn_file_actions_init(&fa);
-    if (rv) return strata_errf(STRATA_ESYSERR | rv, "cannot start %s", c->name);
-    if ((rv = posix_spawnattr_init(&at)) != 0) {
-        posix_spawn_file_actions_destroy(&fa);
+    if (rv) {
+        if (log_fd >= 0) close(log_fd);
         return strata_errf(STRATA_ESYSERR | rv, "cannot start %s", c->name);
     }
-    if (c->log) {
-        rv = posix_spawn_file_actions_addopen(&fa, 1, c->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (!rv) rv = posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    if ((rv = posix_spawnattr_init(&at)) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        if (log_fd >= 0) close(log_fd);
+        return strata_errf(STRATA_ESYSERR | rv, "cannot start %s", c->name);
+    }
+    if (log_fd >= 0) {
+        rv = posix_spawn_file_actions_adddup2(&fa, log_fd, 1);
+        if (!rv) rv = posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
     }
     sigemptyset(&none);
     sigemptyset(&dfl);
@@ -160,6 +179,7 @@ static int spawn(struct sup *s, int idx)
     if (!rv) rv = posix_spawn(&pid, c->argv[0], &fa, &at, c->argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
+    if (log_fd >= 0) close(log_fd);
     if (rv)
         return strata_errf(STRATA_ESYSERR | rv, "cannot start %s (%s%s%s): %s", c->name, c->argv[0],
                            c->log ? ", log " : "", c->log ? c->log : "",

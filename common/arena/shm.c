@@ -1,5 +1,6 @@
 #include "common/arena/shm.h"
 #include "common/base/err.h"
+#include "common/base/own.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -81,10 +82,7 @@ static int create_file(const char *dir, const char *segname, char *path, size_t 
 {
     int rv;
     if ((rv = shm_path(path, n, dir, segname)) != 0) return rv;
-    *fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (*fd >= 0) return 0;
-    if (errno == EEXIST) return strata_errf(STRATA_EEXIST, "%s exists", path);
-    return strata_errf(strata_errno(errno), "create %s: %s", path, strerror(errno));
+    return own_open(path, O_RDWR | O_CREAT | O_EXCL, 0600, false, fd);
 }
 
 /* no_space says that dir cannot hold a segment of size bytes, of which allocated are in place. */
@@ -172,15 +170,15 @@ int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t
     return 0;
 }
 
-int shm_open_seg(const char *dir, const char *segname, bool writable, struct shm_seg *out)
+int shm_open_seg(const char *dir, const char *segname, bool writable, bool group_write,
+                 struct shm_seg *out)
 {
     char path[4096];
-    int rv;
+    int rv, fd;
     if ((rv = shm_path(path, sizeof path, dir, segname)) != 0) return rv;
-    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) return strata_errf(STRATA_ENOENT, "no segment %s", path);
-        return strata_errf(strata_errno(errno), "open %s: %s", path, strerror(errno));
+    if ((rv = own_open(path, writable ? O_RDWR : O_RDONLY, 0, group_write, &fd)) != 0) {
+        if (rv == STRATA_ENOENT) return strata_errf(STRATA_ENOENT, "no segment %s", path);
+        return rv;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {

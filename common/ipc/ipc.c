@@ -1,6 +1,7 @@
 #include "common/ipc/ipc.h"
 
 #include "common/base/err.h"
+#include "common/base/own.h"
 #include "common/base/log.h"
 
 #include <errno.h>
@@ -269,10 +270,8 @@ static int take_lock(struct ipc_server *srv)
 {
     char lock[sizeof srv->url + 8];
     snprintf(lock, sizeof lock, "%s.lock", srv->path);
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return strata_errf(strata_errno(errno), "cannot open lock file %s: %s", lock,
-                           strerror(errno));
+    int fd, rv;
+    if ((rv = own_open(lock, O_RDWR | O_CREAT, 0600, false, &fd)) != 0) return rv;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         char pid[32] = "";
