@@ -47,6 +47,7 @@ struct fe_opts {
     int threads;               /* HTTP threads; 0: 4 */
     unsigned conn_limit;       /* open connections; 0: 256 */
     unsigned timeout_s;        /* idle connection timeout; 0: 60 */
+    unsigned request_timeout_s; /* a request's head and body must arrive within it; 0: 30 */
     size_t max_body;           /* request body bytes; 0: 8 MiB */
     uint32_t max_tokens;       /* most tokens one request may ask for; 0: the context */
     uint32_t max_active;       /* generations in flight; more get 429; 0: 64 */

@@ -424,6 +424,7 @@ static void *job_main(void *arg)
     j->ops->stream_free(j->stream);
     fe_release(f, j->slot);
     job_release(j);
+    http_set_tokens(j->r, j->n_prompt, j->n_gen);
     if (j->p.stream) {
         if (e.status) {
             atomic_fetch_add(&f->m_errors, 1);
@@ -441,6 +442,11 @@ static void *job_main(void *arg)
         }
         http_stream_write(j->r, "data: [DONE]\n\n", 14);
         http_stream_end(j->r);
+    } else if (!e.status && atomic_load(&j->gone)) {
+        /* nobody reads this: it ends the request (nginx's 499 in the log line) */
+        api_fail(&e, 499, "invalid_request_error", NULL, "client_closed",
+                 "the client closed the connection before the answer");
+        fe_reply_error(f, j->r, &e);
     } else if (e.status || strcmp(finish, "cancelled") == 0) {
         if (!e.status)
             api_fail(&e, 503, "unavailable_error", NULL, NULL,
@@ -615,7 +621,9 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     ids.v = NULL;
     atomic_fetch_add(&f->m_gen_requests, 1);
     atomic_fetch_add(&f->m_prompt_tokens, j->n_prompt);
-    if (j->p.stream) {
+    if (!j->p.stream) {
+        http_on_gone(r, on_gone, j); /* a client that leaves cancels the request, as a stream's */
+    } else {
         if (http_stream_begin(r, 200, "text/event-stream", on_gone, j) != 0) {
             api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
             goto fail_stream;

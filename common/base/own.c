@@ -80,3 +80,30 @@ int own_open(const char *path, int flags, mode_t mode, bool group_write, int *fd
     }
     return rv;
 }
+
+int own_read_key(const char *path, char *buf, size_t cap)
+{
+    int fd, rv;
+    struct stat st;
+    if ((rv = own_open(path, O_RDONLY, 0, false, &fd)) != 0) return rv;
+    if (fstat(fd, &st) == 0 && (st.st_mode & (S_IRGRP | S_IROTH))) {
+        close(fd);
+        return strata_errf(STRATA_EPERM,
+                           "key file %s has mode %03o: other users can read the key; run `chmod "
+                           "600 %s`",
+                           path, (unsigned)(st.st_mode & 0777), path);
+    }
+    ssize_t n = read(fd, buf, cap);
+    int e = errno;
+    close(fd);
+    if (n < 0) return strata_errf(strata_errno(e), "read key file %s: %s", path, strerror(e));
+    size_t len = 0;
+    while (len < (size_t)n && buf[len] != '\n' && buf[len] != '\r')
+        len++;
+    if (len == (size_t)n && len == cap)
+        return strata_errf(STRATA_ELIMIT, "key file %s: the key is longer than %zu bytes", path,
+                           cap - 1);
+    buf[len] = '\0';
+    if (len == 0) return strata_errf(STRATA_EFORMAT, "key file %s: its first line is empty", path);
+    return 0;
+}

@@ -13,6 +13,7 @@
 #define STRATA_OWN_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 /* own_check accepts fd (an open file, named path in messages) when it is a regular file owned by
@@ -26,5 +27,11 @@ int own_check(int fd, const char *path, bool group_write);
  * the link and what to do), a missing file without O_CREAT STRATA_ENOENT; the file is closed on a
  * refusal. Blocks only as open(2) does. */
 int own_open(const char *path, int flags, mode_t mode, bool group_write, int *fd);
+
+/* own_read_key reads a secret (an API key) from path into buf[cap]: its first line, without the
+ * line end. The file must pass own_open and be readable by nobody else (a key that other users
+ * can read is no secret): STRATA_EPERM naming the mode and the chmod that fixes it; STRATA_EFORMAT
+ * when the line is empty, STRATA_ELIMIT when it does not fit buf. */
+int own_read_key(const char *path, char *buf, size_t cap);
 
 #endif
