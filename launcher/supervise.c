@@ -26,6 +26,7 @@ struct sup_child {
     char *log;
     int stage;
     bool restart;
+    int fatal_status;
     pid_t pid;          /* 0: not running */
     int64_t started_ms; /* of the current or last run */
     int64_t due_ms;     /* restart time while waiting for one; 0: none */
@@ -119,6 +120,7 @@ int sup_add(struct sup *s, const struct sup_child_opts *co, int *idx)
     snprintf(c->name, sizeof c->name, "%s", co->name);
     c->stage = co->stage;
     c->restart = co->restart;
+    c->fatal_status = co->fatal_status;
     c->backoff_ms = s->o.backoff_min_ms;
     *idx = s->n++;
     return 0;
@@ -220,8 +222,10 @@ static void reap(struct sup *s)
             LOG_DEBUG("%s (pid %d) %s", c->name, (int)old, why);
             continue;
         }
-        if (!c->restart) {
-            LOG_ERROR("%s (pid %d) %s", c->name, (int)old, why);
+        bool fatal = c->fatal_status && WIFEXITED(st) && WEXITSTATUS(st) == c->fatal_status;
+        if (!c->restart || fatal) {
+            LOG_ERROR("%s (pid %d) %s%s", c->name, (int)old, why,
+                      fatal ? ": it cannot start, so it is not restarted (its log says why)" : "");
             if (s->fatal < 0) s->fatal = i;
             continue;
         }
