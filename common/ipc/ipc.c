@@ -418,8 +418,11 @@ int ipc_server_start(const char *url, ipc_handler_fn handler, void *ctx,
     srv->opts.name = NULL;
     if (srv->opts.n_ctx <= 0) srv->opts.n_ctx = 16;
     if (srv->opts.recv_max == 0) srv->opts.recv_max = MSG_MAX_BYTES;
-    if (srv->opts.watchdog_ms == 0) srv->opts.watchdog_ms = 5000;
-    if (srv->opts.watchdog_timeout_ms <= 0) srv->opts.watchdog_timeout_ms = 2000;
+    /* A connect-and-close (a port scanner, a health probe) can break nng 1.5.2's listener
+     * (#1518): ping twice a second, and give up on a ping after half a second, so that a broken
+     * listener is replaced within about a second. A ping is one local round trip. */
+    if (srv->opts.watchdog_ms == 0) srv->opts.watchdog_ms = 500;
+    if (srv->opts.watchdog_timeout_ms <= 0) srv->opts.watchdog_timeout_ms = 500;
 
     if ((rv = take_lock(srv)) != 0) goto fail;
     if ((rv = nng_rep0_open(&srv->sock)) != 0) {
