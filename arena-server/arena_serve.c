@@ -294,6 +294,7 @@ int arena_serve_init(const struct arena_serve_config *cfg, struct arena_server *
             strata_errf(STRATA_EBUSY, "arena '%s' segments are locked by another process", s->name);
         goto fail;
     }
+    s->saved_heat = atomic_load(&s->state->hdr->heat_total);
     atomic_store(&s->state->hdr->server_pid, (int64_t)getpid());
     atomic_store(&s->state->hdr->server_beat_ns, wall_ns());
     if (cfg->control && (rv = arena_ctl_start(s, &s->ctl)) != 0) goto fail;
@@ -319,18 +320,24 @@ fail:
     return rv;
 }
 
+/* save_profile writes the heat profile when workers added heat since it was loaded or saved:
+ * nothing new keeps the disk idle, and a model that never served (one a worker refused) leaves
+ * no profile file behind. */
 static void save_profile(struct arena_server *s)
 {
+    uint64_t heat = atomic_load(&s->state->hdr->heat_total);
+    if (heat == s->saved_heat) return;
     int rv = arena_profile_save(s->profile_path, s->state);
     if (rv != 0)
         LOG_WARN("heat profile not saved: %s: %s", strata_strerror(rv), strata_errdetail());
+    else
+        s->saved_heat = heat;
 }
 
 int arena_serve_run(struct arena_server *s)
 {
     int every = s->cfg.profile_every_s > 0 ? s->cfg.profile_every_s : 60;
     double next_save = now_s() + every;
-    uint64_t saved_heat = atomic_load(&s->state->hdr->heat_total);
     LOG_INFO("serving arena '%s' (pid %d); stop with Ctrl-C or `strata-arena stop %s`", s->name,
              (int)getpid(), s->name);
     while (!atomic_load(&s->stop)) {
@@ -339,9 +346,7 @@ int arena_serve_run(struct arena_server *s)
         atomic_store(&s->state->hdr->server_beat_ns, wall_ns());
         if (now_s() >= next_save) {
             next_save = now_s() + every;
-            uint64_t heat = atomic_load(&s->state->hdr->heat_total);
-            if (heat != saved_heat) save_profile(s); /* nothing new: keep the disk idle */
-            saved_heat = heat;
+            save_profile(s);
         }
     }
     return 0;

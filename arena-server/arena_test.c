@@ -458,6 +458,10 @@ START_TEST(kill9_then_adopt_without_reading)
     ck_assert_int_eq(wait_exit(s2, 20), 0);
     ck_assert_uint_eq(seg_inode("m", ""), 0); /* no workers: removed at exit */
     ck_assert_uint_eq(seg_inode("m", ".state"), 0);
+    /* no worker ever added heat (as when every worker refuses a broken model): no profile file */
+    char prof[800];
+    snprintf(prof, sizeof prof, "%s/heat.profile", g_dir);
+    ck_assert_msg(access(prof, F_OK) != 0, "%s was written with no heat in it", prof);
 }
 END_TEST
 
@@ -554,9 +558,12 @@ START_TEST(enospc_during_build_refused_cleanly)
         ck_assert_msg(rv == STRATA_ENOSPC, "k=%llu: %s: %s", (unsigned long long)k,
                       strata_strerror(rv), strata_errdetail());
         const char *d = strata_errdetail();
-        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "GiB free") &&
+        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "iB free") &&
                           strstr(d, "--shm-dir") && (k == 1 || strstr(d, "were allocated")),
                       "k=%llu: %s", (unsigned long long)k, d);
+        /* a fixture's few MiB are told in MiB, not as "needs 0.0 GiB" */
+        ck_assert_msg(strstr(d, " MiB, ") && !strstr(d, "0.0 GiB"), "k=%llu: %s",
+                      (unsigned long long)k, d);
         ck_assert_int_eq(s.fd, -1);
         ck_assert_ptr_null(s.map);
         ck_assert_int_eq(shm_entries(), 0);

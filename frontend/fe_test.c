@@ -558,6 +558,7 @@ START_TEST(errors)
         {"/v1/completions", "{\"prompt\":[1,99999]}", 400, "prompt"},
         {"/v1/completions", "{\"prompt\":\"\"}", 400, "prompt"},
         {"/v1/completions", "{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"top_k\":2147483648}", 400, "top_k"},
         {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":9}", 400, "logprobs"},
         {"/v1/nothing", "{}", 404, NULL},
         {"/tokenize", "{\"content\":3}", 400, "content"},

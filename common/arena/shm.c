@@ -85,22 +85,32 @@ static int create_file(const char *dir, const char *segname, char *path, size_t 
     return own_open(path, O_RDWR | O_CREAT | O_EXCL, 0600, false, fd);
 }
 
+const char *shm_size_str(uint64_t n, char buf[SHM_SIZE_STR])
+{
+    if (n >= (1ull << 30))
+        snprintf(buf, SHM_SIZE_STR, "%.1f GiB", n / 1073741824.0);
+    else
+        snprintf(buf, SHM_SIZE_STR, "%.1f MiB", n / 1048576.0);
+    return buf;
+}
+
 /* no_space says that dir cannot hold a segment of size bytes, of which allocated are in place. */
 static int no_space(const char *dir, uint64_t size, uint64_t allocated)
 {
     uint64_t avail = 0;
+    char need[SHM_SIZE_STR], have[SHM_SIZE_STR], done[SHM_SIZE_STR];
     shm_free_bytes(dir, &avail);
     if (allocated == 0)
         return strata_errf(STRATA_ENOSPC,
-                           "arena needs %.1f GiB, %s has %.1f GiB free: mount a larger tmpfs or "
-                           "pass --shm-dir",
-                           size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0);
+                           "arena needs %s, %s has %s free: mount a larger tmpfs or pass --shm-dir",
+                           shm_size_str(size, need), dir_or_default(dir),
+                           shm_size_str(avail, have));
     return strata_errf(STRATA_ENOSPC,
-                       "arena needs %.1f GiB, %s has %.1f GiB free after %.1f GiB of it were "
-                       "allocated (something else filled %s during the build): free space there, "
-                       "mount a larger tmpfs or pass --shm-dir",
-                       size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0,
-                       allocated / 1073741824.0, dir_or_default(dir));
+                       "arena needs %s, %s has %s free after %s of it were allocated (something "
+                       "else filled %s during the build): free space there, mount a larger tmpfs "
+                       "or pass --shm-dir",
+                       shm_size_str(size, need), dir_or_default(dir), shm_size_str(avail, have),
+                       shm_size_str(allocated, done), dir_or_default(dir));
 }
 
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out)

@@ -82,6 +82,11 @@ int shm_publish(const char *dir, struct shm_seg *s, const char *tmpname, const c
 /* shm_remove unlinks segname in dir; a missing segment is not an error. Mappings stay valid. */
 int shm_remove(const char *dir, const char *segname);
 
+/* shm_size_str writes n bytes for a person: "%.1f GiB" from 1 GiB up, "%.1f MiB" below (a full
+ * tmpfs must not read "has 0.0 GiB free"); returns buf. */
+#define SHM_SIZE_STR 32
+const char *shm_size_str(uint64_t n, char buf[SHM_SIZE_STR]);
+
 /* shm_free_bytes sets *out to the bytes an unprivileged writer may still allocate in dir. */
 int shm_free_bytes(const char *dir, uint64_t *out);
 
