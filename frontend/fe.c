@@ -21,6 +21,7 @@ int fe_init(const struct fe_opts *o, struct fe **out)
     if (!f->o.max_active) f->o.max_active = 64;
     if (!f->o.monitor_ms) f->o.monitor_ms = 1000;
     if (f->o.failover_ms <= 0) f->o.failover_ms = 1500;
+    if (f->o.worker_wait_ms == 0) f->o.worker_wait_ms = 10000;
     pthread_mutex_init(&f->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

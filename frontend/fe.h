@@ -56,6 +56,8 @@ struct fe_opts {
     int monitor_ms;            /* hello/status (and discovery) period; 0: 1000 */
     int failover_ms; /* a worker that does not answer a call within this (beyond a poll's wait)
                         is down: its streams move to another worker; 0: 1500 */
+    int worker_wait_ms; /* a request that finds no worker ready (one restarting) waits this long
+                           for one, on its own thread, before its 503; 0: 10000; < 0: no wait */
 };
 
 struct fe;

@@ -245,7 +245,8 @@ static void start_fe(struct fe_opts *o, int n_workers)
 
 static void setup(void)
 {
-    struct fe_opts o = {.max_tokens = 100, .max_body = 4096, .monitor_ms = 50};
+    struct fe_opts o = {.max_tokens = 100, .max_body = 4096, .monitor_ms = 50,
+                        .worker_wait_ms = 1000};
     start_fe(&o, 1);
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
 }
@@ -597,6 +598,15 @@ START_TEST(errors)
 }
 END_TEST
 
+/* revive_later brings a fake worker back 150 ms from now: a worker restart, seen by a request
+ * already waiting for it. */
+static void *revive_later(void *arg)
+{
+    usleep(150 * 1000);
+    ((struct fake *)arg)->down = false;
+    return NULL;
+}
+
 START_TEST(busy_and_down)
 {
     W0.busy = true;
@@ -613,9 +623,26 @@ START_TEST(busy_and_down)
     request("GET", "/health", NULL, NULL, &r);
     ck_assert_int_eq(r.status, 503);
     free(r.body);
-    json_t *j = chat("", 503);
+    json_t *j = chat("", 503); /* after waiting worker_wait_ms (1 s here) for a worker */
     ck_assert_str_eq(str_at(j, "error.code"), "no_worker");
     json_decref(j);
+    /* a worker that comes back while a request waits serves it, whole or streamed */
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, revive_later, &W0), 0);
+    json_decref(chat("", 200));
+    pthread_join(t, NULL);
+    W0.down = true;
+    usleep(300 * 1000);
+    ck_assert_int_eq(pthread_create(&t, NULL, revive_later, &W0), 0);
+    struct resp sr;
+    char sbody[512];
+    snprintf(sbody, sizeof sbody, chat_body, ",\"stream\":true");
+    request("POST", "/v1/chat/completions", sbody, NULL, &sr);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(sr.status, 200);
+    ck_assert_ptr_nonnull(strstr(sr.body, "[DONE]"));
+    ck_assert_ptr_null(strstr(sr.body, "\"error\""));
+    free(sr.body);
     W0.down = false;
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
     usleep(100 * 1000);

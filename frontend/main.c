@@ -38,6 +38,8 @@ static void usage(FILE *to)
         "  --max-active N        generations in flight; more get 429 (default 64)\n"
         "  --chat-template SPEC  a built-in template name or a Jinja file (default: the model's)\n"
         "  --alias NAME          the model name /v1/models reports\n"
+        "  --worker-wait-ms MS   a request that finds no worker ready (one restarting) waits\n"
+        "                        this long for one before its 503 (default 10000; 0: none)\n"
         "  --failover-ms MS      a worker silent this long (past a poll's 1 s wait) is down: its\n"
         "                        streams move to another worker (default 1500)\n"
         "  --log LEVEL           error, warn, info, debug, trace\n");
@@ -66,7 +68,7 @@ int main(int argc, char **argv)
         {"max-body", 1, 0, 'b'},      {"max-tokens", 1, 0, 'm'}, {"max-active", 1, 0, 'A'},
         {"chat-template", 1, 0, 'C'}, {"alias", 1, 0, 'n'},      {"failover-ms", 1, 0, 'F'},
         {"log", 1, 0, 'l'},           {"help", 0, 0, 'h'},       {"api-key-file", 1, 0, 'K'},
-        {"request-timeout", 1, 0, 'R'}, {0, 0, 0, 0}};
+        {"request-timeout", 1, 0, 'R'}, {"worker-wait-ms", 1, 0, 'W'}, {0, 0, 0, 0}};
     static char key[512];
     struct fe_opts o = {.port = 8080, .api_key = getenv("STRATA_API_KEY")};
     const char *workers[32], *arena = NULL, *shm_dir = NULL;
@@ -105,6 +107,10 @@ int main(int argc, char **argv)
                 return 2;
             }
             o.api_key = key;
+            break;
+        case 'W':
+            o.worker_wait_ms = (int)num("worker-wait-ms", optarg, 0, 600000);
+            if (!o.worker_wait_ms) o.worker_wait_ms = -1;
             break;
         case 'R':
             o.request_timeout_s = (unsigned)num("request-timeout", optarg, 1, 86400);
