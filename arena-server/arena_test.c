@@ -558,8 +558,8 @@ START_TEST(enospc_during_build_refused_cleanly)
         ck_assert_msg(rv == STRATA_ENOSPC, "k=%llu: %s: %s", (unsigned long long)k,
                       strata_strerror(rv), strata_errdetail());
         const char *d = strata_errdetail();
-        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "iB free") &&
-                          strstr(d, "--shm-dir") && (k == 1 || strstr(d, "were allocated")),
+        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "iB free") && strstr(d, "--shm-dir") &&
+                          (k == 1 || strstr(d, "were allocated")),
                       "k=%llu: %s", (unsigned long long)k, d);
         /* a fixture's few MiB are told in MiB, not as "needs 0.0 GiB" */
         ck_assert_msg(strstr(d, " MiB, ") && !strstr(d, "0.0 GiB"), "k=%llu: %s",
@@ -779,7 +779,8 @@ static int plant_arena(void *ctx)
     char tmp[320];
     snprintf(tmp, sizeof tmp, "%s.planting", p->seg);
     struct arena_build_opts o = {.threads = 1};
-    if (gguf_open(p->model, &f) != 0 || arena_layout_plan(f, ARENA_ALIGN_SMALL, p->model, &L) != 0 ||
+    if (gguf_open(p->model, &f) != 0 ||
+        arena_layout_plan(f, ARENA_ALIGN_SMALL, p->model, &L) != 0 ||
         arena_build_create(L, f, g_shm, tmp, &o, &s, &st) != 0) {
         fprintf(stderr, "plant: %s\n", strata_errdetail());
         return 1;
@@ -795,7 +796,8 @@ static int plant_arena(void *ctx)
 }
 
 /* A segment planted under our name by another user is neither adopted nor removed: the server
- * and every reader (the worker's and the frontend's arena_open) refuse it, naming file and owner. */
+ * and every reader (the worker's and the frontend's arena_open) refuse it, naming file and owner.
+ */
 START_TEST(planted_segment_refused)
 {
     fresh_dirs("planted");

@@ -245,8 +245,8 @@ static void start_fe(struct fe_opts *o, int n_workers)
 
 static void setup(void)
 {
-    struct fe_opts o = {.max_tokens = 100, .max_body = 4096, .monitor_ms = 50,
-                        .worker_wait_ms = 1000};
+    struct fe_opts o = {
+        .max_tokens = 100, .max_body = 4096, .monitor_ms = 50, .worker_wait_ms = 1000};
     start_fe(&o, 1);
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
 }
@@ -1079,7 +1079,8 @@ START_TEST(chat_cli)
 }
 END_TEST
 
-/* ---- hostile clients (issue 32) ------------------------------------------------------------------
+/* ---- hostile clients (issue 32)
+ * ------------------------------------------------------------------
  */
 
 /* status_within reads fd's status line within timeout_s: the status, 0 when the server closed
@@ -1092,7 +1093,8 @@ static int status_within(int fd, double timeout_s)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (n < 12) {
         clock_gettime(CLOCK_MONOTONIC, &t);
-        int ms = (int)(timeout_s * 1000 - ((t.tv_sec - t0.tv_sec) * 1e3 + (t.tv_nsec - t0.tv_nsec) / 1e6));
+        int ms = (int)(timeout_s * 1000 -
+                       ((t.tv_sec - t0.tv_sec) * 1e3 + (t.tv_nsec - t0.tv_nsec) / 1e6));
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (ms <= 0 || poll(&p, 1, ms) <= 0) return -1;
         ssize_t k = read(fd, head + n, sizeof head - 1 - n);

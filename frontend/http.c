@@ -178,7 +178,8 @@ static void on_conn(void *cls, struct MHD_Connection *mc, void **socket_context,
         return;
     }
     if (!(c = calloc(1, sizeof *c))) return; /* unwatched: MHD's idle timeout still applies */
-    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     const union MHD_ConnectionInfo *ad =
         MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     c->fd = fd ? fd->connect_fd : -1;
@@ -232,9 +233,10 @@ static void *watch_main(void *arg)
         for (struct conn *c = s->conns; c; c = c->next) {
             if (c->shed) continue;
             if (c->phase != CONN_BUSY && now - c->since > s->req_timeout) {
-                shed(s, c, c->phase == CONN_HEAD
-                               ? "no whole request head within the request timeout"
-                               : "its request body did not arrive within the request timeout");
+                shed(s, c,
+                     c->phase == CONN_HEAD
+                         ? "no whole request head within the request timeout"
+                         : "its request body did not arrive within the request timeout");
             } else if (c->phase == CONN_BUSY && c->req) {
                 pthread_mutex_lock(&c->req->mu);
                 check_gone(c, c->req);
@@ -268,7 +270,8 @@ static enum MHD_Result queue_plain(struct http_req *r, struct MHD_Connection *c,
 }
 
 static const char too_many[] =
-    "{\"error\":{\"message\":\"the server has as many connections open as it serves (--conn-limit): "
+    "{\"error\":{\"message\":\"the server has as many connections open as it serves "
+    "(--conn-limit): "
     "retry in a second\",\"type\":\"server_error\",\"param\":null,\"code\":"
     "\"too_many_connections\"}}";
 
@@ -406,8 +409,8 @@ static void log_request(const struct http_req *r, enum MHD_RequestTerminationCod
                           : " (the connection closed before the answer was sent)";
     char st[16] = "-"; /* no status: closed before any answer */
     if (r->status) snprintf(st, sizeof st, "%u", r->status);
-    LOG_INFO("request: %s %s %s %s %.1f ms%s%s", r->method, r->path, r->addr[0] ? r->addr : "-",
-             st, (now_s() - r->t0) * 1e3, toks, end);
+    LOG_INFO("request: %s %s %s %s %.1f ms%s%s", r->method, r->path, r->addr[0] ? r->addr : "-", st,
+             (now_s() - r->t0) * 1e3, toks, end);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -614,8 +617,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     LOG_DEBUG("http: %s", buf);
 }
 
-int http_server_start(const struct http_opts *o, http_handler_fn handler,
-                      http_precheck_fn precheck, void *ctx, struct http_server **out)
+int http_server_start(const struct http_opts *o, http_handler_fn handler, http_precheck_fn precheck,
+                      void *ctx, struct http_server **out)
 {
     const char *host = o->host ? o->host : "127.0.0.1";
     struct sockaddr_in6 a6 = {0};
@@ -655,10 +658,9 @@ int http_server_start(const struct http_opts *o, http_handler_fn handler,
     pthread_cond_init(&s->cv, NULL);
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_access, s,
                             MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_THREAD_POOL_SIZE, threads,
-                            MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
-                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s ? o->timeout_s : 60u,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_conn, s,
+                            MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                            o->timeout_s ? o->timeout_s : 60u, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_conn, s,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     int rv = s->d ? pthread_create(&s->watcher, NULL, watch_main, s) : 0;
     if (rv != 0) {

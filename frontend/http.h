@@ -13,9 +13,9 @@
  * completely (at most max_body bytes: a larger Content-Length or upload is answered 413 by the
  * server itself) before handler(req, ctx) runs on a pool thread. Every request is logged at its
  * end on one line: method, path, client address, status, time and, when the handler said them
- * (http_set_tokens), the prompt and generated token counts. The handler, or any thread it hands req to, answers
- * exactly once: http_respond (a whole body) or http_stream_begin + http_stream_write... +
- * http_stream_end. An answer given after the handler returned resumes the connection, which MHD
+ * (http_set_tokens), the prompt and generated token counts. The handler, or any thread it hands req
+ * to, answers exactly once: http_respond (a whole body) or http_stream_begin + http_stream_write...
+ * + http_stream_end. An answer given after the handler returned resumes the connection, which MHD
  * keeps suspended meanwhile (a suspended connection never times out, so a long generation is not
  * cut off). Streams use chunked transfer; a stream's writer never blocks on the client. A client
  * that goes away before its answer (a whole answer awaited, or a stream not ended) is reported
@@ -40,15 +40,14 @@ typedef void (*http_handler_fn)(struct http_req *req, void *ctx);
  * only the accessors below may be used on req. 0 lets it through; anything else is the status
  * it is answered with at once (connection closed after), with the JSON body it wrote to
  * body[cap]. */
-typedef unsigned (*http_precheck_fn)(const struct http_req *req, void *ctx, char *body,
-                                     size_t cap);
+typedef unsigned (*http_precheck_fn)(const struct http_req *req, void *ctx, char *body, size_t cap);
 
 struct http_opts {
-    const char *host;    /* numeric address to bind; NULL: 127.0.0.1 ("::" style for IPv6) */
-    int port;            /* 0: any free port (read it back with http_server_port) */
-    int threads;         /* MHD pool threads; 0: 4 */
-    unsigned conn_limit; /* connections served at once; more are answered 503; 0: 256 */
-    unsigned timeout_s;  /* idle connection timeout; 0: 60 */
+    const char *host;           /* numeric address to bind; NULL: 127.0.0.1 ("::" style for IPv6) */
+    int port;                   /* 0: any free port (read it back with http_server_port) */
+    int threads;                /* MHD pool threads; 0: 4 */
+    unsigned conn_limit;        /* connections served at once; more are answered 503; 0: 256 */
+    unsigned timeout_s;         /* idle connection timeout; 0: 60 */
     unsigned request_timeout_s; /* deadline for a request's head and body; 0: 30 */
     size_t max_body;            /* request body cap in bytes; 0: 8 MiB */
 };
@@ -56,8 +55,8 @@ struct http_opts {
 /* http_server_start binds and starts serving; precheck may be NULL. Returns 0 and *out,
  * STRATA_EINVAL for a bad host, STRATA_EIO when MHD cannot start (port taken: the detail names host
  * and port). */
-int http_server_start(const struct http_opts *o, http_handler_fn handler,
-                      http_precheck_fn precheck, void *ctx, struct http_server **out);
+int http_server_start(const struct http_opts *o, http_handler_fn handler, http_precheck_fn precheck,
+                      void *ctx, struct http_server **out);
 
 /* http_server_port is the bound port. */
 int http_server_port(const struct http_server *s);
@@ -84,7 +83,8 @@ int http_respond(struct http_req *r, unsigned status, const char *content_type, 
  * (http_respond) — so it must only set a flag. Call it before handing req to another thread. */
 void http_on_gone(struct http_req *r, void (*on_gone)(void *), void *gone_ctx);
 
-/* http_set_tokens puts the prompt and generated token counts on req's log line; before answering. */
+/* http_set_tokens puts the prompt and generated token counts on req's log line; before answering.
+ */
 void http_set_tokens(struct http_req *r, uint32_t n_prompt, uint32_t n_gen);
 
 /* http_stream_begin answers req with status and a body written later, chunk by chunk.

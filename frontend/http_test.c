@@ -2,7 +2,8 @@
  * silent head (slowloris) cannot lock others out, a dribbled head meets its deadline whatever its
  * pace, the connection limit is answered 503 at once, a client that leaves a whole answer it is
  * waiting for is reported, a precheck refuses a request before its body is read, and every request
- * gets its log line. A raw-socket client, an in-process server with a handler that holds requests. */
+ * gets its log line. A raw-socket client, an in-process server with a handler that holds requests.
+ */
 #include "frontend/http.h"
 
 #include "common/base/err.h"

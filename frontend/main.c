@@ -61,14 +61,27 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "chat") == 0)
         return chat_main("strata-frontend chat", argc - 1, argv + 1);
-    static const struct option lo[] = {
-        {"worker", 1, 0, 'w'},        {"arena", 1, 0, 'a'},      {"shm-dir", 1, 0, 'd'},
-        {"host", 1, 0, 'H'},          {"port", 1, 0, 'p'},       {"api-key", 1, 0, 'k'},
-        {"threads", 1, 0, 't'},       {"conn-limit", 1, 0, 'c'}, {"timeout", 1, 0, 'T'},
-        {"max-body", 1, 0, 'b'},      {"max-tokens", 1, 0, 'm'}, {"max-active", 1, 0, 'A'},
-        {"chat-template", 1, 0, 'C'}, {"alias", 1, 0, 'n'},      {"failover-ms", 1, 0, 'F'},
-        {"log", 1, 0, 'l'},           {"help", 0, 0, 'h'},       {"api-key-file", 1, 0, 'K'},
-        {"request-timeout", 1, 0, 'R'}, {"worker-wait-ms", 1, 0, 'W'}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"worker", 1, 0, 'w'},
+                                       {"arena", 1, 0, 'a'},
+                                       {"shm-dir", 1, 0, 'd'},
+                                       {"host", 1, 0, 'H'},
+                                       {"port", 1, 0, 'p'},
+                                       {"api-key", 1, 0, 'k'},
+                                       {"api-key-file", 1, 0, 'K'},
+                                       {"threads", 1, 0, 't'},
+                                       {"conn-limit", 1, 0, 'c'},
+                                       {"timeout", 1, 0, 'T'},
+                                       {"request-timeout", 1, 0, 'R'},
+                                       {"max-body", 1, 0, 'b'},
+                                       {"max-tokens", 1, 0, 'm'},
+                                       {"max-active", 1, 0, 'A'},
+                                       {"chat-template", 1, 0, 'C'},
+                                       {"alias", 1, 0, 'n'},
+                                       {"failover-ms", 1, 0, 'F'},
+                                       {"worker-wait-ms", 1, 0, 'W'},
+                                       {"log", 1, 0, 'l'},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
     static char key[512];
     struct fe_opts o = {.port = 8080, .api_key = getenv("STRATA_API_KEY")};
     const char *workers[32], *arena = NULL, *shm_dir = NULL;

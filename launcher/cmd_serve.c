@@ -420,8 +420,8 @@ static void argv_arena(char **argv, int *n, const struct serve *sv, const char *
 
 /* start_child adds child NAME (stopped at STAGE, restarted when it dies unless it exits with
  * fatal_status, logging to its own file) and spawns it; its index goes to *idx. */
-static int start_child(struct serve *sv, const char *name, char **argv, int stage,
-                       int fatal_status, int *idx)
+static int start_child(struct serve *sv, const char *name, char **argv, int stage, int fatal_status,
+                       int *idx)
 {
     char logb[600];
     struct sup_child_opts co = {.name = name,

@@ -141,7 +141,8 @@ static int spawn(struct sup *s, int idx)
     if (c->log) {
         int lv = own_open(c->log, O_WRONLY | O_CREAT | O_APPEND, 0600, false, &log_fd);
         if (lv == STRATA_ENOENT)
-            return strata_errf(lv, "cannot start %s: its log %s cannot be created because its "
+            return strata_errf(lv,
+                               "cannot start %s: its log %s cannot be created because its "
                                "directory does not exist: create it or pass another --log-dir",
                                c->name, c->log);
         if (lv != 0)

@@ -241,7 +241,8 @@ START_TEST(fatal_status_not_restarted)
                   strata_errdetail());
     ck_assert_uint_eq(sup_restarts(s, c), 0);
     char *argv2[] = {"/bin/sh", "-c", "exit 3", NULL};
-    struct sup_child_opts co2 = {.name = "other", .argv = argv2, .restart = true, .fatal_status = 1};
+    struct sup_child_opts co2 = {
+        .name = "other", .argv = argv2, .restart = true, .fatal_status = 1};
     int d = -1;
     ck_assert_int_eq(sup_add(s, &co2, &d), 0);
     ck_assert_int_eq(sup_start(s, d), 0);

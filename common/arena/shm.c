@@ -101,10 +101,9 @@ static int no_space(const char *dir, uint64_t size, uint64_t allocated)
     char need[SHM_SIZE_STR], have[SHM_SIZE_STR], done[SHM_SIZE_STR];
     shm_free_bytes(dir, &avail);
     if (allocated == 0)
-        return strata_errf(STRATA_ENOSPC,
-                           "arena needs %s, %s has %s free: mount a larger tmpfs or pass --shm-dir",
-                           shm_size_str(size, need), dir_or_default(dir),
-                           shm_size_str(avail, have));
+        return strata_errf(
+            STRATA_ENOSPC, "arena needs %s, %s has %s free: mount a larger tmpfs or pass --shm-dir",
+            shm_size_str(size, need), dir_or_default(dir), shm_size_str(avail, have));
     return strata_errf(STRATA_ENOSPC,
                        "arena needs %s, %s has %s free after %s of it were allocated (something "
                        "else filled %s during the build): free space there, mount a larger tmpfs "

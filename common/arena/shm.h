@@ -42,9 +42,9 @@ int shm_name(char *buf, size_t n, const char *name, const char *suffix);
 int shm_path(char *buf, size_t n, const char *dir, const char *segname);
 
 /* shm_create creates segname in dir exclusively (mode 0600, O_NOFOLLOW), preallocates size bytes
- * and maps them read-write. STRATA_EEXIST when it exists, STRATA_EPERM when a symlink is there; STRATA_ENOSPC when the directory cannot hold size bytes
- * (detail: how much is needed and free, and what to do); errno codes otherwise. Nothing is left
- * behind on failure. */
+ * and maps them read-write. STRATA_EEXIST when it exists, STRATA_EPERM when a symlink is there;
+ * STRATA_ENOSPC when the directory cannot hold size bytes (detail: how much is needed and free, and
+ * what to do); errno codes otherwise. Nothing is left behind on failure. */
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out);
 
 /* shm_create_sparse is shm_create without the preallocation: the file has its size but no pages.
