@@ -52,7 +52,8 @@ int own_check(int fd, const char *path, bool group_write)
 
 int own_open(const char *path, int flags, mode_t mode, bool group_write, int *fd)
 {
-    *fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+    /* O_NONBLOCK until the check: a FIFO planted under the name would block a plain open */
+    *fd = open(path, flags | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, mode);
     if (*fd < 0) {
         int e = errno;
         struct stat st;
@@ -74,6 +75,8 @@ int own_open(const char *path, int flags, mode_t mode, bool group_write, int *fd
         return strata_errf(strata_errno(e), "open %s: %s", path, strerror(e));
     }
     int rv = own_check(*fd, path, group_write);
+    if (rv == 0 && !(flags & O_NONBLOCK) && fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_NONBLOCK))
+        rv = strata_errf(strata_errno(errno), "fcntl %s: %s", path, strerror(errno));
     if (rv != 0) {
         close(*fd);
         *fd = -1;

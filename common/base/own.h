@@ -25,7 +25,8 @@ int own_check(int fd, const char *path, bool group_write);
 /* own_open opens path with flags | O_NOFOLLOW | O_CLOEXEC (mode for O_CREAT) and own_checks it;
  * *fd is the descriptor on success and -1 otherwise. A symlink at path is STRATA_EPERM (detail:
  * the link and what to do), a missing file without O_CREAT STRATA_ENOENT; the file is closed on a
- * refusal. Blocks only as open(2) does. */
+ * refusal. Never blocks on what it opens: a FIFO planted under the name is opened O_NONBLOCK and
+ * refused (the flag is cleared again on an accepted file unless flags asked for it). */
 int own_open(const char *path, int flags, mode_t mode, bool group_write, int *fd);
 
 /* own_read_key reads a secret (an API key) from path into buf[cap]: its first line, without the

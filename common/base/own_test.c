@@ -1,6 +1,7 @@
 /* own_test — files in shared directories: another local user (a child switched to an unused uid;
- * needs root, as CI runs) plants a file or a symlink under our name, and own_open refuses both,
- * naming the file and its owner, and leaves the symlink's target untouched. */
+ * needs root, as CI runs) plants a file, a symlink or a FIFO under our name, and own_open refuses
+ * each without blocking, naming the file and its owner, and leaves the symlink's target
+ * untouched. */
 #include "common/base/own.h"
 #include "common/base/err.h"
 #include "tests/testutil.h"
@@ -83,6 +84,26 @@ START_TEST(symlink_not_followed)
 }
 END_TEST
 
+static int plant_fifo(void *ctx)
+{
+    return mkfifo(ctx, 0666) == 0 ? 0 : 1;
+}
+
+/* A FIFO under our name would block a plain open for read: refused at once instead. */
+START_TEST(fifo_refused_without_blocking)
+{
+    shared_dir("fifo");
+    char path[700];
+    snprintf(path, sizeof path, "%s/strata-0-m", g_shared);
+    int rv = test_as_other_user("fifo_refused_without_blocking", plant_fifo, path);
+    if (rv < 0) return;
+    ck_assert_int_eq(rv, 0);
+    int fd;
+    ck_assert_int_eq(own_open(path, O_RDONLY, 0, false, &fd), STRATA_EPERM);
+    ck_assert_msg(strstr(strata_errdetail(), "not a regular file"), "%s", strata_errdetail());
+}
+END_TEST
+
 START_TEST(ours_checked_for_mode)
 {
     char path[700];
@@ -113,6 +134,7 @@ int main(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, file_of_another_user_refused);
     tcase_add_test(tc, symlink_not_followed);
+    tcase_add_test(tc, fifo_refused_without_blocking);
     tcase_add_test(tc, ours_checked_for_mode);
     suite_add_tcase(s, tc);
     return test_run(s);
