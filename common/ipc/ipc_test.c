@@ -337,7 +337,10 @@ START_TEST(oversized_message_drops_only_its_connection)
 {
     char dir[512], url[600];
     setup("big", dir, url);
-    struct ipc_server *srv = start(url, 5000, 1024);
+    /* the default watchdog: the dropped connection can break nng 1.5.2's listener (#1518; seen
+     * about one run in three on a loaded machine), and then the next client is served once the
+     * watchdog re-listened, within its ~1 s instead of the 2 s echo's deadline */
+    struct ipc_server *srv = start(url, 0, 1024);
     struct ipc_client *big, *next;
     ck_assert_int_eq(ipc_client_open(url, NULL, &big), 0);
     ck_assert_int_eq(echo(big, 1, 2000), 0);
