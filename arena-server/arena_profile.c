@@ -1,6 +1,7 @@
 #include "arena-server/arena_profile.h"
 #include "arena-server/arena_fingerprint.h"
 #include "common/base/err.h"
+#include "common/base/own.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -78,9 +79,13 @@ int arena_profile_save(const char *path, const struct arena_state *st)
     uint64_t sum = XXH3_64bits(buf, bytes - 8);
     memcpy(buf + bytes - 8, &sum, 8);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        rv = strata_errf(strata_errno(errno), "write heat profile %s: %s", tmp, strerror(errno));
+    /* Exclusive and not through a symlink: --profile may name a shared directory. A .tmp left by
+     * a save that died is ours to replace (unlink removes a planted symlink, not its target). */
+    rv = own_open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600, false, &fd);
+    if (rv == STRATA_EEXIST && unlink(tmp) == 0)
+        rv = own_open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0600, false, &fd);
+    if (rv != 0) {
+        rv = strata_errf(rv, "write heat profile %s: %s", tmp, strata_errdetail());
         goto out;
     }
     if (write(fd, buf, bytes) != (ssize_t)bytes || fsync(fd) != 0) {
@@ -105,10 +110,12 @@ int arena_profile_load(const char *path, struct arena_state *st, bool *other_fp)
     uint64_t n = (uint64_t)h->n_layers * h->n_expert;
     size_t want = sizeof(struct profile_head) + n * 8 + 8;
     int rv = 0;
-    FILE *f = fopen(path, "rb");
+    int fd;
+    if ((rv = own_open(path, O_RDONLY, 0, false, &fd)) != 0) return rv;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
-        if (errno == ENOENT) return STRATA_ENOENT;
-        return strata_errf(strata_errno(errno), "open heat profile %s: %s", path, strerror(errno));
+        close(fd);
+        return STRATA_ENOMEM;
     }
     uint8_t *buf = malloc(want + 1);
     if (!buf) {

@@ -5,6 +5,7 @@
 #include "arena-server/arena_profile.h"
 #include "arena-server/arena_space.h"
 #include "common/base/err.h"
+#include "common/base/own.h"
 #include "common/gguf/gguf.h"
 #include "common/base/log.h"
 
@@ -36,15 +37,15 @@ static int64_t wall_ns(void)
 }
 
 /* take_lock opens and flocks the name's lock file. The inode check after locking guards against a
- * previous owner that unlinked the file between our open and our flock. */
+ * previous owner that unlinked the file between our open and our flock. The file lives in a
+ * directory every user can write: a symlink planted there would make us truncate its target, and
+ * a lock file of another user's would let them hold our name, so own_open refuses both. */
 static int take_lock(struct arena_server *s)
 {
     for (int attempt = 0; attempt < 10; attempt++) {
-        int fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        if (fd < 0)
-            return strata_errf(strata_errno(errno), "open lock file %s: %s", s->lock_path,
-                               strerror(errno));
-        int rv = shm_lock(fd, true, false);
+        int fd, rv;
+        if ((rv = own_open(s->lock_path, O_RDWR | O_CREAT, 0600, false, &fd)) != 0) return rv;
+        rv = shm_lock(fd, true, false);
         if (rv == STRATA_EBUSY) {
             char pid[32] = "";
             ssize_t r = pread(fd, pid, sizeof pid - 1, 0);
@@ -61,7 +62,7 @@ static int take_lock(struct arena_server *s)
             return rv;
         }
         struct stat a, b;
-        if (fstat(fd, &a) == 0 && stat(s->lock_path, &b) == 0 && a.st_ino == b.st_ino &&
+        if (fstat(fd, &a) == 0 && lstat(s->lock_path, &b) == 0 && a.st_ino == b.st_ino &&
             a.st_dev == b.st_dev) {
             char pid[32];
             int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
@@ -107,6 +108,7 @@ static int try_adopt(struct arena_server *s, bool *adopted)
     *adopted = false;
     int rv = arena_open(s->cfg.shm_dir, s->name, &a);
     if (rv == STRATA_ENOENT) return 0;
+    if (rv == STRATA_EPERM) return rv; /* not ours: neither adopted nor removed */
     if (rv == 0 && a->hdr->fingerprint != s->fingerprint) {
         char have[17], want[17];
         arena_fingerprint_hex(a->hdr->fingerprint, have);
@@ -186,6 +188,7 @@ static int open_state(struct arena_server *s)
     int rv;
     if (s->adopted) {
         rv = arena_state_open(s->cfg.shm_dir, s->name, &s->state);
+        if (rv == STRATA_EPERM) return rv;
         if (rv == 0 && s->state->hdr->fingerprint == s->fingerprint) {
             atomic_fetch_add(&s->state->hdr->adoptions, 1);
             return 0;
@@ -291,6 +294,7 @@ int arena_serve_init(const struct arena_serve_config *cfg, struct arena_server *
             strata_errf(STRATA_EBUSY, "arena '%s' segments are locked by another process", s->name);
         goto fail;
     }
+    s->saved_heat = atomic_load(&s->state->hdr->heat_total);
     atomic_store(&s->state->hdr->server_pid, (int64_t)getpid());
     atomic_store(&s->state->hdr->server_beat_ns, wall_ns());
     if (cfg->control && (rv = arena_ctl_start(s, &s->ctl)) != 0) goto fail;
@@ -316,18 +320,24 @@ fail:
     return rv;
 }
 
+/* save_profile writes the heat profile when workers added heat since it was loaded or saved:
+ * nothing new keeps the disk idle, and a model that never served (one a worker refused) leaves
+ * no profile file behind. */
 static void save_profile(struct arena_server *s)
 {
+    uint64_t heat = atomic_load(&s->state->hdr->heat_total);
+    if (heat == s->saved_heat) return;
     int rv = arena_profile_save(s->profile_path, s->state);
     if (rv != 0)
         LOG_WARN("heat profile not saved: %s: %s", strata_strerror(rv), strata_errdetail());
+    else
+        s->saved_heat = heat;
 }
 
 int arena_serve_run(struct arena_server *s)
 {
     int every = s->cfg.profile_every_s > 0 ? s->cfg.profile_every_s : 60;
     double next_save = now_s() + every;
-    uint64_t saved_heat = atomic_load(&s->state->hdr->heat_total);
     LOG_INFO("serving arena '%s' (pid %d); stop with Ctrl-C or `strata-arena stop %s`", s->name,
              (int)getpid(), s->name);
     while (!atomic_load(&s->stop)) {
@@ -336,9 +346,7 @@ int arena_serve_run(struct arena_server *s)
         atomic_store(&s->state->hdr->server_beat_ns, wall_ns());
         if (now_s() >= next_save) {
             next_save = now_s() + every;
-            uint64_t heat = atomic_load(&s->state->hdr->heat_total);
-            if (heat != saved_heat) save_profile(s); /* nothing new: keep the disk idle */
-            saved_heat = heat;
+            save_profile(s);
         }
     }
     return 0;

@@ -44,6 +44,8 @@ struct arena_server {
     char lock_path[4096];
     char model_path[4096]; /* absolute */
     char profile_path[4096];
+    uint64_t saved_heat; /* heat_total when the profile was last loaded or saved: nothing new, no
+                            write (a model that never served leaves no profile behind) */
     int lock_fd;
     uint64_t fingerprint;
     struct arena *arena;            /* the published weights segment, read-only */

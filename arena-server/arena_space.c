@@ -93,24 +93,24 @@ int arena_space_read(const char *shm_dir, struct arena_space *out)
 int arena_space_check(const char *shm_dir, uint64_t need, const struct arena_space *sp)
 {
     const char *dir = shm_dir && *shm_dir ? shm_dir : SHM_DEFAULT_DIR;
+    char n[SHM_SIZE_STR], h[SHM_SIZE_STR];
     if (need > sp->shm_free)
         return strata_errf(STRATA_ENOSPC,
-                           "arena needs %.1f GiB, %s has %.1f GiB free: mount a larger tmpfs "
+                           "arena needs %s, %s has %s free: mount a larger tmpfs "
                            "(mount -o remount,size=%.0fG %s) or pass --shm-dir",
-                           GiB(need), dir, GiB(sp->shm_free), GiB(need) + 1.0, dir);
+                           shm_size_str(need, n), dir, shm_size_str(sp->shm_free, h),
+                           GiB(need) + 1.0, dir);
     if (sp->hugetlb) return 0; /* huge pages are reserved apart from MemAvailable and cgroups */
     if (need > sp->mem_available)
         return strata_errf(STRATA_ENOSPC,
-                           "arena needs %.1f GiB, MemAvailable is %.1f GiB: stop other programs "
-                           "using memory or use a machine with more RAM",
-                           GiB(need), GiB(sp->mem_available));
+                           "arena needs %s, MemAvailable is %s: stop other programs using memory "
+                           "or use a machine with more RAM",
+                           shm_size_str(need, n), shm_size_str(sp->mem_available, h));
     if (need > sp->cgroup_free)
-        return strata_errf(
-            STRATA_ENOSPC,
-            "arena needs %.1f GiB, this process's cgroup memory.max leaves %.1f GiB: "
-            "raise it (systemd: MemoryMax=, docker: --memory) or run outside the "
-            "cgroup",
-            GiB(need), GiB(sp->cgroup_free));
+        return strata_errf(STRATA_ENOSPC,
+                           "arena needs %s, this process's cgroup memory.max leaves %s: raise it "
+                           "(systemd: MemoryMax=, docker: --memory) or run outside the cgroup",
+                           shm_size_str(need, n), shm_size_str(sp->cgroup_free, h));
     return 0;
 }
 

@@ -6,6 +6,7 @@
  * with --map-check. Every test uses its own shm and runtime directories under test_tmpdir(). nng is
  * never opened in this process (only the exec'd binaries use it). */
 #include "arena-server/arena_build.h"
+#include "arena-server/arena_fingerprint.h"
 #include "common/arena/arena_layout.h"
 #include "common/arena/model.h"
 #include "common/arena/arena.h"
@@ -97,15 +98,19 @@ static bool log_has(const char *log, const char *needle)
     return found;
 }
 
-/* wait_ready polls until arena name in g_shm opens (READY), within 30 s. */
+/* wait_ready polls until arena name in g_shm opens (READY) and so does its state segment (the
+ * server publishes it after the arena), within 30 s. */
 static void wait_ready(const char *name, pid_t server, const char *log)
 {
     for (int i = 0; i < 3000; i++) {
         struct arena *a = NULL;
-        if (arena_open(g_shm, name, &a) == 0) {
+        struct arena_state *sst = NULL;
+        if (arena_open(g_shm, name, &a) == 0 && arena_state_open(g_shm, name, &sst) == 0) {
             arena_close(a);
+            arena_state_close(sst);
             return;
         }
+        arena_close(a);
         int st;
         if (waitpid(server, &st, WNOHANG) == server) {
             char *s = test_read_file(log, NULL);
@@ -453,6 +458,10 @@ START_TEST(kill9_then_adopt_without_reading)
     ck_assert_int_eq(wait_exit(s2, 20), 0);
     ck_assert_uint_eq(seg_inode("m", ""), 0); /* no workers: removed at exit */
     ck_assert_uint_eq(seg_inode("m", ".state"), 0);
+    /* no worker ever added heat (as when every worker refuses a broken model): no profile file */
+    char prof[800];
+    snprintf(prof, sizeof prof, "%s/heat.profile", g_dir);
+    ck_assert_msg(access(prof, F_OK) != 0, "%s was written with no heat in it", prof);
 }
 END_TEST
 
@@ -549,9 +558,12 @@ START_TEST(enospc_during_build_refused_cleanly)
         ck_assert_msg(rv == STRATA_ENOSPC, "k=%llu: %s: %s", (unsigned long long)k,
                       strata_strerror(rv), strata_errdetail());
         const char *d = strata_errdetail();
-        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "GiB free") &&
-                          strstr(d, "--shm-dir") && (k == 1 || strstr(d, "were allocated")),
+        ck_assert_msg(strstr(d, "arena needs ") && strstr(d, "iB free") && strstr(d, "--shm-dir") &&
+                          (k == 1 || strstr(d, "were allocated")),
                       "k=%llu: %s", (unsigned long long)k, d);
+        /* a fixture's few MiB are told in MiB, not as "needs 0.0 GiB" */
+        ck_assert_msg(strstr(d, " MiB, ") && !strstr(d, "0.0 GiB"), "k=%llu: %s",
+                      (unsigned long long)k, d);
         ck_assert_int_eq(s.fd, -1);
         ck_assert_ptr_null(s.map);
         ck_assert_int_eq(shm_entries(), 0);
@@ -737,6 +749,132 @@ START_TEST(check_refuses_bad_images)
 }
 END_TEST
 
+/* ---- another local user ------------------------------------------------------------------------
+ * A child switched to an unused uid (tests/testutil.h; root only, as CI runs) plays the user who
+ * shares /dev/shm with us. */
+
+/* shared_shm makes g_shm a directory every user may write (mode) and the model readable by all. */
+static void shared_shm(mode_t mode, const char *model)
+{
+    ck_assert_int_eq(chmod(test_tmpdir(), 0711), 0);
+    ck_assert_int_eq(chmod(g_dir, 0711), 0);
+    ck_assert_int_eq(chmod(g_shm, mode), 0);
+    if (model) ck_assert_int_eq(chmod(model, 0644), 0);
+}
+
+struct plant {
+    const char *model;
+    char seg[300]; /* the victim's segment name: strata-<victim uid>-<name> */
+};
+
+/* plant_arena (as the other user) builds a READY arena of model with the fingerprint a server of
+ * it expects, all from facts anyone can read, and publishes it under the victim's name. */
+static int plant_arena(void *ctx)
+{
+    const struct plant *p = ctx;
+    struct gguf_file *f = NULL;
+    struct arena_layout *L = NULL;
+    struct shm_seg s = {.fd = -1};
+    struct arena_build_stats st;
+    char tmp[320];
+    snprintf(tmp, sizeof tmp, "%s.planting", p->seg);
+    struct arena_build_opts o = {.threads = 1};
+    if (gguf_open(p->model, &f) != 0 ||
+        arena_layout_plan(f, ARENA_ALIGN_SMALL, p->model, &L) != 0 ||
+        arena_build_create(L, f, g_shm, tmp, &o, &s, &st) != 0) {
+        fprintf(stderr, "plant: %s\n", strata_errdetail());
+        return 1;
+    }
+    struct arena_header *h = (struct arena_header *)s.map;
+    h->fingerprint = arena_fingerprint(f, ARENA_ALIGN_SMALL);
+    atomic_store_explicit(&h->state, ARENA_READY, memory_order_release);
+    int rv = shm_publish(g_shm, &s, tmp, p->seg, 0444);
+    shm_close(&s);
+    arena_layout_fini(L);
+    gguf_close(f);
+    return rv == 0 ? 0 : 1;
+}
+
+/* A segment planted under our name by another user is neither adopted nor removed: the server
+ * and every reader (the worker's and the frontend's arena_open) refuse it, naming file and owner.
+ */
+START_TEST(planted_segment_refused)
+{
+    fresh_dirs("planted");
+    char model[800], log[800], want[64], *argv[16];
+    snprintf(model, sizeof model, "%s/model.gguf", g_dir);
+    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    make_fixture("qwen3moe", "q8_0", false, model);
+    shared_shm(01777, model);
+    struct plant p = {.model = model};
+    shm_name(p.seg, sizeof p.seg, "m", "");
+    int rv = test_as_other_user("planted_segment_refused", plant_arena, &p);
+    if (rv < 0) return;
+    ck_assert_int_eq(rv, 0);
+    serve_argv(argv, model, "m", NULL);
+    pid_t srv = spawn(argv, log);
+    int code = wait_exit(srv, 60);
+    if (code < 0) kill(srv, SIGKILL), wait_exit(srv, 10);
+    char *out = test_read_file(log, NULL);
+    snprintf(want, sizeof want, "is owned by uid %u (no account)", test_other_uid());
+    ck_assert_msg(code == 1 && out && strstr(out, want) && strstr(out, p.seg) &&
+                      !strstr(out, "adopted arena"),
+                  "exit %d, the planted arena was not refused:\n%s", code, out ? out : "");
+    free(out);
+    ck_assert_uint_ne(seg_inode("m", ""), 0); /* still there: not ours to remove */
+    struct arena *a = NULL;
+    ck_assert_int_eq(arena_open(g_shm, "m", &a), STRATA_EPERM);
+    ck_assert_msg(strstr(strata_errdetail(), want), "%s", strata_errdetail());
+}
+END_TEST
+
+struct link_to {
+    const char *target;
+    char link[1100];
+};
+
+static int plant_link(void *ctx)
+{
+    const struct link_to *l = ctx;
+    return symlink(l->target, l->link) == 0 ? 0 : 1;
+}
+
+/* A symlink planted at the lock file's name (in a shared --shm-dir) is refused, and the file it
+ * points to is not truncated; the same for a planted state segment. */
+START_TEST(planted_lock_symlink_refused)
+{
+    fresh_dirs("lock-link");
+    char model[800], log[800], precious[800], seg[300], *argv[16];
+    snprintf(model, sizeof model, "%s/model.gguf", g_dir);
+    snprintf(log, sizeof log, "%s/serve.log", g_dir);
+    snprintf(precious, sizeof precious, "%s/precious", g_dir);
+    make_fixture("qwen3moe", "q8_0", false, model);
+    FILE *fp = fopen(precious, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs("keep me", fp);
+    fclose(fp);
+    /* not sticky: fs.protected_symlinks would otherwise stop the follow on some hosts and hide
+     * the bug */
+    shared_shm(0777, model);
+    struct link_to l = {.target = precious};
+    shm_name(seg, sizeof seg, "m", ".lock");
+    snprintf(l.link, sizeof l.link, "%s/%s", g_shm, seg);
+    int rv = test_as_other_user("planted_lock_symlink_refused", plant_link, &l);
+    if (rv < 0) return;
+    ck_assert_int_eq(rv, 0);
+    serve_argv(argv, model, "m", NULL);
+    pid_t srv = spawn(argv, log);
+    int code = wait_exit(srv, 60);
+    if (code < 0) kill(srv, SIGKILL), wait_exit(srv, 10);
+    char *out = test_read_file(log, NULL), *kept = test_read_file(precious, NULL);
+    ck_assert_msg(code == 1 && out && strstr(out, "is a symbolic link") && strstr(out, l.link),
+                  "exit %d, the planted lock was not refused:\n%s", code, out ? out : "");
+    ck_assert_str_eq(kept, "keep me");
+    free(out);
+    free(kept);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "--map-check") == 0)
@@ -759,5 +897,10 @@ int main(int argc, char **argv)
     tcase_add_test(srv, control_socket_workers_and_profile);
     tcase_add_test(srv, inspect_json_and_verify);
     suite_add_tcase(s, srv);
+    TCase *own = tcase_create("other_user");
+    tcase_set_timeout(own, 180);
+    tcase_add_test(own, planted_segment_refused);
+    tcase_add_test(own, planted_lock_symlink_refused);
+    suite_add_tcase(s, own);
     return test_run(s);
 }

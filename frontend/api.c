@@ -344,7 +344,8 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
         (st = get_int(r, "max_completion_tokens", 1, WCLIENT_MAX_TOKENS, &mct, e)) ||
         (st = get_num(r, "temperature", 0, 2, &p->sampling.temperature, e)) ||
         (st = get_num(r, "top_p", 0, 1, &p->sampling.top_p, e)) ||
-        (st = get_int(r, "top_k", 0, UINT32_MAX, &top_k, e)) ||
+        /* the worker protocol carries top_k as a non-negative int32 */
+        (st = get_int(r, "top_k", 0, INT32_MAX, &top_k, e)) ||
         (st = get_num(r, "min_p", 0, 1, &p->sampling.min_p, e)) ||
         (st = get_num(r, "presence_penalty", -2, 2, &p->sampling.presence_penalty, e)) ||
         (st = get_num(r, "frequency_penalty", -2, 2, &p->sampling.frequency_penalty, e)) ||

@@ -21,6 +21,7 @@ int fe_init(const struct fe_opts *o, struct fe **out)
     if (!f->o.max_active) f->o.max_active = 64;
     if (!f->o.monitor_ms) f->o.monitor_ms = 1000;
     if (f->o.failover_ms <= 0) f->o.failover_ms = 1500;
+    if (f->o.worker_wait_ms == 0) f->o.worker_wait_ms = 10000;
     pthread_mutex_init(&f->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -549,19 +550,49 @@ static void do_metrics(struct fe *f, struct http_req *r)
     free(b);
 }
 
+/* key_eq compares a client's key with ours in time that depends on our key's length only, so a
+ * client cannot learn it byte by byte from how long a refusal takes. */
+static bool key_eq(const char *got, const char *key)
+{
+    size_t n = strlen(key), m = strlen(got);
+    unsigned char d = m != n;
+    for (size_t i = 0; i < n; i++)
+        d |= (unsigned char)(key[i] ^ (i < m ? got[i] : 0));
+    return d == 0;
+}
+
 /* authorized checks the API key: "Authorization: Bearer KEY" (or the x-api-key header). */
-static bool authorized(struct fe *f, struct http_req *r)
+static bool authorized(const struct fe *f, const struct http_req *r)
 {
     if (!f->o.api_key) return true;
     const char *h = http_header(r, "Authorization");
-    if (h && strncasecmp(h, "Bearer ", 7) == 0 && strcmp(h + 7, f->o.api_key) == 0) return true;
+    if (h && strncasecmp(h, "Bearer ", 7) == 0 && key_eq(h + 7, f->o.api_key)) return true;
     h = http_header(r, "x-api-key");
-    return h && strcmp(h, f->o.api_key) == 0;
+    return h && key_eq(h, f->o.api_key);
 }
 
 static bool is(const char *path, const char *a, const char *b)
 {
     return strcmp(path, a) == 0 || (b && strcmp(path, b) == 0);
+}
+
+/* precheck refuses a request without the API key on its head, before its body is read (an
+ * unauthenticated client must not make the frontend hold max_body bytes). /health needs no key. */
+static unsigned precheck(const struct http_req *r, void *ctx, char *body, size_t cap)
+{
+    struct fe *f = ctx;
+    if (is(http_path(r), "/health", "/v1/health") || authorized(f, r)) return 0;
+    struct api_error e;
+    api_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
+             "missing or wrong API key: send the header 'Authorization: Bearer <key>' with "
+             "the key the frontend was started with (--api-key, --api-key-file or "
+             "$STRATA_API_KEY)");
+    atomic_fetch_add(&f->m_requests, 1);
+    atomic_fetch_add(&f->m_errors, 1);
+    char *j = api_error_json(&e);
+    snprintf(body, cap, "%s", j ? j : "{}");
+    free(j);
+    return e.status;
 }
 
 static void on_http(struct http_req *r, void *ctx)
@@ -574,12 +605,6 @@ static void on_http(struct http_req *r, void *ctx)
     if (is(p, "/health", "/v1/health") && get) {
         if (atomic_load(&f->stopping) || !atomic_load(&f->ready)) return not_ready(f, r);
         return reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
-    }
-    if (!authorized(f, r)) {
-        api_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
-                 "missing or wrong API key: send the header 'Authorization: Bearer <key>' with "
-                 "the key the frontend was started with (--api-key)");
-        return fe_reply_error(f, r, &e);
     }
     if (is(p, "/metrics", NULL) && get) return do_metrics(f, r);
     bool known = is(p, "/v1/models", "/models") || is(p, "/tokenize", NULL) ||
@@ -611,8 +636,9 @@ int fe_start(struct fe *f)
                            .threads = f->o.threads,
                            .conn_limit = f->o.conn_limit,
                            .timeout_s = f->o.timeout_s,
+                           .request_timeout_s = f->o.request_timeout_s,
                            .max_body = f->o.max_body};
-    int rv = http_server_start(&ho, on_http, f, &f->http);
+    int rv = http_server_start(&ho, on_http, precheck, f, &f->http);
     if (rv != 0) return rv;
     if ((rv = pthread_create(&f->monitor, NULL, monitor_main, f)) != 0) {
         http_server_stop(f->http);

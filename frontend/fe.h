@@ -41,20 +41,23 @@ struct fe_backend {
 };
 
 struct fe_opts {
-    const char *host;          /* bind address; NULL: 127.0.0.1 */
-    int port;                  /* 0: any free port (fe_port) */
-    const char *api_key;       /* NULL: no key; else "Authorization: Bearer KEY" is required */
-    int threads;               /* HTTP threads; 0: 4 */
-    unsigned conn_limit;       /* open connections; 0: 256 */
-    unsigned timeout_s;        /* idle connection timeout; 0: 60 */
-    size_t max_body;           /* request body bytes; 0: 8 MiB */
-    uint32_t max_tokens;       /* most tokens one request may ask for; 0: the context */
-    uint32_t max_active;       /* generations in flight; more get 429; 0: 64 */
-    const char *chat_template; /* --chat-template NAME|FILE; NULL: the model's */
-    const char *model_alias;   /* the name /v1/models reports; NULL: general.name */
-    int monitor_ms;            /* hello/status (and discovery) period; 0: 1000 */
-    int failover_ms; /* a worker that does not answer a call within this (beyond a poll's wait)
-                        is down: its streams move to another worker; 0: 1500 */
+    const char *host;           /* bind address; NULL: 127.0.0.1 */
+    int port;                   /* 0: any free port (fe_port) */
+    const char *api_key;        /* NULL: no key; else "Authorization: Bearer KEY" is required */
+    int threads;                /* HTTP threads; 0: 4 */
+    unsigned conn_limit;        /* open connections; 0: 256 */
+    unsigned timeout_s;         /* idle connection timeout; 0: 60 */
+    unsigned request_timeout_s; /* a request's head and body must arrive within it; 0: 30 */
+    size_t max_body;            /* request body bytes; 0: 8 MiB */
+    uint32_t max_tokens;        /* most tokens one request may ask for; 0: the context */
+    uint32_t max_active;        /* generations in flight; more get 429; 0: 64 */
+    const char *chat_template;  /* --chat-template NAME|FILE; NULL: the model's */
+    const char *model_alias;    /* the name /v1/models reports; NULL: general.name */
+    int monitor_ms;             /* hello/status (and discovery) period; 0: 1000 */
+    int failover_ms;    /* a worker that does not answer a call within this (beyond a poll's wait)
+                           is down: its streams move to another worker; 0: 1500 */
+    int worker_wait_ms; /* a request that finds no worker ready (one restarting) waits this long
+                           for one, on its own thread, before its 503; 0: 10000; < 0: no wait */
 };
 
 struct fe;

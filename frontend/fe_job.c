@@ -38,6 +38,10 @@ struct fe_job {
     double t_submit; /* monotonic seconds */
     double ttft;     /* seconds to the first token, -1 before it */
     struct wclient_update last; /* timings of the last update */
+    /* no worker was ready at submit (one restarting): the job thread submits req when one is */
+    bool wait_pick;
+    struct wclient_req req;
+    int32_t *req_ids; /* req's prompt (owned) */
 };
 
 /* A stream whose workers all stay away this long ends with a 503 error event. */
@@ -312,6 +316,7 @@ static void job_free(struct fe_job *j)
     free(j->content.p);
     free(j->reasoning.p);
     json_decref(j->lp);
+    free(j->req_ids);
     free(j);
 }
 
@@ -353,6 +358,55 @@ static void on_gone(void *ctx)
     atomic_store(&j->gone, true);
 }
 
+/* begin_stream starts j's SSE answer: 200, then the role (first, as OpenAI sends it). */
+static int begin_stream(struct fe_job *j)
+{
+    if (http_stream_begin(j->r, 200, "text/event-stream", on_gone, j) != 0) return STRATA_ENOMEM;
+    if (j->p.kind == API_CHAT)
+        sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
+                                  "assistant", "content", "", "logprobs", "finish_reason")));
+    return 0;
+}
+
+/* wait_pick submits j's request once a worker is ready again, polling every 100 ms for at most
+ * the frontend's worker_wait_ms; it gives up early when the client leaves or the frontend stops.
+ * On success the stream has begun (streamed requests). Otherwise e holds the answer to give. */
+static int wait_pick(struct fe_job *j, struct api_error *e)
+{
+    struct fe *f = j->f;
+    double end = now_s() + f->o.worker_wait_ms / 1000.0;
+    int rv;
+    for (;;) {
+        rv = fe_pick_stream(f, &j->req, &j->ops, &j->stream, &j->slot);
+        if (rv != STRATA_ESTATE || now_s() >= end || atomic_load(&j->gone) ||
+            atomic_load(&j->cancel))
+            break;
+        nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
+    }
+    free(j->req_ids);
+    j->req_ids = NULL;
+    if (rv == 0 && j->p.stream && begin_stream(j) != 0) {
+        j->ops->stream_cancel(j->stream);
+        j->ops->stream_free(j->stream);
+        fe_release(f, j->slot);
+        rv = STRATA_ENOMEM;
+    }
+    if (rv == 0) return 0;
+    if (rv == STRATA_ESTATE)
+        api_fail(e, 503, "unavailable_error", NULL, "no_worker",
+                 "no worker became ready within %d ms: start strata-worker or wait for it to "
+                 "come back",
+                 f->o.worker_wait_ms);
+    else if (rv == STRATA_EBUSY)
+        api_fail(e, 429, "rate_limit_error", NULL, "busy",
+                 "every worker's queue is full: retry after a second");
+    else
+        api_fail(e, 503, "unavailable_error", NULL, "worker_error",
+                 "submitting to the worker failed: %s: %s", strata_strerror(rv),
+                 strata_errdetail());
+    return rv;
+}
+
 static void *job_main(void *arg)
 {
     struct fe_job *j = arg;
@@ -361,6 +415,14 @@ static void *job_main(void *arg)
     struct api_error e = {0};
     int rv = 0;
     double away = -1; /* when the stream's worker failed, until a poll succeeds again */
+    if (j->wait_pick && wait_pick(j, &e) != 0) {
+        fe_reply_error(f, j->r, &e);
+        job_unlink(j);
+        job_free(j);
+        return NULL;
+    }
+    atomic_fetch_add(&f->m_gen_requests, 1);
+    atomic_fetch_add(&f->m_prompt_tokens, j->n_prompt);
     while (!finish) {
         if (atomic_load(&j->gone) || atomic_load(&j->cancel)) {
             j->ops->stream_cancel(j->stream);
@@ -424,6 +486,7 @@ static void *job_main(void *arg)
     j->ops->stream_free(j->stream);
     fe_release(f, j->slot);
     job_release(j);
+    http_set_tokens(j->r, j->n_prompt, j->n_gen);
     if (j->p.stream) {
         if (e.status) {
             atomic_fetch_add(&f->m_errors, 1);
@@ -441,6 +504,11 @@ static void *job_main(void *arg)
         }
         http_stream_write(j->r, "data: [DONE]\n\n", 14);
         http_stream_end(j->r);
+    } else if (!e.status && atomic_load(&j->gone)) {
+        /* nobody reads this: it ends the request (nginx's 499 in the log line) */
+        api_fail(&e, 499, "invalid_request_error", NULL, "client_closed",
+                 "the client closed the connection before the answer");
+        fe_reply_error(f, j->r, &e);
     } else if (e.status || strcmp(finish, "cancelled") == 0) {
         if (!e.status)
             api_fail(&e, 503, "unavailable_error", NULL, NULL,
@@ -592,7 +660,16 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                               .top_logprobs = j->p.top_logprobs};
     j->t_submit = now_s();
     int rv = fe_pick_stream(f, &req, &j->ops, &j->stream, &j->slot);
-    if (rv == STRATA_ESTATE) {
+    if (rv == STRATA_ESTATE && f->o.worker_wait_ms > 0) {
+        /* every worker is away (one restarting): wait for one on the job's thread, where the
+         * wait holds none of the HTTP threads */
+        j->wait_pick = true;
+        j->req = req;
+        j->req_ids = ids.v;
+        ids.v = NULL;
+        http_on_gone(r, on_gone, j);
+        rv = 0;
+    } else if (rv == STRATA_ESTATE) {
         api_fail(&e, 503, "unavailable_error", NULL, "no_worker",
                  "no worker is ready to serve: start strata-worker or wait for it to come back");
         goto fail;
@@ -613,16 +690,11 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     }
     free(ids.v);
     ids.v = NULL;
-    atomic_fetch_add(&f->m_gen_requests, 1);
-    atomic_fetch_add(&f->m_prompt_tokens, j->n_prompt);
-    if (j->p.stream) {
-        if (http_stream_begin(r, 200, "text/event-stream", on_gone, j) != 0) {
-            api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
-            goto fail_stream;
-        }
-        if (kind == API_CHAT) /* the role comes first, as OpenAI sends it */
-            sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
-                                      "assistant", "content", "", "logprobs", "finish_reason")));
+    if (!j->p.stream || j->wait_pick) {
+        http_on_gone(r, on_gone, j); /* a client that leaves cancels the request, as a stream's */
+    } else if (begin_stream(j) != 0) {
+        api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+        goto fail_stream;
     }
     pthread_t t;
     pthread_attr_t a;
@@ -632,10 +704,12 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     pthread_attr_destroy(&a);
     if (rv != 0) {
         LOG_ERROR("frontend: cannot start a generation thread: %s", strerror(rv));
-        j->ops->stream_cancel(j->stream);
-        j->ops->stream_free(j->stream);
-        fe_release(f, j->slot);
-        if (j->p.stream) {
+        if (!j->wait_pick) {
+            j->ops->stream_cancel(j->stream);
+            j->ops->stream_free(j->stream);
+            fe_release(f, j->slot);
+        }
+        if (j->p.stream && !j->wait_pick) {
             http_stream_end(r);
             job_unlink(j);
             job_free(j);

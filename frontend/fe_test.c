@@ -14,12 +14,14 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define REPLY "<think>Let me see.</think>Hello world. The answer is 42."
@@ -248,7 +250,8 @@ static void start_fe(struct fe_opts *o, int n_workers)
 
 static void setup(void)
 {
-    struct fe_opts o = {.max_tokens = 100, .max_body = 4096, .monitor_ms = 50};
+    struct fe_opts o = {
+        .max_tokens = 100, .max_body = 4096, .monitor_ms = 50, .worker_wait_ms = 1000};
     start_fe(&o, 1);
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
 }
@@ -561,6 +564,7 @@ START_TEST(errors)
         {"/v1/completions", "{\"prompt\":[1,99999]}", 400, "prompt"},
         {"/v1/completions", "{\"prompt\":\"\"}", 400, "prompt"},
         {"/v1/completions", "{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"top_k\":2147483648}", 400, "top_k"},
         {"/v1/completions", "{\"prompt\":\"x\",\"logprobs\":9}", 400, "logprobs"},
         {"/v1/nothing", "{}", 404, NULL},
         {"/tokenize", "{\"content\":3}", 400, "content"},
@@ -599,6 +603,15 @@ START_TEST(errors)
 }
 END_TEST
 
+/* revive_later brings a fake worker back 150 ms from now: a worker restart, seen by a request
+ * already waiting for it. */
+static void *revive_later(void *arg)
+{
+    usleep(150 * 1000);
+    ((struct fake *)arg)->down = false;
+    return NULL;
+}
+
 START_TEST(busy_and_down)
 {
     W0.busy = true;
@@ -615,9 +628,26 @@ START_TEST(busy_and_down)
     request("GET", "/health", NULL, NULL, &r);
     ck_assert_int_eq(r.status, 503);
     free(r.body);
-    json_t *j = chat("", 503);
+    json_t *j = chat("", 503); /* after waiting worker_wait_ms (1 s here) for a worker */
     ck_assert_str_eq(str_at(j, "error.code"), "no_worker");
     json_decref(j);
+    /* a worker that comes back while a request waits serves it, whole or streamed */
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, revive_later, &W0), 0);
+    json_decref(chat("", 200));
+    pthread_join(t, NULL);
+    W0.down = true;
+    usleep(300 * 1000);
+    ck_assert_int_eq(pthread_create(&t, NULL, revive_later, &W0), 0);
+    struct resp sr;
+    char sbody[512];
+    snprintf(sbody, sizeof sbody, chat_body, ",\"stream\":true");
+    request("POST", "/v1/chat/completions", sbody, NULL, &sr);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(sr.status, 200);
+    ck_assert_ptr_nonnull(strstr(sr.body, "[DONE]"));
+    ck_assert_ptr_null(strstr(sr.body, "\"error\""));
+    free(sr.body);
     W0.down = false;
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
     usleep(100 * 1000);
@@ -1062,6 +1092,100 @@ START_TEST(chat_cli)
 }
 END_TEST
 
+/* ---- hostile clients (issue 32)
+ * ------------------------------------------------------------------
+ */
+
+/* status_within reads fd's status line within timeout_s: the status, 0 when the server closed
+ * without one, -1 when nothing came in time. */
+static int status_within(int fd, double timeout_s)
+{
+    char head[2048];
+    size_t n = 0;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (n < 12) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        int ms = (int)(timeout_s * 1000 -
+                       ((t.tv_sec - t0.tv_sec) * 1e3 + (t.tv_nsec - t0.tv_nsec) / 1e6));
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (ms <= 0 || poll(&p, 1, ms) <= 0) return -1;
+        ssize_t k = read(fd, head + n, sizeof head - 1 - n);
+        if (k <= 0) return 0;
+        n += (size_t)k;
+    }
+    head[n] = '\0';
+    return atoi(head + 9);
+}
+
+/* Slowloris: every connection the frontend serves is held by a client dribbling a head; /health
+ * is still answered at once. */
+START_TEST(slowloris_health_answered)
+{
+    struct fe_opts o = {.conn_limit = 8, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    int slow[8];
+    for (int i = 0; i < 8; i++) {
+        slow[i] = connect_fe();
+        ck_assert_int_eq(write(slow[i], "GET /health HTTP/1.1\r\nX-A: ", 27), 27);
+    }
+    for (int t = 0; t < 6; t++) {
+        for (int i = 0; i < 8; i++)
+            if (write(slow[i], "a", 1) != 1) {
+            } /* one may have been closed by the server */
+        usleep(200 * 1000);
+    }
+    int fd = connect_fe();
+    send_req(fd, "GET", "/health", NULL, NULL);
+    int st = status_within(fd, 3.0);
+    close(fd);
+    for (int i = 0; i < 8; i++)
+        close(slow[i]);
+    ck_assert_msg(st == 200, "/health got %d (-1: no answer in 3 s) with 8 slow clients", st);
+    teardown();
+}
+END_TEST
+
+/* A client that leaves a non-streaming request cancels it, as a stream's does. */
+START_TEST(whole_disconnect_cancels)
+{
+    W0.delay_ms = 100; /* 2 tokens per 100 ms: the answer takes about a second */
+    int fd = connect_fe();
+    char body[512];
+    snprintf(body, sizeof body, chat_body, "");
+    send_req(fd, "POST", "/v1/chat/completions", body, NULL);
+    for (int i = 0; i < 100 && atomic_load(&W0.starts) == 0; i++)
+        usleep(10 * 1000);
+    close(fd);
+    for (int i = 0; i < 40 && atomic_load(&W0.cancels) == 0; i++)
+        usleep(20 * 1000);
+    ck_assert_msg(atomic_load(&W0.cancels) == 1, "the request ran on after its client left");
+    struct resp r;
+    request("GET", "/metrics", NULL, NULL, &r);
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_disconnects_total 1"));
+    free(r.body);
+}
+END_TEST
+
+/* A request without the key is refused on its head: the frontend does not wait for (and hold)
+ * the body it announced. */
+START_TEST(key_checked_before_body)
+{
+    struct fe_opts o = {.api_key = "sekret", .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    int fd = connect_fe();
+    const char head[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                        "application/json\r\nContent-Length: 4000000\r\n\r\n";
+    ck_assert_int_eq(write(fd, head, sizeof head - 1), (ssize_t)sizeof head - 1);
+    int st = status_within(fd, 2.0);
+    close(fd);
+    ck_assert_msg(st == 401, "got %d (-1: waited for the body) instead of 401", st);
+    teardown();
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fe");
@@ -1077,6 +1201,7 @@ static Suite *suite(void)
     tcase_add_test(tc, busy_and_down);
     tcase_add_test(tc, endpoints);
     tcase_add_test(tc, disconnect_cancels);
+    tcase_add_test(tc, whole_disconnect_cancels);
     suite_add_tcase(s, tc);
     TCase *own = tcase_create("own");
     tcase_set_timeout(own, 30);
@@ -1087,6 +1212,8 @@ static Suite *suite(void)
     tcase_add_test(own, failover_lost);
     tcase_add_test(own, discovery);
     tcase_add_test(own, chat_cli);
+    tcase_add_test(own, slowloris_health_answered);
+    tcase_add_test(own, key_checked_before_body);
     suite_add_tcase(s, own);
     return s;
 }

@@ -3,6 +3,7 @@
  */
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/own.h"
 #include "frontend/chat.h"
 #include "frontend/fe.h"
 
@@ -25,15 +26,20 @@ static void usage(FILE *to)
         "  --shm-dir DIR         where the arena lives (default /dev/shm)\n"
         "  --host ADDR           address to bind (default 127.0.0.1)\n"
         "  --port N              port (default 8080; 0 picks a free one and prints it)\n"
-        "  --api-key KEY         require 'Authorization: Bearer KEY' (or $STRATA_API_KEY)\n"
+        "  --api-key-file FILE   require 'Authorization: Bearer KEY', KEY the file's first line\n"
+        "                        (or set $STRATA_API_KEY; --api-key KEY works too, but every\n"
+        "                        local user can read it in `ps`)\n"
         "  --threads N           HTTP threads (default 4)\n"
         "  --conn-limit N        open connections at most (default 256)\n"
         "  --timeout S           idle connection timeout in seconds (default 60)\n"
+        "  --request-timeout S   a request's head and body must arrive within S (default 30)\n"
         "  --max-body BYTES      request body limit (default 8388608)\n"
         "  --max-tokens N        most tokens one request may ask for (default: the context)\n"
         "  --max-active N        generations in flight; more get 429 (default 64)\n"
         "  --chat-template SPEC  a built-in template name or a Jinja file (default: the model's)\n"
         "  --alias NAME          the model name /v1/models reports\n"
+        "  --worker-wait-ms MS   a request that finds no worker ready (one restarting) waits\n"
+        "                        this long for one before its 503 (default 10000; 0: none)\n"
         "  --failover-ms MS      a worker silent this long (past a poll's 1 s wait) is down: its\n"
         "                        streams move to another worker (default 1500)\n"
         "  --log LEVEL           error, warn, info, debug, trace\n");
@@ -55,13 +61,28 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "chat") == 0)
         return chat_main("strata-frontend chat", argc - 1, argv + 1);
-    static const struct option lo[] = {
-        {"worker", 1, 0, 'w'},        {"arena", 1, 0, 'a'},      {"shm-dir", 1, 0, 'd'},
-        {"host", 1, 0, 'H'},          {"port", 1, 0, 'p'},       {"api-key", 1, 0, 'k'},
-        {"threads", 1, 0, 't'},       {"conn-limit", 1, 0, 'c'}, {"timeout", 1, 0, 'T'},
-        {"max-body", 1, 0, 'b'},      {"max-tokens", 1, 0, 'm'}, {"max-active", 1, 0, 'A'},
-        {"chat-template", 1, 0, 'C'}, {"alias", 1, 0, 'n'},      {"failover-ms", 1, 0, 'F'},
-        {"log", 1, 0, 'l'},           {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+    static const struct option lo[] = {{"worker", 1, 0, 'w'},
+                                       {"arena", 1, 0, 'a'},
+                                       {"shm-dir", 1, 0, 'd'},
+                                       {"host", 1, 0, 'H'},
+                                       {"port", 1, 0, 'p'},
+                                       {"api-key", 1, 0, 'k'},
+                                       {"api-key-file", 1, 0, 'K'},
+                                       {"threads", 1, 0, 't'},
+                                       {"conn-limit", 1, 0, 'c'},
+                                       {"timeout", 1, 0, 'T'},
+                                       {"request-timeout", 1, 0, 'R'},
+                                       {"max-body", 1, 0, 'b'},
+                                       {"max-tokens", 1, 0, 'm'},
+                                       {"max-active", 1, 0, 'A'},
+                                       {"chat-template", 1, 0, 'C'},
+                                       {"alias", 1, 0, 'n'},
+                                       {"failover-ms", 1, 0, 'F'},
+                                       {"worker-wait-ms", 1, 0, 'W'},
+                                       {"log", 1, 0, 'l'},
+                                       {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
+    static char key[512];
     struct fe_opts o = {.port = 8080, .api_key = getenv("STRATA_API_KEY")};
     const char *workers[32], *arena = NULL, *shm_dir = NULL;
     int n_workers = 0, c, idx, rv;
@@ -90,6 +111,22 @@ int main(int argc, char **argv)
             break;
         case 'k':
             o.api_key = optarg;
+            LOG_WARN("--api-key puts the key on the command line, where every local user can "
+                     "read it (ps): use --api-key-file FILE or $STRATA_API_KEY");
+            break;
+        case 'K':
+            if ((rv = own_read_key(optarg, key, sizeof key)) != 0) {
+                fprintf(stderr, "strata-frontend: --api-key-file: %s\n", strata_errdetail());
+                return 2;
+            }
+            o.api_key = key;
+            break;
+        case 'W':
+            o.worker_wait_ms = (int)num("worker-wait-ms", optarg, 0, 600000);
+            if (!o.worker_wait_ms) o.worker_wait_ms = -1;
+            break;
+        case 'R':
+            o.request_timeout_s = (unsigned)num("request-timeout", optarg, 1, 86400);
             break;
         case 't':
             o.threads = (int)num("threads", optarg, 1, 256);

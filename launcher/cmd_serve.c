@@ -14,6 +14,7 @@
 #include "common/base/err.h"
 #include "common/ipc/ipc.h"
 #include "common/base/log.h"
+#include "common/base/own.h"
 #include "common/ipc/msg.h"
 #include "common/arena/shm.h"
 #include "common/ipc/wclient.h"
@@ -59,7 +60,9 @@ static void usage(FILE *out)
         "  --max-seqs N         requests one worker decodes at once (default 16)\n"
         "  --max-queue N        requests waiting per worker before it answers busy\n"
         "  --orphan-timeout S   a worker cancels a request nobody polled for S seconds\n"
-        "  --api-key KEY        frontends require `Authorization: Bearer KEY`\n"
+        "  --api-key-file FILE  frontends require `Authorization: Bearer KEY`, KEY the first\n"
+        "                       line of FILE (mode 600); $STRATA_API_KEY does the same, and\n"
+        "                       --api-key KEY too, but every local user can read it in `ps`\n"
         "  --chat-template T    frontends use template NAME|FILE instead of the model's\n"
         "  --worker-arg ARG     pass ARG to every strata-worker (repeat for more)\n"
         "  --frontend-arg ARG   pass ARG to every strata-frontend (repeat for more)\n"
@@ -105,6 +108,7 @@ enum {
     O_MAXQUEUE,
     O_ORPHAN,
     O_APIKEY,
+    O_APIKEYFILE,
     O_TEMPLATE,
     O_WARG,
     O_FARG,
@@ -146,6 +150,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"max-queue", required_argument, NULL, O_MAXQUEUE},
         {"orphan-timeout", required_argument, NULL, O_ORPHAN},
         {"api-key", required_argument, NULL, O_APIKEY},
+        {"api-key-file", required_argument, NULL, O_APIKEYFILE},
         {"chat-template", required_argument, NULL, O_TEMPLATE},
         {"worker-arg", required_argument, NULL, O_WARG},
         {"frontend-arg", required_argument, NULL, O_FARG},
@@ -201,7 +206,14 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case O_APIKEY:
             o->api_key = optarg;
+            LOG_WARN("--api-key puts the key on the command line, where every local user can "
+                     "read it (ps): use --api-key-file FILE or $STRATA_API_KEY");
             break;
+        case O_APIKEYFILE: {
+            static char key[512];
+            if ((rv = own_read_key(optarg, key, sizeof key)) == 0) o->api_key = key;
+            break;
+        }
         case O_TEMPLATE:
             o->chat_template = optarg;
             break;
@@ -406,16 +418,18 @@ static void argv_arena(char **argv, int *n, const struct serve *sv, const char *
     argv_opt(argv, n, "--shm-dir", sv->o.shm_dir);
 }
 
-/* start_child adds child NAME (stopped at STAGE, restarted when it dies, logging to its own file)
- * and spawns it; its index goes to *idx. */
-static int start_child(struct serve *sv, const char *name, char **argv, int stage, int *idx)
+/* start_child adds child NAME (stopped at STAGE, restarted when it dies unless it exits with
+ * fatal_status, logging to its own file) and spawns it; its index goes to *idx. */
+static int start_child(struct serve *sv, const char *name, char **argv, int stage, int fatal_status,
+                       int *idx)
 {
     char logb[600];
     struct sup_child_opts co = {.name = name,
                                 .argv = argv,
                                 .log = log_path(sv, name, logb, sizeof logb),
                                 .stage = stage,
-                                .restart = true};
+                                .restart = true,
+                                .fatal_status = fatal_status};
     int rv = sup_add(sv->sup, &co, idx);
     return rv ? rv : sup_start(sv->sup, *idx);
 }
@@ -456,7 +470,9 @@ static int start_arena(struct serve *sv)
     argv_push(argv, &n, "serve");
     argv_push(argv, &n, sv->model);
     argv_arena(argv, &n, sv, "--name");
-    int rv = start_child(sv, "arena", argv, 0, &sv->arena);
+    /* strata-arena exits 1 only when it cannot start (a planted segment, no room, a bad model):
+     * starting it again would fail the same way */
+    int rv = start_child(sv, "arena", argv, 0, 1, &sv->arena);
     if (rv) return rv;
     LOG_INFO("arena '%s': starting (pid %d); a model read for the first time takes a while",
              sv->name, (int)sup_pid(sv->sup, sv->arena));
@@ -490,7 +506,7 @@ static int start_worker(struct serve *sv, int i)
     if (sv->o.bit_exact) argv_push(argv, &n, "--bit-exact");
     for (int k = 0; k < sv->o.n_worker_args; k++)
         argv_push(argv, &n, sv->o.worker_args[k]);
-    int rv = start_child(sv, cname, argv, 1, &sv->workers[i]);
+    int rv = start_child(sv, cname, argv, 1, 0, &sv->workers[i]);
     if (rv) return rv;
     struct worker_probe p = {sv, i};
     return sup_wait_ready(sv->sup, sv->workers[i], worker_ready, &p, -1);
@@ -509,11 +525,10 @@ static int start_frontend(struct serve *sv, int i)
     argv_opt(argv, &n, "--host", sv->o.host);
     for (int w = 0; w < sv->o.n_workers; w++)
         argv_opt(argv, &n, "--worker", sv->worker_url[w]);
-    argv_opt(argv, &n, "--api-key", sv->o.api_key);
     argv_opt(argv, &n, "--chat-template", sv->o.chat_template);
     for (int k = 0; k < sv->o.n_frontend_args; k++)
         argv_push(argv, &n, sv->o.frontend_args[k]);
-    int rv = start_child(sv, cname, argv, 2, &sv->frontends[i]);
+    int rv = start_child(sv, cname, argv, 2, 0, &sv->frontends[i]);
     if (rv) return rv;
     struct frontend_probe p = {sv, sv->o.port + i};
     return sup_wait_ready(sv->sup, sv->frontends[i], frontend_ready, &p, -1);
@@ -680,6 +695,12 @@ static int run(int argc, char **argv)
         return rv < 0 ? 0 : rv;
     }
     strata_log_set_tag("serve");
+    /* The frontends read the key from their environment, which only our uid can read
+     * (/proc/PID/environ), never from their command line, which every user can (ps). */
+    if (sv->o.api_key && setenv("STRATA_API_KEY", sv->o.api_key, 1) != 0) {
+        free(sv);
+        return strata_cmd_fail("serve", "setup", strata_errno(errno));
+    }
     rv = serve_main(sv);
     free(sv);
     return rv;

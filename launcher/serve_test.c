@@ -826,6 +826,22 @@ START_TEST(cli_errors)
            "no worker answered");
     expect((const char *[]){"run", "--name", "x", "--teacher", "1", "-p", "hi", NULL}, 2,
            "without --teacher");
+    /* a key file others can read is refused; a missing --log-dir is told as such */
+    char keyf[700], model[700], logs[700];
+    snprintf(keyf, sizeof keyf, "%s/key", test_tmpdir());
+    FILE *kf = fopen(keyf, "w");
+    ck_assert_ptr_nonnull(kf);
+    fputs("k\n", kf);
+    fclose(kf);
+    chmod(keyf, 0644);
+    expect((const char *[]){"serve", "--api-key-file", keyf, "m.gguf", NULL}, 2,
+           "other users can read the key");
+    snprintf(model, sizeof model, "%s/cli.gguf", test_tmpdir());
+    struct fixture_opts fo = {.type = "q8_0"};
+    ck_assert_int_eq(fixture_write(&fo, model), 0);
+    snprintf(logs, sizeof logs, "%s/no-such-dir", test_tmpdir());
+    expect((const char *[]){"serve", model, "--runtime-dir", empty, "--log-dir", logs, NULL}, 1,
+           "directory does not exist");
     char demo[700];
     snprintf(demo, sizeof demo, "%s/models/demo.gguf", STRATA_SOURCE_DIR);
     if (access(demo, R_OK) != 0)
@@ -1000,6 +1016,38 @@ START_TEST(keep_arena_reused)
 }
 END_TEST
 
+/* The API key never reaches a command line other users can read (ps): given as --api-key, serve
+ * warns and hands it to the frontends through their environment; the frontend still requires it. */
+START_TEST(api_key_not_in_ps)
+{
+    if (!have_bins()) return;
+    struct svc s;
+    const char *key[] = {"--api-key", "sekret-in-argv", NULL};
+    svc_start(&s, "api-key", 1, 1, key);
+    int fe = state_pid(&s, "frontends", 0);
+    ck_assert_int_gt(fe, 0);
+    char path[64], cmd[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", fe);
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ssize_t n = read(fd, cmd, sizeof cmd - 1);
+    close(fd);
+    ck_assert_int_gt(n, 0);
+    for (ssize_t i = 0; i < n; i++)
+        if (!cmd[i]) cmd[i] = ' ';
+    cmd[n] = '\0';
+    ck_assert_msg(!strstr(cmd, "sekret-in-argv"), "the key is on the frontend's command line: %s",
+                  cmd);
+    int status = 0;
+    ck_assert_int_eq(sup_svc_http_status("127.0.0.1", s.port, "/v1/models", 2000, &status), 0);
+    ck_assert_int_eq(status, 401); /* the frontend got the key all the same */
+    char log[800];
+    snprintf(log, sizeof log, "%s/serve.log", s.logs);
+    ck_assert_int_eq(count_in_file(log, "every local user can read it (ps)"), 1);
+    svc_stop(&s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("serve");
@@ -1011,6 +1059,7 @@ static Suite *suite(void)
     tcase_add_test(tc, frontend_killed_leases_lapse);
     tcase_add_test(tc, two_workers_one_killed);
     tcase_add_test(tc, keep_arena_reused);
+    tcase_add_test(tc, api_key_not_in_ps);
     tcase_add_test(tc, stream_moves_to_other_worker);
     suite_add_tcase(s, tc);
     return s;

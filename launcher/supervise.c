@@ -1,6 +1,7 @@
 #include "launcher/supervise.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/own.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -24,6 +26,7 @@ struct sup_child {
     char *log;
     int stage;
     bool restart;
+    int fatal_status;
     pid_t pid;          /* 0: not running */
     int64_t started_ms; /* of the current or last run */
     int64_t due_ms;     /* restart time while waiting for one; 0: none */
@@ -117,6 +120,7 @@ int sup_add(struct sup *s, const struct sup_child_opts *co, int *idx)
     snprintf(c->name, sizeof c->name, "%s", co->name);
     c->stage = co->stage;
     c->restart = co->restart;
+    c->fatal_status = co->fatal_status;
     c->backoff_ms = s->o.backoff_min_ms;
     *idx = s->n++;
     return 0;
@@ -131,15 +135,33 @@ static int spawn(struct sup *s, int idx)
     posix_spawn_file_actions_t fa;
     posix_spawnattr_t at;
     sigset_t none, dfl;
+    int log_fd = -1;
+    /* The log is opened here, not in the child: a log directory others can write must not make
+     * us follow a symlink or append to someone else's file, and a failure is told as what it is. */
+    if (c->log) {
+        int lv = own_open(c->log, O_WRONLY | O_CREAT | O_APPEND, 0600, false, &log_fd);
+        if (lv == STRATA_ENOENT)
+            return strata_errf(lv,
+                               "cannot start %s: its log %s cannot be created because its "
+                               "directory does not exist: create it or pass another --log-dir",
+                               c->name, c->log);
+        if (lv != 0)
+            return strata_errf(lv, "cannot start %s: log %s: %s", c->name, c->log,
+                               strata_errdetail());
+    }
     int rv = posix_spawn_file_actions_init(&fa);
-    if (rv) return strata_errf(STRATA_ESYSERR | rv, "cannot start %s", c->name);
-    if ((rv = posix_spawnattr_init(&at)) != 0) {
-        posix_spawn_file_actions_destroy(&fa);
+    if (rv) {
+        if (log_fd >= 0) close(log_fd);
         return strata_errf(STRATA_ESYSERR | rv, "cannot start %s", c->name);
     }
-    if (c->log) {
-        rv = posix_spawn_file_actions_addopen(&fa, 1, c->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (!rv) rv = posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    if ((rv = posix_spawnattr_init(&at)) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        if (log_fd >= 0) close(log_fd);
+        return strata_errf(STRATA_ESYSERR | rv, "cannot start %s", c->name);
+    }
+    if (log_fd >= 0) {
+        rv = posix_spawn_file_actions_adddup2(&fa, log_fd, 1);
+        if (!rv) rv = posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
     }
     sigemptyset(&none);
     sigemptyset(&dfl);
@@ -160,6 +182,7 @@ static int spawn(struct sup *s, int idx)
     if (!rv) rv = posix_spawn(&pid, c->argv[0], &fa, &at, c->argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
+    if (log_fd >= 0) close(log_fd);
     if (rv)
         return strata_errf(STRATA_ESYSERR | rv, "cannot start %s (%s%s%s): %s", c->name, c->argv[0],
                            c->log ? ", log " : "", c->log ? c->log : "",
@@ -200,8 +223,10 @@ static void reap(struct sup *s)
             LOG_DEBUG("%s (pid %d) %s", c->name, (int)old, why);
             continue;
         }
-        if (!c->restart) {
-            LOG_ERROR("%s (pid %d) %s", c->name, (int)old, why);
+        bool fatal = c->fatal_status && WIFEXITED(st) && WEXITSTATUS(st) == c->fatal_status;
+        if (!c->restart || fatal) {
+            LOG_ERROR("%s (pid %d) %s%s", c->name, (int)old, why,
+                      fatal ? ": it cannot start, so it is not restarted (its log says why)" : "");
             if (s->fatal < 0) s->fatal = i;
             continue;
         }

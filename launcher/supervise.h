@@ -44,6 +44,9 @@ struct sup_child_opts {
     const char *log;   /* file that gets stdout and stderr (appended); NULL: inherit ours */
     int stage;         /* stop order: higher stages stop first */
     bool restart;      /* restart when it dies; false: its death ends sup_run */
+    int fatal_status;  /* an exit status by which the child says that starting it again cannot
+                          help (strata-arena's 1: it could not start): it is then not restarted
+                          and its death ends sup_run, as with restart false; 0: none */
 };
 
 /* sup_ready_fn says whether a started child is ready to serve: 0 yes, anything else not yet

@@ -223,6 +223,35 @@ START_TEST(fatal_child_ends_run)
 }
 END_TEST
 
+/* A restarting child that exits with its fatal status (strata-arena's "cannot start") is not
+ * restarted: the run ends and says why, instead of "restarting it in 0.2 s" forever. Another
+ * status still restarts it. */
+START_TEST(fatal_status_not_restarted)
+{
+    struct sup_opts o = {.backoff_min_ms = 30};
+    struct sup *s;
+    ck_assert_int_eq(sup_init(&o, &s), 0);
+    char *argv[] = {"/bin/sh", "-c", "sleep 0.1; exit 1", NULL};
+    struct sup_child_opts co = {.name = "arena", .argv = argv, .restart = true, .fatal_status = 1};
+    int c = -1;
+    ck_assert_int_eq(sup_add(s, &co, &c), 0);
+    ck_assert_int_eq(sup_start(s, c), 0);
+    ck_assert_int_eq(sup_run(s, 5000), STRATA_ECLOSED);
+    ck_assert_msg(strstr(strata_errdetail(), "arena exited with status 1"), "%s",
+                  strata_errdetail());
+    ck_assert_uint_eq(sup_restarts(s, c), 0);
+    char *argv2[] = {"/bin/sh", "-c", "exit 3", NULL};
+    struct sup_child_opts co2 = {
+        .name = "other", .argv = argv2, .restart = true, .fatal_status = 1};
+    int d = -1;
+    ck_assert_int_eq(sup_add(s, &co2, &d), 0);
+    ck_assert_int_eq(sup_start(s, d), 0);
+    ck_assert_int_eq(sup_run(s, 300), STRATA_ETIMEDOUT);
+    ck_assert_uint_ge(sup_restarts(s, d), 1);
+    sup_fini(s);
+}
+END_TEST
+
 static void count_spawn(void *ctx, int idx, pid_t pid)
 {
     int *n = ctx;
@@ -267,6 +296,7 @@ static Suite *suite(void)
     tcase_add_test(tc, stop_signal_ends_run);
     tcase_add_test(tc, ready_and_died_before_ready);
     tcase_add_test(tc, fatal_child_ends_run);
+    tcase_add_test(tc, fatal_status_not_restarted);
     tcase_add_test(tc, missing_binary_and_on_spawn);
     suite_add_tcase(s, tc);
     return s;

@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *test_data_path(const char *rel)
@@ -78,4 +81,32 @@ float test_gauss(struct test_rng *r)
 {
     double u = test_unif(r), v = test_unif(r);
     return (float)(sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+unsigned test_other_uid(void)
+{
+    for (unsigned uid = 60999; uid > 50000; uid--)
+        if (!getpwuid(uid) && !getgrgid(uid)) return uid;
+    abort(); /* every uid of the range has an account: nothing to test as */
+}
+
+int test_as_other_user(const char *what, int (*fn)(void *ctx), void *ctx)
+{
+    if (geteuid() != 0) {
+        printf("SKIP %s: switching to another user needs root (CI runs as root)\n", what);
+        return -1;
+    }
+    unsigned id = test_other_uid();
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return 1;
+    if (pid == 0) {
+        if (setgroups(0, NULL) != 0 || setresgid(id, id, id) != 0 || setresuid(id, id, id) != 0)
+            _exit(126);
+        _exit(fn(ctx) & 0xff);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

@@ -33,4 +33,13 @@ struct test_rng {
 double test_unif(struct test_rng *r);
 float test_gauss(struct test_rng *r);
 
+/* test_other_uid is a uid (and gid of the same number) that no account uses: "another local user"
+ * for the hardening tests, which never create accounts. */
+unsigned test_other_uid(void);
+
+/* test_as_other_user runs fn(ctx) in a forked child that switched to test_other_uid() with
+ * setresgid, setgroups and setresuid, and returns fn's return (0: it did what it meant to). It needs
+ * root (CI runs as root): otherwise it prints "SKIP <what>: ..." and returns -1 without forking. */
+int test_as_other_user(const char *what, int (*fn)(void *ctx), void *ctx);
+
 #endif

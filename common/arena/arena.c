@@ -174,7 +174,7 @@ int arena_open(const char *dir, const char *name, struct arena **out)
     struct arena *a = NULL;
     struct shm_seg s = {.fd = -1};
     if ((rv = shm_name(seg, sizeof seg, name, "")) != 0) return rv;
-    if ((rv = shm_open_seg(dir, seg, false, &s)) != 0) {
+    if ((rv = shm_open_seg(dir, seg, false, false, &s)) != 0) {
         if (rv == STRATA_ENOENT)
             return strata_errf(STRATA_ENOENT, "no arena '%s' in %s: start `strata-arena serve`",
                                name, dir && *dir ? dir : SHM_DEFAULT_DIR);
@@ -315,7 +315,7 @@ int arena_state_open(const char *dir, const char *name, struct arena_state **out
     struct shm_seg s = {.fd = -1};
     struct arena_state *st = NULL;
     if ((rv = shm_name(seg, sizeof seg, name, ARENA_STATE_SUFFIX)) != 0) return rv;
-    if ((rv = shm_open_seg(dir, seg, true, &s)) != 0) return rv;
+    if ((rv = shm_open_seg(dir, seg, true, true, &s)) != 0) return rv;
     st = malloc(sizeof *st);
     if (!st) {
         rv = STRATA_ENOMEM;

@@ -168,7 +168,9 @@ int arena_check(const uint8_t *img, uint64_t size);
 
 /* arena_open maps segment `strata-<uid>-<name>` of dir (NULL: /dev/shm) read-only, checks it
  * (arena_check) and returns a view the caller frees with arena_close. STRATA_ENOENT when there is
- * no such arena. Blocks only on the open and mmap. */
+ * no such arena; STRATA_EPERM when the segment is a symlink, is not owned by our uid or is
+ * writable by anyone else (another user planted it: the detail names it and its owner). Blocks
+ * only on the open and mmap. */
 int arena_open(const char *dir, const char *name, struct arena **out);
 
 /* arena_view builds a view over an already checked image (no mapping owned; seg.fd is -1). */
@@ -218,7 +220,8 @@ uint64_t arena_state_size(uint32_t n_layers, uint32_t n_expert);
 void arena_state_init(void *img, uint32_t n_layers, uint32_t n_expert, uint64_t fingerprint);
 
 /* arena_state_open maps `strata-<uid>-<name>.state` read-write and checks magic, version and size.
- * Workers use it to add heat and register. */
+ * Workers use it to add heat and register. The segment must be ours as arena_open's is, except
+ * that group write is accepted (a --group server makes it 0660): STRATA_EPERM otherwise. */
 int arena_state_open(const char *dir, const char *name, struct arena_state **out);
 
 /* arena_state_view points st at a checked state image owned by the caller (seg.fd is -1). */

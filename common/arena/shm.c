@@ -1,5 +1,6 @@
 #include "common/arena/shm.h"
 #include "common/base/err.h"
+#include "common/base/own.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -81,28 +82,34 @@ static int create_file(const char *dir, const char *segname, char *path, size_t 
 {
     int rv;
     if ((rv = shm_path(path, n, dir, segname)) != 0) return rv;
-    *fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (*fd >= 0) return 0;
-    if (errno == EEXIST) return strata_errf(STRATA_EEXIST, "%s exists", path);
-    return strata_errf(strata_errno(errno), "create %s: %s", path, strerror(errno));
+    return own_open(path, O_RDWR | O_CREAT | O_EXCL, 0600, false, fd);
+}
+
+const char *shm_size_str(uint64_t n, char buf[SHM_SIZE_STR])
+{
+    if (n >= (1ull << 30))
+        snprintf(buf, SHM_SIZE_STR, "%.1f GiB", n / 1073741824.0);
+    else
+        snprintf(buf, SHM_SIZE_STR, "%.1f MiB", n / 1048576.0);
+    return buf;
 }
 
 /* no_space says that dir cannot hold a segment of size bytes, of which allocated are in place. */
 static int no_space(const char *dir, uint64_t size, uint64_t allocated)
 {
     uint64_t avail = 0;
+    char need[SHM_SIZE_STR], have[SHM_SIZE_STR], done[SHM_SIZE_STR];
     shm_free_bytes(dir, &avail);
     if (allocated == 0)
-        return strata_errf(STRATA_ENOSPC,
-                           "arena needs %.1f GiB, %s has %.1f GiB free: mount a larger tmpfs or "
-                           "pass --shm-dir",
-                           size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0);
+        return strata_errf(
+            STRATA_ENOSPC, "arena needs %s, %s has %s free: mount a larger tmpfs or pass --shm-dir",
+            shm_size_str(size, need), dir_or_default(dir), shm_size_str(avail, have));
     return strata_errf(STRATA_ENOSPC,
-                       "arena needs %.1f GiB, %s has %.1f GiB free after %.1f GiB of it were "
-                       "allocated (something else filled %s during the build): free space there, "
-                       "mount a larger tmpfs or pass --shm-dir",
-                       size / 1073741824.0, dir_or_default(dir), avail / 1073741824.0,
-                       allocated / 1073741824.0, dir_or_default(dir));
+                       "arena needs %s, %s has %s free after %s of it were allocated (something "
+                       "else filled %s during the build): free space there, mount a larger tmpfs "
+                       "or pass --shm-dir",
+                       shm_size_str(size, need), dir_or_default(dir), shm_size_str(avail, have),
+                       shm_size_str(allocated, done), dir_or_default(dir));
 }
 
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out)
@@ -172,15 +179,15 @@ int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t
     return 0;
 }
 
-int shm_open_seg(const char *dir, const char *segname, bool writable, struct shm_seg *out)
+int shm_open_seg(const char *dir, const char *segname, bool writable, bool group_write,
+                 struct shm_seg *out)
 {
     char path[4096];
-    int rv;
+    int rv, fd;
     if ((rv = shm_path(path, sizeof path, dir, segname)) != 0) return rv;
-    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) return strata_errf(STRATA_ENOENT, "no segment %s", path);
-        return strata_errf(strata_errno(errno), "open %s: %s", path, strerror(errno));
+    if ((rv = own_open(path, writable ? O_RDWR : O_RDONLY, 0, group_write, &fd)) != 0) {
+        if (rv == STRATA_ENOENT) return strata_errf(STRATA_ENOENT, "no segment %s", path);
+        return rv;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {

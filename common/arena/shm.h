@@ -7,6 +7,8 @@
  * tmpfs succeeds and then SIGBUSes on first touch; a large segment may instead be created sparse
  * and allocated range by range (shm_reserve) just before each range is written, so that the
  * allocation overlaps the writing. Readers open O_RDONLY and map PROT_READ.
+ * Every open refuses a symlink and, after opening, a file that is not ours (common/base/own.h):
+ * another local user can create any name in /dev/shm, including ours, before we do.
  * Everything platform-specific lives here so that a Windows file-mapping shim could replace it.
  * A struct shm_seg belongs to one thread at a time; the mapping itself may be read by any thread.
  */
@@ -39,10 +41,10 @@ int shm_name(char *buf, size_t n, const char *name, const char *suffix);
 /* shm_path writes "<dir>/<segname>" (dir NULL: SHM_DEFAULT_DIR). STRATA_EOVERFLOW when too long. */
 int shm_path(char *buf, size_t n, const char *dir, const char *segname);
 
-/* shm_create creates segname in dir exclusively (mode 0600), preallocates size bytes and maps them
- * read-write. STRATA_EEXIST when it exists; STRATA_ENOSPC when the directory cannot hold size bytes
- * (detail: how much is needed and free, and what to do); errno codes otherwise. Nothing is left
- * behind on failure. */
+/* shm_create creates segname in dir exclusively (mode 0600, O_NOFOLLOW), preallocates size bytes
+ * and maps them read-write. STRATA_EEXIST when it exists, STRATA_EPERM when a symlink is there;
+ * STRATA_ENOSPC when the directory cannot hold size bytes (detail: how much is needed and free, and
+ * what to do); errno codes otherwise. Nothing is left behind on failure. */
 int shm_create(const char *dir, const char *segname, uint64_t size, struct shm_seg *out);
 
 /* shm_create_sparse is shm_create without the preallocation: the file has its size but no pages.
@@ -58,9 +60,12 @@ int shm_create_sparse(const char *dir, const char *segname, uint64_t size, struc
  * fallocate it does nothing: the free-space check made before building is then the only guard. */
 int shm_reserve(const char *dir, const struct shm_seg *s, uint64_t off, uint64_t len);
 
-/* shm_open_seg opens and maps an existing segment, read-only unless writable. STRATA_ENOENT when it
- * does not exist, STRATA_EFORMAT when it is empty. */
-int shm_open_seg(const char *dir, const char *segname, bool writable, struct shm_seg *out);
+/* shm_open_seg opens and maps an existing segment, read-only unless writable. The segment must be a
+ * regular file (not a symlink) owned by our effective uid that nobody else may write, the group
+ * excepted when group_write: STRATA_EPERM otherwise, the detail naming the file and its owner.
+ * STRATA_ENOENT when it does not exist, STRATA_EFORMAT when it is empty. */
+int shm_open_seg(const char *dir, const char *segname, bool writable, bool group_write,
+                 struct shm_seg *out);
 
 /* shm_close unmaps and closes (which drops any flock this fd held). Safe on a closed segment. */
 void shm_close(struct shm_seg *s);
@@ -76,6 +81,11 @@ int shm_publish(const char *dir, struct shm_seg *s, const char *tmpname, const c
 
 /* shm_remove unlinks segname in dir; a missing segment is not an error. Mappings stay valid. */
 int shm_remove(const char *dir, const char *segname);
+
+/* shm_size_str writes n bytes for a person: "%.1f GiB" from 1 GiB up, "%.1f MiB" below (a full
+ * tmpfs must not read "has 0.0 GiB free"); returns buf. */
+#define SHM_SIZE_STR 32
+const char *shm_size_str(uint64_t n, char buf[SHM_SIZE_STR]);
 
 /* shm_free_bytes sets *out to the bytes an unprivileged writer may still allocate in dir. */
 int shm_free_bytes(const char *dir, uint64_t *out);

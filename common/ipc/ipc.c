@@ -1,9 +1,11 @@
 #include "common/ipc/ipc.h"
 
 #include "common/base/err.h"
+#include "common/base/own.h"
 #include "common/base/log.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
@@ -57,6 +59,7 @@ struct ipc_server {
     bool stopped;       /* ipc_server_stop finished */
     int n_replying;     /* under mtx: answers between their decision and nng_ctx_send */
     unsigned relistens; /* under mtx */
+    atomic_uint pipes;  /* connections whose handshake completed (the listener works) */
     pthread_t watchdog;
     bool watchdog_running;
     struct ipc_call *calls;
@@ -269,10 +272,8 @@ static int take_lock(struct ipc_server *srv)
 {
     char lock[sizeof srv->url + 8];
     snprintf(lock, sizeof lock, "%s.lock", srv->path);
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return strata_errf(strata_errno(errno), "cannot open lock file %s: %s", lock,
-                           strerror(errno));
+    int fd, rv;
+    if ((rv = own_open(lock, O_RDWR | O_CREAT, 0600, false, &fd)) != 0) return rv;
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         char pid[32] = "";
@@ -339,6 +340,13 @@ static int ping(struct ipc_server *srv)
     return rv;
 }
 
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+    (void)p;
+    (void)ev;
+    atomic_fetch_add(&((struct ipc_server *)arg)->pipes, 1);
+}
+
 /* busy_calls counts contexts that hold a request; under srv->mtx. O(n_ctx): a few dozen. */
 static int busy_calls(struct ipc_server *srv)
 {
@@ -368,7 +376,17 @@ static void *watchdog_main(void *arg)
          * would say nothing about the listener */
         bool all_busy = busy_calls(srv) == srv->n_calls;
         pthread_mutex_unlock(&srv->mtx);
+        unsigned pipes = atomic_load(&srv->pipes);
         int rv = all_busy ? 0 : ping(srv);
+        /* A ping that timed out after its connection was accepted and handshaken met a slow
+         * server (a loaded machine, a sanitizer), not the broken listener of #1518: re-listening
+         * would close every client's connection for nothing. */
+        if (rv == STRATA_ETIMEDOUT && atomic_load(&srv->pipes) != pipes) {
+            LOG_DEBUG("ipc %s: the watchdog's ping was accepted but not answered in %d ms: the "
+                      "server is slow, the listener works",
+                      srv->name, srv->opts.watchdog_timeout_ms);
+            rv = 0;
+        }
         if (rv != 0) {
             char why[256];
             snprintf(why, sizeof why, "%s", strata_errdetail());
@@ -419,8 +437,11 @@ int ipc_server_start(const char *url, ipc_handler_fn handler, void *ctx,
     srv->opts.name = NULL;
     if (srv->opts.n_ctx <= 0) srv->opts.n_ctx = 16;
     if (srv->opts.recv_max == 0) srv->opts.recv_max = MSG_MAX_BYTES;
-    if (srv->opts.watchdog_ms == 0) srv->opts.watchdog_ms = 5000;
-    if (srv->opts.watchdog_timeout_ms <= 0) srv->opts.watchdog_timeout_ms = 2000;
+    /* A connect-and-close (a port scanner, a health probe) can break nng 1.5.2's listener
+     * (#1518): ping twice a second, and give up on a ping after half a second, so that a broken
+     * listener is replaced within about a second. A ping is one local round trip. */
+    if (srv->opts.watchdog_ms == 0) srv->opts.watchdog_ms = 500;
+    if (srv->opts.watchdog_timeout_ms <= 0) srv->opts.watchdog_timeout_ms = 500;
 
     if ((rv = take_lock(srv)) != 0) goto fail;
     if ((rv = nng_rep0_open(&srv->sock)) != 0) {
@@ -428,6 +449,10 @@ int ipc_server_start(const char *url, ipc_handler_fn handler, void *ctx,
         goto fail;
     }
     srv->sock_open = true;
+    if ((rv = nng_pipe_notify(srv->sock, NNG_PIPE_EV_ADD_POST, on_pipe, srv)) != 0) {
+        rv = strata_errf(STRATA_ENNGERR | rv, "cannot watch connections: %s", nng_strerror(rv));
+        goto fail;
+    }
     if ((rv = nng_socket_set_size(srv->sock, NNG_OPT_RECVMAXSZ, srv->opts.recv_max)) != 0) {
         rv = strata_errf(STRATA_ENNGERR | rv, "cannot set the receive cap: %s", nng_strerror(rv));
         goto fail;

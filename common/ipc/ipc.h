@@ -12,7 +12,9 @@
  * server fails with STRATA_EBUSY naming the holder), removes a stale socket file only under that
  * lock (so nng never probes it with a connect), chmods the socket 0600, and runs a watchdog thread
  * that pings the server's own URL over a fresh connection every watchdog_ms and re-listens when the
- * ping fails.
+ * ping fails: by default within about a second of the break. A ping that timed out although its
+ * connection completed the handshake does not count (the server is slow, the listener works), so
+ * a loaded machine does not get its clients' connections closed by a re-listen.
  *
  * Client: one req0 socket per peer; every call opens its own nng context, so any number of threads
  * may call at once. Every wait has a timeout. nng is not fork-safe: open servers and clients only
@@ -41,8 +43,8 @@ struct ipc_server_opts {
     int n_ctx;               /* requests in flight at once (contexts); default 16 */
     size_t recv_max;         /* NNG_OPT_RECVMAXSZ: a larger message drops its connection; default
                                 MSG_MAX_BYTES */
-    int watchdog_ms;         /* watchdog period; default 5000; negative disables it (tests only) */
-    int watchdog_timeout_ms; /* how long one watchdog ping may take; default 2000 */
+    int watchdog_ms;         /* watchdog period; default 500; negative disables it (tests only) */
+    int watchdog_timeout_ms; /* how long one watchdog ping may take; default 500 */
 };
 
 /* ipc_server_start listens on url (ipc:// only: the hardening needs a path) and serves requests
