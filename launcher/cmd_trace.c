@@ -32,7 +32,7 @@ static void usage(FILE *out)
             "usage: strata trace MODEL.gguf FILE [--json] [--ids] [--vocab TOK.gguf] [--ctx N]\n"
             "                    [--max-tokens N] [--threads N] [--sizes P,P,..] [--window N]\n"
             "                    [--lag N] [--adapt-every N] [--adapt-swaps N] [--adapt-decay F]\n"
-            "                    [--adapt-min F] [--adapt-lead F]\n"
+            "                    [--adapt-min F] [--adapt-lead F] [--chunk-rule once|share]\n"
             "\n"
             "Runs FILE through the model on the CPU in windows of --ctx tokens, records which experts\n"
             "each layer routes every token to, and prints per layer: the entropy of the expert\n"
@@ -55,6 +55,8 @@ static void usage(FILE *out)
             "  --window N      tokens a replayed window: 1 decode steps (default), more prompt\n"
             "                  chunks (each expert of a chunk counts once for the tier)\n"
             "  --lag N         windows a copy takes to land (default 1, the async tier; 0 blocking)\n"
+            "  --chunk-rule R  how the tier counts an expert of a prompt chunk: once (default, the\n"
+            "                  worker's rule) or share (its share of the chunk's tokens, at most 1)\n"
             "  --adapt-*       the tier's options, as the worker's (every 4, swaps 96, decay 0.7,\n"
             "                  min 2.0, lead 1.5)\n"
             "  --json          one JSON object: sizes, per layer counts, entropy and hit rates\n");
@@ -104,10 +106,11 @@ static int replay(const struct trace *t, const struct replay_cfg *cfg, json_t *r
     }
     const struct tier_opts *to = &cfg->o.tier;
     if (root) {
-        json_t *r = json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f}", "window", (int)cfg->o.window,
+        json_t *r = json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:s}", "window", (int)cfg->o.window,
                               "lag", (int)cfg->o.lag, "every", (int)to->every, "swaps",
                               (int)to->swaps, "decay", (double)to->decay, "min",
-                              (double)to->min_count, "lead", (double)to->lead);
+                              (double)to->min_count, "lead", (double)to->lead, "chunk_rule",
+                              cfg->o.chunk_share ? "share" : "once");
         json_t *sizes = json_array();
         if (!r || !sizes || json_object_set_new(r, "sizes", sizes) ||
             json_object_set_new(root, "replay", r)) {
@@ -125,9 +128,10 @@ static int replay(const struct trace *t, const struct replay_cfg *cfg, json_t *r
         return 0;
     }
     printf("\nhit rates replayed per window (%u token%s a window, copies land %u window%s late; "
-           "rounds every %u windows of at most %u moves; tier: decay %.2f, min %.2f, lead %.2f)\n",
+           "rounds every %u windows of at most %u moves; tier: decay %.2f, min %.2f, lead %.2f%s)\n",
            cfg->o.window, cfg->o.window == 1 ? "" : "s", cfg->o.lag, cfg->o.lag == 1 ? "" : "s",
-           to->every, to->swaps, (double)to->decay, (double)to->min_count, (double)to->lead);
+           to->every, to->swaps, (double)to->decay, (double)to->min_count, (double)to->lead,
+           cfg->o.window == 1 ? "" : cfg->o.chunk_share ? ", chunks by share" : ", chunks once");
     printf("%-8s", "policy");
     for (uint32_t k = 0; k < cfg->n_sizes; k++) {
         char label[32];
@@ -300,6 +304,13 @@ static int run(int argc, char **argv)
                 fprintf(stderr, "strata trace: %s\n", strata_errdetail());
                 return 2;
             }
+        } else if (!strcmp(a, "--chunk-rule") && i + 1 < argc) {
+            const char *r = argv[++i];
+            if (strcmp(r, "once") && strcmp(r, "share")) {
+                fprintf(stderr, "strata trace: --chunk-rule %s: give once or share\n", r);
+                return 2;
+            }
+            cfg.o.chunk_share = r[0] == 's';
         } else if (!strncmp(a, "--adapt-", 8) && i + 1 < argc) {
             /* the worker's own parser, so the ranges are the worker's */
             const int rv = backend_opt(&bo, a + 2, argv[++i]);

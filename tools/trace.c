@@ -105,7 +105,8 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
         rv = strata_errf(STRATA_ENOMEM, "out of memory for trace passes of %u tokens", chunk);
         goto fail;
     }
-    struct backend_opts bo = {.n_threads = n_threads, .max_pass_tokens = chunk, .n_ctx = ctx, .n_seq = 1};
+    struct backend_opts bo = {
+        .n_threads = n_threads, .max_pass_tokens = chunk, .n_ctx = ctx, .n_seq = 1};
     if ((rv = backend_start(m, &bo, &f)) != 0) goto fail;
     kv = backend_kv(f);
     backend_set_route(f, route, &r);
@@ -252,7 +253,7 @@ static int windows_init(const struct trace *t, uint32_t window, struct windows *
     w->pairs = malloc((max_ent ? max_ent : 1) * sizeof *w->pairs);
     w->use_off = calloc((size_t)w->N + 1, sizeof *w->use_off);
     uint32_t *slot_of = malloc((size_t)w->N * sizeof *slot_of); /* x's entry in this window */
-    uint64_t *stamp = calloc(w->N, sizeof *stamp);               /* window + 1 that last saw x */
+    uint64_t *stamp = calloc(w->N, sizeof *stamp);              /* window + 1 that last saw x */
     int rv = 0;
     if (!w->off || !w->ent || !w->pairs || !w->use_off || !slot_of || !stamp) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for a replay of %llu tokens",
@@ -262,12 +263,13 @@ static int windows_init(const struct trace *t, uint32_t window, struct windows *
     uint64_t m = 0;
     for (uint32_t i = 0; i < w->n; i++) {
         w->off[i] = m;
-        const uint64_t end = (uint64_t)(i + 1) * window < t->n_tokens ? (uint64_t)(i + 1) * window
-                                                                      : t->n_tokens;
+        const uint64_t end =
+            (uint64_t)(i + 1) * window < t->n_tokens ? (uint64_t)(i + 1) * window : t->n_tokens;
         for (uint64_t k = (uint64_t)i * window; k < end; k++)
             for (uint32_t l = 0; l < t->n_layer; l++)
                 for (uint32_t j = 0; j < t->n_used; j++) {
-                    const uint32_t x = l * t->n_expert + t->sel[k * per + (size_t)l * t->n_used + j];
+                    const uint32_t x =
+                        l * t->n_expert + t->sel[k * per + (size_t)l * t->n_used + j];
                     if (stamp[x] != (uint64_t)i + 1) {
                         stamp[x] = (uint64_t)i + 1;
                         slot_of[x] = (uint32_t)m;
@@ -373,16 +375,23 @@ static uint32_t greedy_pick(struct greedy *g, const struct cache *c, uint32_t sw
         while (next_free < c->n_slots && c->owner[next_free] != CACHE_NONE)
             next_free++;
         if (next_free < c->n_slots) {
-            moves[n++] = (struct tier_move){x / c->n_expert, x % c->n_expert, next_free++,
-                                            CACHE_NONE};
+            moves[n++] =
+                (struct tier_move){x / c->n_expert, x % c->n_expert, next_free++, CACHE_NONE};
             continue;
         }
         if (v == nv || !(g->want[x] > g->keep[g->vict[v]])) break;
         const uint32_t y = g->vict[v++];
-        moves[n++] = (struct tier_move){x / c->n_expert, x % c->n_expert, (uint32_t)c->work[y],
-                                        (int32_t)y};
+        moves[n++] =
+            (struct tier_move){x / c->n_expert, x % c->n_expert, (uint32_t)c->work[y], (int32_t)y};
     }
     return n;
+}
+
+/* win_tokens: the tokens of window i (the last may be short). */
+static uint32_t win_tokens(const struct trace *t, const struct trace_replay_opts *o, uint32_t i)
+{
+    const uint64_t left = t->n_tokens - (uint64_t)i * o->window;
+    return left < o->window ? (uint32_t)left : o->window;
 }
 
 int trace_replay(const struct trace *t, enum trace_policy p, uint32_t slots,
@@ -431,8 +440,12 @@ int trace_replay(const struct trace *t, enum trace_policy p, uint32_t slots,
         for (uint64_t k = w.off[i]; k < w.off[i + 1]; k++) {
             const uint32_t x = w.ent[k];
             if (c->pub[x] != CACHE_NONE) *hits += w.pairs[k];
-            /* The worker's count: each decode pair, or once per expert of a prompt chunk. */
-            tier_count(tr, x / t->n_expert, x % t->n_expert, o->window == 1 ? (float)w.pairs[k] : 1);
+            /* The worker's count: each decode pair, or once per expert of a prompt chunk (or,
+             * with chunk_share, its share of the chunk's tokens). */
+            const float n = o->window == 1   ? (float)w.pairs[k]
+                            : o->chunk_share ? (float)w.pairs[k] / (float)win_tokens(t, o, i)
+                                             : 1;
+            tier_count(tr, x / t->n_expert, x % t->n_expert, n);
             last[x] = i + 1;
             freq[x] += w.pairs[k];
         }

@@ -85,11 +85,14 @@ enum trace_policy {
 const char *trace_policy_name(enum trace_policy p);
 
 struct trace_replay_opts {
-    uint32_t window;      /* tokens a window: 1 replays decode steps (each pair counts); more
-                             replays prompt chunks (each expert of a chunk counts once) */
-    uint32_t lag;         /* windows a move's copy takes: picked after W, usable from W+1+lag
-                             (0: the blocking tier; 1: the async tier with ASYNC_WAIT) */
+    uint32_t window;       /* tokens a window: 1 replays decode steps (each pair counts); more
+                              replays prompt chunks (each expert of a chunk counts once) */
+    uint32_t lag;          /* windows a move's copy takes: picked after W, usable from W+1+lag
+                              (0: the blocking tier; 1: the async tier with ASYNC_WAIT) */
     struct tier_opts tier; /* every (0: no rounds), swaps, decay, min_count, lead; async unused */
+    bool chunk_share;      /* the tier counts an expert of a prompt chunk by its share of the
+                              chunk's tokens (pairs / tokens, at most 1) rather than once, the
+                              worker's rule: an alternative to compare, not what the worker runs */
 };
 
 /* trace_replay replays t through a cache of slots slots (at most n_layer * n_expert) under policy

@@ -106,8 +106,7 @@ START_TEST(test_replay_known)
     struct trace_replay_opts none = replay_1;
     none.tier.every = 0;
     for (int p = 0; p < TRACE_N_POLICY; p++)
-        if (p != TRACE_STATIC)
-            ck_assert_uint_eq(replay(&t, (enum trace_policy)p, 2, &none), 2);
+        if (p != TRACE_STATIC) ck_assert_uint_eq(replay(&t, (enum trace_policy)p, 2, &none), 2);
     /* Belady, each round against the next uses: 2 misses (2, next at 1, for 1, next at 5) | 2
      * hits (3 for 2) | 0 hits (1 for 0, never used again) | 3 hits (2 at 6 loses to 1 at 5) |
      * 3 hits (2 for 3, next at 7) | 1 hits (3 for 1) | 2 hits | 3 hits: 7, at least the rest. */
@@ -201,9 +200,40 @@ START_TEST(test_replay_static_share)
         for (uint32_t k = 0; k < slots; k++)
             mass += w[k / NL] / NL;
         ck_assert_msg(fabs((double)share / (double)total - mass) < 0.015,
-                      "%u slots: static %.4f, profile %.4f", slots,
-                      (double)share / (double)total, mass);
+                      "%u slots: static %.4f, profile %.4f", slots, (double)share / (double)total,
+                      mass);
     }
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_replay_chunk_rule)
+{
+    /* Prompt chunks of 32 tokens, 4 of 8 experts a token, the hot ones at 4, 5, .. (zipf 1.0
+     * shifted by 4) while the even fill holds 0 and 1: every expert shows up in every chunk, so
+     * counted once a chunk (the worker's rule) they all look alike and the tier never leaves the
+     * cold fill; counted by their share of the chunk it sees the skew and comes near static. */
+    enum { NE = 8, NU = 4, NT = 4096 };
+    struct test_rng r = {0xc4a9};
+    double w[NE];
+    zipf_weights(w, NE, 1.0);
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, 1, NE, NU), 0);
+    uint16_t sel[NU];
+    for (int k = 0; k < NT; k++) {
+        draw_token(&r, w, 1, NE, NU, 4, sel);
+        ck_assert_int_eq(trace_push(&t, sel), 0);
+    }
+    struct trace_replay_opts o = {.window = 32, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    const struct trace_replay_opts no_rounds = {.window = 32, .tier = {.every = 0}};
+    const uint64_t once = replay(&t, TRACE_TIER, 2, &o),
+                   fill = replay(&t, TRACE_LRU, 2, &no_rounds);
+    o.chunk_share = true;
+    const uint64_t share = replay(&t, TRACE_TIER, 2, &o), fixed = replay(&t, TRACE_STATIC, 2, &o);
+    ck_assert_msg(once == fill && share > fixed * 9 / 10,
+                  "tier once %llu (the fill %llu), share %llu, static %llu",
+                  (unsigned long long)once, (unsigned long long)fill, (unsigned long long)share,
+                  (unsigned long long)fixed);
     trace_fini(&t);
 }
 END_TEST
@@ -235,7 +265,8 @@ START_TEST(test_replay_belady_bound)
                 const uint64_t best = replay(&t, TRACE_BELADY, sizes[k], &o);
                 for (int p = 0; p < TRACE_N_POLICY; p++) {
                     const uint64_t h = replay(&t, (enum trace_policy)p, sizes[k], &o);
-                    ck_assert_msg(best >= h, "%u slots, lag %u, window %u: %s hits %llu > belady %llu",
+                    ck_assert_msg(best >= h,
+                                  "%u slots, lag %u, window %u: %s hits %llu > belady %llu",
                                   sizes[k], lag, window, trace_policy_name((enum trace_policy)p),
                                   (unsigned long long)h, (unsigned long long)best);
                 }
@@ -372,9 +403,12 @@ START_TEST(test_command)
     ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad), 2);
     const char *odd[] = {"trace", model, text, "--ids"}; /* text is not a whole number of ids */
     ck_assert_int_eq(strata_cmd_trace.run(4, (char **)odd), 1);
-    const char *pol[] = {"trace", model, text, "--sizes", "5,100", "--lag", "0",
-                         "--adapt-every", "2", "--window", "3", "--json"};
-    ck_assert_int_eq(strata_cmd_trace.run(12, (char **)pol), 0);
+    const char *pol[] = {"trace", model,           text, "--sizes",  "5,100", "--lag",
+                         "0",     "--adapt-every", "2",  "--window", "3",     "--chunk-rule",
+                         "share", "--json"};
+    ck_assert_int_eq(strata_cmd_trace.run(14, (char **)pol), 0);
+    const char *bad_rule[] = {"trace", model, text, "--chunk-rule", "twice"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_rule), 2);
     const char *bad_sizes[] = {"trace", model, text, "--sizes", "0,50"};
     ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_sizes), 2);
     const char *bad_decay[] = {"trace", model, text, "--adapt-decay", "2"};
@@ -392,6 +426,7 @@ int main(void)
     tcase_add_test(tc, test_lru_known);
     tcase_add_test(tc, test_replay_known);
     tcase_add_test(tc, test_replay_static_share);
+    tcase_add_test(tc, test_replay_chunk_rule);
     tcase_add_test(tc, test_replay_belady_bound);
     tcase_add_test(tc, test_popularity);
     tcase_add_test(tc, test_push_checks);
