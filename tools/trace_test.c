@@ -8,8 +8,10 @@
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "launcher/cmd.h"
+#include "common/tok/tok.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
+#include "tools/perplexity.h"
 #include "tools/trace.h"
 
 #include <math.h>
@@ -275,6 +277,50 @@ START_TEST(test_replay_belady_bound)
 }
 END_TEST
 
+START_TEST(test_replay_demo_text)
+{
+    /* The demo model over the first 2,000 tokens of tinyshakespeare (the text stays in
+     * ../shared/data: skipped when it is absent), the defaults: Belady bounds every policy, the
+     * tier beats LRU's rounds and does not beat the trace's own hottest set. */
+    const char *text = test_data_path("text/tinyshakespeare.txt");
+    if (!text) return;
+    char model[1024];
+    snprintf(model, sizeof model, "%s/models/demo.gguf", STRATA_SOURCE_DIR);
+    struct gguf_file *g;
+    struct model *m;
+    struct tok *tk;
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(gguf_open(model, &g), 0);
+    ck_assert_int_eq(model_load(g, &m), 0);
+    ck_assert_int_eq(tok_from_gguf(g, NULL, &tk), 0);
+    ck_assert_int_eq(ppl_read_tokens(text, false, tk, &ids, &n), 0);
+    ck_assert_uint_ge(n, 2000);
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used), 0);
+    ck_assert_int_eq(trace_record(m, ids, 2000, 256, 2, &t), 0);
+    const struct trace_replay_opts o = {.window = 1, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    const uint32_t N = t.n_layer * t.n_expert;
+    for (uint32_t pct = 10; pct <= 50; pct += 20) {
+        const uint32_t slots = N * pct / 100;
+        uint64_t h[TRACE_N_POLICY];
+        for (int p = 0; p < TRACE_N_POLICY; p++)
+            h[p] = replay(&t, (enum trace_policy)p, slots, &o);
+        for (int p = 0; p < TRACE_N_POLICY; p++)
+            ck_assert_uint_ge(h[TRACE_BELADY], h[p]);
+        ck_assert_msg(h[TRACE_TIER] > h[TRACE_LRU] && h[TRACE_TIER] <= h[TRACE_STATIC],
+                      "%u%%: tier %llu, lru %llu, static %llu", pct,
+                      (unsigned long long)h[TRACE_TIER], (unsigned long long)h[TRACE_LRU],
+                      (unsigned long long)h[TRACE_STATIC]);
+    }
+    trace_fini(&t);
+    free(ids);
+    tok_fini(tk);
+    model_fini(m);
+    gguf_close(g);
+}
+END_TEST
+
 START_TEST(test_popularity)
 {
     struct trace t;
@@ -428,6 +474,7 @@ int main(void)
     tcase_add_test(tc, test_replay_static_share);
     tcase_add_test(tc, test_replay_chunk_rule);
     tcase_add_test(tc, test_replay_belady_bound);
+    tcase_add_test(tc, test_replay_demo_text);
     tcase_add_test(tc, test_popularity);
     tcase_add_test(tc, test_push_checks);
     tcase_add_test(tc, test_record);
