@@ -442,10 +442,10 @@ int trace_replay(const struct trace *t, enum trace_policy p, uint32_t slots,
             if (c->pub[x] != CACHE_NONE) *hits += w.pairs[k];
             /* The worker's count: each decode pair, or once per expert of a prompt chunk (or,
              * with chunk_share, its share of the chunk's tokens). */
-            const float n = o->window == 1   ? (float)w.pairs[k]
-                            : o->chunk_share ? (float)w.pairs[k] / (float)win_tokens(t, o, i)
-                                             : 1;
-            tier_count(tr, x / t->n_expert, x % t->n_expert, n);
+            const float cnt = o->window == 1   ? (float)w.pairs[k]
+                              : o->chunk_share ? (float)w.pairs[k] / (float)win_tokens(t, o, i)
+                                               : 1;
+            tier_count(tr, x / t->n_expert, x % t->n_expert, cnt);
             last[x] = i + 1;
             freq[x] += w.pairs[k];
         }
