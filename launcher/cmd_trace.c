@@ -1,10 +1,12 @@
 /* strata trace — `strata trace MODEL.gguf FILE [--json]`: records the model's routing over a text
- * and prints per-layer expert popularity and what a per-layer LRU expert cache of 25% and 50% of
- * the experts would hit replaying it (tools/trace.h). */
+ * and prints per-layer expert popularity, what a per-layer LRU expert cache of 25% and 50% of the
+ * experts would hit replaying it, and each cache policy's hit rate replayed per window under the
+ * tier's swap budget and copy lag at several cache sizes (tools/trace.h). */
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "common/tok/tok.h"
+#include "gpu-worker/backend.h"
 #include "launcher/cmd.h"
 #include "tools/perplexity.h"
 #include "tools/trace.h"
@@ -22,11 +24,15 @@
 static const uint32_t cache_pct[] = {25, 50};
 #define N_CACHE (sizeof cache_pct / sizeof cache_pct[0])
 
+#define MAX_SIZES 8 /* --sizes entries */
+
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: strata trace MODEL.gguf FILE [--json] [--ids] [--vocab TOK.gguf] [--ctx N]\n"
-            "                    [--max-tokens N] [--threads N]\n"
+            "                    [--max-tokens N] [--threads N] [--sizes P,P,..] [--window N]\n"
+            "                    [--lag N] [--adapt-every N] [--adapt-swaps N] [--adapt-decay F]\n"
+            "                    [--adapt-min F] [--adapt-lead F] [--chunk-rule once|share]\n"
             "\n"
             "Runs FILE through the model on the CPU in windows of --ctx tokens, records which experts\n"
             "each layer routes every token to, and prints per layer: the entropy of the expert\n"
@@ -34,11 +40,25 @@ static void usage(FILE *out)
             "share, and the hit rate of an LRU cache holding 25%% and 50%% of the layer's experts\n"
             "that replays the accesses in order, starting empty (even random routing gives about\n"
             "25%% and 50%%; more means locality a cache can use).\n"
+            "Then it replays the trace per window through one pool of slots over all layers, as the\n"
+            "worker runs its cache: rounds every --adapt-every windows of at most --adapt-swaps\n"
+            "moves, a move picked after window W usable from window W+1+lag, under each policy:\n"
+            "the adaptive tier's rule (tier_round, exactly the worker's), LRU, LFU, static (the\n"
+            "trace's hottest experts, fixed) and Belady (offline, with bypass: the upper bound),\n"
+            "and prints their hit rates per cache size.\n"
             "  --ids           FILE holds raw little-endian uint32 token ids; otherwise text\n"
             "  --vocab FILE    take the tokenizer from this GGUF rather than from MODEL\n"
             "  --ctx N         tokens per window, each from an empty context (default 256)\n"
             "  --max-tokens N  trace only the first N tokens\n"
             "  --threads N     compute threads (default: the online CPUs)\n"
+            "  --sizes P,..    cache sizes in %% of all (layer, expert)s (default 10,25,50)\n"
+            "  --window N      tokens a replayed window: 1 decode steps (default), more prompt\n"
+            "                  chunks (each expert of a chunk counts once for the tier)\n"
+            "  --lag N         windows a copy takes to land (default 1, the async tier; 0 blocking)\n"
+            "  --chunk-rule R  how the tier counts an expert of a prompt chunk: once (default, the\n"
+            "                  worker's rule) or share (its share of the chunk's tokens, at most 1)\n"
+            "  --adapt-*       the tier's options, as the worker's (every 4, swaps 96, decay 0.7,\n"
+            "                  min 2.0, lead 1.5)\n"
             "  --json          one JSON object: sizes, per layer counts, entropy and hit rates\n");
 }
 
@@ -63,7 +83,72 @@ static void top_experts(const uint64_t *counts, uint32_t n_expert, uint32_t top[
     }
 }
 
-static int report(const struct trace *t, uint32_t ctx, bool json)
+struct replay_cfg {
+    struct trace_replay_opts o;
+    uint32_t pct[MAX_SIZES], n_sizes;
+};
+
+/* replay prints (or adds to root as "replay") every policy's hit rate at every size of cfg. */
+static int replay(const struct trace *t, const struct replay_cfg *cfg, json_t *root)
+{
+    const uint32_t N = t->n_layer * t->n_expert;
+    double rate[TRACE_N_POLICY][MAX_SIZES];
+    uint32_t slots[MAX_SIZES];
+    int rv;
+    for (uint32_t k = 0; k < cfg->n_sizes; k++) {
+        slots[k] = slots_for(N, cfg->pct[k]);
+        for (int p = 0; p < TRACE_N_POLICY; p++) {
+            uint64_t hits, acc;
+            if ((rv = trace_replay(t, (enum trace_policy)p, slots[k], &cfg->o, &hits, &acc)) != 0)
+                return rv;
+            rate[p][k] = acc ? (double)hits / (double)acc : 0;
+        }
+    }
+    const struct tier_opts *to = &cfg->o.tier;
+    if (root) {
+        json_t *r = json_pack("{s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:s}", "window", (int)cfg->o.window,
+                              "lag", (int)cfg->o.lag, "every", (int)to->every, "swaps",
+                              (int)to->swaps, "decay", (double)to->decay, "min",
+                              (double)to->min_count, "lead", (double)to->lead, "chunk_rule",
+                              cfg->o.chunk_share ? "share" : "once");
+        json_t *sizes = json_array();
+        if (!r || !sizes || json_object_set_new(r, "sizes", sizes) ||
+            json_object_set_new(root, "replay", r)) {
+            json_decref(r);
+            return strata_errf(STRATA_ENOMEM, "out of memory for the JSON report");
+        }
+        for (uint32_t k = 0; k < cfg->n_sizes; k++) {
+            json_t *sj = json_pack("{s:i, s:i}", "pct", (int)cfg->pct[k], "slots", (int)slots[k]);
+            for (int p = 0; p < TRACE_N_POLICY && sj; p++)
+                json_object_set_new(sj, trace_policy_name((enum trace_policy)p),
+                                    json_real(rate[p][k]));
+            if (!sj || json_array_append_new(sizes, sj))
+                return strata_errf(STRATA_ENOMEM, "out of memory for the JSON report");
+        }
+        return 0;
+    }
+    printf("\nhit rates replayed per window (%u token%s a window, copies land %u window%s late; "
+           "rounds every %u windows of at most %u moves; tier: decay %.2f, min %.2f, lead %.2f%s)\n",
+           cfg->o.window, cfg->o.window == 1 ? "" : "s", cfg->o.lag, cfg->o.lag == 1 ? "" : "s",
+           to->every, to->swaps, (double)to->decay, (double)to->min_count, (double)to->lead,
+           cfg->o.window == 1 ? "" : cfg->o.chunk_share ? ", chunks by share" : ", chunks once");
+    printf("%-8s", "policy");
+    for (uint32_t k = 0; k < cfg->n_sizes; k++) {
+        char label[32];
+        snprintf(label, sizeof label, "%u%% (%u)", cfg->pct[k], slots[k]);
+        printf("  %13s", label);
+    }
+    printf("\n");
+    for (int p = 0; p < TRACE_N_POLICY; p++) {
+        printf("%-8s", trace_policy_name((enum trace_policy)p));
+        for (uint32_t k = 0; k < cfg->n_sizes; k++)
+            printf("  %12.1f%%", 100.0 * rate[p][k]);
+        printf("\n");
+    }
+    return 0;
+}
+
+static int report(const struct trace *t, uint32_t ctx, bool json, const struct replay_cfg *cfg)
 {
     const double total = (double)t->n_tokens * t->n_used;
     uint64_t *counts = malloc(t->n_expert * sizeof *counts);
@@ -133,12 +218,18 @@ static int report(const struct trace *t, uint32_t ctx, bool json)
             printf("  %11.1f%%", 100.0 * rate[c]);
         printf("\n");
     }
+    int rv = 0;
     if (json) {
         for (size_t c = 0; c < N_CACHE; c++) {
             char key[32];
             snprintf(key, sizeof key, "lru_%u", cache_pct[c]);
             json_object_set_new(
                 root, key, json_real(all_acc[c] ? (double)all_hits[c] / (double)all_acc[c] : 0));
+        }
+        if ((rv = replay(t, cfg, root)) != 0) {
+            json_decref(root);
+            free(counts);
+            return rv;
         }
         char *s = json_dumps(root, JSON_COMPACT | JSON_REAL_PRECISION(9));
         if (s) printf("%s\n", s);
@@ -149,9 +240,28 @@ static int report(const struct trace *t, uint32_t ctx, bool json)
         for (size_t c = 0; c < N_CACHE; c++)
             printf("  %11.1f%%", all_acc[c] ? 100.0 * (double)all_hits[c] / (double)all_acc[c] : 0);
         printf("\n");
+        rv = replay(t, cfg, NULL);
     }
     free(counts);
-    return 0;
+    return rv;
+}
+
+/* parse_sizes reads --sizes "P,P,.." (each 1..100) into cfg. */
+static int parse_sizes(const char *s, struct replay_cfg *cfg)
+{
+    cfg->n_sizes = 0;
+    for (const char *p = s;;) {
+        char *end;
+        const long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 100 || cfg->n_sizes == MAX_SIZES || (*end && *end != ','))
+            return strata_errf(STRATA_EINVAL,
+                               "--sizes %s: give up to %d percentages from 1 to 100, "
+                               "comma-separated (10,25,50)",
+                               s, MAX_SIZES);
+        cfg->pct[cfg->n_sizes++] = (uint32_t)v;
+        if (!*end) return 0;
+        p = end + 1;
+    }
 }
 
 static int run(int argc, char **argv)
@@ -162,9 +272,13 @@ static int run(int argc, char **argv)
     uint32_t ctx = 256, max_tokens = 0;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t threads = cpus > 0 ? (uint32_t)cpus : 1;
+    struct replay_cfg cfg = {.o = {.window = 1, .lag = 1, .tier = TIER_OPTS_DEFAULT},
+                             .pct = {10, 25, 50},
+                             .n_sizes = 3};
+    struct backend_opts bo = {.tier = TIER_OPTS_DEFAULT};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        uint32_t *num = NULL;
+        uint32_t *num = NULL, min = 1;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -180,6 +294,31 @@ static int run(int argc, char **argv)
             num = &max_tokens;
         } else if (!strcmp(a, "--threads") && i + 1 < argc) {
             num = &threads;
+        } else if (!strcmp(a, "--window") && i + 1 < argc) {
+            num = &cfg.o.window;
+        } else if (!strcmp(a, "--lag") && i + 1 < argc) {
+            num = &cfg.o.lag;
+            min = 0;
+        } else if (!strcmp(a, "--sizes") && i + 1 < argc) {
+            if (parse_sizes(argv[++i], &cfg)) {
+                fprintf(stderr, "strata trace: %s\n", strata_errdetail());
+                return 2;
+            }
+        } else if (!strcmp(a, "--chunk-rule") && i + 1 < argc) {
+            const char *r = argv[++i];
+            if (strcmp(r, "once") && strcmp(r, "share")) {
+                fprintf(stderr, "strata trace: --chunk-rule %s: give once or share\n", r);
+                return 2;
+            }
+            cfg.o.chunk_share = r[0] == 's';
+        } else if (!strncmp(a, "--adapt-", 8) && i + 1 < argc) {
+            /* the worker's own parser, so the ranges are the worker's */
+            const int rv = backend_opt(&bo, a + 2, argv[++i]);
+            if (rv) {
+                fprintf(stderr, "strata trace: %s\n",
+                        rv == STRATA_ENOENT ? "unknown --adapt- option" : strata_errdetail());
+                return 2;
+            }
         } else if (a[0] == '-' || npos == 2) {
             fprintf(stderr, "strata trace: unexpected argument '%s'\n", a);
             usage(stderr);
@@ -187,8 +326,8 @@ static int run(int argc, char **argv)
         } else {
             pos[npos++] = a;
         }
-        if (num && strata_cmd_parse_u32(argv[++i], a, 1, num)) {
-            fprintf(stderr, "strata trace: %s %s: give a whole number >= 1\n", a, argv[i]);
+        if (num && strata_cmd_parse_u32(argv[++i], a, min, num)) {
+            fprintf(stderr, "strata trace: %s %s: give a whole number >= %u\n", a, argv[i], min);
             return 2;
         }
     }
@@ -196,6 +335,7 @@ static int run(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    cfg.o.tier = bo.tier;
     struct gguf_file *gf = NULL;
     struct model *m = NULL;
     struct tok *tk = NULL;
@@ -215,7 +355,7 @@ static int run(int argc, char **argv)
     if (max_tokens && n > max_tokens) n = max_tokens;
     what = "tracing";
     if ((rv = trace_init(&t, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used)) != 0 ||
-        (rv = trace_record(m, ids, n, ctx, threads, &t)) != 0 || (rv = report(&t, ctx, json)) != 0)
+        (rv = trace_record(m, ids, n, ctx, threads, &t)) != 0 || (rv = report(&t, ctx, json, &cfg)) != 0)
         goto fail;
     status = 0;
 fail:
@@ -229,4 +369,4 @@ fail:
 }
 
 const struct strata_cmd strata_cmd_trace = {
-    "trace", "record expert routing over a text: popularity and LRU cache hit rates", run};
+    "trace", "record expert routing over a text: popularity and each cache policy's hit rates", run};

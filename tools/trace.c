@@ -105,7 +105,8 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
         rv = strata_errf(STRATA_ENOMEM, "out of memory for trace passes of %u tokens", chunk);
         goto fail;
     }
-    struct backend_opts bo = {.n_threads = n_threads, .max_pass_tokens = chunk, .n_ctx = ctx, .n_seq = 1};
+    struct backend_opts bo = {
+        .n_threads = n_threads, .max_pass_tokens = chunk, .n_ctx = ctx, .n_seq = 1};
     if ((rv = backend_start(m, &bo, &f)) != 0) goto fail;
     kv = backend_kv(f);
     backend_set_route(f, route, &r);
@@ -203,4 +204,308 @@ uint64_t trace_lru(const struct trace *t, uint32_t layer, uint32_t slots, uint64
         }
     free(last);
     return hits;
+}
+
+/* ---- replay -----------------------------------------------------------------------------------
+ */
+
+const char *trace_policy_name(enum trace_policy p)
+{
+    static const char *const names[TRACE_N_POLICY] = {"tier", "lru", "lfu", "static", "belady"};
+    return p < TRACE_N_POLICY ? names[p] : "?";
+}
+
+/* A trace cut into windows: each window's distinct (layer, expert)s (x = l * n_expert + e) with
+ * the pairs routed to them, and for Belady each x's windows of use, ascending, with the pairs
+ * of its uses summed up to each. */
+struct windows {
+    uint32_t n, N;     /* windows; n_layer * n_expert */
+    uint64_t *off;     /* (n + 1) window w's entries are ent[off[w] .. off[w + 1]) */
+    uint32_t *ent;     /* x */
+    uint32_t *pairs;   /* pairs of entry i */
+    uint64_t *use_off; /* (N + 1) x's windows are use[use_off[x] .. use_off[x + 1]) */
+    uint32_t *use;
+    uint64_t *cum; /* (uses + 1) pairs of all uses before use i, over the whole use[] array */
+};
+
+static void windows_fini(struct windows *w)
+{
+    free(w->off);
+    free(w->ent);
+    free(w->pairs);
+    free(w->use_off);
+    free(w->use);
+    free(w->cum);
+}
+
+static int windows_init(const struct trace *t, uint32_t window, struct windows *w)
+{
+    memset(w, 0, sizeof *w);
+    const size_t per = (size_t)t->n_layer * t->n_used;
+    const uint64_t n = (t->n_tokens + window - 1) / window, max_ent = t->n_tokens * per;
+    if (n > UINT32_MAX)
+        return strata_errf(STRATA_EINVAL, "a replay of %llu windows: at most 2^32 - 1",
+                           (unsigned long long)n);
+    w->n = (uint32_t)n;
+    w->N = t->n_layer * t->n_expert;
+    w->off = malloc((n + 1) * sizeof *w->off);
+    w->ent = malloc((max_ent ? max_ent : 1) * sizeof *w->ent);
+    w->pairs = malloc((max_ent ? max_ent : 1) * sizeof *w->pairs);
+    w->use_off = calloc((size_t)w->N + 1, sizeof *w->use_off);
+    uint32_t *slot_of = malloc((size_t)w->N * sizeof *slot_of); /* x's entry in this window */
+    uint64_t *stamp = calloc(w->N, sizeof *stamp);              /* window + 1 that last saw x */
+    int rv = 0;
+    if (!w->off || !w->ent || !w->pairs || !w->use_off || !slot_of || !stamp) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for a replay of %llu tokens",
+                         (unsigned long long)t->n_tokens);
+        goto fail;
+    }
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < w->n; i++) {
+        w->off[i] = m;
+        const uint64_t end =
+            (uint64_t)(i + 1) * window < t->n_tokens ? (uint64_t)(i + 1) * window : t->n_tokens;
+        for (uint64_t k = (uint64_t)i * window; k < end; k++)
+            for (uint32_t l = 0; l < t->n_layer; l++)
+                for (uint32_t j = 0; j < t->n_used; j++) {
+                    const uint32_t x =
+                        l * t->n_expert + t->sel[k * per + (size_t)l * t->n_used + j];
+                    if (stamp[x] != (uint64_t)i + 1) {
+                        stamp[x] = (uint64_t)i + 1;
+                        slot_of[x] = (uint32_t)m;
+                        w->ent[m] = x;
+                        w->pairs[m++] = 0;
+                        w->use_off[x + 1]++;
+                    }
+                    w->pairs[slot_of[x]]++;
+                }
+    }
+    w->off[w->n] = m;
+    for (uint32_t x = 0; x < w->N; x++)
+        w->use_off[x + 1] += w->use_off[x];
+    w->use = malloc((m ? m : 1) * sizeof *w->use);
+    w->cum = malloc((m + 1) * sizeof *w->cum);
+    if (!w->use || !w->cum) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for a replay of %llu tokens",
+                         (unsigned long long)t->n_tokens);
+        goto fail;
+    }
+    memset(stamp, 0, (size_t)w->N * sizeof *stamp); /* now: x's uses filled so far */
+    for (uint32_t i = 0; i < w->n; i++)
+        for (uint64_t k = w->off[i]; k < w->off[i + 1]; k++) {
+            const uint32_t x = w->ent[k];
+            w->use[w->use_off[x] + stamp[x]] = i;
+            w->cum[w->use_off[x] + stamp[x]++ + 1] = w->pairs[k];
+        }
+    w->cum[0] = 0;
+    for (uint64_t k = 0; k < m; k++)
+        w->cum[k + 1] += w->cum[k];
+fail:
+    free(slot_of);
+    free(stamp);
+    if (rv) windows_fini(w);
+    return rv;
+}
+
+/* first_use: the index in use[] of x's first use at or after window from (x's end if none). */
+static uint64_t first_use(const struct windows *w, uint32_t x, uint32_t from)
+{
+    uint64_t lo = w->use_off[x], hi = w->use_off[x + 1];
+    while (lo < hi) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        if (w->use[mid] < from)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* belady_key ranks x by its future from window from: first the pairs it takes in the windows
+ * [from, until) (the ones a pick now decides: until the next round's moves can land), then the
+ * nearest next use after them, Belady's rule; -INFINITY when x is never used again. With one
+ * access a window and a round after each, it is Belady's rule exactly. */
+static double belady_key(const struct windows *w, uint32_t x, uint32_t from, uint32_t until)
+{
+    const uint64_t a = first_use(w, x, from), b = first_use(w, x, until);
+    if (a == w->use_off[x + 1]) return -INFINITY;
+    const uint32_t next = b < w->use_off[x + 1] ? w->use[b] : UINT32_MAX;
+    /* pairs in the horizon count first; 2^33 > any window index keeps the order lexicographic
+     * (exact in a double up to 2^20 pairs a horizon) */
+    return (double)(w->cum[b] - w->cum[a]) * 8589934592.0 - (double)next;
+}
+
+/* The baselines' pick: non-residents by want[] descending replace residents by keep[] ascending
+ * (ties to the lower x) while the candidate's want beats the victim's keep; free slots first.
+ * want[x] = -INFINITY: x is no candidate. */
+struct greedy {
+    double *want, *keep;
+    uint32_t *cand, *vict;
+};
+
+static int by_want(const void *a, const void *b, void *ctx)
+{
+    const double *v = ctx;
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    if (v[x] != v[y]) return v[x] > v[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static int by_keep(const void *a, const void *b, void *ctx)
+{
+    const double *v = ctx;
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    if (v[x] != v[y]) return v[x] < v[y] ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static uint32_t greedy_pick(struct greedy *g, const struct cache *c, uint32_t swaps,
+                            struct tier_move *moves)
+{
+    const uint32_t N = c->n_layer * c->n_expert;
+    uint32_t nc = 0, nv = 0, n = 0, next_free = 0;
+    for (uint32_t x = 0; x < N; x++)
+        if (c->work[x] == CACHE_NONE && g->want[x] > -INFINITY) g->cand[nc++] = x;
+    for (uint32_t s = 0; s < c->n_slots; s++)
+        if (c->owner[s] != CACHE_NONE) g->vict[nv++] = (uint32_t)c->owner[s];
+    qsort_r(g->cand, nc, sizeof *g->cand, by_want, g->want);
+    qsort_r(g->vict, nv, sizeof *g->vict, by_keep, g->keep);
+    for (uint32_t k = 0, v = 0; k < nc && n < swaps; k++) {
+        const uint32_t x = g->cand[k];
+        while (next_free < c->n_slots && c->owner[next_free] != CACHE_NONE)
+            next_free++;
+        if (next_free < c->n_slots) {
+            moves[n++] =
+                (struct tier_move){x / c->n_expert, x % c->n_expert, next_free++, CACHE_NONE};
+            continue;
+        }
+        if (v == nv || !(g->want[x] > g->keep[g->vict[v]])) break;
+        const uint32_t y = g->vict[v++];
+        moves[n++] =
+            (struct tier_move){x / c->n_expert, x % c->n_expert, (uint32_t)c->work[y], (int32_t)y};
+    }
+    return n;
+}
+
+/* win_tokens: the tokens of window i (the last may be short). */
+static uint32_t win_tokens(const struct trace *t, const struct trace_replay_opts *o, uint32_t i)
+{
+    const uint64_t left = t->n_tokens - (uint64_t)i * o->window;
+    return left < o->window ? (uint32_t)left : o->window;
+}
+
+int trace_replay(const struct trace *t, enum trace_policy p, uint32_t slots,
+                 const struct trace_replay_opts *o, uint64_t *hits, uint64_t *accesses)
+{
+    const uint32_t N = t->n_layer * t->n_expert;
+    *hits = 0;
+    *accesses = t->n_tokens * t->n_layer * t->n_used;
+    if (!o->window || slots > N || p >= TRACE_N_POLICY)
+        return strata_errf(STRATA_EINVAL,
+                           "a replay of %u slots over %u experts in windows of %u tokens: give a "
+                           "window of at least 1 token and at most one slot per expert",
+                           slots, N, o->window);
+    struct windows w;
+    int rv = windows_init(t, o->window, &w);
+    if (rv) return rv;
+    struct cache *c = NULL;
+    struct tier *tr = NULL;
+    struct greedy g = {0};
+    uint32_t *order = malloc((size_t)N * sizeof *order);
+    uint64_t *heat = p == TRACE_STATIC ? calloc(N, sizeof *heat) : NULL;
+    double *last = calloc(N, sizeof *last), *freq = calloc(N, sizeof *freq);
+    struct tier_move *moves = malloc(((size_t)o->tier.swaps + 1) * sizeof *moves);
+    g.want = malloc((size_t)N * sizeof *g.want);
+    g.keep = malloc((size_t)N * sizeof *g.keep);
+    g.cand = malloc((size_t)N * sizeof *g.cand);
+    g.vict = malloc((size_t)N * sizeof *g.vict);
+    if (!order || (p == TRACE_STATIC && !heat) || !last || !freq || !moves || !g.want || !g.keep ||
+        !g.cand || !g.vict) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for a replay over %u experts", N);
+        goto fail;
+    }
+    if ((rv = cache_init(t->n_layer, t->n_expert, slots, 1, &c)) != 0 ||
+        (rv = tier_init(t->n_layer, t->n_expert, &o->tier, &tr)) != 0)
+        goto fail;
+    /* The start: a worker without heat fills evenly; static fills from the whole trace's heat. */
+    if (heat)
+        for (uint64_t k = 0; k < w.off[w.n]; k++)
+            heat[w.ent[k]] += w.pairs[k];
+    if ((rv = cache_fill_order(t->n_layer, t->n_expert, heat, order)) != 0) goto fail;
+    for (uint32_t s = 0; s < slots; s++)
+        cache_assign(c, s, order[s] / t->n_expert, order[s] % t->n_expert);
+    cache_publish(c);
+    uint32_t n_pend = 0, land_at = 0;
+    for (uint32_t i = 0; i < w.n; i++) {
+        for (uint64_t k = w.off[i]; k < w.off[i + 1]; k++) {
+            const uint32_t x = w.ent[k];
+            if (c->pub[x] != CACHE_NONE) *hits += w.pairs[k];
+            /* The worker's count: each decode pair, or once per expert of a prompt chunk (or,
+             * with chunk_share, its share of the chunk's tokens). */
+            const float cnt = o->window == 1   ? (float)w.pairs[k]
+                              : o->chunk_share ? (float)w.pairs[k] / (float)win_tokens(t, o, i)
+                                               : 1;
+            tier_count(tr, x / t->n_expert, x % t->n_expert, cnt);
+            last[x] = i + 1;
+            freq[x] += w.pairs[k];
+        }
+        /* The tick after window i: land what is due, then maybe a round (none while one is in
+         * flight, as the worker's async tier). */
+        if (p == TRACE_STATIC) continue;
+        if (n_pend && land_at == i) {
+            for (uint32_t m = 0; m < n_pend; m++)
+                cache_assign(c, moves[m].slot, moves[m].layer, moves[m].expert);
+            cache_publish(c);
+            n_pend = 0;
+        }
+        if (n_pend || !tier_window(tr)) continue;
+        uint32_t n = 0;
+        if (p == TRACE_TIER) {
+            n = tier_round(tr, c, moves, o->tier.swaps);
+        } else {
+            for (uint32_t x = 0; x < N; x++) {
+                const bool res = c->work[x] != CACHE_NONE;
+                double v;
+                if (p == TRACE_LRU) {
+                    v = last[x];
+                } else if (p == TRACE_LFU) {
+                    v = freq[x];
+                } else {
+                    /* a victim is gone from the next window on; a candidate arrives lag later;
+                     * both count to the window the next round's moves could land in */
+                    const uint32_t until = i + 1 + o->lag + o->tier.every;
+                    v = belady_key(&w, x, res ? i + 1 : i + 1 + o->lag, until);
+                }
+                /* LRU and LFU admit what was used at all; Belady what is used again (bypass) */
+                const bool used = p == TRACE_BELADY ? v > -INFINITY : v > 0;
+                g.keep[x] = v;
+                g.want[x] = !res && used ? v : -INFINITY;
+            }
+            n = greedy_pick(&g, c, o->tier.swaps, moves);
+        }
+        for (uint32_t m = 0; m < n; m++)
+            if (moves[m].victim != CACHE_NONE) cache_evict(c, moves[m].slot);
+        if (o->lag == 0) {
+            for (uint32_t m = 0; m < n; m++)
+                cache_assign(c, moves[m].slot, moves[m].layer, moves[m].expert);
+        } else {
+            n_pend = n;
+            land_at = i + o->lag;
+        }
+        cache_publish(c);
+    }
+fail:
+    windows_fini(&w);
+    cache_fini(c);
+    tier_fini(tr);
+    free(order);
+    free(heat);
+    free(last);
+    free(freq);
+    free(moves);
+    free(g.want);
+    free(g.keep);
+    free(g.cand);
+    free(g.vict);
+    return rv;
 }

@@ -9,6 +9,13 @@
  * hit rate of a per-layer LRU cache replaying the trace in token order (each token's experts in
  * ascending id order, as the forward pass visits them; misses load the expert, evicting the least
  * recently used). A trace is built by one thread; analysis functions only read it.
+ *
+ * trace_replay replays a trace through an expert cache the way the worker runs one: windows of
+ * tokens, one pool of slots over all layers (struct cache, first filled evenly as a worker without
+ * heat fills it), rounds of at most `swaps` moves every `every` windows, a move picked after
+ * window W usable from window W+1+lag (its victim leaves the table at once, as in the async tier),
+ * and no round while one is in flight. A hit is a (token, expert) pair whose expert the published
+ * table holds during the pair's window. The policies differ only in the pick (see enum).
  */
 #ifndef STRATA_TRACE_H
 #define STRATA_TRACE_H
@@ -17,6 +24,7 @@
 #include <stdint.h>
 
 #include "common/arena/model.h"
+#include "gpu-worker/tier.h"
 
 struct trace {
     uint32_t n_layer, n_expert, n_used;
@@ -56,5 +64,41 @@ double trace_entropy(const struct trace *t, uint32_t layer);
  * returns the hits; *accesses gets n_tokens * n_used. slots >= n_expert hits all but the first
  * access of each expert. */
 uint64_t trace_lru(const struct trace *t, uint32_t layer, uint32_t slots, uint64_t *accesses);
+
+/* The replay's policies. All but STATIC start from the even fill and pick up to `swaps` moves a
+ * round; the baselines take victims from any layer, the tier from the candidate's own layer. */
+enum trace_policy {
+    TRACE_TIER,   /* gpu-worker/tier.h's tier_round on the counts (prompt-chunk rule, decay,
+                     min, lead): exactly the worker's rule */
+    TRACE_LRU,    /* the most recently used non-residents replace the least recently used */
+    TRACE_LFU,    /* the most often used so far (undecayed counts) replace the least */
+    TRACE_STATIC, /* the hottest (layer, expert)s of the whole trace, fixed from the start */
+    TRACE_BELADY, /* offline: the non-resident used soonest (from its landing window) replaces
+                     the resident used farthest ahead; one used later than every resident is not
+                     admitted (bypass). "Sooner" first counts the pairs in the windows up to
+                     where the next round could land (a prompt chunk uses most experts in its
+                     next window), then the next use after them */
+    TRACE_N_POLICY
+};
+
+/* trace_policy_name: "tier", "lru", "lfu", "static", "belady". */
+const char *trace_policy_name(enum trace_policy p);
+
+struct trace_replay_opts {
+    uint32_t window;       /* tokens a window: 1 replays decode steps (each pair counts); more
+                              replays prompt chunks (each expert of a chunk counts once) */
+    uint32_t lag;          /* windows a move's copy takes: picked after W, usable from W+1+lag
+                              (0: the blocking tier; 1: the async tier with ASYNC_WAIT) */
+    struct tier_opts tier; /* every (0: no rounds), swaps, decay, min_count, lead; async unused */
+    bool chunk_share;      /* the tier counts an expert of a prompt chunk by its share of the
+                              chunk's tokens (pairs / tokens, at most 1) rather than once, the
+                              worker's rule: an alternative to compare, not what the worker runs */
+};
+
+/* trace_replay replays t through a cache of slots slots (at most n_layer * n_expert) under policy
+ * p and o; *hits and *accesses get the pairs hit and the pairs replayed (n_tokens * n_layer *
+ * n_used). Deterministic. STRATA_EINVAL for window 0 or too many slots, STRATA_ENOMEM. */
+int trace_replay(const struct trace *t, enum trace_policy p, uint32_t slots,
+                 const struct trace_replay_opts *o, uint64_t *hits, uint64_t *accesses);
 
 #endif

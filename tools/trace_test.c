@@ -1,12 +1,17 @@
 /* trace_test — the LRU replay and the popularity figures on synthetic traces with answers worked
  * out by hand, trace_push's checks, recording from a tiny fixture (uniform and zipf-skewed routers:
- * the skewed one must show it), independence from the thread count, and `strata trace`. */
+ * the skewed one must show it), independence from the thread count, and `strata trace`.
+ * The policy replay: LRU and LFU against hand-worked rounds (with and without copy lag), static
+ * equal to the profile's share on a stationary stream, Belady at or above every policy on a
+ * drifting stream, and the demo model over tinyshakespeare when ../shared/data is there. */
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "launcher/cmd.h"
+#include "common/tok/tok.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
+#include "tools/perplexity.h"
 #include "tools/trace.h"
 
 #include <math.h>
@@ -62,6 +67,257 @@ START_TEST(test_lru_known)
     ck_assert_uint_eq(acc, 6);
     ck_assert_uint_eq(trace_lru(&t, 0, 3, &acc), 1);
     trace_fini(&t);
+}
+END_TEST
+
+static const struct trace_replay_opts replay_1 = {
+    .window = 1, .lag = 0, .tier = {.every = 1, .swaps = 1, .decay = 1, .min_count = 1, .lead = 1}};
+
+static uint64_t replay(const struct trace *t, enum trace_policy p, uint32_t slots,
+                       const struct trace_replay_opts *o)
+{
+    uint64_t hits, acc;
+    ck_assert_msg(trace_replay(t, p, slots, o, &hits, &acc) == 0, "%s: %s", trace_policy_name(p),
+                  strata_errdetail());
+    ck_assert_uint_eq(acc, t->n_tokens * t->n_layer * t->n_used);
+    return hits;
+}
+
+START_TEST(test_replay_known)
+{
+    /* 1 layer of 4 experts, 2 slots filled evenly with {0, 1}; a round after every window moves
+     * at most one expert. The sequence 2 2 0 3 3 1 2 3:
+     * LRU, landing at once: 2 misses (2 for 0) | 2 hits | 0 misses (0 for 1: 1 unused) | 3
+     * misses (3 for 2) | 3 hits | 1 misses (1 for 0) | 2 misses (2 for 3) | 3 misses: 2 hits.
+     * LFU: 2 misses (2 for 0) | 2 hits | 0 misses (0 for 1) | 3 misses (1 use ties 0's: stays
+     * out) | 3 misses (2 uses beat 0's 1: 3 for 0) | 1 misses (1 use loses to 2 and 3) | 2 hits
+     * | 3 hits: 3 hits.
+     * LRU with a lag of 1: the victim leaves at once and its replacement lands a window later, so
+     * each expert arrives one window after the one it would have hit: no hit at all. */
+    struct trace t;
+    const uint16_t seq[] = {2, 2, 0, 3, 3, 1, 2, 3};
+    one_layer(&t, 4, 1, seq, 8);
+    ck_assert_uint_eq(replay(&t, TRACE_LRU, 2, &replay_1), 2);
+    ck_assert_uint_eq(replay(&t, TRACE_LFU, 2, &replay_1), 3);
+    struct trace_replay_opts lag = replay_1;
+    lag.lag = 1;
+    ck_assert_uint_eq(replay(&t, TRACE_LRU, 2, &lag), 0);
+    /* Static holds the two hottest, 2 and 3 (3 uses each): 6 of 8. Without rounds every dynamic
+     * policy keeps the even fill {0, 1}: 0 and 1 are used once each. */
+    ck_assert_uint_eq(replay(&t, TRACE_STATIC, 2, &replay_1), 6);
+    struct trace_replay_opts none = replay_1;
+    none.tier.every = 0;
+    for (int p = 0; p < TRACE_N_POLICY; p++)
+        if (p != TRACE_STATIC) ck_assert_uint_eq(replay(&t, (enum trace_policy)p, 2, &none), 2);
+    /* Belady, each round against the next uses: 2 misses (2, next at 1, for 1, next at 5) | 2
+     * hits (3 for 2) | 0 hits (1 for 0, never used again) | 3 hits (2 at 6 loses to 1 at 5) |
+     * 3 hits (2 for 3, next at 7) | 1 hits (3 for 1) | 2 hits | 3 hits: 7, at least the rest. */
+    ck_assert_uint_eq(replay(&t, TRACE_BELADY, 2, &replay_1), 7);
+    for (int p = 0; p < TRACE_N_POLICY; p++)
+        ck_assert_uint_ge(replay(&t, TRACE_BELADY, 2, &replay_1),
+                          replay(&t, (enum trace_policy)p, 2, &replay_1));
+    /* Every slot: all hit from the start. */
+    ck_assert_uint_eq(replay(&t, TRACE_LRU, 4, &replay_1), 8);
+    uint64_t hits, acc;
+    struct trace_replay_opts bad = replay_1;
+    bad.window = 0;
+    ck_assert_int_eq(trace_replay(&t, TRACE_LRU, 2, &bad, &hits, &acc), STRATA_EINVAL);
+    ck_assert_int_eq(trace_replay(&t, TRACE_LRU, 5, &replay_1, &hits, &acc), STRATA_EINVAL);
+    trace_fini(&t);
+}
+END_TEST
+
+/* draw_token picks n_used distinct experts per layer from weights w (n_expert of them, shifted by
+ * `shift` places), ascending, into sel. */
+static void draw_token(struct test_rng *r, const double *w, uint32_t n_layer, uint32_t n_expert,
+                       uint32_t n_used, uint32_t shift, uint16_t *sel)
+{
+    for (uint32_t l = 0; l < n_layer; l++) {
+        uint16_t *s = sel + l * n_used;
+        for (uint32_t j = 0; j < n_used;) {
+            double u = test_unif(r), acc = 0;
+            uint32_t e = 0;
+            for (; e + 1 < n_expert; e++) {
+                acc += w[e];
+                if (u < acc) break;
+            }
+            e = (e + shift + l) % n_expert;
+            bool dup = false;
+            for (uint32_t k = 0; k < j; k++)
+                dup |= s[k] == e;
+            if (!dup) s[j++] = (uint16_t)e;
+        }
+        for (uint32_t a = 1; a < n_used; a++) /* insertion sort: n_used is small */
+            for (uint32_t b = a; b && s[b - 1] > s[b]; b--) {
+                uint16_t x = s[b];
+                s[b] = s[b - 1];
+                s[b - 1] = x;
+            }
+    }
+}
+
+static void zipf_weights(double *w, uint32_t n, double s)
+{
+    double sum = 0;
+    for (uint32_t e = 0; e < n; e++)
+        sum += w[e] = pow(e + 1, -s);
+    for (uint32_t e = 0; e < n; e++)
+        w[e] /= sum;
+}
+
+static int desc_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+START_TEST(test_replay_static_share)
+{
+    /* A stationary stream: every token draws one expert a layer from the same zipf(1.0) over 16
+     * (rotated a place in layer 1). Static holds the trace's hottest experts, so its hit rate is
+     * their share of the pairs, exactly, and within sampling noise of the profile's mass: the
+     * top weights, each (layer, expert) drawn with w[e] / 2 of the pairs. */
+    enum { NL = 2, NE = 16, NU = 1, NT = 20000 };
+    struct test_rng r = {0x5eed};
+    double w[NE];
+    zipf_weights(w, NE, 1.0);
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, NL, NE, NU), 0);
+    uint16_t sel[NL * NU];
+    for (int k = 0; k < NT; k++) {
+        draw_token(&r, w, NL, NE, NU, 0, sel);
+        ck_assert_int_eq(trace_push(&t, sel), 0);
+    }
+    uint64_t all[NL * NE], total = (uint64_t)NT * NL * NU;
+    for (uint32_t l = 0; l < NL; l++)
+        trace_counts(&t, l, all + l * NE);
+    qsort(all, NL * NE, sizeof *all, desc_u64);
+    const struct trace_replay_opts o = {.window = 1, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    for (uint32_t slots = 2; slots <= NL * NE; slots += 6) {
+        uint64_t share = 0;
+        for (uint32_t k = 0; k < slots; k++)
+            share += all[k];
+        ck_assert_uint_eq(replay(&t, TRACE_STATIC, slots, &o), share);
+        double mass = 0; /* w descends, each weight twice: the top slots are w[0], w[0], w[1].. */
+        for (uint32_t k = 0; k < slots; k++)
+            mass += w[k / NL] / NL;
+        ck_assert_msg(fabs((double)share / (double)total - mass) < 0.015,
+                      "%u slots: static %.4f, profile %.4f", slots, (double)share / (double)total,
+                      mass);
+    }
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_replay_chunk_rule)
+{
+    /* Prompt chunks of 32 tokens, 4 of 8 experts a token, the hot ones at 4, 5, .. (zipf 1.0
+     * shifted by 4) while the even fill holds 0 and 1: every expert shows up in every chunk, so
+     * counted once a chunk (the worker's rule) they all look alike and the tier never leaves the
+     * cold fill; counted by their share of the chunk it sees the skew and comes near static. */
+    enum { NE = 8, NU = 4, NT = 4096 };
+    struct test_rng r = {0xc4a9};
+    double w[NE];
+    zipf_weights(w, NE, 1.0);
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, 1, NE, NU), 0);
+    uint16_t sel[NU];
+    for (int k = 0; k < NT; k++) {
+        draw_token(&r, w, 1, NE, NU, 4, sel);
+        ck_assert_int_eq(trace_push(&t, sel), 0);
+    }
+    struct trace_replay_opts o = {.window = 32, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    const struct trace_replay_opts no_rounds = {.window = 32, .tier = {.every = 0}};
+    const uint64_t once = replay(&t, TRACE_TIER, 2, &o),
+                   fill = replay(&t, TRACE_LRU, 2, &no_rounds);
+    o.chunk_share = true;
+    const uint64_t share = replay(&t, TRACE_TIER, 2, &o), fixed = replay(&t, TRACE_STATIC, 2, &o);
+    ck_assert_msg(once == fill && share > fixed * 9 / 10,
+                  "tier once %llu (the fill %llu), share %llu, static %llu",
+                  (unsigned long long)once, (unsigned long long)fill, (unsigned long long)share,
+                  (unsigned long long)fixed);
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_replay_belady_bound)
+{
+    /* A drifting stream: zipf(1.2) over 32 experts whose hot ones move by 5 places every 300
+     * tokens, 3 layers, 4 experts a token. Belady with bypass bounds every policy at each size,
+     * with and without a copy lag, decode windows and prompt chunks. */
+    enum { NL = 3, NE = 32, NU = 4, NT = 3000 };
+    struct test_rng r = {0xbe1ad7};
+    double w[NE];
+    zipf_weights(w, NE, 1.2);
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, NL, NE, NU), 0);
+    uint16_t sel[NL * NU];
+    for (int k = 0; k < NT; k++) {
+        draw_token(&r, w, NL, NE, NU, (uint32_t)(k / 300) * 5, sel);
+        ck_assert_int_eq(trace_push(&t, sel), 0);
+    }
+    const uint32_t sizes[] = {10, 24, 48};
+    struct trace_replay_opts o = {.window = 1, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    o.tier.swaps = 8;
+    for (uint32_t lag = 0; lag <= 2; lag++)
+        for (uint32_t window = 1; window <= 16; window *= 16)
+            for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+                o.lag = lag;
+                o.window = window;
+                const uint64_t best = replay(&t, TRACE_BELADY, sizes[k], &o);
+                for (int p = 0; p < TRACE_N_POLICY; p++) {
+                    const uint64_t h = replay(&t, (enum trace_policy)p, sizes[k], &o);
+                    ck_assert_msg(best >= h,
+                                  "%u slots, lag %u, window %u: %s hits %llu > belady %llu",
+                                  sizes[k], lag, window, trace_policy_name((enum trace_policy)p),
+                                  (unsigned long long)h, (unsigned long long)best);
+                }
+            }
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_replay_demo_text)
+{
+    /* The demo model over the first 2,000 tokens of tinyshakespeare (the text stays in
+     * ../shared/data: skipped when it is absent), the defaults: Belady bounds every policy, the
+     * tier beats LRU's rounds and does not beat the trace's own hottest set. */
+    const char *text = test_data_path("text/tinyshakespeare.txt");
+    if (!text) return;
+    char model[1024];
+    snprintf(model, sizeof model, "%s/models/demo.gguf", STRATA_SOURCE_DIR);
+    struct gguf_file *g;
+    struct model *m;
+    struct tok *tk;
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(gguf_open(model, &g), 0);
+    ck_assert_int_eq(model_load(g, &m), 0);
+    ck_assert_int_eq(tok_from_gguf(g, NULL, &tk), 0);
+    ck_assert_int_eq(ppl_read_tokens(text, false, tk, &ids, &n), 0);
+    ck_assert_uint_ge(n, 2000);
+    struct trace t;
+    ck_assert_int_eq(trace_init(&t, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used), 0);
+    ck_assert_int_eq(trace_record(m, ids, 2000, 256, 2, &t), 0);
+    const struct trace_replay_opts o = {.window = 1, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    const uint32_t N = t.n_layer * t.n_expert;
+    for (uint32_t pct = 10; pct <= 50; pct += 20) {
+        const uint32_t slots = N * pct / 100;
+        uint64_t h[TRACE_N_POLICY];
+        for (int p = 0; p < TRACE_N_POLICY; p++)
+            h[p] = replay(&t, (enum trace_policy)p, slots, &o);
+        for (int p = 0; p < TRACE_N_POLICY; p++)
+            ck_assert_uint_ge(h[TRACE_BELADY], h[p]);
+        ck_assert_msg(h[TRACE_TIER] > h[TRACE_LRU] && h[TRACE_TIER] <= h[TRACE_STATIC],
+                      "%u%%: tier %llu, lru %llu, static %llu", pct,
+                      (unsigned long long)h[TRACE_TIER], (unsigned long long)h[TRACE_LRU],
+                      (unsigned long long)h[TRACE_STATIC]);
+    }
+    trace_fini(&t);
+    free(ids);
+    tok_fini(tk);
+    model_fini(m);
+    gguf_close(g);
 }
 END_TEST
 
@@ -193,6 +449,16 @@ START_TEST(test_command)
     ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad), 2);
     const char *odd[] = {"trace", model, text, "--ids"}; /* text is not a whole number of ids */
     ck_assert_int_eq(strata_cmd_trace.run(4, (char **)odd), 1);
+    const char *pol[] = {"trace", model,           text, "--sizes",  "5,100", "--lag",
+                         "0",     "--adapt-every", "2",  "--window", "3",     "--chunk-rule",
+                         "share", "--json"};
+    ck_assert_int_eq(strata_cmd_trace.run(14, (char **)pol), 0);
+    const char *bad_rule[] = {"trace", model, text, "--chunk-rule", "twice"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_rule), 2);
+    const char *bad_sizes[] = {"trace", model, text, "--sizes", "0,50"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_sizes), 2);
+    const char *bad_decay[] = {"trace", model, text, "--adapt-decay", "2"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_decay), 2);
     const char *help[] = {"trace", "--help"};
     ck_assert_int_eq(strata_cmd_trace.run(2, (char **)help), 0);
 }
@@ -204,6 +470,11 @@ int main(void)
     TCase *tc = tcase_create("trace");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_lru_known);
+    tcase_add_test(tc, test_replay_known);
+    tcase_add_test(tc, test_replay_static_share);
+    tcase_add_test(tc, test_replay_chunk_rule);
+    tcase_add_test(tc, test_replay_belady_bound);
+    tcase_add_test(tc, test_replay_demo_text);
     tcase_add_test(tc, test_popularity);
     tcase_add_test(tc, test_push_checks);
     tcase_add_test(tc, test_record);
