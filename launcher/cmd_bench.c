@@ -40,7 +40,8 @@ static void usage(FILE *out)
             "  --nlc DIR     where `npm install --prefix DIR " NLC_PACKAGE "` put the package\n"
             "                (default: $STRATA_NLC, else build/nlc under the source tree)\n"
             "  --rounds N    N rounds, strata then llama.cpp in each (default 1); the best of\n"
-            "                every round is shown, with the load average over them\n"
+            "                every round is shown, with the load average over them (each\n"
+            "                round's figures go to stderr as it ends)\n"
             "  --kernels     also time the quantized products alone (Q4_K, Q5_K, Q6_K, Q8_0,\n"
             "                Q4_0, IQ4_XS; 1, 2, 4, 8 tokens) in GB/s against the read bandwidth\n"
             "  --experts     also time the expert step of decode windows of 8, 16, 32, 64 tokens\n"
@@ -243,13 +244,19 @@ static int experts_table(const struct bench_opts *o, uint32_t threads, bool json
     return 0;
 }
 
-/* note_load widens [load[0], load[1]] to the 1-minute load average now. */
-static void note_load(double load[2])
+static double load_now(void)
 {
     double l[1] = {0};
     getloadavg(l, 1);
-    if (l[0] < load[0]) load[0] = l[0];
-    if (l[0] > load[1]) load[1] = l[0];
+    return l[0];
+}
+
+/* note_load widens [load[0], load[1]] to the 1-minute load average now. */
+static void note_load(double load[2])
+{
+    const double l = load_now();
+    if (l < load[0]) load[0] = l;
+    if (l > load[1]) load[1] = l;
 }
 
 /* keep_best: the faster prefill and the faster decode of *best and *r (each with its breakdown),
@@ -351,9 +358,15 @@ static int run(int argc, char **argv)
             r = rk;
         else
             keep_best(&r, &rk);
+        if (rounds > 1)
+            fprintf(stderr, "round %u: strata prefill %.1f tok/s, decode %.1f tok/s (%.1f GB/s), load %.2f\n",
+                    k + 1, rk.prefill_tok_s, rk.decode_tok_s, rk.decode_gbs, load_now());
         if (!llama) continue;
         run_llama(model, nlc, rk.threads, o.prompt, o.gen, o.reps, &pk);
         note_load(load);
+        if (rounds > 1 && pk.ok)
+            fprintf(stderr, "round %u: llama.cpp prefill %.1f tok/s, decode %.1f tok/s, load %.2f\n",
+                    k + 1, pk.prefill_tok_s, pk.decode_tok_s, load_now());
         if (!pk.ok) {
             if (!p.ok) p = pk;
             continue;
