@@ -44,4 +44,36 @@ int bench_run(const struct bench_opts *o, struct bench_result *out);
  * threads, best of 3 passes, in GB/s (1e9 bytes). STRATA_ENOMEM when the buffer cannot be had. */
 int bench_read_gbs(uint32_t threads, uint64_t bytes, double *out);
 
+#define BENCH_MAX_TASKS 512 /* matmuls of one parallel loop in the kernel benchmarks */
+
+/* bench_matmul_gbs times cpu_matmul of one matrix of wtype with rows of n_in (quantized gaussians:
+ * 64 distinct rows repeated until the matrix holds `bytes`, >= 64 MiB beats the caches) times
+ * n_tok tokens, the rows shared over `threads` threads in items of 64 as the forward pass shares
+ * them; best of 3 passes, in weight GB/s (1e9 bytes). Errors: STRATA_EINVAL for a type that is
+ * not quantized and computable or n_in not a whole number of its blocks, STRATA_ENOMEM. */
+int bench_matmul_gbs(uint32_t wtype, uint32_t n_in, uint32_t n_tok, uint32_t threads,
+                     uint64_t bytes, double *out);
+
+/* The expert step of decode windows (the CPU's share in the hybrid: the misses). */
+struct bench_experts {
+    uint32_t window;     /* tokens of the window, each routed to n_expert_used experts */
+    uint32_t n_expert;   /* experts per layer they are routed over */
+    uint32_t layers;     /* layers timed, each with its own experts */
+    double hit;          /* experts a layer runs, on average */
+    double tok_per_exp;  /* tokens per expert run, on average */
+    double s;            /* best time of the step over all layers */
+    uint64_t bytes;      /* expert weight bytes those steps read */
+    double gbs;          /* bytes / s */
+};
+
+/* bench_experts times the routed-expert step of a decode window of `window` tokens as the
+ * forward pass runs it (activations quantized, gathered per expert, gate and up of every expert
+ * hit in one parallel loop, SwiGLU, down in another, the weighted sum), over n_expert experts per
+ * layer: copies of the model's experts (expert e is the model's e % n_expert, each copy its own
+ * memory, so every hit streams from DRAM). Routing is uniform random (fixed seed), distinct
+ * experts per token. o gives the model, threads and reps; best of the reps. Errors: those of
+ * gguf_open and model_load, STRATA_EINVAL (a model without experts, window 0), STRATA_ENOMEM. */
+int bench_experts(const struct bench_opts *o, uint32_t window, uint32_t n_expert,
+                  struct bench_experts *out);
+
 #endif

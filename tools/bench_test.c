@@ -1,6 +1,8 @@
 /* bench_test — strata bench's measurements on a tiny fixture: positive speeds, a breakdown that
- * fits inside the total, the weight bytes decode streams, a read bandwidth; bad lengths refused. */
+ * fits inside the total, the weight bytes decode streams, a read bandwidth; bad lengths refused;
+ * the kernel and expert-step benchmarks; the command's table, JSON line and --rounds. */
 #include "common/base/err.h"
+#include "common/quant/qtype.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
 #include "tools/bench.h"
@@ -59,6 +61,35 @@ START_TEST(refuses_bad_lengths)
 }
 END_TEST
 
+/* The kernel and expert-step benchmarks: positive bandwidths, the routing's counts add up. */
+START_TEST(kernels_and_expert_step)
+{
+    double g = 0;
+    ck_assert_int_eq(bench_matmul_gbs(QT_Q4_K, 512, 3, 2, 1u << 20, &g), 0);
+    ck_assert(g > 0);
+    ck_assert_int_eq(bench_matmul_gbs(QT_Q8_0, 96, 1, 1, 1u << 20, &g), 0);
+    ck_assert(g > 0);
+    ck_assert_int_eq(bench_matmul_gbs(QT_F32, 256, 1, 1, 1u << 20, &g), STRATA_EINVAL);
+    ck_assert_int_eq(bench_matmul_gbs(QT_Q4_K, 100, 1, 1, 1u << 20, &g), STRATA_EINVAL);
+    char path[600];
+    snprintf(path, sizeof path, "%s/bench-x.gguf", test_tmpdir());
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_int_eq(fixture_write(&fo, path), 0);
+    struct bench_opts o = {path, 2, 1, 1, 2};
+    struct bench_experts x;
+    ck_assert_msg(bench_experts(&o, 8, 32, &x) == 0, "%s", strata_errdetail());
+    ck_assert_uint_eq(x.window, 8);
+    ck_assert_uint_eq(x.n_expert, 32);
+    ck_assert_uint_gt(x.layers, 0);
+    ck_assert(x.hit >= 1 && x.hit <= 32);
+    ck_assert(x.s > 0 && x.gbs > 0 && x.bytes > 0);
+    /* pairs = window * n_expert_used, spread over the experts run */
+    ck_assert(x.tok_per_exp >= 1 && x.tok_per_exp <= 8);
+    ck_assert_int_eq(bench_experts(&o, 0, 32, &x), STRATA_EINVAL);
+    unlink(path);
+}
+END_TEST
+
 extern const struct strata_cmd strata_cmd_bench;
 
 /* run_cmd runs `strata bench args...` with stdout to a file; returns its status, *out the text. */
@@ -85,10 +116,11 @@ START_TEST(command_prints_table_and_json)
     struct fixture_opts fo = {.seed = 5};
     ck_assert_int_eq(fixture_write(&fo, path), 0);
     char *out;
-    char *json[] = {"bench",  path, "--prompt",  "8", "--gen", "2",
-                    "--reps", "1",  "--threads", "1", "--json"};
-    ck_assert_int_eq(run_cmd(json, 11, &out), 0);
+    char *json[] = {"bench", path, "--prompt",  "8", "--gen",    "2", "--reps",
+                    "1",     "--threads", "1",  "--json", "--rounds", "2"};
+    ck_assert_int_eq(run_cmd(json, 13, &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "\"prefill_tok_s\": "));
+    ck_assert_ptr_nonnull(strstr(out, "\"rounds\": 2"));
     ck_assert_ptr_nonnull(strstr(out, "\"decode_tok_s\": "));
     ck_assert_ptr_eq(strchr(out, '\n'), out + strlen(out) - 1); /* one line */
     free(out);
@@ -117,6 +149,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, measures_a_tiny_model);
     tcase_add_test(tc, refuses_bad_lengths);
+    tcase_add_test(tc, kernels_and_expert_step);
     tcase_add_test(tc, command_prints_table_and_json);
     suite_add_tcase(s, tc);
     return test_run(s);
