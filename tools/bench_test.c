@@ -75,7 +75,7 @@ START_TEST(kernels_and_expert_step)
     snprintf(path, sizeof path, "%s/bench-x.gguf", test_tmpdir());
     struct fixture_opts fo = {.seed = 5};
     ck_assert_int_eq(fixture_write(&fo, path), 0);
-    struct bench_opts o = {path, 2, 1, 1, 2};
+    struct bench_opts o = {.model = path, .threads = 2, .prompt = 1, .gen = 1, .reps = 2};
     struct bench_experts x;
     ck_assert_msg(bench_experts(&o, 8, 32, &x) == 0, "%s", strata_errdetail());
     ck_assert_uint_eq(x.window, 8);
