@@ -74,6 +74,11 @@ uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts
     } else if (t->n_dims > 3 || !ends_with(t->name, ".weight")) {
         *reason = "not a weight matrix: kept";
         return t->type;
+    } else if (opts->pure && strstr(t->name, "ffn_gate_inp.weight")) {
+        /* llama-quantize never quantizes a router, --pure or not: routing precision decides which
+         * experts run, so a quantized router changes the answer more than its bytes save */
+        *reason = "router: kept";
+        return t->type;
     } else if (override_of(t->name, opts) >= 0) {
         out = opts->overrides[override_of(t->name, opts)].type;
         *reason = "--tensor-type";

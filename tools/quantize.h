@@ -48,6 +48,8 @@ struct quantize_totals {
  *   - a 2-D or 3-D tensor whose name does not end in ".weight": kept as it is;
  *   - 1-D tensors: with --pure kept as they are; without, made F32 (they are norms and biases,
  *     computed in float anyway; an integer 1-D tensor is kept);
+ *   - with --pure, routers (ffn_gate_inp.weight) are kept as they are (F32 in any converted file),
+ *     before any --tensor-type: llama-quantize never quantizes them;
  *   - without --pure: norms ("norm" in the name) and routers (ffn_gate_inp, ffn_gate_inp_shexp)
  *     become F32; token_embd and output follow the target like every matrix;
  *   - a row length that is not a multiple of the target's block falls back as llama.cpp does:

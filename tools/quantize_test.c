@@ -31,7 +31,8 @@ static const struct spec specs[] = {
     {"blk.0.attn_q.weight", QT_F32, 2, {100, 3, 1, 1}, QT_F16, QT_F16}, /* 100: not a multiple of 32
                                                                          */
     {"blk.0.attn_k.weight", QT_Q8_0, 2, {256, 4, 1, 1}, QT_Q4_K, QT_Q4_K},     /* requantized */
-    {"blk.0.ffn_gate_inp.weight", QT_F32, 2, {512, 4, 1, 1}, QT_F32, QT_Q4_K}, /* router */
+    {"blk.0.ffn_gate_inp.weight", QT_F32, 2, {512, 4, 1, 1}, QT_F32, QT_F32},  /* router */
+    {"blk.1.ffn_gate_inp.weight", QT_F16, 2, {512, 4, 1, 1}, QT_F32, QT_F16},  /* kept by --pure */
     {"blk.0.ffn_up_exps.weight", QT_BF16, 3, {512, 5, 4, 1}, QT_Q4_K, QT_Q4_K},
     {"blk.0.ffn_down_exps.weight", QT_F16, 3, {288, 3, 4, 1}, QT_Q5_0, QT_Q5_0}, /* 288 = 9 * 32 */
     {"blk.0.ssm_norm.weight", QT_F32, 2, {256, 2, 1, 1}, QT_F32, QT_Q4_K},       /* a 2-D norm */
@@ -174,7 +175,7 @@ START_TEST(test_rules_bytes_and_metadata)
     int rv = quantize_file(in, out, &o, &tot);
     ck_assert_msg(rv == 0, "%s: %s", strata_strerror(rv), strata_errdetail());
     ck_assert_uint_eq(tot.n_tensors, NSPECS);
-    ck_assert_uint_eq(tot.n_converted, 6);
+    ck_assert_uint_eq(tot.n_converted, 7);
     ck_assert_uint_lt(tot.bytes_out, tot.bytes_in);
     check_output(out, src, false);
 
