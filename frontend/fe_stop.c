@@ -10,9 +10,9 @@
 int fe_stop_init(struct fe_stop *m, const char *const *stops, size_t n)
 {
     memset(m, 0, sizeof *m);
-    if (n > FE_STOP_MAX)
+    if (n > FE_STOP_CAP)
         return strata_errf(STRATA_EINVAL, "%zu stop strings: at most %d are supported", n,
-                           FE_STOP_MAX);
+                           FE_STOP_CAP);
     for (size_t i = 0; i < n; i++) {
         size_t len = strlen(stops[i]);
         if (len == 0) continue;

@@ -319,7 +319,11 @@ static int run(int argc, char **argv)
     int rv, status = 1;
     kv_seq_init(&seq);
 
-    if ((rv = gguf_open(o.model, &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
+    if ((rv = gguf_open(o.model, &gf)) != 0) {
+        what = NULL; /* the detail names the file and the cause */
+        goto fail;
+    }
+    if ((rv = model_load(gf, &m)) != 0) goto fail;
     const struct model_hparams *hp = &m->hp;
     int tok_rv = tok_from_gguf(gf, NULL, &tk);
     if (o.prompt) {
@@ -459,7 +463,11 @@ static int run(int argc, char **argv)
     }
     status = 0;
 fail:
-    if (status) status = strata_cmd_fail("run", what, rv);
+    if (status && what)
+        status = strata_cmd_fail("run", what, rv);
+    else if (status)
+        fprintf(stderr, "strata run: %s%s\n", strata_errdetail(),
+                rv == strata_errno(ENOENT) ? " (the bundled demo model is models/demo.gguf)" : "");
     json_decref(lps);
     free(text.p);
     free(hist.v);

@@ -15,10 +15,18 @@
  * printing "SKIP <rel>: ../shared/data is absent". */
 const char *test_data_path(const char *rel);
 
-/* test_tmpdir returns a fresh directory under $TMPDIR for this process (created once). */
+/* test_tmpdir returns a fresh directory for this process (created once), inside the binary's root
+ * directory (below), so it goes when the binary exits. */
 const char *test_tmpdir(void);
 
-/* test_run runs suite s (CK_FORK as Check defaults) and returns the exit status for main. */
+/* test_run runs suite s (CK_FORK as Check defaults) and returns the exit status for main.
+ *
+ * The first of test_run and test_tmpdir makes the binary's root directory
+ * $TMPDIR/strata-test-XXXXXX and points TMPDIR, XDG_STATE_HOME, XDG_RUNTIME_DIR, XDG_CACHE_HOME,
+ * XDG_CONFIG_HOME and XDG_DATA_HOME into it, so the tests and every process they start (heat
+ * profiles, sockets, logs) write nowhere else. At exit the root is removed whole, files of a test
+ * killed by its timeout included; when a test failed (or STRATA_TEST_KEEP is set) it is kept and
+ * its path printed. */
 int test_run(Suite *s);
 
 /* test_read_file reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
