@@ -1,8 +1,9 @@
 /* testutil — helpers shared by the Check tests.
  *
- * Shared data (../shared/data beside the checkout) is optional: tests that need it call
- * test_data_path(), which returns NULL and prints why when it is absent, so the test skips with a
- * message instead of failing. STRATA_SHARED_DATA overrides the location.
+ * Golden data made by other implementations (ggml's quant vectors, Jinja2's renderings, reference
+ * tokenizations) is optional: tests that need it call test_data_path(), which returns NULL and
+ * prints why when it is absent, so the test skips with a message instead of failing. It is looked
+ * for in STRATA_SHARED_DATA, else in shared/data beside the checkout.
  */
 #ifndef STRATA_TESTUTIL_H
 #define STRATA_TESTUTIL_H
@@ -11,8 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* test_data_path returns "<shared>/data/<rel>" in a static buffer if it exists, else NULL after
- * printing "SKIP <rel>: ../shared/data is absent". */
+/* test_data_path returns "<data>/<rel>" in a static buffer if it exists, else NULL after printing
+ * a SKIP line that says how to provide it. */
 const char *test_data_path(const char *rel);
 
 /* test_tmpdir returns a fresh directory for this process (created once), inside the binary's root
