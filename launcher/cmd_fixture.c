@@ -16,7 +16,7 @@ static void usage(FILE *out)
         out,
         "usage: strata fixture --arch ARCH [--shape NAME] [--type T | --mix q4_k_m] [--seed N]\n"
         "                      [--router uniform|zipf:S] [--vocab FILE.gguf] [--old-layout]\n"
-        "                      [--tied] [--fast | --float] [--threads N] -o FILE.gguf\n"
+        "                      [--tied] [--no-bias] [--fast | --float] [--threads N] -o FILE.gguf\n"
         "\n"
         "Writes a MoE model with random weights and the tensor names, shapes and metadata of\n"
         "real llama.cpp files of the architecture.\n"
@@ -30,6 +30,7 @@ static void usage(FILE *out)
         "  --vocab FILE       copy tokenizer.* from FILE (default: a built-in byte-level BPE)\n"
         "  --old-layout       llama: one 2-D tensor per expert (blk.N.ffn_gate.E.weight)\n"
         "  --tied             no output.weight (llama, qwen3moe)\n"
+        "  --no-bias          no attn_q/k/v.bias (qwen2moe: llama.cpp takes them as optional)\n"
         "  --fast / --float   random quantized blocks / quantized floats (default: blocks for\n"
         "                     qwen3-mini and larger, floats for tiny)\n"
         "  --threads N        generator threads (default: one per CPU, at most 8)\n"
@@ -48,6 +49,7 @@ static int run(int argc, char **argv)
         {"vocab", required_argument, NULL, 'v'},
         {"old-layout", no_argument, NULL, 'L'},
         {"tied", no_argument, NULL, 'T'},
+        {"no-bias", no_argument, NULL, 'B'},
         {"fast", no_argument, NULL, 'F'},
         {"float", no_argument, NULL, 'f'},
         {"threads", required_argument, NULL, 'j'},
@@ -105,6 +107,9 @@ static int run(int argc, char **argv)
             break;
         case 'T':
             o.tied = true;
+            break;
+        case 'B':
+            o.no_bias = true;
             break;
         case 'F':
             o.mode = FIXTURE_BLOCKS;

@@ -53,6 +53,8 @@ skip() {
 # The scratch directory the tests write into, and what a person's own directories held before.
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/strata-testsh-XXXXXX")
 mkdir -p "$scratch/tmp" "$scratch/state" "$scratch/run" "$scratch/cache" "$scratch/config" "$scratch/data"
+# traversable as /tmp is: a test that acts as another uid (ipc_test) must reach the paths it is given
+chmod 0711 "$scratch" "$scratch/tmp"
 chmod 0700 "$scratch/run"
 uid=$(id -u)
 count() { find "$@" -maxdepth 1 -mindepth 1 2>/dev/null | wc -l; }

@@ -57,8 +57,10 @@ static void make_root(void)
     if (root[0]) return;
     const char *t = getenv("TMPDIR");
     snprintf(root, sizeof root, "%s/strata-test-XXXXXX", t && *t ? t : "/tmp");
-    if (!mkdtemp(root)) {
-        perror("mkdtemp");
+    /* traversable by others, as /tmp is, so a test acting as another uid reaches the paths it is
+     * given (ipc_test); nothing inside is: every directory in it is 0700 */
+    if (!mkdtemp(root) || chmod(root, 0711) != 0) {
+        perror(root);
         abort();
     }
     static const char *const xdg[][2] = {{"XDG_STATE_HOME", "state"},
