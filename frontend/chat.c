@@ -162,7 +162,8 @@ static int fit(const struct chat_opts *o, const struct fe_model *m, json_t *msgs
         json_array_remove(msgs, first);
         dropped++;
         while (json_array_size(msgs) > first + 1) {
-            const char *role = json_string_value(json_object_get(json_array_get(msgs, first), "role"));
+            const char *role =
+                json_string_value(json_object_get(json_array_get(msgs, first), "role"));
             if (role && strcmp(role, "user") == 0) break;
             json_array_remove(msgs, first);
         }

@@ -267,9 +267,10 @@ START_TEST(demo_chat_keeps_going)
     pid_t wpid = spawn(wargv, wlog);
     FILE *f = fopen(in, "w");
     ck_assert_ptr_nonnull(f);
-    static const char *const lines[] = {
-        "ROMEO:", "What light through yonder window breaks?", "JULIET:", "Who is there?",
-        "ROMEO:", "A friend, sweet lady.", "JULIET:", "Then come in."};
+    static const char *const lines[] = {"ROMEO:",  "What light through yonder window breaks?",
+                                        "JULIET:", "Who is there?",
+                                        "ROMEO:",  "A friend, sweet lady.",
+                                        "JULIET:", "Then come in."};
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
         fprintf(f, "%s\n", lines[i]);
     fclose(f);
@@ -286,7 +287,8 @@ START_TEST(demo_chat_keeps_going)
     printf("%s", talk);
     fflush(stdout);
     ck_assert_msg(chat_rv == 0, "strata chat failed");
-    ck_assert_msg(strstr(talk, "demo (160 tokens of context)"), "the banner does not name the demo");
+    ck_assert_msg(strstr(talk, "demo (160 tokens of context)"),
+                  "the banner does not name the demo");
     ck_assert_int_eq(count_of(talk, "[prompt "), 8); /* every turn answered, the second included */
     ck_assert_msg(!strstr(talk, "length limit"), "a turn ran to the length limit");
     ck_assert_msg(strstr(talk, "the oldest"), "the chat did not say it dropped old turns");
@@ -311,8 +313,8 @@ START_TEST(demo_chat_keeps_going)
     const char *fin = json_string_value(json_object_get(c, "finish_reason"));
     ck_assert_msg(fin && strcmp(fin, "stop") == 0, "finish_reason %s, want stop (see %s)",
                   fin ? fin : "(none)", resp);
-    const char *id = json_string_value(
-        json_object_get(json_array_get(json_object_get(ms, "data"), 0), "id"));
+    const char *id =
+        json_string_value(json_object_get(json_array_get(json_object_get(ms, "data"), 0), "id"));
     ck_assert_msg(id && strcmp(id, "demo") == 0, "/v1/models says %s", id ? id : "(nothing)");
     json_decref(r);
     json_decref(ms);

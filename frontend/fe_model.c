@@ -87,8 +87,10 @@ void fe_model_name(const struct gguf_file *meta, const char *worker_url, char *b
 {
     struct gguf_str s;
     if (gguf_get_str(meta, "general.name", &s) == 0) {
-        while (s.len > 0 && (s.ptr[0] == ' ' || s.ptr[0] == '\t')) s.ptr++, s.len--;
-        while (s.len > 0 && (s.ptr[s.len - 1] == ' ' || s.ptr[s.len - 1] == '\t')) s.len--;
+        while (s.len > 0 && (s.ptr[0] == ' ' || s.ptr[0] == '\t'))
+            s.ptr++, s.len--;
+        while (s.len > 0 && (s.ptr[s.len - 1] == ' ' || s.ptr[s.len - 1] == '\t'))
+            s.len--;
         bool placeholder = s.len == 0;
         for (size_t i = 0; i < sizeof placeholder_names / sizeof *placeholder_names; i++)
             placeholder |= s.len == strlen(placeholder_names[i]) &&
@@ -100,7 +102,8 @@ void fe_model_name(const struct gguf_file *meta, const char *worker_url, char *b
     }
     const char *file = worker_url ? strrchr(worker_url, '/') : NULL, *dir = file;
     if (file && strncmp(worker_url, "ipc://", 6) == 0) {
-        while (dir > worker_url && dir[-1] != '/') dir--;
+        while (dir > worker_url && dir[-1] != '/')
+            dir--;
         if (dir > worker_url + 6 && file > dir) {
             snprintf(buf, n, "%.*s", (int)(file - dir), dir);
             return;
@@ -122,8 +125,7 @@ static int read_stops(struct fe_model *m, const struct gguf_file *meta)
                            "strata.stop must be a string or an array of at most %d strings (it "
                            "is a %s of %llu): fix the file's metadata (strata quantize IN OUT "
                            "copy --override-kv strata.stop=str:TEXT)",
-                           FE_MODEL_MAX_STOP_STRS, gguf_vtype_name(v->type),
-                           (unsigned long long)n);
+                           FE_MODEL_MAX_STOP_STRS, gguf_vtype_name(v->type), (unsigned long long)n);
     for (uint64_t i = 0; i < n; i++) {
         struct gguf_str s = v->type == GGUF_STRING ? v->str : gguf_arr_str(v, i);
         if (s.len == 0) continue;

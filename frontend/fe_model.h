@@ -33,7 +33,8 @@ struct fe_model {
     uint32_t n_stop_ids;
     /* strata.stop (a string or an array of strings): texts that end the model's turn, for a
      * model that has no end-of-turn token (the demo: a blank line between speeches). The HTTP
-     * frontend and the chat add them to every request's stop strings. */
+     * frontend adds them to every chat request's stop strings (not to raw completions), and so
+     * does the CLI chat. */
     char *stop_strs[FE_MODEL_MAX_STOP_STRS];
     uint32_t n_stop_strs;
     char name[128];            /* fe_model_name's choice */

@@ -40,22 +40,14 @@ static void usage(FILE *out)
 static int run(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"arch", required_argument, NULL, 'a'},
-        {"shape", required_argument, NULL, 's'},
-        {"type", required_argument, NULL, 't'},
-        {"mix", required_argument, NULL, 'm'},
-        {"seed", required_argument, NULL, 'S'},
-        {"router", required_argument, NULL, 'r'},
-        {"vocab", required_argument, NULL, 'v'},
-        {"old-layout", no_argument, NULL, 'L'},
-        {"tied", no_argument, NULL, 'T'},
-        {"no-bias", no_argument, NULL, 'B'},
-        {"fast", no_argument, NULL, 'F'},
-        {"float", no_argument, NULL, 'f'},
-        {"threads", required_argument, NULL, 'j'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"arch", required_argument, NULL, 'a'},    {"shape", required_argument, NULL, 's'},
+        {"type", required_argument, NULL, 't'},    {"mix", required_argument, NULL, 'm'},
+        {"seed", required_argument, NULL, 'S'},    {"router", required_argument, NULL, 'r'},
+        {"vocab", required_argument, NULL, 'v'},   {"old-layout", no_argument, NULL, 'L'},
+        {"tied", no_argument, NULL, 'T'},          {"no-bias", no_argument, NULL, 'B'},
+        {"fast", no_argument, NULL, 'F'},          {"float", no_argument, NULL, 'f'},
+        {"threads", required_argument, NULL, 'j'}, {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     struct fixture_opts o = {0};
     const char *out = NULL;

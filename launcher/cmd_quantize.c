@@ -16,7 +16,8 @@ static void usage(FILE *out)
     fprintf(
         out,
         "usage: strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]\n"
-        "                       [--tensor-type PATTERN=TYPE]... [--override-kv KEY=TYPE:VALUE]...\n\n"
+        "                       [--tensor-type PATTERN=TYPE]... [--override-kv "
+        "KEY=TYPE:VALUE]...\n\n"
         "Rewrites IN with every weight matrix (2-D and 3-D tensors named *.weight) in TYPE, byte "
         "for\n"
         "byte as llama-quantize without an importance matrix. TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 "

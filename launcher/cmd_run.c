@@ -7,8 +7,8 @@
  * With --teacher LIST it generates nothing: it feeds the given continuation after the prompt
  * (teacher forcing) and prints, for every step, its argmax, top logit and the given token's logit,
  * so another implementation's greedy output can be checked step by step (tests/llamacpp/run.sh).
- * The reference backend is bit-exact (docs/design.md §3.4) in every mode: the same model, prompt, sampling
- * options and seed give the same tokens whatever the thread count or chunk size.
+ * The reference backend is bit-exact (docs/design.md §3.4) in every mode: the same model, prompt,
+ * sampling options and seed give the same tokens whatever the thread count or chunk size.
  */
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"

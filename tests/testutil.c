@@ -19,8 +19,9 @@ const char *test_data_path(const char *rel)
         snprintf(buf, sizeof buf, "%s/../shared/data/%s", STRATA_SOURCE_DIR, rel);
     struct stat st;
     if (stat(buf, &st) != 0) {
-        printf("SKIP %s: the optional golden data is absent (set STRATA_SHARED_DATA to its folder)\n",
-               rel);
+        printf(
+            "SKIP %s: the optional golden data is absent (set STRATA_SHARED_DATA to its folder)\n",
+            rel);
         return NULL;
     }
     return buf;

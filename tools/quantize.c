@@ -251,8 +251,8 @@ int quantize_kv_parse(char *text, struct quantize_kv *out)
 {
     char *eq = strchr(text, '='), *colon = eq ? strchr(eq + 1, ':') : NULL, *end;
     if (!eq || eq == text || !colon)
-        return strata_errf(STRATA_EINVAL, "'%s' is not KEY=TYPE:VALUE (TYPE int, float, bool or str)",
-                           text);
+        return strata_errf(STRATA_EINVAL,
+                           "'%s' is not KEY=TYPE:VALUE (TYPE int, float, bool or str)", text);
     *eq = '\0';
     const char *type = eq + 1, *v = colon + 1;
     size_t tl = (size_t)(colon - type);
@@ -410,7 +410,8 @@ int quantize_file(const char *in_path, const char *out_path, const struct quanti
                      qtype_name(opts->type), quantize_ftype(opts->type));
         fprintf(opts->report,
                 "%u tensors, %u %s on %d threads: %.2f MiB -> %.2f MiB (%.1f%%) in %.2f s\n",
-                tot.n_tensors, tot.n_converted, to_what, nthreads, (double)tot.bytes_in / 1048576, (double)tot.bytes_out / 1048576,
+                tot.n_tensors, tot.n_converted, to_what, nthreads, (double)tot.bytes_in / 1048576,
+                (double)tot.bytes_out / 1048576,
                 tot.bytes_in ? 100.0 * (double)tot.bytes_out / (double)tot.bytes_in : 100.0, dt);
     }
     if (totals) *totals = tot;

@@ -30,9 +30,9 @@ static const struct spec specs[] = {
     {"blk.0.attn_k.bias", QT_F32, 1, {256, 1, 1, 1}, QT_F32, QT_F32},
     {"blk.0.attn_q.weight", QT_F32, 2, {100, 3, 1, 1}, QT_F16, QT_F16}, /* 100: not a multiple of 32
                                                                          */
-    {"blk.0.attn_k.weight", QT_Q8_0, 2, {256, 4, 1, 1}, QT_Q4_K, QT_Q4_K},     /* requantized */
-    {"blk.0.ffn_gate_inp.weight", QT_F32, 2, {512, 4, 1, 1}, QT_F32, QT_F32},  /* router */
-    {"blk.1.ffn_gate_inp.weight", QT_F16, 2, {512, 4, 1, 1}, QT_F32, QT_F16},  /* kept by --pure */
+    {"blk.0.attn_k.weight", QT_Q8_0, 2, {256, 4, 1, 1}, QT_Q4_K, QT_Q4_K},    /* requantized */
+    {"blk.0.ffn_gate_inp.weight", QT_F32, 2, {512, 4, 1, 1}, QT_F32, QT_F32}, /* router */
+    {"blk.1.ffn_gate_inp.weight", QT_F16, 2, {512, 4, 1, 1}, QT_F32, QT_F16}, /* kept by --pure */
     {"blk.0.ffn_up_exps.weight", QT_BF16, 3, {512, 5, 4, 1}, QT_Q4_K, QT_Q4_K},
     {"blk.0.ffn_down_exps.weight", QT_F16, 3, {288, 3, 4, 1}, QT_Q5_0, QT_Q5_0}, /* 288 = 9 * 32 */
     {"blk.0.ssm_norm.weight", QT_F32, 2, {256, 2, 1, 1}, QT_F32, QT_Q4_K},       /* a 2-D norm */
@@ -249,8 +249,9 @@ START_TEST(test_copy_edits_metadata_only)
     make_input(in, src);
     char a[] = "general.architecture=str:otherarch", b[] = "strata.stop=str:\n\n",
          c[] = "testarch.block_count=int:3";
-    char *argv[] = {"quantize", (char *)in, (char *)out, "copy", "--override-kv", a,
-                    "--override-kv", b, "--override-kv", c, NULL};
+    char *argv[] = {"quantize", (char *)in,      (char *)out, "copy",          "--override-kv",
+                    a,          "--override-kv", b,           "--override-kv", c,
+                    NULL};
     ck_assert_int_eq(strata_cmd_quantize.run(10, argv), 0);
     struct gguf_file *f, *g;
     ck_assert_int_eq(gguf_open(in, &f), 0);
@@ -275,8 +276,8 @@ START_TEST(test_copy_edits_metadata_only)
     ck_assert_uint_eq(u32, 0); /* make_input's, not a quantized one's */
     gguf_close(f);
     gguf_close(g);
-    static const char *const bad[] = {"nokey", "=str:x", "k=str", "k=int:1.5", "k=bool:yes",
-                                      "k=list:a"};
+    static const char *const bad[] = {"nokey",     "=str:x",     "k=str",
+                                      "k=int:1.5", "k=bool:yes", "k=list:a"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char buf[32];
         struct quantize_kv kv;
