@@ -125,8 +125,7 @@ out:
     return rv;
 }
 
-/* first_turn is the index of the conversation's first dropped-able message: after the system
- * message, if any. */
+/* first_turn is the index of the first message fit may drop: the system message stays. */
 static size_t first_turn(const json_t *msgs)
 {
     const char *role = json_string_value(json_object_get(json_array_get(msgs, 0), "role"));
