@@ -74,7 +74,7 @@ bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **ou
         if (k > keep) keep = k;
     }
     m->rel_len = m->held_len - keep;
-    *out = m->held;
+    *out = m->held ? m->held : ""; /* never NULL: callers pass it on to fwrite and memcpy */
     *out_len = m->rel_len;
     return false;
 }

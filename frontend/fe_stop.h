@@ -32,8 +32,9 @@ struct fe_stop {
 int fe_stop_init(struct fe_stop *m, const char *const *stops, size_t n);
 
 /* fe_stop_feed adds text[n] and sets *out and *out_len to the text that is now certain (a pointer
- * into m, valid until the next call). Returns true when a stop string matched: *out is then the
- * last text to show and the request should end. After a match every feed releases nothing. */
+ * into m or to "", never NULL, valid until the next call). Returns true when a stop string matched:
+ * *out is then the last text to show and the request should end. After a match every feed releases
+ * nothing. */
 bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **out, size_t *out_len);
 
 /* fe_stop_flush releases what is held back (the text ended without a match). */

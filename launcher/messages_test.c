@@ -8,7 +8,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* output runs `strata ARGS` (stdout and stderr) and returns what it printed; *rc its exit status. */
+/* output runs `strata ARGS` (stdout and stderr) and returns what it printed; *rc its exit status.
+ */
 static char *output(const char *args, int *rc)
 {
     const char *build = getenv("STRATA_BUILD_DIR");

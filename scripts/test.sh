@@ -10,7 +10,8 @@
 # pointing into a scratch directory of this run, which must be empty afterwards (a test that leaves
 # files there did not clean up, or wrote outside its own temporary directory).
 #
-# The machine this must pass on: 2 cores with other work on them. Check's timeouts are stretched by
+# The machine this must pass on: 2 cores with other work on them. Check's timeouts, and the time
+# bounds of tests that measure (tests/testutil.h test_slowdown), are stretched by
 # STRATA_TEST_SLOWDOWN (default 2) for the unsanitized tests and twice that under ASan+UBSan.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -71,7 +72,7 @@ ctest_stage() {
   shift 3
   env TMPDIR="$scratch/tmp" XDG_STATE_HOME="$scratch/state" XDG_RUNTIME_DIR="$scratch/run" \
     XDG_CACHE_HOME="$scratch/cache" XDG_CONFIG_HOME="$scratch/config" \
-    XDG_DATA_HOME="$scratch/data" CK_TIMEOUT_MULTIPLIER="$mult" \
+    XDG_DATA_HOME="$scratch/data" CK_TIMEOUT_MULTIPLIER="$mult" STRATA_TEST_SLOWDOWN="$mult" \
     ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@" 2>&1 | tee "$log"
 }
 

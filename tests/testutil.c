@@ -107,6 +107,13 @@ int test_run(Suite *s)
     return failed == 0 ? 0 : 1;
 }
 
+double test_slowdown(void)
+{
+    const char *e = getenv("STRATA_TEST_SLOWDOWN");
+    double f = e ? strtod(e, NULL) : 1.0;
+    return f >= 1.0 && f <= 100.0 ? f : 1.0;
+}
+
 char *test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

@@ -30,6 +30,12 @@ const char *test_tmpdir(void);
  * its path printed. */
 int test_run(Suite *s);
 
+/* test_slowdown is how much slower than an idle machine this run may be: STRATA_TEST_SLOWDOWN
+ * (scripts/test.sh sets it, larger under sanitizers), at least 1, default 1. Tests that compare
+ * times with a bound scale the bound (or the work they time against) by it; it never loosens what
+ * a check means. */
+double test_slowdown(void);
+
 /* test_read_file reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
 char *test_read_file(const char *path, size_t *len);
 
