@@ -137,9 +137,10 @@ done
 echo "=== litter"
 litter=0
 left=$(find "$scratch/tmp" "$scratch/state" "$scratch/run" "$scratch/cache" "$scratch/config" \
-  "$scratch/data" -mindepth 1 -maxdepth 2 2>/dev/null)
+  "$scratch/data" -mindepth 1 -maxdepth 1 2>/dev/null)
 if [ -n "$left" ]; then
-  echo "the tests left these behind (a test that does not clean up, or writes outside test_tmpdir):"
+  echo "the tests left these behind (a test binary keeps its root when one of its tests failed;"
+  echo "anything else is a test that does not clean up, or writes outside its root):"
   echo "$left" | head -n 20
   litter=1
 else
@@ -147,7 +148,8 @@ else
 fi
 after_state=$(count "$home_state")
 after_tmp=$(count "${TMPDIR:-/tmp}" -name 'strata-test-*')
-echo "$home_state: $before_state entries before, $after_state after;" \
+echo "outside the scratch directory (every process of this user counts, not only this run's):" \
+  "$home_state: $before_state entries before, $after_state after;" \
   "${TMPDIR:-/tmp}/strata-test-*: $before_tmp before, $after_tmp after"
 new_shm=$(comm -13 <(echo "$before_shm") <(shm_list) | grep -v '^$')
 if [ -n "$new_shm" ]; then
