@@ -87,8 +87,7 @@ static int live_endpoints(const char *shm_dir, const char *name, char (*urls)[FE
     int rv = arena_state_open(shm_dir, name, &st);
     *n = 0;
     if (rv != 0) {
-        char why[512]; /* the detail is rewritten below: copy it first */
-        snprintf(why, sizeof why, "%s", strata_errdetail());
+        const char *why = strata_errdetail();
         if (rv == STRATA_ENOENT)
             return strata_errf(rv,
                                "no service '%s' is running (%s): start one with `strata serve "
