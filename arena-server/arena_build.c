@@ -313,16 +313,30 @@ static void *hash_main(void *arg)
     return NULL;
 }
 
-static void draw_bar(const char *what, uint64_t done, uint64_t total, double t0)
+#define LINE_EVERY_S 5.0 /* progress without a terminal: one line this often (logs, journald) */
+
+/* draw_bar redraws the bar on a terminal; elsewhere it prints a line every LINE_EVERY_S (and the
+ * last one), since a log keeps every redraw. *last: when the previous line went out. */
+static void draw_bar(const char *what, uint64_t done, uint64_t total, double t0, double *last,
+                     bool final)
 {
-    double frac = total ? (double)done / total : 1.0, dt = now_s() - t0;
+    double frac = total ? (double)done / total : 1.0, now = now_s(), dt = now - t0;
+    double gib = done / 1073741824.0, rate = dt > 0 ? gib / dt : 0.0;
+    if (!isatty(STDERR_FILENO)) {
+        if (!final && now - *last < LINE_EVERY_S) return;
+        *last = now;
+        fprintf(stderr, "%s: %3.0f%% %.1f/%.1f GiB %.2f GiB/s %.0f s\n", what, frac * 100, gib,
+                total / 1073741824.0, rate, dt);
+        return;
+    }
     int fill = (int)(frac * 30);
     char bar[31];
     memset(bar, '=', (size_t)fill);
     memset(bar + fill, ' ', (size_t)(30 - fill));
     bar[30] = '\0';
-    fprintf(stderr, "\r%s [%s] %3.0f%% %.1f/%.1f GiB %.2f GiB/s ", what, bar, frac * 100,
-            done / 1073741824.0, total / 1073741824.0, dt > 0 ? done / 1073741824.0 / dt : 0.0);
+    fprintf(stderr, "\r%s [%s] %3.0f%% %.1f/%.1f GiB %.2f GiB/s ", what, bar, frac * 100, gib,
+            total / 1073741824.0, rate);
+    if (final) fputc('\n', stderr);
 }
 
 /* run_phase runs fn on n threads and, while they work, redraws the progress bar. */
@@ -330,7 +344,7 @@ static int run_phase(struct job *j, void *(*fn)(void *), int n, bool progress, c
                      uint64_t total)
 {
     pthread_t th[64];
-    double t0 = now_s();
+    double t0 = now_s(), last = t0;
     atomic_store(&j->next, 0);
     atomic_store(&j->done, 0);
     j->running = n;
@@ -348,16 +362,13 @@ static int run_phase(struct job *j, void *(*fn)(void *), int n, bool progress, c
             ts.tv_nsec -= 1000000000;
         }
         pthread_cond_timedwait(&j->finished, &j->err_mu, &ts);
-        if (progress) draw_bar(what, atomic_load(&j->done), total, t0);
+        if (progress) draw_bar(what, atomic_load(&j->done), total, t0, &last, false);
     }
     pthread_mutex_unlock(&j->err_mu);
     if (started == 0) return strata_errf(STRATA_ENOMEM, "cannot start a thread");
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    if (progress) {
-        draw_bar(what, atomic_load(&j->done), total, t0);
-        fputc('\n', stderr);
-    }
+    if (progress) draw_bar(what, atomic_load(&j->done), total, t0, &last, true);
     int rv = atomic_load(&j->err);
     if (rv != 0) return strata_errf(rv, "%s", j->err_detail);
     return 0;

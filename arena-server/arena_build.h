@@ -11,8 +11,8 @@
  * preceding all of them (the tables' blocks are allocated first, any block no read lands in last).
  * No byte is touched before its block is allocated: a shm directory that fills up during the build
  * gives STRATA_ENOSPC, never a SIGBUS. The caller publishes the segment
- * (state READY) afterwards. arena_build_create blocks until done; it prints a progress bar on
- * stderr when asked.
+ * (state READY) afterwards. arena_build_create blocks until done; when asked it shows its
+ * progress on stderr (a bar on a terminal, a line every 5 s elsewhere).
  */
 #ifndef STRATA_ARENA_BUILD_H
 #define STRATA_ARENA_BUILD_H
@@ -29,7 +29,7 @@ struct gguf_file;
 struct arena_build_opts {
     int threads;               /* reader threads; 0: min(8, online CPUs) */
     uint64_t chunk_bytes;      /* bytes per read; 0: 8 MiB */
-    bool progress;             /* draw a progress bar on stderr */
+    bool progress;             /* on stderr: a bar on a terminal, else a line every 5 s */
     bool keep_cache;           /* do not drop source pages (benchmarks of a warm build) */
     const _Atomic int *cancel; /* when non-NULL and set (e.g. by a signal handler), the build stops
                                   with STRATA_ECANCELED */

@@ -57,7 +57,7 @@ static int serve_main(int argc, char **argv)
                                           {"no-control", no_argument, NULL, 'C'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
-    struct arena_serve_config cfg = {.control = true, .progress = isatty(2), .cancel = &g_signaled};
+    struct arena_serve_config cfg = {.control = true, .progress = true, .cancel = &g_signaled};
     int c, rv;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {

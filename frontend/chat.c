@@ -4,6 +4,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "frontend/fe_model.h"
+#include "frontend/fe_stop.h"
 
 #include <getopt.h>
 #include <stdlib.h>
@@ -26,31 +27,44 @@ static json_t *fresh(const struct chat_opts *o)
     return msgs;
 }
 
-/* answer generates one reply to msgs, printing it as it comes; the reply text goes to *reply. */
+/* append adds n bytes to b. */
+static int append(struct tok_buf *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return strata_errf(STRATA_ENOMEM, "chat: an answer of %zu bytes", b->n + n);
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}
+
+/* answer generates one reply to the prompt ids, printing it as it comes; the reply text (what
+ * was printed: without the model's stop string) goes to *reply. The answer ends at an end-of-turn
+ * token, at one of the model's stop strings (fe_model's strata.stop) or at max_tokens. */
 static int answer(const struct chat_opts *o, const struct fe_backend *ops, void *w,
-                  const struct fe_model *m, json_t *msgs, unsigned turn, struct tok_buf *reply)
+                  const struct fe_model *m, const struct tok_ids *ids, uint32_t max_tokens,
+                  unsigned turn, struct tok_buf *reply)
 {
     FILE *out = o->out ? o->out : stdout;
-    struct tok_ids ids = {0};
-    bool opens;
+    struct tok_buf raw = {0};
+    struct fe_stop stop;
     void *s = NULL;
-    int rv = fe_model_chat(m, msgs, NULL, NULL, &ids, &opens);
-    if (rv != 0) goto out;
-    if (ids.n >= m->n_ctx) {
-        rv = strata_errf(STRATA_ELIMIT,
-                         "the conversation is %zu tokens, the context holds %u: /reset to start "
-                         "over",
-                         ids.n, m->n_ctx);
-        goto out;
-    }
+    const char *rel;
+    size_t rel_len;
+    bool hit = false;
+    int rv = fe_stop_init(&stop, (const char *const *)m->stop_strs, m->n_stop_strs);
+    if (rv != 0) return rv;
     char id[64];
     snprintf(id, sizeof id, "chat%d-%llx-%u", (int)getpid(), (unsigned long long)time(NULL), turn);
     struct wclient_req r = {.id = id,
-                            .prompt = ids.v,
-                            .n_prompt = (uint32_t)ids.n,
-                            .max_tokens = o->max_tokens && o->max_tokens < m->n_ctx - ids.n
-                                              ? o->max_tokens
-                                              : m->n_ctx - (uint32_t)ids.n,
+                            .prompt = ids->v,
+                            .n_prompt = (uint32_t)ids->n,
+                            .max_tokens = max_tokens,
                             .stop = m->stop_ids,
                             .n_stop = m->n_stop_ids};
     r.sampling = (struct wclient_sampling){.temperature = o->temperature,
@@ -65,17 +79,30 @@ static int answer(const struct chat_opts *o, const struct fe_backend *ops, void 
     uint32_t n_gen = 0;
     do {
         if ((rv = ops->stream_next(s, &u)) != 0) goto out;
-        size_t before = reply->n;
+        size_t before = raw.n;
         for (uint32_t i = 0; i < u->n_tokens; i++)
-            if ((rv = tok_stream_feed(&ts, u->tokens[i], reply)) != 0) goto out;
+            if ((rv = tok_stream_feed(&ts, u->tokens[i], &raw)) != 0) goto out;
         n_gen += u->n_tokens;
-        fwrite(reply->p + before, 1, reply->n - before, out);
+        hit = fe_stop_feed(&stop, raw.p ? raw.p + before : "", raw.n - before, &rel, &rel_len);
+        if ((rv = append(reply, rel, rel_len)) != 0) goto out;
+        fwrite(rel, 1, rel_len, out);
         fflush(out);
-    } while (u->finish == WCLIENT_RUNNING);
-    size_t before = reply->n;
-    tok_stream_flush(&ts, reply);
-    fwrite(reply->p ? reply->p + before : "", 1, reply->n - before, out);
-    if (u->finish == WCLIENT_ERROR) {
+        /* the rest of the answer is not wanted: the worker stops decoding it */
+        if (hit && u->finish == WCLIENT_RUNNING && (rv = ops->stream_cancel(s)) != 0) goto out;
+    } while (!hit && u->finish == WCLIENT_RUNNING);
+    if (!hit) {
+        size_t before = raw.n;
+        tok_stream_flush(&ts, &raw);
+        hit = fe_stop_feed(&stop, raw.p ? raw.p + before : "", raw.n - before, &rel, &rel_len);
+        if ((rv = append(reply, rel, rel_len)) != 0) goto out;
+        fwrite(rel, 1, rel_len, out);
+        if (!hit) {
+            fe_stop_flush(&stop, &rel, &rel_len);
+            if ((rv = append(reply, rel, rel_len)) != 0) goto out;
+            fwrite(rel, 1, rel_len, out);
+        }
+    }
+    if (!hit && u->finish == WCLIENT_ERROR) {
         rv = strata_errf(u->error_code, "the worker failed the answer");
         goto out;
     }
@@ -86,14 +113,68 @@ static int answer(const struct chat_opts *o, const struct fe_backend *ops, void 
                 "%.1f tok/s%s]",
                 u->n_prompt, u->n_cached, u->prefill_ms > 0 ? pn * 1000.0 / u->prefill_ms : 0.0,
                 n_gen, u->decode_ms > 0 ? n_gen * 1000.0 / u->decode_ms : 0.0,
-                u->finish == WCLIENT_LENGTH ? ", cut at the length limit" : "");
+                !hit && u->finish == WCLIENT_LENGTH ? ", cut at the length limit (--max-tokens)"
+                                                    : "");
     }
     fputc('\n', out);
     fflush(out);
 out:
     if (s) ops->stream_free(s);
-    free(ids.v);
+    fe_stop_fini(&stop);
+    free(raw.p);
     return rv;
+}
+
+/* first_turn is the index of the first message fit may drop: the system message stays. */
+static size_t first_turn(const json_t *msgs)
+{
+    const char *role = json_string_value(json_object_get(json_array_get(msgs, 0), "role"));
+    return role && strcmp(role, "system") == 0 ? 1 : 0;
+}
+
+/* fit renders msgs into *ids, dropping the oldest exchanges (a user message and the answer after
+ * it) until the prompt leaves room for an answer of *max_tokens (or a quarter of the context,
+ * whichever is less): a chat longer than the context keeps going and forgets its beginning, and
+ * the user is told. *max_tokens becomes what fits. STRATA_ELIMIT when the last message alone does
+ * not fit. */
+static int fit(const struct chat_opts *o, const struct fe_model *m, json_t *msgs,
+               struct tok_ids *ids, uint32_t *max_tokens)
+{
+    FILE *out = o->out ? o->out : stdout;
+    uint32_t want = *max_tokens < m->n_ctx / 4 ? *max_tokens : m->n_ctx / 4;
+    size_t dropped = 0;
+    bool opens;
+    int rv;
+    for (;;) {
+        ids->n = 0;
+        if ((rv = fe_model_chat(m, msgs, NULL, NULL, ids, &opens)) != 0) return rv;
+        if (ids->n + want <= m->n_ctx) break;
+        size_t first = first_turn(msgs);
+        if (json_array_size(msgs) <= first + 1) {
+            if (ids->n < m->n_ctx) break; /* the question alone: answer in what is left */
+            return strata_errf(STRATA_ELIMIT,
+                               "your message is %zu tokens with the template, the context holds "
+                               "%u: say it in fewer words",
+                               ids->n, m->n_ctx);
+        }
+        /* an exchange: the user's message and the answers up to the next one */
+        json_array_remove(msgs, first);
+        dropped++;
+        while (json_array_size(msgs) > first + 1) {
+            const char *role =
+                json_string_value(json_object_get(json_array_get(msgs, first), "role"));
+            if (role && strcmp(role, "user") == 0) break;
+            json_array_remove(msgs, first);
+        }
+    }
+    if (dropped && !o->quiet)
+        fprintf(out,
+                "(the conversation outgrew the model's %u-token context: the oldest %zu "
+                "exchange%s %s forgotten; /reset starts over)\n",
+                m->n_ctx, dropped, dropped == 1 ? "" : "s", dropped == 1 ? "is" : "are");
+    uint32_t room = m->n_ctx - (uint32_t)ids->n;
+    if (*max_tokens > room) *max_tokens = room;
+    return 0;
 }
 
 int chat_run(const struct chat_opts *o, const struct fe_backend *ops, void *w)
@@ -111,8 +192,8 @@ int chat_run(const struct chat_opts *o, const struct fe_backend *ops, void *w)
                 strata_strerror(rv), strata_errdetail());
         goto out;
     }
-    if ((rv = fe_model_init(&m, meta.gguf, meta.n_ctx ? meta.n_ctx : h.n_ctx, o->chat_template)) !=
-        0) {
+    if ((rv = fe_model_init(&m, meta.gguf, meta.n_ctx ? meta.n_ctx : h.n_ctx, o->chat_template,
+                            o->worker_url)) != 0) {
         fprintf(stderr, "chat: cannot build the model's tokenizer or template: %s: %s\n",
                 strata_strerror(rv), strata_errdetail());
         goto out;
@@ -146,7 +227,11 @@ int chat_run(const struct chat_opts *o, const struct fe_backend *ops, void *w)
         }
         if ((rv = add_message(msgs, "user", line)) != 0) goto out;
         struct tok_buf reply = {0};
-        rv = answer(o, ops, w, &m, msgs, turn, &reply);
+        struct tok_ids ids = {0};
+        uint32_t max_tokens = o->max_tokens ? o->max_tokens : CHAT_MAX_TOKENS;
+        rv = fit(o, &m, msgs, &ids, &max_tokens);
+        if (rv == 0) rv = answer(o, ops, w, &m, &ids, max_tokens, turn, &reply);
+        free(ids.v);
         if (rv == 0) {
             /* the history keeps the answer without its reasoning, as chat templates expect */
             char *content = NULL, *reasoning = NULL;
@@ -187,10 +272,13 @@ static void usage(const char *prog, FILE *to)
         "  --chat-template SPEC  a built-in template name or a Jinja file (default: the model's)\n"
         "  --system TEXT         a system message for each conversation\n"
         "  --temperature T       sampling temperature (default 0.7; 0 is greedy)\n"
-        "  --max-tokens N        longest answer (default: up to the context)\n"
+        "  --max-tokens N        longest answer (default %d; an answer also ends at the\n"
+        "                        model's end of turn)\n"
         "  --seed N              seed for sampling (default: the worker picks)\n"
-        "  --quiet               print answers only (no prompt marker, no statistics)\n",
-        prog);
+        "  --quiet               print answers only (no prompt marker, no statistics)\n"
+        "A conversation longer than the context keeps going: its oldest exchanges are dropped\n"
+        "(and the chat says so).\n",
+        prog, CHAT_MAX_TOKENS);
 }
 
 int chat_main(const char *prog, int argc, char **argv)
@@ -272,6 +360,7 @@ int chat_main(const char *prog, int argc, char **argv)
                 strata_errdetail());
         return 1;
     }
+    o.worker_url = url;
     rv = chat_run(&o, &fe_backend_wclient, w);
     wclient_close(w);
     return rv ? 1 : 0;

@@ -123,7 +123,7 @@ static int build_model(struct fe *f, struct fe_worker *wk, const struct wclient_
     int rv = wk->ops->meta(wk->h, &meta);
     if (rv == 0)
         rv = fe_model_init(&f->model, meta.gguf, meta.n_ctx ? meta.n_ctx : h->n_ctx,
-                           f->o.chat_template);
+                           f->o.chat_template, wk->name);
     wk->ops->meta_free(&meta);
     pthread_mutex_lock(&f->mu);
     if (rv == 0) {

@@ -3,7 +3,9 @@
  * then the official `openai` npm client (tests/e2e/openai.mjs), curl over every error path
  * (tests/e2e/errors.sh), a 2-second load of 4 clients (tests/e2e/loadtest.mjs), and a worker
  * killed and restarted under a running stream. Skips with a
- * message when node, npm or curl are missing, or when npm cannot install the client. */
+ * message when node, npm or curl are missing, or when npm cannot install the client.
+ * Then the README's demo: `strata chat` with models/demo.gguf for more turns than its context
+ * holds, and the API's end of turn with it. */
 #include "common/base/err.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -88,19 +90,28 @@ static char *sse_text(const char *path, bool *done, int *events, size_t *len)
     return out;
 }
 
-/* restart_mid_stream kills the worker (SIGKILL) while a 3000-token greedy stream runs and starts
- * a new one: the stream must end normally with the text of an undisturbed run (the CPU backend
- * is bit-exact, and the frontend's client resubmits what it had). */
+/* The restarted stream's length: long enough that the kill after 50 events lands mid-stream in the
+ * optimized build, short enough for a sanitized build on a loaded 2-core
+ * machine (~27 tok/s under ASan+UBSan: two 3,000-token runs took 4 minutes there). */
+#ifdef __SANITIZE_ADDRESS__ /* gcc -fsanitize=address */
+#define RESTART_TOKENS 400
+#else
+#define RESTART_TOKENS 3000
+#endif
+
+/* restart_mid_stream kills the worker (SIGKILL) while a RESTART_TOKENS-token greedy stream runs
+ * and starts a new one: the stream must end normally with the text of an undisturbed run (the CPU
+ * backend is bit-exact, and the frontend's client resubmits what it had). */
 static void restart_mid_stream(int port, pid_t *wpid, char *const wargv[], const char *wlog)
 {
     char out[512], whole[512], cmd[2048], wlog2[600];
-    const char *body = "{\\\"prompt\\\":\\\"The weather\\\",\\\"max_tokens\\\":3000,"
-                       "\\\"temperature\\\":0,\\\"stream\\\":true}";
     snprintf(out, sizeof out, "%s/restart.sse", test_tmpdir());
     snprintf(whole, sizeof whole, "%s/whole.json", test_tmpdir());
     snprintf(wlog2, sizeof wlog2, "%s.2", wlog);
-    snprintf(cmd, sizeof cmd, "curl -sN -d \"%s\" http://127.0.0.1:%d/v1/completions > %s", body,
-             port, out);
+    snprintf(cmd, sizeof cmd,
+             "curl -sN -d '{\"prompt\":\"The weather\",\"max_tokens\":%d,\"temperature\":0,"
+             "\"stream\":true}' http://127.0.0.1:%d/v1/completions > %s",
+             RESTART_TOKENS, port, out);
     char *sh[] = {"/bin/sh", "-c", cmd, NULL};
     pid_t curl = spawn(sh, "/dev/null");
     bool done;
@@ -125,9 +136,9 @@ static void restart_mid_stream(int port, pid_t *wpid, char *const wargv[], const
     /* the monitor may have seen the worker down: wait until it is ready again */
     snprintf(cmd, sizeof cmd,
              "for i in $(seq 100); do curl -sf http://127.0.0.1:%d/health >/dev/null && break; "
-             "sleep 0.1; done; curl -s -d '{\"prompt\":\"The weather\",\"max_tokens\":3000,"
+             "sleep 0.1; done; curl -s -d '{\"prompt\":\"The weather\",\"max_tokens\":%d,"
              "\"temperature\":0}' http://127.0.0.1:%d/v1/completions > %s",
-             port, port, whole);
+             port, RESTART_TOKENS, port, whole);
     ck_assert_int_eq(system(cmd), 0);
     json_t *w = json_load_file(whole, JSON_ALLOW_NUL, NULL);
     json_t *text = json_object_get(json_array_get(json_object_get(w, "choices"), 0), "text");
@@ -220,12 +231,105 @@ START_TEST(openai_and_errors)
 }
 END_TEST
 
+/* count_of counts the occurrences of needle in s. */
+static int count_of(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; p && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* The README's demo: `strata chat` with the bundled model for more turns than its context holds
+ * (the worker's --ctx 160), greedy. Every turn must end by itself at the blank line between
+ * speeches (the model's strata.stop), none at the length limit; the oldest exchanges are dropped
+ * and the user told; the banner names the model by its arena (general.name is a converter's
+ * placeholder). Then the HTTP API: a chat request without max_tokens ends with finish_reason
+ * "stop", and /v1/models says "demo". */
+START_TEST(demo_chat_keeps_going)
+{
+    const char *build = getenv("STRATA_BUILD_DIR");
+    ck_assert_msg(build != NULL, "STRATA_BUILD_DIR is not set (ctest sets it)");
+    const char *tmp = test_tmpdir();
+    char model[600], rt[600], wlog[600], flog[600], url[700], worker[600], frontend[600];
+    char cmd[4096], out[600], in[600];
+    snprintf(model, sizeof model, "%s/models/demo.gguf", STRATA_SOURCE_DIR);
+    snprintf(rt, sizeof rt, "%s/demo", tmp); /* named as strata serve names it: the file's base */
+    snprintf(wlog, sizeof wlog, "%s/demo-worker.log", tmp);
+    snprintf(flog, sizeof flog, "%s/demo-frontend.log", tmp);
+    snprintf(url, sizeof url, "ipc://%s/worker-0.sock", rt);
+    snprintf(worker, sizeof worker, "%s/strata-worker", build);
+    snprintf(frontend, sizeof frontend, "%s/strata-frontend", build);
+    snprintf(out, sizeof out, "%s/chat.out", tmp);
+    snprintf(in, sizeof in, "%s/chat.in", tmp);
+    ck_assert_int_eq(mkdir(rt, 0700), 0);
+    char *wargv[] = {worker, "--model", model, "--runtime-dir", rt, "--ctx", "160", NULL};
+    pid_t wpid = spawn(wargv, wlog);
+    FILE *f = fopen(in, "w");
+    ck_assert_ptr_nonnull(f);
+    static const char *const lines[] = {"ROMEO:",  "What light through yonder window breaks?",
+                                        "JULIET:", "Who is there?",
+                                        "ROMEO:",  "A friend, sweet lady.",
+                                        "JULIET:", "Then come in."};
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++)
+        fprintf(f, "%s\n", lines[i]);
+    fclose(f);
+    /* the chat retries nothing: wait for the worker's socket first */
+    snprintf(cmd, sizeof cmd,
+             "for i in $(seq 300); do test -S %s/worker-0.sock && exit 0; sleep 0.1; done; exit 1",
+             rt);
+    ck_assert_msg(system(cmd) == 0, "the worker never listened; see %s", wlog);
+    snprintf(cmd, sizeof cmd, "%s/strata chat --worker %s --temperature 0 < %s > %s 2>&1", build,
+             url, in, out);
+    int chat_rv = system(cmd);
+    char *talk = test_read_file(out, NULL);
+    ck_assert_ptr_nonnull(talk);
+    printf("%s", talk);
+    fflush(stdout);
+    ck_assert_msg(chat_rv == 0, "strata chat failed");
+    ck_assert_msg(strstr(talk, "demo (160 tokens of context)"),
+                  "the banner does not name the demo");
+    ck_assert_int_eq(count_of(talk, "[prompt "), 8); /* every turn answered, the second included */
+    ck_assert_msg(!strstr(talk, "length limit"), "a turn ran to the length limit");
+    ck_assert_msg(strstr(talk, "the oldest"), "the chat did not say it dropped old turns");
+    ck_assert_msg(!strstr(talk, "chat:"), "the chat reported an error");
+    free(talk);
+
+    char *fargv[] = {frontend, "--worker", url, "--port", "0", NULL};
+    pid_t fpid = spawn(fargv, flog);
+    int port = port_of(flog);
+    char resp[600], models[600];
+    snprintf(resp, sizeof resp, "%s/demo-chat.json", tmp);
+    snprintf(models, sizeof models, "%s/demo-models.json", tmp);
+    snprintf(cmd, sizeof cmd,
+             "for i in $(seq 100); do curl -sf http://127.0.0.1:%d/health >/dev/null && break; "
+             "sleep 0.1; done; curl -s http://127.0.0.1:%d/v1/models > %s && curl -s -d "
+             "'{\"messages\":[{\"role\":\"user\",\"content\":\"ROMEO:\"}],"
+             "\"temperature\":0}' http://127.0.0.1:%d/v1/chat/completions > %s",
+             port, port, models, port, resp);
+    ck_assert_int_eq(system(cmd), 0);
+    json_t *r = json_load_file(resp, 0, NULL), *ms = json_load_file(models, 0, NULL);
+    json_t *c = json_array_get(json_object_get(r, "choices"), 0);
+    const char *fin = json_string_value(json_object_get(c, "finish_reason"));
+    ck_assert_msg(fin && strcmp(fin, "stop") == 0, "finish_reason %s, want stop (see %s)",
+                  fin ? fin : "(none)", resp);
+    const char *id =
+        json_string_value(json_object_get(json_array_get(json_object_get(ms, "data"), 0), "id"));
+    ck_assert_msg(id && strcmp(id, "demo") == 0, "/v1/models says %s", id ? id : "(nothing)");
+    json_decref(r);
+    json_decref(ms);
+    stop(fpid);
+    stop(wpid);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fe_e2e");
     TCase *tc = tcase_create("processes");
     tcase_set_timeout(tc, 240); /* npm install on a cold cache */
     tcase_add_test(tc, openai_and_errors);
+    tcase_add_test(tc, demo_chat_keeps_going);
     suite_add_tcase(s, tc);
     return s;
 }

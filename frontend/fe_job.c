@@ -614,7 +614,13 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     uint32_t room = m->n_ctx - j->n_prompt;
     uint32_t max_tokens = j->p.max_tokens ? (uint32_t)j->p.max_tokens : limit;
     if (max_tokens > room) max_tokens = room;
-    if (fe_stop_init(&j->stop, j->p.stop, j->p.n_stop) != 0) {
+    /* the request's stop strings, then, for a chat, the model's own end of turn (strata.stop) */
+    const char *stops[FE_STOP_CAP];
+    size_t n_stops = j->p.n_stop;
+    memcpy(stops, j->p.stop, n_stops * sizeof *stops);
+    for (uint32_t i = 0; kind == API_CHAT && i < m->n_stop_strs; i++)
+        stops[n_stops++] = m->stop_strs[i];
+    if (fe_stop_init(&j->stop, stops, n_stops) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }

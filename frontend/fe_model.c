@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 /* Texts of the tokens that end an assistant turn in the templates strata knows. "<|end|>" ends a
  * turn for phi3 but only a message for gpt-oss's channels, so it is skipped for those. */
@@ -79,14 +80,69 @@ static int template_source(const struct gguf_file *meta, const char *spec, const
     return 0;
 }
 
+/* Names converters write when they know none: they say nothing of the model. */
+static const char *const placeholder_names[] = {"converted by strata"};
+
+void fe_model_name(const struct gguf_file *meta, const char *worker_url, char *buf, size_t n)
+{
+    struct gguf_str s;
+    if (gguf_get_str(meta, "general.name", &s) == 0) {
+        while (s.len > 0 && (s.ptr[0] == ' ' || s.ptr[0] == '\t'))
+            s.ptr++, s.len--;
+        while (s.len > 0 && (s.ptr[s.len - 1] == ' ' || s.ptr[s.len - 1] == '\t'))
+            s.len--;
+        bool placeholder = s.len == 0;
+        for (size_t i = 0; i < sizeof placeholder_names / sizeof *placeholder_names; i++)
+            placeholder |= s.len == strlen(placeholder_names[i]) &&
+                           strncasecmp(s.ptr, placeholder_names[i], s.len) == 0;
+        if (!placeholder) {
+            snprintf(buf, n, "%.*s", (int)s.len, s.ptr);
+            return;
+        }
+    }
+    const char *file = worker_url ? strrchr(worker_url, '/') : NULL, *dir = file;
+    if (file && strncmp(worker_url, "ipc://", 6) == 0) {
+        while (dir > worker_url && dir[-1] != '/')
+            dir--;
+        if (dir > worker_url + 6 && file > dir) {
+            snprintf(buf, n, "%.*s", (int)(file - dir), dir);
+            return;
+        }
+    }
+    snprintf(buf, n, "strata");
+}
+
+/* read_stops fills m's stop strings from strata.stop. */
+static int read_stops(struct fe_model *m, const struct gguf_file *meta)
+{
+    const struct gguf_kv *kv = gguf_find(meta, "strata.stop");
+    if (!kv) return 0;
+    const struct gguf_value *v = &kv->val;
+    uint64_t n = v->type == GGUF_STRING ? 1 : v->type == GGUF_ARRAY ? v->arr.n : 0;
+    if ((v->type != GGUF_STRING && (v->type != GGUF_ARRAY || v->arr.type != GGUF_STRING)) ||
+        n > FE_MODEL_MAX_STOP_STRS)
+        return strata_errf(STRATA_EINVAL,
+                           "strata.stop must be a string or an array of at most %d strings (it "
+                           "is a %s of %llu): fix the file's metadata (strata quantize IN OUT "
+                           "copy --override-kv strata.stop=str:TEXT)",
+                           FE_MODEL_MAX_STOP_STRS, gguf_vtype_name(v->type), (unsigned long long)n);
+    for (uint64_t i = 0; i < n; i++) {
+        struct gguf_str s = v->type == GGUF_STRING ? v->str : gguf_arr_str(v, i);
+        if (s.len == 0) continue;
+        if (!(m->stop_strs[m->n_stop_strs] = strndup(s.ptr, s.len)))
+            return strata_errf(STRATA_ENOMEM, "model: stop strings");
+        m->n_stop_strs++;
+    }
+    return 0;
+}
+
 int fe_model_init(struct fe_model *m, const struct gguf_file *meta, uint32_t n_ctx,
-                  const char *tmpl_spec)
+                  const char *tmpl_spec, const char *worker_url)
 {
     int rv;
     const char *src = NULL;
     size_t len = 0;
     char *owned = NULL;
-    struct gguf_str name;
     memset(m, 0, sizeof *m);
     m->n_ctx = n_ctx;
     if ((rv = tok_from_gguf(meta, NULL, &m->tok)) != 0) goto fail;
@@ -102,10 +158,8 @@ int fe_model_init(struct fe_model *m, const struct gguf_file *meta, uint32_t n_c
         int32_t id = tok_find(m->tok, turn_ends[i], strlen(turn_ends[i]));
         if (id >= 0 && tok_token_type(m->tok, id) == TOK_TYPE_CONTROL) add_stop(m, id);
     }
-    if (gguf_get_str(meta, "general.name", &name) == 0 && name.len > 0)
-        snprintf(m->name, sizeof m->name, "%.*s", (int)name.len, name.ptr);
-    else
-        snprintf(m->name, sizeof m->name, "strata");
+    if ((rv = read_stops(m, meta)) != 0) goto fail;
+    fe_model_name(meta, worker_url, m->name, sizeof m->name);
     m->bos_text = token_text(m->tok, tok_bos(m->tok));
     m->eos_text = token_text(m->tok, tok_eos(m->tok));
     if (!m->bos_text || !m->eos_text) {
@@ -124,6 +178,8 @@ void fe_model_fini(struct fe_model *m)
 {
     tok_fini(m->tok);
     tmpl_fini(m->tmpl);
+    for (uint32_t i = 0; i < m->n_stop_strs; i++)
+        free(m->stop_strs[i]);
     free(m->bos_text);
     free(m->eos_text);
     memset(m, 0, sizeof *m);

@@ -11,6 +11,7 @@
 
 #include "common/tmpl/tmpl_reason.h"
 #include "common/tok/tok.h"
+#include "frontend/fe_stop.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -19,7 +20,8 @@
 struct gguf_file;
 struct tmpl;
 
-#define FE_MODEL_MAX_STOP_IDS 8
+#define FE_MODEL_MAX_STOP_IDS  8
+#define FE_MODEL_MAX_STOP_STRS FE_STOP_MODEL_MAX
 
 struct fe_model {
     struct tok *tok;
@@ -29,15 +31,30 @@ struct fe_model {
     uint32_t n_vocab;
     int32_t stop_ids[FE_MODEL_MAX_STOP_IDS]; /* EOS and end-of-turn tokens the vocabulary has */
     uint32_t n_stop_ids;
-    char name[128];            /* general.name, else "strata" */
+    /* strata.stop (a string or an array of strings): texts that end the model's turn, for a
+     * model that has no end-of-turn token (the demo: a blank line between speeches). The HTTP
+     * frontend adds them to every chat request's stop strings (not to raw completions), and so
+     * does the CLI chat. */
+    char *stop_strs[FE_MODEL_MAX_STOP_STRS];
+    uint32_t n_stop_strs;
+    char name[128];            /* fe_model_name's choice */
     char *bos_text, *eos_text; /* for the template's bos_token / eos_token ("" if none) */
 };
 
 /* fe_model_init builds m from meta (not kept). n_ctx: the worker's context. tmpl_spec: NULL for
  * the file's template (chatml when it has none), else a built-in name or a file (tmpl_load).
- * Returns 0 or the tokenizer's / template's error with the detail; on failure m holds nothing. */
+ * worker_url: the URL the metadata came from, for the name (fe_model_name; may be NULL).
+ * Returns 0 or the tokenizer's / template's error with the detail; STRATA_EINVAL for more than
+ * FE_MODEL_MAX_STOP_STRS stop strings or a strata.stop that is not strings; on failure m holds
+ * nothing. */
 int fe_model_init(struct fe_model *m, const struct gguf_file *meta, uint32_t n_ctx,
-                  const char *tmpl_spec);
+                  const char *tmpl_spec, const char *worker_url);
+
+/* fe_model_name writes the model's name to buf: general.name when it names the model (not empty,
+ * not a converter's placeholder such as "converted by strata"), else the name of the worker's
+ * runtime directory in worker_url (ipc://.../strata/NAME/worker-0.sock: NAME is the arena's name,
+ * which is the model file's base name unless --name chose another), else "strata". */
+void fe_model_name(const struct gguf_file *meta, const char *worker_url, char *buf, size_t n);
 
 /* fe_model_fini frees m; a zeroed m is fine. */
 void fe_model_fini(struct fe_model *m);

@@ -10,9 +10,9 @@
 int fe_stop_init(struct fe_stop *m, const char *const *stops, size_t n)
 {
     memset(m, 0, sizeof *m);
-    if (n > FE_STOP_MAX)
+    if (n > FE_STOP_CAP)
         return strata_errf(STRATA_EINVAL, "%zu stop strings: at most %d are supported", n,
-                           FE_STOP_MAX);
+                           FE_STOP_CAP);
     for (size_t i = 0; i < n; i++) {
         size_t len = strlen(stops[i]);
         if (len == 0) continue;
@@ -74,7 +74,7 @@ bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **ou
         if (k > keep) keep = k;
     }
     m->rel_len = m->held_len - keep;
-    *out = m->held;
+    *out = m->held ? m->held : ""; /* never NULL: callers pass it on to fwrite and memcpy */
     *out_len = m->rel_len;
     return false;
 }

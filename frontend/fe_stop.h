@@ -13,11 +13,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define FE_STOP_MAX 16 /* stop strings per request */
+#define FE_STOP_MAX       16 /* stop strings a request may give */
+#define FE_STOP_MODEL_MAX 4  /* stop strings the model adds (fe_model's strata.stop) */
+#define FE_STOP_CAP       (FE_STOP_MAX + FE_STOP_MODEL_MAX)
 
 struct fe_stop {
-    char *stop[FE_STOP_MAX];
-    size_t stop_len[FE_STOP_MAX];
+    char *stop[FE_STOP_CAP];
+    size_t stop_len[FE_STOP_CAP];
     size_t n_stop;
     char *held; /* [released by the last call | held back: a possible start of a stop string] */
     size_t held_len, held_cap;
@@ -25,13 +27,14 @@ struct fe_stop {
     bool matched;
 };
 
-/* fe_stop_init copies the n stop strings (n <= FE_STOP_MAX; empty strings are ignored).
+/* fe_stop_init copies the n stop strings (n <= FE_STOP_CAP; empty strings are ignored).
  * STRATA_EINVAL for too many, STRATA_ENOMEM. On failure m holds nothing. */
 int fe_stop_init(struct fe_stop *m, const char *const *stops, size_t n);
 
 /* fe_stop_feed adds text[n] and sets *out and *out_len to the text that is now certain (a pointer
- * into m, valid until the next call). Returns true when a stop string matched: *out is then the
- * last text to show and the request should end. After a match every feed releases nothing. */
+ * into m or to "", never NULL, valid until the next call). Returns true when a stop string matched:
+ * *out is then the last text to show and the request should end. After a match every feed releases
+ * nothing. */
 bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **out, size_t *out_len);
 
 /* fe_stop_flush releases what is held back (the text ended without a match). */

@@ -60,11 +60,11 @@ END_TEST
 
 START_TEST(after_match_and_limits)
 {
-    const char *stops[FE_STOP_MAX + 1];
-    for (int i = 0; i <= FE_STOP_MAX; i++)
+    const char *stops[FE_STOP_CAP + 1];
+    for (int i = 0; i <= FE_STOP_CAP; i++)
         stops[i] = "x";
     struct fe_stop m;
-    ck_assert_int_ne(fe_stop_init(&m, stops, FE_STOP_MAX + 1), 0);
+    ck_assert_int_ne(fe_stop_init(&m, stops, FE_STOP_CAP + 1), 0);
     ck_assert_int_eq(fe_stop_init(&m, stops, 1), 0);
     const char *rel;
     size_t rl;

@@ -86,10 +86,17 @@ static int live_endpoints(const char *shm_dir, const char *name, char (*urls)[FE
     struct arena_state *st;
     int rv = arena_state_open(shm_dir, name, &st);
     *n = 0;
-    if (rv != 0)
-        return strata_errf(rv,
-                           "arena '%s': %s (start it with strata-arena serve, or pass --worker)",
-                           name, strata_errdetail());
+    if (rv != 0) {
+        const char *why = strata_errdetail();
+        if (rv == STRATA_ENOENT)
+            return strata_errf(rv,
+                               "no service '%s' is running (%s): start one with `strata serve "
+                               "MODEL.gguf` (named for the file: models/demo.gguf serves as "
+                               "'demo'), or pass --worker URL",
+                               name, why);
+        return strata_errf(rv, "arena '%s' cannot be read: %s: %s (pass --worker URL to skip it)",
+                           name, strata_strerror(rv), why);
+    }
     for (int i = 0; i < ARENA_MAX_WORKERS && *n < max; i++) {
         const struct arena_worker *w = &st->hdr->workers[i];
         int32_t pid = atomic_load(&w->pid);
@@ -105,8 +112,8 @@ static int live_endpoints(const char *shm_dir, const char *name, char (*urls)[FE
 static int no_worker(const char *name)
 {
     return strata_errf(STRATA_ENOENT,
-                       "arena '%s' has no live worker registered: start strata-worker --arena "
-                       "%s first, or pass --worker URL",
+                       "service '%s' has no live worker: start one with `strata serve` (or "
+                       "strata-worker --arena %s), or pass --worker URL",
                        name, name);
 }
 

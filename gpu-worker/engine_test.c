@@ -152,6 +152,9 @@ static void check_same(const struct job *j)
 static struct engine *start(struct env *v, struct engine_opts *o)
 {
     if (!o->n_ctx) o->n_ctx = CTX;
+    /* run_all drains one job at a time: the others' leases must outlast that on a loaded machine
+     * under sanitizers (the default 10 s did not), or they lapse and are forgotten */
+    if (!o->orphan_timeout_ms) o->orphan_timeout_ms = 600 * 1000;
     struct engine *e;
     ck_assert_msg(engine_start(v->m, o, &e) == 0, "%s", strata_errdetail());
     return e;

@@ -16,7 +16,7 @@ static void usage(FILE *out)
         out,
         "usage: strata fixture --arch ARCH [--shape NAME] [--type T | --mix q4_k_m] [--seed N]\n"
         "                      [--router uniform|zipf:S] [--vocab FILE.gguf] [--old-layout]\n"
-        "                      [--tied] [--fast | --float] [--threads N] -o FILE.gguf\n"
+        "                      [--tied] [--no-bias] [--fast | --float] [--threads N] -o FILE.gguf\n"
         "\n"
         "Writes a MoE model with random weights and the tensor names, shapes and metadata of\n"
         "real llama.cpp files of the architecture.\n"
@@ -30,6 +30,7 @@ static void usage(FILE *out)
         "  --vocab FILE       copy tokenizer.* from FILE (default: a built-in byte-level BPE)\n"
         "  --old-layout       llama: one 2-D tensor per expert (blk.N.ffn_gate.E.weight)\n"
         "  --tied             no output.weight (llama, qwen3moe)\n"
+        "  --no-bias          no attn_q/k/v.bias (qwen2moe: llama.cpp takes them as optional)\n"
         "  --fast / --float   random quantized blocks / quantized floats (default: blocks for\n"
         "                     qwen3-mini and larger, floats for tiny)\n"
         "  --threads N        generator threads (default: one per CPU, at most 8)\n"
@@ -39,21 +40,14 @@ static void usage(FILE *out)
 static int run(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"arch", required_argument, NULL, 'a'},
-        {"shape", required_argument, NULL, 's'},
-        {"type", required_argument, NULL, 't'},
-        {"mix", required_argument, NULL, 'm'},
-        {"seed", required_argument, NULL, 'S'},
-        {"router", required_argument, NULL, 'r'},
-        {"vocab", required_argument, NULL, 'v'},
-        {"old-layout", no_argument, NULL, 'L'},
-        {"tied", no_argument, NULL, 'T'},
-        {"fast", no_argument, NULL, 'F'},
-        {"float", no_argument, NULL, 'f'},
-        {"threads", required_argument, NULL, 'j'},
-        {"output", required_argument, NULL, 'o'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"arch", required_argument, NULL, 'a'},    {"shape", required_argument, NULL, 's'},
+        {"type", required_argument, NULL, 't'},    {"mix", required_argument, NULL, 'm'},
+        {"seed", required_argument, NULL, 'S'},    {"router", required_argument, NULL, 'r'},
+        {"vocab", required_argument, NULL, 'v'},   {"old-layout", no_argument, NULL, 'L'},
+        {"tied", no_argument, NULL, 'T'},          {"no-bias", no_argument, NULL, 'B'},
+        {"fast", no_argument, NULL, 'F'},          {"float", no_argument, NULL, 'f'},
+        {"threads", required_argument, NULL, 'j'}, {"output", required_argument, NULL, 'o'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     struct fixture_opts o = {0};
     const char *out = NULL;
@@ -105,6 +99,9 @@ static int run(int argc, char **argv)
             break;
         case 'T':
             o.tied = true;
+            break;
+        case 'B':
+            o.no_bias = true;
             break;
         case 'F':
             o.mode = FIXTURE_BLOCKS;

@@ -9,13 +9,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static void usage(FILE *out)
 {
     fprintf(
         out,
         "usage: strata quantize IN.gguf OUT.gguf TYPE [--pure] [--threads N]\n"
-        "                       [--tensor-type PATTERN=TYPE]...\n\n"
+        "                       [--tensor-type PATTERN=TYPE]... [--override-kv "
+        "KEY=TYPE:VALUE]...\n\n"
         "Rewrites IN with every weight matrix (2-D and 3-D tensors named *.weight) in TYPE, byte "
         "for\n"
         "byte as llama-quantize without an importance matrix. TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 "
@@ -25,8 +27,12 @@ static void usage(FILE *out)
         "first. Other tensors and all metadata are copied; general.file_type and\n"
         "general.quantization_version are set. Prints what it did to each tensor.\n"
         "  --pure       no exceptions: without it, 1-D tensors, norms and routers (ffn_gate_inp)\n"
-        "               become f32; with it 1-D tensors are kept as they are\n"
+        "               become f32; with it 1-D tensors and routers are kept as they are (as\n"
+        "               llama-quantize, which never quantizes a router)\n"
         "  --threads N  threads over rows (default: all CPUs)\n"
+        "  --override-kv KEY=TYPE:VALUE\n"
+        "               set metadata KEY (TYPE int, float, bool or str), replacing or adding it;\n"
+        "               with TYPE copy every tensor is kept byte for byte (metadata edits only)\n"
         "  --tensor-type PATTERN=TYPE\n"
         "               weight matrices whose name contains PATTERN get TYPE (e.g. _exps=q4_K)\n"
         "A row length that TYPE's block does not divide falls back as llama.cpp does: q2_K, q3_K,\n"
@@ -54,6 +60,16 @@ static int run(int argc, char **argv)
                 return 2;
             }
             o.threads = (int)n;
+        } else if (strcmp(argv[i], "--override-kv") == 0 && i + 1 < argc) {
+            if (o.n_kv == QUANTIZE_MAX_KV) {
+                fprintf(stderr, "strata quantize: at most %d --override-kv\n", QUANTIZE_MAX_KV);
+                return 2;
+            }
+            if (quantize_kv_parse(argv[++i], &o.kv[o.n_kv]) != 0) {
+                fprintf(stderr, "strata quantize: --override-kv %s\n", strata_errdetail());
+                return 2;
+            }
+            o.n_kv++;
         } else if (strcmp(argv[i], "--tensor-type") == 0 && i + 1 < argc) {
             char *eq = strchr(argv[++i], '=');
             int t = eq ? qtype_parse(eq + 1) : -1;
@@ -78,15 +94,16 @@ static int run(int argc, char **argv)
         return 2;
     }
     int type = qtype_parse(pos[2]);
-    if (type < 0 || !quant_can_quantize((uint32_t)type)) {
+    o.copy = strcasecmp(pos[2], "copy") == 0;
+    if (!o.copy && (type < 0 || !quant_can_quantize((uint32_t)type))) {
         fprintf(stderr,
                 "strata quantize: '%s' is not a type strata quantizes to; pick f32, f16, bf16, "
                 "q8_0, q4_0, "
-                "q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl or iq4_xs\n",
+                "q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs (or copy)\n",
                 pos[2]);
         return 2;
     }
-    o.type = (uint32_t)type;
+    o.type = o.copy ? 0 : (uint32_t)type;
     int rv = quantize_file(pos[0], pos[1], &o, NULL);
     if (rv) return strata_cmd_fail("quantize", "nothing written", rv);
     return 0;

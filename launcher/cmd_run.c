@@ -7,8 +7,8 @@
  * With --teacher LIST it generates nothing: it feeds the given continuation after the prompt
  * (teacher forcing) and prints, for every step, its argmax, top logit and the given token's logit,
  * so another implementation's greedy output can be checked step by step (tests/llamacpp/run.sh).
- * The reference backend is bit-exact (DESIGN 3.4) in every mode: the same model, prompt, sampling
- * options and seed give the same tokens whatever the thread count or chunk size.
+ * The reference backend is bit-exact (docs/design.md §3.4) in every mode: the same model, prompt,
+ * sampling options and seed give the same tokens whatever the thread count or chunk size.
  */
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
@@ -406,7 +406,11 @@ static int run(int argc, char **argv)
     int rv, status = 1;
     kv_seq_init(&seq);
 
-    if ((rv = gguf_open(o.model, &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
+    if ((rv = gguf_open(o.model, &gf)) != 0) {
+        what = NULL; /* the detail names the file and the cause */
+        goto fail;
+    }
+    if ((rv = model_load(gf, &m)) != 0) goto fail;
     const struct model_hparams *hp = &m->hp;
     int tok_rv = tok_from_gguf(gf, NULL, &tk);
     if (o.prompt) {
@@ -562,7 +566,11 @@ static int run(int argc, char **argv)
     }
     status = 0;
 fail:
-    if (status) status = strata_cmd_fail("run", what, rv);
+    if (status && what)
+        status = strata_cmd_fail("run", what, rv);
+    else if (status)
+        fprintf(stderr, "strata run: %s%s\n", strata_errdetail(),
+                rv == strata_errno(ENOENT) ? " (the bundled demo model is models/demo.gguf)" : "");
     json_decref(lps);
     free(text.p);
     free(hist.v);

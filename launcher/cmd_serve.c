@@ -53,7 +53,8 @@ static void usage(FILE *out)
         "  --workers N          workers on the arena (default 1)\n"
         "  --frontends N        HTTP frontends (default 1; 0: workers only, for `strata run\n"
         "                       --name`)\n"
-        "  --cpu                CPU backend (the only one of this build's workers)\n"
+        "  --cpu                the CPU backend (also the default: the worker has no GPU\n"
+        "                       backend yet, with or without the CUDA kernels built)\n"
         "  --bit-exact          answers depend only on the model and the token history\n"
         "  --threads N          forward-pass threads per worker (default: CPUs / workers)\n"
         "  --ctx N              positions per request (default: the model's)\n"
@@ -185,7 +186,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             rv = parse_int(optarg, "--frontends", 0, MAX_FRONTENDS, &o->n_frontends);
             break;
         case O_CPU:
-            break; /* this build's workers have the CPU backend only */
+            break; /* the worker has the CPU backend only, in every build */
         case O_BITEXACT:
             o->bit_exact = true;
             break;

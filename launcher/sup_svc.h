@@ -1,7 +1,7 @@
 /* sup_svc — finding and reaching a running strata service by name, for `strata serve`, `strata
  * status` and `strata run --name`.
  *
- * A service lives in one runtime directory (DESIGN 4: --runtime-dir, else
+ * A service lives in one runtime directory (docs/design.md §4: --runtime-dir, else
  * $XDG_RUNTIME_DIR/strata/NAME, else /tmp/strata-<uid>/NAME) holding the arena's control socket
  * `arena.ipc` (arena-server/arena_ctl.h), the workers' `worker-<n>.sock` (gpu-worker/worker.h)
  * and, while `strata serve` runs, its state file `serve.json` (supervisor pid, model, frontends and

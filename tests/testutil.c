@@ -1,6 +1,8 @@
 #include "tests/testutil.h"
 
+#include <ftw.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,18 +22,75 @@ const char *test_data_path(const char *rel)
         snprintf(buf, sizeof buf, "%s/../shared/data/%s", STRATA_SOURCE_DIR, rel);
     struct stat st;
     if (stat(buf, &st) != 0) {
-        printf("SKIP %s: ../shared/data is absent (set STRATA_SHARED_DATA to run it)\n", rel);
+        printf(
+            "SKIP %s: the optional golden data is absent (set STRATA_SHARED_DATA to its folder)\n",
+            rel);
         return NULL;
     }
     return buf;
 }
 
+/* The root of everything this test binary writes: TMPDIR and the XDG directories of the tests and
+ * of the processes they start point into it, and the process that made it removes it at exit
+ * (after main returns, so a main that stops leftover processes first still finds their files). */
+static char root[512];
+static pid_t root_pid;
+static bool keep_root; /* a test failed: its files stay for a look */
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    if (remove(path) != 0) fprintf(stderr, "testutil: cannot remove %s: %m\n", path);
+    return 0;
+}
+
+static void remove_root(void)
+{
+    if (getpid() != root_pid) return; /* a forked test exiting: the root is its parent's */
+    if (keep_root || getenv("STRATA_TEST_KEEP"))
+        fprintf(stderr, "testutil: the tests' files are kept in %s (%s)\n", root,
+                keep_root ? "a test failed" : "STRATA_TEST_KEEP");
+    else
+        nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static void make_root(void)
+{
+    if (root[0]) return;
+    const char *t = getenv("TMPDIR");
+    snprintf(root, sizeof root, "%s/strata-test-XXXXXX", t && *t ? t : "/tmp");
+    /* traversable by others, as /tmp is, so a test acting as another uid reaches the paths it is
+     * given (ipc_test); nothing inside is: every directory in it is 0700 */
+    if (!mkdtemp(root) || chmod(root, 0711) != 0) {
+        perror(root);
+        abort();
+    }
+    static const char *const xdg[][2] = {{"XDG_STATE_HOME", "state"},
+                                         {"XDG_RUNTIME_DIR", "run"},
+                                         {"XDG_CACHE_HOME", "cache"},
+                                         {"XDG_CONFIG_HOME", "config"},
+                                         {"XDG_DATA_HOME", "data"}};
+    char path[600];
+    for (size_t i = 0; i < sizeof xdg / sizeof *xdg; i++) {
+        snprintf(path, sizeof path, "%s/%s", root, xdg[i][1]);
+        if (mkdir(path, 0700) != 0 || setenv(xdg[i][0], path, 1) != 0) {
+            perror(path);
+            abort();
+        }
+    }
+    setenv("TMPDIR", root, 1);
+    root_pid = getpid();
+    atexit(remove_root);
+}
+
 const char *test_tmpdir(void)
 {
-    static char dir[512];
+    static char dir[600];
     if (!dir[0]) {
-        const char *t = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/strata-test-XXXXXX", t && *t ? t : "/tmp");
+        make_root();
+        snprintf(dir, sizeof dir, "%s/strata-test-XXXXXX", root);
         if (!mkdtemp(dir)) {
             perror("mkdtemp");
             abort();
@@ -42,11 +101,20 @@ const char *test_tmpdir(void)
 
 int test_run(Suite *s)
 {
+    make_root();
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
+    keep_root |= failed != 0;
     return failed == 0 ? 0 : 1;
+}
+
+double test_slowdown(void)
+{
+    const char *e = getenv("STRATA_TEST_SLOWDOWN");
+    double f = e ? strtod(e, NULL) : 1.0;
+    return f >= 1.0 && f <= 100.0 ? f : 1.0;
 }
 
 char *test_read_file(const char *path, size_t *len)

@@ -1,8 +1,9 @@
 /* testutil — helpers shared by the Check tests.
  *
- * Shared data (../shared/data beside the checkout) is optional: tests that need it call
- * test_data_path(), which returns NULL and prints why when it is absent, so the test skips with a
- * message instead of failing. STRATA_SHARED_DATA overrides the location.
+ * Golden data made by other implementations (ggml's quant vectors, Jinja2's renderings, reference
+ * tokenizations) is optional: tests that need it call test_data_path(), which returns NULL and
+ * prints why when it is absent, so the test skips with a message instead of failing. It is looked
+ * for in STRATA_SHARED_DATA, else in shared/data beside the checkout.
  */
 #ifndef STRATA_TESTUTIL_H
 #define STRATA_TESTUTIL_H
@@ -11,15 +12,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* test_data_path returns "<shared>/data/<rel>" in a static buffer if it exists, else NULL after
- * printing "SKIP <rel>: ../shared/data is absent". */
+/* test_data_path returns "<data>/<rel>" in a static buffer if it exists, else NULL after printing
+ * a SKIP line that says how to provide it. */
 const char *test_data_path(const char *rel);
 
-/* test_tmpdir returns a fresh directory under $TMPDIR for this process (created once). */
+/* test_tmpdir returns a fresh directory for this process (created once), inside the binary's root
+ * directory (below), so it goes when the binary exits. */
 const char *test_tmpdir(void);
 
-/* test_run runs suite s (CK_FORK as Check defaults) and returns the exit status for main. */
+/* test_run runs suite s (CK_FORK as Check defaults) and returns the exit status for main.
+ *
+ * The first of test_run and test_tmpdir makes the binary's root directory
+ * $TMPDIR/strata-test-XXXXXX and points TMPDIR, XDG_STATE_HOME, XDG_RUNTIME_DIR, XDG_CACHE_HOME,
+ * XDG_CONFIG_HOME and XDG_DATA_HOME into it, so the tests and every process they start (heat
+ * profiles, sockets, logs) write nowhere else. At exit the root is removed whole, files of a test
+ * killed by its timeout included; when a test failed (or STRATA_TEST_KEEP is set) it is kept and
+ * its path printed. */
 int test_run(Suite *s);
+
+/* test_slowdown is how much slower than an idle machine this run may be: STRATA_TEST_SLOWDOWN
+ * (scripts/test.sh sets it, larger under sanitizers), at least 1, default 1. Tests that compare
+ * times with a bound scale the bound (or the work they time against) by it; it never loosens what
+ * a check means. */
+double test_slowdown(void);
 
 /* test_read_file reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
 char *test_read_file(const char *path, size_t *len);

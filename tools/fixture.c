@@ -140,7 +140,7 @@ struct fx {
     bool blocks;
     uint64_t seed;
     double zipf;
-    bool old_layout, tied;
+    bool old_layout, tied, no_bias;
     uint32_t n_vocab;
     float *router_col0; /* [n_layer][n_expert] with zipf routing */
     struct blk_cal cal[N_BLK_FIELDS];
@@ -424,7 +424,7 @@ static int plan(struct fx *fx)
             (rv = add(fx, ROLE_IN, il, "blk.%u.attn_k.weight", 2, E, KW, 1, l)) != 0 ||
             (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v.weight", 2, E, KW, 1, l)) != 0)
             return rv;
-        if (fx->arch == ARCH_QWEN2MOE &&
+        if (fx->arch == ARCH_QWEN2MOE && !fx->no_bias &&
             ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_q.bias", 1, QW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_k.bias", 1, KW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_v.bias", 1, KW, 1, 1, l)) != 0))
@@ -813,6 +813,9 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     if (o->tied && fx->arch != ARCH_LLAMA && fx->arch != ARCH_QWEN3MOE)
         return strata_errf(STRATA_EINVAL, "llama.cpp requires output.weight for %s: drop --tied",
                            arch_names[fx->arch]);
+    if (o->no_bias && fx->arch != ARCH_QWEN2MOE)
+        return strata_errf(STRATA_EINVAL, "--no-bias drops qwen2moe's q/k/v biases; %s has none",
+                           arch_names[fx->arch]);
     if (!(o->zipf >= 0 && o->zipf <= 16))
         return strata_errf(STRATA_EINVAL, "zipf exponent %g is outside [0, 16]", o->zipf);
     if (o->threads < 0 || o->threads > 256)
@@ -822,6 +825,7 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     fx->zipf = o->zipf;
     fx->old_layout = o->old_layout;
     fx->tied = o->tied;
+    fx->no_bias = o->no_bias;
     fx->n_vocab = fx->hp.n_vocab;
     fx->blocks = o->mode == FIXTURE_BLOCKS || (o->mode == FIXTURE_AUTO && fx->shape->large);
     if (fx->blocks) {

@@ -37,6 +37,7 @@ struct fixture_opts {
     const char *vocab; /* a GGUF whose tokenizer.* keys are copied; NULL: the built-in BPE */
     bool old_layout;   /* llama only: one 2-D tensor per expert, blk.N.ffn_gate.E.weight */
     bool tied;         /* no output.weight (llama, qwen3moe): logits use token_embd */
+    bool no_bias;      /* qwen2moe only: no attn_q/k/v.bias (llama.cpp loads such files too) */
     enum fixture_mode mode;
     int threads; /* generator threads; 0: one per CPU, at most 8 */
 };

@@ -63,6 +63,10 @@ uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts
 {
     *reason = "";
     uint32_t out = opts->type;
+    if (opts->copy) {
+        *reason = "copy";
+        return t->type;
+    }
     if (t->n_dims == 1) {
         const struct qtype_info *ti = qtype_get(t->type);
         if (opts->pure || !ti || !ti->computable) {
@@ -73,6 +77,11 @@ uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts
         out = QT_F32;
     } else if (t->n_dims > 3 || !ends_with(t->name, ".weight")) {
         *reason = "not a weight matrix: kept";
+        return t->type;
+    } else if (opts->pure && strstr(t->name, "ffn_gate_inp.weight")) {
+        /* llama-quantize never quantizes a router, --pure or not: routing precision decides which
+         * experts run, so a quantized router changes the answer more than its bytes save */
+        *reason = "router: kept";
         return t->type;
     } else if (override_of(t->name, opts) >= 0) {
         out = opts->overrides[override_of(t->name, opts)].type;
@@ -238,14 +247,64 @@ static int write_tensor(struct gguf_writer *w, const struct gguf_tensor *t, uint
     return 0;
 }
 
-/* copy_kv copies the metadata, rewriting the file type and quantization version. */
-static int copy_kv(struct gguf_writer *w, const struct gguf_file *f, uint32_t type)
+int quantize_kv_parse(char *text, struct quantize_kv *out)
 {
-    bool had_ftype = false, had_qver = false;
+    char *eq = strchr(text, '='), *colon = eq ? strchr(eq + 1, ':') : NULL, *end;
+    if (!eq || eq == text || !colon)
+        return strata_errf(STRATA_EINVAL,
+                           "'%s' is not KEY=TYPE:VALUE (TYPE int, float, bool or str)", text);
+    *eq = '\0';
+    const char *type = eq + 1, *v = colon + 1;
+    size_t tl = (size_t)(colon - type);
+    out->key = text;
+    if (tl == 3 && memcmp(type, "str", 3) == 0) {
+        out->val = (struct gguf_value){.type = GGUF_STRING, .str = {v, strlen(v)}};
+    } else if (tl == 4 && memcmp(type, "bool", 4) == 0 &&
+               (strcmp(v, "true") == 0 || strcmp(v, "false") == 0)) {
+        out->val = (struct gguf_value){.type = GGUF_BOOL, .b = v[0] == 't'};
+    } else if (tl == 3 && memcmp(type, "int", 3) == 0) {
+        long long n = strtoll(v, &end, 10);
+        if (!*v || *end || n < INT32_MIN || n > INT32_MAX) goto bad;
+        out->val = (struct gguf_value){.type = GGUF_INT32, .i = n};
+    } else if (tl == 5 && memcmp(type, "float", 5) == 0) {
+        double d = strtod(v, &end);
+        if (!*v || *end) goto bad;
+        out->val = (struct gguf_value){.type = GGUF_FLOAT32, .f = d};
+    } else {
+        goto bad;
+    }
+    return 0;
+bad:
+    *eq = '=';
+    return strata_errf(STRATA_EINVAL,
+                       "'%s': TYPE:VALUE must be int:N (32-bit), float:X, bool:true|false or "
+                       "str:TEXT",
+                       text);
+}
+
+static const struct quantize_kv *kv_override(const struct quantize_opts *o, const char *key)
+{
+    for (int i = 0; i < o->n_kv; i++)
+        if (strcmp(o->kv[i].key, key) == 0) return &o->kv[i];
+    return NULL;
+}
+
+/* copy_kv copies the metadata with the overrides, rewriting the file type and quantization
+ * version (unless copying). */
+static int copy_kv(struct gguf_writer *w, const struct gguf_file *f, const struct quantize_opts *o)
+{
+    bool had_ftype = o->copy, had_qver = o->copy;
+    uint32_t type = o->type;
     int rv = 0;
     for (uint64_t i = 0; i < f->n_kv && !rv; i++) {
         const char *key = f->kv[i].key;
-        if (strcmp(key, "general.file_type") == 0) {
+        const struct quantize_kv *ov = kv_override(o, key);
+        if (ov) {
+            rv = gguf_w_value(w, key, &ov->val);
+        } else if (o->copy) {
+            if (strncmp(key, "split.", 6) != 0 && strcmp(key, "general.alignment") != 0)
+                rv = gguf_w_value(w, key, &f->kv[i].val);
+        } else if (strcmp(key, "general.file_type") == 0) {
             rv = gguf_w_u32(w, key, quantize_ftype(type));
             had_ftype = true;
         } else if (strcmp(key, "general.quantization_version") == 0) {
@@ -257,6 +316,8 @@ static int copy_kv(struct gguf_writer *w, const struct gguf_file *f, uint32_t ty
     }
     if (!rv && !had_qver) rv = gguf_w_u32(w, "general.quantization_version", 2);
     if (!rv && !had_ftype) rv = gguf_w_u32(w, "general.file_type", quantize_ftype(type));
+    for (int i = 0; i < o->n_kv && !rv; i++)
+        if (!gguf_find(f, o->kv[i].key)) rv = gguf_w_value(w, o->kv[i].key, &o->kv[i].val);
     return rv;
 }
 
@@ -279,7 +340,7 @@ int quantize_file(const char *in_path, const char *out_path, const struct quanti
     struct quantize_totals tot = {0};
     const double t0 = now_s();
     int rv;
-    if (!quant_can_quantize(opts->type))
+    if (!opts->copy && !quant_can_quantize(opts->type))
         return strata_errf(
             STRATA_EUNSUPPORTED,
             "cannot quantize to %s: pick f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, "
@@ -309,7 +370,7 @@ int quantize_file(const char *in_path, const char *out_path, const struct quanti
         }
     }
     if ((rv = gguf_writer_open(out_path, f->alignment, &w)) != 0) goto fail;
-    if ((rv = copy_kv(w, f, opts->type)) != 0) goto fail;
+    if ((rv = copy_kv(w, f, opts)) != 0) goto fail;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const struct gguf_tensor *t = &f->tensors[i];
         if ((rv = gguf_w_tensor(w, t->name, to[i], t->n_dims, t->ne)) != 0) goto fail;
@@ -341,12 +402,16 @@ int quantize_file(const char *in_path, const char *out_path, const struct quanti
     if (rv) goto fail;
     if (opts->report) {
         double dt = now_s() - t0;
+        char to_what[64];
+        if (opts->copy)
+            snprintf(to_what, sizeof to_what, "copied, metadata edited");
+        else
+            snprintf(to_what, sizeof to_what, "converted to %s (file type %u)",
+                     qtype_name(opts->type), quantize_ftype(opts->type));
         fprintf(opts->report,
-                "%u tensors, %u converted to %s (file type %u) on %d threads: %.2f MiB -> %.2f MiB "
-                "(%.1f%%) "
-                "in %.2f s\n",
-                tot.n_tensors, tot.n_converted, qtype_name(opts->type), quantize_ftype(opts->type),
-                nthreads, (double)tot.bytes_in / 1048576, (double)tot.bytes_out / 1048576,
+                "%u tensors, %u %s on %d threads: %.2f MiB -> %.2f MiB (%.1f%%) in %.2f s\n",
+                tot.n_tensors, tot.n_converted, to_what, nthreads, (double)tot.bytes_in / 1048576,
+                (double)tot.bytes_out / 1048576,
                 tot.bytes_in ? 100.0 * (double)tot.bytes_out / (double)tot.bytes_in : 100.0, dt);
     }
     if (totals) *totals = tot;

@@ -20,6 +20,7 @@
 #include <stdio.h>
 
 #define QUANTIZE_MAX_OVERRIDES 16
+#define QUANTIZE_MAX_KV        16
 
 /* A per-tensor override, as llama-quantize's --tensor-type: weight matrices whose name contains
  * `pattern` get `type` (the first matching override wins; the block-size fallback still applies). */
@@ -28,14 +29,29 @@ struct quantize_override {
     uint32_t type;
 };
 
+/* A metadata override, as llama-quantize's --override-kv KEY=TYPE:VALUE: TYPE is int (INT32),
+ * float (FLOAT32), bool (true/false) or str. It replaces the key, or adds it. */
+struct quantize_kv {
+    const char *key;
+    struct gguf_value val; /* STRING values point into the caller's text */
+};
+
 struct quantize_opts {
-    uint32_t type; /* target type: quant_can_quantize(type) */
+    uint32_t type; /* target type: quant_can_quantize(type); ignored with copy */
+    bool copy;     /* llama-quantize's COPY: every tensor byte for byte, general.file_type kept
+                      (to edit metadata only) */
     bool pure;    /* no exceptions but 1-D tensors (and the block-size fallback, which is forced) */
     int threads;  /* threads over rows; <= 0: the online CPUs */
     FILE *report; /* the per-tensor table and totals go here; NULL for none */
     int n_overrides;
     struct quantize_override overrides[QUANTIZE_MAX_OVERRIDES];
+    int n_kv;
+    struct quantize_kv kv[QUANTIZE_MAX_KV];
 };
+
+/* quantize_kv_parse parses "KEY=TYPE:VALUE" (text must outlive out: the key and a string value
+ * point into it, and the '=' is overwritten). STRATA_EINVAL with the reason in the detail. */
+int quantize_kv_parse(char *text, struct quantize_kv *out);
 
 struct quantize_totals {
     uint64_t bytes_in, bytes_out; /* tensor data of the input and output */
@@ -48,6 +64,8 @@ struct quantize_totals {
  *   - a 2-D or 3-D tensor whose name does not end in ".weight": kept as it is;
  *   - 1-D tensors: with --pure kept as they are; without, made F32 (they are norms and biases,
  *     computed in float anyway; an integer 1-D tensor is kept);
+ *   - with --pure, routers (ffn_gate_inp.weight) are kept as they are (F32 in any converted file),
+ *     before any --tensor-type: llama-quantize never quantizes them;
  *   - without --pure: norms ("norm" in the name) and routers (ffn_gate_inp, ffn_gate_inp_shexp)
  *     become F32; token_embd and output follow the target like every matrix;
  *   - a row length that is not a multiple of the target's block falls back as llama.cpp does:

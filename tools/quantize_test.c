@@ -30,8 +30,9 @@ static const struct spec specs[] = {
     {"blk.0.attn_k.bias", QT_F32, 1, {256, 1, 1, 1}, QT_F32, QT_F32},
     {"blk.0.attn_q.weight", QT_F32, 2, {100, 3, 1, 1}, QT_F16, QT_F16}, /* 100: not a multiple of 32
                                                                          */
-    {"blk.0.attn_k.weight", QT_Q8_0, 2, {256, 4, 1, 1}, QT_Q4_K, QT_Q4_K},     /* requantized */
-    {"blk.0.ffn_gate_inp.weight", QT_F32, 2, {512, 4, 1, 1}, QT_F32, QT_Q4_K}, /* router */
+    {"blk.0.attn_k.weight", QT_Q8_0, 2, {256, 4, 1, 1}, QT_Q4_K, QT_Q4_K},    /* requantized */
+    {"blk.0.ffn_gate_inp.weight", QT_F32, 2, {512, 4, 1, 1}, QT_F32, QT_F32}, /* router */
+    {"blk.1.ffn_gate_inp.weight", QT_F16, 2, {512, 4, 1, 1}, QT_F32, QT_F16}, /* kept by --pure */
     {"blk.0.ffn_up_exps.weight", QT_BF16, 3, {512, 5, 4, 1}, QT_Q4_K, QT_Q4_K},
     {"blk.0.ffn_down_exps.weight", QT_F16, 3, {288, 3, 4, 1}, QT_Q5_0, QT_Q5_0}, /* 288 = 9 * 32 */
     {"blk.0.ssm_norm.weight", QT_F32, 2, {256, 2, 1, 1}, QT_F32, QT_Q4_K},       /* a 2-D norm */
@@ -174,7 +175,7 @@ START_TEST(test_rules_bytes_and_metadata)
     int rv = quantize_file(in, out, &o, &tot);
     ck_assert_msg(rv == 0, "%s: %s", strata_strerror(rv), strata_errdetail());
     ck_assert_uint_eq(tot.n_tensors, NSPECS);
-    ck_assert_uint_eq(tot.n_converted, 6);
+    ck_assert_uint_eq(tot.n_converted, 7);
     ck_assert_uint_lt(tot.bytes_out, tot.bytes_in);
     check_output(out, src, false);
 
@@ -239,6 +240,55 @@ START_TEST(test_tensor_type_overrides)
 }
 END_TEST
 
+/* COPY with --override-kv: the tensors byte for byte, a key replaced, one added, the file type
+ * kept; bad overrides are refused with the form to use. */
+START_TEST(test_copy_edits_metadata_only)
+{
+    float *src[NSPECS];
+    const char *in = tmp_path("kv-in.gguf"), *out = tmp_path("kv-out.gguf");
+    make_input(in, src);
+    char a[] = "general.architecture=str:otherarch", b[] = "strata.stop=str:\n\n",
+         c[] = "testarch.block_count=int:3";
+    char *argv[] = {"quantize", (char *)in,      (char *)out, "copy",          "--override-kv",
+                    a,          "--override-kv", b,           "--override-kv", c,
+                    NULL};
+    ck_assert_int_eq(strata_cmd_quantize.run(10, argv), 0);
+    struct gguf_file *f, *g;
+    ck_assert_int_eq(gguf_open(in, &f), 0);
+    ck_assert_int_eq(gguf_open(out, &g), 0);
+    ck_assert_uint_eq(g->n_tensors, f->n_tensors);
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i], *u = gguf_tensor_find(g, t->name);
+        ck_assert_ptr_nonnull(u);
+        ck_assert_uint_eq(u->type, t->type);
+        ck_assert_uint_eq(u->nbytes, t->nbytes);
+        ck_assert_mem_eq(u->data, t->data, t->nbytes);
+    }
+    struct gguf_str str;
+    ck_assert_int_eq(gguf_get_str(g, "general.architecture", &str), 0);
+    ck_assert(str.len == 9 && memcmp(str.ptr, "otherarch", 9) == 0);
+    ck_assert_int_eq(gguf_get_str(g, "strata.stop", &str), 0);
+    ck_assert(str.len == 2 && memcmp(str.ptr, "\n\n", 2) == 0);
+    uint32_t u32;
+    ck_assert_int_eq(gguf_get_u32(g, "testarch.block_count", &u32), 0);
+    ck_assert_uint_eq(u32, 3);
+    ck_assert_int_eq(gguf_get_u32(g, "general.file_type", &u32), 0);
+    ck_assert_uint_eq(u32, 0); /* make_input's, not a quantized one's */
+    gguf_close(f);
+    gguf_close(g);
+    static const char *const bad[] = {"nokey",     "=str:x",     "k=str",
+                                      "k=int:1.5", "k=bool:yes", "k=list:a"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char buf[32];
+        struct quantize_kv kv;
+        snprintf(buf, sizeof buf, "%s", bad[i]);
+        ck_assert_int_eq(quantize_kv_parse(buf, &kv), STRATA_EINVAL);
+        ck_assert_msg(strstr(strata_errdetail(), "TYPE"), "%s: %s", bad[i], strata_errdetail());
+    }
+    free_src(src);
+}
+END_TEST
+
 START_TEST(test_undequantizable_source)
 {
     const char *in = tmp_path("iq2.gguf"), *out = tmp_path("iq2-out.gguf");
@@ -269,6 +319,7 @@ static Suite *quantize_suite(void)
     tcase_add_test(tc, test_rules_bytes_and_metadata);
     tcase_add_test(tc, test_command_line);
     tcase_add_test(tc, test_undequantizable_source);
+    tcase_add_test(tc, test_copy_edits_metadata_only);
     tcase_add_test(tc, test_tensor_type_overrides);
     suite_add_tcase(s, tc);
     return s;

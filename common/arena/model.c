@@ -293,7 +293,6 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
         hp->gating = MODEL_GATING_SOFTMAX_TOPK;
         hp->norm_topk = false;
         hp->qk_norm = MODEL_QK_NORM_NONE;
-        hp->qkv_bias = true;
         break;
     case MODEL_ARCH_QWEN3MOE:
         hp->rope = MODEL_ROPE_NEOX;
@@ -312,6 +311,12 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
     if (hp->gating == MODEL_GATING_SOFTMAX_TOPK && gguf_find(f, name) &&
         (rv = gguf_get_bool(f, name, &hp->norm_topk)) != 0)
         return strata_errf(rv, "key %s must be a bool", name);
+
+    /* llama.cpp loads q/k/v biases when a file has them (TENSOR_NOT_REQUIRED for llama and
+     * qwen2moe): Qwen1.5-MoE has them, a fine-tune or a conversion without them is as valid */
+    hp->qkv_bias = false;
+    for (uint32_t il = 0; il < hp->n_layer && !hp->qkv_bias; il++)
+        hp->qkv_bias = gguf_tensor_find(f, fmt_name(name, sizeof name, "blk.%u.attn_q.bias", il));
 
     if (hp->arch == MODEL_ARCH_QWEN2MOE) {
         const struct gguf_tensor *t = gguf_tensor_find(f, "blk.0.ffn_up_shexp.weight");
@@ -396,6 +401,37 @@ static void file_blob_layout(struct model_layer *L)
     L->blob.bytes = off;
 }
 
+/* load_biases reads layer il's q, k and v biases: all three or none (the forward pass adds them
+ * together), each optional as in llama.cpp. An output-projection bias, which llama.cpp also takes
+ * for llama, is refused rather than ignored. */
+static int load_biases(const struct gguf_file *f, struct model_priv *p, uint32_t il, uint32_t nq,
+                       uint32_t nk, uint32_t nv, struct model_layer *L)
+{
+    static const char *const which[3] = {"attn_q", "attn_k", "attn_v"};
+    char n[3][128], o[128];
+    int have = 0, rv;
+    for (int i = 0; i < 3; i++)
+        have += gguf_tensor_find(f, fmt_name(n[i], sizeof n[i], "blk.%u.%s.bias", il, which[i])) !=
+                NULL;
+    if (gguf_tensor_find(f, fmt_name(o, sizeof o, "blk.%u.attn_output.bias", il)))
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "tensor %s (a bias on the attention output) is not supported yet", o);
+    if (have == 0) return 0;
+    if (have < 3) {
+        for (int i = 0; i < 3; i++)
+            if (!gguf_tensor_find(f, n[i]))
+                return strata_errf(STRATA_EUNSUPPORTED,
+                                   "layer %u has %d of the q/k/v biases but not %s: strata takes "
+                                   "the three together or none",
+                                   il, have, n[i]);
+    }
+    if ((rv = get_vec(f, p, n[0], nq, "(n_head*head_dim)", &L->bq)) ||
+        (rv = get_vec(f, p, n[1], nk, "(n_head_kv*head_dim)", &L->bk)) ||
+        (rv = get_vec(f, p, n[2], nv, "(n_head_kv*head_dim_v)", &L->bv)))
+        return rv;
+    return 0;
+}
+
 static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
 {
     const struct model_hparams *hp = &m->hp;
@@ -419,11 +455,7 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
         (rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
                       "(n_expert, n_embd)", &L->router)))
         return rv;
-    if (hp->qkv_bias &&
-        ((rv = get_vec(f, p, NAME("attn_q.bias"), nq, "(n_head*head_dim)", &L->bq)) ||
-         (rv = get_vec(f, p, NAME("attn_k.bias"), nk, "(n_head_kv*head_dim)", &L->bk)) ||
-         (rv = get_vec(f, p, NAME("attn_v.bias"), nv, "(n_head_kv*head_dim_v)", &L->bv))))
-        return rv;
+    if ((rv = load_biases(f, p, il, nq, nk, nv, L)) != 0) return rv;
     if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
         ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
          (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))

@@ -72,7 +72,7 @@ struct model_hparams {
     enum model_gating gating;
     bool norm_topk; /* renormalize the k selected weights to sum 1 (SOFTMAX_TOPK only) */
     enum model_qk_norm qk_norm;
-    bool qkv_bias; /* q, k, v projections have biases (qwen2moe) */
+    bool qkv_bias; /* some layer's q, k, v projections have biases (optional, as in llama.cpp) */
 };
 
 /* A 2-D weight read in place: n_out rows of n_in elements of type, row r at data + r*row_bytes. */
@@ -99,7 +99,7 @@ struct model_layer {
     struct model_mat wk;          /* (n_head_kv*head_dim, n_embd) */
     struct model_mat wv;          /* (n_head_kv*head_dim_v, n_embd) */
     struct model_mat wo;          /* (n_embd, n_head*head_dim_v) */
-    const float *bq, *bk, *bv;    /* biases of the three projections; NULL unless qkv_bias */
+    const float *bq, *bk, *bv;    /* biases of the three projections, all NULL when absent */
     const float *q_norm, *k_norm; /* (head_dim) or full width per qk_norm; NULL when NONE */
     const float *ffn_norm;        /* (n_embd) */
     struct model_mat router;      /* ffn_gate_inp: (n_expert, n_embd) */

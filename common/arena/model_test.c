@@ -229,6 +229,42 @@ START_TEST(tied_output_and_every_type)
 }
 END_TEST
 
+/* A qwen2moe file without q/k/v biases (llama.cpp: TENSOR_NOT_REQUIRED) loads, and its forward
+ * pass runs without them: finite logits, other than those of the same weights with biases. */
+START_TEST(qwen2moe_without_biases_loads)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/qwen2moe-nobias.gguf", test_tmpdir());
+    struct fixture_opts o = {.arch = "qwen2moe", .seed = 7, .no_bias = true};
+    ck_assert_msg(fixture_write(&o, path) == 0, "%s", strata_errdetail());
+    const char *with = fixture("qwen2moe", NULL, false);
+    struct gguf_file *f, *g;
+    struct model *m, *mb;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.0.attn_q.bias"));
+    ck_assert_msg(model_load(f, &m) == 0, "refused: %s", strata_errdetail());
+    ck_assert(!m->hp.qkv_bias);
+    ck_assert_ptr_null(m->layers[0].bq);
+    ck_assert_int_eq(gguf_open(with, &g), 0);
+    ck_assert_int_eq(model_load(g, &mb), 0);
+    ck_assert(mb->hp.qkv_bias);
+    ck_assert_ptr_nonnull(mb->layers[0].bq);
+    float *l = last_logits(m, prompt, 12), *lb = last_logits(mb, prompt, 12);
+    for (uint32_t v = 0; v < m->hp.n_vocab; v++)
+        ck_assert(isfinite(l[v]));
+    ck_assert(memcmp(l, lb, m->hp.n_vocab * sizeof *l) != 0);
+    free(l);
+    free(lb);
+    model_fini(m);
+    model_fini(mb);
+    gguf_close(f);
+    gguf_close(g);
+    o.arch = "olmoe"; /* the option says what it is for */
+    ck_assert_int_eq(fixture_write(&o, path), STRATA_EINVAL);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "--no-bias"));
+}
+END_TEST
+
 START_TEST(bad_files_are_refused_by_name)
 {
     const char *src = fixture("qwen2moe", NULL, false);
@@ -241,7 +277,8 @@ START_TEST(bad_files_are_refused_by_name)
     } cases[] = {
         {{.arch = "gpt2"}, STRATA_EUNSUPPORTED, "architecture 'gpt2'"},
         {{.drop_tensor = "blk.1.attn_k.weight"}, STRATA_ENOENT, "blk.1.attn_k.weight"},
-        {{.drop_tensor = "blk.0.attn_q.bias"}, STRATA_ENOENT, "blk.0.attn_q.bias"},
+        /* biases are optional, but the three go together */
+        {{.drop_tensor = "blk.0.attn_q.bias"}, STRATA_EUNSUPPORTED, "blk.0.attn_q.bias"},
         {{.drop_tensor = "blk.1.ffn_up_exps.weight"}, STRATA_ENOENT, "blk.1.ffn_up_exps"},
         {{.drop_tensor = "blk.0.ffn_gate_inp_shexp.weight"}, STRATA_ENOENT, "ffn_gate_inp_shexp"},
         {{.drop_key = "qwen2moe.block_count"}, STRATA_ENOENT, "qwen2moe.block_count"},
@@ -304,6 +341,7 @@ int main(void)
     tcase_add_test(tc, each_arch_gets_llama_cpp_behaviour);
     tcase_add_test(tc, old_per_expert_tensors_give_the_same_logits);
     tcase_add_test(tc, tied_output_and_every_type);
+    tcase_add_test(tc, qwen2moe_without_biases_loads);
     tcase_add_test(tc, bad_files_are_refused_by_name);
     tcase_add_test(tc, experts_come_only_through_the_resolver);
     suite_add_tcase(s, tc);

@@ -52,10 +52,14 @@ int strata_errno(int e)
 
 int strata_errf(int code, const char *fmt, ...)
 {
+    /* through a copy: callers wrap the previous detail (strata_errf(rv, "x: %s",
+     * strata_errdetail())), and vsnprintf into the buffer it reads from garbles it */
+    char buf[sizeof detail];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail, sizeof detail, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(detail, buf, sizeof detail);
     return code;
 }
 

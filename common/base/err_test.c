@@ -22,6 +22,9 @@ START_TEST(detail_is_kept_per_call)
 {
     ck_assert_int_eq(strata_errf(STRATA_EFORMAT, "tensor %s bad", "x"), STRATA_EFORMAT);
     ck_assert_str_eq(strata_errdetail(), "tensor x bad");
+    /* wrapping the previous detail in a new one */
+    strata_errf(STRATA_ENOENT, "arena 'demo': %s (start it)", strata_errdetail());
+    ck_assert_str_eq(strata_errdetail(), "arena 'demo': tensor x bad (start it)");
     strata_errclear();
     ck_assert_str_eq(strata_errdetail(), "");
 }

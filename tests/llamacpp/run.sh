@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh — parity with llama.cpp (DESIGN 7), teacher-forced: for tiny fixtures of every
+# run.sh — parity with llama.cpp (docs/design.md §7), teacher-forced: for tiny fixtures of every
 # architecture (qwen3moe, llama with fused experts, olmoe, qwen2moe) in f32, q8_0, q4_k and the
 # q4_k_m mix, llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed prompt of
 # token ids; `strata run --teacher` scores that continuation; check.mjs prints the table and fails
