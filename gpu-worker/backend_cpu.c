@@ -60,6 +60,8 @@ struct fwd {
     double window_wait_s;     /* of it, in the window just ticked (STRATA_DECODE_TIMING) */
     uint64_t window_swaps;    /* swaps landed at the last tick */
     bool timing;              /* STRATA_DECODE_TIMING=1 */
+    struct backend_stats tick_st; /* the counters at the last tick, for the per-window line */
+    uint64_t tick_hits, tick_misses;
     uint64_t hits, misses, swaps, verify_failures;
     double first_hit_rate;
     bool first_done;
@@ -215,9 +217,11 @@ static uint32_t blob_extents(const struct fwd *f, uint32_t l, uint32_t e, struct
     return n;
 }
 
-/* blob_hash: the XXH3 of expert (l, e)'s blob as the arena stores it, computed from its source. */
+/* blob_hash: the XXH3 of expert (l, e)'s blob as the arena stores it: the arena's own hash, or
+ * from a GGUF file computed over the same extents a copy moves. */
 static uint64_t blob_hash(const struct fwd *f, uint32_t l, uint32_t e)
 {
+    if (model_expert_blob(f->m, l, e)) return model_expert_blob_hash(f->m, l, e);
     struct copy_extent x[COPY_MAX_EXTENTS];
     const uint32_t n = blob_extents(f, l, e, x);
     XXH3_state_t *st = XXH3_createState();
@@ -666,13 +670,19 @@ static int cpu_tick(void *impl)
     f->adapt_wait_s += f->window_wait_s;
     f->window_swaps = f->swaps - swaps0;
     if (f->timing) {
-        const struct backend_stats *st = &f->st;
-        LOG_INFO("window %llu: %.2f ms total (attention %.2f, dense %.2f, experts %.2f, output "
-                 "%.2f), hits %llu misses %llu so far, adapt wait %.3f ms, %llu swaps/window",
-                 (unsigned long long)f->window, 1e3 * st->total_s, 1e3 * st->attention_s,
-                 1e3 * st->dense_s, 1e3 * st->experts_s, 1e3 * st->output_s,
-                 (unsigned long long)f->hits, (unsigned long long)f->misses,
-                 1e3 * f->window_wait_s, (unsigned long long)f->window_swaps);
+        /* this window's share: the counters less those at the last tick */
+        const struct backend_stats *st = &f->st, *p = &f->tick_st;
+        LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, output %.2f), "
+                 "%llu hits %llu misses, adapt wait %.3f ms, %llu swaps/window",
+                 (unsigned long long)f->window, 1e3 * (st->total_s - p->total_s),
+                 1e3 * (st->attention_s - p->attention_s), 1e3 * (st->dense_s - p->dense_s),
+                 1e3 * (st->experts_s - p->experts_s), 1e3 * (st->output_s - p->output_s),
+                 (unsigned long long)(f->hits - f->tick_hits),
+                 (unsigned long long)(f->misses - f->tick_misses), 1e3 * f->window_wait_s,
+                 (unsigned long long)f->window_swaps);
+        f->tick_st = *st;
+        f->tick_hits = f->hits;
+        f->tick_misses = f->misses;
     }
     return rv;
 }

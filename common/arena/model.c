@@ -542,6 +542,12 @@ const uint8_t *model_expert_blob(const struct model *m, uint32_t layer, uint32_t
     return p->arena ? arena_blob_at(p->arena, layer, expert) : NULL;
 }
 
+uint64_t model_expert_blob_hash(const struct model *m, uint32_t layer, uint32_t expert)
+{
+    const struct model_priv *p = m->priv_;
+    return p->arena ? arena_blob_hash(p->arena, layer, expert) : 0;
+}
+
 /* ---- arena ----------------------------------------------------------------------------------- */
 
 static const void *arena_expert_part(void *ctx, uint32_t layer, uint32_t expert,

@@ -161,6 +161,10 @@ void model_set_expert_resolver(struct model *m, model_expert_fn fn, void *ctx);
  * indices out of range. Any thread. */
 const uint8_t *model_expert_blob(const struct model *m, uint32_t layer, uint32_t expert);
 
+/* model_expert_blob_hash: the arena's stored XXH3_64bits of that blob (arena_blob_hash), or 0 when
+ * the model has no arena. Any thread. */
+uint64_t model_expert_blob_hash(const struct model *m, uint32_t layer, uint32_t expert);
+
 /* model_expert_part: the rows of part of expert (layer, expert), through the resolver. */
 static inline const void *model_expert_part(const struct model *m, uint32_t layer, uint32_t expert,
                                             enum model_part part)
