@@ -467,7 +467,7 @@ int arena_build_create(const struct arena_layout *L, const struct gguf_file *f, 
                        struct shm_seg *seg, struct arena_build_stats *stats)
 {
     int rv;
-    *seg = (struct shm_seg){.fd = -1};
+    *seg = (struct shm_seg)SHM_SEG_INIT;
     if ((rv = shm_create_sparse(dir, tmpname, L->hdr.total_bytes, seg)) != 0) return rv;
     if ((rv = fill(L, f, dir, seg, opts, stats)) != 0) {
         shm_close(seg);

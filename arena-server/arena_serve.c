@@ -132,7 +132,7 @@ static int try_adopt(struct arena_server *s, bool *adopted)
 static int build(struct arena_server *s, const struct gguf_file *f)
 {
     struct arena_layout *L = NULL;
-    struct shm_seg seg = {.fd = -1};
+    struct shm_seg seg = SHM_SEG_INIT;
     char tmp[300] = ""; /* the temporary segment to remove on failure, once created */
     int rv;
     uint64_t align = s->cfg.align ? s->cfg.align : ARENA_ALIGN_SMALL;
@@ -174,7 +174,7 @@ static int build(struct arena_server *s, const struct gguf_file *f)
     shm_close(&seg);
     rv = arena_open(s->cfg.shm_dir, s->name, &s->arena);
 out:
-    if (seg.fd >= 0) shm_close(&seg);
+    if (shm_is_open(&seg)) shm_close(&seg);
     if (tmp[0] && rv != 0) shm_remove(s->cfg.shm_dir, tmp);
     arena_layout_fini(L);
     return rv;
@@ -201,7 +201,7 @@ static int open_state(struct arena_server *s)
         shm_remove(s->cfg.shm_dir, s->sseg);
     }
     char tmp[300];
-    struct shm_seg seg = {.fd = -1};
+    struct shm_seg seg = SHM_SEG_INIT;
     uint64_t size = arena_state_size(h->n_layers, h->n_expert);
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", s->sseg, (int)getpid());
     if ((rv = shm_create(s->cfg.shm_dir, tmp, size, &seg)) != 0) return rv;
@@ -288,8 +288,8 @@ int arena_serve_init(const struct arena_serve_config *cfg, struct arena_server *
     f = NULL;
     if ((rv = open_state(s)) != 0) goto fail;
     /* Held while serving: a LOCK_SH|LOCK_NB that succeeds tells a reader no server is alive. */
-    if ((rv = shm_lock(s->arena->seg.fd, true, false)) != 0 ||
-        (rv = shm_lock(s->state->seg.fd, true, false)) != 0) {
+    if ((rv = shm_lock_seg(s->cfg.shm_dir, s->wseg, &s->arena->seg, true, false)) != 0 ||
+        (rv = shm_lock_seg(s->cfg.shm_dir, s->sseg, &s->state->seg, true, false)) != 0) {
         rv =
             strata_errf(STRATA_EBUSY, "arena '%s' segments are locked by another process", s->name);
         goto fail;

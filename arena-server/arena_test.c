@@ -548,7 +548,7 @@ START_TEST(enospc_during_build_refused_cleanly)
         if (k > blocks) { /* no allocation failed */
             ck_assert_msg(rv == 0, "build: %s", strata_errdetail());
             struct stat sb;
-            ck_assert_int_eq(fstat(s.fd, &sb), 0);
+            ck_assert_int_eq(fstat((int)s.h, &sb), 0);
             ck_assert_uint_ge((uint64_t)sb.st_blocks * 512, L->hdr.total_bytes);
             ck_assert_uint_eq(st.bytes_read, L->hdr.source_bytes);
             shm_close(&s);
@@ -564,7 +564,7 @@ START_TEST(enospc_during_build_refused_cleanly)
         /* a fixture's few MiB are told in MiB, not as "needs 0.0 GiB" */
         ck_assert_msg(strstr(d, " MiB, ") && !strstr(d, "0.0 GiB"), "k=%llu: %s",
                       (unsigned long long)k, d);
-        ck_assert_int_eq(s.fd, -1);
+        ck_assert(!shm_is_open(&s));
         ck_assert_ptr_null(s.map);
         ck_assert_int_eq(shm_entries(), 0);
     }
@@ -774,7 +774,7 @@ static int plant_arena(void *ctx)
     const struct plant *p = ctx;
     struct gguf_file *f = NULL;
     struct arena_layout *L = NULL;
-    struct shm_seg s = {.fd = -1};
+    struct shm_seg s = SHM_SEG_INIT;
     struct arena_build_stats st;
     char tmp[320];
     snprintf(tmp, sizeof tmp, "%s.planting", p->seg);

@@ -189,7 +189,8 @@ int worker_init(const struct worker_config *c, struct worker **out)
         eo.backend.heat = heat;
         eo.backend.on_round = profile;
         eo.backend.round_ctx = w->state;
-        LOG_INFO("expert cache: first fill by the arena's %s", recent ? "decayed profile" : "heat totals");
+        LOG_INFO("expert cache: first fill by the arena's %s",
+                 recent ? "decayed profile" : "heat totals");
     }
     rv = engine_start(w->m, &eo, &w->e);
     free(heat);
@@ -227,8 +228,7 @@ int worker_run(struct worker *w)
         for (int i = 0; i < 10 && !atomic_load(&w->stop); i++)
             nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
         if (w->slot >= 0) arena_worker_heartbeat(w->state, w->slot);
-        struct stat st;
-        if (w->arena && !warned && fstat(w->arena->seg.fd, &st) == 0 && st.st_nlink == 0) {
+        if (w->arena && !warned && shm_removed(&w->arena->seg)) {
             LOG_WARN("arena %s was removed while this worker maps it: it keeps serving from its "
                      "mapping; restart it once a new arena is up",
                      w->name);

@@ -13,3 +13,15 @@ if [ -n "$missing" ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
 fi
+# Optional: the Windows shared-memory shim's test (scripts/wine-test) cross-builds with mingw-w64
+# and runs under Wine. Without them that one stage is skipped; a failed install is not fatal.
+opt=""
+for p in gcc-mingw-w64-x86-64 wine64; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || opt="$opt $p"
+done
+if [ -n "$opt" ]; then
+  echo "deps: installing (optional)$opt"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $opt >/dev/null ||
+    echo "deps: could not install$opt: the Windows shim's test will be skipped"
+fi

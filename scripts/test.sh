@@ -87,6 +87,23 @@ else
   skip "tests" "the build failed"
   skip "llama.cpp parity" "the build failed"
 fi
+# The Windows side of the shared-memory seam, cross-built and run under Wine (skipped, not failed,
+# where mingw-w64 or Wine could not be installed).
+if scripts/wine-test build-win >build-win.log 2>&1; then
+  cat build-win.log
+  stage_rc[wine]=0
+  summary+=("$(printf '%6s   ok      %s' "-" "Windows shm shim under Wine ($(tail -n 1 build-win.log))")")
+else
+  rc=$?
+  cat build-win.log
+  if [ "$rc" -eq 2 ]; then
+    summary+=("$(printf '%6s   skipped %s' "-" "Windows shm shim under Wine (no mingw-w64 or Wine)")")
+  else
+    summary+=("$(printf '%6s   FAILED  %s' "-" "Windows shm shim under Wine")")
+    failed+=("Windows shm shim under Wine")
+  fi
+fi
+rm -f build-win.log
 stage build_asan "build (ASan+UBSan, no CUDA)" \
   scripts/build.sh build-asan -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 if [ "${stage_rc[build_asan]}" -eq 0 ]; then

@@ -157,7 +157,7 @@ void arena_view(const uint8_t *img, uint64_t size, struct arena *a)
 {
     const struct arena_header *h = (const struct arena_header *)img;
     memset(a, 0, sizeof *a);
-    a->seg.fd = -1;
+    a->seg = (struct shm_seg)SHM_SEG_INIT;
     a->seg.size = size;
     a->hdr = h;
     a->strings = (const char *)img + h->strings_off;
@@ -172,7 +172,7 @@ int arena_open(const char *dir, const char *name, struct arena **out)
     char seg[256];
     int rv;
     struct arena *a = NULL;
-    struct shm_seg s = {.fd = -1};
+    struct shm_seg s = SHM_SEG_INIT;
     if ((rv = shm_name(seg, sizeof seg, name, "")) != 0) return rv;
     if ((rv = shm_open_seg(dir, seg, false, false, &s)) != 0) {
         if (rv == STRATA_ENOENT)
@@ -198,7 +198,7 @@ fail:
 void arena_close(struct arena *a)
 {
     if (!a) return;
-    if (a->seg.fd >= 0) shm_close(&a->seg);
+    if (shm_is_open(&a->seg)) shm_close(&a->seg);
     free(a);
 }
 
@@ -298,7 +298,7 @@ int arena_state_view(void *img, uint64_t size, struct arena_state *st)
         return strata_errf(STRATA_EFORMAT, "arena state segment of %llu bytes has a bad size",
                            (unsigned long long)size);
     memset(st, 0, sizeof *st);
-    st->seg.fd = -1;
+    st->seg = (struct shm_seg)SHM_SEG_INIT;
     st->hdr = h;
     st->heat = (_Atomic uint64_t *)((uint8_t *)img + h->heat_off);
     /* a segment made before the profile was added may have no room for it: read without (when
@@ -312,7 +312,7 @@ int arena_state_open(const char *dir, const char *name, struct arena_state **out
 {
     char seg[256];
     int rv;
-    struct shm_seg s = {.fd = -1};
+    struct shm_seg s = SHM_SEG_INIT;
     struct arena_state *st = NULL;
     if ((rv = shm_name(seg, sizeof seg, name, ARENA_STATE_SUFFIX)) != 0) return rv;
     if ((rv = shm_open_seg(dir, seg, true, true, &s)) != 0) return rv;
@@ -334,7 +334,7 @@ fail:
 void arena_state_close(struct arena_state *st)
 {
     if (!st) return;
-    if (st->seg.fd >= 0) shm_close(&st->seg);
+    if (shm_is_open(&st->seg)) shm_close(&st->seg);
     free(st);
 }
 

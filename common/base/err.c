@@ -1,7 +1,10 @@
 #include "common/base/err.h"
 
 #include <errno.h>
+#if __has_include(<nng/nng.h>)
 #include <nng/nng.h>
+#define HAVE_NNG 1
+#endif
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -36,7 +39,14 @@ const char *strata_strerror(int code)
     static _Thread_local char buf[64];
     if (code >= 0 && code < STRATA_ENCODES_) return messages[code];
     if (code & STRATA_ESYSERR) return strerror(code & ~STRATA_ESYSERR);
-    if (code & STRATA_ENNGERR) return nng_strerror(code & ~STRATA_ENNGERR);
+    if (code & STRATA_ENNGERR) {
+#ifdef HAVE_NNG
+        return nng_strerror(code & ~STRATA_ENNGERR);
+#else /* a build of the shm shim alone (scripts/wine-test) has no nng */
+        snprintf(buf, sizeof buf, "nng error %d", code & ~STRATA_ENNGERR);
+        return buf;
+#endif
+    }
     if (code & STRATA_ECUDAERR) {
         snprintf(buf, sizeof buf, "CUDA error %d", code & ~STRATA_ECUDAERR);
         return buf;
