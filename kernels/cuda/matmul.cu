@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matvec.h"
 
 using namespace nvcuda;
 
@@ -86,8 +87,7 @@ extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nr
                          int64_t n_tok, float *y, void *stream)
 {
     const struct qtype_info *ti = qtype_get(type);
-    if (!ti || !(type == QT_F32 || type == QT_F16 || type == QT_BF16 || type == QT_Q8_0 ||
-                 type == QT_Q5_0 || type == QT_Q4_K || type == QT_Q5_K || type == QT_Q6_K))
+    if (!ti || !cu_type_supported(type))
         return strata_errf(STRATA_EUNSUPPORTED, "%s weights are computed on the CPU, not the GPU",
                            qtype_name(type));
     if (ncols % MM_K || ncols % ti->blck || n_tok <= 0 || nrows <= 0)

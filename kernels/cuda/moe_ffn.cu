@@ -256,6 +256,10 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
     case QT_Q4_K: QB(QT_Q4_K) break;
     case QT_Q5_K: QB(QT_Q5_K) break;
     case QT_Q6_K: QB(QT_Q6_K) break;
+    case QT_Q2_K: QB(QT_Q2_K) break;
+    case QT_Q3_K: QB(QT_Q3_K) break;
+    case QT_IQ4_XS: QB(QT_IQ4_XS) break;
+    case QT_IQ4_NL: QB(QT_IQ4_NL) break;
     default: break;
     }
 #undef QB

@@ -301,6 +301,14 @@ int main(int argc, char **argv)
                 if (types[t] == QT_F32 && shapes[s][0] == 151936 && acts[a] > 1) continue;
                 bench_matvec(types[t], shapes[s][0], shapes[s][1], acts[a], copy);
             }
+    /* the types of Q2_K .. Q5_K_M and IQ4 files: the output matrix, a dense one, an expert part */
+    const uint32_t more[] = {QT_Q5_K, QT_Q3_K, QT_Q2_K, QT_IQ4_XS, QT_IQ4_NL};
+    for (size_t t = 0; t < sizeof more / sizeof more[0]; t++)
+        for (size_t s = 0; s < 3; s++)
+            for (size_t a = 0; a < 3; a++) {
+                const int64_t sh[3][2] = {{151936, 2048}, {4096, 2048}, {768, 2048}};
+                bench_matvec(more[t], sh[s][0], sh[s][1], acts[a], copy);
+            }
     printf("\n");
     for (size_t t = 0; t < 4; t++) bench_matmul(types[t], 4096, 2048, 512);
     printf("\n");
