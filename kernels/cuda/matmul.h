@@ -4,7 +4,7 @@
  * float row-major. Tiles of 64 tokens x 64 weight rows; weights are dequantized and activations
  * rounded to fp16 in shared memory, products accumulate in fp32 (WMMA 16x16x16). fp16 rounding of
  * the activations bounds the error at about 2^-11 relative per product, so this path is outside
- * bit-exact mode (DESIGN §3.4): bit-exact runs use matvec (decode) and cu_matmul_q below.
+ * bit-exact mode (DESIGN §3.4); cu_matmul_q below is the bit-exact product for a chunk.
  * ncols must be a multiple of 32. Asynchronous on stream.
  */
 #ifndef STRATA_CUDA_MATMUL_H

@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
 }
 
 /* h = silu(gate) * up for every pair of every group, as ops_swiglu (one IEEE step each; expf is
- * the GPU's, within 2 ulp of the C library's). */
+ * glibc's, expf.cuh). */
 __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_idx, int n_ff,
                            float *h, const float *up)
 {
