@@ -79,6 +79,10 @@ template <> struct qt<QT_Q5_0> { static constexpr int blck = 32, bytes = 22; };
 template <> struct qt<QT_Q4_K> { static constexpr int blck = 256, bytes = 144; };
 template <> struct qt<QT_Q5_K> { static constexpr int blck = 256, bytes = 176; };
 template <> struct qt<QT_Q6_K> { static constexpr int blck = 256, bytes = 210; };
+template <> struct qt<QT_Q2_K> { static constexpr int blck = 256, bytes = 84; };
+template <> struct qt<QT_Q3_K> { static constexpr int blck = 256, bytes = 110; };
+template <> struct qt<QT_IQ4_XS> { static constexpr int blck = 256, bytes = 136; };
+template <> struct qt<QT_IQ4_NL> { static constexpr int blck = 32, bytes = 18; };
 
 template <int T> __device__ __forceinline__ void deq8(const uint8_t *row, int64_t c, float v[8]);
 
@@ -238,6 +242,111 @@ template <> __device__ __forceinline__ void deq8<QT_Q6_K>(const uint8_t *row, in
     }
 }
 
+/* Q2_K: scales[16] (scale low nibble, min high), qs[64] at +16, d, dmin at +80; 84-byte blocks,
+ * 4-byte aligned. Byte l of 32-byte group g holds elements 128g + 32k + l in bits 2k. The float
+ * steps are quant_dequantize's: dl = d * sc, ml = dmin * m, dl * q - ml. */
+template <> __device__ __forceinline__ void deq8<QT_Q2_K>(const uint8_t *row, int64_t c, float v[8])
+{
+    const uint8_t *b = row + (c >> 5) * 84;
+    const int e = (int)(c & 31) * 8, g = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint32_t dm = __ldg((const uint32_t *)(b + 80));
+    const uint32_t sc = b[e >> 4];
+    const float dl = __fmul_rn(u16_h2f((uint16_t)dm), (float)(sc & 0xF)),
+                ml = __fmul_rn(u16_h2f((uint16_t)(dm >> 16)), (float)(sc >> 4));
+    const uint32_t *q = (const uint32_t *)(b + 16 + 32 * g + l);
+    const uint32_t w[2] = {__ldg(q), __ldg(q + 1)};
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        v[i] = __fsub_rn(__fmul_rn(dl, (float)((w[i >> 2] >> (8 * (i & 3) + 2 * k)) & 3)), ml);
+}
+
+/* Q3_K: hmask[32], qs[64] at +32 (Q2_K's layout), 16 6-bit scales at +96 (quant_k3_scales), d at
+ * +108; 110-byte blocks, 2-byte aligned. The high bit of element e is bit e / 32 of hmask[e % 32];
+ * clear means q - 4. dl = d * (sc - 32), then dl * q. */
+__device__ __forceinline__ int k3_scale(const uint8_t *s, int j)
+{
+    const int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+template <> __device__ __forceinline__ void deq8<QT_Q3_K>(const uint8_t *row, int64_t c, float v[8])
+{
+    const uint8_t *b = row + (c >> 5) * 110;
+    const int e = (int)(c & 31) * 8, g = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const float dl = __fmul_rn(u16_h2f(__ldg((const uint16_t *)(b + 108))),
+                               (float)k3_scale(b + 96, e >> 4));
+    const uint16_t *q = (const uint16_t *)(b + 32 + 32 * g + l), *h = (const uint16_t *)(b + l);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t qq = __ldg(q + i), hh = __ldg(h + i);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int low = (qq >> (8 * j + 2 * k)) & 3, high = (hh >> (8 * j + 4 * g + k)) & 1;
+            v[2 * i + j] = __fmul_rn(dl, (float)(low - (high ? 0 : 4)));
+        }
+    }
+}
+
+/* IQ4_NL / IQ4_XS levels (quant_iq4nl_values, ggml's kvalues_iq4nl), 4 a word: byte permutes
+ * pick them (a table in local memory would be a load per weight). */
+#define IQ4_T0 0xBFAD9881u
+#define IQ4_T1 0xF6EADDCFu
+#define IQ4_T2 0x26190D01u
+#define IQ4_T3 0x71594535u
+
+__device__ __forceinline__ int iq4_level(uint32_t i)
+{
+    return (int)(int8_t)__byte_perm(i < 8 ? IQ4_T0 : IQ4_T2, i < 8 ? IQ4_T1 : IQ4_T3, i & 7);
+}
+
+/* iq4_lut4: the levels of the 4 indices in nibbles 0..3 of s, one a byte. */
+__device__ __forceinline__ uint32_t iq4_lut4(uint32_t s)
+{
+    const uint32_t a = __byte_perm(IQ4_T0, IQ4_T1, s & 0x7777), b = __byte_perm(IQ4_T2, IQ4_T3, s & 0x7777);
+    return __byte_perm(a, b, 0x3210 | ((s & 0x8888) >> 1));
+}
+
+/* iq4_lut8: the levels of a word of nibbles: *lo of the 4 low nibbles, *hi of the 4 high ones. */
+__device__ __forceinline__ void iq4_lut8(uint32_t q, uint32_t *lo, uint32_t *hi)
+{
+    const uint32_t t0 = iq4_lut4(q), t1 = iq4_lut4(q >> 16);
+    *lo = __byte_perm(t0, t1, 0x6420);
+    *hi = __byte_perm(t0, t1, 0x7531);
+}
+
+/* IQ4_NL: d, then 16 bytes of nibbles as Q4_0 (element j low, j + 16 high); 18-byte blocks,
+ * 2-byte aligned. d * level. */
+template <> __device__ __forceinline__ void deq8<QT_IQ4_NL>(const uint8_t *row, int64_t c, float v[8])
+{
+    const uint16_t *b = (const uint16_t *)(row + (c >> 2) * 18);
+    const float d = u16_h2f(__ldg(b));
+    const int k = (int)(c & 3);
+    const uint16_t *qs = b + 1 + (k & 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t u = __ldg(qs + i) >> (k < 2 ? 0 : 4);
+        v[2 * i] = __fmul_rn(d, (float)iq4_level(u & 0xF));
+        v[2 * i + 1] = __fmul_rn(d, (float)iq4_level((u >> 8) & 0xF));
+    }
+}
+
+/* IQ4_XS: d, scales_h, scales_l[4], then per 32 elements 16 bytes of nibbles as IQ4_NL (+8);
+ * 136-byte blocks, 8-byte aligned. dl = d * (ls - 32), then dl * level. */
+template <> __device__ __forceinline__ void deq8<QT_IQ4_XS>(const uint8_t *row, int64_t c, float v[8])
+{
+    const uint8_t *b = row + (c >> 5) * 136;
+    const int e = (int)(c & 31) * 8, ib = e >> 5, r = e & 31;
+    const uint2 hd = __ldg((const uint2 *)b);
+    const int ls = ((hd.y >> (4 * ib)) & 0xF) | (((hd.x >> (16 + 2 * ib)) & 3) << 4);
+    const float dl = __fmul_rn(u16_h2f((uint16_t)hd.x), (float)(ls - 32));
+    const uint2 u = __ldg((const uint2 *)(b + 8 + 16 * ib + (r & 15)));
+    const uint32_t w[2] = {u.x, u.y};
+    const int sh = r < 16 ? 0 : 4;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        v[i] = __fmul_rn(dl, (float)iq4_level((w[i >> 2] >> (8 * (i & 3) + sh)) & 0xF));
+}
+
 /* Dispatch a templated functor over the GPU's weight types: F(TYPE) expands per case. */
 #define CU_TYPE_SWITCH(type, F)                                                                    \
     switch (type) {                                                                                \
@@ -249,6 +358,10 @@ template <> __device__ __forceinline__ void deq8<QT_Q6_K>(const uint8_t *row, in
     case QT_Q4_K: F(QT_Q4_K); break;                                                               \
     case QT_Q5_K: F(QT_Q5_K); break;                                                               \
     case QT_Q6_K: F(QT_Q6_K); break;                                                               \
+    case QT_Q2_K: F(QT_Q2_K); break;                                                               \
+    case QT_Q3_K: F(QT_Q3_K); break;                                                               \
+    case QT_IQ4_XS: F(QT_IQ4_XS); break;                                                           \
+    case QT_IQ4_NL: F(QT_IQ4_NL); break;                                                           \
     default: break;                                                                                \
     }
 

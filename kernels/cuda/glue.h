@@ -6,7 +6,7 @@
  * reduction across rows), so a row's bits never depend on the batch it runs in: the backend's
  * bit-exact contract (DESIGN 3.4) holds through them. Where the CPU backend has the same step the
  * expression is the CPU's, with __fmul_rn/__fadd_rn so nvcc does not contract it into an FMA the
- * CPU does not make; expf is the GPU's (within 2 ulp of the C library's). All launches are
+ * CPU does not make; expf is glibc's (expf.cuh, checked at start). All launches are
  * asynchronous on stream, return 0 or STRATA_EINVAL (a bad shape; the detail names it) or a CUDA
  * error, and move the bytes their comment states (a benchmark counts them).
  */

@@ -90,11 +90,13 @@ static double ref_dot(const float *a, const float *b, int64_t n, double *absdot)
     return s;
 }
 
-/* Q5_K comes last and its cases run after every other test: the tests share one random stream, so
- * the earlier cases keep the data they passed with on the H200 before Q5_K was added. */
-static const uint32_t gpu_types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,
-                                     QT_Q5_0, QT_Q4_K, QT_Q6_K, QT_Q5_K};
-#define N_GPU_TYPES (int)(sizeof gpu_types / sizeof gpu_types[0])
+/* Types after the first N_FIRST_TYPES (Q5_K, then Q2_K, Q3_K, IQ4_XS, IQ4_NL) run their cases
+ * after every other test: the tests share one random stream, so the earlier cases keep the data
+ * they passed with on the H200 before these types were added. */
+static const uint32_t gpu_types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q5_0,  QT_Q4_K,
+                                     QT_Q6_K, QT_Q5_K, QT_Q2_K, QT_Q3_K, QT_IQ4_XS, QT_IQ4_NL};
+#define N_GPU_TYPES   (int)(sizeof gpu_types / sizeof gpu_types[0])
+#define N_FIRST_TYPES 7
 
 /* acts_equal: the GPU's activation rows (qact.h layout) against quant_activations' bytes of the
  * same floats: every q and every scale equal (Q8_0's fp16 scale compared widened), and the sums of
@@ -220,11 +222,11 @@ END_TEST
 
 START_TEST(matvec_refuses_cpu_types)
 {
-    ck_assert_int_eq(cu_matvec(QT_Q2_K, NULL, 256, 1, NULL, 1, NULL, NULL), STRATA_EUNSUPPORTED);
+    ck_assert_int_eq(cu_matvec(QT_Q4_1, NULL, 256, 1, NULL, 1, NULL, NULL), STRATA_EUNSUPPORTED);
     ck_assert_int_eq(cu_matvec(QT_Q4_K, NULL, 100, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
     ck_assert_int_eq(cu_matvec(QT_Q8_0, NULL, 64, 1, NULL, 17, NULL, NULL), STRATA_EINVAL);
     ck_assert_int_eq(cu_matvec(QT_Q8_0, (void *)8, 64, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
-    ck_assert_int_eq(cu_quantize_acts(QT_Q2_K, NULL, 256, 1, NULL, NULL), STRATA_EUNSUPPORTED);
+    ck_assert_int_eq(cu_quantize_acts(QT_Q4_1, NULL, 256, 1, NULL, NULL), STRATA_EUNSUPPORTED);
     ck_assert_int_eq(cu_quantize_acts(QT_Q4_K, NULL, 128, 1, NULL, NULL), STRATA_EINVAL);
     /* 512 int8, 32 int16 sums and 2 float scales, padded to 16 bytes; floats stay floats */
     ck_assert_uint_eq(cu_act_row_bytes(QT_Q4_K, 512), 592);
@@ -453,9 +455,12 @@ END_TEST
  * every token also routed to expert 3, whose 20 pairs take two groups); pairs on missing experts
  * are computed by the CPU and copied in before the combine, as the worker does. The reference is
  * the CPU backend's own expert step, cpu_moe_ffn (kernels/cpu/moe.h) over every pair: activations
- * by cpu_quantize_acts, one qdot_ref-equal row dot per output, ops_swiglu. Quantized gate/up dots are the same numbers on the GPU; h then differs by the GPU's
- * expf (2 ulp), which can move one quantized h by one step, and float parts sum in another order:
- * |out - ref| <= 1e-4 * sum|terms of the down dot| + 1e-6. */
+ * by cpu_quantize_acts, one qdot_ref-equal row dot per output, ops_swiglu. Quantized parts are
+ * the same numbers on the GPU (integer block dots, glibc's expf in SiLU, the same quantized h), so
+ * a mix of three quantized parts must give the CPU's bytes (memcmp); float parts sum in another
+ * order: |out - ref| <= 1e-4 * sum|terms of the down dot| + 1e-6. Mixes after the first five run
+ * after every other test (the shared random stream): each quantized type on all three parts, and
+ * the K-quant and IQ4 types mixed. */
 /* The reference's expert parts: slices of the host copy of the blobs. */
 struct blob_ctx {
     const uint8_t *blobs;
@@ -469,14 +474,23 @@ static const void *blob_part(void *ctx, uint32_t e, int part)
     return c->blobs + e * c->blob_bytes + c->off[part];
 }
 
+static const uint32_t mixes[][3] = {
+    {QT_Q4_K, QT_Q4_K, QT_Q6_K},    {QT_Q8_0, QT_Q8_0, QT_Q8_0},  {QT_F16, QT_BF16, QT_Q5_0},
+    {QT_Q5_0, QT_Q4_K, QT_F32},     {QT_Q5_K, QT_Q4_K, QT_Q5_K},  {QT_Q5_0, QT_Q5_0, QT_Q5_0},
+    {QT_Q4_K, QT_Q4_K, QT_Q4_K},    {QT_Q5_K, QT_Q5_K, QT_Q5_K},  {QT_Q6_K, QT_Q6_K, QT_Q6_K},
+    {QT_Q2_K, QT_Q2_K, QT_Q2_K},    {QT_Q3_K, QT_Q3_K, QT_Q3_K},  {QT_IQ4_XS, QT_IQ4_XS, QT_IQ4_XS},
+    {QT_IQ4_NL, QT_IQ4_NL, QT_IQ4_NL}, {QT_Q3_K, QT_Q2_K, QT_IQ4_XS}, {QT_IQ4_NL, QT_IQ4_XS, QT_Q3_K}};
+#define N_MIXES       (int)(sizeof mixes / sizeof mixes[0])
+#define N_FIRST_MIXES 5
+
 START_TEST(moe_ffn_matches_reference)
 {
-    const uint32_t mixes[][3] = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {QT_Q8_0, QT_Q8_0, QT_Q8_0},
-                                 {QT_F16, QT_BF16, QT_Q5_0}, {QT_Q5_0, QT_Q4_K, QT_F32},
-                                 {QT_Q5_K, QT_Q4_K, QT_Q5_K}};
     const int n_exp = 16, k = 4, toks[] = {1, 3, 20};
     const int64_t n_embd = 512, n_ff = 256;
-    for (size_t mi = 0; mi < sizeof mixes / sizeof mixes[0]; mi++) {
+    { /* one mix a loop iteration (_i indexes mixes) */
+        const int mi = _i;
+        const bool exact = qtype_get(mixes[mi][0])->blck > 1 && qtype_get(mixes[mi][1])->blck > 1 &&
+                           qtype_get(mixes[mi][2])->blck > 1;
         struct cu_moe_parts parts = {{mixes[mi][0], mixes[mi][1], mixes[mi][2]}, {0, 0, 0}, n_embd, n_ff};
         float *deq[16][3];
         uint64_t psz[3], rb[3], off = 0;
@@ -581,6 +595,12 @@ START_TEST(moe_ffn_matches_reference)
             float *out = fetch(dout, (size_t)n_pairs * n_embd);
             for (int pi = 0; pi < n_pairs; pi++) {
                 if (!resident[ids[pi]]) continue;
+                for (int64_t d = 0; exact && d < n_embd; d++)
+                    ck_assert_msg(memcmp(&out[pi * n_embd + d], &ref[pi * n_embd + d], 4) == 0,
+                                  "moe mix %s %s %s, %d tokens, pair %d dim %lld: %.9g, the CPU's "
+                                  "%.9g", qtype_name(mixes[mi][0]), qtype_name(mixes[mi][1]),
+                                  qtype_name(mixes[mi][2]), n_tok, pi, (long long)d,
+                                  out[pi * n_embd + d], ref[pi * n_embd + d]);
                 for (int64_t d = 0; d < n_embd; d++)
                     ck_assert_msg(fabs(out[pi * n_embd + d] - ref[pi * n_embd + d]) <=
                                       1e-4 * refabs[pi * n_embd + d] + 1e-6,
@@ -620,7 +640,7 @@ END_TEST
 
 START_TEST(moe_ffn_refuses_bad_parts)
 {
-    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q2_K, QT_Q6_K}, {0, 256, 512}, 512, 256};
+    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q4_1, QT_Q6_K}, {0, 256, 512}, 512, 256};
     ck_assert_int_eq(cu_moe_ffn(&parts, NULL, NULL, 0, NULL, NULL, 1, 8, NULL, NULL, NULL, NULL, NULL),
                      STRATA_EUNSUPPORTED);
     parts.type[1] = QT_Q4_K, parts.off[1] = 250; /* not a multiple of 16 */
@@ -644,17 +664,21 @@ int main(void)
     Suite *s = suite_create("cuda kernels");
     TCase *tc = tcase_create("parity");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, matvec_matches_reference, 0, N_GPU_TYPES - 1);
+    tcase_add_loop_test(tc, matvec_matches_reference, 0, N_FIRST_TYPES);
     tcase_add_test(tc, matvec_refuses_cpu_types);
-    tcase_add_loop_test(tc, matmul_matches_reference, 0, N_GPU_TYPES - 1);
+    tcase_add_loop_test(tc, matmul_matches_reference, 0, N_FIRST_TYPES);
     tcase_add_test(tc, rmsnorm_matches_reference);
     tcase_add_test(tc, rope_matches_reference);
     tcase_add_test(tc, router_matches_reference);
     tcase_add_test(tc, attention_matches_reference);
-    tcase_add_test(tc, moe_ffn_matches_reference);
+    tcase_add_loop_test(tc, moe_ffn_matches_reference, 0, N_FIRST_MIXES);
     tcase_add_test(tc, moe_ffn_refuses_bad_parts);
-    tcase_add_loop_test(tc, matvec_matches_reference, N_GPU_TYPES - 1, N_GPU_TYPES); /* Q5_K */
-    tcase_add_loop_test(tc, matmul_matches_reference, N_GPU_TYPES - 1, N_GPU_TYPES);
+    tcase_add_loop_test(tc, matvec_matches_reference, N_FIRST_TYPES, N_FIRST_TYPES + 1); /* Q5_K */
+    tcase_add_loop_test(tc, matmul_matches_reference, N_FIRST_TYPES, N_FIRST_TYPES + 1);
+    /* after Q5_K, as they were added: Q2_K, Q3_K, IQ4_XS, IQ4_NL; then the exact MoE mixes */
+    tcase_add_loop_test(tc, matvec_matches_reference, N_FIRST_TYPES + 1, N_GPU_TYPES);
+    tcase_add_loop_test(tc, matmul_matches_reference, N_FIRST_TYPES + 1, N_GPU_TYPES);
+    tcase_add_loop_test(tc, moe_ffn_matches_reference, N_FIRST_MIXES, N_MIXES);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

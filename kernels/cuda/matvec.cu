@@ -241,7 +241,7 @@ extern "C" bool cu_type_supported(uint32_t type)
 {
     switch (type) {
     case QT_F32: case QT_F16: case QT_BF16: case QT_Q8_0: case QT_Q5_0: case QT_Q4_K: case QT_Q5_K:
-    case QT_Q6_K:
+    case QT_Q6_K: case QT_Q2_K: case QT_Q3_K: case QT_IQ4_XS: case QT_IQ4_NL:
         return true;
     default:
         return false;

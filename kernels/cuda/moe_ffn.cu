@@ -1,5 +1,6 @@
 #include "common/quant/quant.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/expf.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/mvq.cuh"
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
 }
 
 /* h = silu(gate) * up for every pair of every group, as ops_swiglu (one IEEE step each; expf is
- * the GPU's, within 2 ulp of the C library's). */
+ * glibc's, expf.cuh). */
 __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_idx, int n_ff,
                            float *h, const float *up)
 {
@@ -180,7 +181,7 @@ __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_i
     for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
         const int64_t e = (int64_t)pair_idx[g.first + i / n_ff] * n_ff + i % n_ff;
         const float x = h[e];
-        h[e] = __fmul_rn(x / (1.0f + expf(-x)), up[e]);
+        h[e] = __fmul_rn(x / (1.0f + strata_expf(-x)), up[e]);
     }
 }
 
@@ -255,6 +256,10 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
     case QT_Q4_K: QB(QT_Q4_K) break;
     case QT_Q5_K: QB(QT_Q5_K) break;
     case QT_Q6_K: QB(QT_Q6_K) break;
+    case QT_Q2_K: QB(QT_Q2_K) break;
+    case QT_Q3_K: QB(QT_Q3_K) break;
+    case QT_IQ4_XS: QB(QT_IQ4_XS) break;
+    case QT_IQ4_NL: QB(QT_IQ4_NL) break;
     default: break;
     }
 #undef QB

@@ -9,8 +9,8 @@
  *   out[pair] = weight_pair * (down_e . h[pair])                (n_embd per pair)
  * Each group's weights are read once for all its pairs. Quantized parts multiply activations
  * quantized on the GPU (qact.h) exactly as the CPU reference does (qdot_ref over quant_activations:
- * gate and up bit-identical, h then differs only by the GPU's expf in silu); float parts multiply in
- * fp32. cu_moe_combine then sums each token's k outputs in ascending expert-id order (DESIGN §3.4),
+ * gate, up, h (glibc's expf in silu, expf.cuh) and out bit-identical to the CPU's); float parts
+ * multiply in fp32. cu_moe_combine then sums each token's k outputs in ascending expert-id order (DESIGN §3.4),
  * so a pair computed by the CPU and copied into out[] combines the same way. Asynchronous on stream.
  */
 #ifndef STRATA_CUDA_MOE_FFN_H

@@ -262,6 +262,167 @@ template <> struct mvq<QT_Q6_K> {
     }
 };
 
+/* sum16: sum of 16 activations k (0..3) of the 8 in s, at index 2k + h. */
+__device__ __forceinline__ int sum16(const uint32_t sw[4], int k, int h)
+{
+    return h ? (int)sw[k] >> 16 : (int)(int16_t)sw[k];
+}
+
+/* Q2_K: 4 lanes per block; lane p takes bytes 16h..16h + 15 (h = p & 1) of group g = p / 2's 32
+ * bytes of qs, whose bits 2k are the 16 elements of sub-block 8g + 2k + h (k = 0..3), at
+ * 128g + 32k + 16h. 84-byte blocks: 4-byte aligned. */
+template <> struct mvq<QT_Q2_K> {
+    static constexpr int LPB = 4, CB = 8, CB1 = 16, MINB = 8;
+    uint32_t v[4][4]; /* sub-block k's values, one a byte */
+    uint32_t sc;      /* sub-block k's scale (low nibble) and min (high) in byte k */
+    float d, dmin;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        const int g = p >> 1, h = p & 1;
+        const uint32_t *q = (const uint32_t *)(b + 16 + 32 * g + 16 * h);
+        const uint32_t qw[4] = {q[0], q[1], q[2], q[3]};
+        const uint32_t *s = (const uint32_t *)(b + 8 * g); /* scales of sub-blocks 8g .. 8g + 7 */
+        sc = __byte_perm(s[0], s[1], h ? 0x7531 : 0x6420);
+        const uint32_t dm = *(const uint32_t *)(b + 80);
+        d = hbits(dm), dmin = hbits(dm >> 16);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[k][i] = (qw[i] >> (2 * k)) & 0x03030303u;
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int p, int *is, int *ms) const
+    {
+        const int g = p >> 1, h = p & 1;
+        const uint4 s = __ldg((const uint4 *)(as + 8 * g)); /* sums of 16: 8g .. 8g + 7 */
+        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        int ia = 0, ma = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int dq = dot16(v[k], ld_act16(aq + 128 * g + 32 * k + 16 * h), 0);
+            ia += (int)((sc >> (8 * k)) & 0xF) * dq;
+            ma += (int)((sc >> (8 * k + 4)) & 0xF) * sum16(sw, k, h);
+        }
+        *is = ia;
+        *ms = ma;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int ms) const
+    {
+        return __fsub_rn(__fmul_rn(__fmul_rn(dx, d), (float)is),
+                         __fmul_rn(__fmul_rn(dx, dmin), (float)ms));
+    }
+};
+
+/* Q3_K: Q2_K's lanes and low bits (qs at +32), the third bit of element 128g + 32k + l at bit
+ * 4g + k of hmask[l] (+0); a clear bit means q - 4, taken out with the sums of 16. Scales at +96
+ * (quant_k3_scales), d at +108; 110-byte blocks: 2-byte aligned. */
+template <> struct mvq<QT_Q3_K> {
+    static constexpr int LPB = 4, CB = 8, CB1 = 16, MINB = 8;
+    uint32_t v[4][4]; /* q + 4 (0..7), one a byte */
+    int sc[4];        /* sub-block 8g + 2k + h's scale, less its 32 */
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        const int g = p >> 1, h = p & 1;
+        uint32_t qw[4], hw[4], sw[3];
+        ld_words<4>(b + 32 + 32 * g + 16 * h, qw);
+        ld_words<4>(b + 16 * h, hw);
+        ld_words<3>(b + 96, sw);
+        d = hbits(*(const uint16_t *)(b + 108));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                v[k][i] = ((qw[i] >> (2 * k)) & 0x03030303u) |
+                          (((hw[i] >> (4 * g + k)) & 0x01010101u) << 2);
+            const int n = 2 * k + h; /* j = 8g + n: quant_k3_scales' bytes */
+            const uint32_t lo = (sw[n >> 2] >> (8 * (n & 3) + 4 * g)) & 0xF;
+            const uint32_t hi = (sw[2] >> (8 * (n & 3) + 2 * (2 * g + (k >> 1)))) & 3;
+            sc[k] = (int)(lo | hi << 4) - 32;
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *as, int p, int *is, int *ms) const
+    {
+        const int g = p >> 1, h = p & 1;
+        const uint4 s = __ldg((const uint4 *)(as + 8 * g));
+        const uint32_t sw[4] = {s.x, s.y, s.z, s.w};
+        int ia = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int dq = dot16(v[k], ld_act16(aq + 128 * g + 32 * k + 16 * h), 0);
+            ia += sc[k] * (dq - 4 * sum16(sw, k, h));
+        }
+        *is = ia;
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* IQ4_NL: one lane per 32-element block (Q8_0 activations); nibbles as Q4_0, each a level of
+ * quant_iq4nl_values (byte permutes), signed bytes dotted directly. 18-byte blocks. */
+template <> struct mvq<QT_IQ4_NL> {
+    static constexpr int LPB = 1, CB = 64, CB1 = 64, MINB = 1;
+    uint32_t lo[4], hi[4]; /* elements 0..15, 16..31 */
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int)
+    {
+        uint32_t qs[4];
+        d = hbits(*(const uint16_t *)b);
+        ld_words<4>(b + 2, qs);
+#pragma unroll
+        for (int i = 0; i < 4; i++) iq4_lut8(qs[i], &lo[i], &hi[i]);
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *, int, int *is, int *ms) const
+    {
+        *is = dot16(hi, ld_act16(aq + 16), dot16(lo, ld_act16(aq), 0));
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
+/* IQ4_XS: 4 lanes per block; lane p takes sub-blocks 2p and 2p + 1 (elements 64p..), their 32
+ * bytes of nibbles at +8 + 32p, and their 6-bit scales (low 4 bits in scales_l, high 2 in
+ * scales_h), less 32. 136-byte blocks: 8-byte aligned. */
+template <> struct mvq<QT_IQ4_XS> {
+    static constexpr int LPB = 4, CB = 8, CB1 = 16, MINB = 8;
+    uint32_t v[16]; /* levels of elements 64p + 16i .. 64p + 16i + 15 in v[4i .. 4i + 3] */
+    int sc0, sc1;
+    float d;
+    __device__ __forceinline__ void load(const uint8_t *b, int p)
+    {
+        const uint2 hd = *(const uint2 *)b; /* d, scales_h | scales_l */
+        d = hbits(hd.x);
+        const int s0 = 2 * p, s1 = 2 * p + 1;
+        sc0 = (int)(((hd.y >> (4 * s0)) & 0xF) | (((hd.x >> (16 + 2 * s0)) & 3) << 4)) - 32;
+        sc1 = (int)(((hd.y >> (4 * s1)) & 0xF) | (((hd.x >> (16 + 2 * s1)) & 3) << 4)) - 32;
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const uint2 a = *(const uint2 *)(b + 8 + 32 * p + 16 * half);
+            const uint2 c = *(const uint2 *)(b + 16 + 32 * p + 16 * half);
+            const uint32_t qw[4] = {a.x, a.y, c.x, c.y};
+#pragma unroll
+            for (int i = 0; i < 4; i++) iq4_lut8(qw[i], &v[8 * half + i], &v[8 * half + 4 + i]);
+        }
+    }
+    __device__ __forceinline__ void dot(const int8_t *aq, const int16_t *, int p, int *is, int *ms) const
+    {
+        const int8_t *x = aq + 64 * p;
+        const int d0 = dot16(v + 4, ld_act16(x + 16), dot16(v, ld_act16(x), 0));
+        const int d1 = dot16(v + 12, ld_act16(x + 48), dot16(v + 8, ld_act16(x + 32), 0));
+        *is = sc0 * d0 + sc1 * d1;
+        *ms = 0;
+    }
+    __device__ __forceinline__ float value(float dx, int is, int) const
+    {
+        return __fmul_rn(__fmul_rn(dx, d), (float)is);
+    }
+};
+
 /* cp_async16: 16 bytes from global src into shared memory at dst (a shared-space address),
  * bypassing L1 (weights are read once). cp_async16_tail: the same for the matrix's last 16 bytes
  * at most, zero-filling past total so the last row never reads outside the allocation. */

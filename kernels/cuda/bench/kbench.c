@@ -2,7 +2,8 @@
  * memory roofline (the device's measured copy bandwidth and its datasheet figure). Outside the main
  * build's tests, as llm.c's dev/cuda: scripts/gpu-check runs the parity tests (kernels_gputest)
  * first and this only after they pass; weights are rotated over enough copies to exceed the L2
- * cache so every repeat streams from HBM.  Usage: strata-kbench [--peak-gbs 4800] [--reps N] */
+ * cache so every repeat streams from HBM.  Usage: strata-kbench [--peak-gbs 4800] [--reps N]
+ * [--matvec|--matmul|--matmul-q TYPE ROWS COLS N]: one case (a profiler's). */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -115,28 +116,40 @@ static void bench_matvec(uint32_t type, int64_t nrows, int64_t ncols, int n_act,
     cudaFree(w), cudaFree(x), cudaFree(act), cudaFree(y), free(hx);
 }
 
-static void bench_matmul(uint32_t type, int64_t nrows, int64_t ncols, int64_t ntok)
+/* bench_matmul: a prompt chunk's product, fp16 WMMA (cu_matmul) or, with exact, the bit-exact
+ * int8 tensor-core path (cu_quantize_acts + cu_matmul_q, both timed). */
+static void bench_matmul(uint32_t type, int64_t nrows, int64_t ncols, int64_t ntok, int exact)
 {
     uint64_t bytes;
     unsigned char *w = make_weights(type, nrows, ncols, 1, &bytes);
     float *x, *y;
+    void *act;
     CK(cudaMalloc((void **)&x, sizeof(float) * ncols * ntok));
     CK(cudaMalloc((void **)&y, sizeof(float) * nrows * ntok));
-    CK(cudaMemset(x, 0, sizeof(float) * ncols * ntok));
-    cu_matmul(type, w, ncols, nrows, x, ntok, y, NULL);
+    CK(cudaMalloc(&act, cu_act_row_bytes(type, ncols) * ntok + 16));
+    float *hx = malloc(sizeof(float) * ncols * ntok);
+    for (int64_t i = 0; i < ncols * ntok; i++) hx[i] = frand();
+    CK(cudaMemcpy(x, hx, sizeof(float) * ncols * ntok, cudaMemcpyHostToDevice));
+    free(hx);
+#define RUN()                                                                                      \
+    (exact ? cu_quantize_acts(type, x, ncols, (int)ntok, act, NULL) ||                             \
+                 cu_matmul_q(type, w, ncols, nrows, act, ntok, y, NULL)                            \
+           : cu_matmul(type, w, ncols, nrows, x, ntok, y, NULL))
+    if (RUN() != 0) exit(1);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0), cudaEventCreate(&e1);
     cudaEventRecord(e0, 0);
-    for (int i = 0; i < 10; i++) cu_matmul(type, w, ncols, nrows, x, ntok, y, NULL);
+    for (int i = 0; i < 10; i++) RUN();
+#undef RUN
     cudaEventRecord(e1, 0);
     CK(cudaEventSynchronize(e1));
     float ms;
     cudaEventElapsedTime(&ms, e0, e1);
     double s = ms * 1e-3 / 10;
-    printf("| matmul | %-5s | %6lld x %-5lld | %4lld tok | %9.1f us | %6.1f TFLOP/s |\n",
-           qtype_name(type), (long long)nrows, (long long)ncols, (long long)ntok, s * 1e6,
-           2.0 * nrows * ncols * ntok / s / 1e12);
-    cudaFree(w), cudaFree(x), cudaFree(y);
+    printf("| %s | %-5s | %6lld x %-5lld | %4lld tok | %9.1f us | %6.1f TFLOP/s |\n",
+           exact ? "matmul_q (exact)" : "matmul (fp16)", qtype_name(type), (long long)nrows,
+           (long long)ncols, (long long)ntok, s * 1e6, 2.0 * nrows * ncols * ntok / s / 1e12);
+    cudaFree(w), cudaFree(x), cudaFree(y), cudaFree(act);
 }
 
 static void bench_attn(int64_t ctx, int n_seq, double roof)
@@ -263,13 +276,17 @@ static void bench_moe(int n_tok, double roof)
 int main(int argc, char **argv)
 {
     double peak = 4800;
-    const char *one = NULL; /* --matvec TYPE ROWS COLS ACT: that case alone (for a profiler) */
+    /* --matvec TYPE ROWS COLS ACT, --matmul / --matmul-q TYPE ROWS COLS TOKENS: that case alone */
+    const char *one = NULL, *mode = NULL;
     int64_t one_rows = 0, one_cols = 0;
     int one_act = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--peak-gbs") == 0 && i + 1 < argc) peak = atof(argv[++i]);
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
-        if (strcmp(argv[i], "--matvec") == 0 && i + 4 < argc) {
+        if ((strcmp(argv[i], "--matvec") == 0 || strcmp(argv[i], "--matmul") == 0 ||
+             strcmp(argv[i], "--matmul-q") == 0) &&
+            i + 4 < argc) {
+            mode = argv[i];
             one = argv[i + 1], one_rows = atoll(argv[i + 2]), one_cols = atoll(argv[i + 3]);
             one_act = atoi(argv[i + 4]);
             i += 4;
@@ -281,7 +298,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "strata-kbench: no GPU type named %s\n", one);
             return 2;
         }
-        bench_matvec((uint32_t)t, one_rows, one_cols, one_act, copy_gbs());
+        if (strcmp(mode, "--matvec") == 0)
+            bench_matvec((uint32_t)t, one_rows, one_cols, one_act, copy_gbs());
+        else
+            bench_matmul((uint32_t)t, one_rows, one_cols, one_act, strcmp(mode, "--matmul-q") == 0);
         return 0;
     }
     struct cudaDeviceProp p;
@@ -301,8 +321,19 @@ int main(int argc, char **argv)
                 if (types[t] == QT_F32 && shapes[s][0] == 151936 && acts[a] > 1) continue;
                 bench_matvec(types[t], shapes[s][0], shapes[s][1], acts[a], copy);
             }
+    /* the types of Q2_K .. Q5_K_M and IQ4 files: the output matrix, a dense one, an expert part */
+    const uint32_t more[] = {QT_Q5_K, QT_Q3_K, QT_Q2_K, QT_IQ4_XS, QT_IQ4_NL};
+    for (size_t t = 0; t < sizeof more / sizeof more[0]; t++)
+        for (size_t s = 0; s < 3; s++)
+            for (size_t a = 0; a < 3; a++) {
+                const int64_t sh[3][2] = {{151936, 2048}, {4096, 2048}, {768, 2048}};
+                bench_matvec(more[t], sh[s][0], sh[s][1], acts[a], copy);
+            }
     printf("\n");
-    for (size_t t = 0; t < 4; t++) bench_matmul(types[t], 4096, 2048, 512);
+    for (size_t t = 0; t < 4; t++) bench_matmul(types[t], 4096, 2048, 512, 0);
+    for (size_t t = 0; t < 4; t++) bench_matmul(types[t], 4096, 2048, 512, 1);
+    for (size_t t = 0; t < sizeof more / sizeof more[0]; t++)
+        bench_matmul(more[t], 4096, 2048, 512, 1);
     printf("\n");
     bench_attn(4096, 1, copy);
     bench_attn(4096, 16, copy);
