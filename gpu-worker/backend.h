@@ -49,6 +49,12 @@ struct backend_opts {
      * thread, e.g. for the arena's decayed profile. NULL: none. */
     void (*on_round)(void *ctx, const float *counts);
     void *round_ctx;
+    /* The CUDA hybrid (gpu-worker/hybrid_cuda.h, docs/hybrid.md): */
+    uint8_t pin;             /* --pin: 0 need (default), 1 whole, 2 none (enum hyb_pin) */
+    float pcie_frac;         /* --pcie-frac: share of a decode window's missed experts the GPU
+                                computes from registered host memory (0: none) */
+    uint32_t pcie_threshold; /* --pcie-threshold: a prompt chunk's missed expert with at least
+                                this many pairs goes over PCIe (0: none) */
 };
 
 /* backend_opts_default: the defaults a command starts from (tier TIER_OPTS_DEFAULT, cache auto). */
@@ -191,7 +197,10 @@ void backend_reset_stats(struct backend *b);
     "  --adapt-min F        count a candidate needs (default 2.0)\n"                               \
     "  --adapt-lead F       lead over the resident it replaces (default 1.5)\n"                    \
     "  --adapt-async 1      the tier's copies run while windows do (default 0: blocking)\n"        \
-    "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"
+    "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"            \
+    "  --pin P              cuda hybrid: register host experts whole, by need (default) or none\n" \
+    "  --pcie-frac F        cuda hybrid: share of missed experts the GPU reads over PCIe (0)\n"  \
+    "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0)\n"
 
 /* backend_opt applies option `name` (without its dashes) with value to o. Returns 0, STRATA_ENOENT
  * when name is not a backend option (the caller's own), STRATA_EINVAL for a bad value (the detail

@@ -21,6 +21,8 @@
  * CUDA events and stays zero for now. Threads: the decode thread only; device 0, one stream.
  */
 #include "gpu-worker/backend.h"
+#include "gpu-worker/hybrid_cuda.h"
+#include "gpu-worker/hybrid_plan.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/quant/qtype.h"
@@ -93,6 +95,12 @@ struct cuda_be {
     /* host scratch */
     uint32_t *pos, *rtok, *seen_len;
     struct kv_seq **seen;
+    /* the hybrid (hybrid_cuda.h): NULL when every expert is resident */
+    struct hyb *hyb;
+    struct cu_moe_parts *parts; /* (n_layer) each layer's, for the hybrid */
+    uint32_t *chunk_of;         /* (T) a token's prompt chunk (its sequence), or UINT32_MAX */
+    uint32_t n_slots;
+    bool force_hybrid; /* STRATA_CUDA_HYBRID=1 */
 };
 
 /* The packed per-pass inputs (d_in / h_in), in units of T int32: ids, positions, KV slots, each
@@ -317,14 +325,6 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     c->act_stride = (c->act_stride + 255) & ~(size_t)255;
     c->slot_bytes = slot_bytes;
     const uint32_t n_total = hp->n_layer * hp->n_expert;
-    if (cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total) < n_total) {
-        rv = strata_errf(STRATA_EUNSUPPORTED,
-                         "--expert-cache gives %u of the %u experts: the CUDA backend holds every "
-                         "expert resident (the hybrid, a cache of some with the rest on the CPU, "
-                         "comes next): leave --expert-cache auto or use --backend cpu",
-                         cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total), n_total);
-        goto fail;
-    }
     c->block_tokens = kc->block_tokens;
     c->pool_blocks = kc->max_blocks;
     c->max_bt = (kc->n_ctx + kc->block_tokens - 1) / kc->block_tokens;
@@ -385,10 +385,37 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     if ((rv = ck(cudaMemGetInfo(&vfree, &vtotal), "cudaMemGetInfo"))) goto fail;
     const uint64_t reserve =
         (uint64_t)(o->vram_reserve_mib ? o->vram_reserve_mib : VRAM_RESERVE_MIB) << 20;
-    const uint64_t need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes;
+    uint64_t need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes;
     const uint64_t avail = vfree > reserve ? vfree - reserve : 0;
+    /* The expert cache: every expert resident when --expert-cache asks for all (or auto and they
+     * fit); otherwise the hybrid takes the slots there are and the CPU computes the rest. */
+    c->n_slots = o->expert_cache.kind == CACHE_AUTO && need <= avail
+                     ? n_total
+                     : cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total);
+    if (o->expert_cache.kind == CACHE_AUTO && need > avail) {
+        const struct hyb_budget bud = {vfree,
+                                       reserve,
+                                       dense + c->kv_bytes + c->scratch_bytes +
+                                           hyb_device_bytes(m, T),
+                                       slot_bytes,
+                                       n_total,
+                                       HYB_CHUNK_SLOTS};
+        c->n_slots = hyb_auto_slots(&bud);
+    }
+    /* STRATA_CUDA_HYBRID=1: the hybrid's path even with every expert in a slot (tests: its hits
+     * against the all-resident path) */
+    const char *force = getenv("STRATA_CUDA_HYBRID");
+    c->force_hybrid = force && atoi(force) != 0;
+    if (c->n_slots < n_total || c->force_hybrid) {
+        const uint32_t nch = (c->n_slots + HYB_CHUNK_SLOTS - 1) / HYB_CHUNK_SLOTS;
+        c->expert_bytes = nch * hyb_chunk_bytes(slot_bytes, HYB_CHUNK_SLOTS);
+        need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes + hyb_device_bytes(m, T);
+        LOG_INFO("cuda: expert cache of %u of %u experts in VRAM (%.2f GiB), the rest computed "
+                 "on the CPU from host memory",
+                 c->n_slots, n_total, gib(c->expert_bytes));
+    }
     LOG_INFO("cuda: %s, %.1f GiB free of %.1f: weights %.2f GiB, KV %.2f GiB (%u blocks of %u "
-             "positions, %s), experts %.2f GiB (%u x %u slots of %.2f MiB, all resident), scratch "
+             "positions, %s), experts %.2f GiB (%u x %u experts, slots of %.2f MiB), scratch "
              "%.2f GiB for %u tokens a pass; %.2f GiB left after the %.0f MiB reserve",
              c->device, gib(vfree), gib(vtotal), gib(dense), gib(c->kv_bytes), c->pool_blocks,
              kc->block_tokens, kv_type_name(o->kv_type), gib(c->expert_bytes), hp->n_layer,
@@ -431,10 +458,22 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
             (rv = upload_mat(c, &L->gate_inp_shexp, &D->gate_inp_sh)))
             goto fail;
     }
-    if ((rv = upload_experts(c, slot_bytes))) goto fail;
+    const bool hybrid = c->n_slots < n_total || c->force_hybrid;
+    if (!hybrid && (rv = upload_experts(c, slot_bytes))) goto fail;
     if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool))) goto fail;
     for (size_t i = 0; i < n_bufs; i++)
         if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
+    if (c->n_slots < n_total) {
+        if (!(c->parts = malloc(hp->n_layer * sizeof *c->parts)) ||
+            !(c->chunk_of = malloc(T * sizeof *c->chunk_of))) {
+            rv = strata_errf(STRATA_ENOMEM, "out of memory for the hybrid's tables");
+            goto fail;
+        }
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            c->parts[l] = c->L[l].parts;
+        if ((rv = hyb_open(m, o, c->parts, c->s, c->n_slots, slot_bytes, reserve, &c->hyb)))
+            goto fail;
+    }
     if ((rv = ck(cudaMallocHost((void **)&c->h_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4),
                  "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_sel, P * 4), "cudaMallocHost")) ||
@@ -460,6 +499,9 @@ static void cuda_close(void *impl)
     struct cuda_be *c = impl;
     if (!c) return;
     if (c->s) cudaStreamSynchronize(c->s);
+    hyb_close(c->hyb);
+    free(c->parts);
+    free(c->chunk_of);
     for (uint32_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i]);
     cudaFreeHost(c->h_in);
@@ -583,6 +625,8 @@ static void report_routes(struct cuda_be *c, uint32_t il, int ng)
     }
 }
 
+static int shared_and_residual(struct cuda_be *c, uint32_t n, uint32_t il);
+
 static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &c->m->hp;
@@ -598,9 +642,21 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
                              topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
                              !topk_first && hp->norm_topk, c->sel, c->selw, c->s)) ||
         (rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
-                 "routes down")) ||
-        (rv = ck(cudaStreamSynchronize(c->s), "router")))
+                 "routes down")))
         return rv;
+    if (c->hyb) {
+        /* not every expert resident: the hybrid takes the routed step (hits on the GPU, misses
+         * on the CPU at the same time) */
+        const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
+        if ((rv = hyb_stage(c->hyb, &io, n)) ||
+            (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
+            (rv = hyb_moe(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx,
+                          &c->st.weight_bytes)))
+            return rv;
+        c->pairs += (uint64_t)n * K;
+        return shared_and_residual(c, n, il);
+    }
+    if ((rv = ck(cudaStreamSynchronize(c->s), "router"))) return rv;
     const int ng =
         moe_group(c->h_sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->h_groups, c->h_pair_idx);
     if (c->route) report_routes(c, il, ng);
@@ -619,6 +675,16 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         for (int p = 0; p < MODEL_PART_COUNT; p++)
             c->st.weight_bytes +=
                 c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
+    return shared_and_residual(c, n, il);
+}
+
+/* shared_and_residual: the shared expert (qwen2moe) added to the routed sum, then the residual. */
+static int shared_and_residual(struct cuda_be *c, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const size_t E = hp->n_embd;
+    int rv;
     if (hp->n_ff_shexp) {
         const size_t F = D->gate_sh.n_out;
         const bool uq = D->up_sh.type == D->gate_sh.type;
@@ -680,6 +746,17 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
         in[IN_KVLEN * T + t] = (int32_t)c->pos[t] + 1;
         if (toks[t].logits) in[IN_OUTROWS * T + n_out++] = (int32_t)t;
     }
+    if (c->hyb) {
+        /* a token of a sequence with several tokens in the pass is a prompt chunk's */
+        for (uint32_t t = 0; t < n; t++) {
+            const uint32_t sq = (uint32_t)in[IN_QSEQ * T + t];
+            uint32_t many = 0;
+            for (uint32_t u = 0; u < n && many < 2; u++)
+                many += (uint32_t)in[IN_QSEQ * T + u] == sq;
+            c->chunk_of[t] = many > 1 ? sq : UINT32_MAX;
+        }
+        hyb_pass(c->hyb, c->chunk_of, n);
+    }
     for (uint32_t s = 0; s < n_seen; s++)
         for (uint32_t b = 0; b < bt_stride; b++)
             in[IN_BT * T + s * bt_stride + b] =
@@ -739,20 +816,25 @@ static void cuda_set_route(void *impl, backend_route_fn fn, void *ctx)
 
 static int cuda_tick(void *impl)
 {
-    return 0;
+    struct cuda_be *c = impl;
+    return c->hyb ? hyb_tick(c->hyb) : 0;
 }
 
 static int cuda_quiesce(void *impl)
 {
     struct cuda_be *c = impl;
-    return ck(cudaStreamSynchronize(c->s), "quiesce");
+    int rv = c->hyb ? hyb_quiesce(c->hyb) : 0;
+    if (!rv) rv = ck(cudaStreamSynchronize(c->s), "quiesce");
+    return rv;
 }
 
 static int cuda_resize(void *impl, uint64_t bytes)
 {
+    struct cuda_be *c = impl;
+    if (c->hyb) return hyb_resize(c->hyb, bytes);
     return strata_errf(STRATA_EUNSUPPORTED,
-                       "the CUDA backend holds every expert resident: it has no expert cache to "
-                       "resize yet (the hybrid backend will)");
+                       "this CUDA backend holds every expert resident: start it with "
+                       "--expert-cache N (fewer than all experts) to have a cache to resize");
 }
 
 static void cuda_info(const void *impl, struct backend_info *out)
@@ -771,6 +853,7 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .first_hit_rate = 1.0,
     };
     snprintf(out->device, sizeof out->device, "%s", c->device);
+    if (c->hyb) hyb_info(c->hyb, out);
 }
 
 static void cuda_get_stats(const void *impl, struct backend_stats *out)
