@@ -1,4 +1,7 @@
-/* The CUDA backend: the whole forward pass on one GPU, every routed expert resident in VRAM.
+/* The CUDA backend: the whole forward pass on one GPU, every routed expert resident in VRAM, or,
+ * when they do not all fit (or --expert-cache asks for fewer), the hybrid of hybrid_cuda.h: the
+ * hottest experts in VRAM slots, the rest computed by the CPU at the same time; the hybrid takes
+ * only the routed-expert step (moe()), the rest of the pass is the same.
  *
  * At start the dense weights (embeddings, attention, norms, routers, shared experts, output) are
  * uploaded once, every expert blob is copied into its own VRAM slot (the arena's blob layout, parts
@@ -425,9 +428,9 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         rv = strata_errf(STRATA_ENOSPC,
                          "the CUDA backend needs %.2f GiB of VRAM (weights %.2f, KV %.2f, experts "
                          "%.2f, scratch %.2f) and %s has %.2f GiB free after the %.0f MiB "
-                         "reserve: lower --ctx or --seqs (KV), pass a smaller --vram-reserve-mib, "
-                         "or use --backend cpu (experts that do not fit are the hybrid's, not "
-                         "built yet)",
+                         "reserve: lower --ctx or --seqs (KV), give a smaller --expert-cache (or "
+                         "auto: the experts that do not fit are computed on the CPU), pass a "
+                         "smaller --vram-reserve-mib, or use --backend cpu",
                          gib(need), gib(dense), gib(c->kv_bytes), gib(c->expert_bytes),
                          gib(c->scratch_bytes), c->device, gib(avail), (double)reserve / (1 << 20));
         goto fail;

@@ -44,9 +44,10 @@ struct hyb {
     const uint8_t **d_tab[2], **h_tab[2];
     cudaEvent_t tab_ev[2];
     int cur;
-    /* PCIe (zero-copy): device pointers of registered host blobs, L * NE, and which are usable */
-    const uint8_t **d_pcie, **h_pcie;
-    uint8_t *host_ok; /* (L * NE) published to the split */
+    /* PCIe (zero-copy): device pointers of registered host blobs (L * NE), and which the split may
+     * send to the GPU; the published table holds them for experts not in a slot */
+    const uint8_t **h_pcie;
+    uint8_t *host_ok;
     struct hyb_pcie_rule rule;
     /* registration */
     enum hyb_pin pin;
@@ -164,7 +165,9 @@ static int publish(struct hyb *h)
     const uint64_t LE = (uint64_t)h->L * h->NE;
     for (uint64_t i = 0; i < LE; i++) {
         const int32_t s = h->cache->pub[i];
-        h->h_tab[nb][i] = s == CACHE_NONE ? NULL : slot_ptr(h, (uint32_t)s);
+        h->h_tab[nb][i] = s != CACHE_NONE ? slot_ptr(h, (uint32_t)s)
+                          : h->host_ok[i] ? h->h_pcie[i]
+                                          : NULL;
     }
     if ((rv = ck(cudaMemcpyAsync(h->d_tab[nb], h->h_tab[nb], LE * sizeof(void *),
                                  cudaMemcpyHostToDevice, h->s),
@@ -198,7 +201,9 @@ static void *reg_main(void *arg)
             if (!ok) cudaGetLastError();
             if (ok && h->can_map) {
                 void *d = NULL;
-                if (cudaHostGetDevicePointer(&d, (void *)blob, 0) == cudaSuccess)
+                /* the kernels read parts with 16-byte copies */
+                if (cudaHostGetDevicePointer(&d, (void *)blob, 0) == cudaSuccess &&
+                    (uintptr_t)d % 16 == 0)
                     h->h_pcie[b] = d;
                 else
                     cudaGetLastError();
@@ -229,9 +234,11 @@ static bool pinned(struct hyb *h, uint32_t l, uint32_t e)
     return r;
 }
 
-/* publish_pcie: registrations landed since the last call become usable by the PCIe share */
-static int publish_pcie(struct hyb *h)
+/* pcie_news: registrations landed since the last call become usable by the PCIe share (the
+ * caller republishes the table, which then holds their device pointers); whether any did */
+static bool pcie_news(struct hyb *h)
 {
+    if (h->rule.frac <= 0 && !h->rule.threshold) return false;
     pthread_mutex_lock(&h->mu);
     const uint32_t n = h->reg_new;
     h->reg_new = 0;
@@ -240,10 +247,7 @@ static int publish_pcie(struct hyb *h)
         for (uint64_t i = 0; i < LE; i++)
             h->host_ok[i] = h->h_pcie[i] != NULL && hyb_pinset_has(&h->pins, (uint32_t)i);
     pthread_mutex_unlock(&h->mu);
-    if (!n || (h->rule.frac <= 0 && !h->rule.threshold)) return 0;
-    /* the stream is idle between windows (the pass ends synchronized): a plain copy is ordered */
-    return ck(cudaMemcpy(h->d_pcie, h->h_pcie, LE * sizeof(void *), cudaMemcpyHostToDevice),
-              "pcie table up");
+    return n > 0;
 }
 
 /* ---- copies ----------------------------------------------------------------------------------- */
@@ -569,7 +573,6 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
     } devb[] = {
         {(void **)&h->d_tab[0], LE * sizeof(void *)},
         {(void **)&h->d_tab[1], LE * sizeof(void *)},
-        {(void **)&h->d_pcie, LE * sizeof(void *)},
         {(void **)&h->d_groups, 2 * P * sizeof(struct moe_group)},
         {(void **)&h->d_idx, 2 * P * 4},
         {(void **)&h->d_rows, P * 4},
@@ -577,7 +580,6 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
     };
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
-    if ((rv = ck(cudaMemset(h->d_pcie, 0, LE * sizeof(void *)), "pcie table"))) goto fail;
     if ((rv = ck(cudaStreamCreateWithFlags(&h->cs, cudaStreamNonBlocking), "copy stream")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->win_ev, cudaEventDisableTiming), "event")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
@@ -657,7 +659,7 @@ void hyb_close(struct hyb *h)
             if (h->pin_ptr[i]) cudaHostUnregister((void *)h->pin_ptr[i]);
     pool_to(h, 0);
     free(h->chunks);
-    void *dev[] = {h->d_tab[0], h->d_tab[1], h->d_pcie, h->d_groups, h->d_idx, h->d_rows, h->d_yy};
+    void *dev[] = {h->d_tab[0], h->d_tab[1], h->d_groups, h->d_idx, h->d_rows, h->d_yy};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cudaFree(dev[i]);
     void *pin[] = {h->h_tab[0], h->h_tab[1], h->h_pcie,  h->h_groups,  h->h_idx,
@@ -799,16 +801,11 @@ int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, con
                      "pairs up")))
             return rv;
         if (h->timing) cudaEventRecord(h->ev_a[il], h->s);
-        if (sp.n_hit &&
-            (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE, h->d_groups,
-                             sp.n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws,
+        /* one launch: slots for the hits, registered host memory for the PCIe share, both
+         * through the published table */
+        if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE, h->d_groups,
+                             ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws,
                              h->d_yy, h->s)))
-            return rv;
-        if (sp.n_pcie &&
-            (rv = cu_moe_ffn(&h->parts[il], (const uint8_t *const *)h->d_pcie +
-                                                (uint64_t)il * h->NE,
-                             h->d_groups + sp.n_hit, sp.n_pcie, h->d_idx, io->selw, n, (int)h->K,
-                             io->xn, io->h, io->ws, h->d_yy, h->s)))
             return rv;
         if (h->timing) {
             cudaEventRecord(h->ev_b[il], h->s);
@@ -893,7 +890,7 @@ static int async_tick(struct hyb *h)
 int hyb_tick(struct hyb *h)
 {
     h->window++;
-    int rv = publish_pcie(h);
+    int rv = pcie_news(h) ? publish(h) : 0;
     const double w0 = h->adapt_wait_s;
     const uint64_t sw0 = h->swaps;
     if (!rv && h->tier)

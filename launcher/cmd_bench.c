@@ -167,6 +167,12 @@ static void table(const char *model, const struct bench_opts *o, const struct be
            "this machine reads with %u threads\n",
            per_tok / (1 << 20), r->decode_gbs, 100 * r->decode_gbs / r->read_gbs, r->read_gbs,
            r->threads);
+    const struct backend_info *I = &r->info;
+    if (I->cache_slots && I->hits + I->misses)
+        printf("  expert cache: %u slots, %u experts resident, hit rate %.1f%% of %llu routed "
+               "pairs (misses computed from host memory, read at up to %.1f GB/s here)\n",
+               I->cache_slots, I->resident, 100.0 * (double)I->hits / (double)(I->hits + I->misses),
+               (unsigned long long)(I->hits + I->misses), r->read_gbs);
 }
 
 static const uint32_t kernel_types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0, QT_Q4_0, QT_IQ4_XS};
