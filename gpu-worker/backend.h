@@ -97,6 +97,7 @@ struct backend_info {
     double copy_gibs;         /* their rate while copying */
     uint64_t verify_failures; /* copies refused by --cache-verify */
     double adapt_wait_s;      /* time windows waited for the tier's copies */
+    uint64_t pcie_pairs;      /* of the misses, pairs a GPU computed from registered host memory */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are

@@ -466,7 +466,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool))) goto fail;
     for (size_t i = 0; i < n_bufs; i++)
         if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
-    if (c->n_slots < n_total) {
+    if (hybrid) {
         if (!(c->parts = malloc(hp->n_layer * sizeof *c->parts)) ||
             !(c->chunk_of = malloc(T * sizeof *c->chunk_of))) {
             rv = strata_errf(STRATA_ENOMEM, "out of memory for the hybrid's tables");

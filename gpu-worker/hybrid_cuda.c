@@ -87,6 +87,7 @@ struct hyb {
     bool async_wait;
     /* stats */
     uint64_t hits, misses, pcie_pairs, swaps, copies, copy_bytes, failed, verify_failures;
+    uint64_t posted; /* copies posted: the fail hook's ticket */
     double copy_s, adapt_wait_s, first_hit_rate;
     bool first_done;
     /* STRATA_DECODE_TIMING: per layer, the GPU's hit time (events) and the CPU's miss time */
@@ -265,7 +266,8 @@ static int post(struct hyb *h, struct flight *f)
     f->rv = 0;
     f->landed = false;
     f->posted_at = now_s();
-    if (hk && hk->fail && hk->fail(hk->ctx, f->mv.slot, h->copies + h->failed)) {
+    const uint64_t ticket = h->posted++;
+    if (hk && hk->fail && hk->fail(hk->ctx, f->mv.slot, ticket)) {
         f->rv = STRATA_EIO;
         return ck(cudaEventRecord(f->done, h->cs), "copy event");
     }
@@ -421,7 +423,7 @@ static int post_round(struct hyb *h)
     const bool unfenced = h->o.copy_hooks && h->o.copy_hooks->unfenced;
     if (!unfenced) {
         for (uint32_t i = 0; i < h->n_fl; i++)
-            if (h->fl[i].mv.victim != CACHE_NONE) cache_evict(h->cache, h->fl[i].mv.slot);
+            if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
         if ((rv = publish(h))) return rv;
     }
     if ((rv = ck(cudaEventRecord(h->win_ev, h->s), "window event"))) return rv;
@@ -433,7 +435,7 @@ static int post_round(struct hyb *h)
         /* the removed fence (a test hook): the copies land while the old table is still read */
         cudaStreamSynchronize(h->cs);
         for (uint32_t i = 0; i < h->n_fl; i++)
-            if (h->fl[i].mv.victim != CACHE_NONE) cache_evict(h->cache, h->fl[i].mv.slot);
+            if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
     }
     return 0;
 }
@@ -653,6 +655,11 @@ void hyb_close(struct hyb *h)
         pthread_mutex_unlock(&h->mu);
         pthread_join(h->reg, NULL);
     }
+    if (h->reg_started || h->pcie_pairs)
+        LOG_INFO("expert cache: %u blobs registered, %u refused (copied through bounce buffers); "
+                 "%llu of %llu missed pairs computed over PCIe",
+                 h->pins.registered, h->pins.failed, (unsigned long long)h->pcie_pairs,
+                 (unsigned long long)h->misses);
     /* unregistered before the arena is unmapped (the caller closes the arena after us) */
     if (h->pin_ptr)
         for (uint64_t i = 0; i < (uint64_t)h->L * h->NE; i++)
@@ -971,4 +978,5 @@ void hyb_info(const struct hyb *h, struct backend_info *out)
     out->copy_gibs = h->copy_s > 0 ? (double)h->copy_bytes / h->copy_s / (1 << 30) : 0;
     out->adapt_wait_s = h->adapt_wait_s;
     out->verify_failures = h->verify_failures;
+    out->pcie_pairs = h->pcie_pairs;
 }

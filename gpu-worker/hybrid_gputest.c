@@ -311,7 +311,11 @@ START_TEST(pcie_share_same_bits)
                              .pin = 1,
                              .pcie_frac = 0.5f,
                              .pcie_threshold = 2};
-    run(&e, e.ma, &o, 0, true, "pcie share 0.5, threshold 2");
+    struct backend_info bi = run(&e, e.ma, &o, 0, true, "pcie share 0.5, threshold 2");
+    printf("pcie share: %llu of %llu missed pairs over PCIe\n", (unsigned long long)bi.pcie_pairs,
+           (unsigned long long)bi.misses);
+    ck_assert_uint_gt(bi.pcie_pairs, 0); /* the registration thread had the whole script */
+    ck_assert_uint_lt(bi.pcie_pairs, bi.misses);
     env_close(&e);
 }
 END_TEST
