@@ -1,4 +1,5 @@
 #include "gpu-worker/hybrid_plan.h"
+#include "gpu-worker/backend.h"
 #include "common/base/err.h"
 #include "tests/testutil.h"
 
@@ -217,6 +218,24 @@ START_TEST(registration_set_only_grows)
 }
 END_TEST
 
+START_TEST(options_parse)
+{
+    struct backend_opts o = backend_opts_default();
+    ck_assert_uint_eq(o.pin, HYB_PIN_NEED);
+    ck_assert_float_eq(o.pcie_frac, 0.0f);
+    ck_assert_int_eq(backend_opt(&o, "pin", "whole"), 0);
+    ck_assert_uint_eq(o.pin, HYB_PIN_WHOLE);
+    ck_assert_int_eq(backend_opt(&o, "pin", "some"), STRATA_EINVAL);
+    ck_assert_uint_eq(o.pin, HYB_PIN_WHOLE);
+    ck_assert_int_eq(backend_opt(&o, "pcie-frac", "0.25"), 0);
+    ck_assert_float_eq(o.pcie_frac, 0.25f);
+    ck_assert_int_eq(backend_opt(&o, "pcie-frac", "1.5"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "8"), 0);
+    ck_assert_uint_eq(o.pcie_threshold, 8);
+    ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "-1"), STRATA_EINVAL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hybrid_plan");
@@ -225,6 +244,7 @@ int main(void)
     tcase_add_test(tc, split_hits_and_misses);
     tcase_add_test(tc, pcie_share_choice);
     tcase_add_test(tc, registration_set_only_grows);
+    tcase_add_test(tc, options_parse);
     suite_add_tcase(s, tc);
     return test_run(s);
 }
