@@ -31,6 +31,7 @@
 #include "common/quant/qtype.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/attn_plain.h"
+#include "kernels/cuda/expf.h"
 #include "kernels/cuda/glue.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
@@ -74,6 +75,7 @@ struct cuda_be {
     void *route_ctx;
     char device[64];
     bool attn_plain_f32; /* STRATA_CUDA_ATTN=plain: the plain kernel for f32 KV too */
+    bool expf_exact;     /* the GPU's expf gave libm's bits on the start-up sweep */
     void **allocs;       /* every cudaMalloc, freed at close */
     uint32_t n_allocs, cap_allocs;
     struct dlayer *L;
@@ -304,6 +306,15 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         (rv = ck(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), "cudaStreamCreate")))
         goto fail;
     snprintf(c->device, sizeof c->device, "%.48s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    /* SiLU's expf must be the host libm's for the CPU's bits: 2M floats, a few ms */
+    uint64_t expf_bad;
+    float expf_x = 0;
+    if ((rv = cu_expf_check(1u << 11, &expf_bad, &expf_x)) != 0) goto fail;
+    c->expf_exact = expf_bad == 0;
+    if (expf_bad)
+        LOG_WARN("the GPU's expf differs from this host's libm on %llu of 2M floats (first "
+                 "expf(%a)): answers are not bit-exact, and --bit-exact refuses to start",
+                 (unsigned long long)expf_bad, expf_x);
     if (!(c->L = calloc(hp->n_layer, sizeof *c->L))) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for the CUDA layer table");
         goto fail;
@@ -848,7 +859,7 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .kv_type = c->o.kv_type,
         .kv_bytes = c->kv_bytes,
         .kv_pos_bytes = kv_pos_bytes(kv_config_of(c->kv), c->o.kv_type),
-        .bit_exact = true,
+        .bit_exact = c->expf_exact,
         .cache_slots = c->m->hp.n_layer * c->m->hp.n_expert,
         .slot_bytes = c->slot_bytes,
         .resident = c->m->hp.n_layer * c->m->hp.n_expert,

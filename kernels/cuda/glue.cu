@@ -1,4 +1,5 @@
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/expf.cuh"
 #include "kernels/cuda/glue.h"
 #include "kernels/cuda/matvec.h"
 
@@ -124,7 +125,7 @@ __global__ void swiglu(const float *g, const float *u, float *out, int64_t n)
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float x = g[i];
-        out[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, expf(-x))), u[i]);
+        out[i] = __fmul_rn(__fdiv_rn(x, __fadd_rn(1.0f, strata_expf(-x))), u[i]);
     }
 }
 
@@ -139,7 +140,7 @@ __global__ void gate_add(float *y, const float *s, const float *gate, int64_t n,
 {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float sg = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gate[i / width])));
+        const float sg = __fdiv_rn(1.0f, __fadd_rn(1.0f, strata_expf(-gate[i / width])));
         y[i] = __fadd_rn(y[i], __fmul_rn(sg, s[i]));
     }
 }

@@ -1,5 +1,6 @@
 #include "common/quant/quant.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/expf.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/mvq.cuh"
@@ -180,7 +181,7 @@ __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_i
     for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
         const int64_t e = (int64_t)pair_idx[g.first + i / n_ff] * n_ff + i % n_ff;
         const float x = h[e];
-        h[e] = __fmul_rn(x / (1.0f + expf(-x)), up[e]);
+        h[e] = __fmul_rn(x / (1.0f + strata_expf(-x)), up[e]);
     }
 }
 
