@@ -18,6 +18,7 @@
 #include <time.h>
 
 #define N_BOUNCE 4 /* pinned bounce buffers for copies from unregistered memory */
+#define N_STAGE  16 /* STRATA_PCIE_MODE=stage: VRAM staging slots, experts over PCIe a layer */
 
 /* One copy in flight: a move of the tier, or a fill at start. */
 struct flight {
@@ -49,6 +50,11 @@ struct hyb {
     const uint8_t **h_pcie;
     uint8_t *host_ok;
     struct hyb_pcie_rule rule;
+    /* STRATA_PCIE_MODE=stage: the PCIe share copied into staging slots before its launch instead
+     * of read through mapped memory (one switch, for measuring both) */
+    bool stage;
+    uint8_t *d_stage;                 /* (N_STAGE, slot_bytes) */
+    const uint8_t **h_stab, **d_stab; /* (NE) a layer's table of the staged experts */
     /* registration */
     enum hyb_pin pin;
     bool ro_flag, can_map;
@@ -489,7 +495,9 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
     h->T = o->max_pass_tokens, h->P = h->T * h->K;
     h->slot_bytes = slot_bytes;
     h->pin = (enum hyb_pin)o->pin;
-    h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold};
+    const char *pm = getenv("STRATA_PCIE_MODE");
+    h->stage = pm && strcmp(pm, "stage") == 0;
+    h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->stage ? N_STAGE : 0};
     const char *t = getenv("STRATA_DECODE_TIMING");
     h->timing = t && atoi(t);
     const char *aw = getenv("STRATA_ADAPT_ASYNC_WAIT");
@@ -558,6 +566,7 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
         {(void **)&h->h_xn, (size_t)h->T * E * 4},
         {(void **)&h->h_selw, P * 4},
         {(void **)&h->h_pack, P * E * 4},
+        {(void **)&h->h_stab, h->NE * sizeof(void *)},
         {(void **)&h->bounce[0], slot_bytes},
         {(void **)&h->bounce[1], slot_bytes},
         {(void **)&h->bounce[2], slot_bytes},
@@ -579,6 +588,8 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
         {(void **)&h->d_idx, 2 * P * 4},
         {(void **)&h->d_rows, P * 4},
         {(void **)&h->d_yy, 2 * P * E * 4},
+        {(void **)&h->d_stab, h->NE * sizeof(void *)},
+        {(void **)&h->d_stage, h->stage ? N_STAGE * slot_bytes : 1},
     };
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
@@ -631,11 +642,12 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
     }
     if ((rv = publish(h)) || (rv = fill(h))) goto fail;
     LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident, the "
-             "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u",
+             "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
              n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
              cache_resident(h->cache), (uint32_t)LE, o->n_threads ? o->n_threads : 1,
              !h->tier ? "static" : o->tier.async ? "adaptive, async" : "adaptive, blocking",
-             hyb_pin_name(h->pin), h->rule.frac, h->rule.threshold);
+             hyb_pin_name(h->pin), h->rule.frac, h->rule.threshold,
+             h->stage ? "staging slots" : "zero-copy");
     *out = h;
     return 0;
 fail:
@@ -666,11 +678,12 @@ void hyb_close(struct hyb *h)
             if (h->pin_ptr[i]) cudaHostUnregister((void *)h->pin_ptr[i]);
     pool_to(h, 0);
     free(h->chunks);
-    void *dev[] = {h->d_tab[0], h->d_tab[1], h->d_groups, h->d_idx, h->d_rows, h->d_yy};
+    void *dev[] = {h->d_tab[0], h->d_tab[1], h->d_groups, h->d_idx,
+                   h->d_rows,   h->d_yy,     h->d_stab,   h->d_stage};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cudaFree(dev[i]);
     void *pin[] = {h->h_tab[0], h->h_tab[1], h->h_pcie,  h->h_groups,  h->h_idx,
-                   h->h_rows,   h->h_xn,     h->h_selw,  h->h_pack,    h->bounce[0],
+                   h->h_rows,   h->h_xn,     h->h_selw,  h->h_pack,    h->h_stab, h->bounce[0],
                    h->bounce[1], h->bounce[2], h->bounce[3]};
     for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
         cudaFreeHost(pin[i]);
@@ -808,12 +821,39 @@ int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, con
                      "pairs up")))
             return rv;
         if (h->timing) cudaEventRecord(h->ev_a[il], h->s);
-        /* one launch: slots for the hits, registered host memory for the PCIe share, both
-         * through the published table */
-        if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE, h->d_groups,
-                             ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws,
-                             h->d_yy, h->s)))
-            return rv;
+        if (!h->stage || !sp.n_pcie) {
+            /* one launch: slots for the hits, registered host memory for the PCIe share, both
+             * through the published table */
+            if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
+                                 h->d_groups, ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn,
+                                 io->h, io->ws, h->d_yy, h->s)))
+                return rv;
+        } else {
+            /* staging: each PCIe expert's blob copied into a staging slot (registered memory,
+             * in stream order after the last layer's launch read the slots), then its own launch */
+            uint32_t j = 0;
+            for (int g = 0; g < sp.n_pcie; g++) {
+                const int32_t e = sp.pcie_groups[g].expert;
+                if (g && sp.pcie_groups[g - 1].expert == e) continue;
+                uint8_t *dst = h->d_stage + (uint64_t)j++ * h->slot_bytes;
+                h->h_stab[e] = dst;
+                if ((rv = ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, (uint32_t)e),
+                                             Lr->blob.bytes, cudaMemcpyHostToDevice, h->s),
+                             "staging copy")))
+                    return rv;
+            }
+            if ((rv = ck(cudaMemcpyAsync(h->d_stab, h->h_stab, h->NE * sizeof(void *),
+                                         cudaMemcpyHostToDevice, h->s),
+                         "staging table up")) ||
+                (sp.n_hit &&
+                 (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
+                                  h->d_groups, sp.n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn,
+                                  io->h, io->ws, h->d_yy, h->s))) ||
+                (rv = cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp.n_hit, sp.n_pcie,
+                                 h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy,
+                                 h->s)))
+                return rv;
+        }
         if (h->timing) {
             cudaEventRecord(h->ev_b[il], h->s);
             h->ev_used[il] = 1;

@@ -311,11 +311,18 @@ START_TEST(pcie_share_same_bits)
                              .pin = 1,
                              .pcie_frac = 0.5f,
                              .pcie_threshold = 2};
-    struct backend_info bi = run(&e, e.ma, &o, 0, true, "pcie share 0.5, threshold 2");
-    printf("pcie share: %llu of %llu missed pairs over PCIe\n", (unsigned long long)bi.pcie_pairs,
-           (unsigned long long)bi.misses);
-    ck_assert_uint_gt(bi.pcie_pairs, 0); /* the registration thread had the whole script */
-    ck_assert_uint_lt(bi.pcie_pairs, bi.misses);
+    for (int stage = 0; stage < 2; stage++) {
+        /* the switch: read through mapped memory, or copied into staging slots first */
+        setenv("STRATA_PCIE_MODE", stage ? "stage" : "zero", 1);
+        struct backend_info bi = run(&e, e.ma, &o, 0, true,
+                                     stage ? "pcie share 0.5, threshold 2, staging"
+                                           : "pcie share 0.5, threshold 2, zero-copy");
+        printf("pcie share: %llu of %llu missed pairs over PCIe\n",
+               (unsigned long long)bi.pcie_pairs, (unsigned long long)bi.misses);
+        ck_assert_uint_gt(bi.pcie_pairs, 0); /* the registration thread had the whole script */
+        ck_assert_uint_lt(bi.pcie_pairs, bi.misses);
+    }
+    unsetenv("STRATA_PCIE_MODE");
     env_close(&e);
 }
 END_TEST

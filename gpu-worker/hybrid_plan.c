@@ -78,14 +78,21 @@ int hyb_split_layer(const int32_t *ids, int64_t n_tok, int k, uint32_t n_expert,
     const int ng = moe_group(ids, n_tok, k, n_expert, NULL, UINT32_MAX, groups, pair_idx);
     out->n_hit = out->n_pcie = out->n_miss = 0;
     out->hit_pairs = out->pcie_pairs = out->miss_pairs = 0;
-    /* which missed groups go over PCIe: decode takes the top ceil(frac * misses) by pairs */
-    int n_missed = 0;
-    for (int g = 0; g < ng; g++)
-        if (slot_of[groups[g].expert] == CACHE_NONE) n_missed++;
-    int want = 0;
+    /* which missed groups go over PCIe: the eligible ones (reachable; in a prompt chunk with at
+     * least threshold pairs) ranked by pairs, ties to the lower id, the first `limit` of them:
+     * decode ceil(frac * misses), prompt all, both capped at max_experts */
     const bool any = rule && host_ok && (prompt ? rule->threshold > 0 : rule->frac > 0);
-    if (any && !prompt) want = (int)ceilf(rule->frac * (float)n_missed - 1e-6f);
-    if (want > n_missed) want = n_missed;
+    int n_missed = 0, n_elig = 0;
+    for (int g = 0; g < ng; g++) {
+        const struct moe_group *G = &groups[g];
+        if (slot_of[G->expert] != CACHE_NONE) continue;
+        n_missed++;
+        n_elig += any && host_ok[G->expert] && (!prompt || (uint32_t)G->count >= rule->threshold);
+    }
+    int limit = 0;
+    if (any) limit = prompt ? n_elig : (int)ceilf(rule->frac * (float)n_missed - 1e-6f);
+    if (limit > n_elig) limit = n_elig;
+    if (any && rule->max_experts && limit > (int)rule->max_experts) limit = (int)rule->max_experts;
     for (int g = 0; g < ng; g++) {
         const struct moe_group *G = &groups[g];
         if (slot_of[G->expert] != CACHE_NONE) {
@@ -94,21 +101,18 @@ int hyb_split_layer(const int32_t *ids, int64_t n_tok, int k, uint32_t n_expert,
             continue;
         }
         bool pcie = false;
-        if (any && host_ok[G->expert]) {
-            if (prompt) {
-                pcie = (uint32_t)G->count >= rule->threshold;
-            } else if (want) {
-                /* its rank among the missed groups: more pairs first, ties by lower id */
-                int rank = 0;
-                for (int h = 0; h < ng; h++) {
-                    const struct moe_group *H = &groups[h];
-                    if (h == g || slot_of[H->expert] != CACHE_NONE || !host_ok[H->expert])
-                        continue;
-                    if (H->count > G->count || (H->count == G->count && H->expert < G->expert))
-                        rank++;
-                }
-                pcie = rank < want;
+        if (limit && host_ok[G->expert] &&
+            (!prompt || (uint32_t)G->count >= rule->threshold)) {
+            int rank = 0;
+            for (int h = 0; h < ng; h++) {
+                const struct moe_group *H = &groups[h];
+                if (h == g || slot_of[H->expert] != CACHE_NONE || !host_ok[H->expert] ||
+                    (prompt && (uint32_t)H->count < rule->threshold))
+                    continue;
+                if (H->count > G->count || (H->count == G->count && H->expert < G->expert))
+                    rank++;
             }
+            pcie = rank < limit;
         }
         if (pcie)
             put(G, pair_idx, max_pairs, out->pcie_groups, &out->n_pcie, out->pcie_idx,

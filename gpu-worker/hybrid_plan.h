@@ -57,10 +57,12 @@ struct hyb_split {
 
 /* hyb_pcie_rule: which missed experts the GPU computes over PCIe. Decode windows (prompt false):
  * the first ceil(frac * misses) missed experts, most pairs first, ties by lower id. Prompt chunks:
- * every missed expert with at least threshold pairs (0: none). frac 0 and threshold 0: none. */
+ * every missed expert with at least threshold pairs (0: none), most pairs first when max_experts
+ * caps them. frac 0 and threshold 0: none. */
 struct hyb_pcie_rule {
     float frac;
     uint32_t threshold;
+    uint32_t max_experts; /* at most this many experts a layer (staging slots); 0: no cap */
 };
 
 /* hyb_split_layer groups ids[n_tok * k] (the router's picks, ids < n_expert) once with moe_group

@@ -134,7 +134,7 @@ START_TEST(pcie_share_choice)
     sides_init(&x);
     /* decode: ceil(0.5 * 5 misses) = 3, most pairs first: experts 2 (4), 3 (3), then 5 (2, the
      * lower id of the tie with 6) */
-    struct hyb_pcie_rule r = {0.5f, 0};
+    struct hyb_pcie_rule r = {0.5f, 0, 0};
     hyb_split_layer(ids, 6, 2, 8, none, ok, &r, false, 16, x.g, x.pi, &x.s);
     ck_assert_int_eq(x.s.n_pcie, 3);
     ck_assert_int_eq(x.s.pcie_groups[0].expert, 2);
@@ -162,7 +162,7 @@ START_TEST(pcie_share_choice)
     ck_assert_int_eq(x.s.n_miss, 0);
     ck_assert_uint_eq(x.s.pcie_pairs, 12);
     /* prompt chunks: the threshold, not the fraction: experts with >= 3 pairs (2 and 3) */
-    r = (struct hyb_pcie_rule){0.0f, 3};
+    r = (struct hyb_pcie_rule){0.0f, 3, 0};
     hyb_split_layer(ids, 6, 2, 8, none, ok, &r, true, 2, x.g, x.pi, &x.s);
     ck_assert_uint_eq(x.s.pcie_pairs, 7);
     ck_assert_int_eq(x.s.n_pcie, 4); /* cut at 2 pairs: 2+2, 2+1 */
@@ -170,6 +170,16 @@ START_TEST(pcie_share_choice)
     r.threshold = 0;
     hyb_split_layer(ids, 6, 2, 8, none, ok, &r, true, 16, x.g, x.pi, &x.s);
     ck_assert_int_eq(x.s.n_pcie, 0);
+    /* capped at 2 experts a layer (staging slots): the two with the most pairs, either way */
+    r = (struct hyb_pcie_rule){1.0f, 1, 2};
+    hyb_split_layer(ids, 6, 2, 8, none, ok, &r, false, 16, x.g, x.pi, &x.s);
+    ck_assert_int_eq(x.s.n_pcie, 2);
+    ck_assert_int_eq(x.s.pcie_groups[0].expert, 2);
+    ck_assert_int_eq(x.s.pcie_groups[1].expert, 3);
+    hyb_split_layer(ids, 6, 2, 8, none, ok, &r, true, 16, x.g, x.pi, &x.s);
+    ck_assert_int_eq(x.s.n_pcie, 2);
+    ck_assert_uint_eq(x.s.pcie_pairs, 7);
+    ck_assert_uint_eq(x.s.miss_pairs, 5);
 }
 END_TEST
 
