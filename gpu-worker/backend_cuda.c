@@ -640,6 +640,7 @@ static void report_routes(struct cuda_be *c, uint32_t il, int ng)
 }
 
 static int shared_and_residual(struct cuda_be *c, uint32_t n, uint32_t il);
+static int shared_expert(struct cuda_be *c, uint32_t n, uint32_t il, float *out);
 
 static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
 {
@@ -664,11 +665,16 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
         if ((rv = hyb_stage(c->hyb, &io, n)) ||
             (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
-            (rv = hyb_moe(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx,
-                          &c->st.weight_bytes)))
+            (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx,
+                                &c->st.weight_bytes)))
             return rv;
+        /* the shared expert queued behind the hits (into tmp, free until the next layer's
+         * attention), so the GPU has it to do while the CPU computes the misses */
+        if (hp->n_ff_shexp && (rv = shared_expert(c, n, il, c->tmp))) return rv;
+        if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st.weight_bytes))) return rv;
         c->pairs += (uint64_t)n * K;
-        return shared_and_residual(c, n, il);
+        if (hp->n_ff_shexp && (rv = cu_gate_add(c->moe, c->tmp, c->shg, n, E, c->s))) return rv;
+        return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
     }
     if ((rv = ck(cudaStreamSynchronize(c->s), "router"))) return rv;
     const int ng =
@@ -692,25 +698,33 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     return shared_and_residual(c, n, il);
 }
 
-/* shared_and_residual: the shared expert (qwen2moe) added to the routed sum, then the residual. */
+/* shared_expert: the shared expert's (qwen2moe) output before its gate, into out (n rows of
+ * n_embd), and its gate logit into shg. */
+static int shared_expert(struct cuda_be *c, uint32_t n, uint32_t il, float *out)
+{
+    const struct dlayer *D = &c->L[il];
+    const size_t F = D->gate_sh.n_out;
+    const bool uq = D->up_sh.type == D->gate_sh.type;
+    int rv;
+    if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
+        (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
+                 uq ? &D->gate_sh : NULL)) ||
+        (rv = mm(c, &D->gate_inp_sh, c->xn, n, c->shg, c->acts[2], NULL)) ||
+        (rv = cu_swiglu(c->g, c->u, c->g, (int64_t)n * F, c->s)) ||
+        (rv = mm(c, &D->down_sh, c->g, n, out, c->acts[0], NULL)))
+        return rv;
+    return 0;
+}
+
+/* shared_and_residual: the shared expert added to the routed sum, then the residual. */
 static int shared_and_residual(struct cuda_be *c, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &c->m->hp;
-    const struct dlayer *D = &c->L[il];
     const size_t E = hp->n_embd;
     int rv;
-    if (hp->n_ff_shexp) {
-        const size_t F = D->gate_sh.n_out;
-        const bool uq = D->up_sh.type == D->gate_sh.type;
-        if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
-            (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
-                     uq ? &D->gate_sh : NULL)) ||
-            (rv = mm(c, &D->gate_inp_sh, c->xn, n, c->shg, c->acts[2], NULL)) ||
-            (rv = cu_swiglu(c->g, c->u, c->g, (int64_t)n * F, c->s)) ||
-            (rv = mm(c, &D->down_sh, c->g, n, c->y, c->acts[0], NULL)) ||
-            (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s)))
-            return rv;
-    }
+    if (hp->n_ff_shexp && ((rv = shared_expert(c, n, il, c->y)) ||
+                           (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s))))
+        return rv;
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 

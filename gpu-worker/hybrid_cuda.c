@@ -78,6 +78,7 @@ struct hyb {
     int32_t *d_idx, *d_rows;
     float *d_yy; /* (2P, E): the GPU's rows at pair index, then the packed miss rows */
     uint32_t *chunk_of, *stamp, *rtok;
+    struct hyb_split sp; /* the layer between hyb_moe_start and hyb_moe_finish */
     struct pool *pool;
     struct cpu_moe *twin;
     /* the tier */
@@ -780,48 +781,48 @@ static void count(struct hyb *h, uint32_t il, int ng, const int32_t *slot_of,
     }
 }
 
-int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, const int32_t *h_sel,
-            backend_route_fn route, void *route_ctx, uint64_t *weight_bytes)
+int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
+                  const int32_t *h_sel, backend_route_fn route, void *route_ctx,
+                  uint64_t *weight_bytes)
 {
     const struct model_layer *Lr = &h->m->layers[il];
-    const size_t E = h->m->hp.n_embd;
-    const uint32_t P = n * h->K;
     const int32_t *slot_of = h->cache->pub + (uint64_t)il * h->NE;
     bool prompt = false;
     for (uint32_t t = 0; t < n && !prompt; t++)
         prompt = h->chunk_of[t] != UINT32_MAX;
-    struct hyb_split sp = {.hit_groups = h->hg,
-                           .pcie_groups = h->pg,
-                           .miss_groups = h->mg,
-                           .hit_idx = h->hi,
-                           .pcie_idx = h->ppi,
-                           .miss_idx = h->mi};
+    struct hyb_split *const sp = &h->sp;
+    *sp = (struct hyb_split){.hit_groups = h->hg,
+                             .pcie_groups = h->pg,
+                             .miss_groups = h->mg,
+                             .hit_idx = h->hi,
+                             .pcie_idx = h->ppi,
+                             .miss_idx = h->mi};
     const int ng = hyb_split_layer(h_sel, n, (int)h->K, h->NE, slot_of,
                                    h->host_ok + (uint64_t)il * h->NE, &h->rule, prompt,
-                                   CU_MOE_MAX_PAIRS, h->groups, h->pidx, &sp);
+                                   CU_MOE_MAX_PAIRS, h->groups, h->pidx, sp);
     count(h, il, ng, slot_of, route, route_ctx);
-    h->pcie_pairs += sp.pcie_pairs;
+    h->pcie_pairs += sp->pcie_pairs;
     int rv;
     /* the GPU side first, so it runs while the CPU computes the misses */
-    const int ngpu = sp.n_hit + sp.n_pcie;
+    const int ngpu = sp->n_hit + sp->n_pcie;
     if (ngpu) {
-        memcpy(h->h_groups, sp.hit_groups, (size_t)sp.n_hit * sizeof *h->h_groups);
-        memcpy(h->h_idx, sp.hit_idx, (size_t)sp.hit_pairs * 4);
-        for (int g = 0; g < sp.n_pcie; g++) {
-            struct moe_group G = sp.pcie_groups[g];
-            G.first += (int32_t)sp.hit_pairs;
-            h->h_groups[sp.n_hit + g] = G;
+        memcpy(h->h_groups, sp->hit_groups, (size_t)sp->n_hit * sizeof *h->h_groups);
+        memcpy(h->h_idx, sp->hit_idx, (size_t)sp->hit_pairs * 4);
+        for (int g = 0; g < sp->n_pcie; g++) {
+            struct moe_group G = sp->pcie_groups[g];
+            G.first += (int32_t)sp->hit_pairs;
+            h->h_groups[sp->n_hit + g] = G;
         }
-        memcpy(h->h_idx + sp.hit_pairs, sp.pcie_idx, (size_t)sp.pcie_pairs * 4);
+        memcpy(h->h_idx + sp->hit_pairs, sp->pcie_idx, (size_t)sp->pcie_pairs * 4);
         if ((rv = ck(cudaMemcpyAsync(h->d_groups, h->h_groups, (size_t)ngpu * sizeof *h->h_groups,
                                      cudaMemcpyHostToDevice, h->s),
                      "groups up")) ||
-            (rv = ck(cudaMemcpyAsync(h->d_idx, h->h_idx, (size_t)(sp.hit_pairs + sp.pcie_pairs) * 4,
+            (rv = ck(cudaMemcpyAsync(h->d_idx, h->h_idx, (size_t)(sp->hit_pairs + sp->pcie_pairs) * 4,
                                      cudaMemcpyHostToDevice, h->s),
                      "pairs up")))
             return rv;
         if (h->timing) cudaEventRecord(h->ev_a[il], h->s);
-        if (!h->stage || !sp.n_pcie) {
+        if (!h->stage || !sp->n_pcie) {
             /* one launch: slots for the hits, registered host memory for the PCIe share, both
              * through the published table */
             if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
@@ -832,9 +833,9 @@ int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, con
             /* staging: each PCIe expert's blob copied into a staging slot (registered memory,
              * in stream order after the last layer's launch read the slots), then its own launch */
             uint32_t j = 0;
-            for (int g = 0; g < sp.n_pcie; g++) {
-                const int32_t e = sp.pcie_groups[g].expert;
-                if (g && sp.pcie_groups[g - 1].expert == e) continue;
+            for (int g = 0; g < sp->n_pcie; g++) {
+                const int32_t e = sp->pcie_groups[g].expert;
+                if (g && sp->pcie_groups[g - 1].expert == e) continue;
                 uint8_t *dst = h->d_stage + (uint64_t)j++ * h->slot_bytes;
                 h->h_stab[e] = dst;
                 if ((rv = ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, (uint32_t)e),
@@ -845,11 +846,11 @@ int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, con
             if ((rv = ck(cudaMemcpyAsync(h->d_stab, h->h_stab, h->NE * sizeof(void *),
                                          cudaMemcpyHostToDevice, h->s),
                          "staging table up")) ||
-                (sp.n_hit &&
+                (sp->n_hit &&
                  (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
-                                  h->d_groups, sp.n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn,
+                                  h->d_groups, sp->n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn,
                                   io->h, io->ws, h->d_yy, h->s))) ||
-                (rv = cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp.n_hit, sp.n_pcie,
+                (rv = cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp->n_hit, sp->n_pcie,
                                  h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy,
                                  h->s)))
                 return rv;
@@ -859,12 +860,23 @@ int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, con
             h->ev_used[il] = 1;
         }
         for (int p = 0; p < MODEL_PART_COUNT; p++)
-            *weight_bytes += (uint64_t)(sp.n_hit + sp.n_pcie) * Lr->part[p].n_out *
+            *weight_bytes += (uint64_t)(sp->n_hit + sp->n_pcie) * Lr->part[p].n_out *
                              Lr->part[p].row_bytes;
     }
-    /* the CPU side: the misses from the host bytes, on the worker's pool */
+    return 0;
+}
+
+int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
+                   uint64_t *weight_bytes)
+{
+    const struct model_layer *Lr = &h->m->layers[il];
+    const size_t E = h->m->hp.n_embd;
+    const uint32_t P = n * h->K;
+    const struct hyb_split *const sp = &h->sp;
+    int rv;
+    /* the CPU side: the misses from the host bytes, on the worker's pool, while the GPU runs */
     const float *src = h->d_yy;
-    if (sp.n_miss) {
+    if (sp->n_miss) {
         const double t0 = now_s();
         const struct cpu_moe_parts cp = {
             {Lr->part[0].type, Lr->part[0].n_in, Lr->part[0].n_out, Lr->part[0].row_bytes},
@@ -873,17 +885,17 @@ int hyb_moe(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n, con
         };
         struct twin_ctx tc = {h->m, il};
         uint64_t bytes = 0;
-        if ((rv = cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, sp.miss_groups, sp.n_miss,
-                              sp.miss_idx, h->h_selw, n, (int)h->K, h->h_xn, E, h->h_out, &bytes)))
+        if ((rv = cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, sp->miss_groups, sp->n_miss,
+                              sp->miss_idx, h->h_selw, n, (int)h->K, h->h_xn, E, h->h_out, &bytes)))
             return rv;
         *weight_bytes += bytes;
-        for (uint32_t i = 0; i < sp.miss_pairs; i++)
-            memcpy(h->h_pack + (size_t)i * E, h->h_out + (size_t)sp.miss_idx[i] * E, E * 4);
-        hyb_gather_index(&sp, P, h->h_rows);
+        for (uint32_t i = 0; i < sp->miss_pairs; i++)
+            memcpy(h->h_pack + (size_t)i * E, h->h_out + (size_t)sp->miss_idx[i] * E, E * 4);
+        hyb_gather_index(sp, P, h->h_rows);
         const double t1 = now_s();
         h->cpu_s += t1 - t0;
         if ((rv = ck(cudaMemcpyAsync(h->d_yy + (size_t)P * E, h->h_pack,
-                                     (size_t)sp.miss_pairs * E * 4, cudaMemcpyHostToDevice, h->s),
+                                     (size_t)sp->miss_pairs * E * 4, cudaMemcpyHostToDevice, h->s),
                      "miss rows up")) ||
             (rv = ck(cudaMemcpyAsync(h->d_rows, h->h_rows, (size_t)P * 4, cudaMemcpyHostToDevice,
                                      h->s),
