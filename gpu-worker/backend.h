@@ -76,6 +76,8 @@ struct backend_stats {
     double experts_s;      /* routed experts: gather, gate/up, SwiGLU, down, weighted sum */
     double output_s;       /* final norm and output matmul */
     uint64_t weight_bytes; /* bytes of weight matrices the products streamed */
+    uint64_t host_bytes;   /* of them, expert bytes a GPU backend's CPU twin read from host RAM */
+    uint64_t pcie_bytes;   /* of them, expert bytes a GPU read over PCIe (the hybrid's share) */
 };
 
 /* What a backend is and holds, for status and hello. */
@@ -98,6 +100,7 @@ struct backend_info {
     uint64_t verify_failures; /* copies refused by --cache-verify */
     double adapt_wait_s;      /* time windows waited for the tier's copies */
     uint64_t pcie_pairs;      /* of the misses, pairs a GPU computed from registered host memory */
+    double pcie_gbs;          /* host-to-GPU copy rate measured at start (GB/s), 0: not measured */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are

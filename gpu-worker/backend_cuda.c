@@ -665,13 +665,12 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
         if ((rv = hyb_stage(c->hyb, &io, n)) ||
             (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
-            (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx,
-                                &c->st.weight_bytes)))
+            (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx, &c->st)))
             return rv;
         /* the shared expert queued behind the hits (into tmp, free until the next layer's
          * attention), so the GPU has it to do while the CPU computes the misses */
         if (hp->n_ff_shexp && (rv = shared_expert(c, n, il, c->tmp))) return rv;
-        if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st.weight_bytes))) return rv;
+        if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st))) return rv;
         c->pairs += (uint64_t)n * K;
         if (hp->n_ff_shexp && (rv = cu_gate_add(c->moe, c->tmp, c->shg, n, E, c->s))) return rv;
         return cu_add(c->x, c->moe, (int64_t)n * E, c->s);

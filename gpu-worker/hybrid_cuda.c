@@ -96,6 +96,7 @@ struct hyb {
     uint64_t hits, misses, pcie_pairs, swaps, copies, copy_bytes, failed, verify_failures;
     uint64_t posted; /* copies posted: the fail hook's ticket */
     double copy_s, adapt_wait_s, first_hit_rate;
+    double pcie_gbs; /* a 64 MiB pinned copy up, best of 3, at start */
     bool first_done;
     /* STRATA_DECODE_TIMING: per layer, the GPU's hit time (events) and the CPU's miss time */
     bool timing;
@@ -481,6 +482,28 @@ static int fill(struct hyb *h)
 
 /* ---- open / close ----------------------------------------------------------------------------- */
 
+/* measure_pcie: the host-to-device rate of a pinned copy (the PCIe share's and the copies' bound),
+ * for the bench's roofline; 0 when the buffers cannot be had */
+static void measure_pcie(struct hyb *h)
+{
+    const size_t bytes = 64u << 20;
+    void *src = NULL, *dst = NULL;
+    if (cudaMallocHost(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) {
+        cudaGetLastError();
+    } else {
+        for (int i = 0; i < 3; i++) {
+            const double t0 = now_s();
+            if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h->cs) != cudaSuccess ||
+                cudaStreamSynchronize(h->cs) != cudaSuccess)
+                break;
+            const double gbs = (double)bytes / (now_s() - t0) / 1e9;
+            if (gbs > h->pcie_gbs) h->pcie_gbs = gbs;
+        }
+    }
+    cudaFreeHost(src);
+    cudaFree(dst);
+}
+
 int hyb_open(const struct model *m, const struct backend_opts *o, const struct cu_moe_parts *parts,
              void *stream, uint32_t n_slots, uint64_t slot_bytes, uint64_t reserve,
              struct hyb **out)
@@ -642,6 +665,7 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
         if ((rv = cache_resize(h->cache, n_slots)) || (rv = pool_to(h, n_slots))) goto fail;
     }
     if ((rv = publish(h)) || (rv = fill(h))) goto fail;
+    measure_pcie(h);
     LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident, the "
              "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
              n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
@@ -783,7 +807,7 @@ static void count(struct hyb *h, uint32_t il, int ng, const int32_t *slot_of,
 
 int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
                   const int32_t *h_sel, backend_route_fn route, void *route_ctx,
-                  uint64_t *weight_bytes)
+                  struct backend_stats *st)
 {
     const struct model_layer *Lr = &h->m->layers[il];
     const int32_t *slot_of = h->cache->pub + (uint64_t)il * h->NE;
@@ -860,14 +884,17 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
             h->ev_used[il] = 1;
         }
         for (int p = 0; p < MODEL_PART_COUNT; p++)
-            *weight_bytes += (uint64_t)(sp->n_hit + sp->n_pcie) * Lr->part[p].n_out *
-                             Lr->part[p].row_bytes;
+            st->weight_bytes += (uint64_t)(sp->n_hit + sp->n_pcie) * Lr->part[p].n_out *
+                                Lr->part[p].row_bytes;
+        for (int g = 0; g < sp->n_pcie; g++)
+            if (!g || sp->pcie_groups[g - 1].expert != sp->pcie_groups[g].expert)
+                st->pcie_bytes += Lr->blob.bytes;
     }
     return 0;
 }
 
 int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
-                   uint64_t *weight_bytes)
+                   struct backend_stats *st)
 {
     const struct model_layer *Lr = &h->m->layers[il];
     const size_t E = h->m->hp.n_embd;
@@ -888,7 +915,8 @@ int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t
         if ((rv = cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, sp->miss_groups, sp->n_miss,
                               sp->miss_idx, h->h_selw, n, (int)h->K, h->h_xn, E, h->h_out, &bytes)))
             return rv;
-        *weight_bytes += bytes;
+        st->weight_bytes += bytes;
+        st->host_bytes += bytes;
         for (uint32_t i = 0; i < sp->miss_pairs; i++)
             memcpy(h->h_pack + (size_t)i * E, h->h_out + (size_t)sp->miss_idx[i] * E, E * 4);
         hyb_gather_index(sp, P, h->h_rows);
@@ -1031,4 +1059,5 @@ void hyb_info(const struct hyb *h, struct backend_info *out)
     out->adapt_wait_s = h->adapt_wait_s;
     out->verify_failures = h->verify_failures;
     out->pcie_pairs = h->pcie_pairs;
+    out->pcie_gbs = h->pcie_gbs;
 }

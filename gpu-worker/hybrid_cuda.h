@@ -68,12 +68,13 @@ void hyb_pass(struct hyb *h, const uint32_t *chunk_of, uint32_t n);
  * down: groups and splits them, calls route (may be NULL) per expert as backend_set_route says,
  * and queues the GPU's side (hits, the PCIe share). The caller may queue more GPU work, then calls
  * hyb_moe_finish, which computes the misses on the CPU meanwhile, sends their rows up and queues
- * the combine into io->moe. weight_bytes: incremented by the bytes the experts stream. */
+ * the combine into io->moe. st: weight_bytes (and host_bytes, pcie_bytes) grow by the bytes
+ * the experts stream. */
 int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
                   const int32_t *h_sel, backend_route_fn route, void *route_ctx,
-                  uint64_t *weight_bytes);
+                  struct backend_stats *st);
 int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
-                   uint64_t *weight_bytes);
+                   struct backend_stats *st);
 
 /* the backend table's calls, between windows */
 int hyb_tick(struct hyb *h);
