@@ -238,6 +238,10 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
         return 0;
     }
     if (strcmp(name, "expert-cache") == 0) return cache_spec_parse(value, &o->expert_cache);
+    if (strcmp(name, "pcie-threshold") == 0 && strcmp(value, "auto") == 0) {
+        o->pcie_threshold = BACKEND_PCIE_AUTO;
+        return 0;
+    }
     if (strcmp(name, "pin") == 0) {
         enum hyb_pin p;
         int rv = hyb_pin_parse(value, &p);

@@ -54,8 +54,11 @@ struct backend_opts {
     float pcie_frac;         /* --pcie-frac: share of a decode window's missed experts the GPU
                                 computes from registered host memory (0: none) */
     uint32_t pcie_threshold; /* --pcie-threshold: a prompt chunk's missed expert with at least
-                                this many pairs goes over PCIe (0: none) */
+                                this many pairs goes over PCIe (0: none; BACKEND_PCIE_AUTO:
+                                measured at start) */
 };
+
+#define BACKEND_PCIE_AUTO UINT32_MAX /* --pcie-threshold auto */
 
 /* backend_opts_default: the defaults a command starts from (tier TIER_OPTS_DEFAULT, cache auto). */
 struct backend_opts backend_opts_default(void);
@@ -204,7 +207,8 @@ void backend_reset_stats(struct backend *b);
     "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"            \
     "  --pin P              cuda hybrid: register host experts whole, by need (default) or none\n" \
     "  --pcie-frac F        cuda hybrid: share of missed experts the GPU reads over PCIe (0)\n"  \
-    "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0)\n"
+    "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0;\n" \
+    "                       auto: where the CPU would take longer than the bus, measured)\n"
 
 /* backend_opt applies option `name` (without its dashes) with value to o. Returns 0, STRATA_ENOENT
  * when name is not a backend option (the caller's own), STRATA_EINVAL for a bad value (the detail

@@ -482,6 +482,56 @@ static int fill(struct hyb *h)
 
 /* ---- open / close ----------------------------------------------------------------------------- */
 
+static const void *host_part(void *ctx, uint32_t expert, int part);
+
+struct twin_ctx {
+    const struct model *m;
+    uint32_t layer;
+};
+
+/* auto_threshold (--pcie-threshold auto): the fewest pairs at which the CPU twin takes longer on
+ * one expert (layer 0's expert 0, best of 2) than its blob takes over the bus at the measured
+ * rate: from there on, sending the expert over PCIe frees the CPU for the rest. 0 (never) when
+ * the CPU is faster at every count up to the pass's tokens (and 64). */
+static uint32_t auto_threshold(struct hyb *h)
+{
+    const struct model_layer *Lr = &h->m->layers[0];
+    if (h->pcie_gbs <= 0) return 0;
+    const double bus = (double)Lr->blob.bytes / (h->pcie_gbs * 1e9);
+    const size_t E = h->m->hp.n_embd;
+    const uint32_t top = h->T < 64 ? h->T : 64;
+    for (size_t i = 0; i < (size_t)top * E; i++)
+        h->h_xn[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    for (uint32_t i = 0; i < top * h->K; i++)
+        h->h_selw[i] = 1.0f;
+    const struct cpu_moe_parts cp = {
+        {Lr->part[0].type, Lr->part[0].n_in, Lr->part[0].n_out, Lr->part[0].row_bytes},
+        {Lr->part[1].type, Lr->part[1].n_in, Lr->part[1].n_out, Lr->part[1].row_bytes},
+        {Lr->part[2].type, Lr->part[2].n_in, Lr->part[2].n_out, Lr->part[2].row_bytes},
+    };
+    struct twin_ctx tc = {h->m, 0};
+    uint32_t found = 0;
+    for (uint32_t t = 1; t <= top && !found; t *= 2) {
+        for (uint32_t i = 0; i < t; i++)
+            h->pidx[i] = (int32_t)(i * h->K);
+        const struct moe_group g = {0, 0, (int32_t)t};
+        double best = 1e9;
+        for (int rep = 0; rep < 2; rep++) {
+            const double t0 = now_s();
+            if (cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, &g, 1, h->pidx, h->h_selw, t,
+                            (int)h->K, h->h_xn, E, h->h_out, NULL))
+                return 0;
+            const double dt = now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        if (best > bus) found = t;
+    }
+    LOG_INFO("expert cache: --pcie-threshold auto: %u (an expert's %.2f MiB cross the bus in %.3f "
+             "ms at %.1f GB/s)",
+             found, (double)Lr->blob.bytes / (1 << 20), bus * 1e3, h->pcie_gbs);
+    return found;
+}
+
 /* measure_pcie: the host-to-device rate of a pinned copy (the PCIe share's and the copies' bound),
  * for the bench's roofline; 0 when the buffers cannot be had */
 static void measure_pcie(struct hyb *h)
@@ -666,6 +716,7 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
     }
     if ((rv = publish(h)) || (rv = fill(h))) goto fail;
     measure_pcie(h);
+    if (h->rule.threshold == BACKEND_PCIE_AUTO) h->rule.threshold = auto_threshold(h);
     LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident, the "
              "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
              n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
@@ -761,11 +812,6 @@ void hyb_pass(struct hyb *h, const uint32_t *chunk_of, uint32_t n)
     for (uint32_t i = 0; i < n; i++)
         h->stamp[i] = 0;
 }
-
-struct twin_ctx {
-    const struct model *m;
-    uint32_t layer;
-};
 
 static const void *host_part(void *ctx, uint32_t expert, int part)
 {

@@ -243,6 +243,8 @@ START_TEST(options_parse)
     ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "8"), 0);
     ck_assert_uint_eq(o.pcie_threshold, 8);
     ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "-1"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "auto"), 0);
+    ck_assert_uint_eq(o.pcie_threshold, BACKEND_PCIE_AUTO);
 }
 END_TEST
 
