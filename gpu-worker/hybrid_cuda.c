@@ -384,7 +384,12 @@ static int verify(struct hyb *h, const struct flight *f)
 static void land(struct hyb *h, struct flight *f)
 {
     f->landed = true;
-    if (!f->rv && h->o.cache_verify && (f->rv = verify(h, f)) == STRATA_EFORMAT) {
+    /* the start's fill took its slot in the working table when posting: a bad copy gives it back
+     * (a move's slot was freed when its victim left) */
+    const int32_t x = (int32_t)(f->mv.layer * h->NE + f->mv.expert);
+    if (f->rv || (h->o.cache_verify && (f->rv = verify(h, f)) != 0))
+        if (h->cache->owner[f->mv.slot] == x) cache_evict(h->cache, f->mv.slot);
+    if (f->rv == STRATA_EFORMAT) {
         h->verify_failures++;
         cudaMemsetAsync(slot_ptr(h, f->mv.slot), 0xa5, h->slot_bytes, h->cs);
         return;
@@ -468,9 +473,7 @@ static int fill(struct hyb *h)
             cache_assign(h->cache, (uint32_t)s, order[i] / h->NE, order[i] % h->NE);
         }
         if ((rv = post_round(h))) break;
-        land_all(h, true);
-        for (uint32_t j = 0; j < h->n_fl_posted; j++)
-            if (h->fl[j].rv) cache_evict(h->cache, h->fl[j].mv.slot);
+        land_all(h, true); /* a bad copy's slot goes back to the working table's free ones */
         h->n_fl = h->n_fl_posted = 0;
     }
     /* the fill is not the tier's swaps */
