@@ -407,13 +407,13 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
                      ? n_total
                      : cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total);
     if (o->expert_cache.kind == CACHE_AUTO && need > avail) {
-        const struct hyb_budget bud = {vfree,
-                                       reserve,
-                                       dense + c->kv_bytes + c->scratch_bytes +
-                                           hyb_device_bytes(m, T),
-                                       slot_bytes,
-                                       n_total,
-                                       HYB_CHUNK_SLOTS};
+        const uint64_t fixed = dense + c->kv_bytes + c->scratch_bytes + hyb_device_bytes(m, T);
+        const struct hyb_budget bud = {.vram_free = vfree,
+                                       .reserve = reserve,
+                                       .fixed = fixed,
+                                       .slot_bytes = slot_bytes,
+                                       .n_total = n_total,
+                                       .chunk_slots = HYB_CHUNK_SLOTS};
         c->n_slots = hyb_auto_slots(&bud);
     }
     /* STRATA_CUDA_HYBRID=1: the hybrid's path even with every expert in a slot (tests: its hits
@@ -485,7 +485,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         }
         for (uint32_t l = 0; l < hp->n_layer; l++)
             c->parts[l] = c->L[l].parts;
-        if ((rv = hyb_open(m, o, c->parts, c->s, c->n_slots, slot_bytes, reserve, &c->hyb)))
+        if ((rv = hyb_start(m, o, c->parts, c->s, c->n_slots, slot_bytes, reserve, &c->hyb)))
             goto fail;
     }
     if ((rv = ck(cudaMallocHost((void **)&c->h_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4),
@@ -663,8 +663,7 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         /* not every expert resident: the hybrid takes the routed step (hits on the GPU, misses
          * on the CPU at the same time) */
         const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
-        if ((rv = hyb_stage(c->hyb, &io, n)) ||
-            (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
+        if ((rv = hyb_stage(c->hyb, &io, n)) || (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
             (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx, &c->st)))
             return rv;
         /* the shared expert queued behind the hits (into tmp, free until the next layer's

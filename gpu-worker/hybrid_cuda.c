@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#define N_BOUNCE 4 /* pinned bounce buffers for copies from unregistered memory */
+#define N_BOUNCE 4  /* pinned bounce buffers for copies from unregistered memory */
 #define N_STAGE  16 /* STRATA_PCIE_MODE=stage: VRAM staging slots, experts over PCIe a layer */
 
 /* One copy in flight: a move of the tier, or a fill at start. */
@@ -259,7 +259,8 @@ static bool pcie_news(struct hyb *h)
     return n > 0;
 }
 
-/* ---- copies ----------------------------------------------------------------------------------- */
+/* ---- copies -----------------------------------------------------------------------------------
+ */
 
 /* post copies expert (l, e) into slot on the copy stream, after window `after` has finished on
  * the pass's stream (h->win_ev was recorded at its tick). */
@@ -312,9 +313,9 @@ static int post(struct hyb *h, struct flight *f)
                       "hook down")))
             rv = ck(cudaStreamSynchronize(h->cs), "hook");
         if (!rv) hk->after_copy(hk->ctx, f->mv.slot, tmp, Lr->blob.bytes);
-        if (!rv && !(rv = ck(cudaMemcpyAsync(dst, tmp, Lr->blob.bytes, cudaMemcpyHostToDevice,
-                                             h->cs),
-                             "hook up")))
+        if (!rv &&
+            !(rv = ck(cudaMemcpyAsync(dst, tmp, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
+                      "hook up")))
             rv = ck(cudaStreamSynchronize(h->cs), "hook");
         free(tmp);
     }
@@ -366,8 +367,8 @@ static int verify(struct hyb *h, const struct flight *f)
     if (!a) return STRATA_ENOMEM;
     int rv = STRATA_EIO;
     if (cudaMemcpy(a, slot_ptr(h, f->mv.slot), bytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
-        const uint64_t got = XXH3_64bits(a, bytes), want = host_hash(h, f->mv.layer, f->mv.expert,
-                                                                     a + bytes);
+        const uint64_t got = XXH3_64bits(a, bytes),
+                       want = host_hash(h, f->mv.layer, f->mv.expert, a + bytes);
         rv = got == want ? 0 : STRATA_EFORMAT;
         if (rv)
             LOG_WARN("expert cache: slot %u holds layer %u expert %u with xxHash %016llx, the "
@@ -483,9 +484,19 @@ static int fill(struct hyb *h)
     return rv ? rv : publish(h);
 }
 
-/* ---- open / close ----------------------------------------------------------------------------- */
+/* ---- open / close -----------------------------------------------------------------------------
+ */
 
 static const void *host_part(void *ctx, uint32_t expert, int part);
+
+/* twin_parts: a layer's expert parts as cpu_moe_ffn takes them */
+static struct cpu_moe_parts twin_parts(const struct model_layer *Lr)
+{
+    const struct model_mat *p = Lr->part;
+    return (struct cpu_moe_parts){{p[0].type, p[0].n_in, p[0].n_out, p[0].row_bytes},
+                                  {p[1].type, p[1].n_in, p[1].n_out, p[1].row_bytes},
+                                  {p[2].type, p[2].n_in, p[2].n_out, p[2].row_bytes}};
+}
 
 struct twin_ctx {
     const struct model *m;
@@ -507,11 +518,7 @@ static uint32_t auto_threshold(struct hyb *h)
         h->h_xn[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
     for (uint32_t i = 0; i < top * h->K; i++)
         h->h_selw[i] = 1.0f;
-    const struct cpu_moe_parts cp = {
-        {Lr->part[0].type, Lr->part[0].n_in, Lr->part[0].n_out, Lr->part[0].row_bytes},
-        {Lr->part[1].type, Lr->part[1].n_in, Lr->part[1].n_out, Lr->part[1].row_bytes},
-        {Lr->part[2].type, Lr->part[2].n_in, Lr->part[2].n_out, Lr->part[2].row_bytes},
-    };
+    const struct cpu_moe_parts cp = twin_parts(Lr);
     struct twin_ctx tc = {h->m, 0};
     uint32_t found = 0;
     for (uint32_t t = 1; t <= top && !found; t *= 2) {
@@ -557,9 +564,9 @@ static void measure_pcie(struct hyb *h)
     cudaFree(dst);
 }
 
-int hyb_open(const struct model *m, const struct backend_opts *o, const struct cu_moe_parts *parts,
-             void *stream, uint32_t n_slots, uint64_t slot_bytes, uint64_t reserve,
-             struct hyb **out)
+int hyb_start(const struct model *m, const struct backend_opts *o, const struct cu_moe_parts *parts,
+              void *stream, uint32_t n_slots, uint64_t slot_bytes, uint64_t reserve,
+              struct hyb **out)
 {
     const struct model_hparams *hp = &m->hp;
     struct hyb *h = calloc(1, sizeof *h);
@@ -724,7 +731,9 @@ int hyb_open(const struct model *m, const struct backend_opts *o, const struct c
              "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
              n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
              cache_resident(h->cache), (uint32_t)LE, o->n_threads ? o->n_threads : 1,
-             !h->tier ? "static" : o->tier.async ? "adaptive, async" : "adaptive, blocking",
+             !h->tier        ? "static"
+             : o->tier.async ? "adaptive, async"
+                             : "adaptive, blocking",
              hyb_pin_name(h->pin), h->rule.frac, h->rule.threshold,
              h->stage ? "staging slots" : "zero-copy");
     *out = h;
@@ -761,9 +770,9 @@ void hyb_close(struct hyb *h)
                    h->d_rows,   h->d_yy,     h->d_stab,   h->d_stage};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cudaFree(dev[i]);
-    void *pin[] = {h->h_tab[0], h->h_tab[1], h->h_pcie,  h->h_groups,  h->h_idx,
-                   h->h_rows,   h->h_xn,     h->h_selw,  h->h_pack,    h->h_stab, h->bounce[0],
-                   h->bounce[1], h->bounce[2], h->bounce[3]};
+    void *pin[] = {h->h_tab[0],  h->h_tab[1],  h->h_pcie,    h->h_groups, h->h_idx,
+                   h->h_rows,    h->h_xn,      h->h_selw,    h->h_pack,   h->h_stab,
+                   h->bounce[0], h->bounce[1], h->bounce[2], h->bounce[3]};
     for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
         cudaFreeHost(pin[i]);
     const uint32_t swaps = h->o.tier.swaps > 64 ? h->o.tier.swaps : 64;
@@ -773,15 +782,14 @@ void hyb_close(struct hyb *h)
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    cudaEvent_t evs[] = {h->win_ev, h->tab_ev[0], h->tab_ev[1], h->bounce_ev[0], h->bounce_ev[1],
-                         h->bounce_ev[2], h->bounce_ev[3]};
+    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],   h->bounce_ev[0],
+                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3]};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i]) cudaEventDestroy(evs[i]);
     if (h->cs) cudaStreamDestroy(h->cs);
-    void *hostb[] = {h->groups, h->hg,   h->pg,       h->mg,      h->pidx,  h->hi,
-                     h->ppi,    h->mi,   h->h_out,    h->chunk_of, h->stamp, h->rtok,
-                     h->host_ok, h->pin_ptr, h->moves, h->fl,      h->ev_used, h->ev_a,
-                     h->ev_b};
+    void *hostb[] = {h->groups, h->hg,    h->pg,       h->mg,    h->pidx, h->hi,      h->ppi,
+                     h->mi,     h->h_out, h->chunk_of, h->stamp, h->rtok, h->host_ok, h->pin_ptr,
+                     h->moves,  h->fl,    h->ev_used,  h->ev_a,  h->ev_b};
     for (size_t i = 0; i < sizeof hostb / sizeof hostb[0]; i++)
         free(hostb[i]);
     cpu_moe_fini(h->twin);
@@ -794,7 +802,8 @@ void hyb_close(struct hyb *h)
     free(h);
 }
 
-/* ---- a layer ---------------------------------------------------------------------------------- */
+/* ---- a layer ----------------------------------------------------------------------------------
+ */
 
 int hyb_stage(struct hyb *h, const struct hyb_io *io, uint32_t n)
 {
@@ -870,9 +879,9 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
                              .hit_idx = h->hi,
                              .pcie_idx = h->ppi,
                              .miss_idx = h->mi};
-    const int ng = hyb_split_layer(h_sel, n, (int)h->K, h->NE, slot_of,
-                                   h->host_ok + (uint64_t)il * h->NE, &h->rule, prompt,
-                                   CU_MOE_MAX_PAIRS, h->groups, h->pidx, sp);
+    const int ng =
+        hyb_split_layer(h_sel, n, (int)h->K, h->NE, slot_of, h->host_ok + (uint64_t)il * h->NE,
+                        &h->rule, prompt, CU_MOE_MAX_PAIRS, h->groups, h->pidx, sp);
     count(h, il, ng, slot_of, route, route_ctx);
     h->pcie_pairs += sp->pcie_pairs;
     int rv;
@@ -890,7 +899,8 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
         if ((rv = ck(cudaMemcpyAsync(h->d_groups, h->h_groups, (size_t)ngpu * sizeof *h->h_groups,
                                      cudaMemcpyHostToDevice, h->s),
                      "groups up")) ||
-            (rv = ck(cudaMemcpyAsync(h->d_idx, h->h_idx, (size_t)(sp->hit_pairs + sp->pcie_pairs) * 4,
+            (rv = ck(cudaMemcpyAsync(h->d_idx, h->h_idx,
+                                     (size_t)(sp->hit_pairs + sp->pcie_pairs) * 4,
                                      cudaMemcpyHostToDevice, h->s),
                      "pairs up")))
             return rv;
@@ -899,8 +909,8 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
             /* one launch: slots for the hits, registered host memory for the PCIe share, both
              * through the published table */
             if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
-                                 h->d_groups, ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn,
-                                 io->h, io->ws, h->d_yy, h->s)))
+                                 h->d_groups, ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h,
+                                 io->ws, h->d_yy, h->s)))
                 return rv;
         } else {
             /* staging: each PCIe expert's blob copied into a staging slot (registered memory,
@@ -933,8 +943,8 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
             h->ev_used[il] = 1;
         }
         for (int p = 0; p < MODEL_PART_COUNT; p++)
-            st->weight_bytes += (uint64_t)(sp->n_hit + sp->n_pcie) * Lr->part[p].n_out *
-                                Lr->part[p].row_bytes;
+            st->weight_bytes +=
+                (uint64_t)(sp->n_hit + sp->n_pcie) * Lr->part[p].n_out * Lr->part[p].row_bytes;
         for (int g = 0; g < sp->n_pcie; g++)
             if (!g || sp->pcie_groups[g - 1].expert != sp->pcie_groups[g].expert)
                 st->pcie_bytes += Lr->blob.bytes;
@@ -954,11 +964,7 @@ int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t
     const float *src = h->d_yy;
     if (sp->n_miss) {
         const double t0 = now_s();
-        const struct cpu_moe_parts cp = {
-            {Lr->part[0].type, Lr->part[0].n_in, Lr->part[0].n_out, Lr->part[0].row_bytes},
-            {Lr->part[1].type, Lr->part[1].n_in, Lr->part[1].n_out, Lr->part[1].row_bytes},
-            {Lr->part[2].type, Lr->part[2].n_in, Lr->part[2].n_out, Lr->part[2].row_bytes},
-        };
+        const struct cpu_moe_parts cp = twin_parts(Lr);
         struct twin_ctx tc = {h->m, il};
         uint64_t bytes = 0;
         if ((rv = cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, sp->miss_groups, sp->n_miss,
@@ -974,9 +980,9 @@ int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t
         if ((rv = ck(cudaMemcpyAsync(h->d_yy + (size_t)P * E, h->h_pack,
                                      (size_t)sp->miss_pairs * E * 4, cudaMemcpyHostToDevice, h->s),
                      "miss rows up")) ||
-            (rv = ck(cudaMemcpyAsync(h->d_rows, h->h_rows, (size_t)P * 4, cudaMemcpyHostToDevice,
-                                     h->s),
-                     "rows up")) ||
+            (rv = ck(
+                 cudaMemcpyAsync(h->d_rows, h->h_rows, (size_t)P * 4, cudaMemcpyHostToDevice, h->s),
+                 "rows up")) ||
             (rv = cu_gather_rows(h->d_yy, h->d_rows, P, (int64_t)E, io->y, h->s)))
             return rv;
         src = io->y;
@@ -984,7 +990,8 @@ int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t
     return cu_moe_combine(src, io->sel, n, (int)h->K, (int64_t)E, io->moe, h->s);
 }
 
-/* ---- between windows -------------------------------------------------------------------------- */
+/* ---- between windows --------------------------------------------------------------------------
+ */
 
 static int round_blocking(struct hyb *h)
 {
@@ -1030,9 +1037,7 @@ int hyb_tick(struct hyb *h)
     const double w0 = h->adapt_wait_s;
     const uint64_t sw0 = h->swaps;
     if (!rv && h->tier)
-        rv = h->o.tier.async         ? async_tick(h)
-             : tier_window(h->tier) ? round_blocking(h)
-                                    : 0;
+        rv = h->o.tier.async ? async_tick(h) : tier_window(h->tier) ? round_blocking(h) : 0;
     if (!h->first_done && h->w_hits + h->w_misses) {
         h->first_hit_rate = (double)h->w_hits / (double)(h->w_hits + h->w_misses);
         h->first_done = true;
@@ -1052,8 +1057,8 @@ int hyb_tick(struct hyb *h)
                  "%llu over PCIe; idle GPU %.3f ms, CPU %.3f ms; adapt wait %.3f ms, %llu "
                  "swaps/window",
                  (unsigned long long)h->window, (unsigned long long)h->w_hits, 1e3 * gpu,
-                 (unsigned long long)h->w_misses, 1e3 * h->cpu_s,
-                 (unsigned long long)h->pcie_pairs, 1e3 * (h->cpu_s > gpu ? h->cpu_s - gpu : 0),
+                 (unsigned long long)h->w_misses, 1e3 * h->cpu_s, (unsigned long long)h->pcie_pairs,
+                 1e3 * (h->cpu_s > gpu ? h->cpu_s - gpu : 0),
                  1e3 * (gpu > h->cpu_s ? gpu - h->cpu_s : 0), 1e3 * (h->adapt_wait_s - w0),
                  (unsigned long long)(h->swaps - sw0));
         h->cpu_s = 0;

@@ -35,25 +35,25 @@ struct hyb;
 
 /* What the hybrid borrows from the CUDA backend's pass. */
 struct hyb_io {
-    void *stream;           /* the pass's stream */
-    const float *xn;        /* (T, n_embd) the layer's normalized input */
-    const int32_t *sel;     /* (T * K) the router's picks (device) */
-    const float *selw;      /* (T * K) their weights (device) */
-    float *h;               /* (T * K, n_ff) cu_moe_ffn scratch */
-    void *ws;               /* cu_moe_ffn workspace */
-    float *y;               /* (T * K, n_embd) scratch: the merged rows */
-    float *moe;             /* (T, n_embd) the layer's routed sum, written */
+    void *stream;       /* the pass's stream */
+    const float *xn;    /* (T, n_embd) the layer's normalized input */
+    const int32_t *sel; /* (T * K) the router's picks (device) */
+    const float *selw;  /* (T * K) their weights (device) */
+    float *h;           /* (T * K, n_ff) cu_moe_ffn scratch */
+    void *ws;           /* cu_moe_ffn workspace */
+    float *y;           /* (T * K, n_embd) scratch: the merged rows */
+    float *moe;         /* (T, n_embd) the layer's routed sum, written */
 };
 
 /* hyb_device_bytes: VRAM the hybrid takes besides its slots, for T tokens a pass. */
 uint64_t hyb_device_bytes(const struct model *m, uint32_t T);
 
-/* hyb_open starts the hybrid for m with n_slots slots of slot_bytes (at most every expert), then
+/* hyb_start starts the hybrid for m with n_slots slots of slot_bytes (at most every expert), then
  * re-checks free VRAM against reserve and shrinks the pool by whole chunks if needed (logged), and
  * fills it hottest first. parts: per layer. STRATA_ENOSPC, STRATA_ENOMEM, CUDA errors. */
-int hyb_open(const struct model *m, const struct backend_opts *o, const struct cu_moe_parts *parts,
-             void *stream, uint32_t n_slots, uint64_t slot_bytes, uint64_t reserve,
-             struct hyb **out);
+int hyb_start(const struct model *m, const struct backend_opts *o, const struct cu_moe_parts *parts,
+              void *stream, uint32_t n_slots, uint64_t slot_bytes, uint64_t reserve,
+              struct hyb **out);
 void hyb_close(struct hyb *h);
 
 /* hyb_stage queues the downloads the CPU twin needs for layer il (x normalized, pair weights)

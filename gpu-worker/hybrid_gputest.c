@@ -210,8 +210,11 @@ static void independence(const char *arch, const char *type)
 {
     struct env e;
     env_open(&e, arch, type);
-    const struct tier_opts none = {0}, busy = {.every = 1, .swaps = 8, .decay = 0.9f,
-                                               .min_count = 0.5f, .lead = 0.25f};
+    const struct tier_opts none = {0}, busy = {.every = 1,
+                                               .swaps = 8,
+                                               .decay = 0.9f,
+                                               .min_count = 0.5f,
+                                               .lead = 0.25f};
     struct tier_opts async = busy;
     async.async = true;
     const struct copy_hooks stretch = {.hold_ms = 2};
@@ -223,15 +226,16 @@ static void independence(const char *arch, const char *type)
             for (int adapt = 0; adapt < 4; adapt++) {
                 if (sizes[i] == 0 && adapt) continue; /* no slot to adapt */
                 struct backend_opts o = {.expert_cache = {CACHE_SLOTS, sizes[i]},
-                                         .tier = adapt == 0 ? none : adapt == 1 ? busy : async,
+                                         .tier = adapt == 0   ? none
+                                                 : adapt == 1 ? busy
+                                                              : async,
                                          .copy_hooks = adapt == 3 ? &stretch : NULL,
                                          .pin = model ? 1 : 0};
                 setenv("STRATA_CUDA_HYBRID", "1", 1);
                 setenv("STRATA_ADAPT_ASYNC_WAIT", adapt == 3 ? "0" : "1", 1);
                 char what[160];
                 snprintf(what, sizeof what, "%s %s %s, %u slots, %s tier", arch,
-                         type ? type : "q4_k_m", model ? "arena" : "file", sizes[i],
-                         modes[adapt]);
+                         type ? type : "q4_k_m", model ? "arena" : "file", sizes[i], modes[adapt]);
                 struct backend_info bi = run(&e, m, &o, adapt && i == 2 ? 5 : 0, true, what);
                 if (sizes[i]) ck_assert_uint_gt(bi.hits, 0);
                 if (sizes[i] == e.total) ck_assert_uint_eq(bi.misses, 0);
@@ -276,8 +280,8 @@ START_TEST(copy_races_on_streams)
     struct env e;
     env_open(&e, "qwen3moe", NULL);
     setenv("STRATA_ADAPT_ASYNC_WAIT", "0", 1);
-    const struct tier_opts async = {.every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f,
-                                    .lead = 0.25f, .async = true};
+    const struct tier_opts async = {
+        .every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f, .async = true};
     const uint32_t n = (e.total + 3) / 4;
     const struct copy_hooks held = {.hold_ms = 30};
     struct backend_opts o = {.expert_cache = {CACHE_SLOTS, n}, .tier = async, .copy_hooks = &held};

@@ -54,7 +54,8 @@ uint32_t hyb_shrink_to(uint32_t n_slots, uint64_t vram_free_now, const struct hy
     return n;
 }
 
-/* ---- the split -------------------------------------------------------------------------------- */
+/* ---- the split --------------------------------------------------------------------------------
+ */
 
 /* put appends group g's pairs to one side, cut at cap pairs a group (0: uncut). */
 static void put(const struct moe_group *g, const int32_t *pair_idx, uint32_t cap,
@@ -101,16 +102,14 @@ int hyb_split_layer(const int32_t *ids, int64_t n_tok, int k, uint32_t n_expert,
             continue;
         }
         bool pcie = false;
-        if (limit && host_ok[G->expert] &&
-            (!prompt || (uint32_t)G->count >= rule->threshold)) {
+        if (limit && host_ok[G->expert] && (!prompt || (uint32_t)G->count >= rule->threshold)) {
             int rank = 0;
             for (int h = 0; h < ng; h++) {
                 const struct moe_group *H = &groups[h];
                 if (h == g || slot_of[H->expert] != CACHE_NONE || !host_ok[H->expert] ||
                     (prompt && (uint32_t)H->count < rule->threshold))
                     continue;
-                if (H->count > G->count || (H->count == G->count && H->expert < G->expert))
-                    rank++;
+                if (H->count > G->count || (H->count == G->count && H->expert < G->expert)) rank++;
             }
             pcie = rank < limit;
         }
@@ -131,7 +130,8 @@ void hyb_gather_index(const struct hyb_split *s, uint32_t n_pairs, int32_t *rows
         rows[s->miss_idx[i]] = (int32_t)(n_pairs + i);
 }
 
-/* ---- registration ----------------------------------------------------------------------------- */
+/* ---- registration -----------------------------------------------------------------------------
+ */
 
 static const char *const pin_names[] = {"need", "whole", "none"};
 

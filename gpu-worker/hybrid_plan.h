@@ -78,7 +78,8 @@ int hyb_split_layer(const int32_t *ids, int64_t n_tok, int k, uint32_t n_expert,
 
 /* hyb_gather_index: the device gather that merges the sides' output rows into one array for the
  * combine: rows[p] = p for a pair computed on the GPU (its row of the GPU's output), n_pairs + i
- * for the i-th miss pair in miss order (its row of the uploaded miss block). n_pairs = n_tok * k. */
+ * for the i-th miss pair in miss order (its row of the uploaded miss block). n_pairs = n_tok * k.
+ */
 void hyb_gather_index(const struct hyb_split *s, uint32_t n_pairs, int32_t *rows);
 
 /* ---- registration: the set of host blobs the GPU may read or copy from directly ------------ */
@@ -98,9 +99,9 @@ const char *hyb_pin_name(enum hyb_pin p);
 enum { HYB_PIN_ABSENT = 0, HYB_PIN_QUEUED, HYB_PIN_REGISTERED, HYB_PIN_FAILED };
 
 struct hyb_pinset {
-    uint32_t n;          /* blobs */
-    uint8_t *state;      /* (n) HYB_PIN_* */
-    uint32_t *queue;     /* (n) ring of queued blob ids: each is queued at most once, so n holds it */
+    uint32_t n;      /* blobs */
+    uint8_t *state;  /* (n) HYB_PIN_* */
+    uint32_t *queue; /* (n) ring of queued blob ids: each is queued at most once, so n holds it */
     uint32_t head, tail; /* queue[head..tail) pending (counts, not wrapped: tail <= n) */
     uint32_t registered, failed;
 };

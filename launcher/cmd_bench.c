@@ -176,7 +176,8 @@ static void table(const char *model, const struct bench_opts *o, const struct be
     if (D->tokens && D->host_bytes + D->pcie_bytes) {
         /* the hybrid's decode bound: the CPU reads its misses from host RAM while the GPU reads
          * its PCIe share, side by side; the hits from VRAM are far faster than either */
-        const double host = (double)D->host_bytes / D->tokens, pcie = (double)D->pcie_bytes / D->tokens;
+        const double host = (double)D->host_bytes / D->tokens,
+                     pcie = (double)D->pcie_bytes / D->tokens;
         const double t_host = r->read_gbs > 0 ? host / (r->read_gbs * 1e9) : 0,
                      t_pcie = I->pcie_gbs > 0 ? pcie / (I->pcie_gbs * 1e9) : 0;
         const double bound = 1.0 / (t_host > t_pcie ? t_host : t_pcie);
