@@ -639,8 +639,7 @@ static void report_routes(struct cuda_be *c, uint32_t il, int ng)
     }
 }
 
-static int shared_and_residual(struct cuda_be *c, uint32_t n, uint32_t il);
-static int shared_expert(struct cuda_be *c, uint32_t n, uint32_t il, float *out);
+static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il);
 
 static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
 {
@@ -655,26 +654,13 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
     if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
                              topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
-                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)) ||
-        (rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
-                 "routes down")))
+                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
         return rv;
-    if (c->hyb) {
-        /* not every expert resident: the hybrid takes the routed step (hits on the GPU, misses
-         * on the CPU at the same time) */
-        const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
-        if ((rv = hyb_stage(c->hyb, &io, n)) || (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
-            (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx, &c->st)))
-            return rv;
-        /* the shared expert queued behind the hits (into tmp, free until the next layer's
-         * attention), so the GPU has it to do while the CPU computes the misses */
-        if (hp->n_ff_shexp && (rv = shared_expert(c, n, il, c->tmp))) return rv;
-        if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st))) return rv;
-        c->pairs += (uint64_t)n * K;
-        if (hp->n_ff_shexp && (rv = cu_gate_add(c->moe, c->tmp, c->shg, n, E, c->s))) return rv;
-        return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
-    }
-    if ((rv = ck(cudaStreamSynchronize(c->s), "router"))) return rv;
+    if (c->hyb) return moe_hybrid(c, n, il); /* not every expert resident */
+    if ((rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
+                 "routes down")) ||
+        (rv = ck(cudaStreamSynchronize(c->s), "router")))
+        return rv;
     const int ng =
         moe_group(c->h_sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->h_groups, c->h_pair_idx);
     if (c->route) report_routes(c, il, ng);
@@ -693,11 +679,25 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         for (int p = 0; p < MODEL_PART_COUNT; p++)
             c->st.weight_bytes +=
                 c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
-    return shared_and_residual(c, n, il);
+    if (hp->n_ff_shexp) {
+        const size_t F = D->gate_sh.n_out;
+        const bool uq = D->up_sh.type == D->gate_sh.type;
+        if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
+            (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
+                     uq ? &D->gate_sh : NULL)) ||
+            (rv = mm(c, &D->gate_inp_sh, c->xn, n, c->shg, c->acts[2], NULL)) ||
+            (rv = cu_swiglu(c->g, c->u, c->g, (int64_t)n * F, c->s)) ||
+            (rv = mm(c, &D->down_sh, c->g, n, c->y, c->acts[0], NULL)) ||
+            (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s)))
+            return rv;
+    }
+    return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 
+/* ---- the hybrid's MoE step (hybrid_cuda.h) ------------------------------------------------- */
+
 /* shared_expert: the shared expert's (qwen2moe) output before its gate, into out (n rows of
- * n_embd), and its gate logit into shg. */
+ * n_embd), and its gate logit into shg: moe()'s own steps, on another output buffer. */
 static int shared_expert(struct cuda_be *c, uint32_t n, uint32_t il, float *out)
 {
     const struct dlayer *D = &c->L[il];
@@ -714,15 +714,42 @@ static int shared_expert(struct cuda_be *c, uint32_t n, uint32_t il, float *out)
     return 0;
 }
 
-/* shared_and_residual: the shared expert added to the routed sum, then the residual. */
-static int shared_and_residual(struct cuda_be *c, uint32_t n, uint32_t il)
+/* hybrid_pass tells the hybrid which tokens of the pass are a prompt chunk's: those of a sequence
+ * with several tokens in the pass (the inputs' sequence indices, h_in's IN_QSEQ row). */
+static void hybrid_pass(struct cuda_be *c, uint32_t n)
+{
+    const int32_t *qseq = c->h_in + IN_QSEQ * c->o.max_pass_tokens;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t many = 0;
+        for (uint32_t u = 0; u < n && many < 2; u++)
+            many += qseq[u] == qseq[t];
+        c->chunk_of[t] = many > 1 ? (uint32_t)qseq[t] : UINT32_MAX;
+    }
+    hyb_pass(c->hyb, c->chunk_of, n);
+}
+
+/* moe_hybrid: layer il's routed step when not every expert is resident, from the router's picks
+ * on the device: they come down with the CPU's inputs (one stream sync), the hits are queued on
+ * the GPU with the shared expert behind them, the CPU computes the misses meanwhile, then the
+ * combine, the shared expert's gated add and the residual. */
+static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &c->m->hp;
     const size_t E = hp->n_embd;
+    const int K = (int)hp->n_expert_used;
+    const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
     int rv;
-    if (hp->n_ff_shexp && ((rv = shared_expert(c, n, il, c->y)) ||
-                           (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s))))
+    if (il == 0) hybrid_pass(c, n);
+    if ((rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
+                 "routes down")) ||
+        (rv = hyb_stage(c->hyb, &io, n)) || (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
+        (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx, &c->st)))
         return rv;
+    /* tmp is free until the next layer's attention */
+    if (hp->n_ff_shexp && (rv = shared_expert(c, n, il, c->tmp))) return rv;
+    if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st))) return rv;
+    c->pairs += (uint64_t)n * K;
+    if (hp->n_ff_shexp && (rv = cu_gate_add(c->moe, c->tmp, c->shg, n, E, c->s))) return rv;
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 
@@ -771,17 +798,6 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
         in[IN_SLOT * T + t] = (int32_t)(sq->blocks[c->pos[t] / bs] * bs + c->pos[t] % bs);
         in[IN_KVLEN * T + t] = (int32_t)c->pos[t] + 1;
         if (toks[t].logits) in[IN_OUTROWS * T + n_out++] = (int32_t)t;
-    }
-    if (c->hyb) {
-        /* a token of a sequence with several tokens in the pass is a prompt chunk's */
-        for (uint32_t t = 0; t < n; t++) {
-            const uint32_t sq = (uint32_t)in[IN_QSEQ * T + t];
-            uint32_t many = 0;
-            for (uint32_t u = 0; u < n && many < 2; u++)
-                many += (uint32_t)in[IN_QSEQ * T + u] == sq;
-            c->chunk_of[t] = many > 1 ? sq : UINT32_MAX;
-        }
-        hyb_pass(c->hyb, c->chunk_of, n);
     }
     for (uint32_t s = 0; s < n_seen; s++)
         for (uint32_t b = 0; b < bt_stride; b++)
