@@ -385,26 +385,21 @@ static int verify(struct hyb *h, const struct flight *f)
 static void land(struct hyb *h, struct flight *f)
 {
     f->landed = true;
-    /* the start's fill took its slot in the working table when posting: a bad copy gives it back
-     * (a move's slot was freed when its victim left) */
-    const int32_t x = (int32_t)(f->mv.layer * h->NE + f->mv.expert);
-    if (f->rv || (h->o.cache_verify && (f->rv = verify(h, f)) != 0))
-        if (h->cache->owner[f->mv.slot] == x) cache_evict(h->cache, f->mv.slot);
+    if (!f->rv && h->o.cache_verify) f->rv = verify(h, f);
+    if (hyb_land(h->cache, f->mv.slot, f->mv.layer, f->mv.expert, f->rv == 0)) {
+        h->copies++;
+        return;
+    }
+    /* the slot, free now, holds poison: a window that read it anyway would show in the logits */
+    cudaMemsetAsync(slot_ptr(h, f->mv.slot), 0xa5, h->slot_bytes, h->cs);
     if (f->rv == STRATA_EFORMAT) {
-        h->verify_failures++;
-        cudaMemsetAsync(slot_ptr(h, f->mv.slot), 0xa5, h->slot_bytes, h->cs);
+        h->verify_failures++; /* verify() logged it */
         return;
     }
-    if (f->rv) {
-        h->failed++;
-        cudaMemsetAsync(slot_ptr(h, f->mv.slot), 0xa5, h->slot_bytes, h->cs);
-        LOG_WARN("expert cache: the copy of layer %u expert %u into slot %u failed (%s): it "
-                 "stays on the host tier",
-                 f->mv.layer, f->mv.expert, f->mv.slot, strata_strerror(f->rv));
-        return;
-    }
-    h->copies++;
-    cache_assign(h->cache, f->mv.slot, f->mv.layer, f->mv.expert);
+    h->failed++;
+    LOG_WARN("expert cache: the copy of layer %u expert %u into slot %u failed (%s): it stays on "
+             "the host tier",
+             f->mv.layer, f->mv.expert, f->mv.slot, strata_strerror(f->rv));
 }
 
 /* land_all lands the flights posted (waiting for each when wait); returns the count still out */

@@ -130,6 +130,17 @@ void hyb_gather_index(const struct hyb_split *s, uint32_t n_pairs, int32_t *rows
         rows[s->miss_idx[i]] = (int32_t)(n_pairs + i);
 }
 
+bool hyb_land(struct cache *c, uint32_t slot, uint32_t layer, uint32_t expert, bool ok)
+{
+    const int32_t x = (int32_t)((uint64_t)layer * c->n_expert + expert);
+    if (ok) {
+        cache_assign(c, slot, layer, expert);
+    } else if (c->owner[slot] == x) {
+        cache_evict(c, slot);
+    }
+    return ok;
+}
+
 /* ---- registration -----------------------------------------------------------------------------
  */
 

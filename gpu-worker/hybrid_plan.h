@@ -82,6 +82,15 @@ int hyb_split_layer(const int32_t *ids, int64_t n_tok, int k, uint32_t n_expert,
  */
 void hyb_gather_index(const struct hyb_split *s, uint32_t n_pairs, int32_t *rows);
 
+/* ---- a copy's landing --------------------------------------------------------------------------
+ */
+
+/* hyb_land records the outcome of a copy of (layer, expert) into slot in the working table: a good
+ * copy gives the slot to the expert; a failed or refused one leaves the expert on the host tier
+ * and the slot free — also when the start's fill took the slot for it when posting (so no later
+ * publication shows a poisoned slot as resident). Returns ok. */
+bool hyb_land(struct cache *c, uint32_t slot, uint32_t layer, uint32_t expert, bool ok);
+
 /* ---- registration: the set of host blobs the GPU may read or copy from directly ------------ */
 
 /* --pin: none (every copy through a pinned bounce buffer), need (blobs registered as they are

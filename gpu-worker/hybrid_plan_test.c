@@ -228,6 +228,33 @@ START_TEST(registration_set_only_grows)
 }
 END_TEST
 
+START_TEST(landing_gives_bad_copies_slots_back)
+{
+    struct cache *c;
+    ck_assert_int_eq(cache_init(2, 4, 3, 4096, &c), 0);
+    /* the start's fill takes slots when posting (0: layer 0 expert 1, 1: layer 1 expert 2) */
+    cache_assign(c, 0, 0, 1);
+    cache_assign(c, 1, 1, 2);
+    ck_assert(hyb_land(c, 0, 0, 1, true));
+    ck_assert(!hyb_land(c, 1, 1, 2, false)); /* its copy failed: the slot goes back */
+    cache_publish(c);
+    ck_assert_int_eq(cache_slot(c, 0, 1), 0);
+    ck_assert_int_eq(cache_slot(c, 1, 2), CACHE_NONE);
+    ck_assert_uint_eq(cache_resident(c), 1);
+    ck_assert_int_eq(cache_free_slot(c), 1);
+    /* a tier move into a slot freed when its victim left: a failure leaves it free, a later good
+     * copy of another expert takes it, and a stale failure report does not evict that one */
+    ck_assert(!hyb_land(c, 1, 0, 3, false));
+    ck_assert_int_eq(cache_free_slot(c), 1);
+    ck_assert(hyb_land(c, 1, 1, 0, true));
+    ck_assert(!hyb_land(c, 1, 0, 3, false));
+    cache_publish(c);
+    ck_assert_int_eq(cache_slot(c, 1, 0), 1);
+    ck_assert_uint_eq(cache_resident(c), 2);
+    cache_fini(c);
+}
+END_TEST
+
 START_TEST(options_parse)
 {
     struct backend_opts o = backend_opts_default();
@@ -256,6 +283,7 @@ int main(void)
     tcase_add_test(tc, split_hits_and_misses);
     tcase_add_test(tc, pcie_share_choice);
     tcase_add_test(tc, registration_set_only_grows);
+    tcase_add_test(tc, landing_gives_bad_copies_slots_back);
     tcase_add_test(tc, options_parse);
     suite_add_tcase(s, tc);
     return test_run(s);
