@@ -1,4 +1,5 @@
 #include "gpu-worker/backend.h"
+#include "gpu-worker/hybrid_plan.h"
 #include "common/base/err.h"
 
 #include <stddef.h>
@@ -237,6 +238,16 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
         return 0;
     }
     if (strcmp(name, "expert-cache") == 0) return cache_spec_parse(value, &o->expert_cache);
+    if (strcmp(name, "pcie-threshold") == 0 && strcmp(value, "auto") == 0) {
+        o->pcie_threshold = BACKEND_PCIE_AUTO;
+        return 0;
+    }
+    if (strcmp(name, "pin") == 0) {
+        enum hyb_pin p;
+        int rv = hyb_pin_parse(value, &p);
+        if (rv == 0) o->pin = (uint8_t)p;
+        return rv;
+    }
     static const struct {
         const char *name;
         int is_float;
@@ -248,6 +259,8 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
         {"adapt-decay", 1, offsetof(struct backend_opts, tier.decay), 0, 1},
         {"adapt-min", 1, offsetof(struct backend_opts, tier.min_count), 0, 1e9},
         {"adapt-lead", 1, offsetof(struct backend_opts, tier.lead), 0, 1e9},
+        {"pcie-frac", 1, offsetof(struct backend_opts, pcie_frac), 0, 1},
+        {"pcie-threshold", 0, offsetof(struct backend_opts, pcie_threshold), 0, 1e6},
     };
     if (strcmp(name, "cache-verify") == 0 || strcmp(name, "adapt-async") == 0) {
         if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)

@@ -49,7 +49,16 @@ struct backend_opts {
      * thread, e.g. for the arena's decayed profile. NULL: none. */
     void (*on_round)(void *ctx, const float *counts);
     void *round_ctx;
+    /* The CUDA hybrid (gpu-worker/hybrid_cuda.h, docs/hybrid.md): */
+    uint8_t pin;             /* --pin: 0 need (default), 1 whole, 2 none (enum hyb_pin) */
+    float pcie_frac;         /* --pcie-frac: share of a decode window's missed experts the GPU
+                                computes from registered host memory (0: none) */
+    uint32_t pcie_threshold; /* --pcie-threshold: a prompt chunk's missed expert with at least
+                                this many pairs goes over PCIe (0: none; BACKEND_PCIE_AUTO:
+                                measured at start) */
 };
+
+#define BACKEND_PCIE_AUTO UINT32_MAX /* --pcie-threshold auto */
 
 /* backend_opts_default: the defaults a command starts from (tier TIER_OPTS_DEFAULT, cache auto). */
 struct backend_opts backend_opts_default(void);
@@ -70,6 +79,8 @@ struct backend_stats {
     double experts_s;      /* routed experts: gather, gate/up, SwiGLU, down, weighted sum */
     double output_s;       /* final norm and output matmul */
     uint64_t weight_bytes; /* bytes of weight matrices the products streamed */
+    uint64_t host_bytes;   /* of them, expert bytes a GPU backend's CPU twin read from host RAM */
+    uint64_t pcie_bytes;   /* of them, expert bytes a GPU read over PCIe (the hybrid's share) */
 };
 
 /* What a backend is and holds, for status and hello. */
@@ -91,6 +102,8 @@ struct backend_info {
     double copy_gibs;         /* their rate while copying */
     uint64_t verify_failures; /* copies refused by --cache-verify */
     double adapt_wait_s;      /* time windows waited for the tier's copies */
+    uint64_t pcie_pairs;      /* of the misses, pairs a GPU computed from registered host memory */
+    double pcie_gbs;          /* host-to-GPU copy rate measured at start (GB/s), 0: not measured */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are
@@ -191,7 +204,11 @@ void backend_reset_stats(struct backend *b);
     "  --adapt-min F        count a candidate needs (default 2.0)\n"                               \
     "  --adapt-lead F       lead over the resident it replaces (default 1.5)\n"                    \
     "  --adapt-async 1      the tier's copies run while windows do (default 0: blocking)\n"        \
-    "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"
+    "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"            \
+    "  --pin P              cuda hybrid: register host experts whole, by need (default) or none\n" \
+    "  --pcie-frac F        cuda hybrid: share of missed experts the GPU reads over PCIe (0)\n"  \
+    "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0;\n" \
+    "                       auto: where the CPU would take longer than the bus, measured)\n"
 
 /* backend_opt applies option `name` (without its dashes) with value to o. Returns 0, STRATA_ENOENT
  * when name is not a backend option (the caller's own), STRATA_EINVAL for a bad value (the detail

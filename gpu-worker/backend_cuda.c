@@ -1,4 +1,7 @@
-/* The CUDA backend: the whole forward pass on one GPU, every routed expert resident in VRAM.
+/* The CUDA backend: the whole forward pass on one GPU, every routed expert resident in VRAM, or,
+ * when they do not all fit (or --expert-cache asks for fewer), the hybrid of hybrid_cuda.h: the
+ * hottest experts in VRAM slots, the rest computed by the CPU at the same time; the hybrid takes
+ * only the routed-expert step (moe()), the rest of the pass is the same.
  *
  * At start the dense weights (embeddings, attention, norms, routers, shared experts, output) are
  * uploaded once, every expert blob is copied into its own VRAM slot (the arena's blob layout, parts
@@ -21,6 +24,8 @@
  * CUDA events and stays zero for now. Threads: the decode thread only; device 0, one stream.
  */
 #include "gpu-worker/backend.h"
+#include "gpu-worker/hybrid_cuda.h"
+#include "gpu-worker/hybrid_plan.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/quant/qtype.h"
@@ -95,6 +100,12 @@ struct cuda_be {
     /* host scratch */
     uint32_t *pos, *rtok, *seen_len;
     struct kv_seq **seen;
+    /* the hybrid (hybrid_cuda.h): NULL when every expert is resident */
+    struct hyb *hyb;
+    struct cu_moe_parts *parts; /* (n_layer) each layer's, for the hybrid */
+    uint32_t *chunk_of;         /* (T) a token's prompt chunk (its sequence), or UINT32_MAX */
+    uint32_t n_slots;
+    bool force_hybrid; /* STRATA_CUDA_HYBRID=1 */
 };
 
 /* The packed per-pass inputs (d_in / h_in), in units of T int32: ids, positions, KV slots, each
@@ -328,14 +339,6 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     c->act_stride = (c->act_stride + 255) & ~(size_t)255;
     c->slot_bytes = slot_bytes;
     const uint32_t n_total = hp->n_layer * hp->n_expert;
-    if (cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total) < n_total) {
-        rv = strata_errf(STRATA_EUNSUPPORTED,
-                         "--expert-cache gives %u of the %u experts: the CUDA backend holds every "
-                         "expert resident (the hybrid, a cache of some with the rest on the CPU, "
-                         "comes next): leave --expert-cache auto or use --backend cpu",
-                         cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total), n_total);
-        goto fail;
-    }
     c->block_tokens = kc->block_tokens;
     c->pool_blocks = kc->max_blocks;
     c->max_bt = (kc->n_ctx + kc->block_tokens - 1) / kc->block_tokens;
@@ -396,10 +399,37 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     if ((rv = ck(cudaMemGetInfo(&vfree, &vtotal), "cudaMemGetInfo"))) goto fail;
     const uint64_t reserve =
         (uint64_t)(o->vram_reserve_mib ? o->vram_reserve_mib : VRAM_RESERVE_MIB) << 20;
-    const uint64_t need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes;
+    uint64_t need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes;
     const uint64_t avail = vfree > reserve ? vfree - reserve : 0;
+    /* The expert cache: every expert resident when --expert-cache asks for all (or auto and they
+     * fit); otherwise the hybrid takes the slots there are and the CPU computes the rest. */
+    c->n_slots = o->expert_cache.kind == CACHE_AUTO && need <= avail
+                     ? n_total
+                     : cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total);
+    if (o->expert_cache.kind == CACHE_AUTO && need > avail) {
+        const uint64_t fixed = dense + c->kv_bytes + c->scratch_bytes + hyb_device_bytes(m, T);
+        const struct hyb_budget bud = {.vram_free = vfree,
+                                       .reserve = reserve,
+                                       .fixed = fixed,
+                                       .slot_bytes = slot_bytes,
+                                       .n_total = n_total,
+                                       .chunk_slots = HYB_CHUNK_SLOTS};
+        c->n_slots = hyb_auto_slots(&bud);
+    }
+    /* STRATA_CUDA_HYBRID=1: the hybrid's path even with every expert in a slot (tests: its hits
+     * against the all-resident path) */
+    const char *force = getenv("STRATA_CUDA_HYBRID");
+    c->force_hybrid = force && atoi(force) != 0;
+    if (c->n_slots < n_total || c->force_hybrid) {
+        const uint32_t nch = (c->n_slots + HYB_CHUNK_SLOTS - 1) / HYB_CHUNK_SLOTS;
+        c->expert_bytes = nch * hyb_chunk_bytes(slot_bytes, HYB_CHUNK_SLOTS);
+        need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes + hyb_device_bytes(m, T);
+        LOG_INFO("cuda: expert cache of %u of %u experts in VRAM (%.2f GiB), the rest computed "
+                 "on the CPU from host memory",
+                 c->n_slots, n_total, gib(c->expert_bytes));
+    }
     LOG_INFO("cuda: %s, %.1f GiB free of %.1f: weights %.2f GiB, KV %.2f GiB (%u blocks of %u "
-             "positions, %s), experts %.2f GiB (%u x %u slots of %.2f MiB, all resident), scratch "
+             "positions, %s), experts %.2f GiB (%u x %u experts, slots of %.2f MiB), scratch "
              "%.2f GiB for %u tokens a pass; %.2f GiB left after the %.0f MiB reserve",
              c->device, gib(vfree), gib(vtotal), gib(dense), gib(c->kv_bytes), c->pool_blocks,
              kc->block_tokens, kv_type_name(o->kv_type), gib(c->expert_bytes), hp->n_layer,
@@ -409,9 +439,9 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         rv = strata_errf(STRATA_ENOSPC,
                          "the CUDA backend needs %.2f GiB of VRAM (weights %.2f, KV %.2f, experts "
                          "%.2f, scratch %.2f) and %s has %.2f GiB free after the %.0f MiB "
-                         "reserve: lower --ctx or --seqs (KV), pass a smaller --vram-reserve-mib, "
-                         "or use --backend cpu (experts that do not fit are the hybrid's, not "
-                         "built yet)",
+                         "reserve: lower --ctx or --seqs (KV), give a smaller --expert-cache (or "
+                         "auto: the experts that do not fit are computed on the CPU), pass a "
+                         "smaller --vram-reserve-mib, or use --backend cpu",
                          gib(need), gib(dense), gib(c->kv_bytes), gib(c->expert_bytes),
                          gib(c->scratch_bytes), c->device, gib(avail), (double)reserve / (1 << 20));
         goto fail;
@@ -442,10 +472,22 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
             (rv = upload_mat(c, &L->gate_inp_shexp, &D->gate_inp_sh)))
             goto fail;
     }
-    if ((rv = upload_experts(c, slot_bytes))) goto fail;
+    const bool hybrid = c->n_slots < n_total || c->force_hybrid;
+    if (!hybrid && (rv = upload_experts(c, slot_bytes))) goto fail;
     if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool))) goto fail;
     for (size_t i = 0; i < n_bufs; i++)
         if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
+    if (hybrid) {
+        if (!(c->parts = malloc(hp->n_layer * sizeof *c->parts)) ||
+            !(c->chunk_of = malloc(T * sizeof *c->chunk_of))) {
+            rv = strata_errf(STRATA_ENOMEM, "out of memory for the hybrid's tables");
+            goto fail;
+        }
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            c->parts[l] = c->L[l].parts;
+        if ((rv = hyb_start(m, o, c->parts, c->s, c->n_slots, slot_bytes, reserve, &c->hyb)))
+            goto fail;
+    }
     if ((rv = ck(cudaMallocHost((void **)&c->h_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4),
                  "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_sel, P * 4), "cudaMallocHost")) ||
@@ -471,6 +513,9 @@ static void cuda_close(void *impl)
     struct cuda_be *c = impl;
     if (!c) return;
     if (c->s) cudaStreamSynchronize(c->s);
+    hyb_close(c->hyb);
+    free(c->parts);
+    free(c->chunk_of);
     for (uint32_t i = 0; i < c->n_allocs; i++)
         cudaFree(c->allocs[i]);
     cudaFreeHost(c->h_in);
@@ -594,6 +639,8 @@ static void report_routes(struct cuda_be *c, uint32_t il, int ng)
     }
 }
 
+static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il);
+
 static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &c->m->hp;
@@ -607,8 +654,10 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
     if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
                              topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
-                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)) ||
-        (rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
+                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
+        return rv;
+    if (c->hyb) return moe_hybrid(c, n, il); /* not every expert resident */
+    if ((rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
                  "routes down")) ||
         (rv = ck(cudaStreamSynchronize(c->s), "router")))
         return rv;
@@ -642,6 +691,65 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
             (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s)))
             return rv;
     }
+    return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
+}
+
+/* ---- the hybrid's MoE step (hybrid_cuda.h) ------------------------------------------------- */
+
+/* shared_expert: the shared expert's (qwen2moe) output before its gate, into out (n rows of
+ * n_embd), and its gate logit into shg: moe()'s own steps, on another output buffer. */
+static int shared_expert(struct cuda_be *c, uint32_t n, uint32_t il, float *out)
+{
+    const struct dlayer *D = &c->L[il];
+    const size_t F = D->gate_sh.n_out;
+    const bool uq = D->up_sh.type == D->gate_sh.type;
+    int rv;
+    if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
+        (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
+                 uq ? &D->gate_sh : NULL)) ||
+        (rv = mm(c, &D->gate_inp_sh, c->xn, n, c->shg, c->acts[2], NULL)) ||
+        (rv = cu_swiglu(c->g, c->u, c->g, (int64_t)n * F, c->s)) ||
+        (rv = mm(c, &D->down_sh, c->g, n, out, c->acts[0], NULL)))
+        return rv;
+    return 0;
+}
+
+/* hybrid_pass tells the hybrid which tokens of the pass are a prompt chunk's: those of a sequence
+ * with several tokens in the pass (the inputs' sequence indices, h_in's IN_QSEQ row). */
+static void hybrid_pass(struct cuda_be *c, uint32_t n)
+{
+    const int32_t *qseq = c->h_in + IN_QSEQ * c->o.max_pass_tokens;
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t many = 0;
+        for (uint32_t u = 0; u < n && many < 2; u++)
+            many += qseq[u] == qseq[t];
+        c->chunk_of[t] = many > 1 ? (uint32_t)qseq[t] : UINT32_MAX;
+    }
+    hyb_pass(c->hyb, c->chunk_of, n);
+}
+
+/* moe_hybrid: layer il's routed step when not every expert is resident, from the router's picks
+ * on the device: they come down with the CPU's inputs (one stream sync), the hits are queued on
+ * the GPU with the shared expert behind them, the CPU computes the misses meanwhile, then the
+ * combine, the shared expert's gated add and the residual. */
+static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const size_t E = hp->n_embd;
+    const int K = (int)hp->n_expert_used;
+    const struct hyb_io io = {c->s, c->xn, c->sel, c->selw, c->h, c->moe_ws, c->y, c->moe};
+    int rv;
+    if (il == 0) hybrid_pass(c, n);
+    if ((rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
+                 "routes down")) ||
+        (rv = hyb_stage(c->hyb, &io, n)) || (rv = ck(cudaStreamSynchronize(c->s), "router")) ||
+        (rv = hyb_moe_start(c->hyb, &io, il, n, c->h_sel, c->route, c->route_ctx, &c->st)))
+        return rv;
+    /* tmp is free until the next layer's attention */
+    if (hp->n_ff_shexp && (rv = shared_expert(c, n, il, c->tmp))) return rv;
+    if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st))) return rv;
+    c->pairs += (uint64_t)n * K;
+    if (hp->n_ff_shexp && (rv = cu_gate_add(c->moe, c->tmp, c->shg, n, E, c->s))) return rv;
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 
@@ -750,20 +858,25 @@ static void cuda_set_route(void *impl, backend_route_fn fn, void *ctx)
 
 static int cuda_tick(void *impl)
 {
-    return 0;
+    struct cuda_be *c = impl;
+    return c->hyb ? hyb_tick(c->hyb) : 0;
 }
 
 static int cuda_quiesce(void *impl)
 {
     struct cuda_be *c = impl;
-    return ck(cudaStreamSynchronize(c->s), "quiesce");
+    int rv = c->hyb ? hyb_quiesce(c->hyb) : 0;
+    if (!rv) rv = ck(cudaStreamSynchronize(c->s), "quiesce");
+    return rv;
 }
 
 static int cuda_resize(void *impl, uint64_t bytes)
 {
+    struct cuda_be *c = impl;
+    if (c->hyb) return hyb_resize(c->hyb, bytes);
     return strata_errf(STRATA_EUNSUPPORTED,
-                       "the CUDA backend holds every expert resident: it has no expert cache to "
-                       "resize yet (the hybrid backend will)");
+                       "this CUDA backend holds every expert resident: start it with "
+                       "--expert-cache N (fewer than all experts) to have a cache to resize");
 }
 
 static void cuda_info(const void *impl, struct backend_info *out)
@@ -782,6 +895,7 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .first_hit_rate = 1.0,
     };
     snprintf(out->device, sizeof out->device, "%s", c->device);
+    if (c->hyb) hyb_info(c->hyb, out);
 }
 
 static void cuda_get_stats(const void *impl, struct backend_stats *out)

@@ -77,6 +77,9 @@ int main(int argc, char **argv)
                                           {"adapt-lead", required_argument, NULL, 'B'},
                                           {"cache-verify", required_argument, NULL, 'B'},
         {"adapt-async", required_argument, NULL, 'B'},
+        {"pin", required_argument, NULL, 'B'},
+        {"pcie-frac", required_argument, NULL, 'B'},
+        {"pcie-threshold", required_argument, NULL, 'B'},
         {"spec-lookup", required_argument, NULL, 'S'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};

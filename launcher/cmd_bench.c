@@ -167,6 +167,25 @@ static void table(const char *model, const struct bench_opts *o, const struct be
            "this machine reads with %u threads\n",
            per_tok / (1 << 20), r->decode_gbs, 100 * r->decode_gbs / r->read_gbs, r->read_gbs,
            r->threads);
+    const struct backend_info *I = &r->info;
+    if (I->cache_slots && I->hits + I->misses)
+        printf("  expert cache: %u slots, %u experts resident, hit rate %.1f%% of %llu routed "
+               "pairs (misses computed from host memory, read at up to %.1f GB/s here)\n",
+               I->cache_slots, I->resident, 100.0 * (double)I->hits / (double)(I->hits + I->misses),
+               (unsigned long long)(I->hits + I->misses), r->read_gbs);
+    if (D->tokens && D->host_bytes + D->pcie_bytes) {
+        /* the hybrid's decode bound: the CPU reads its misses from host RAM while the GPU reads
+         * its PCIe share, side by side; the hits from VRAM are far faster than either */
+        const double host = (double)D->host_bytes / D->tokens,
+                     pcie = (double)D->pcie_bytes / D->tokens;
+        const double t_host = r->read_gbs > 0 ? host / (r->read_gbs * 1e9) : 0,
+                     t_pcie = I->pcie_gbs > 0 ? pcie / (I->pcie_gbs * 1e9) : 0;
+        const double bound = 1.0 / (t_host > t_pcie ? t_host : t_pcie);
+        printf("  hybrid decode: %.1f MiB a token from host RAM (CPU), %.1f MiB over PCIe (%.1f "
+               "GB/s measured): roofline %.0f tok/s, %.0f%% reached\n",
+               host / (1 << 20), pcie / (1 << 20), I->pcie_gbs, bound,
+               100 * r->decode_tok_s / bound);
+    }
 }
 
 static const uint32_t kernel_types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0, QT_Q4_0, QT_IQ4_XS};

@@ -174,6 +174,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"adapt-min", required_argument, NULL, O_BACKEND},
         {"adapt-lead", required_argument, NULL, O_BACKEND},
         {"cache-verify", required_argument, NULL, O_BACKEND},
+        {"pin", required_argument, NULL, O_BACKEND},
+        {"pcie-frac", required_argument, NULL, O_BACKEND},
+        {"pcie-threshold", required_argument, NULL, O_BACKEND},
         {"adapt-async", required_argument, NULL, O_BACKEND},
         {NULL, 0, NULL, 0},
     };

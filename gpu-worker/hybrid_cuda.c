@@ -1,0 +1,1112 @@
+/* The CUDA hybrid: VRAM slots, the split MoE step with the CPU twin, the tier on a copy stream.
+ * hybrid_cuda.h has the contract; hybrid_plan.h the decisions (tested without a GPU). */
+#include "gpu-worker/hybrid_cuda.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/base/pool.h"
+#include "common/quant/quant.h"
+#include "gpu-worker/hybrid_plan.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cuda/glue.h"
+
+#include <cuda_runtime_api.h>
+#include <xxhash.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define N_BOUNCE 4  /* pinned bounce buffers for copies from unregistered memory */
+#define N_STAGE  16 /* STRATA_PCIE_MODE=stage: VRAM staging slots, experts over PCIe a layer */
+
+/* One copy in flight: a move of the tier, or a fill at start. */
+struct flight {
+    struct tier_move mv;
+    cudaEvent_t done;
+    int bounce; /* the bounce buffer it holds, or -1 */
+    int rv;     /* a failure decided when posting (hook, registration) */
+    double posted_at;
+    bool landed;
+};
+
+struct hyb {
+    const struct model *m;
+    struct backend_opts o;
+    const struct cu_moe_parts *parts;
+    cudaStream_t s, cs; /* the pass's stream; the copy stream */
+    uint32_t L, NE, K, T, P;
+    /* slots: chunks of HYB_CHUNK_SLOTS */
+    struct cache *cache;
+    uint64_t slot_bytes;
+    uint8_t **chunks;
+    uint32_t n_chunks, cap_chunks;
+    /* the device tables: two buffers of L * NE slot pointers, each with its pinned staging */
+    const uint8_t **d_tab[2], **h_tab[2];
+    cudaEvent_t tab_ev[2];
+    int cur;
+    /* PCIe (zero-copy): device pointers of registered host blobs (L * NE), and which the split may
+     * send to the GPU; the published table holds them for experts not in a slot */
+    const uint8_t **h_pcie;
+    uint8_t *host_ok;
+    struct hyb_pcie_rule rule;
+    /* STRATA_PCIE_MODE=stage: the PCIe share copied into staging slots before its launch instead
+     * of read through mapped memory (one switch, for measuring both) */
+    bool stage;
+    uint8_t *d_stage;                 /* (N_STAGE, slot_bytes) */
+    const uint8_t **h_stab, **d_stab; /* (NE) a layer's table of the staged experts */
+    /* registration */
+    enum hyb_pin pin;
+    bool ro_flag, can_map;
+    struct hyb_pinset pins;
+    const void **pin_ptr; /* (L * NE) the registered base of each blob, for unregistering */
+    pthread_t reg;
+    bool reg_started, reg_stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t reg_new; /* registrations landed since the last publication of h_pcie */
+    /* the split and the CPU twin */
+    struct moe_group *groups, *hg, *pg, *mg;
+    int32_t *pidx, *hi, *ppi, *mi;
+    struct moe_group *h_groups; /* pinned: hit groups then pcie groups */
+    int32_t *h_idx;             /* pinned: hit pairs then pcie pairs */
+    int32_t *h_rows;            /* pinned: the gather's rows */
+    float *h_xn, *h_selw;       /* pinned: the CPU twin's inputs */
+    float *h_out;               /* (P, E) the CPU twin's rows at pair index */
+    float *h_pack;              /* pinned (P, E) the miss rows, packed for the upload */
+    struct moe_group *d_groups;
+    int32_t *d_idx, *d_rows;
+    float *d_yy; /* (2P, E): the GPU's rows at pair index, then the packed miss rows */
+    uint32_t *chunk_of, *stamp, *rtok;
+    struct hyb_split sp; /* the layer between hyb_moe_start and hyb_moe_finish */
+    struct pool *pool;
+    struct cpu_moe *twin;
+    /* the tier */
+    struct tier *tier;
+    struct tier_move *moves;
+    struct flight *fl;
+    uint32_t n_fl, n_fl_posted;
+    uint64_t window, posted_at;
+    cudaEvent_t win_ev; /* recorded on s at each tick: the window just finished */
+    uint8_t *bounce[N_BOUNCE];
+    cudaEvent_t bounce_ev[N_BOUNCE];
+    int next_bounce;
+    bool async_wait;
+    /* stats */
+    uint64_t hits, misses, pcie_pairs, swaps, copies, copy_bytes, failed, verify_failures;
+    uint64_t posted; /* copies posted: the fail hook's ticket */
+    double copy_s, adapt_wait_s, first_hit_rate;
+    double pcie_gbs; /* a 64 MiB pinned copy up, best of 3, at start */
+    bool first_done;
+    /* STRATA_DECODE_TIMING: per layer, the GPU's hit time (events) and the CPU's miss time */
+    bool timing;
+    cudaEvent_t *ev_a, *ev_b;
+    uint8_t *ev_used;
+    double cpu_s, gpu_s, cpu_idle_s, gpu_idle_s;
+    uint64_t w_hits, w_misses;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int ck(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 0;
+    return strata_errf(STRATA_ECUDAERR | (int)e, "CUDA: %s: %s", what, cudaGetErrorString(e));
+}
+
+static double gib(uint64_t b)
+{
+    return (double)b / (1u << 30);
+}
+
+uint64_t hyb_device_bytes(const struct model *m, uint32_t T)
+{
+    const struct model_hparams *hp = &m->hp;
+    const uint64_t P = (uint64_t)T * hp->n_expert_used, LE = (uint64_t)hp->n_layer * hp->n_expert;
+    return 3 * LE * sizeof(void *) + 2 * P * hp->n_embd * 4 + 2 * P * 4 +
+           P * sizeof(struct moe_group) + (8u << 20); /* 8 MiB: allocation rounding */
+}
+
+static uint8_t *slot_ptr(const struct hyb *h, uint32_t s)
+{
+    return h->chunks[s / HYB_CHUNK_SLOTS] + (uint64_t)(s % HYB_CHUNK_SLOTS) * h->slot_bytes;
+}
+
+/* pool_to makes the slot pool n slots: whole chunks freed from the tail or added. */
+static int pool_to(struct hyb *h, uint32_t n)
+{
+    const uint32_t want = (n + HYB_CHUNK_SLOTS - 1) / HYB_CHUNK_SLOTS;
+    while (h->n_chunks > want)
+        cudaFree(h->chunks[--h->n_chunks]);
+    if (want > h->cap_chunks) {
+        uint8_t **c = realloc(h->chunks, want * sizeof *c);
+        if (!c) return strata_errf(STRATA_ENOMEM, "out of memory for the slot table");
+        h->chunks = c, h->cap_chunks = want;
+    }
+    while (h->n_chunks < want) {
+        /* every chunk is allocated whole, the last one too: growing later never moves slots */
+        const uint64_t b = hyb_chunk_bytes(h->slot_bytes, HYB_CHUNK_SLOTS);
+        if (cudaMalloc((void **)&h->chunks[h->n_chunks], b) != cudaSuccess) {
+            cudaGetLastError();
+            return strata_errf(STRATA_ENOSPC,
+                               "CUDA: no VRAM for %u expert slots (%.2f GiB): give a smaller "
+                               "--expert-cache",
+                               n, gib(h->slot_bytes * n));
+        }
+        h->n_chunks++;
+    }
+    return 0;
+}
+
+/* publish: the published residency to the other device table, in stream order; windows queued
+ * after it read the new table, those before it the old. */
+static int publish(struct hyb *h)
+{
+    cache_publish(h->cache);
+    const int nb = h->cur ^ 1;
+    int rv;
+    if ((rv = ck(cudaEventSynchronize(h->tab_ev[nb]), "slot table staging"))) return rv;
+    const uint64_t LE = (uint64_t)h->L * h->NE;
+    for (uint64_t i = 0; i < LE; i++) {
+        const int32_t s = h->cache->pub[i];
+        h->h_tab[nb][i] = s != CACHE_NONE ? slot_ptr(h, (uint32_t)s)
+                          : h->host_ok[i] ? h->h_pcie[i]
+                                          : NULL;
+    }
+    if ((rv = ck(cudaMemcpyAsync(h->d_tab[nb], h->h_tab[nb], LE * sizeof(void *),
+                                 cudaMemcpyHostToDevice, h->s),
+                 "slot table up")) ||
+        (rv = ck(cudaEventRecord(h->tab_ev[nb], h->s), "slot table event")))
+        return rv;
+    h->cur = nb;
+    return 0;
+}
+
+/* ---- registration ---------------------------------------------------------------------------- */
+
+static void *reg_main(void *arg)
+{
+    struct hyb *h = arg;
+    cudaSetDevice(0);
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        uint32_t b;
+        while (!h->reg_stop && !hyb_pinset_next(&h->pins, &b))
+            pthread_cond_wait(&h->cv, &h->mu);
+        if (h->reg_stop) break;
+        pthread_mutex_unlock(&h->mu);
+        const uint32_t l = b / h->NE, e = b % h->NE;
+        const uint8_t *blob = model_expert_blob(h->m, l, e);
+        bool ok = false;
+        if (blob) {
+            unsigned flags = cudaHostRegisterPortable | (h->can_map ? cudaHostRegisterMapped : 0) |
+                             (h->ro_flag ? cudaHostRegisterReadOnly : 0);
+            ok = cudaHostRegister((void *)blob, h->m->layers[l].blob.bytes, flags) == cudaSuccess;
+            if (!ok) cudaGetLastError();
+            if (ok && h->can_map) {
+                void *d = NULL;
+                /* the kernels read parts with 16-byte copies */
+                if (cudaHostGetDevicePointer(&d, (void *)blob, 0) == cudaSuccess &&
+                    (uintptr_t)d % 16 == 0)
+                    h->h_pcie[b] = d;
+                else
+                    cudaGetLastError();
+            }
+        }
+        pthread_mutex_lock(&h->mu);
+        if (ok) h->pin_ptr[b] = blob;
+        hyb_pinset_done(&h->pins, b, ok);
+        h->reg_new++;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+static void want_pin(struct hyb *h, uint32_t l, uint32_t e)
+{
+    if (h->pin != HYB_PIN_NEED) return;
+    pthread_mutex_lock(&h->mu);
+    if (hyb_pinset_want(&h->pins, l * h->NE + e)) pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static bool pinned(struct hyb *h, uint32_t l, uint32_t e)
+{
+    pthread_mutex_lock(&h->mu);
+    const bool r = hyb_pinset_has(&h->pins, l * h->NE + e);
+    pthread_mutex_unlock(&h->mu);
+    return r;
+}
+
+/* pcie_news: registrations landed since the last call become usable by the PCIe share (the
+ * caller republishes the table, which then holds their device pointers); whether any did */
+static bool pcie_news(struct hyb *h)
+{
+    if (h->rule.frac <= 0 && !h->rule.threshold) return false;
+    pthread_mutex_lock(&h->mu);
+    const uint32_t n = h->reg_new;
+    h->reg_new = 0;
+    const uint64_t LE = (uint64_t)h->L * h->NE;
+    if (n)
+        for (uint64_t i = 0; i < LE; i++)
+            h->host_ok[i] = h->h_pcie[i] != NULL && hyb_pinset_has(&h->pins, (uint32_t)i);
+    pthread_mutex_unlock(&h->mu);
+    return n > 0;
+}
+
+/* ---- copies -----------------------------------------------------------------------------------
+ */
+
+/* post copies expert (l, e) into slot on the copy stream, after window `after` has finished on
+ * the pass's stream (h->win_ev was recorded at its tick). */
+static int post(struct hyb *h, struct flight *f)
+{
+    const uint32_t l = f->mv.layer, e = f->mv.expert;
+    const struct model_layer *Lr = &h->m->layers[l];
+    uint8_t *dst = slot_ptr(h, f->mv.slot);
+    const struct copy_hooks *hk = h->o.copy_hooks;
+    int rv;
+    f->bounce = -1;
+    f->rv = 0;
+    f->landed = false;
+    f->posted_at = now_s();
+    const uint64_t ticket = h->posted++;
+    if (hk && hk->fail && hk->fail(hk->ctx, f->mv.slot, ticket)) {
+        f->rv = STRATA_EIO;
+        return ck(cudaEventRecord(f->done, h->cs), "copy event");
+    }
+    if ((rv = ck(cudaStreamWaitEvent(h->cs, h->win_ev, 0), "copy fence"))) return rv;
+    const uint8_t *blob = model_expert_blob(h->m, l, e);
+    if (blob && pinned(h, l, e)) {
+        rv = ck(cudaMemcpyAsync(dst, blob, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
+                "expert copy");
+    } else {
+        /* a pinned bounce buffer, never a pageable copy */
+        const int b = h->next_bounce;
+        h->next_bounce = (b + 1) % N_BOUNCE;
+        if ((rv = ck(cudaEventSynchronize(h->bounce_ev[b]), "bounce buffer"))) return rv;
+        uint8_t *bb = h->bounce[b];
+        if (blob) {
+            memcpy(bb, blob, Lr->blob.bytes);
+        } else {
+            memset(bb, 0, Lr->blob.bytes);
+            for (int p = 0; p < MODEL_PART_COUNT; p++)
+                memcpy(bb + Lr->blob.part_off[p], model_expert_part(h->m, l, e, (enum model_part)p),
+                       Lr->part[p].n_out * Lr->part[p].row_bytes);
+        }
+        if (!(rv = ck(cudaMemcpyAsync(dst, bb, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
+                      "expert copy")))
+            rv = ck(cudaEventRecord(h->bounce_ev[b], h->cs), "bounce event");
+        f->bounce = b;
+        want_pin(h, l, e);
+    }
+    if (!rv && hk && hk->after_copy) {
+        /* the test hook sees the slot's bytes on the host and may change them */
+        uint8_t *tmp = malloc(Lr->blob.bytes);
+        if (!tmp) return strata_errf(STRATA_ENOMEM, "out of memory for the copy hook");
+        if (!(rv = ck(cudaMemcpyAsync(tmp, dst, Lr->blob.bytes, cudaMemcpyDeviceToHost, h->cs),
+                      "hook down")))
+            rv = ck(cudaStreamSynchronize(h->cs), "hook");
+        if (!rv) hk->after_copy(hk->ctx, f->mv.slot, tmp, Lr->blob.bytes);
+        if (!rv &&
+            !(rv = ck(cudaMemcpyAsync(dst, tmp, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
+                      "hook up")))
+            rv = ck(cudaStreamSynchronize(h->cs), "hook");
+        free(tmp);
+    }
+    if (!rv) rv = ck(cudaEventRecord(f->done, h->cs), "copy event");
+    h->copy_bytes += Lr->blob.bytes;
+    return rv;
+}
+
+/* done: whether f's copy has completed (wait: block for it), holding hold_ms if the hook asks */
+static bool done(struct hyb *h, struct flight *f, bool wait)
+{
+    const struct copy_hooks *hk = h->o.copy_hooks;
+    if (hk && hk->hold_ms) {
+        const double until = f->posted_at + hk->hold_ms * 1e-3;
+        if (!wait && now_s() < until) return false;
+        while (now_s() < until)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    if (wait) return cudaEventSynchronize(f->done) == cudaSuccess || (f->rv = STRATA_EIO, true);
+    const cudaError_t q = cudaEventQuery(f->done);
+    if (q == cudaErrorNotReady) return false;
+    if (q != cudaSuccess) f->rv = STRATA_EIO;
+    return true;
+}
+
+/* land: the copy's expert turns resident in the working table if it is good; a failed copy's
+ * slot is poisoned (a window that read it anyway would show in the logits) and stays free. */
+/* host_hash: the XXH3 of (l, e)'s blob as the slot must hold it (the arena's stored hash, or the
+ * parts hashed in the blob layout with the gaps zero) */
+static uint64_t host_hash(const struct hyb *h, uint32_t l, uint32_t e, uint8_t *scratch)
+{
+    const uint64_t stored = model_expert_blob_hash(h->m, l, e);
+    if (stored) return stored;
+    const struct model_layer *Lr = &h->m->layers[l];
+    const uint8_t *blob = model_expert_blob(h->m, l, e);
+    if (blob) return XXH3_64bits(blob, Lr->blob.bytes);
+    memset(scratch, 0, Lr->blob.bytes);
+    for (int p = 0; p < MODEL_PART_COUNT; p++)
+        memcpy(scratch + Lr->blob.part_off[p], model_expert_part(h->m, l, e, (enum model_part)p),
+               Lr->part[p].n_out * Lr->part[p].row_bytes);
+    return XXH3_64bits(scratch, Lr->blob.bytes);
+}
+
+/* verify: --cache-verify: the slot's bytes, brought back, hash as the host's blob */
+static int verify(struct hyb *h, const struct flight *f)
+{
+    const uint64_t bytes = h->m->layers[f->mv.layer].blob.bytes;
+    uint8_t *a = malloc(2 * bytes);
+    if (!a) return STRATA_ENOMEM;
+    int rv = STRATA_EIO;
+    if (cudaMemcpy(a, slot_ptr(h, f->mv.slot), bytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        const uint64_t got = XXH3_64bits(a, bytes),
+                       want = host_hash(h, f->mv.layer, f->mv.expert, a + bytes);
+        rv = got == want ? 0 : STRATA_EFORMAT;
+        if (rv)
+            LOG_WARN("expert cache: slot %u holds layer %u expert %u with xxHash %016llx, the "
+                     "host's is %016llx: it stays on the host tier",
+                     f->mv.slot, f->mv.layer, f->mv.expert, (unsigned long long)got,
+                     (unsigned long long)want);
+    } else {
+        cudaGetLastError();
+    }
+    free(a);
+    return rv;
+}
+
+static void land(struct hyb *h, struct flight *f)
+{
+    f->landed = true;
+    if (!f->rv && h->o.cache_verify) f->rv = verify(h, f);
+    if (hyb_land(h->cache, f->mv.slot, f->mv.layer, f->mv.expert, f->rv == 0)) {
+        h->copies++;
+        return;
+    }
+    /* the slot, free now, holds poison: a window that read it anyway would show in the logits */
+    cudaMemsetAsync(slot_ptr(h, f->mv.slot), 0xa5, h->slot_bytes, h->cs);
+    if (f->rv == STRATA_EFORMAT) {
+        h->verify_failures++; /* verify() logged it */
+        return;
+    }
+    h->failed++;
+    LOG_WARN("expert cache: the copy of layer %u expert %u into slot %u failed (%s): it stays on "
+             "the host tier",
+             f->mv.layer, f->mv.expert, f->mv.slot, strata_strerror(f->rv));
+}
+
+/* land_all lands the flights posted (waiting for each when wait); returns the count still out */
+static uint32_t land_all(struct hyb *h, bool wait)
+{
+    uint32_t out = 0, n = 0;
+    const double t0 = now_s();
+    for (uint32_t i = 0; i < h->n_fl_posted; i++) {
+        struct flight *f = &h->fl[i];
+        if (f->landed) continue;
+        if (!done(h, f, wait)) {
+            out++;
+            continue;
+        }
+        land(h, f);
+        if (!f->rv && f->mv.victim != (int32_t)-2) h->swaps++;
+        n++;
+    }
+    if (wait) h->adapt_wait_s += now_s() - t0;
+    h->copy_s += now_s() - t0;
+    if (!out) h->n_fl = h->n_fl_posted = 0;
+    return out;
+}
+
+/* post_round: the moves' victims leave the table, which is republished, then the copies go,
+ * fenced on the window just finished (the last that may read the victims' slots). */
+static int post_round(struct hyb *h)
+{
+    int rv;
+    const bool unfenced = h->o.copy_hooks && h->o.copy_hooks->unfenced;
+    if (!unfenced) {
+        for (uint32_t i = 0; i < h->n_fl; i++)
+            if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
+        if ((rv = publish(h))) return rv;
+    }
+    if ((rv = ck(cudaEventRecord(h->win_ev, h->s), "window event"))) return rv;
+    for (uint32_t i = 0; i < h->n_fl; i++)
+        if ((rv = post(h, &h->fl[i]))) return rv;
+    h->n_fl_posted = h->n_fl;
+    h->posted_at = h->window;
+    if (unfenced) {
+        /* the removed fence (a test hook): the copies land while the old table is still read */
+        cudaStreamSynchronize(h->cs);
+        for (uint32_t i = 0; i < h->n_fl; i++)
+            if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
+    }
+    return 0;
+}
+
+/* fill: the start's first fill, hottest first, in rounds of the flights there are */
+static int fill(struct hyb *h)
+{
+    const uint32_t total = h->L * h->NE;
+    uint32_t *order = malloc(total * sizeof *order);
+    if (!order) return strata_errf(STRATA_ENOMEM, "out of memory for the fill order");
+    int rv = cache_fill_order(h->L, h->NE, h->o.heat, order);
+    const uint32_t batch = h->o.tier.swaps > 0 ? h->o.tier.swaps : 64;
+    for (uint32_t i = 0; !rv && i < total && cache_free_slot(h->cache) != CACHE_NONE;) {
+        h->n_fl = 0;
+        for (; i < total && h->n_fl < batch; i++) {
+            const int32_t s = cache_free_slot(h->cache);
+            if (s == CACHE_NONE) break;
+            /* the slot is taken in the working table while its copy runs, so the next pick
+             * does not hand it out again; a failed copy frees it below */
+            struct flight *f = &h->fl[h->n_fl++];
+            f->mv = (struct tier_move){order[i] / h->NE, order[i] % h->NE, (uint32_t)s, -2};
+            cache_assign(h->cache, (uint32_t)s, order[i] / h->NE, order[i] % h->NE);
+        }
+        if ((rv = post_round(h))) break;
+        land_all(h, true); /* a bad copy's slot goes back to the working table's free ones */
+        h->n_fl = h->n_fl_posted = 0;
+    }
+    /* the fill is not the tier's swaps */
+    h->swaps = 0;
+    h->copies = 0;
+    free(order);
+    return rv ? rv : publish(h);
+}
+
+/* ---- open / close -----------------------------------------------------------------------------
+ */
+
+static const void *host_part(void *ctx, uint32_t expert, int part);
+
+/* twin_parts: a layer's expert parts as cpu_moe_ffn takes them */
+static struct cpu_moe_parts twin_parts(const struct model_layer *Lr)
+{
+    const struct model_mat *p = Lr->part;
+    return (struct cpu_moe_parts){{p[0].type, p[0].n_in, p[0].n_out, p[0].row_bytes},
+                                  {p[1].type, p[1].n_in, p[1].n_out, p[1].row_bytes},
+                                  {p[2].type, p[2].n_in, p[2].n_out, p[2].row_bytes}};
+}
+
+struct twin_ctx {
+    const struct model *m;
+    uint32_t layer;
+};
+
+/* auto_threshold (--pcie-threshold auto): the fewest pairs at which the CPU twin takes longer on
+ * one expert (layer 0's expert 0, best of 2) than its blob takes over the bus at the measured
+ * rate: from there on, sending the expert over PCIe frees the CPU for the rest. 0 (never) when
+ * the CPU is faster at every count up to the pass's tokens (and 64). */
+static uint32_t auto_threshold(struct hyb *h)
+{
+    const struct model_layer *Lr = &h->m->layers[0];
+    if (h->pcie_gbs <= 0) return 0;
+    const double bus = (double)Lr->blob.bytes / (h->pcie_gbs * 1e9);
+    const size_t E = h->m->hp.n_embd;
+    const uint32_t top = h->T < 64 ? h->T : 64;
+    for (size_t i = 0; i < (size_t)top * E; i++)
+        h->h_xn[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    for (uint32_t i = 0; i < top * h->K; i++)
+        h->h_selw[i] = 1.0f;
+    const struct cpu_moe_parts cp = twin_parts(Lr);
+    struct twin_ctx tc = {h->m, 0};
+    uint32_t found = 0;
+    for (uint32_t t = 1; t <= top && !found; t *= 2) {
+        for (uint32_t i = 0; i < t; i++)
+            h->pidx[i] = (int32_t)(i * h->K);
+        const struct moe_group g = {0, 0, (int32_t)t};
+        double best = 1e9;
+        for (int rep = 0; rep < 2; rep++) {
+            const double t0 = now_s();
+            if (cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, &g, 1, h->pidx, h->h_selw, t,
+                            (int)h->K, h->h_xn, E, h->h_out, NULL))
+                return 0;
+            const double dt = now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        if (best > bus) found = t;
+    }
+    LOG_INFO("expert cache: --pcie-threshold auto: %u (an expert's %.2f MiB cross the bus in %.3f "
+             "ms at %.1f GB/s)",
+             found, (double)Lr->blob.bytes / (1 << 20), bus * 1e3, h->pcie_gbs);
+    return found;
+}
+
+/* measure_pcie: the host-to-device rate of a pinned copy (the PCIe share's and the copies' bound),
+ * for the bench's roofline; 0 when the buffers cannot be had */
+static void measure_pcie(struct hyb *h)
+{
+    const size_t bytes = 64u << 20;
+    void *src = NULL, *dst = NULL;
+    if (cudaMallocHost(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) {
+        cudaGetLastError();
+    } else {
+        for (int i = 0; i < 3; i++) {
+            const double t0 = now_s();
+            if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h->cs) != cudaSuccess ||
+                cudaStreamSynchronize(h->cs) != cudaSuccess)
+                break;
+            const double gbs = (double)bytes / (now_s() - t0) / 1e9;
+            if (gbs > h->pcie_gbs) h->pcie_gbs = gbs;
+        }
+    }
+    cudaFreeHost(src);
+    cudaFree(dst);
+}
+
+int hyb_start(const struct model *m, const struct backend_opts *o, const struct cu_moe_parts *parts,
+              void *stream, uint32_t n_slots, uint64_t slot_bytes, uint64_t reserve,
+              struct hyb **out)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct hyb *h = calloc(1, sizeof *h);
+    if (!h) return strata_errf(STRATA_ENOMEM, "out of memory for the hybrid");
+    h->m = m;
+    h->o = *o;
+    h->parts = parts;
+    h->s = (cudaStream_t)stream;
+    h->L = hp->n_layer, h->NE = hp->n_expert, h->K = hp->n_expert_used;
+    h->T = o->max_pass_tokens, h->P = h->T * h->K;
+    h->slot_bytes = slot_bytes;
+    h->pin = (enum hyb_pin)o->pin;
+    const char *pm = getenv("STRATA_PCIE_MODE");
+    h->stage = pm && strcmp(pm, "stage") == 0;
+    h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->stage ? N_STAGE : 0};
+    const char *t = getenv("STRATA_DECODE_TIMING");
+    h->timing = t && atoi(t);
+    const char *aw = getenv("STRATA_ADAPT_ASYNC_WAIT");
+    h->async_wait = !aw || !*aw || atoi(aw) != 0;
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    const uint64_t LE = (uint64_t)h->L * h->NE, P = h->P, E = hp->n_embd;
+    const uint32_t swaps = o->tier.swaps > 64 ? o->tier.swaps : 64;
+    int rv, attr = 0;
+    /* the CPU twin's activation rows: the widest expert part's, 64-byte rows */
+    size_t act = 0;
+    for (uint32_t l = 0; l < h->L; l++)
+        for (int p = 0; p < MODEL_PART_COUNT; p++) {
+            const struct model_mat *w = &m->layers[l].part[p];
+            const size_t b = quant_act_bytes(w->type, w->n_in);
+            if (b > act) act = b;
+        }
+    act = (act + 63) & ~(size_t)63;
+    if ((rv = cache_init(h->L, h->NE, n_slots, slot_bytes, &h->cache)) ||
+        (rv = hyb_pinset_init((uint32_t)LE, &h->pins)) ||
+        (rv = pool_start(o->n_threads ? o->n_threads : 1, &h->pool)) ||
+        (rv = cpu_moe_init(h->P, (uint32_t)E, hp->n_ff_exp, act, h->NE, &h->twin)))
+        goto fail;
+    if (o->tier.every && (rv = tier_init(h->L, h->NE, &o->tier, &h->tier))) goto fail;
+    struct {
+        void **p;
+        size_t bytes;
+    } hostb[] = {
+        {(void **)&h->groups, P * sizeof(struct moe_group)},
+        {(void **)&h->hg, P * sizeof(struct moe_group)},
+        {(void **)&h->pg, P * sizeof(struct moe_group)},
+        {(void **)&h->mg, P * sizeof(struct moe_group)},
+        {(void **)&h->pidx, P * 4},
+        {(void **)&h->hi, P * 4},
+        {(void **)&h->ppi, P * 4},
+        {(void **)&h->mi, P * 4},
+        {(void **)&h->h_out, P * E * 4},
+        {(void **)&h->chunk_of, h->T * 4},
+        {(void **)&h->stamp, h->T * 4},
+        {(void **)&h->rtok, h->T * 4},
+        {(void **)&h->host_ok, LE},
+        {(void **)&h->pin_ptr, LE * sizeof(void *)},
+        {(void **)&h->moves, swaps * sizeof(struct tier_move)},
+        {(void **)&h->fl, swaps * sizeof(struct flight)},
+        {(void **)&h->ev_used, h->L},
+        {(void **)&h->ev_a, h->L * sizeof(cudaEvent_t)},
+        {(void **)&h->ev_b, h->L * sizeof(cudaEvent_t)},
+    };
+    for (size_t i = 0; i < sizeof hostb / sizeof hostb[0]; i++)
+        if (!(*hostb[i].p = calloc(1, hostb[i].bytes ? hostb[i].bytes : 1))) {
+            rv = strata_errf(STRATA_ENOMEM, "out of memory for the hybrid's host buffers");
+            goto fail;
+        }
+    for (uint32_t i = 0; i < h->T; i++)
+        h->chunk_of[i] = UINT32_MAX;
+    struct {
+        void **p;
+        size_t bytes;
+    } pinb[] = {
+        {(void **)&h->h_tab[0], LE * sizeof(void *)},
+        {(void **)&h->h_tab[1], LE * sizeof(void *)},
+        {(void **)&h->h_pcie, LE * sizeof(void *)},
+        {(void **)&h->h_groups, 2 * P * sizeof(struct moe_group)},
+        {(void **)&h->h_idx, 2 * P * 4},
+        {(void **)&h->h_rows, P * 4},
+        {(void **)&h->h_xn, (size_t)h->T * E * 4},
+        {(void **)&h->h_selw, P * 4},
+        {(void **)&h->h_pack, P * E * 4},
+        {(void **)&h->h_stab, h->NE * sizeof(void *)},
+        {(void **)&h->bounce[0], slot_bytes},
+        {(void **)&h->bounce[1], slot_bytes},
+        {(void **)&h->bounce[2], slot_bytes},
+        {(void **)&h->bounce[3], slot_bytes},
+    };
+    for (size_t i = 0; i < sizeof pinb / sizeof pinb[0]; i++) {
+        if ((rv = ck(cudaMallocHost(pinb[i].p, pinb[i].bytes ? pinb[i].bytes : 1),
+                     "cudaMallocHost")))
+            goto fail;
+        memset(*pinb[i].p, 0, pinb[i].bytes);
+    }
+    struct {
+        void **p;
+        size_t bytes;
+    } devb[] = {
+        {(void **)&h->d_tab[0], LE * sizeof(void *)},
+        {(void **)&h->d_tab[1], LE * sizeof(void *)},
+        {(void **)&h->d_groups, 2 * P * sizeof(struct moe_group)},
+        {(void **)&h->d_idx, 2 * P * 4},
+        {(void **)&h->d_rows, P * 4},
+        {(void **)&h->d_yy, 2 * P * E * 4},
+        {(void **)&h->d_stab, h->NE * sizeof(void *)},
+        {(void **)&h->d_stage, h->stage ? N_STAGE * slot_bytes : 1},
+    };
+    for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
+        if ((rv = ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
+    if ((rv = ck(cudaStreamCreateWithFlags(&h->cs, cudaStreamNonBlocking), "copy stream")) ||
+        (rv = ck(cudaEventCreateWithFlags(&h->win_ev, cudaEventDisableTiming), "event")) ||
+        (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
+        (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[1], cudaEventDisableTiming), "event")))
+        goto fail;
+    for (int i = 0; i < N_BOUNCE; i++)
+        if ((rv = ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")))
+            goto fail;
+    for (uint32_t i = 0; i < swaps; i++)
+        if ((rv = ck(cudaEventCreateWithFlags(&h->fl[i].done, cudaEventDisableTiming), "event")))
+            goto fail;
+    for (uint32_t l = 0; h->timing && l < h->L; l++)
+        if ((rv = ck(cudaEventCreate(&h->ev_a[l]), "event")) ||
+            (rv = ck(cudaEventCreate(&h->ev_b[l]), "event")))
+            goto fail;
+    /* registration: read-only where the device takes it (the arena is mapped read-only) */
+    cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, 0);
+    h->ro_flag = attr != 0;
+    h->can_map = true; /* mapped registrations: the PCIe share reads them through the slot table */
+    if (h->pin != HYB_PIN_NONE && model_expert_blob(m, 0, 0)) {
+        if (h->pin == HYB_PIN_WHOLE)
+            for (uint32_t i = 0; i < LE; i++)
+                hyb_pinset_want(&h->pins, i);
+        int err = pthread_create(&h->reg, NULL, reg_main, h);
+        if (err) {
+            rv = strata_errf(strata_errno(err), "cannot start the registration thread");
+            goto fail;
+        }
+        h->reg_started = true;
+    }
+    /* the slots, then the re-check: what the allocations really took may leave less than the
+     * reserve (the context, rounding): whole chunks go back */
+    if ((rv = pool_to(h, n_slots))) goto fail;
+    size_t vfree = 0, vtotal = 0;
+    if ((rv = ck(cudaMemGetInfo(&vfree, &vtotal), "cudaMemGetInfo"))) goto fail;
+    const struct hyb_budget bud = {.reserve = reserve,
+                                   .slot_bytes = slot_bytes,
+                                   .n_total = (uint32_t)LE,
+                                   .chunk_slots = HYB_CHUNK_SLOTS};
+    const uint32_t keep = hyb_shrink_to(n_slots, vfree, &bud);
+    if (keep < n_slots) {
+        LOG_WARN("expert cache: %.2f GiB of VRAM free after allocating, below the %.0f MiB "
+                 "reserve: %u slots instead of %u",
+                 gib(vfree), (double)reserve / (1 << 20), keep, n_slots);
+        n_slots = keep;
+        if ((rv = cache_resize(h->cache, n_slots)) || (rv = pool_to(h, n_slots))) goto fail;
+    }
+    if ((rv = publish(h)) || (rv = fill(h))) goto fail;
+    measure_pcie(h);
+    if (h->rule.threshold == BACKEND_PCIE_AUTO) h->rule.threshold = auto_threshold(h);
+    LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident, the "
+             "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
+             n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
+             cache_resident(h->cache), (uint32_t)LE, o->n_threads ? o->n_threads : 1,
+             !h->tier        ? "static"
+             : o->tier.async ? "adaptive, async"
+                             : "adaptive, blocking",
+             hyb_pin_name(h->pin), h->rule.frac, h->rule.threshold,
+             h->stage ? "staging slots" : "zero-copy");
+    *out = h;
+    return 0;
+fail:
+    hyb_close(h);
+    return rv;
+}
+
+void hyb_close(struct hyb *h)
+{
+    if (!h) return;
+    if (h->s) cudaStreamSynchronize(h->s);
+    if (h->cs) cudaStreamSynchronize(h->cs);
+    if (h->reg_started) {
+        pthread_mutex_lock(&h->mu);
+        h->reg_stop = true;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->reg, NULL);
+    }
+    if (h->reg_started || h->pcie_pairs)
+        LOG_INFO("expert cache: %u blobs registered, %u refused (copied through bounce buffers); "
+                 "%llu of %llu missed pairs computed over PCIe",
+                 h->pins.registered, h->pins.failed, (unsigned long long)h->pcie_pairs,
+                 (unsigned long long)h->misses);
+    /* unregistered before the arena is unmapped (the caller closes the arena after us) */
+    if (h->pin_ptr)
+        for (uint64_t i = 0; i < (uint64_t)h->L * h->NE; i++)
+            if (h->pin_ptr[i]) cudaHostUnregister((void *)h->pin_ptr[i]);
+    pool_to(h, 0);
+    free(h->chunks);
+    void *dev[] = {h->d_tab[0], h->d_tab[1], h->d_groups, h->d_idx,
+                   h->d_rows,   h->d_yy,     h->d_stab,   h->d_stage};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        cudaFree(dev[i]);
+    void *pin[] = {h->h_tab[0],  h->h_tab[1],  h->h_pcie,    h->h_groups, h->h_idx,
+                   h->h_rows,    h->h_xn,      h->h_selw,    h->h_pack,   h->h_stab,
+                   h->bounce[0], h->bounce[1], h->bounce[2], h->bounce[3]};
+    for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
+        cudaFreeHost(pin[i]);
+    const uint32_t swaps = h->o.tier.swaps > 64 ? h->o.tier.swaps : 64;
+    for (uint32_t i = 0; h->fl && i < swaps; i++)
+        if (h->fl[i].done) cudaEventDestroy(h->fl[i].done);
+    for (uint32_t l = 0; h->ev_a && l < h->L; l++) {
+        if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
+        if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
+    }
+    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],   h->bounce_ev[0],
+                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3]};
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i]) cudaEventDestroy(evs[i]);
+    if (h->cs) cudaStreamDestroy(h->cs);
+    void *hostb[] = {h->groups, h->hg,    h->pg,       h->mg,    h->pidx, h->hi,      h->ppi,
+                     h->mi,     h->h_out, h->chunk_of, h->stamp, h->rtok, h->host_ok, h->pin_ptr,
+                     h->moves,  h->fl,    h->ev_used,  h->ev_a,  h->ev_b};
+    for (size_t i = 0; i < sizeof hostb / sizeof hostb[0]; i++)
+        free(hostb[i]);
+    cpu_moe_fini(h->twin);
+    pool_close(h->pool);
+    tier_fini(h->tier);
+    cache_fini(h->cache);
+    hyb_pinset_fini(&h->pins);
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h);
+}
+
+/* ---- a layer ----------------------------------------------------------------------------------
+ */
+
+int hyb_stage(struct hyb *h, const struct hyb_io *io, uint32_t n)
+{
+    const size_t E = h->m->hp.n_embd;
+    int rv;
+    if ((rv = ck(cudaMemcpyAsync(h->h_xn, io->xn, (size_t)n * E * 4, cudaMemcpyDeviceToHost, h->s),
+                 "x down")) ||
+        (rv = ck(cudaMemcpyAsync(h->h_selw, io->selw, (size_t)n * h->K * 4, cudaMemcpyDeviceToHost,
+                                 h->s),
+                 "weights down")))
+        return rv;
+    return 0;
+}
+
+void hyb_pass(struct hyb *h, const uint32_t *chunk_of, uint32_t n)
+{
+    memcpy(h->chunk_of, chunk_of, n * sizeof *chunk_of);
+    for (uint32_t i = 0; i < n; i++)
+        h->stamp[i] = 0;
+}
+
+static const void *host_part(void *ctx, uint32_t expert, int part)
+{
+    const struct twin_ctx *c = ctx;
+    return model_expert_part(c->m, c->layer, expert, (enum model_part)part);
+}
+
+/* count: hits and misses, the tier's counts (a decode token counts each pair, a prompt chunk each
+ * expert once), the route hook, over the full grouping */
+static void count(struct hyb *h, uint32_t il, int ng, const int32_t *slot_of,
+                  backend_route_fn route, void *route_ctx)
+{
+    for (int g = 0; g < ng; g++) {
+        const struct moe_group *gr = &h->groups[g];
+        const uint32_t e = (uint32_t)gr->expert;
+        const bool hit = slot_of[e] != CACHE_NONE;
+        *(hit ? &h->hits : &h->misses) += (uint64_t)gr->count;
+        *(hit ? &h->w_hits : &h->w_misses) += (uint64_t)gr->count;
+        if (route) {
+            for (int32_t i = 0; i < gr->count; i++)
+                h->rtok[i] = (uint32_t)h->pidx[gr->first + i] / h->K;
+            route(route_ctx, il, e, h->rtok, (uint32_t)gr->count);
+        }
+        if (!h->tier) continue;
+        const uint32_t mark = il * h->NE + e + 1;
+        float c = 0;
+        for (int32_t i = 0; i < gr->count; i++) {
+            const uint32_t t = (uint32_t)h->pidx[gr->first + i] / h->K, ch = h->chunk_of[t];
+            if (ch == UINT32_MAX) {
+                c += 1;
+            } else if (h->stamp[ch] != mark) {
+                h->stamp[ch] = mark;
+                c += 1;
+            }
+        }
+        tier_count(h->tier, il, e, c);
+    }
+}
+
+int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
+                  const int32_t *h_sel, backend_route_fn route, void *route_ctx,
+                  struct backend_stats *st)
+{
+    const struct model_layer *Lr = &h->m->layers[il];
+    const int32_t *slot_of = h->cache->pub + (uint64_t)il * h->NE;
+    bool prompt = false;
+    for (uint32_t t = 0; t < n && !prompt; t++)
+        prompt = h->chunk_of[t] != UINT32_MAX;
+    struct hyb_split *const sp = &h->sp;
+    *sp = (struct hyb_split){.hit_groups = h->hg,
+                             .pcie_groups = h->pg,
+                             .miss_groups = h->mg,
+                             .hit_idx = h->hi,
+                             .pcie_idx = h->ppi,
+                             .miss_idx = h->mi};
+    const int ng =
+        hyb_split_layer(h_sel, n, (int)h->K, h->NE, slot_of, h->host_ok + (uint64_t)il * h->NE,
+                        &h->rule, prompt, CU_MOE_MAX_PAIRS, h->groups, h->pidx, sp);
+    count(h, il, ng, slot_of, route, route_ctx);
+    h->pcie_pairs += sp->pcie_pairs;
+    int rv;
+    /* the GPU side first, so it runs while the CPU computes the misses */
+    const int ngpu = sp->n_hit + sp->n_pcie;
+    if (ngpu) {
+        memcpy(h->h_groups, sp->hit_groups, (size_t)sp->n_hit * sizeof *h->h_groups);
+        memcpy(h->h_idx, sp->hit_idx, (size_t)sp->hit_pairs * 4);
+        for (int g = 0; g < sp->n_pcie; g++) {
+            struct moe_group G = sp->pcie_groups[g];
+            G.first += (int32_t)sp->hit_pairs;
+            h->h_groups[sp->n_hit + g] = G;
+        }
+        memcpy(h->h_idx + sp->hit_pairs, sp->pcie_idx, (size_t)sp->pcie_pairs * 4);
+        if ((rv = ck(cudaMemcpyAsync(h->d_groups, h->h_groups, (size_t)ngpu * sizeof *h->h_groups,
+                                     cudaMemcpyHostToDevice, h->s),
+                     "groups up")) ||
+            (rv = ck(cudaMemcpyAsync(h->d_idx, h->h_idx,
+                                     (size_t)(sp->hit_pairs + sp->pcie_pairs) * 4,
+                                     cudaMemcpyHostToDevice, h->s),
+                     "pairs up")))
+            return rv;
+        if (h->timing) cudaEventRecord(h->ev_a[il], h->s);
+        if (!h->stage || !sp->n_pcie) {
+            /* one launch: slots for the hits, registered host memory for the PCIe share, both
+             * through the published table */
+            if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
+                                 h->d_groups, ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h,
+                                 io->ws, h->d_yy, h->s)))
+                return rv;
+        } else {
+            /* staging: each PCIe expert's blob copied into a staging slot (registered memory,
+             * in stream order after the last layer's launch read the slots), then its own launch */
+            uint32_t j = 0;
+            for (int g = 0; g < sp->n_pcie; g++) {
+                const int32_t e = sp->pcie_groups[g].expert;
+                if (g && sp->pcie_groups[g - 1].expert == e) continue;
+                uint8_t *dst = h->d_stage + (uint64_t)j++ * h->slot_bytes;
+                h->h_stab[e] = dst;
+                if ((rv = ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, (uint32_t)e),
+                                             Lr->blob.bytes, cudaMemcpyHostToDevice, h->s),
+                             "staging copy")))
+                    return rv;
+            }
+            if ((rv = ck(cudaMemcpyAsync(h->d_stab, h->h_stab, h->NE * sizeof(void *),
+                                         cudaMemcpyHostToDevice, h->s),
+                         "staging table up")) ||
+                (sp->n_hit &&
+                 (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
+                                  h->d_groups, sp->n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn,
+                                  io->h, io->ws, h->d_yy, h->s))) ||
+                (rv = cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp->n_hit, sp->n_pcie,
+                                 h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy,
+                                 h->s)))
+                return rv;
+        }
+        if (h->timing) {
+            cudaEventRecord(h->ev_b[il], h->s);
+            h->ev_used[il] = 1;
+        }
+        for (int p = 0; p < MODEL_PART_COUNT; p++)
+            st->weight_bytes +=
+                (uint64_t)(sp->n_hit + sp->n_pcie) * Lr->part[p].n_out * Lr->part[p].row_bytes;
+        for (int g = 0; g < sp->n_pcie; g++)
+            if (!g || sp->pcie_groups[g - 1].expert != sp->pcie_groups[g].expert)
+                st->pcie_bytes += Lr->blob.bytes;
+    }
+    return 0;
+}
+
+int hyb_moe_finish(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
+                   struct backend_stats *st)
+{
+    const struct model_layer *Lr = &h->m->layers[il];
+    const size_t E = h->m->hp.n_embd;
+    const uint32_t P = n * h->K;
+    const struct hyb_split *const sp = &h->sp;
+    int rv;
+    /* the CPU side: the misses from the host bytes, on the worker's pool, while the GPU runs */
+    const float *src = h->d_yy;
+    if (sp->n_miss) {
+        const double t0 = now_s();
+        const struct cpu_moe_parts cp = twin_parts(Lr);
+        struct twin_ctx tc = {h->m, il};
+        uint64_t bytes = 0;
+        if ((rv = cpu_moe_ffn(h->twin, h->pool, &cp, host_part, &tc, sp->miss_groups, sp->n_miss,
+                              sp->miss_idx, h->h_selw, n, (int)h->K, h->h_xn, E, h->h_out, &bytes)))
+            return rv;
+        st->weight_bytes += bytes;
+        st->host_bytes += bytes;
+        for (uint32_t i = 0; i < sp->miss_pairs; i++)
+            memcpy(h->h_pack + (size_t)i * E, h->h_out + (size_t)sp->miss_idx[i] * E, E * 4);
+        hyb_gather_index(sp, P, h->h_rows);
+        const double t1 = now_s();
+        h->cpu_s += t1 - t0;
+        if ((rv = ck(cudaMemcpyAsync(h->d_yy + (size_t)P * E, h->h_pack,
+                                     (size_t)sp->miss_pairs * E * 4, cudaMemcpyHostToDevice, h->s),
+                     "miss rows up")) ||
+            (rv = ck(
+                 cudaMemcpyAsync(h->d_rows, h->h_rows, (size_t)P * 4, cudaMemcpyHostToDevice, h->s),
+                 "rows up")) ||
+            (rv = cu_gather_rows(h->d_yy, h->d_rows, P, (int64_t)E, io->y, h->s)))
+            return rv;
+        src = io->y;
+    }
+    return cu_moe_combine(src, io->sel, n, (int)h->K, (int64_t)E, io->moe, h->s);
+}
+
+/* ---- between windows --------------------------------------------------------------------------
+ */
+
+static int round_blocking(struct hyb *h)
+{
+    const uint32_t n = tier_round(h->tier, h->cache, h->moves, h->o.tier.swaps);
+    if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
+    if (!n) return 0;
+    h->n_fl = n;
+    for (uint32_t i = 0; i < n; i++)
+        h->fl[i].mv = h->moves[i];
+    int rv = post_round(h);
+    land_all(h, true);
+    return rv ? rv : publish(h);
+}
+
+static int async_tick(struct hyb *h)
+{
+    int rv = 0;
+    if (h->n_fl_posted) {
+        const bool wait = h->async_wait && h->window > h->posted_at;
+        land_all(h, wait);
+        if (!h->n_fl && (rv = publish(h))) return rv;
+        if (h->n_fl) {
+            /* what landed turns resident now; the rest at a later tick */
+            if ((rv = publish(h))) return rv;
+            return 0;
+        }
+    }
+    if (tier_window(h->tier)) {
+        tier_decay(h->tier);
+        if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
+        h->n_fl = tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps);
+        for (uint32_t i = 0; i < h->n_fl; i++)
+            h->fl[i].mv = h->moves[i];
+        if (h->n_fl) rv = post_round(h);
+    }
+    return rv;
+}
+
+int hyb_tick(struct hyb *h)
+{
+    h->window++;
+    int rv = pcie_news(h) ? publish(h) : 0;
+    const double w0 = h->adapt_wait_s;
+    const uint64_t sw0 = h->swaps;
+    if (!rv && h->tier)
+        rv = h->o.tier.async ? async_tick(h) : tier_window(h->tier) ? round_blocking(h) : 0;
+    if (!h->first_done && h->w_hits + h->w_misses) {
+        h->first_hit_rate = (double)h->w_hits / (double)(h->w_hits + h->w_misses);
+        h->first_done = true;
+        LOG_INFO("expert cache: first window hit rate %.1f%% (%llu of %llu pairs from VRAM slots)",
+                 100.0 * h->first_hit_rate, (unsigned long long)h->w_hits,
+                 (unsigned long long)(h->w_hits + h->w_misses));
+    }
+    if (h->timing) {
+        double gpu = 0;
+        for (uint32_t l = 0; l < h->L; l++) {
+            if (!h->ev_used[l]) continue;
+            float ms = 0;
+            if (cudaEventElapsedTime(&ms, h->ev_a[l], h->ev_b[l]) == cudaSuccess) gpu += ms * 1e-3;
+            h->ev_used[l] = 0;
+        }
+        LOG_INFO("window %llu: hybrid: %llu hits (GPU %.3f ms), %llu misses (CPU %.3f ms), "
+                 "%llu over PCIe; idle GPU %.3f ms, CPU %.3f ms; adapt wait %.3f ms, %llu "
+                 "swaps/window",
+                 (unsigned long long)h->window, (unsigned long long)h->w_hits, 1e3 * gpu,
+                 (unsigned long long)h->w_misses, 1e3 * h->cpu_s, (unsigned long long)h->pcie_pairs,
+                 1e3 * (h->cpu_s > gpu ? h->cpu_s - gpu : 0),
+                 1e3 * (gpu > h->cpu_s ? gpu - h->cpu_s : 0), 1e3 * (h->adapt_wait_s - w0),
+                 (unsigned long long)(h->swaps - sw0));
+        h->cpu_s = 0;
+    }
+    h->w_hits = h->w_misses = 0;
+    return rv;
+}
+
+int hyb_quiesce(struct hyb *h)
+{
+    if (h->n_fl_posted) {
+        land_all(h, true);
+        h->n_fl = h->n_fl_posted = 0;
+        return publish(h);
+    }
+    h->n_fl = 0;
+    return 0;
+}
+
+int hyb_resize(struct hyb *h, uint64_t bytes)
+{
+    int rv;
+    if ((rv = hyb_quiesce(h))) return rv;
+    const uint32_t total = h->L * h->NE;
+    uint64_t n = bytes / h->slot_bytes;
+    if (n > total) n = total;
+    if ((uint32_t)n < h->cache->n_slots) {
+        /* evict first and publish, then wait for every window queued on the old table */
+        if ((rv = cache_resize(h->cache, (uint32_t)n)) || (rv = publish(h)) ||
+            (rv = ck(cudaStreamSynchronize(h->s), "resize")))
+            return rv;
+        return pool_to(h, (uint32_t)n);
+    }
+    if ((rv = pool_to(h, (uint32_t)n))) return rv;
+    rv = cache_resize(h->cache, (uint32_t)n);
+    LOG_INFO("expert cache: %u VRAM slots (%.2f GiB) after the resize", (uint32_t)n,
+             gib(h->slot_bytes * n));
+    return rv ? rv : publish(h);
+}
+
+void hyb_info(const struct hyb *h, struct backend_info *out)
+{
+    out->cache_slots = h->cache->n_slots;
+    out->slot_bytes = h->slot_bytes;
+    out->resident = cache_resident(h->cache);
+    out->hits = h->hits;
+    out->misses = h->misses;
+    out->first_hit_rate = h->first_hit_rate;
+    out->swaps = h->swaps;
+    out->copy_bytes = h->copy_bytes;
+    out->copy_gibs = h->copy_s > 0 ? (double)h->copy_bytes / h->copy_s / (1 << 30) : 0;
+    out->adapt_wait_s = h->adapt_wait_s;
+    out->verify_failures = h->verify_failures;
+    out->pcie_pairs = h->pcie_pairs;
+    out->pcie_gbs = h->pcie_gbs;
+}
