@@ -91,6 +91,8 @@ struct backend_info {
     double copy_gibs;         /* their rate while copying */
     uint64_t verify_failures; /* copies refused by --cache-verify */
     double adapt_wait_s;      /* time windows waited for the tier's copies */
+    uint64_t graph_replays;   /* passes replayed from a captured CUDA graph (cuda) */
+    double mem_gbs;           /* device memory copy bandwidth measured at start (GPU), else 0 */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are

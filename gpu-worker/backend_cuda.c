@@ -9,16 +9,21 @@
  * of a type the kernels lack, or a model shape they do not take is refused by name at start.
  * A pass follows backend_cpu.c's order of operations layer by layer. Products run on cu_matvec in
  * runs of at most 16 tokens (its exact integer block dots: the same bits for any batch), attention
- * in one split per row, and every glue kernel computes each row from that row alone, so a token's
- * logits are the same bits whatever the batch, the chunking or decode vs re-prefill (DESIGN 3.4)
- * for each KV type. Against the CPU backend the logits differ within the tolerances of docs/cuda.md
- * (the GPU's expf, sin/cos, fp32 float products).
- * Host round trips in a pass: the pass's inputs go up once; per MoE layer the router's picks come
- * down (pinned) so the host groups the pairs (moe_group, shared with the CPU) and calls the route
- * hook, and the groups go up; the logits come down at the end. Device-side grouping, so that a
- * decode step can be one CUDA graph, is the next step (issue 22, item 2).
- * Stats: passes, tokens, total_s and weight_bytes; the per-step breakdown (attention_s, ...) needs
- * CUDA events and stays zero for now. Threads: the decode thread only; device 0, one stream.
+ * split by each row's own length (attn_plain.h for f16 KV, attn.h's cu_attention_rows for f32 unless
+ * STRATA_CUDA_ATTN=plain), and every glue kernel computes each row from that row alone, so a
+ * token's logits are the same bits whatever the batch, the chunking or decode vs re-prefill
+ * (DESIGN 3.4) for each KV type. Against the CPU backend the logits differ within the tolerances
+ * of docs/cuda.md (the GPU's expf, sin/cos, fp32 float products).
+ * Host round trips in a pass: the inputs go up once, the logits (and the layers' group counts, for
+ * the stats) come down at the end. The routed pairs are grouped on the device (cu_moe_group, the
+ * same layout as moe_group) into cu_moe_ffn_dev's fixed worst-case grid; only with a route hook
+ * set do the router's picks come down (pinned) so the host groups them and calls the hook.
+ * CUDA graphs: a pass of 1..16 tokens that all ask for logits, grouped on the device, is captured
+ * once per token count and replayed after (STRATA_CUDA_GRAPH=0 turns that off); the block tables
+ * go up at a fixed stride (max_bt) so the captured launches read them in place.
+ * Stats: passes, tokens, total_s, weight_bytes; with STRATA_DECODE_TIMING=1 (graphs then off) CUDA
+ * events between the phases give attention_s, dense_s, experts_s and output_s, and each tick logs
+ * its window's times. Threads: the decode thread only; device 0, one stream.
  */
 #include "gpu-worker/backend.h"
 #include "common/base/err.h"
@@ -29,6 +34,7 @@
 #include "kernels/cuda/glue.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/moe_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/qact.h"
 #include "kernels/cuda/router.h"
@@ -43,6 +49,7 @@
 
 #define VRAM_RESERVE_MIB 700 /* --vram-reserve-mib default: the CUDA context, cuBLAS-free slack */
 #define MM_ROWS          CU_MATVEC_MAX_ACT /* tokens one cu_matvec launch takes */
+#define GRAPH_MAX_TOKENS 16 /* decode steps of 1..16 tokens replay a captured graph */
 
 /* A weight matrix in VRAM: the model_mat's shape with a device pointer. */
 struct dmat {
@@ -57,6 +64,17 @@ struct dlayer {
     struct dmat wq, wk, wv, wo, router, gate_sh, up_sh, down_sh, gate_inp_sh;
     const uint8_t *const *slots; /* device array of n_expert blob addresses */
     struct cu_moe_parts parts;
+    uint64_t group_bytes; /* weight bytes one group of this layer streams (its three parts) */
+};
+
+/* The phases of STRATA_DECODE_TIMING, as backend_stats counts them. */
+enum phase { PH_ATTN, PH_DENSE, PH_EXPERTS, PH_OUTPUT, PH_COUNT /* the pass's end */ };
+#define MAX_MARKS 1024 /* events of one timed pass */
+
+/* A captured decode step: n tokens, every one asking for logits. */
+struct step_graph {
+    cudaGraphExec_t exec;
+    uint64_t dense_bytes; /* the weight bytes its products stream besides the routed experts */
 };
 
 struct cuda_be {
@@ -69,6 +87,7 @@ struct cuda_be {
     void *route_ctx;
     char device[64];
     bool attn_plain_f32; /* STRATA_CUDA_ATTN=plain: the plain kernel for f32 KV too */
+    bool unfused;        /* STRATA_CUDA_FUSE=0: the MoE layer's separate launches (a diagnostic) */
     void **allocs;       /* every cudaMalloc, freed at close */
     uint32_t n_allocs, cap_allocs;
     struct dlayer *L;
@@ -88,8 +107,26 @@ struct cuda_be {
     size_t act_stride;
     void *moe_ws;
     /* pinned host mirrors */
-    int32_t *h_in, *h_sel, *h_pair_idx;
+    int32_t *h_in, *h_sel, *h_pair_idx, *h_ng;
     struct moe_group *h_groups;
+    /* grouping on the device: each layer's group count, the bound on a pass's groups */
+    int32_t *d_ng;
+    bool dev_grouped; /* this pass grouped every layer on the device (no route hook) */
+    /* attention: the split records of CU_ATTN_MAX_ROWS rows, and the longest row (n_ctx) */
+    void *attn_ws;
+    int64_t attn_max_len;
+    /* CUDA graphs of decode steps (STRATA_CUDA_GRAPH=0: off), by token count */
+    bool graphs_on;
+    struct step_graph graph[GRAPH_MAX_TOKENS + 1];
+    uint64_t graph_replays, graph_captures;
+    double mem_gbs; /* copy bandwidth measured at start: the decode roofline */
+    /* STRATA_DECODE_TIMING: events between the phases of a pass (graphs off) */
+    bool timing;
+    cudaEvent_t ev[MAX_MARKS];
+    uint8_t ev_phase[MAX_MARKS];
+    uint32_t n_ev;
+    struct backend_stats tick_st; /* the stats at the last tick (each window's own times) */
+    uint64_t window;
     /* host scratch */
     uint32_t *pos, *rtok, *seen_len;
     struct kv_seq **seen;
@@ -272,6 +309,36 @@ static int upload_experts(struct cuda_be *c, uint64_t slot_bytes)
 
 static void cuda_close(void *impl);
 
+/* copy_gbs measures the device's copy bandwidth (bytes read plus bytes written per second, the
+ * figure a weight stream is held to) on two transient 256 MiB buffers; 0 when they do not fit. */
+static double copy_gbs(cudaStream_t s)
+{
+    const size_t bytes = (size_t)256 << 20;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float best = 0;
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        for (int i = 0; i < 6; i++) {
+            float ms = 0;
+            cudaEventRecord(e0, s);
+            cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s);
+            cudaEventRecord(e1, s);
+            if (cudaEventSynchronize(e1) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+                break;
+            const float gbs = (float)(2.0 * bytes / (ms * 1e-3) / 1e9);
+            if (i > 0 && gbs > best) best = gbs; /* the first warms up */
+        }
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return best;
+}
+
 static int cuda_start(const struct model *m, const struct backend_opts *o, struct kv_cache *kv,
                       void **out)
 {
@@ -285,6 +352,11 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     c->o = *o;
     const char *ap = getenv("STRATA_CUDA_ATTN");
     c->attn_plain_f32 = ap && strcmp(ap, "plain") == 0;
+    const char *gr = getenv("STRATA_CUDA_GRAPH"), *tm = getenv("STRATA_DECODE_TIMING");
+    c->timing = tm && *tm && strcmp(tm, "0") != 0;
+    const char *fu = getenv("STRATA_CUDA_FUSE");
+    c->unfused = fu && strcmp(fu, "0") == 0;
+    c->graphs_on = !(gr && strcmp(gr, "0") == 0) && !c->timing;
     const uint32_t T = o->max_pass_tokens, K = hp->n_expert_used, E = hp->n_embd;
     const struct kv_config *kc = kv_config_of(kv);
     struct cudaDeviceProp prop;
@@ -293,6 +365,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         (rv = ck(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), "cudaStreamCreate")))
         goto fail;
     snprintf(c->device, sizeof c->device, "%.48s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    c->mem_gbs = copy_gbs(c->s);
     if (!(c->L = calloc(hp->n_layer, sizeof *c->L))) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for the CUDA layer table");
         goto fail;
@@ -342,12 +415,19 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
                                   {L->blob.part_off[0], L->blob.part_off[1], L->blob.part_off[2]},
                                   E,
                                   hp->n_ff_exp};
+        for (int p = 0; p < MODEL_PART_COUNT; p++)
+            c->L[l].group_bytes += L->part[p].n_out * L->part[p].row_bytes;
     }
+    c->attn_max_len = kc->n_ctx;
     size_t moe_ws = 0; /* layers differ in part types (q4_k_m's Q6_K downs): the widest */
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const size_t b = cu_moe_workspace_bytes(&c->L[l].parts, T, (int)K);
         if (b > moe_ws) moe_ws = b;
     }
+    /* the attention's split records: attn_plain's or attn.cu's rows kernel (f32 KV) */
+    size_t attn_ws = cu_attn_plain_workspace_bytes((int)hp->n_head, (int)hp->head_dim, kc->n_ctx);
+    if (cu_attn_rows_workspace_bytes((int)hp->n_head, (int)hp->head_dim, kc->n_ctx) > attn_ws)
+        attn_ws = cu_attn_rows_workspace_bytes((int)hp->n_head, (int)hp->head_dim, kc->n_ctx);
     struct {
         void **p;
         size_t bytes;
@@ -377,6 +457,8 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         {(void **)&c->acts[1], T * c->act_stride},
         {(void **)&c->acts[2], T * c->act_stride},
         {(void **)&c->moe_ws, moe_ws},
+        {(void **)&c->d_ng, (size_t)hp->n_layer * 4},
+        {(void **)&c->attn_ws, attn_ws},
     };
     const size_t n_bufs = sizeof bufs / sizeof bufs[0];
     for (size_t i = 0; i < n_bufs; i++) /* cudaMalloc rounds each to 256 bytes or more */
@@ -439,9 +521,12 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
                  "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_sel, P * 4), "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_pair_idx, P * 4), "cudaMallocHost")) ||
+        (rv = ck(cudaMallocHost((void **)&c->h_ng, (size_t)hp->n_layer * 4), "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_groups, P * sizeof(struct moe_group)),
                  "cudaMallocHost")))
         goto fail;
+    for (uint32_t i = 0; c->timing && i < MAX_MARKS; i++)
+        if ((rv = ck(cudaEventCreate(&c->ev[i]), "cudaEventCreate"))) goto fail;
     if (!(c->pos = malloc(T * sizeof *c->pos)) || !(c->rtok = malloc(T * sizeof *c->rtok)) ||
         !(c->seen_len = malloc(T * sizeof *c->seen_len)) ||
         !(c->seen = malloc(T * sizeof *c->seen))) {
@@ -466,6 +551,11 @@ static void cuda_close(void *impl)
     cudaFreeHost(c->h_sel);
     cudaFreeHost(c->h_pair_idx);
     cudaFreeHost(c->h_groups);
+    cudaFreeHost(c->h_ng);
+    for (uint32_t i = 0; i <= GRAPH_MAX_TOKENS; i++)
+        if (c->graph[i].exec) cudaGraphExecDestroy(c->graph[i].exec);
+    for (uint32_t i = 0; i < MAX_MARKS; i++)
+        if (c->ev[i]) cudaEventDestroy(c->ev[i]);
     if (c->s) cudaStreamDestroy(c->s);
     free(c->allocs);
     free(c->L);
@@ -477,6 +567,29 @@ static void cuda_close(void *impl)
 }
 
 /* ---- a pass --------------------------------------------------------------------------------- */
+
+/* mark ends the pass's current phase here and starts phase ph (STRATA_DECODE_TIMING: an event
+ * on the stream; the time between two events goes to the phase the first one began). */
+static void mark(struct cuda_be *c, enum phase ph)
+{
+    if (!c->timing || c->n_ev == MAX_MARKS) return;
+    if (c->n_ev && c->ev_phase[c->n_ev - 1] == ph) return;
+    cudaEventRecord(c->ev[c->n_ev], c->s);
+    c->ev_phase[c->n_ev++] = (uint8_t)ph;
+}
+
+/* timing_done adds a synchronized pass's phase times to the stats. */
+static void timing_done(struct cuda_be *c)
+{
+    double *to[PH_COUNT] = {&c->st.attention_s, &c->st.dense_s, &c->st.experts_s, &c->st.output_s};
+    for (uint32_t i = 0; i + 1 < c->n_ev; i++) {
+        float ms = 0;
+        if (c->ev_phase[i] >= PH_COUNT) continue;
+        if (cudaEventElapsedTime(&ms, c->ev[i], c->ev[i + 1]) == cudaSuccess)
+            *to[c->ev_phase[i]] += 1e-3 * ms;
+    }
+    c->n_ev = 0;
+}
 
 /* mm: y (n rows of w->n_out floats) = W . x (n rows of w->n_in floats), in launches of up to 16
  * tokens over activations quantized once into acts (T * act_stride bytes). prev: a matrix of
@@ -514,9 +627,10 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     const bool f16 = c->o.kv_type == KV_F16;
     uint8_t *kp = c->kv_pool + 2 * il * c->kv_layer_bytes, *vp = kp + c->kv_layer_bytes;
     int rv;
-    if ((rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
-        (rv = mm(c, &D->wq, c->xn, n, c->q, c->acts[0], NULL)))
-        return rv;
+    mark(c, PH_ATTN);
+    if ((rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s))) return rv;
+    mark(c, PH_DENSE);
+    if ((rv = mm(c, &D->wq, c->xn, n, c->q, c->acts[0], NULL))) return rv;
     /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
     const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
                vk = D->wv.type == D->wk.type;
@@ -529,6 +643,7 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
                  : vk && !kq ? &D->wk
                              : NULL)))
         return rv;
+    mark(c, PH_ATTN);
     if (D->bq && ((rv = cu_add_rows(c->q, D->bq, n, NQ, c->s)) ||
                   (rv = cu_add_rows(c->k, D->bk, n, NK, c->s)) ||
                   (rv = cu_add_rows(c->v, D->bv, n, NK, c->s))))
@@ -552,17 +667,28 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
                           kp, vp, c->s)))
         return rv;
     /* every token's K/V of the layer is stored before any attends (a chunk sees itself causally);
-     * one split per row, so a row's sums never depend on the batch */
+     * a row's splits come from its own length, so its sums never depend on the batch */
     if (f16 || c->attn_plain_f32) {
-        rv = cu_attention_plain(c->q, n, hp->n_head, kp, vp, f16, c->block_tokens, hp->n_head_kv,
-                                hp->head_dim, d_bt, bt_stride, d_qseq, d_kvlen, c->att, c->s);
+        for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_MAX_ROWS) {
+            const uint32_t r = n - i < CU_ATTN_MAX_ROWS ? n - i : CU_ATTN_MAX_ROWS;
+            rv =
+                cu_attention_plain(c->q + i * NQ, r, hp->n_head, kp, vp, f16, c->block_tokens,
+                                   hp->n_head_kv, hp->head_dim, d_bt, bt_stride, d_qseq + i,
+                                   d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ, c->s);
+        }
     } else {
         const struct cu_kv kv = {(const float *)kp, (const float *)vp, (int)c->block_tokens,
                                  (int)hp->n_head_kv, (int)hp->head_dim};
-        rv = cu_attention(c->q, n, hp->n_head, &kv, d_bt, bt_stride, d_qseq, d_kvlen, 1, NULL,
-                          c->att, c->s);
+        for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_ROWS_MAX) {
+            const uint32_t r = n - i < CU_ATTN_ROWS_MAX ? n - i : CU_ATTN_ROWS_MAX;
+            rv = cu_attention_rows(c->q + i * NQ, r, hp->n_head, &kv, d_bt, bt_stride, d_qseq + i,
+                                   d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ,
+                                   c->s);
+        }
     }
-    if (rv || (rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL)) ||
+    if (rv) return rv;
+    mark(c, PH_DENSE);
+    if ((rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL)) ||
         (rv = cu_add(c->x, c->tmp, (int64_t)n * E, c->s)))
         return rv;
     return 0;
@@ -583,21 +709,15 @@ static void report_routes(struct cuda_be *c, uint32_t il, int ng)
     }
 }
 
-static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
+/* moe_host_groups: the router's picks grouped on the host (moe_group), where the route hook sees
+ * them: one stream sync. The groups go back up for cu_moe_ffn. */
+static int moe_host_groups(struct cuda_be *c, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct dlayer *D = &c->L[il];
-    const size_t E = hp->n_embd;
     const int K = (int)hp->n_expert_used;
     int rv;
-    if ((rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
-        (rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL)))
-        return rv;
-    const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
-    if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
-                             topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
-                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)) ||
-        (rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
+    if ((rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
                  "routes down")) ||
         (rv = ck(cudaStreamSynchronize(c->s), "router")))
         return rv;
@@ -611,17 +731,55 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
                                  cudaMemcpyHostToDevice, c->s),
                  "pairs up")) ||
         (rv = cu_moe_ffn(&D->parts, D->slots, c->d_groups, ng, c->d_pair_idx, c->selw, n, K, c->xn,
-                         c->h, c->moe_ws, c->y, c->s)) ||
-        (rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s)))
+                         c->h, c->moe_ws, c->y, c->s)))
         return rv;
-    c->pairs += (uint64_t)n * K;
-    for (int g = 0; g < ng; g++)
-        for (int p = 0; p < MODEL_PART_COUNT; p++)
-            c->st.weight_bytes +=
-                c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
+    c->st.weight_bytes += (uint64_t)ng * D->group_bytes;
+    return 0;
+}
+
+/* moe_dev_groups: the same groups made on the device (cu_moe_group), the count left in d_ng for
+ * cu_moe_ffn_dev's fixed grid: no host round trip (the weight bytes are counted after the pass). */
+static int moe_dev_groups(struct cuda_be *c, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const int K = (int)hp->n_expert_used;
+    const int64_t max_groups = cu_moe_max_groups((int64_t)n * K, hp->n_expert, CU_MOE_MAX_PAIRS);
+    int rv;
+    if ((rv = cu_moe_group(c->sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->d_groups,
+                           c->d_pair_idx, c->d_ng + il, c->s)) ||
+        (rv = cu_moe_ffn_dev(&D->parts, D->slots, c->d_groups, c->d_ng + il, (int)max_groups,
+                             c->d_pair_idx, c->selw, n, K, c->xn, c->h, c->moe_ws, c->y,
+                             CU_MOE_EVERY_PAIR | (c->unfused ? CU_MOE_UNFUSED : 0), c->s)))
+        return rv;
+    return 0;
+}
+
+static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const size_t E = hp->n_embd;
+    const int K = (int)hp->n_expert_used;
+    int rv;
+    mark(c, PH_ATTN);
+    if ((rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s))) return rv;
+    mark(c, PH_DENSE);
+    if ((rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL))) return rv;
+    const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
+    if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
+                             topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
+                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
+        return rv;
+    mark(c, PH_EXPERTS);
+    if ((rv = c->dev_grouped ? moe_dev_groups(c, n, il) : moe_host_groups(c, n, il))) return rv;
+    /* no shared expert: the combine adds into the residual itself (the same bits) */
+    if (!hp->n_ff_shexp && !c->unfused) return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);
+    if ((rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s))) return rv;
     if (hp->n_ff_shexp) {
         const size_t F = D->gate_sh.n_out;
         const bool uq = D->up_sh.type == D->gate_sh.type;
+        mark(c, PH_DENSE);
         if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
             (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
                      uq ? &D->gate_sh : NULL)) ||
@@ -631,6 +789,7 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
             (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s)))
             return rv;
     }
+    mark(c, PH_EXPERTS);
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 
@@ -659,19 +818,69 @@ static int grow(struct cuda_be *c, const struct backend_token *toks, uint32_t n,
     return rv;
 }
 
+/* issue_pass puts a pass on the stream once its inputs are up (d_in): embeddings, the layers,
+ * then the output rows' logits into c->logits. With every MoE layer grouped on the device it has
+ * no host round trip and fixed launch shapes for a given n, so it can be captured as a graph. */
+static int issue_pass(struct cuda_be *c, uint32_t n, uint32_t n_out)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd;
+    int rv;
+    mark(c, PH_ATTN);
+    if ((rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
+                            c->x, c->s)))
+        return rv;
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        if ((rv = attention(c, n, il, c->max_bt)) || (rv = moe(c, n, il))) return rv;
+    mark(c, PH_OUTPUT);
+    if (n_out && ((rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
+                  (rv = cu_gather_rows(c->xn, c->d_in + IN_OUTROWS * T, n_out, E, c->xo, c->s)) ||
+                  (rv = mm(c, &c->output, c->xo, n_out, c->logits, c->acts[0], NULL))))
+        return rv;
+    return 0;
+}
+
+/* capture records issue_pass for n tokens into graph[n]; on any failure the capture is abandoned
+ * and graphs are turned off for this backend (the pass then runs uncaptured). */
+static int capture(struct cuda_be *c, uint32_t n)
+{
+    struct step_graph *g = &c->graph[n];
+    const uint64_t w0 = c->st.weight_bytes;
+    cudaGraph_t graph = NULL;
+    int rv = ck(cudaStreamBeginCapture(c->s, cudaStreamCaptureModeThreadLocal), "begin capture");
+    if (!rv) {
+        rv = issue_pass(c, n, n);
+        const int erv = ck(cudaStreamEndCapture(c->s, &graph), "end capture");
+        if (!rv) rv = erv;
+    }
+    if (!rv) rv = ck(cudaGraphInstantiate(&g->exec, graph, 0), "graph instantiate");
+    if (graph) cudaGraphDestroy(graph);
+    g->dense_bytes = c->st.weight_bytes - w0;
+    c->st.weight_bytes = w0;
+    if (rv) {
+        LOG_WARN("cuda: a decode step of %u tokens could not be captured as a CUDA graph (%s): "
+                 "graphs are off for this worker",
+                 n, strata_errdetail());
+        cudaGetLastError();
+        g->exec = NULL;
+        c->graphs_on = false;
+        return rv;
+    }
+    c->graph_captures++;
+    return 0;
+}
+
 static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, float *logits)
 {
     struct cuda_be *c = impl;
     const struct model_hparams *hp = &c->m->hp;
-    const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd, bs = c->block_tokens;
+    const uint32_t T = c->o.max_pass_tokens, bs = c->block_tokens, BT = c->max_bt;
     uint32_t n_seen;
     int rv;
     if ((rv = grow(c, toks, n, &n_seen)) != 0) return rv;
     const double t0 = now_s();
     int32_t *in = c->h_in;
-    uint32_t n_out = 0, bt_stride = 1;
-    for (uint32_t s = 0; s < n_seen; s++)
-        if (c->seen[s]->n_blocks > bt_stride) bt_stride = c->seen[s]->n_blocks;
+    uint32_t n_out = 0;
     for (uint32_t t = 0; t < n; t++) {
         const struct kv_seq *sq = toks[t].seq;
         in[IN_IDS * T + t] = toks[t].id;
@@ -680,34 +889,48 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
         in[IN_KVLEN * T + t] = (int32_t)c->pos[t] + 1;
         if (toks[t].logits) in[IN_OUTROWS * T + n_out++] = (int32_t)t;
     }
+    /* block tables at a fixed stride (what a captured step reads); past a sequence's blocks the
+     * entries are never read, so only up to the last sequence's blocks go up */
     for (uint32_t s = 0; s < n_seen; s++)
-        for (uint32_t b = 0; b < bt_stride; b++)
-            in[IN_BT * T + s * bt_stride + b] =
-                b < c->seen[s]->n_blocks ? (int32_t)c->seen[s]->blocks[b] : 0;
-    const size_t in_bytes = ((size_t)IN_BT * T + (size_t)n_seen * bt_stride) * 4;
-    if ((rv = ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s),
-                 "inputs up")) ||
-        (rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
-                            c->x, c->s)))
+        memcpy(in + IN_BT * T + s * BT, c->seen[s]->blocks, c->seen[s]->n_blocks * sizeof(int32_t));
+    const size_t in_bytes =
+        ((size_t)IN_BT * T + (size_t)(n_seen - 1) * BT + c->seen[n_seen - 1]->n_blocks) * 4;
+    c->dev_grouped = !c->route;
+    const bool graph = c->graphs_on && c->dev_grouped && n <= GRAPH_MAX_TOKENS && n_out == n;
+    if ((rv =
+             ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s), "inputs up")))
         goto fail;
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        if ((rv = attention(c, n, il, bt_stride)) || (rv = moe(c, n, il))) goto fail;
+    if (graph && !c->graph[n].exec) capture(c, n);
+    if (graph && c->graph[n].exec) {
+        if ((rv = ck(cudaGraphLaunch(c->graph[n].exec, c->s), "graph launch"))) goto fail;
+        c->st.weight_bytes += c->graph[n].dense_bytes;
+        c->graph_replays++;
+    } else if ((rv = issue_pass(c, n, n_out))) {
+        goto fail;
     }
-    if (n_out &&
-        ((rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
-         (rv = cu_gather_rows(c->xn, c->d_in + IN_OUTROWS * T, n_out, E, c->xo, c->s)) ||
-         (rv = mm(c, &c->output, c->xo, n_out, c->logits, c->acts[0], NULL)) ||
-         (rv = ck(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
-                                  cudaMemcpyDeviceToHost, c->s),
-                  "logits down"))))
+    if (c->dev_grouped && (rv = ck(cudaMemcpyAsync(c->h_ng, c->d_ng, hp->n_layer * sizeof *c->h_ng,
+                                                   cudaMemcpyDeviceToHost, c->s),
+                                   "group counts down")))
         goto fail;
+    if (n_out &&
+        (rv = ck(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
+                                 cudaMemcpyDeviceToHost, c->s),
+                 "logits down")))
+        goto fail;
+    mark(c, PH_COUNT); /* the end of the last phase */
     if ((rv = ck(cudaStreamSynchronize(c->s), "the pass"))) goto fail;
+    if (c->dev_grouped)
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            c->st.weight_bytes += (uint64_t)c->h_ng[l] * c->L[l].group_bytes;
+    if (c->timing) timing_done(c);
+    c->pairs += (uint64_t)n * hp->n_expert_used * hp->n_layer;
     c->st.passes++;
     c->st.tokens += n;
     c->st.total_s += now_s() - t0;
     return 0;
 fail:
     cudaStreamSynchronize(c->s);
+    c->n_ev = 0;
     for (uint32_t t = n; t-- > 0;)
         kv_seq_resize(c->kv, toks[t].seq, c->pos[t]);
     return rv;
@@ -739,6 +962,20 @@ static void cuda_set_route(void *impl, backend_route_fn fn, void *ctx)
 
 static int cuda_tick(void *impl)
 {
+    struct cuda_be *c = impl;
+    c->window++;
+    if (c->timing) {
+        const struct backend_stats *st = &c->st, *p = &c->tick_st;
+        const double s = st->total_s - p->total_s;
+        const uint64_t w = st->weight_bytes - p->weight_bytes;
+        LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, output %.2f), "
+                 "%llu tokens, %.1f MiB of weights: %.0f GB/s",
+                 (unsigned long long)c->window, 1e3 * s, 1e3 * (st->attention_s - p->attention_s),
+                 1e3 * (st->dense_s - p->dense_s), 1e3 * (st->experts_s - p->experts_s),
+                 1e3 * (st->output_s - p->output_s), (unsigned long long)(st->tokens - p->tokens),
+                 (double)w / (1 << 20), s > 0 ? (double)w / s / 1e9 : 0.0);
+        c->tick_st = *st;
+    }
     return 0;
 }
 
@@ -769,6 +1006,8 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .resident = c->m->hp.n_layer * c->m->hp.n_expert,
         .hits = c->pairs,
         .first_hit_rate = 1.0,
+        .graph_replays = c->graph_replays,
+        .mem_gbs = c->mem_gbs,
     };
     snprintf(out->device, sizeof out->device, "%s", c->device);
 }
@@ -783,6 +1022,7 @@ static void cuda_reset_stats(void *impl)
 {
     struct cuda_be *c = impl;
     memset(&c->st, 0, sizeof c->st);
+    memset(&c->tick_st, 0, sizeof c->tick_st);
 }
 
 const struct backend_ops backend_cuda_ops = {
