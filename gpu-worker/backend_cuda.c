@@ -71,8 +71,11 @@ struct dlayer {
 enum phase { PH_ATTN, PH_DENSE, PH_EXPERTS, PH_OUTPUT, PH_COUNT /* the pass's end */ };
 #define MAX_MARKS 1024 /* events of one timed pass */
 
-/* A captured decode step: n tokens, every one asking for logits. */
+/* A captured decode step: n tokens, every one asking for logits. The first pass of a shape runs
+ * uncaptured (it sets the kernels' lazy state: modules, occupancy, attributes), the second is
+ * captured, every later one replays. */
 struct step_graph {
+    bool seen;
     cudaGraphExec_t exec;
     uint64_t dense_bytes; /* the weight bytes its products stream besides the routed experts */
 };
@@ -900,7 +903,8 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     if ((rv =
              ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s), "inputs up")))
         goto fail;
-    if (graph && !c->graph[n].exec) capture(c, n);
+    if (graph && !c->graph[n].exec && c->graph[n].seen) capture(c, n);
+    if (graph) c->graph[n].seen = true;
     if (graph && c->graph[n].exec) {
         if ((rv = ck(cudaGraphLaunch(c->graph[n].exec, c->s), "graph launch"))) goto fail;
         c->st.weight_bytes += c->graph[n].dense_bytes;

@@ -401,7 +401,11 @@ static int attn_launch(const struct at_args *a, int64_t n_q, int n_split, cudaSt
     const int ngrp = (a->n_head / a->kv.n_kv_head + GT - 1) / GT;
     const size_t smem = (size_t)AT_WARPS * AT_STAGES * 2 * AT_TILE * ND * WARP * sizeof(float);
     int rv;
-    if (smem > 48 * 1024 &&
+    /* set outside a stream capture (a captured step ran once uncaptured first: the attribute
+     * is already set) */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(s, &cs);
+    if (smem > 48 * 1024 && cs == cudaStreamCaptureStatusNone &&
         (rv = cu_err(cudaFuncSetAttribute(
              attn_partial<GT, ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) != 0)
         return rv;
