@@ -65,6 +65,10 @@ struct dlayer {
     const uint8_t *const *slots; /* device array of n_expert blob addresses */
     struct cu_moe_parts parts;
     uint64_t group_bytes; /* weight bytes one group of this layer streams (its three parts) */
+    /* wq, wk (and wv) of one type lie in one allocation, row after row: qkv views them as one
+     * matrix, so a one-token pass makes q, k (and v) in one launch. n_cat: 3, 2 or 0 (apart). */
+    struct dmat qkv;
+    int n_cat;
 };
 
 /* The phases of STRATA_DECODE_TIMING, as backend_stats counts them. */
@@ -103,7 +107,7 @@ struct cuda_be {
     uint64_t kv_layer_bytes; /* one layer's K pool (V the same) */
     uint32_t pool_blocks, block_tokens, max_bt;
     /* device scratch, rows of T = max_pass_tokens tokens or T*K pairs */
-    float *x, *xn, *tmp, *q, *k, *v, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo, *logits;
+    float *x, *xn, *tmp, *q, *k, *v, *qkv1, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo, *logits;
     int32_t *sel, *d_in, *d_pair_idx;
     struct moe_group *d_groups;
     uint8_t *acts[3];
@@ -196,6 +200,43 @@ static int upload_mat(struct cuda_be *c, const struct model_mat *w, struct dmat 
     if (!w->data) return 0;
     c->weight_bytes += w->n_out * w->row_bytes;
     return upload(c, w->data, w->n_out * w->row_bytes, (void **)&out->d);
+}
+
+/* upload_qkv: wq, wk and wv; those of wq's type and row size (wk, then wv) go up in one
+ * allocation after wq's rows, viewed together as D->qkv. */
+static int upload_qkv(struct cuda_be *c, const struct model_layer *L, struct dlayer *D)
+{
+    const struct model_mat *m[3] = {&L->wq, &L->wk, &L->wv};
+    struct dmat *d[3] = {&D->wq, &D->wk, &D->wv};
+    int n = 1;
+    while (n < 3 && m[n]->data && m[n]->type == m[0]->type && m[n]->row_bytes == m[0]->row_bytes &&
+           m[n]->n_in == m[0]->n_in)
+        n++;
+    if (!m[0]->data || n == 1) {
+        D->n_cat = 0;
+        int rv;
+        for (int i = 0; i < 3; i++)
+            if ((rv = upload_mat(c, m[i], d[i]))) return rv;
+        return 0;
+    }
+    uint64_t rows = 0;
+    for (int i = 0; i < n; i++)
+        rows += m[i]->n_out;
+    uint8_t *buf;
+    int rv = dalloc(c, rows * m[0]->row_bytes, (void **)&buf);
+    for (int i = 0, at = 0; !rv && i < n; at += (int)m[i]->n_out, i++) {
+        *d[i] = (struct dmat){buf + (uint64_t)at * m[0]->row_bytes, m[i]->type, m[i]->n_in,
+                              m[i]->n_out, m[i]->row_bytes};
+        c->weight_bytes += m[i]->n_out * m[i]->row_bytes;
+        rv = ck(cudaMemcpy((void *)d[i]->d, m[i]->data, m[i]->n_out * m[i]->row_bytes,
+                           cudaMemcpyHostToDevice),
+                "upload");
+    }
+    D->qkv = (struct dmat){buf, m[0]->type, m[0]->n_in, (uint32_t)rows, m[0]->row_bytes};
+    D->n_cat = n;
+    for (int i = n; !rv && i < 3; i++)
+        rv = upload_mat(c, m[i], d[i]);
+    return rv;
 }
 
 /* ---- what the kernels take: refused by name at start -------------------------------------- */
@@ -441,6 +482,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         {(void **)&c->q, T * NQ * 4},
         {(void **)&c->k, T * NK * 4},
         {(void **)&c->v, T * NK * 4},
+        {(void **)&c->qkv1, (NQ + 2 * NK) * 4},
         {(void **)&c->att, T * NQ * 4},
         {(void **)&c->rlogit, (size_t)T * hp->n_expert * 4},
         {(void **)&c->selw, P * 4},
@@ -507,8 +549,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
             (rv = upload_vec(c, L->q_norm, qn, &D->q_norm)) ||
             (rv = upload_vec(c, L->k_norm, kn, &D->k_norm)) ||
             (rv = upload_vec(c, L->bq, NQ, &D->bq)) || (rv = upload_vec(c, L->bk, NK, &D->bk)) ||
-            (rv = upload_vec(c, L->bv, NK, &D->bv)) || (rv = upload_mat(c, &L->wq, &D->wq)) ||
-            (rv = upload_mat(c, &L->wk, &D->wk)) || (rv = upload_mat(c, &L->wv, &D->wv)) ||
+            (rv = upload_vec(c, L->bv, NK, &D->bv)) || (rv = upload_qkv(c, L, D)) ||
             (rv = upload_mat(c, &L->wo, &D->wo)) || (rv = upload_mat(c, &L->router, &D->router)) ||
             (rv = upload_mat(c, &L->gate_shexp, &D->gate_sh)) ||
             (rv = upload_mat(c, &L->up_shexp, &D->up_sh)) ||
@@ -633,49 +674,67 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     mark(c, PH_ATTN);
     if ((rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s))) return rv;
     mark(c, PH_DENSE);
-    if ((rv = mm(c, &D->wq, c->xn, n, c->q, c->acts[0], NULL))) return rv;
-    /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
-    const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
-               vk = D->wv.type == D->wk.type;
-    if ((rv = mm(c, &D->wk, c->xn, n, c->k, kq ? c->acts[0] : c->acts[1], kq ? &D->wq : NULL)) ||
-        (rv = mm(c, &D->wv, c->xn, n, c->v,
-                 vq          ? c->acts[0]
-                 : vk && !kq ? c->acts[1]
-                             : c->acts[2],
-                 vq          ? &D->wq
-                 : vk && !kq ? &D->wk
-                             : NULL)))
-        return rv;
+    float *q = c->q, *k = c->k, *v = c->v;
+    if (n == 1 && D->n_cat) {
+        /* one token: q, k (and v) rows in one launch, the same row dots */
+        q = c->qkv1, k = q + NQ;
+        if ((rv = mm(c, &D->qkv, c->xn, 1, q, c->acts[0], NULL))) return rv;
+        if (D->n_cat == 3)
+            v = k + NK;
+        else if ((rv = mm(c, &D->wv, c->xn, 1, v, c->acts[1], NULL)))
+            return rv;
+    } else {
+        if ((rv = mm(c, &D->wq, c->xn, n, q, c->acts[0], NULL))) return rv;
+        /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
+        const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
+                   vk = D->wv.type == D->wk.type;
+        if ((rv = mm(c, &D->wk, c->xn, n, k, kq ? c->acts[0] : c->acts[1], kq ? &D->wq : NULL)) ||
+            (rv = mm(c, &D->wv, c->xn, n, v,
+                     vq          ? c->acts[0]
+                     : vk && !kq ? c->acts[1]
+                                 : c->acts[2],
+                     vq          ? &D->wq
+                     : vk && !kq ? &D->wk
+                                 : NULL)))
+            return rv;
+    }
     mark(c, PH_ATTN);
-    if (D->bq && ((rv = cu_add_rows(c->q, D->bq, n, NQ, c->s)) ||
-                  (rv = cu_add_rows(c->k, D->bk, n, NK, c->s)) ||
-                  (rv = cu_add_rows(c->v, D->bv, n, NK, c->s))))
-        return rv;
-    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
-        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, (int64_t)n * hp->n_head, hp->head_dim, hp->rms_eps,
-                          c->s)) ||
-         (rv = cu_rmsnorm(c->k, D->k_norm, c->k, (int64_t)n * hp->n_head_kv, hp->head_dim,
-                          hp->rms_eps, c->s))))
+    if (D->bq && ((rv = cu_add_rows(q, D->bq, n, NQ, c->s)) ||
+                  (rv = cu_add_rows(k, D->bk, n, NK, c->s)) ||
+                  (rv = cu_add_rows(v, D->bv, n, NK, c->s))))
         return rv;
     if (hp->qk_norm == MODEL_QK_NORM_FULL &&
-        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, n, NQ, hp->rms_eps, c->s)) ||
-         (rv = cu_rmsnorm(c->k, D->k_norm, c->k, n, NK, hp->rms_eps, c->s))))
+        ((rv = cu_rmsnorm(q, D->q_norm, q, n, NQ, hp->rms_eps, c->s)) ||
+         (rv = cu_rmsnorm(k, D->k_norm, k, n, NK, hp->rms_eps, c->s))))
         return rv;
     const int neox = hp->rope == MODEL_ROPE_NEOX;
-    if ((rv = cu_rope(c->q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
-                      c->s)) ||
-        (rv = cu_rope(c->k, d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
-                      c->s)) ||
-        (rv = cu_kv_store(c->k, c->v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens, f16,
-                          kp, vp, c->s)))
+    const bool head_norm = hp->qk_norm == MODEL_QK_NORM_HEAD;
+    if (!c->unfused) { /* per-head norms, RoPE and the K/V store in one launch */
+        if ((rv = cu_qk_rope_store(q, k, v, head_norm ? D->q_norm : NULL,
+                                   head_norm ? D->k_norm : NULL, d_pos, d_slot, n, hp->n_head,
+                                   hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
+                                   hp->rms_eps, f16, c->block_tokens, kp, vp, c->s)))
+            return rv;
+    } else if ((head_norm &&
+                ((rv = cu_rmsnorm(q, D->q_norm, q, (int64_t)n * hp->n_head, hp->head_dim,
+                                  hp->rms_eps, c->s)) ||
+                 (rv = cu_rmsnorm(k, D->k_norm, k, (int64_t)n * hp->n_head_kv, hp->head_dim,
+                                  hp->rms_eps, c->s)))) ||
+               (rv = cu_rope(q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta,
+                             neox, c->s)) ||
+               (rv = cu_rope(k, d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta,
+                             neox, c->s)) ||
+               (rv = cu_kv_store(k, v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens,
+                                 f16, kp, vp, c->s))) {
         return rv;
+    }
     /* every token's K/V of the layer is stored before any attends (a chunk sees itself causally);
      * a row's splits come from its own length, so its sums never depend on the batch */
     if (f16 || c->attn_plain_f32) {
         for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_MAX_ROWS) {
             const uint32_t r = n - i < CU_ATTN_MAX_ROWS ? n - i : CU_ATTN_MAX_ROWS;
             rv =
-                cu_attention_plain(c->q + i * NQ, r, hp->n_head, kp, vp, f16, c->block_tokens,
+                cu_attention_plain(q + i * NQ, r, hp->n_head, kp, vp, f16, c->block_tokens,
                                    hp->n_head_kv, hp->head_dim, d_bt, bt_stride, d_qseq + i,
                                    d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ, c->s);
         }
@@ -684,7 +743,7 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
                                  (int)hp->n_head_kv, (int)hp->head_dim};
         for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_ROWS_MAX) {
             const uint32_t r = n - i < CU_ATTN_ROWS_MAX ? n - i : CU_ATTN_ROWS_MAX;
-            rv = cu_attention_rows(c->q + i * NQ, r, hp->n_head, &kv, d_bt, bt_stride, d_qseq + i,
+            rv = cu_attention_rows(q + i * NQ, r, hp->n_head, &kv, d_bt, bt_stride, d_qseq + i,
                                    d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ,
                                    c->s);
         }

@@ -83,69 +83,113 @@ struct ap_args {
     float *out;
 };
 
-/* CTA (row * n_head + h, y) takes chunks y, y + gridDim.y, ... of its row: within a chunk the
- * online softmax over tiles of 128 keys, as the unsplit kernel had it over the whole row. */
-template <typename E> __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
+/* ldv<VPL>: VPL consecutive elements of a K/V row as floats, in one access where they fill 8 or 16
+ * aligned bytes. */
+template <int VPL> __device__ __forceinline__ void ldv(const __half *p, float *v)
 {
-    __shared__ __align__(16) float qs[AP_MAXHD];
+    if constexpr (VPL == 4) {
+        const uint2 u = *(const uint2 *)p;
+        const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+        v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+    } else if constexpr (VPL == 8) {
+        const uint4 u = *(const uint4 *)p;
+        const __half2 *h = (const __half2 *)&u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __half22float2(h[i]);
+            v[2 * i] = f.x, v[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < VPL; i++) v[i] = __half2float(p[i]);
+    }
+}
+
+template <int VPL> __device__ __forceinline__ void ldv(const float *p, float *v)
+{
+    if constexpr (VPL % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < VPL; i += 4) {
+            const float4 f = *(const float4 *)(p + i);
+            v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < VPL; i++) v[i] = p[i];
+    }
+}
+
+/* CTA (row * n_head + h, y) takes chunks y, y + gridDim.y, ... of its row; a chunk is one tile of
+ * CU_ATTN_CHUNK keys: thread j scores key j (its row's offset kept in shared memory), the chunk's
+ * max and sum over the CTA, then warp w adds p * v over keys [32w, 32w + 32) of the chunk, each
+ * lane VPL dims, and the warps' sums are added in warp order. */
+template <typename E, int VPL>
+__global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
+{
+    constexpr int HD = VPL * WARP;
+    static_assert(CU_ATTN_CHUNK == AP_THREADS, "a thread per key of a chunk");
+    __shared__ __align__(16) float qs[HD];
     __shared__ float ps[AP_THREADS];
+    __shared__ int64_t offs[AP_THREADS];
     __shared__ float red_m[AP_WARPS], red_s[AP_WARPS];
+    __shared__ float vacc[AP_WARPS][HD];
     const E *kp = (const E *)a.k, *vp = (const E *)a.v;
     const int64_t rh = blockIdx.x, row = rh / a.n_head;
     const int h = (int)(rh % a.n_head), g = h / (a.n_head / a.n_kv_head), tid = threadIdx.x;
-    const int hd = a.hd, bs = a.bs, len = a.kv_len[row];
+    const int warp = tid / WARP, lane = tid % WARP;
+    const int bs = a.bs, len = a.kv_len[row];
     const int n_chunks = (len + CU_ATTN_CHUNK - 1) / CU_ATTN_CHUNK;
     if ((int)blockIdx.y >= n_chunks) return;
     const int32_t *tab = a.bt + (int64_t)a.q_seq[row] * a.bt_stride;
-    for (int d = tid; d < hd; d += AP_THREADS)
-        qs[d] = a.q[rh * hd + d];
+    for (int d = tid; d < HD; d += AP_THREADS) qs[d] = a.q[rh * HD + d];
     __syncthreads();
     for (int ch = blockIdx.y; ch < n_chunks; ch += gridDim.y) {
-        const int k0 = ch * CU_ATTN_CHUNK, k1 = min(len, k0 + CU_ATTN_CHUNK);
-        float m = -INFINITY, l = 0.0f, acc0 = 0.0f, acc1 = 0.0f;
-        for (int start = k0; start < k1; start += AP_THREADS) {
-            const int j = start + tid;
-            float s = -INFINITY;
-            if (j < k1) {
-                const E *kr = kp + (((int64_t)tab[j / bs] * a.n_kv_head + g) * bs + j % bs) * hd;
-                float dot = 0.0f;
-                for (int d = 0; d < hd; d += 8)
-                    dot = dot8(qs + d, kr + d, dot);
-                s = dot * a.scale;
-            }
-            const float m_new = fmaxf(m, block_max(s, red_m));
-            const float corr = expf(m - m_new);
-            const float p = j < k1 ? expf(s - m_new) : 0.0f;
-            ps[tid] = p;
-            l = l * corr + block_sum(p, red_s); /* block_sum's barrier also publishes ps */
-            acc0 *= corr, acc1 *= corr;
-            const int n = k1 - start < AP_THREADS ? k1 - start : AP_THREADS;
+        const int k0 = ch * CU_ATTN_CHUNK, n = min(CU_ATTN_CHUNK, len - k0);
+        float s = -INFINITY;
+        if (tid < n) {
+            const int j = k0 + tid;
+            const int64_t off = (((int64_t)tab[j / bs] * a.n_kv_head + g) * bs + j % bs) * HD;
+            offs[tid] = off;
+            const E *kr = kp + off;
+            float dot = 0.0f;
+#pragma unroll
+            for (int d = 0; d < HD; d += 8) dot = dot8(qs + d, kr + d, dot);
+            s = dot * a.scale;
+        }
+        const float m = block_max(s, red_m); /* its barrier publishes offs */
+        const float p = tid < n ? expf(s - m) : 0.0f;
+        ps[tid] = p;
+        const float l = block_sum(p, red_s); /* and this one ps */
+        float acc[VPL];
+#pragma unroll
+        for (int i = 0; i < VPL; i++) acc[i] = 0.0f;
+        const int kb = warp * WARP, ke = min(n, kb + WARP);
 #pragma unroll 8
-            for (int jj = 0; jj < n; jj++) {
-                const int key = start + jj;
-                const E *vr =
-                    vp + (((int64_t)tab[key / bs] * a.n_kv_head + g) * bs + key % bs) * hd;
-                if (tid < hd) acc0 = fmaf(ps[jj], ld_elem(vr + tid), acc0);
-                if (tid + AP_THREADS < hd)
-                    acc1 = fmaf(ps[jj], ld_elem(vr + tid + AP_THREADS), acc1);
-            }
-            m = m_new;
-            __syncthreads(); /* ps and red_* are rewritten by the next tile */
+        for (int jj = kb; jj < ke; jj++) {
+            float v[VPL];
+            ldv<VPL>(vp + offs[jj] + lane * VPL, v);
+            const float pj = ps[jj];
+#pragma unroll
+            for (int i = 0; i < VPL; i++) acc[i] = fmaf(pj, v[i], acc[i]);
         }
-        if (n_chunks == 1) {
-            float *o = a.out + rh * hd;
-            if (tid < hd) o[tid] = l > 0.0f ? acc0 / l : 0.0f;
-            if (tid + AP_THREADS < hd) o[tid + AP_THREADS] = l > 0.0f ? acc1 / l : 0.0f;
-        } else {
-            const int64_t rec = rh * a.max_chunks + ch;
-            float *o = a.ws + rec * hd;
-            if (tid < hd) o[tid] = acc0;
-            if (tid + AP_THREADS < hd) o[tid + AP_THREADS] = acc1;
-            if (tid == 0) {
-                float2 *ml = (float2 *)(a.ws + (int64_t)gridDim.x * a.max_chunks * hd);
-                ml[rec] = make_float2(m, l);
-            }
+#pragma unroll
+        for (int i = 0; i < VPL; i++) vacc[warp][lane * VPL + i] = acc[i];
+        __syncthreads();
+        const int64_t rec = rh * a.max_chunks + ch;
+        for (int d = tid; d < HD; d += AP_THREADS) {
+            float x = vacc[0][d];
+#pragma unroll
+            for (int w = 1; w < AP_WARPS; w++) x += vacc[w][d];
+            if (n_chunks == 1)
+                a.out[rh * HD + d] = x / l;
+            else
+                a.ws[rec * HD + d] = x;
         }
+        if (n_chunks > 1 && tid == 0) {
+            float2 *ml = (float2 *)(a.ws + (int64_t)gridDim.x * a.max_chunks * HD);
+            ml[rec] = make_float2(m, l);
+        }
+        __syncthreads(); /* the next chunk rewrites offs, ps, red_* and vacc */
     }
 }
 
@@ -194,10 +238,10 @@ extern "C" int cu_attention_plain(const float *q, int64_t n_q, int n_head, const
                                   const int32_t *q_seq, const int32_t *kv_len, int64_t max_len,
                                   void *workspace, float *out, void *stream)
 {
-    if (head_dim < 8 || head_dim % 8 || head_dim > AP_MAXHD || n_kv_head < 1 ||
+    if (head_dim < WARP || head_dim % WARP || head_dim > AP_MAXHD || n_kv_head < 1 ||
         n_head % n_kv_head || block_size < 1 || n_q < 0 || n_q > CU_ATTN_MAX_ROWS || max_len < 1)
         return strata_errf(STRATA_EINVAL,
-                           "cu_attention_plain: head_dim %d (a multiple of 8 up to 256), %d heads "
+                           "cu_attention_plain: head_dim %d (a multiple of 32 up to 256), %d heads "
                            "over %d kv heads, blocks of %d, %lld rows (at most %d)",
                            head_dim, n_head, n_kv_head, block_size, (long long)n_q,
                            CU_ATTN_MAX_ROWS);
@@ -218,10 +262,25 @@ extern "C" int cu_attention_plain(const float *q, int64_t n_q, int n_head, const
     int64_t gy = (AP_CTAS + rhs - 1) / rhs;
     if (gy > mc) gy = mc;
     const dim3 grid((unsigned)rhs, (unsigned)gy);
-    if (f16)
-        attn_chunks<__half><<<grid, AP_THREADS, 0, s>>>(a);
-    else
-        attn_chunks<float><<<grid, AP_THREADS, 0, s>>>(a);
+#define AC(E, V) attn_chunks<E, V><<<grid, AP_THREADS, 0, s>>>(a)
+#define AC_HD(E)                                                                                   \
+    switch (head_dim / WARP) {                                                                     \
+    case 1: AC(E, 1); break;                                                                       \
+    case 2: AC(E, 2); break;                                                                       \
+    case 3: AC(E, 3); break;                                                                       \
+    case 4: AC(E, 4); break;                                                                       \
+    case 5: AC(E, 5); break;                                                                       \
+    case 6: AC(E, 6); break;                                                                       \
+    case 7: AC(E, 7); break;                                                                       \
+    default: AC(E, 8); break;                                                                      \
+    }
+    if (f16) {
+        AC_HD(__half)
+    } else {
+        AC_HD(float)
+    }
+#undef AC_HD
+#undef AC
     if (mc > 1) attn_merge<<<(unsigned)rhs, AP_THREADS, 0, s>>>(a);
     return cu_launch_check();
 }

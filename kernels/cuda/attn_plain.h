@@ -4,10 +4,11 @@
  * Same cache layout and arguments as cu_attention (attn.h): blocks of [n_kv_head][block_size]
  * [head_dim] elements per layer, query row i attends to positions [0, kv_len[i]) of the sequence
  * whose block table is block_tables + q_seq[i] * bt_stride, GQA head h reads kv head
- * h / (n_head / n_kv_head), scale 1/sqrt(head_dim); head_dim <= 256, head_dim_v == head_dim.
- * A row's keys are cut into chunks of CU_ATTN_CHUNK; a CTA of 128 threads takes one (row, head,
- * chunk) and walks the chunk in tiles of 128 keys (a thread scores one key, then each thread adds
- * p * v for one or two dims over the tile's keys in key order). A row of one chunk writes its
+ * h / (n_head / n_kv_head), scale 1/sqrt(head_dim); head_dim a multiple of 32 up to 256,
+ * head_dim_v == head_dim. A row's keys are cut into chunks of CU_ATTN_CHUNK; a CTA of 128 threads
+ * takes one (row, head, chunk) at a time: a thread scores one key, then each warp adds p * v over
+ * a quarter of the chunk's keys in key order, the warps' sums added in warp order. A row of one
+ * chunk writes its
  * output directly; a longer row leaves a (max, sum, acc) record per chunk in the workspace and a
  * second kernel merges them in chunk order. The chunks and every sum depend only on the row's own
  * length, never on the batch, the grid or the other rows, so a row's output is the same bits
@@ -26,7 +27,7 @@
 extern "C" {
 #endif
 
-#define CU_ATTN_CHUNK    256 /* keys of one split of a row */
+#define CU_ATTN_CHUNK    128 /* keys of one split of a row */
 #define CU_ATTN_MAX_ROWS 16  /* rows one cu_attention_plain call takes (the workspace's) */
 
 /* cu_attn_plain_workspace_bytes: for rows of up to max_len keys. */

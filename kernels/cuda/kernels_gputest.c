@@ -15,6 +15,7 @@
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/attn_plain.h"
+#include "kernels/cuda/glue.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
@@ -296,6 +297,76 @@ START_TEST(rmsnorm_matches_reference)
 }
 END_TEST
 
+/* cu_qk_rope_store against its three steps (cu_rmsnorm per head, cu_rope, cu_kv_store) on the
+ * same inputs: q, k and both pools within 1e-5 of |x| + 1 (the same expressions; the count of
+ * bit-equal elements is printed), NeoX and normal RoPE, with and without head norms, f16 and f32
+ * pools, tokens scattered over blocks. */
+START_TEST(qk_rope_store_matches_its_steps)
+{
+    const int n_tok = 5, n_head = 8, n_kv = 2, hd = 128, bs = 16, n_blocks = 8;
+    const int32_t pos[5] = {0, 1, 17, 300, 40000}, slot[5] = {3, 17, 40, 127, 64};
+    const size_t NQ = (size_t)n_tok * n_head * hd, NK = (size_t)n_tok * n_kv * hd;
+    const size_t pool = (size_t)n_blocks * n_kv * bs * hd;
+    float *q = malloc(4 * NQ), *k = malloc(4 * NK), *v = malloc(4 * NK), *w = malloc(4 * 2 * hd);
+    for (size_t i = 0; i < NQ; i++) q[i] = 2.0f * frand();
+    for (size_t i = 0; i < NK; i++) k[i] = 2.0f * frand(), v[i] = frand();
+    for (int i = 0; i < 2 * hd; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dw = dev_upload(w, 4 * 2 * hd);
+    int32_t *dpos = dev_upload(pos, sizeof pos), *dslot = dev_upload(slot, sizeof slot);
+    for (int c = 0; c < 8; c++) {
+        const int neox = c & 1, norm = (c >> 1) & 1, f16 = (c >> 2) & 1, es = f16 ? 2 : 4;
+        float *q1 = dev_upload(q, 4 * NQ), *k1 = dev_upload(k, 4 * NK), *v1 = dev_upload(v, 4 * NK);
+        float *q2 = dev_upload(q, 4 * NQ), *k2 = dev_upload(k, 4 * NK);
+        void *kp1, *vp1, *kp2, *vp2;
+        cudaMalloc(&kp1, es * pool), cudaMalloc(&vp1, es * pool), cudaMalloc(&kp2, es * pool),
+            cudaMalloc(&vp2, es * pool);
+        cudaMemset(kp1, 0, es * pool), cudaMemset(vp1, 0, es * pool), cudaMemset(kp2, 0, es * pool),
+            cudaMemset(vp2, 0, es * pool);
+        if (norm) {
+            ck_assert_int_eq(cu_rmsnorm(q1, dw, q1, (int64_t)n_tok * n_head, hd, 1e-6f, NULL), 0);
+            ck_assert_int_eq(cu_rmsnorm(k1, dw + hd, k1, (int64_t)n_tok * n_kv, hd, 1e-6f, NULL), 0);
+        }
+        ck_assert_int_eq(cu_rope(q1, dpos, n_tok, n_head, hd, hd, 1e6f, neox, NULL), 0);
+        ck_assert_int_eq(cu_rope(k1, dpos, n_tok, n_kv, hd, hd, 1e6f, neox, NULL), 0);
+        ck_assert_int_eq(cu_kv_store(k1, v1, dslot, n_tok, n_kv, hd, bs, f16, kp1, vp1, NULL), 0);
+        ck_assert_int_eq(cu_qk_rope_store(q2, k2, v1, norm ? dw : NULL, norm ? dw + hd : NULL, dpos,
+                                          dslot, n_tok, n_head, n_kv, hd, hd, 1e6f, neox, 1e-6f,
+                                          f16, bs, kp2, vp2, NULL), 0);
+        ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+        struct {
+            const void *a, *b;
+            size_t n;
+            int half;
+        } cmp[] = {{q1, q2, NQ, 0}, {k1, k2, NK, 0}, {kp1, kp2, pool, f16}, {vp1, vp2, pool, f16}};
+        size_t same = 0, total = 0;
+        for (int i = 0; i < 4; i++) {
+            uint8_t *a = malloc(4 * cmp[i].n), *b = malloc(4 * cmp[i].n);
+            const size_t eb = cmp[i].half ? 2 : 4;
+            cudaMemcpy(a, cmp[i].a, eb * cmp[i].n, cudaMemcpyDeviceToHost);
+            cudaMemcpy(b, cmp[i].b, eb * cmp[i].n, cudaMemcpyDeviceToHost);
+            for (size_t e = 0; e < cmp[i].n; e++) {
+                float x, y;
+                if (cmp[i].half) {
+                    x = quant_f16_to_f32(((uint16_t *)a)[e]), y = quant_f16_to_f32(((uint16_t *)b)[e]);
+                } else {
+                    x = ((float *)a)[e], y = ((float *)b)[e];
+                }
+                same += memcmp(a + eb * e, b + eb * e, eb) == 0, total++;
+                ck_assert_msg(fabsf(x - y) <= 1e-5f * (fabsf(x) + 1.0f) + (cmp[i].half ? 1e-3f * fabsf(x) : 0),
+                              "qk_rope_store case %d array %d element %zu: %g vs %g", c, i, e, x, y);
+            }
+            free(a), free(b);
+        }
+        printf("qk_rope_store neox %d norm %d f16 %d: %zu of %zu elements bit-equal\n", neox, norm,
+               f16, same, total);
+        cudaFree(q1), cudaFree(k1), cudaFree(v1), cudaFree(q2), cudaFree(k2);
+        cudaFree(kp1), cudaFree(vp1), cudaFree(kp2), cudaFree(vp2);
+    }
+    free(q), free(k), free(v), free(w);
+    cudaFree(dw), cudaFree(dpos), cudaFree(dslot);
+}
+END_TEST
+
 /* rope: same angle construction as the reference; sin/cos of the GPU's libm may differ by 2 ulp,
  * times positions up to 40K: absolute 2e-3 on unit-scale inputs. */
 START_TEST(rope_matches_reference)
@@ -453,9 +524,9 @@ END_TEST
 
 /* The attention kernels that split each row by its own length: attn_plain.cu over fp32 and fp16
  * pools and attn.cu's cu_attention_rows over fp32, against ops_attention on the same
- * (half-rounded, for fp16) keys and values, within 1e-4; rows at and around the chunk edges (255,
- * 256, 257 keys) and long ones (2500, 5000: many chunks, more than a batch's grid has lanes for).
- * Each row's output is the same bits computed alone, in the batch of six and in one of 16. */
+ * (half-rounded, for fp16) keys and values, within 1e-4; rows at and around the chunk edges (128
+ * and 256 keys) and a long one (5000: many chunks, more than a batch's grid has lanes for).
+ * Each row's output is the same bits computed alone, in the batch of seven and in one of 16. */
 enum { AK_PLAIN_F32, AK_PLAIN_F16, AK_ROWS_F32 };
 
 static int attn_rows_call(int kind, const float *q, int n_q, int n_head, const void *k,
@@ -474,8 +545,8 @@ static int attn_rows_call(int kind, const float *q, int n_q, int n_head, const v
 START_TEST(attention_rows_match_reference)
 {
     const int n_head = 8, n_kv = 2, hd = 128, bs = 16;
-    const int lens[] = {1, 255, 256, 257, 2500, 5000};
-    const int n_seq = 6, max_len = 5000, max_blocks = (max_len + bs - 1) / bs;
+    const int lens[] = {1, 128, 129, 255, 256, 257, 5000}; /* chunks of 128 (plain), 256 (rows) */
+    const int n_seq = 7, max_len = 5000, max_blocks = (max_len + bs - 1) / bs;
     const int n_blocks = n_seq * max_blocks;
     const size_t blk = (size_t)n_kv * bs * hd, pool = (size_t)n_blocks * blk;
     const char *names[] = {"plain f32", "plain f16", "rows f32"};
@@ -486,7 +557,7 @@ START_TEST(attention_rows_match_reference)
     float *q = malloc(sizeof(float) * CU_ATTN_MAX_ROWS * n_head * hd);
     for (int i = 0; i < n_seq * n_head * hd; i++) q[i] = 2.0f * frand();
     int32_t seq[CU_ATTN_MAX_ROWS], len[CU_ATTN_MAX_ROWS];
-    for (int r = 0; r < CU_ATTN_MAX_ROWS; r++) { /* rows 6..15: the six again, in turn */
+    for (int r = 0; r < CU_ATTN_MAX_ROWS; r++) { /* rows 7..15: the seven again, in turn */
         seq[r] = r % n_seq, len[r] = lens[r % n_seq];
         memcpy(q + r * n_head * hd, q + (r % n_seq) * n_head * hd, sizeof(float) * n_head * hd);
     }
@@ -892,6 +963,7 @@ int main(void)
     tcase_add_loop_test(tc, matmul_matches_reference, 0, N_GPU_TYPES - 1);
     tcase_add_test(tc, rmsnorm_matches_reference);
     tcase_add_test(tc, rope_matches_reference);
+    tcase_add_test(tc, qk_rope_store_matches_its_steps);
     tcase_add_test(tc, router_matches_reference);
     tcase_add_test(tc, attention_matches_reference);
     tcase_add_test(tc, attention_rows_match_reference);
