@@ -119,6 +119,7 @@ struct cuda_be {
     /* grouping on the device: each layer's group count, the bound on a pass's groups */
     int32_t *d_ng;
     bool dev_grouped; /* this pass grouped every layer on the device (no route hook) */
+    bool xn_ready;    /* xn already holds the norm the next step takes (a fused add made it) */
     /* attention: the split records of CU_ATTN_MAX_ROWS rows, and the longest row (n_ctx) */
     void *attn_ws;
     int64_t attn_max_len;
@@ -672,7 +673,9 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     uint8_t *kp = c->kv_pool + 2 * il * c->kv_layer_bytes, *vp = kp + c->kv_layer_bytes;
     int rv;
     mark(c, PH_ATTN);
-    if ((rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s))) return rv;
+    if (!c->xn_ready && (rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s)))
+        return rv;
+    c->xn_ready = false;
     mark(c, PH_DENSE);
     float *q = c->q, *k = c->k, *v = c->v;
     if (n == 1 && D->n_cat) {
@@ -750,10 +753,11 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     }
     if (rv) return rv;
     mark(c, PH_DENSE);
-    if ((rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL)) ||
-        (rv = cu_add(c->x, c->tmp, (int64_t)n * E, c->s)))
-        return rv;
-    return 0;
+    if ((rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL))) return rv;
+    if (c->unfused) return cu_add(c->x, c->tmp, (int64_t)n * E, c->s);
+    /* the residual add and the MoE step's norm in one launch (the same bits) */
+    c->xn_ready = true;
+    return cu_add_rmsnorm(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s);
 }
 
 /* report_routes calls the route hook once per expert with its tokens, ascending (an expert with
@@ -825,7 +829,9 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     const int K = (int)hp->n_expert_used;
     int rv;
     mark(c, PH_ATTN);
-    if ((rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s))) return rv;
+    if (!c->xn_ready && (rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s)))
+        return rv;
+    c->xn_ready = false;
     mark(c, PH_DENSE);
     if ((rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL))) return rv;
     const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
@@ -835,7 +841,14 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         return rv;
     mark(c, PH_EXPERTS);
     if ((rv = c->dev_grouped ? moe_dev_groups(c, n, il) : moe_host_groups(c, n, il))) return rv;
-    /* no shared expert: the combine adds into the residual itself (the same bits) */
+    /* no shared expert: the combine adds into the residual itself and norms the row for the next
+     * step, the next layer's attention or the output (the same bits as the separate launches) */
+    if (!hp->n_ff_shexp && !c->unfused && E >= CU_ROW_NORM_MIN) {
+        const float *next = il + 1 < hp->n_layer ? c->L[il + 1].attn_norm : c->output_norm;
+        c->xn_ready = true;
+        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
+                                       c->s);
+    }
     if (!hp->n_ff_shexp && !c->unfused) return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);
     if ((rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s))) return rv;
     if (hp->n_ff_shexp) {
@@ -888,6 +901,7 @@ static int issue_pass(struct cuda_be *c, uint32_t n, uint32_t n_out)
     const struct model_hparams *hp = &c->m->hp;
     const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd;
     int rv;
+    c->xn_ready = false;
     mark(c, PH_ATTN);
     if ((rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
                             c->x, c->s)))
@@ -895,7 +909,8 @@ static int issue_pass(struct cuda_be *c, uint32_t n, uint32_t n_out)
     for (uint32_t il = 0; il < hp->n_layer; il++)
         if ((rv = attention(c, n, il, c->max_bt)) || (rv = moe(c, n, il))) return rv;
     mark(c, PH_OUTPUT);
-    if (n_out && ((rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
+    if (n_out && ((!c->xn_ready &&
+                   (rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s))) ||
                   (rv = cu_gather_rows(c->xn, c->d_in + IN_OUTROWS * T, n_out, E, c->xo, c->s)) ||
                   (rv = mm(c, &c->output, c->xo, n_out, c->logits, c->acts[0], NULL))))
         return rv;

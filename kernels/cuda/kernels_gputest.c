@@ -292,6 +292,25 @@ START_TEST(rmsnorm_matches_reference)
                               "rmsnorm %lldx%lld [%lld][%lld]: %g vs %g", (long long)rows,
                               (long long)width, (long long)r, (long long)i, y[r * width + i], ref[i]);
         }
+        /* the residual add fused: x + r, then the norm, the bits of cu_add then cu_rmsnorm */
+        float *r = malloc(sizeof(float) * rows * width);
+        for (int64_t i = 0; i < rows * width; i++) r[i] = frand();
+        float *dr = dev_upload(r, sizeof(float) * rows * width);
+        float *dx1 = dev_upload(x, sizeof(float) * rows * width), *dx2 = dev_upload(x, sizeof(float) * rows * width);
+        float *dy1 = dev_out(rows * width), *dy2 = dev_out(rows * width);
+        ck_assert_int_eq(cu_add(dx1, dr, rows * width, NULL), 0);
+        ck_assert_int_eq(cu_rmsnorm(dx1, dw, dy1, rows, width, 1e-6f, NULL), 0);
+        ck_assert_int_eq(cu_add_rmsnorm(dx2, dr, dw, dy2, rows, width, 1e-6f, NULL), 0);
+        float *y1 = fetch(dy1, rows * width), *y2 = fetch(dy2, rows * width);
+        float *hx1 = malloc(sizeof(float) * rows * width), *hx2 = malloc(sizeof(float) * rows * width);
+        cudaMemcpy(hx1, dx1, sizeof(float) * rows * width, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hx2, dx2, sizeof(float) * rows * width, cudaMemcpyDeviceToHost);
+        ck_assert_msg(memcmp(hx1, hx2, sizeof(float) * rows * width) == 0 &&
+                          memcmp(y1, y2, sizeof(float) * rows * width) == 0,
+                      "add_rmsnorm %lldx%lld differs from cu_add then cu_rmsnorm", (long long)rows,
+                      (long long)width);
+        free(r), free(y1), free(y2), free(hx1), free(hx2);
+        cudaFree(dr), cudaFree(dx1), cudaFree(dx2), cudaFree(dy1), cudaFree(dy2);
         free(x), free(w), free(y), free(ref), cudaFree(dx), cudaFree(dw), cudaFree(dy);
     }
 }
@@ -932,6 +951,42 @@ START_TEST(moe_group_matches_moe_group)
 }
 END_TEST
 
+/* The combine with the residual add and the next norm fused, against cu_moe_combine_add then
+ * cu_rmsnorm, bit for bit (rows of 2048 and 4096, top-8 over 3 tokens). */
+START_TEST(moe_combine_add_norm_matches_its_steps)
+{
+    const int64_t widths[] = {2048, 4096};
+    const int n_tok = 3, k = 8;
+    for (int wi = 0; wi < 2; wi++) {
+        const int64_t E = widths[wi];
+        float *out = malloc(sizeof(float) * n_tok * k * E), *x = malloc(sizeof(float) * n_tok * E);
+        float *w = malloc(sizeof(float) * E);
+        int32_t ids[24];
+        for (int i = 0; i < n_tok * k; i++) ids[i] = (i * 37 + 11) % 128;
+        for (int64_t i = 0; i < n_tok * k * E; i++) out[i] = 0.1f * frand();
+        for (int64_t i = 0; i < n_tok * E; i++) x[i] = frand();
+        for (int64_t i = 0; i < E; i++) w[i] = 1.0f + 0.3f * frand();
+        float *dout = dev_upload(out, sizeof(float) * n_tok * k * E), *dw = dev_upload(w, sizeof(float) * E);
+        int32_t *dids = dev_upload(ids, sizeof ids);
+        float *dx1 = dev_upload(x, sizeof(float) * n_tok * E), *dx2 = dev_upload(x, sizeof(float) * n_tok * E);
+        float *dn1 = dev_out((size_t)n_tok * E), *dn2 = dev_out((size_t)n_tok * E);
+        ck_assert_int_eq(cu_moe_combine_add(dout, dids, n_tok, k, E, dx1, NULL), 0);
+        ck_assert_int_eq(cu_rmsnorm(dx1, dw, dn1, n_tok, E, 1e-6f, NULL), 0);
+        ck_assert_int_eq(cu_moe_combine_add_norm(dout, dids, n_tok, k, E, dx2, dw, 1e-6f, dn2, NULL), 0);
+        float *n1 = fetch(dn1, (size_t)n_tok * E), *n2 = fetch(dn2, (size_t)n_tok * E);
+        float *x1 = malloc(sizeof(float) * n_tok * E), *x2 = malloc(sizeof(float) * n_tok * E);
+        cudaMemcpy(x1, dx1, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
+        cudaMemcpy(x2, dx2, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
+        ck_assert_msg(memcmp(x1, x2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: x differs", (long long)E);
+        ck_assert_msg(memcmp(n1, n2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: the norm differs", (long long)E);
+        free(out), free(x), free(w), free(n1), free(n2), free(x1), free(x2);
+        cudaFree(dout), cudaFree(dw), cudaFree(dids), cudaFree(dx1), cudaFree(dx2), cudaFree(dn1), cudaFree(dn2);
+    }
+    ck_assert_int_eq(cu_moe_combine_add_norm(NULL, NULL, 1, 8, 512, NULL, NULL, 1e-6f, NULL, NULL),
+                     STRATA_EINVAL);
+}
+END_TEST
+
 START_TEST(moe_ffn_refuses_bad_parts)
 {
     struct cu_moe_parts parts = {{QT_Q4_K, QT_Q2_K, QT_Q6_K}, {0, 256, 512}, 512, 256};
@@ -969,6 +1024,7 @@ int main(void)
     tcase_add_test(tc, attention_rows_match_reference);
     tcase_add_test(tc, moe_ffn_matches_reference);
     tcase_add_test(tc, moe_ffn_refuses_bad_parts);
+    tcase_add_test(tc, moe_combine_add_norm_matches_its_steps);
     tcase_add_test(tc, moe_group_matches_moe_group);
     tcase_add_loop_test(tc, matvec_matches_reference, N_GPU_TYPES - 1, N_GPU_TYPES); /* Q5_K */
     tcase_add_loop_test(tc, matmul_matches_reference, N_GPU_TYPES - 1, N_GPU_TYPES);

@@ -4,6 +4,7 @@
 #include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/mvq.cuh"
 #include "kernels/cuda/qact.h"
+#include "kernels/cuda/rowsum.cuh"
 
 /* 4 warps per block; tuned on an H200 at Qwen3-30B-A3B's expert shapes (2048 x 768). */
 #define MF_WARPS 4
@@ -217,10 +218,15 @@ __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_i
 }
 
 /* y[t] = the sum of token t's k outputs in expert-id order; with add, y[t] += that sum instead (the
- * residual add fused: the same two IEEE steps as a combine then cu_add). */
-template <bool ADD>
-__global__ void moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y)
+ * residual add fused: the same two IEEE steps as a combine then cu_add); with norm_w, xn[t] =
+ * RMSNorm(y[t]) as cu_rmsnorm computes a row of ROW_NORM_MIN or more (the same thread order and
+ * cta_sum: 256 threads a token). */
+template <bool ADD, bool NORM>
+__global__ void __launch_bounds__(ROW_NORM_THREADS)
+    moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
+                const float *norm_w, float eps, float *xn)
 {
+    __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t t = blockIdx.x;
     int order[16];
     for (int j = 0; j < k; j++) order[j] = j;
@@ -229,10 +235,18 @@ __global__ void moe_combine(const float *out, const int32_t *ids, int k, int64_t
             int tmp = order[b];
             order[b] = order[b - 1], order[b - 1] = tmp;
         }
-    for (int64_t d = threadIdx.x; d < n_embd; d += blockDim.x) {
+    float ss = 0.0f;
+    for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS) {
         float s = 0.0f;
         for (int j = 0; j < k; j++) s += out[(t * k + order[j]) * n_embd + d];
-        y[t * n_embd + d] = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
+        const float v = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
+        y[t * n_embd + d] = v;
+        if (NORM) ss += v * v;
+    }
+    if (NORM) {
+        const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(ss, red), n_embd, eps);
+        for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS)
+            xn[t * n_embd + d] = y[t * n_embd + d] * scale * norm_w[d];
     }
 }
 
@@ -402,7 +416,8 @@ extern "C" int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_to
                               int64_t n_embd, float *y, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine: top-%d", k);
-    moe_combine<false><<<(unsigned)n_tok, 256, 0, (cudaStream_t)stream>>>(out, ids, k, n_embd, y);
+    moe_combine<false, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+        out, ids, k, n_embd, y, NULL, 0.0f, NULL);
     return cu_launch_check();
 }
 
@@ -410,6 +425,19 @@ extern "C" int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t 
                                   int64_t n_embd, float *x, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine_add: top-%d", k);
-    moe_combine<true><<<(unsigned)n_tok, 256, 0, (cudaStream_t)stream>>>(out, ids, k, n_embd, x);
+    moe_combine<true, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+        out, ids, k, n_embd, x, NULL, 0.0f, NULL);
+    return cu_launch_check();
+}
+
+extern "C" int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                                       int64_t n_embd, float *x, const float *norm_w, float eps,
+                                       float *xn, void *stream)
+{
+    if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN)
+        return strata_errf(STRATA_EINVAL, "cu_moe_combine_add_norm: top-%d, rows of %lld (%d or more)",
+                           k, (long long)n_embd, ROW_NORM_MIN);
+    moe_combine<true, true><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+        out, ids, k, n_embd, x, norm_w, eps, xn);
     return cu_launch_check();
 }

@@ -77,6 +77,14 @@ int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_tok, int k, i
 int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t n_tok, int k, int64_t n_embd,
                        float *x, void *stream);
 
+/* cu_moe_combine_add_norm: cu_moe_combine_add, then xn[t] = RMSNorm of the new x[t] with weights
+ * norm_w (the next layer's attention norm, or the output norm): the bits of cu_moe_combine_add
+ * then cu_rmsnorm, in one launch. Rows of n_embd >= CU_ROW_NORM_MIN (norm.h) only (else
+ * STRATA_EINVAL). */
+int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                            int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
+                            void *stream);
+
 #ifdef __cplusplus
 }
 #endif

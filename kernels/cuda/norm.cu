@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/rowsum.cuh"
 
 #define NORM_WARPS 4
 
@@ -18,42 +19,71 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t i = lane; i < width; i += WARP) yr[i] = xr[i] * scale * w[i];
 }
 
-/* Wide rows (the hidden state): a CTA of NORM_WIDE threads per row, so one decode row is not one
- * warp's chain of dependent loads. The sum: each thread's elements in order, the warps' butterflies,
- * then the warps in warp order (fixed by the width alone: the same bits for any row count). */
-#define NORM_WIDE     256
-#define NORM_WIDE_MIN 1024 /* rows at least this wide take the CTA kernel */
-
-__global__ void __launch_bounds__(NORM_WIDE)
-    rmsnorm_wide(const float *x, const float *w, float *y, int64_t width, float eps)
+/* Wide rows (the hidden state): a CTA of ROW_NORM_THREADS threads per row, so one decode row is
+ * not one warp's chain of dependent loads. The sum: each thread's elements in order, then cta_sum
+ * (fixed by the width alone: the same bits for any row count). With y, x += y first (the residual
+ * add, __fadd_rn as cu_add) and the sum is of the new x. */
+template <bool ADD>
+__global__ void __launch_bounds__(ROW_NORM_THREADS)
+    rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps)
 {
-    __shared__ float red[NORM_WIDE / WARP];
+    __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
-    const float *xr = x + r * width;
+    float *xr = x + r * width;
     float s = 0.0f;
-    for (int64_t i = tid; i < width; i += NORM_WIDE) s += xr[i] * xr[i];
+    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
+        float v = xr[i];
+        if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
+        s += v * v;
+    }
+    const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
+    float *yr = out + r * width;
+    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) yr[i] = xr[i] * scale * w[i];
+}
+
+/* Narrow rows with the residual add: rmsnorm_kernel's expressions after x += y. */
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out,
+                                   int64_t rows, int64_t width, float eps)
+{
+    int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
+    int lane = threadIdx.x & (WARP - 1);
+    if (r >= rows) return;
+    float *xr = x + r * width;
+    for (int64_t i = lane; i < width; i += WARP) xr[i] = __fadd_rn(xr[i], y[r * width + i]);
+    __syncwarp();
+    float s = 0.0f;
+    for (int64_t i = lane; i < width; i += WARP) s += xr[i] * xr[i];
     s = warp_sum(s);
-    if (tid % WARP == 0) red[tid / WARP] = s;
-    __syncthreads();
-    s = red[0];
-#pragma unroll
-    for (int i = 1; i < NORM_WIDE / WARP; i++) s += red[i];
-    const float scale = 1.0f / sqrtf(s / (float)width + eps);
-    float *yr = y + r * width;
-    for (int64_t i = tid; i < width; i += NORM_WIDE) yr[i] = xr[i] * scale * w[i];
+    float scale = 1.0f / sqrtf(s / (float)width + eps);
+    float *yr = out + r * width;
+    for (int64_t i = lane; i < width; i += WARP) yr[i] = xr[i] * scale * w[i];
 }
 
 extern "C" int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t width,
                           float eps, void *stream)
 {
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_rmsnorm: empty shape");
-    if (width >= NORM_WIDE_MIN) {
-        rmsnorm_wide<<<(unsigned)rows, NORM_WIDE, 0, (cudaStream_t)stream>>>(x, w, y, width, eps);
+    if (width >= ROW_NORM_MIN) {
+        rmsnorm_wide<false><<<(unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+            (float *)x, NULL, w, y, width, eps);
         return cu_launch_check();
     }
     dim3 grid((unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS));
     rmsnorm_kernel<<<grid, NORM_WARPS * WARP, 0, (cudaStream_t)stream>>>(x, w, y, rows, width, eps);
+    return cu_launch_check();
+}
+
+extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *out, int64_t rows,
+                              int64_t width, float eps, void *stream)
+{
+    if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_add_rmsnorm: empty shape");
+    cudaStream_t s = (cudaStream_t)stream;
+    if (width >= ROW_NORM_MIN)
+        rmsnorm_wide<true><<<(unsigned)rows, ROW_NORM_THREADS, 0, s>>>(x, y, w, out, width, eps);
+    else
+        add_rmsnorm_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * WARP, 0,
+                             s>>>(x, y, w, out, rows, width, eps);
     return cu_launch_check();
 }
 

@@ -22,6 +22,13 @@ int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t w
 int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, int head_dim, int n_rot,
             float base, int neox, void *stream);
 
+#define CU_ROW_NORM_MIN 1024 /* rows this wide or wider are normed by a CTA (a sum order of its own) */
+
+/* cu_add_rmsnorm: x += y (the residual add, as cu_add), then out = cu_rmsnorm of the new x: the
+ * same bits as the two calls, in one launch. */
+int cu_add_rmsnorm(float *x, const float *y, const float *w, float *out, int64_t rows,
+                   int64_t width, float eps, void *stream);
+
 /* cu_qk_rope_store: per head row of each token, in one launch: q and k normed per head (q_norm,
  * k_norm: head_dim weights each, or NULL for none) and rotated as cu_rmsnorm and cu_rope do, then
  * k and v written into the paged pools as cu_kv_store writes them (f16: round to nearest even).
