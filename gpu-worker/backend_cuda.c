@@ -805,15 +805,15 @@ static int moe_host_groups(struct cuda_be *c, uint32_t n, uint32_t il)
 
 /* moe_dev_groups: the same groups made on the device (cu_moe_group), the count left in d_ng for
  * cu_moe_ffn_dev's fixed grid: no host round trip (the weight bytes are counted after the pass). */
-static int moe_dev_groups(struct cuda_be *c, uint32_t n, uint32_t il)
+static int moe_dev_groups(struct cuda_be *c, uint32_t n, uint32_t il, bool grouped)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct dlayer *D = &c->L[il];
     const int K = (int)hp->n_expert_used;
     const int64_t max_groups = cu_moe_max_groups((int64_t)n * K, hp->n_expert, CU_MOE_MAX_PAIRS);
     int rv;
-    if ((rv = cu_moe_group(c->sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS, c->d_groups,
-                           c->d_pair_idx, c->d_ng + il, c->s)) ||
+    if ((!grouped && (rv = cu_moe_group(c->sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS,
+                                        c->d_groups, c->d_pair_idx, c->d_ng + il, c->s))) ||
         (rv = cu_moe_ffn_dev(&D->parts, D->slots, c->d_groups, c->d_ng + il, (int)max_groups,
                              c->d_pair_idx, c->selw, n, K, c->xn, c->h, c->moe_ws, c->y,
                              CU_MOE_EVERY_PAIR | (c->unfused ? CU_MOE_UNFUSED : 0), c->s)))
@@ -835,12 +835,20 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     mark(c, PH_DENSE);
     if ((rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL))) return rv;
     const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
-    if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
-                             topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
-                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
+    const enum cu_router_mode mode = topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK;
+    /* a decode step's few tokens: the picks and their groups in one launch */
+    const bool route_group = c->dev_grouped && !c->unfused && n <= CU_ROUTE_GROUP_MAX_TOKENS;
+    if (route_group
+            ? (rv = cu_router_group(c->rlogit, n, (int)hp->n_expert, K, mode,
+                                    !topk_first && hp->norm_topk, c->sel, c->selw, NULL,
+                                    CU_MOE_MAX_PAIRS, c->d_groups, c->d_pair_idx, c->d_ng + il,
+                                    c->s))
+            : (rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K, mode,
+                                   !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
         return rv;
     mark(c, PH_EXPERTS);
-    if ((rv = c->dev_grouped ? moe_dev_groups(c, n, il) : moe_host_groups(c, n, il))) return rv;
+    if ((rv = c->dev_grouped ? moe_dev_groups(c, n, il, route_group) : moe_host_groups(c, n, il)))
+        return rv;
     /* no shared expert: the combine adds into the residual itself and norms the row for the next
      * step, the next layer's attention or the output (the same bits as the separate launches) */
     if (!hp->n_ff_shexp && !c->unfused && E >= CU_ROW_NORM_MIN) {

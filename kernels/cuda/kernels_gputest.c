@@ -987,6 +987,66 @@ START_TEST(moe_combine_add_norm_matches_its_steps)
 }
 END_TEST
 
+/* cu_router_group against cu_router_topk then cu_moe_group, bit for bit: ids, weights, groups,
+ * pair_idx and the count, both router modes, 1..32 tokens, 128 experts top-8 and 64 top-4 (some
+ * logits tied so ties go to the lower id in both). */
+START_TEST(router_group_matches_its_steps)
+{
+    const int shapes[][2] = {{128, 8}, {64, 4}};
+    for (int si = 0; si < 2; si++) {
+        const int n_exp = shapes[si][0], k = shapes[si][1];
+        for (int mode = 0; mode < 2; mode++)
+            for (int t = 1; t <= CU_ROUTE_GROUP_MAX_TOKENS; t += t < 4 ? 1 : 7) {
+                float *lg = malloc(sizeof(float) * t * n_exp);
+                for (int i = 0; i < t * n_exp; i++) lg[i] = i % 5 == 0 ? 0.5f : 3.0f * frand();
+                float *dl = dev_upload(lg, sizeof(float) * t * n_exp);
+                const int n = t * k;
+                int32_t *ids1, *ids2, *pi1, *pi2, *ng1, *ng2;
+                float *w1, *w2;
+                struct moe_group *g1, *g2;
+                cudaMalloc((void **)&ids1, 4 * n), cudaMalloc((void **)&ids2, 4 * n);
+                cudaMalloc((void **)&pi1, 4 * n), cudaMalloc((void **)&pi2, 4 * n);
+                cudaMalloc((void **)&w1, 4 * n), cudaMalloc((void **)&w2, 4 * n);
+                cudaMalloc((void **)&ng1, 4), cudaMalloc((void **)&ng2, 4);
+                cudaMalloc((void **)&g1, sizeof *g1 * n), cudaMalloc((void **)&g2, sizeof *g2 * n);
+                cudaMemset(pi1, 0, 4 * n), cudaMemset(pi2, 0, 4 * n);
+                cudaMemset(g1, 0, sizeof *g1 * n), cudaMemset(g2, 0, sizeof *g2 * n);
+                ck_assert_int_eq(cu_router_topk(dl, t, n_exp, k, (enum cu_router_mode)mode, 1, ids1,
+                                                w1, NULL), 0);
+                ck_assert_int_eq(cu_moe_group(ids1, t, k, n_exp, NULL, CU_MOE_MAX_PAIRS, g1, pi1,
+                                              ng1, NULL), 0);
+                ck_assert_int_eq(cu_router_group(dl, t, n_exp, k, (enum cu_router_mode)mode, 1,
+                                                 ids2, w2, NULL, CU_MOE_MAX_PAIRS, g2, pi2, ng2,
+                                                 NULL), 0);
+                ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+                const struct {
+                    const void *a, *b;
+                    size_t bytes;
+                    const char *what;
+                } cmp[] = {{ids1, ids2, 4 * (size_t)n, "ids"},     {w1, w2, 4 * (size_t)n, "weights"},
+                           {pi1, pi2, 4 * (size_t)n, "pair_idx"},  {ng1, ng2, 4, "count"},
+                           {g1, g2, sizeof *g1 * (size_t)n, "groups"}};
+                for (int i = 0; i < 5; i++) {
+                    uint8_t *a = malloc(cmp[i].bytes), *b = malloc(cmp[i].bytes);
+                    cudaMemcpy(a, cmp[i].a, cmp[i].bytes, cudaMemcpyDeviceToHost);
+                    cudaMemcpy(b, cmp[i].b, cmp[i].bytes, cudaMemcpyDeviceToHost);
+                    ck_assert_msg(memcmp(a, b, cmp[i].bytes) == 0,
+                                  "router_group %d experts top-%d mode %d, %d tokens: %s differ",
+                                  n_exp, k, mode, t, cmp[i].what);
+                    free(a), free(b);
+                }
+                free(lg);
+                cudaFree(dl), cudaFree(ids1), cudaFree(ids2), cudaFree(pi1), cudaFree(pi2);
+                cudaFree(w1), cudaFree(w2), cudaFree(ng1), cudaFree(ng2), cudaFree(g1), cudaFree(g2);
+            }
+    }
+    ck_assert_int_eq(cu_router_group(NULL, CU_ROUTE_GROUP_MAX_TOKENS + 1, 128, 8,
+                                     CU_ROUTER_SOFTMAX_TOPK, 1, NULL, NULL, NULL, 16, NULL, NULL,
+                                     NULL, NULL),
+                     STRATA_EINVAL);
+}
+END_TEST
+
 START_TEST(moe_ffn_refuses_bad_parts)
 {
     struct cu_moe_parts parts = {{QT_Q4_K, QT_Q2_K, QT_Q6_K}, {0, 256, 512}, 512, 256};
@@ -1026,6 +1086,7 @@ int main(void)
     tcase_add_test(tc, moe_ffn_refuses_bad_parts);
     tcase_add_test(tc, moe_combine_add_norm_matches_its_steps);
     tcase_add_test(tc, moe_group_matches_moe_group);
+    tcase_add_test(tc, router_group_matches_its_steps);
     tcase_add_loop_test(tc, matvec_matches_reference, N_GPU_TYPES - 1, N_GPU_TYPES); /* Q5_K */
     tcase_add_loop_test(tc, matmul_matches_reference, N_GPU_TYPES - 1, N_GPU_TYPES);
     suite_add_tcase(s, tc);

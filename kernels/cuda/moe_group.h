@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "kernels/cuda/router.h"
 #include "kernels/ref/moe.h"
 
 #ifdef __cplusplus
@@ -34,6 +35,16 @@ int64_t cu_moe_max_groups(int64_t n_pairs, uint32_t n_expert, uint32_t max_pairs
 int cu_moe_group(const int32_t *ids, int64_t n_tok, int k, uint32_t n_expert, const uint8_t *mask,
                  uint32_t max_pairs, struct moe_group *groups, int32_t *pair_idx, int32_t *n_groups,
                  void *stream);
+
+#define CU_ROUTE_GROUP_MAX_TOKENS 32 /* tokens cu_router_group routes in its one CTA */
+
+/* cu_router_group: cu_router_topk (router.h) then cu_moe_group over its picks, in one launch, for
+ * 1..CU_ROUTE_GROUP_MAX_TOKENS tokens: the same ids, weights, groups, pair_idx and count, bit for
+ * bit (the same code). STRATA_EINVAL outside those shapes (the caller makes the two calls). */
+int cu_router_group(const float *logits, int64_t n_tok, int n_exp, int k, enum cu_router_mode mode,
+                    int renorm, int32_t *ids, float *weights, const uint8_t *mask,
+                    uint32_t max_pairs, struct moe_group *groups, int32_t *pair_idx,
+                    int32_t *n_groups, void *stream);
 
 #ifdef __cplusplus
 }
