@@ -9,8 +9,8 @@
  * of a type the kernels lack, or a model shape they do not take is refused by name at start.
  * A pass follows backend_cpu.c's order of operations layer by layer. Products run on cu_matvec in
  * runs of at most 16 tokens (its exact integer block dots: the same bits for any batch), attention
- * split by each row's own length (attn_plain.h for f16 KV, attn.h's cu_attention_rows for f32 unless
- * STRATA_CUDA_ATTN=plain), and every glue kernel computes each row from that row alone, so a
+ * split by each row's own length (attn_plain.h for f16 KV, attn.h's cu_attention_rows for f32
+ * unless STRATA_CUDA_ATTN=plain), and every glue kernel computes each row from that row alone, so a
  * token's logits are the same bits whatever the batch, the chunking or decode vs re-prefill
  * (DESIGN 3.4) for each KV type. Against the CPU backend the logits differ within the tolerances
  * of docs/cuda.md (the GPU's expf, sin/cos, fp32 float products).
@@ -107,7 +107,8 @@ struct cuda_be {
     uint64_t kv_layer_bytes; /* one layer's K pool (V the same) */
     uint32_t pool_blocks, block_tokens, max_bt;
     /* device scratch, rows of T = max_pass_tokens tokens or T*K pairs */
-    float *x, *xn, *tmp, *q, *k, *v, *qkv1, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo, *logits;
+    float *x, *xn, *tmp, *q, *k, *v, *qkv1, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo,
+        *logits;
     int32_t *sel, *d_in, *d_pair_idx;
     struct moe_group *d_groups;
     uint8_t *acts[3];
@@ -562,6 +563,8 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool))) goto fail;
     for (size_t i = 0; i < n_bufs; i++)
         if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
+    /* the attention's merge counters start at zero (its calls leave them so) */
+    if ((rv = ck(cudaMemset(c->attn_ws, 0, attn_ws ? attn_ws : 1), "cudaMemset"))) goto fail;
     if ((rv = ck(cudaMallocHost((void **)&c->h_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4),
                  "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_sel, P * 4), "cudaMallocHost")) ||
@@ -702,9 +705,9 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
             return rv;
     }
     mark(c, PH_ATTN);
-    if (D->bq && ((rv = cu_add_rows(q, D->bq, n, NQ, c->s)) ||
-                  (rv = cu_add_rows(k, D->bk, n, NK, c->s)) ||
-                  (rv = cu_add_rows(v, D->bv, n, NK, c->s))))
+    if (D->bq &&
+        ((rv = cu_add_rows(q, D->bq, n, NQ, c->s)) || (rv = cu_add_rows(k, D->bk, n, NK, c->s)) ||
+         (rv = cu_add_rows(v, D->bv, n, NK, c->s))))
         return rv;
     if (hp->qk_norm == MODEL_QK_NORM_FULL &&
         ((rv = cu_rmsnorm(q, D->q_norm, q, n, NQ, hp->rms_eps, c->s)) ||
@@ -718,17 +721,16 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
                                    hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
                                    hp->rms_eps, f16, c->block_tokens, kp, vp, c->s)))
             return rv;
-    } else if ((head_norm &&
-                ((rv = cu_rmsnorm(q, D->q_norm, q, (int64_t)n * hp->n_head, hp->head_dim,
-                                  hp->rms_eps, c->s)) ||
-                 (rv = cu_rmsnorm(k, D->k_norm, k, (int64_t)n * hp->n_head_kv, hp->head_dim,
-                                  hp->rms_eps, c->s)))) ||
-               (rv = cu_rope(q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta,
-                             neox, c->s)) ||
+    } else if ((head_norm && ((rv = cu_rmsnorm(q, D->q_norm, q, (int64_t)n * hp->n_head,
+                                               hp->head_dim, hp->rms_eps, c->s)) ||
+                              (rv = cu_rmsnorm(k, D->k_norm, k, (int64_t)n * hp->n_head_kv,
+                                               hp->head_dim, hp->rms_eps, c->s)))) ||
+               (rv = cu_rope(q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
+                             c->s)) ||
                (rv = cu_rope(k, d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta,
                              neox, c->s)) ||
-               (rv = cu_kv_store(k, v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens,
-                                 f16, kp, vp, c->s))) {
+               (rv = cu_kv_store(k, v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens, f16,
+                                 kp, vp, c->s))) {
         return rv;
     }
     /* every token's K/V of the layer is stored before any attends (a chunk sees itself causally);
@@ -747,8 +749,7 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
         for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_ROWS_MAX) {
             const uint32_t r = n - i < CU_ATTN_ROWS_MAX ? n - i : CU_ATTN_ROWS_MAX;
             rv = cu_attention_rows(q + i * NQ, r, hp->n_head, &kv, d_bt, bt_stride, d_qseq + i,
-                                   d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ,
-                                   c->s);
+                                   d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ, c->s);
         }
     }
     if (rv) return rv;
@@ -839,10 +840,9 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     /* a decode step's few tokens: the picks and their groups in one launch */
     const bool route_group = c->dev_grouped && !c->unfused && n <= CU_ROUTE_GROUP_MAX_TOKENS;
     if (route_group
-            ? (rv = cu_router_group(c->rlogit, n, (int)hp->n_expert, K, mode,
-                                    !topk_first && hp->norm_topk, c->sel, c->selw, NULL,
-                                    CU_MOE_MAX_PAIRS, c->d_groups, c->d_pair_idx, c->d_ng + il,
-                                    c->s))
+            ? (rv = cu_router_group(
+                   c->rlogit, n, (int)hp->n_expert, K, mode, !topk_first && hp->norm_topk, c->sel,
+                   c->selw, NULL, CU_MOE_MAX_PAIRS, c->d_groups, c->d_pair_idx, c->d_ng + il, c->s))
             : (rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K, mode,
                                    !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
         return rv;
@@ -854,10 +854,10 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     if (!hp->n_ff_shexp && !c->unfused && E >= CU_ROW_NORM_MIN) {
         const float *next = il + 1 < hp->n_layer ? c->L[il + 1].attn_norm : c->output_norm;
         c->xn_ready = true;
-        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
-                                       c->s);
+        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn, c->s);
     }
-    if (!hp->n_ff_shexp && !c->unfused) return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);
+    if (!hp->n_ff_shexp && !c->unfused)
+        return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);
     if ((rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s))) return rv;
     if (hp->n_ff_shexp) {
         const size_t F = D->gate_sh.n_out;

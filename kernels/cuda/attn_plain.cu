@@ -80,8 +80,36 @@ struct ap_args {
     float scale;
     int max_chunks; /* records per (row, head) in ws */
     float *ws;      /* acc [rh][max_chunks][hd], then (m, l) [rh][max_chunks] */
+    unsigned *cnt;  /* per (row, head): its chunks done (zero between launches) */
     float *out;
 };
+
+/* merge_row: the CTA merges row-head rh's n_chunks records in chunk order, each thread one or two
+ * dims (every sum sequential, so the bits depend on the row's length only); the records were
+ * written by other CTAs, so they are read from L2 (__ldcg). */
+__device__ __forceinline__ void merge_row(const struct ap_args &a, int64_t rh, int n_chunks,
+                                          int64_t n_rh)
+{
+    const int hd = a.hd, tid = threadIdx.x;
+    const float2 *ml = (const float2 *)(a.ws + n_rh * a.max_chunks * hd) + rh * a.max_chunks;
+    const float *acc = a.ws + rh * a.max_chunks * hd;
+    float M = -INFINITY;
+    for (int c = 0; c < n_chunks; c++)
+        M = fmaxf(M, __ldcg(&ml[c]).x);
+    float L = 0.0f, x0 = 0.0f, x1 = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < n_chunks; c++) {
+        const float2 r = __ldcg(&ml[c]);
+        const float e = expf(r.x - M); /* every chunk has a key: r.x is finite */
+        L = fmaf(e, r.y, L);
+        if (tid < hd) x0 = fmaf(e, __ldcg(&acc[(int64_t)c * hd + tid]), x0);
+        if (tid + AP_THREADS < hd)
+            x1 = fmaf(e, __ldcg(&acc[(int64_t)c * hd + tid + AP_THREADS]), x1);
+    }
+    float *o = a.out + rh * hd;
+    if (tid < hd) o[tid] = x0 / L;
+    if (tid + AP_THREADS < hd) o[tid + AP_THREADS] = x1 / L;
+}
 
 /* ldv<VPL>: VPL consecutive elements of a K/V row as floats, in one access where they fill 8 or 16
  * aligned bytes. */
@@ -89,7 +117,8 @@ template <int VPL> __device__ __forceinline__ void ldv(const __half *p, float *v
 {
     if constexpr (VPL == 4) {
         const uint2 u = *(const uint2 *)p;
-        const float2 a = __half22float2(*(const __half2 *)&u.x), b = __half22float2(*(const __half2 *)&u.y);
+        const float2 a = __half22float2(*(const __half2 *)&u.x),
+                     b = __half22float2(*(const __half2 *)&u.y);
         v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
     } else if constexpr (VPL == 8) {
         const uint4 u = *(const uint4 *)p;
@@ -101,7 +130,8 @@ template <int VPL> __device__ __forceinline__ void ldv(const __half *p, float *v
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < VPL; i++) v[i] = __half2float(p[i]);
+        for (int i = 0; i < VPL; i++)
+            v[i] = __half2float(p[i]);
     }
 }
 
@@ -115,7 +145,8 @@ template <int VPL> __device__ __forceinline__ void ldv(const float *p, float *v)
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < VPL; i++) v[i] = p[i];
+        for (int i = 0; i < VPL; i++)
+            v[i] = p[i];
     }
 }
 
@@ -133,6 +164,7 @@ __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
     __shared__ int64_t offs[AP_THREADS];
     __shared__ float red_m[AP_WARPS], red_s[AP_WARPS];
     __shared__ float vacc[AP_WARPS][HD];
+    __shared__ int last;
     const E *kp = (const E *)a.k, *vp = (const E *)a.v;
     const int64_t rh = blockIdx.x, row = rh / a.n_head;
     const int h = (int)(rh % a.n_head), g = h / (a.n_head / a.n_kv_head), tid = threadIdx.x;
@@ -141,7 +173,8 @@ __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
     const int n_chunks = (len + CU_ATTN_CHUNK - 1) / CU_ATTN_CHUNK;
     if ((int)blockIdx.y >= n_chunks) return;
     const int32_t *tab = a.bt + (int64_t)a.q_seq[row] * a.bt_stride;
-    for (int d = tid; d < HD; d += AP_THREADS) qs[d] = a.q[rh * HD + d];
+    for (int d = tid; d < HD; d += AP_THREADS)
+        qs[d] = a.q[rh * HD + d];
     __syncthreads();
     for (int ch = blockIdx.y; ch < n_chunks; ch += gridDim.y) {
         const int k0 = ch * CU_ATTN_CHUNK, n = min(CU_ATTN_CHUNK, len - k0);
@@ -153,7 +186,8 @@ __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
             const E *kr = kp + off;
             float dot = 0.0f;
 #pragma unroll
-            for (int d = 0; d < HD; d += 8) dot = dot8(qs + d, kr + d, dot);
+            for (int d = 0; d < HD; d += 8)
+                dot = dot8(qs + d, kr + d, dot);
             s = dot * a.scale;
         }
         const float m = block_max(s, red_m); /* its barrier publishes offs */
@@ -162,7 +196,8 @@ __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
         const float l = block_sum(p, red_s); /* and this one ps */
         float acc[VPL];
 #pragma unroll
-        for (int i = 0; i < VPL; i++) acc[i] = 0.0f;
+        for (int i = 0; i < VPL; i++)
+            acc[i] = 0.0f;
         const int kb = warp * WARP, ke = min(n, kb + WARP);
 #pragma unroll 8
         for (int jj = kb; jj < ke; jj++) {
@@ -170,55 +205,43 @@ __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
             ldv<VPL>(vp + offs[jj] + lane * VPL, v);
             const float pj = ps[jj];
 #pragma unroll
-            for (int i = 0; i < VPL; i++) acc[i] = fmaf(pj, v[i], acc[i]);
+            for (int i = 0; i < VPL; i++)
+                acc[i] = fmaf(pj, v[i], acc[i]);
         }
 #pragma unroll
-        for (int i = 0; i < VPL; i++) vacc[warp][lane * VPL + i] = acc[i];
+        for (int i = 0; i < VPL; i++)
+            vacc[warp][lane * VPL + i] = acc[i];
         __syncthreads();
         const int64_t rec = rh * a.max_chunks + ch;
         for (int d = tid; d < HD; d += AP_THREADS) {
             float x = vacc[0][d];
 #pragma unroll
-            for (int w = 1; w < AP_WARPS; w++) x += vacc[w][d];
+            for (int w = 1; w < AP_WARPS; w++)
+                x += vacc[w][d];
             if (n_chunks == 1)
                 a.out[rh * HD + d] = x / l;
             else
                 a.ws[rec * HD + d] = x;
         }
-        if (n_chunks > 1 && tid == 0) {
-            float2 *ml = (float2 *)(a.ws + (int64_t)gridDim.x * a.max_chunks * HD);
-            ml[rec] = make_float2(m, l);
+        if (n_chunks > 1) {
+            if (tid == 0) {
+                float2 *ml = (float2 *)(a.ws + (int64_t)gridDim.x * a.max_chunks * HD);
+                ml[rec] = make_float2(m, l);
+            }
+            /* the CTA that ends the row's last chunk merges them all (threadFenceReduction's
+             * pattern): the records are out before the count says so */
+            __threadfence();
+            __syncthreads();
+            if (tid == 0) last = atomicAdd(&a.cnt[rh], 1u) == (unsigned)(n_chunks - 1);
+            __syncthreads();
+            if (last) {
+                __threadfence();
+                merge_row(a, rh, n_chunks, gridDim.x);
+                if (tid == 0) a.cnt[rh] = 0; /* for the next launch */
+            }
         }
         __syncthreads(); /* the next chunk rewrites offs, ps, red_* and vacc */
     }
-}
-
-/* One CTA per (row, head) of more than one chunk: the chunks' records merged in chunk order, each
- * thread one or two dims (every sum sequential, so the bits depend on the row's length only). */
-__global__ void __launch_bounds__(AP_THREADS) attn_merge(struct ap_args a)
-{
-    const int64_t rh = blockIdx.x, row = rh / a.n_head;
-    const int hd = a.hd, tid = threadIdx.x, len = a.kv_len[row];
-    const int n_chunks = (len + CU_ATTN_CHUNK - 1) / CU_ATTN_CHUNK;
-    if (n_chunks < 2) return;
-    const float2 *ml =
-        (const float2 *)(a.ws + (int64_t)gridDim.x * a.max_chunks * hd) + rh * a.max_chunks;
-    const float *acc = a.ws + rh * a.max_chunks * hd;
-    float M = -INFINITY;
-    for (int c = 0; c < n_chunks; c++)
-        M = fmaxf(M, ml[c].x);
-    float L = 0.0f, x0 = 0.0f, x1 = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < n_chunks; c++) {
-        const float2 r = ml[c];
-        const float e = expf(r.x - M); /* every chunk has a key: r.x is finite */
-        L = fmaf(e, r.y, L);
-        if (tid < hd) x0 = fmaf(e, acc[(int64_t)c * hd + tid], x0);
-        if (tid + AP_THREADS < hd) x1 = fmaf(e, acc[(int64_t)c * hd + tid + AP_THREADS], x1);
-    }
-    float *o = a.out + rh * hd;
-    if (tid < hd) o[tid] = x0 / L;
-    if (tid + AP_THREADS < hd) o[tid + AP_THREADS] = x1 / L;
 }
 
 static int max_chunks(int64_t max_len)
@@ -229,7 +252,9 @@ static int max_chunks(int64_t max_len)
 extern "C" size_t cu_attn_plain_workspace_bytes(int n_head, int head_dim, int64_t max_len)
 {
     const int mc = max_chunks(max_len);
-    return mc < 2 ? 0 : (size_t)CU_ATTN_MAX_ROWS * n_head * mc * (head_dim + 2) * sizeof(float);
+    return mc < 2 ? 0
+                  : (size_t)CU_ATTN_MAX_ROWS * n_head * mc * (head_dim + 2) * sizeof(float) +
+                        (size_t)CU_ATTN_MAX_ROWS * n_head * sizeof(unsigned);
 }
 
 extern "C" int cu_attention_plain(const float *q, int64_t n_q, int n_head, const void *k,
@@ -248,31 +273,51 @@ extern "C" int cu_attention_plain(const float *q, int64_t n_q, int n_head, const
     if (n_q == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     const int mc = max_chunks(max_len);
-    const struct ap_args a = {q,          k,
-                              v,          n_head,
-                              block_size, n_kv_head,
-                              head_dim,   block_tables,
-                              bt_stride,  q_seq,
-                              kv_len,     1.0f / sqrtf((float)head_dim),
-                              mc,         (float *)workspace,
-                              out};
+    struct ap_args a = {q,          k,
+                        v,          n_head,
+                        block_size, n_kv_head,
+                        head_dim,   block_tables,
+                        bt_stride,  q_seq,
+                        kv_len,     1.0f / sqrtf((float)head_dim),
+                        mc,         (float *)workspace,
+                        NULL,       out};
     /* the grid: the rows' heads times enough chunk lanes to fill the GPU, from the row count only
      * (so a captured step replays the same grid for any lengths) */
     const int64_t rhs = n_q * n_head;
     int64_t gy = (AP_CTAS + rhs - 1) / rhs;
     if (gy > mc) gy = mc;
     const dim3 grid((unsigned)rhs, (unsigned)gy);
+    /* the counters after the records of CU_ATTN_MAX_ROWS rows */
+    if (mc > 1)
+        a.cnt = (unsigned *)((float *)workspace +
+                             (int64_t)CU_ATTN_MAX_ROWS * n_head * mc * (head_dim + 2));
 #define AC(E, V) attn_chunks<E, V><<<grid, AP_THREADS, 0, s>>>(a)
 #define AC_HD(E)                                                                                   \
     switch (head_dim / WARP) {                                                                     \
-    case 1: AC(E, 1); break;                                                                       \
-    case 2: AC(E, 2); break;                                                                       \
-    case 3: AC(E, 3); break;                                                                       \
-    case 4: AC(E, 4); break;                                                                       \
-    case 5: AC(E, 5); break;                                                                       \
-    case 6: AC(E, 6); break;                                                                       \
-    case 7: AC(E, 7); break;                                                                       \
-    default: AC(E, 8); break;                                                                      \
+    case 1:                                                                                        \
+        AC(E, 1);                                                                                  \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        AC(E, 2);                                                                                  \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        AC(E, 3);                                                                                  \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        AC(E, 4);                                                                                  \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        AC(E, 5);                                                                                  \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        AC(E, 6);                                                                                  \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        AC(E, 7);                                                                                  \
+        break;                                                                                     \
+    default:                                                                                       \
+        AC(E, 8);                                                                                  \
+        break;                                                                                     \
     }
     if (f16) {
         AC_HD(__half)
@@ -281,6 +326,5 @@ extern "C" int cu_attention_plain(const float *q, int64_t n_q, int n_head, const
     }
 #undef AC_HD
 #undef AC
-    if (mc > 1) attn_merge<<<(unsigned)rhs, AP_THREADS, 0, s>>>(a);
     return cu_launch_check();
 }

@@ -9,8 +9,8 @@
  * takes one (row, head, chunk) at a time: a thread scores one key, then each warp adds p * v over
  * a quarter of the chunk's keys in key order, the warps' sums added in warp order. A row of one
  * chunk writes its
- * output directly; a longer row leaves a (max, sum, acc) record per chunk in the workspace and a
- * second kernel merges them in chunk order. The chunks and every sum depend only on the row's own
+ * output directly; a longer row leaves a (max, sum, acc) record per chunk in the workspace and the
+ * CTA that finishes its last chunk (a counter per row and head) merges them in chunk order. The chunks and every sum depend only on the row's own
  * length, never on the batch, the grid or the other rows, so a row's output is the same bits
  * whatever the batch, the chunk of a prompt or decode vs re-prefill (DESIGN 3.4). The grid is
  * fixed by the row count alone (CTAs loop over a row's chunks; those past its length exit), so a
@@ -30,7 +30,8 @@ extern "C" {
 #define CU_ATTN_CHUNK    128 /* keys of one split of a row */
 #define CU_ATTN_MAX_ROWS 16  /* rows one cu_attention_plain call takes (the workspace's) */
 
-/* cu_attn_plain_workspace_bytes: for rows of up to max_len keys. */
+/* cu_attn_plain_workspace_bytes: for rows of up to max_len keys. The workspace is zeroed once
+ * before its first use (it holds the counters; every call leaves them zero again). */
 size_t cu_attn_plain_workspace_bytes(int n_head, int head_dim, int64_t max_len);
 
 /* cu_attention_plain: n_q (1..CU_ATTN_MAX_ROWS) rows of q, k and v pools of one layer (IEEE half

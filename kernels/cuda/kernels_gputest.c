@@ -588,6 +588,7 @@ START_TEST(attention_rows_match_reference)
         wsb = cu_attn_rows_workspace_bytes(n_head, hd, max_len);
     void *ws;
     ck_assert_int_eq(cudaMalloc(&ws, wsb), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(ws, 0, wsb), cudaSuccess); /* the merge counters start at zero */
     float **blocks = malloc(sizeof(float *) * n_blocks);
     uint16_t *half = malloc(sizeof(uint16_t) * 2 * pool);
     const int kinds[] = {AK_PLAIN_F32, AK_ROWS_F32, AK_PLAIN_F16}; /* f16 last: it rounds kvf */
