@@ -104,6 +104,8 @@ struct backend_info {
     double adapt_wait_s;      /* time windows waited for the tier's copies */
     uint64_t pcie_pairs;      /* of the misses, pairs a GPU computed from registered host memory */
     double pcie_gbs;          /* host-to-GPU copy rate measured at start (GB/s), 0: not measured */
+    uint64_t graph_replays;   /* passes replayed from a captured CUDA graph (cuda) */
+    double mem_gbs;           /* device memory copy bandwidth measured at start (GPU), else 0 */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are

@@ -12,16 +12,21 @@
  * of a type the kernels lack, or a model shape they do not take is refused by name at start.
  * A pass follows backend_cpu.c's order of operations layer by layer. Products run on cu_matvec in
  * runs of at most 16 tokens (its exact integer block dots: the same bits for any batch), attention
- * in one split per row, and every glue kernel computes each row from that row alone, so a token's
- * logits are the same bits whatever the batch, the chunking or decode vs re-prefill (DESIGN 3.4)
- * for each KV type. Against the CPU backend the logits differ within the tolerances of docs/cuda.md
- * (the GPU's expf, sin/cos, fp32 float products).
- * Host round trips in a pass: the pass's inputs go up once; per MoE layer the router's picks come
- * down (pinned) so the host groups the pairs (moe_group, shared with the CPU) and calls the route
- * hook, and the groups go up; the logits come down at the end. Device-side grouping, so that a
- * decode step can be one CUDA graph, is the next step (issue 22, item 2).
- * Stats: passes, tokens, total_s and weight_bytes; the per-step breakdown (attention_s, ...) needs
- * CUDA events and stays zero for now. Threads: the decode thread only; device 0, one stream.
+ * split by each row's own length (attn_plain.h for f16 KV, attn.h's cu_attention_rows for f32
+ * unless STRATA_CUDA_ATTN=plain), and every glue kernel computes each row from that row alone, so a
+ * token's logits are the same bits whatever the batch, the chunking or decode vs re-prefill
+ * (DESIGN 3.4) for each KV type. Against the CPU backend the logits differ within the tolerances
+ * of docs/cuda.md (the GPU's expf, sin/cos, fp32 float products).
+ * Host round trips in a pass: the inputs go up once, the logits (and the layers' group counts, for
+ * the stats) come down at the end. The routed pairs are grouped on the device (cu_moe_group, the
+ * same layout as moe_group) into cu_moe_ffn_dev's fixed worst-case grid; only with a route hook
+ * set do the router's picks come down (pinned) so the host groups them and calls the hook.
+ * CUDA graphs: a pass of 1..16 tokens that all ask for logits, grouped on the device, is captured
+ * once per token count and replayed after (STRATA_CUDA_GRAPH=0 turns that off); the block tables
+ * go up at a fixed stride (max_bt) so the captured launches read them in place.
+ * Stats: passes, tokens, total_s, weight_bytes; with STRATA_DECODE_TIMING=1 (graphs then off) CUDA
+ * events between the phases give attention_s, dense_s, experts_s and output_s, and each tick logs
+ * its window's times. Threads: the decode thread only; device 0, one stream.
  */
 #include "gpu-worker/backend.h"
 #include "gpu-worker/hybrid_cuda.h"
@@ -33,8 +38,10 @@
 #include "kernels/cuda/attn_plain.h"
 #include "kernels/cuda/expf.h"
 #include "kernels/cuda/glue.h"
+#include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/moe_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/qact.h"
 #include "kernels/cuda/router.h"
@@ -49,6 +56,7 @@
 
 #define VRAM_RESERVE_MIB 700 /* --vram-reserve-mib default: the CUDA context, cuBLAS-free slack */
 #define MM_ROWS          CU_MATVEC_MAX_ACT /* tokens one cu_matvec launch takes */
+#define GRAPH_MAX_TOKENS 16 /* decode steps of 1..16 tokens replay a captured graph */
 
 /* A weight matrix in VRAM: the model_mat's shape with a device pointer. */
 struct dmat {
@@ -63,6 +71,24 @@ struct dlayer {
     struct dmat wq, wk, wv, wo, router, gate_sh, up_sh, down_sh, gate_inp_sh;
     const uint8_t *const *slots; /* device array of n_expert blob addresses */
     struct cu_moe_parts parts;
+    uint64_t group_bytes; /* weight bytes one group of this layer streams (its three parts) */
+    /* wq, wk (and wv) of one type lie in one allocation, row after row: qkv views them as one
+     * matrix, so a one-token pass makes q, k (and v) in one launch. n_cat: 3, 2 or 0 (apart). */
+    struct dmat qkv;
+    int n_cat;
+};
+
+/* The phases of STRATA_DECODE_TIMING, as backend_stats counts them. */
+enum phase { PH_ATTN, PH_DENSE, PH_EXPERTS, PH_OUTPUT, PH_COUNT /* the pass's end */ };
+#define MAX_MARKS 1024 /* events of one timed pass */
+
+/* A captured decode step: n tokens, every one asking for logits. The first pass of a shape runs
+ * uncaptured (it sets the kernels' lazy state: modules, occupancy, attributes), the second is
+ * captured, every later one replays. */
+struct step_graph {
+    bool seen;
+    cudaGraphExec_t exec;
+    uint64_t dense_bytes; /* the weight bytes its products stream besides the routed experts */
 };
 
 struct cuda_be {
@@ -76,6 +102,8 @@ struct cuda_be {
     char device[64];
     bool attn_plain_f32; /* STRATA_CUDA_ATTN=plain: the plain kernel for f32 KV too */
     bool expf_exact;     /* the GPU's expf gave libm's bits on the start-up sweep */
+    bool unfused;        /* STRATA_CUDA_FUSE=0: the MoE layer's separate launches (a diagnostic) */
+    bool matvec_chunks;  /* STRATA_CUDA_MATMUL_Q=0: prompt chunks as 16-row matvecs (a diagnostic) */
     void **allocs;       /* every cudaMalloc, freed at close */
     uint32_t n_allocs, cap_allocs;
     struct dlayer *L;
@@ -88,15 +116,35 @@ struct cuda_be {
     uint64_t kv_layer_bytes; /* one layer's K pool (V the same) */
     uint32_t pool_blocks, block_tokens, max_bt;
     /* device scratch, rows of T = max_pass_tokens tokens or T*K pairs */
-    float *x, *xn, *tmp, *q, *k, *v, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo, *logits;
+    float *x, *xn, *tmp, *q, *k, *v, *qkv1, *att, *rlogit, *selw, *moe, *g, *u, *y, *h, *shg, *xo,
+        *logits;
     int32_t *sel, *d_in, *d_pair_idx;
     struct moe_group *d_groups;
     uint8_t *acts[3];
     size_t act_stride;
     void *moe_ws;
     /* pinned host mirrors */
-    int32_t *h_in, *h_sel, *h_pair_idx;
+    int32_t *h_in, *h_sel, *h_pair_idx, *h_ng;
     struct moe_group *h_groups;
+    /* grouping on the device: each layer's group count, the bound on a pass's groups */
+    int32_t *d_ng;
+    bool dev_grouped; /* this pass grouped every layer on the device (no route hook) */
+    bool xn_ready;    /* xn already holds the norm the next step takes (a fused add made it) */
+    /* attention: the split records of CU_ATTN_MAX_ROWS rows, and the longest row (n_ctx) */
+    void *attn_ws;
+    int64_t attn_max_len;
+    /* CUDA graphs of decode steps (STRATA_CUDA_GRAPH=0: off), by token count */
+    bool graphs_on;
+    struct step_graph graph[GRAPH_MAX_TOKENS + 1];
+    uint64_t graph_replays, graph_captures;
+    double mem_gbs; /* copy bandwidth measured at start: the decode roofline */
+    /* STRATA_DECODE_TIMING: events between the phases of a pass (graphs off) */
+    bool timing;
+    cudaEvent_t ev[MAX_MARKS];
+    uint8_t ev_phase[MAX_MARKS];
+    uint32_t n_ev;
+    struct backend_stats tick_st; /* the stats at the last tick (each window's own times) */
+    uint64_t window;
     /* host scratch */
     uint32_t *pos, *rtok, *seen_len;
     struct kv_seq **seen;
@@ -169,6 +217,43 @@ static int upload_mat(struct cuda_be *c, const struct model_mat *w, struct dmat 
     if (!w->data) return 0;
     c->weight_bytes += w->n_out * w->row_bytes;
     return upload(c, w->data, w->n_out * w->row_bytes, (void **)&out->d);
+}
+
+/* upload_qkv: wq, wk and wv; those of wq's type and row size (wk, then wv) go up in one
+ * allocation after wq's rows, viewed together as D->qkv. */
+static int upload_qkv(struct cuda_be *c, const struct model_layer *L, struct dlayer *D)
+{
+    const struct model_mat *m[3] = {&L->wq, &L->wk, &L->wv};
+    struct dmat *d[3] = {&D->wq, &D->wk, &D->wv};
+    int n = 1;
+    while (n < 3 && m[n]->data && m[n]->type == m[0]->type && m[n]->row_bytes == m[0]->row_bytes &&
+           m[n]->n_in == m[0]->n_in)
+        n++;
+    if (!m[0]->data || n == 1) {
+        D->n_cat = 0;
+        int rv;
+        for (int i = 0; i < 3; i++)
+            if ((rv = upload_mat(c, m[i], d[i]))) return rv;
+        return 0;
+    }
+    uint64_t rows = 0;
+    for (int i = 0; i < n; i++)
+        rows += m[i]->n_out;
+    uint8_t *buf;
+    int rv = dalloc(c, rows * m[0]->row_bytes, (void **)&buf);
+    for (int i = 0, at = 0; !rv && i < n; at += (int)m[i]->n_out, i++) {
+        *d[i] = (struct dmat){buf + (uint64_t)at * m[0]->row_bytes, m[i]->type, m[i]->n_in,
+                              m[i]->n_out, m[i]->row_bytes};
+        c->weight_bytes += m[i]->n_out * m[i]->row_bytes;
+        rv = ck(cudaMemcpy((void *)d[i]->d, m[i]->data, m[i]->n_out * m[i]->row_bytes,
+                           cudaMemcpyHostToDevice),
+                "upload");
+    }
+    D->qkv = (struct dmat){buf, m[0]->type, m[0]->n_in, (uint32_t)rows, m[0]->row_bytes};
+    D->n_cat = n;
+    for (int i = n; !rv && i < 3; i++)
+        rv = upload_mat(c, m[i], d[i]);
+    return rv;
 }
 
 /* ---- what the kernels take: refused by name at start -------------------------------------- */
@@ -285,6 +370,36 @@ static int upload_experts(struct cuda_be *c, uint64_t slot_bytes)
 
 static void cuda_close(void *impl);
 
+/* copy_gbs measures the device's copy bandwidth (bytes read plus bytes written per second, the
+ * figure a weight stream is held to) on two transient 256 MiB buffers; 0 when they do not fit. */
+static double copy_gbs(cudaStream_t s)
+{
+    const size_t bytes = (size_t)256 << 20;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float best = 0;
+    if (cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        for (int i = 0; i < 6; i++) {
+            float ms = 0;
+            cudaEventRecord(e0, s);
+            cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s);
+            cudaEventRecord(e1, s);
+            if (cudaEventSynchronize(e1) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+                break;
+            const float gbs = (float)(2.0 * bytes / (ms * 1e-3) / 1e9);
+            if (i > 0 && gbs > best) best = gbs; /* the first warms up */
+        }
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return best;
+}
+
 static int cuda_start(const struct model *m, const struct backend_opts *o, struct kv_cache *kv,
                       void **out)
 {
@@ -298,6 +413,13 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     c->o = *o;
     const char *ap = getenv("STRATA_CUDA_ATTN");
     c->attn_plain_f32 = ap && strcmp(ap, "plain") == 0;
+    const char *gr = getenv("STRATA_CUDA_GRAPH"), *tm = getenv("STRATA_DECODE_TIMING");
+    c->timing = tm && *tm && strcmp(tm, "0") != 0;
+    const char *fu = getenv("STRATA_CUDA_FUSE");
+    c->unfused = fu && strcmp(fu, "0") == 0;
+    const char *mq = getenv("STRATA_CUDA_MATMUL_Q");
+    c->matvec_chunks = mq && strcmp(mq, "0") == 0;
+    c->graphs_on = !(gr && strcmp(gr, "0") == 0) && !c->timing;
     const uint32_t T = o->max_pass_tokens, K = hp->n_expert_used, E = hp->n_embd;
     const struct kv_config *kc = kv_config_of(kv);
     struct cudaDeviceProp prop;
@@ -315,6 +437,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         LOG_WARN("the GPU's expf differs from this host's libm on %llu of 2M floats (first "
                  "expf(%a)): answers are not bit-exact, and --bit-exact refuses to start",
                  (unsigned long long)expf_bad, expf_x);
+    c->mem_gbs = copy_gbs(c->s);
     if (!(c->L = calloc(hp->n_layer, sizeof *c->L))) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for the CUDA layer table");
         goto fail;
@@ -356,12 +479,19 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
                                   {L->blob.part_off[0], L->blob.part_off[1], L->blob.part_off[2]},
                                   E,
                                   hp->n_ff_exp};
+        for (int p = 0; p < MODEL_PART_COUNT; p++)
+            c->L[l].group_bytes += L->part[p].n_out * L->part[p].row_bytes;
     }
+    c->attn_max_len = kc->n_ctx;
     size_t moe_ws = 0; /* layers differ in part types (q4_k_m's Q6_K downs): the widest */
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const size_t b = cu_moe_workspace_bytes(&c->L[l].parts, T, (int)K);
         if (b > moe_ws) moe_ws = b;
     }
+    /* the attention's split records: attn_plain's or attn.cu's rows kernel (f32 KV) */
+    size_t attn_ws = cu_attn_plain_workspace_bytes((int)hp->n_head, (int)hp->head_dim, kc->n_ctx);
+    if (cu_attn_rows_workspace_bytes((int)hp->n_head, (int)hp->head_dim, kc->n_ctx) > attn_ws)
+        attn_ws = cu_attn_rows_workspace_bytes((int)hp->n_head, (int)hp->head_dim, kc->n_ctx);
     struct {
         void **p;
         size_t bytes;
@@ -372,6 +502,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         {(void **)&c->q, T * NQ * 4},
         {(void **)&c->k, T * NK * 4},
         {(void **)&c->v, T * NK * 4},
+        {(void **)&c->qkv1, (NQ + 2 * NK) * 4},
         {(void **)&c->att, T * NQ * 4},
         {(void **)&c->rlogit, (size_t)T * hp->n_expert * 4},
         {(void **)&c->selw, P * 4},
@@ -391,6 +522,8 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         {(void **)&c->acts[1], T * c->act_stride},
         {(void **)&c->acts[2], T * c->act_stride},
         {(void **)&c->moe_ws, moe_ws},
+        {(void **)&c->d_ng, (size_t)hp->n_layer * 4},
+        {(void **)&c->attn_ws, attn_ws},
     };
     const size_t n_bufs = sizeof bufs / sizeof bufs[0];
     for (size_t i = 0; i < n_bufs; i++) /* cudaMalloc rounds each to 256 bytes or more */
@@ -463,8 +596,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
             (rv = upload_vec(c, L->q_norm, qn, &D->q_norm)) ||
             (rv = upload_vec(c, L->k_norm, kn, &D->k_norm)) ||
             (rv = upload_vec(c, L->bq, NQ, &D->bq)) || (rv = upload_vec(c, L->bk, NK, &D->bk)) ||
-            (rv = upload_vec(c, L->bv, NK, &D->bv)) || (rv = upload_mat(c, &L->wq, &D->wq)) ||
-            (rv = upload_mat(c, &L->wk, &D->wk)) || (rv = upload_mat(c, &L->wv, &D->wv)) ||
+            (rv = upload_vec(c, L->bv, NK, &D->bv)) || (rv = upload_qkv(c, L, D)) ||
             (rv = upload_mat(c, &L->wo, &D->wo)) || (rv = upload_mat(c, &L->router, &D->router)) ||
             (rv = upload_mat(c, &L->gate_shexp, &D->gate_sh)) ||
             (rv = upload_mat(c, &L->up_shexp, &D->up_sh)) ||
@@ -488,13 +620,18 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         if ((rv = hyb_start(m, o, c->parts, c->s, c->n_slots, slot_bytes, reserve, &c->hyb)))
             goto fail;
     }
+    /* the attention's merge counters start at zero (its calls leave them so) */
+    if ((rv = ck(cudaMemset(c->attn_ws, 0, attn_ws ? attn_ws : 1), "cudaMemset"))) goto fail;
     if ((rv = ck(cudaMallocHost((void **)&c->h_in, ((size_t)IN_BT * T + (size_t)T * c->max_bt) * 4),
                  "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_sel, P * 4), "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_pair_idx, P * 4), "cudaMallocHost")) ||
+        (rv = ck(cudaMallocHost((void **)&c->h_ng, (size_t)hp->n_layer * 4), "cudaMallocHost")) ||
         (rv = ck(cudaMallocHost((void **)&c->h_groups, P * sizeof(struct moe_group)),
                  "cudaMallocHost")))
         goto fail;
+    for (uint32_t i = 0; c->timing && i < MAX_MARKS; i++)
+        if ((rv = ck(cudaEventCreate(&c->ev[i]), "cudaEventCreate"))) goto fail;
     if (!(c->pos = malloc(T * sizeof *c->pos)) || !(c->rtok = malloc(T * sizeof *c->rtok)) ||
         !(c->seen_len = malloc(T * sizeof *c->seen_len)) ||
         !(c->seen = malloc(T * sizeof *c->seen))) {
@@ -522,6 +659,11 @@ static void cuda_close(void *impl)
     cudaFreeHost(c->h_sel);
     cudaFreeHost(c->h_pair_idx);
     cudaFreeHost(c->h_groups);
+    cudaFreeHost(c->h_ng);
+    for (uint32_t i = 0; i <= GRAPH_MAX_TOKENS; i++)
+        if (c->graph[i].exec) cudaGraphExecDestroy(c->graph[i].exec);
+    for (uint32_t i = 0; i < MAX_MARKS; i++)
+        if (c->ev[i]) cudaEventDestroy(c->ev[i]);
     if (c->s) cudaStreamDestroy(c->s);
     free(c->allocs);
     free(c->L);
@@ -533,6 +675,29 @@ static void cuda_close(void *impl)
 }
 
 /* ---- a pass --------------------------------------------------------------------------------- */
+
+/* mark ends the pass's current phase here and starts phase ph (STRATA_DECODE_TIMING: an event
+ * on the stream; the time between two events goes to the phase the first one began). */
+static void mark(struct cuda_be *c, enum phase ph)
+{
+    if (!c->timing || c->n_ev == MAX_MARKS) return;
+    if (c->n_ev && c->ev_phase[c->n_ev - 1] == ph) return;
+    cudaEventRecord(c->ev[c->n_ev], c->s);
+    c->ev_phase[c->n_ev++] = (uint8_t)ph;
+}
+
+/* timing_done adds a synchronized pass's phase times to the stats. */
+static void timing_done(struct cuda_be *c)
+{
+    double *to[PH_COUNT] = {&c->st.attention_s, &c->st.dense_s, &c->st.experts_s, &c->st.output_s};
+    for (uint32_t i = 0; i + 1 < c->n_ev; i++) {
+        float ms = 0;
+        if (c->ev_phase[i] >= PH_COUNT) continue;
+        if (cudaEventElapsedTime(&ms, c->ev[i], c->ev[i + 1]) == cudaSuccess)
+            *to[c->ev_phase[i]] += 1e-3 * ms;
+    }
+    c->n_ev = 0;
+}
 
 /* mm: y (n rows of w->n_out floats) = W . x (n rows of w->n_in floats), in launches of up to 16
  * tokens over activations quantized once into acts (T * act_stride bytes). prev: a matrix of
@@ -547,6 +712,12 @@ static int mm(struct cuda_be *c, const struct dmat *w, const float *x, uint32_t 
     int rv;
     if (!is_float && !prev && (rv = cu_quantize_acts(w->type, x, w->n_in, (int)n, acts, c->s)))
         return rv;
+    if (!is_float && n > MM_ROWS && !c->matvec_chunks) {
+        /* a prompt chunk: one int8 tensor-core launch, the same bits as the 16-row matvecs */
+        if ((rv = cu_matmul_q(w->type, w->d, w->n_in, w->n_out, acts, n, y, c->s))) return rv;
+        c->st.weight_bytes += w->n_out * w->row_bytes;
+        return 0;
+    }
     for (uint32_t i = 0; i < n; i += MM_ROWS) {
         const uint32_t r = n - i < MM_ROWS ? n - i : MM_ROWS;
         if ((rv = cu_matvec(w->type, w->d, w->n_in, w->n_out, (const uint8_t *)a + i * arb, (int)r,
@@ -570,58 +741,90 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     const bool f16 = c->o.kv_type == KV_F16;
     uint8_t *kp = c->kv_pool + 2 * il * c->kv_layer_bytes, *vp = kp + c->kv_layer_bytes;
     int rv;
-    if ((rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
-        (rv = mm(c, &D->wq, c->xn, n, c->q, c->acts[0], NULL)))
+    mark(c, PH_ATTN);
+    if (!c->xn_ready && (rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s)))
         return rv;
-    /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
-    const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
-               vk = D->wv.type == D->wk.type;
-    if ((rv = mm(c, &D->wk, c->xn, n, c->k, kq ? c->acts[0] : c->acts[1], kq ? &D->wq : NULL)) ||
-        (rv = mm(c, &D->wv, c->xn, n, c->v,
-                 vq          ? c->acts[0]
-                 : vk && !kq ? c->acts[1]
-                             : c->acts[2],
-                 vq          ? &D->wq
-                 : vk && !kq ? &D->wk
-                             : NULL)))
-        return rv;
-    if (D->bq && ((rv = cu_add_rows(c->q, D->bq, n, NQ, c->s)) ||
-                  (rv = cu_add_rows(c->k, D->bk, n, NK, c->s)) ||
-                  (rv = cu_add_rows(c->v, D->bv, n, NK, c->s))))
-        return rv;
-    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
-        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, (int64_t)n * hp->n_head, hp->head_dim, hp->rms_eps,
-                          c->s)) ||
-         (rv = cu_rmsnorm(c->k, D->k_norm, c->k, (int64_t)n * hp->n_head_kv, hp->head_dim,
-                          hp->rms_eps, c->s))))
+    c->xn_ready = false;
+    mark(c, PH_DENSE);
+    float *q = c->q, *k = c->k, *v = c->v;
+    if (n == 1 && D->n_cat) {
+        /* one token: q, k (and v) rows in one launch, the same row dots */
+        q = c->qkv1, k = q + NQ;
+        if ((rv = mm(c, &D->qkv, c->xn, 1, q, c->acts[0], NULL))) return rv;
+        if (D->n_cat == 3)
+            v = k + NK;
+        else if ((rv = mm(c, &D->wv, c->xn, 1, v, c->acts[1], NULL)))
+            return rv;
+    } else {
+        if ((rv = mm(c, &D->wq, c->xn, n, q, c->acts[0], NULL))) return rv;
+        /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
+        const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
+                   vk = D->wv.type == D->wk.type;
+        if ((rv = mm(c, &D->wk, c->xn, n, k, kq ? c->acts[0] : c->acts[1], kq ? &D->wq : NULL)) ||
+            (rv = mm(c, &D->wv, c->xn, n, v,
+                     vq          ? c->acts[0]
+                     : vk && !kq ? c->acts[1]
+                                 : c->acts[2],
+                     vq          ? &D->wq
+                     : vk && !kq ? &D->wk
+                                 : NULL)))
+            return rv;
+    }
+    mark(c, PH_ATTN);
+    if (D->bq &&
+        ((rv = cu_add_rows(q, D->bq, n, NQ, c->s)) || (rv = cu_add_rows(k, D->bk, n, NK, c->s)) ||
+         (rv = cu_add_rows(v, D->bv, n, NK, c->s))))
         return rv;
     if (hp->qk_norm == MODEL_QK_NORM_FULL &&
-        ((rv = cu_rmsnorm(c->q, D->q_norm, c->q, n, NQ, hp->rms_eps, c->s)) ||
-         (rv = cu_rmsnorm(c->k, D->k_norm, c->k, n, NK, hp->rms_eps, c->s))))
+        ((rv = cu_rmsnorm(q, D->q_norm, q, n, NQ, hp->rms_eps, c->s)) ||
+         (rv = cu_rmsnorm(k, D->k_norm, k, n, NK, hp->rms_eps, c->s))))
         return rv;
     const int neox = hp->rope == MODEL_ROPE_NEOX;
-    if ((rv = cu_rope(c->q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
-                      c->s)) ||
-        (rv = cu_rope(c->k, d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
-                      c->s)) ||
-        (rv = cu_kv_store(c->k, c->v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens, f16,
-                          kp, vp, c->s)))
+    const bool head_norm = hp->qk_norm == MODEL_QK_NORM_HEAD;
+    if (!c->unfused) { /* per-head norms, RoPE and the K/V store in one launch */
+        if ((rv = cu_qk_rope_store(q, k, v, head_norm ? D->q_norm : NULL,
+                                   head_norm ? D->k_norm : NULL, d_pos, d_slot, n, hp->n_head,
+                                   hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
+                                   hp->rms_eps, f16, c->block_tokens, kp, vp, c->s)))
+            return rv;
+    } else if ((head_norm && ((rv = cu_rmsnorm(q, D->q_norm, q, (int64_t)n * hp->n_head,
+                                               hp->head_dim, hp->rms_eps, c->s)) ||
+                              (rv = cu_rmsnorm(k, D->k_norm, k, (int64_t)n * hp->n_head_kv,
+                                               hp->head_dim, hp->rms_eps, c->s)))) ||
+               (rv = cu_rope(q, d_pos, n, hp->n_head, hp->head_dim, hp->n_rot, hp->rope_theta, neox,
+                             c->s)) ||
+               (rv = cu_rope(k, d_pos, n, hp->n_head_kv, hp->head_dim, hp->n_rot, hp->rope_theta,
+                             neox, c->s)) ||
+               (rv = cu_kv_store(k, v, d_slot, n, hp->n_head_kv, hp->head_dim, c->block_tokens, f16,
+                                 kp, vp, c->s))) {
         return rv;
+    }
     /* every token's K/V of the layer is stored before any attends (a chunk sees itself causally);
-     * one split per row, so a row's sums never depend on the batch */
+     * a row's splits come from its own length, so its sums never depend on the batch */
     if (f16 || c->attn_plain_f32) {
-        rv = cu_attention_plain(c->q, n, hp->n_head, kp, vp, f16, c->block_tokens, hp->n_head_kv,
-                                hp->head_dim, d_bt, bt_stride, d_qseq, d_kvlen, c->att, c->s);
+        for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_MAX_ROWS) {
+            const uint32_t r = n - i < CU_ATTN_MAX_ROWS ? n - i : CU_ATTN_MAX_ROWS;
+            rv =
+                cu_attention_plain(q + i * NQ, r, hp->n_head, kp, vp, f16, c->block_tokens,
+                                   hp->n_head_kv, hp->head_dim, d_bt, bt_stride, d_qseq + i,
+                                   d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ, c->s);
+        }
     } else {
         const struct cu_kv kv = {(const float *)kp, (const float *)vp, (int)c->block_tokens,
                                  (int)hp->n_head_kv, (int)hp->head_dim};
-        rv = cu_attention(c->q, n, hp->n_head, &kv, d_bt, bt_stride, d_qseq, d_kvlen, 1, NULL,
-                          c->att, c->s);
+        for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_ROWS_MAX) {
+            const uint32_t r = n - i < CU_ATTN_ROWS_MAX ? n - i : CU_ATTN_ROWS_MAX;
+            rv = cu_attention_rows(q + i * NQ, r, hp->n_head, &kv, d_bt, bt_stride, d_qseq + i,
+                                   d_kvlen + i, c->attn_max_len, c->attn_ws, c->att + i * NQ, c->s);
+        }
     }
-    if (rv || (rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL)) ||
-        (rv = cu_add(c->x, c->tmp, (int64_t)n * E, c->s)))
-        return rv;
-    return 0;
+    if (rv) return rv;
+    mark(c, PH_DENSE);
+    if ((rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL))) return rv;
+    if (c->unfused) return cu_add(c->x, c->tmp, (int64_t)n * E, c->s);
+    /* the residual add and the MoE step's norm in one launch (the same bits) */
+    c->xn_ready = true;
+    return cu_add_rmsnorm(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s);
 }
 
 /* report_routes calls the route hook once per expert with its tokens, ascending (an expert with
@@ -641,22 +844,14 @@ static void report_routes(struct cuda_be *c, uint32_t il, int ng)
 
 static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il);
 
-static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
+/* moe_host_groups: the router's picks grouped on the host (moe_group), where the route hook sees
+ * them: one stream sync. The groups go back up for cu_moe_ffn. */
+static int moe_host_groups(struct cuda_be *c, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &c->m->hp;
     const struct dlayer *D = &c->L[il];
-    const size_t E = hp->n_embd;
     const int K = (int)hp->n_expert_used;
     int rv;
-    if ((rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
-        (rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL)))
-        return rv;
-    const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
-    if ((rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K,
-                             topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK,
-                             !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
-        return rv;
-    if (c->hyb) return moe_hybrid(c, n, il); /* not every expert resident */
     if ((rv = ck(cudaMemcpyAsync(c->h_sel, c->sel, (size_t)n * K * 4, cudaMemcpyDeviceToHost, c->s),
                  "routes down")) ||
         (rv = ck(cudaStreamSynchronize(c->s), "router")))
@@ -671,17 +866,72 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
                                  cudaMemcpyHostToDevice, c->s),
                  "pairs up")) ||
         (rv = cu_moe_ffn(&D->parts, D->slots, c->d_groups, ng, c->d_pair_idx, c->selw, n, K, c->xn,
-                         c->h, c->moe_ws, c->y, c->s)) ||
-        (rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s)))
+                         c->h, c->moe_ws, c->y, c->s)))
         return rv;
-    c->pairs += (uint64_t)n * K;
-    for (int g = 0; g < ng; g++)
-        for (int p = 0; p < MODEL_PART_COUNT; p++)
-            c->st.weight_bytes +=
-                c->m->layers[il].part[p].n_out * c->m->layers[il].part[p].row_bytes;
+    c->st.weight_bytes += (uint64_t)ng * D->group_bytes;
+    return 0;
+}
+
+/* moe_dev_groups: the same groups made on the device (cu_moe_group), the count left in d_ng for
+ * cu_moe_ffn_dev's fixed grid: no host round trip (the weight bytes are counted after the pass). */
+static int moe_dev_groups(struct cuda_be *c, uint32_t n, uint32_t il, bool grouped)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const int K = (int)hp->n_expert_used;
+    const int64_t max_groups = cu_moe_max_groups((int64_t)n * K, hp->n_expert, CU_MOE_MAX_PAIRS);
+    int rv;
+    if ((!grouped && (rv = cu_moe_group(c->sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS,
+                                        c->d_groups, c->d_pair_idx, c->d_ng + il, c->s))) ||
+        (rv = cu_moe_ffn_dev(&D->parts, D->slots, c->d_groups, c->d_ng + il, (int)max_groups,
+                             c->d_pair_idx, c->selw, n, K, c->xn, c->h, c->moe_ws, c->y,
+                             CU_MOE_EVERY_PAIR | (c->unfused ? CU_MOE_UNFUSED : 0), c->s)))
+        return rv;
+    return 0;
+}
+
+static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const struct dlayer *D = &c->L[il];
+    const size_t E = hp->n_embd;
+    const int K = (int)hp->n_expert_used;
+    int rv;
+    mark(c, PH_ATTN);
+    if (!c->xn_ready && (rv = cu_rmsnorm(c->x, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s)))
+        return rv;
+    c->xn_ready = false;
+    mark(c, PH_DENSE);
+    if ((rv = mm(c, &D->router, c->xn, n, c->rlogit, c->acts[0], NULL))) return rv;
+    const bool topk_first = hp->gating == MODEL_GATING_TOPK_SOFTMAX;
+    const enum cu_router_mode mode = topk_first ? CU_ROUTER_TOPK_SOFTMAX : CU_ROUTER_SOFTMAX_TOPK;
+    /* a decode step's few tokens: the picks and their groups in one launch */
+    const bool route_group = c->dev_grouped && !c->unfused && n <= CU_ROUTE_GROUP_MAX_TOKENS;
+    if (route_group
+            ? (rv = cu_router_group(
+                   c->rlogit, n, (int)hp->n_expert, K, mode, !topk_first && hp->norm_topk, c->sel,
+                   c->selw, NULL, CU_MOE_MAX_PAIRS, c->d_groups, c->d_pair_idx, c->d_ng + il, c->s))
+            : (rv = cu_router_topk(c->rlogit, n, (int)hp->n_expert, K, mode,
+                                   !topk_first && hp->norm_topk, c->sel, c->selw, c->s)))
+        return rv;
+    if (c->hyb) return moe_hybrid(c, n, il); /* not every expert resident */
+    mark(c, PH_EXPERTS);
+    if ((rv = c->dev_grouped ? moe_dev_groups(c, n, il, route_group) : moe_host_groups(c, n, il)))
+        return rv;
+    /* no shared expert: the combine adds into the residual itself and norms the row for the next
+     * step, the next layer's attention or the output (the same bits as the separate launches) */
+    if (!hp->n_ff_shexp && !c->unfused && E >= CU_ROW_NORM_MIN) {
+        const float *next = il + 1 < hp->n_layer ? c->L[il + 1].attn_norm : c->output_norm;
+        c->xn_ready = true;
+        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn, c->s);
+    }
+    if (!hp->n_ff_shexp && !c->unfused)
+        return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);
+    if ((rv = cu_moe_combine(c->y, c->sel, n, K, E, c->moe, c->s))) return rv;
     if (hp->n_ff_shexp) {
         const size_t F = D->gate_sh.n_out;
         const bool uq = D->up_sh.type == D->gate_sh.type;
+        mark(c, PH_DENSE);
         if ((rv = mm(c, &D->gate_sh, c->xn, n, c->g, c->acts[0], NULL)) ||
             (rv = mm(c, &D->up_sh, c->xn, n, c->u, uq ? c->acts[0] : c->acts[1],
                      uq ? &D->gate_sh : NULL)) ||
@@ -691,6 +941,7 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
             (rv = cu_gate_add(c->moe, c->y, c->shg, n, E, c->s)))
             return rv;
     }
+    mark(c, PH_EXPERTS);
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 
@@ -748,7 +999,6 @@ static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il)
     /* tmp is free until the next layer's attention */
     if (hp->n_ff_shexp && (rv = shared_expert(c, n, il, c->tmp))) return rv;
     if ((rv = hyb_moe_finish(c->hyb, &io, il, n, &c->st))) return rv;
-    c->pairs += (uint64_t)n * K;
     if (hp->n_ff_shexp && (rv = cu_gate_add(c->moe, c->tmp, c->shg, n, E, c->s))) return rv;
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
@@ -778,19 +1028,71 @@ static int grow(struct cuda_be *c, const struct backend_token *toks, uint32_t n,
     return rv;
 }
 
+/* issue_pass puts a pass on the stream once its inputs are up (d_in): embeddings, the layers,
+ * then the output rows' logits into c->logits. With every MoE layer grouped on the device it has
+ * no host round trip and fixed launch shapes for a given n, so it can be captured as a graph. */
+static int issue_pass(struct cuda_be *c, uint32_t n, uint32_t n_out)
+{
+    const struct model_hparams *hp = &c->m->hp;
+    const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd;
+    int rv;
+    c->xn_ready = false;
+    mark(c, PH_ATTN);
+    if ((rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
+                            c->x, c->s)))
+        return rv;
+    for (uint32_t il = 0; il < hp->n_layer; il++)
+        if ((rv = attention(c, n, il, c->max_bt)) || (rv = moe(c, n, il))) return rv;
+    mark(c, PH_OUTPUT);
+    if (n_out && ((!c->xn_ready &&
+                   (rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s))) ||
+                  (rv = cu_gather_rows(c->xn, c->d_in + IN_OUTROWS * T, n_out, E, c->xo, c->s)) ||
+                  (rv = mm(c, &c->output, c->xo, n_out, c->logits, c->acts[0], NULL))))
+        return rv;
+    return 0;
+}
+
+/* capture records issue_pass for n tokens into graph[n]; on any failure the capture is abandoned
+ * and graphs are turned off for this backend (the pass then runs uncaptured). */
+static int capture(struct cuda_be *c, uint32_t n)
+{
+    struct step_graph *g = &c->graph[n];
+    const uint64_t w0 = c->st.weight_bytes;
+    cudaGraph_t graph = NULL;
+    int rv = ck(cudaStreamBeginCapture(c->s, cudaStreamCaptureModeThreadLocal), "begin capture");
+    if (!rv) {
+        rv = issue_pass(c, n, n);
+        const int erv = ck(cudaStreamEndCapture(c->s, &graph), "end capture");
+        if (!rv) rv = erv;
+    }
+    if (!rv) rv = ck(cudaGraphInstantiate(&g->exec, graph, 0), "graph instantiate");
+    if (graph) cudaGraphDestroy(graph);
+    g->dense_bytes = c->st.weight_bytes - w0;
+    c->st.weight_bytes = w0;
+    if (rv) {
+        LOG_WARN("cuda: a decode step of %u tokens could not be captured as a CUDA graph (%s): "
+                 "graphs are off for this worker",
+                 n, strata_errdetail());
+        cudaGetLastError();
+        g->exec = NULL;
+        c->graphs_on = false;
+        return rv;
+    }
+    c->graph_captures++;
+    return 0;
+}
+
 static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, float *logits)
 {
     struct cuda_be *c = impl;
     const struct model_hparams *hp = &c->m->hp;
-    const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd, bs = c->block_tokens;
+    const uint32_t T = c->o.max_pass_tokens, bs = c->block_tokens, BT = c->max_bt;
     uint32_t n_seen;
     int rv;
     if ((rv = grow(c, toks, n, &n_seen)) != 0) return rv;
     const double t0 = now_s();
     int32_t *in = c->h_in;
-    uint32_t n_out = 0, bt_stride = 1;
-    for (uint32_t s = 0; s < n_seen; s++)
-        if (c->seen[s]->n_blocks > bt_stride) bt_stride = c->seen[s]->n_blocks;
+    uint32_t n_out = 0;
     for (uint32_t t = 0; t < n; t++) {
         const struct kv_seq *sq = toks[t].seq;
         in[IN_IDS * T + t] = toks[t].id;
@@ -799,34 +1101,50 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
         in[IN_KVLEN * T + t] = (int32_t)c->pos[t] + 1;
         if (toks[t].logits) in[IN_OUTROWS * T + n_out++] = (int32_t)t;
     }
+    /* block tables at a fixed stride (what a captured step reads); past a sequence's blocks the
+     * entries are never read, so only up to the last sequence's blocks go up */
     for (uint32_t s = 0; s < n_seen; s++)
-        for (uint32_t b = 0; b < bt_stride; b++)
-            in[IN_BT * T + s * bt_stride + b] =
-                b < c->seen[s]->n_blocks ? (int32_t)c->seen[s]->blocks[b] : 0;
-    const size_t in_bytes = ((size_t)IN_BT * T + (size_t)n_seen * bt_stride) * 4;
-    if ((rv = ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s),
-                 "inputs up")) ||
-        (rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
-                            c->x, c->s)))
+        memcpy(in + IN_BT * T + s * BT, c->seen[s]->blocks, c->seen[s]->n_blocks * sizeof(int32_t));
+    const size_t in_bytes =
+        ((size_t)IN_BT * T + (size_t)(n_seen - 1) * BT + c->seen[n_seen - 1]->n_blocks) * 4;
+    /* the hybrid syncs every layer (misses on the CPU): no device grouping, no graph */
+    c->dev_grouped = !c->route && !c->hyb;
+    const bool graph = c->graphs_on && c->dev_grouped && n <= GRAPH_MAX_TOKENS && n_out == n;
+    if ((rv =
+             ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s), "inputs up")))
         goto fail;
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        if ((rv = attention(c, n, il, bt_stride)) || (rv = moe(c, n, il))) goto fail;
+    if (graph && !c->graph[n].exec && c->graph[n].seen) capture(c, n);
+    if (graph) c->graph[n].seen = true;
+    if (graph && c->graph[n].exec) {
+        if ((rv = ck(cudaGraphLaunch(c->graph[n].exec, c->s), "graph launch"))) goto fail;
+        c->st.weight_bytes += c->graph[n].dense_bytes;
+        c->graph_replays++;
+    } else if ((rv = issue_pass(c, n, n_out))) {
+        goto fail;
     }
-    if (n_out &&
-        ((rv = cu_rmsnorm(c->x, c->output_norm, c->xn, n, E, hp->rms_eps, c->s)) ||
-         (rv = cu_gather_rows(c->xn, c->d_in + IN_OUTROWS * T, n_out, E, c->xo, c->s)) ||
-         (rv = mm(c, &c->output, c->xo, n_out, c->logits, c->acts[0], NULL)) ||
-         (rv = ck(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
-                                  cudaMemcpyDeviceToHost, c->s),
-                  "logits down"))))
+    if (c->dev_grouped && (rv = ck(cudaMemcpyAsync(c->h_ng, c->d_ng, hp->n_layer * sizeof *c->h_ng,
+                                                   cudaMemcpyDeviceToHost, c->s),
+                                   "group counts down")))
         goto fail;
+    if (n_out &&
+        (rv = ck(cudaMemcpyAsync(logits, c->logits, (size_t)n_out * hp->n_vocab * sizeof(float),
+                                 cudaMemcpyDeviceToHost, c->s),
+                 "logits down")))
+        goto fail;
+    mark(c, PH_COUNT); /* the end of the last phase */
     if ((rv = ck(cudaStreamSynchronize(c->s), "the pass"))) goto fail;
+    if (c->dev_grouped)
+        for (uint32_t l = 0; l < hp->n_layer; l++)
+            c->st.weight_bytes += (uint64_t)c->h_ng[l] * c->L[l].group_bytes;
+    if (c->timing) timing_done(c);
+    c->pairs += (uint64_t)n * hp->n_expert_used * hp->n_layer;
     c->st.passes++;
     c->st.tokens += n;
     c->st.total_s += now_s() - t0;
     return 0;
 fail:
     cudaStreamSynchronize(c->s);
+    c->n_ev = 0;
     for (uint32_t t = n; t-- > 0;)
         kv_seq_resize(c->kv, toks[t].seq, c->pos[t]);
     return rv;
@@ -859,6 +1177,19 @@ static void cuda_set_route(void *impl, backend_route_fn fn, void *ctx)
 static int cuda_tick(void *impl)
 {
     struct cuda_be *c = impl;
+    c->window++;
+    if (c->timing) {
+        const struct backend_stats *st = &c->st, *p = &c->tick_st;
+        const double s = st->total_s - p->total_s;
+        const uint64_t w = st->weight_bytes - p->weight_bytes;
+        LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, output %.2f), "
+                 "%llu tokens, %.1f MiB of weights: %.0f GB/s",
+                 (unsigned long long)c->window, 1e3 * s, 1e3 * (st->attention_s - p->attention_s),
+                 1e3 * (st->dense_s - p->dense_s), 1e3 * (st->experts_s - p->experts_s),
+                 1e3 * (st->output_s - p->output_s), (unsigned long long)(st->tokens - p->tokens),
+                 (double)w / (1 << 20), s > 0 ? (double)w / s / 1e9 : 0.0);
+        c->tick_st = *st;
+    }
     return c->hyb ? hyb_tick(c->hyb) : 0;
 }
 
@@ -893,6 +1224,8 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .resident = c->m->hp.n_layer * c->m->hp.n_expert,
         .hits = c->pairs,
         .first_hit_rate = 1.0,
+        .graph_replays = c->graph_replays,
+        .mem_gbs = c->mem_gbs,
     };
     snprintf(out->device, sizeof out->device, "%s", c->device);
     if (c->hyb) hyb_info(c->hyb, out);
@@ -908,6 +1241,7 @@ static void cuda_reset_stats(void *impl)
 {
     struct cuda_be *c = impl;
     memset(&c->st, 0, sizeof c->st);
+    memset(&c->tick_st, 0, sizeof c->tick_st);
 }
 
 const struct backend_ops backend_cuda_ops = {

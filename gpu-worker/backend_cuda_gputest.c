@@ -219,6 +219,75 @@ START_TEST(greedy_ids_stable_across_batches)
 }
 END_TEST
 
+/* decode_steps: 4 sequences' prompts in one pass each, then steps of 4 tokens, 1 token (sequence
+ * 0 alone) and 3 tokens in turn, every logit of every step kept in out (N_STEPS * 4 rows). */
+#define N_STEPS 12
+static void decode_steps(struct env *e, enum kv_type kt, float *out, uint64_t *replays)
+{
+    struct backend *b = start(e, "cuda", kt, 32);
+    struct kv_seq s[4];
+    float *logits = malloc((size_t)32 * e->V * sizeof(float));
+    struct backend_token t[32];
+    int32_t next[4];
+    for (int k = 0; k < 4; k++) {
+        kv_seq_init(&s[k]);
+        for (int i = 0; i < 10 + 3 * k; i++)
+            t[i] = (struct backend_token){&s[k], i == 0 ? (e->hist[0] + (int32_t)k) % (int32_t)e->V : e->hist[i],
+                                          i == 9 + 3 * k};
+        ck_assert_msg(backend_eval(b, t, 10 + 3 * k, logits) == 0, "%s", strata_errdetail());
+        next[k] = (int32_t)argmax(logits, e->V);
+    }
+    for (int step = 0; step < N_STEPS; step++) {
+        const int n = step % 3 == 0 ? 4 : step % 3 == 1 ? 1 : 3;
+        for (int k = 0; k < n; k++)
+            t[k] = (struct backend_token){&s[k], next[k], true};
+        ck_assert_msg(backend_eval(b, t, (uint32_t)n, logits) == 0, "%s", strata_errdetail());
+        memset(out + (size_t)step * 4 * e->V, 0, 4 * e->V * sizeof(float));
+        memcpy(out + (size_t)step * 4 * e->V, logits, (size_t)n * e->V * sizeof(float));
+        for (int k = 0; k < n; k++)
+            next[k] = (int32_t)argmax(logits + (size_t)k * e->V, e->V);
+    }
+    struct backend_info bi;
+    backend_info(b, &bi);
+    *replays = bi.graph_replays;
+    for (int k = 0; k < 4; k++)
+        kv_seq_fini(backend_kv(b), &s[k]);
+    free(logits);
+    backend_close(b);
+}
+
+/* A decode step replayed from its CUDA graph gives the uncaptured step's logits, bit for bit
+ * (STRATA_CUDA_GRAPH=0 turns graphs off), for steps of 1, 3 and 4 tokens and both KV types. */
+START_TEST(graph_replay_equals_uncaptured)
+{
+    struct env e;
+    env_open(&e, _i < 2 ? "qwen3moe" : "qwen2moe", NULL); /* qwen2moe: the shared expert too */
+    const enum kv_type kt = _i % 2 ? KV_F16 : KV_F32;
+    const size_t bytes = (size_t)N_STEPS * 4 * e.V * sizeof(float);
+    float *plain = malloc(bytes), *graph = malloc(bytes);
+    uint64_t r_plain, r_graph;
+    setenv("STRATA_CUDA_GRAPH", "0", 1);
+    decode_steps(&e, kt, plain, &r_plain);
+    unsetenv("STRATA_CUDA_GRAPH");
+    decode_steps(&e, kt, graph, &r_graph);
+    ck_assert_uint_eq(r_plain, 0);
+    /* three shapes (4, 1, 3 tokens), each run once uncaptured before its capture */
+    ck_assert_msg(r_graph == N_STEPS - 3, "%llu of %d steps replayed a graph",
+                  (unsigned long long)r_graph, N_STEPS);
+    for (int step = 0; step < N_STEPS; step++)
+        ck_assert_msg(memcmp(plain + (size_t)step * 4 * e.V, graph + (size_t)step * 4 * e.V,
+                             4 * e.V * sizeof(float)) == 0,
+                      "%s kv %s: step %d's logits differ from the uncaptured step's",
+                      _i < 2 ? "qwen3moe" : "qwen2moe", kv_type_name(kt), step);
+    printf("graph %s kv %s: %llu of %d steps replayed, logits equal bit for bit\n",
+           _i < 2 ? "qwen3moe" : "qwen2moe", kv_type_name(kt), (unsigned long long)r_graph,
+           N_STEPS);
+    free(plain);
+    free(graph);
+    env_close(&e);
+}
+END_TEST
+
 START_TEST(refused_by_name_at_start)
 {
     struct env e;
@@ -271,6 +340,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, logits_match_the_cpu, 0, 2 * N_CASES);
     tcase_add_loop_test(tc, greedy_ids_stable_across_batches, 0, N_CASES);
+    tcase_add_loop_test(tc, graph_replay_equals_uncaptured, 0, 4);
     tcase_add_test(tc, refused_by_name_at_start);
     tcase_add_test(tc, vram_plan_refuses_what_does_not_fit);
     suite_add_tcase(s, tc);

@@ -163,10 +163,16 @@ static void table(const char *model, const struct bench_opts *o, const struct be
     row("other", P->total_s - P->attention_s - P->dense_s - P->experts_s - P->output_s, P->total_s,
         D->total_s - D->attention_s - D->dense_s - D->experts_s - D->output_s, D->total_s);
     const double per_tok = D->tokens ? (double)D->weight_bytes / D->tokens : 0;
-    printf("\n  decode streams %.1f MiB of weights per token: %.1f GB/s, %.0f%% of the %.1f GB/s "
-           "this machine reads with %u threads\n",
-           per_tok / (1 << 20), r->decode_gbs, 100 * r->decode_gbs / r->read_gbs, r->read_gbs,
-           r->threads);
+    if (r->info.mem_gbs > 0) /* a GPU: its memory's copy bandwidth is the roofline */
+        printf("\n  decode streams %.1f MiB of weights per token: %.1f GB/s, %.1f%% of the %.0f "
+               "GB/s this GPU copies at (the roofline: %.0f tok/s)\n",
+               per_tok / (1 << 20), r->decode_gbs, 100 * r->decode_gbs / r->info.mem_gbs,
+               r->info.mem_gbs, per_tok > 0 ? r->info.mem_gbs * 1e9 / per_tok : 0.0);
+    else
+        printf("\n  decode streams %.1f MiB of weights per token: %.1f GB/s, %.0f%% of the %.1f "
+               "GB/s this machine reads with %u threads\n",
+               per_tok / (1 << 20), r->decode_gbs, 100 * r->decode_gbs / r->read_gbs, r->read_gbs,
+               r->threads);
     const struct backend_info *I = &r->info;
     if (I->cache_slots && I->hits + I->misses)
         printf("  expert cache: %u slots, %u experts resident, hit rate %.1f%% of %llu routed "

@@ -23,6 +23,8 @@ struct at_args {
     const int32_t *q_seq, *kv_len;
     float *ws;  /* split records: acc [rec][head_dim], then (m, l) [rec][2] */
     float *out; /* written directly when there is one split */
+    int chunk;  /* > 0: a row's splits are its keys in chunks of this many (cu_attention_rows) */
+    int stride; /* records per (row, head) in ws */
 };
 
 /* cp16 copies 16 bytes global -> shared without passing through registers; nbytes 0 writes zeros
@@ -124,179 +126,186 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2)
 
     const struct cu_kv kv = a.kv;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int n_split = gridDim.y, split = blockIdx.y;
     const int G = a.n_head / kv.n_kv_head, ngrp = (G + GT - 1) / GT;
     const int64_t row = blockIdx.x / ((unsigned)kv.n_kv_head * ngrp);
     const int kvh = (int)(blockIdx.x / ngrp % kv.n_kv_head), g0 = (int)(blockIdx.x % ngrp) * GT;
     const int len = a.kv_len[row];
+    /* the row's splits: gridDim.y of them, or its own chunks (the CTA then takes splits y,
+     * y + gridDim.y, ...; those past the row's chunks exit) */
+    const int n_split = a.chunk ? (len + a.chunk - 1) / a.chunk : (int)gridDim.y;
+    const int stride = a.chunk ? a.stride : n_split;
     /* splits of whole CTA steps, so only the last split of a row ends inside one */
-    const int per = ((len + n_split - 1) / n_split + SPAN - 1) / SPAN * SPAN;
-    const int k0 = (int)min((int64_t)len, (int64_t)split * per), k1 = min(len, k0 + per);
-    const int ntile = (k1 - k0 + AT_TILE - 1) / AT_TILE;
-    const int nmine = ntile > warp ? (ntile - warp + AT_WARPS - 1) / AT_WARPS : 0;
-    const int32_t *bt = a.block_tables + (int64_t)a.q_seq[row] * a.bt_stride;
+    const int per = a.chunk ? a.chunk : ((len + n_split - 1) / n_split + SPAN - 1) / SPAN * SPAN;
+    for (int split = blockIdx.y; split < n_split; split += gridDim.y) {
+        if (split > (int)blockIdx.y) __syncthreads(); /* the last split's merge read the stages */
+        const int k0 = (int)min((int64_t)len, (int64_t)split * per), k1 = min(len, k0 + per);
+        const int ntile = (k1 - k0 + AT_TILE - 1) / AT_TILE;
+        const int nmine = ntile > warp ? (ntile - warp + AT_WARPS - 1) / AT_WARPS : 0;
+        const int32_t *bt = a.block_tables + (int64_t)a.q_seq[row] * a.bt_stride;
 
-    const int kx = lane >> 3;                    /* the key of a step this lane copies and scores */
-    const int hx = lane / (8 / GT) % GT;         /* the head it scores */
-    const int kfirst = k0 + warp * AT_TILE + kx; /* its key in step 0; step i adds i * SPAN */
-    float *wsm = (float *)at_smem + warp * AT_STAGES * STAGE;
+        const int kx = lane >> 3;            /* the key of a step this lane copies and scores */
+        const int hx = lane / (8 / GT) % GT; /* the head it scores */
+        const int kfirst = k0 + warp * AT_TILE + kx; /* its key in step 0; step i adds i * SPAN */
+        float *wsm = (float *)at_smem + warp * AT_STAGES * STAGE;
 
-    /* row_of(i): the pool row (kv head kvh) of this lane's key in step i, -1 past the range. The
-     * loop reads it a step ahead, so the block table's latency hides behind a step's compute. */
-    auto row_of = [&](int i) -> int64_t {
-        const int k = kfirst + i * SPAN;
-        if (k >= k1) return -1;
-        const int b = k / kv.block_size;
-        return ((int64_t)bt[b] * kv.n_kv_head + kvh) * kv.block_size + (k - b * kv.block_size);
-    };
-    /* Step i's rows go to stage i % AT_STAGES: the lane copies ND 16-byte chunks of its key's K
-     * and V rows (8 lanes a row, 128 contiguous bytes per 8 lanes); past the range, zeros. */
-    auto issue = [&](int i, int64_t r) {
-        float *st = wsm + i % AT_STAGES * STAGE + kx * HD;
-        const int64_t off = r < 0 ? 0 : r * HD;
-        const int nb = r < 0 ? 0 : 16;
+        /* row_of(i): the pool row (kv head kvh) of this lane's key in step i, -1 past the range.
+         * The loop reads it a step ahead, so the block table's latency hides behind a step's
+         * compute. */
+        auto row_of = [&](int i) -> int64_t {
+            const int k = kfirst + i * SPAN;
+            if (k >= k1) return -1;
+            const int b = k / kv.block_size;
+            return ((int64_t)bt[b] * kv.n_kv_head + kvh) * kv.block_size + (k - b * kv.block_size);
+        };
+        /* Step i's rows go to stage i % AT_STAGES: the lane copies ND 16-byte chunks of its key's K
+         * and V rows (8 lanes a row, 128 contiguous bytes per 8 lanes); past the range, zeros. */
+        auto issue = [&](int i, int64_t r) {
+            float *st = wsm + i % AT_STAGES * STAGE + kx * HD;
+            const int64_t off = r < 0 ? 0 : r * HD;
+            const int nb = r < 0 ? 0 : 16;
 #pragma unroll
-        for (int j = 0; j < ND; j++) {
-            const int c = 4 * ((lane & 7) + 8 * j);
-            cp16(st + c, kv.k + off + c, nb);
-            cp16(st + AT_TILE * HD + c, kv.v + off + c, nb);
-        }
-    };
-#pragma unroll
-    for (int i = 0; i < AT_STAGES; i++) {
-        if (i < nmine) issue(i, row_of(i));
-        cp_commit();
-    }
-
-    /* q of this lane's dims, scaled, head order permuted by hx (see above) */
-    const float scale = 1.0f / sqrtf((float)HD);
-    float qp[GT][ND];
-#pragma unroll
-    for (int hp = 0; hp < GT; hp++) {
-        const int g = g0 + (hp ^ hx);
-        const float *qr = a.q + (row * a.n_head + kvh * G + g) * HD;
-#pragma unroll
-        for (int c = 0; c < ND; c++)
-            qp[hp][c] = g < G ? qr[VW * (lane + WARP * (c / VW)) + c % VW] * scale : 0.0f;
-    }
-
-    float m = -INFINITY, l = 0.0f; /* of head hx */
-    float acc[GT][ND];
-#pragma unroll
-    for (int h = 0; h < GT; h++)
-#pragma unroll
-        for (int c = 0; c < ND; c++)
-            acc[h][c] = 0.0f;
-
-    for (int i = 0; i < nmine; i++) {
-        const int64_t next = i + AT_STAGES < nmine ? row_of(i + AT_STAGES) : -1;
-        cp_wait<AT_STAGES - 1>();
-        __syncwarp();
-        float *st = wsm + i % AT_STAGES * STAGE;
-
-        float s[R];
-#pragma unroll
-        for (int kp = 0; kp < AT_TILE; kp++) {
-            float kr[ND];
-#pragma unroll
-            for (int j = 0; j < NV; j++)
-                ldv<VW>(kr + j * VW, st + (kp ^ kx) * HD + VW * (lane + WARP * j));
-#pragma unroll
-            for (int hp = 0; hp < GT; hp++) {
-                float d = 0.0f;
-#pragma unroll
-                for (int c = 0; c < ND; c++)
-                    d = fmaf(qp[hp][c], kr[c], d);
-                s[kp * GT + hp] = d;
+            for (int j = 0; j < ND; j++) {
+                const int c = 4 * ((lane & 7) + 8 * j);
+                cp16(st + c, kv.k + off + c, nb);
+                cp16(st + AT_TILE * HD + c, kv.v + off + c, nb);
             }
-        }
-        reduce_scatter<R, R>(s);
-
-        /* Online softmax of head hx over the step's 4 keys (lanes xor 8, 16). Key 0 of a step is
-         * always in range, so mn is finite; m = -inf on the first step gives corr = 0. */
-        const float sc = kfirst + i * SPAN < k1 ? s[0] : -INFINITY;
-        float tm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
-        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 16));
-        const float mn = fmaxf(m, tm);
-        const float corr = expf(m - mn), p = expf(sc - mn);
-        float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
-        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-        l = l * corr + ps;
-        m = mn;
-
-        /* weights [key][head] and corrections [head] over the K rows, which are spent */
-        __syncwarp();
-        st[kx * GT + hx] = p;
-        st[R + hx] = corr;
-        __syncwarp();
-        float cr[GT];
+        };
 #pragma unroll
-        for (int h = 0; h < GT; h += PW)
-            ldv<PW>(cr + h, st + R + h);
+        for (int i = 0; i < AT_STAGES; i++) {
+            if (i < nmine) issue(i, row_of(i));
+            cp_commit();
+        }
+
+        /* q of this lane's dims, scaled, head order permuted by hx (see above) */
+        const float scale = 1.0f / sqrtf((float)HD);
+        float qp[GT][ND];
+#pragma unroll
+        for (int hp = 0; hp < GT; hp++) {
+            const int g = g0 + (hp ^ hx);
+            const float *qr = a.q + (row * a.n_head + kvh * G + g) * HD;
+#pragma unroll
+            for (int c = 0; c < ND; c++)
+                qp[hp][c] = g < G ? qr[VW * (lane + WARP * (c / VW)) + c % VW] * scale : 0.0f;
+        }
+
+        float m = -INFINITY, l = 0.0f; /* of head hx */
+        float acc[GT][ND];
 #pragma unroll
         for (int h = 0; h < GT; h++)
 #pragma unroll
             for (int c = 0; c < ND; c++)
-                acc[h][c] *= cr[h];
+                acc[h][c] = 0.0f;
+
+        for (int i = 0; i < nmine; i++) {
+            const int64_t next = i + AT_STAGES < nmine ? row_of(i + AT_STAGES) : -1;
+            cp_wait<AT_STAGES - 1>();
+            __syncwarp();
+            float *st = wsm + i % AT_STAGES * STAGE;
+
+            float s[R];
 #pragma unroll
-        for (int kk = 0; kk < AT_TILE; kk++) {
-            float vr[ND], pk[GT];
+            for (int kp = 0; kp < AT_TILE; kp++) {
+                float kr[ND];
 #pragma unroll
-            for (int j = 0; j < NV; j++)
-                ldv<VW>(vr + j * VW, st + (AT_TILE + kk) * HD + VW * (lane + WARP * j));
+                for (int j = 0; j < NV; j++)
+                    ldv<VW>(kr + j * VW, st + (kp ^ kx) * HD + VW * (lane + WARP * j));
+#pragma unroll
+                for (int hp = 0; hp < GT; hp++) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < ND; c++)
+                        d = fmaf(qp[hp][c], kr[c], d);
+                    s[kp * GT + hp] = d;
+                }
+            }
+            reduce_scatter<R, R>(s);
+
+            /* Online softmax of head hx over the step's 4 keys (lanes xor 8, 16). Key 0 of a step
+             * is always in range, so mn is finite; m = -inf on the first step gives corr = 0. */
+            const float sc = kfirst + i * SPAN < k1 ? s[0] : -INFINITY;
+            float tm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
+            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 16));
+            const float mn = fmaxf(m, tm);
+            const float corr = expf(m - mn), p = expf(sc - mn);
+            float ps = p + __shfl_xor_sync(0xffffffffu, p, 8);
+            ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+            l = l * corr + ps;
+            m = mn;
+
+            /* weights [key][head] and corrections [head] over the K rows, which are spent */
+            __syncwarp();
+            st[kx * GT + hx] = p;
+            st[R + hx] = corr;
+            __syncwarp();
+            float cr[GT];
 #pragma unroll
             for (int h = 0; h < GT; h += PW)
-                ldv<PW>(pk + h, st + kk * GT + h);
+                ldv<PW>(cr + h, st + R + h);
 #pragma unroll
             for (int h = 0; h < GT; h++)
 #pragma unroll
                 for (int c = 0; c < ND; c++)
-                    acc[h][c] = fmaf(pk[h], vr[c], acc[h][c]);
+                    acc[h][c] *= cr[h];
+#pragma unroll
+            for (int kk = 0; kk < AT_TILE; kk++) {
+                float vr[ND], pk[GT];
+#pragma unroll
+                for (int j = 0; j < NV; j++)
+                    ldv<VW>(vr + j * VW, st + (AT_TILE + kk) * HD + VW * (lane + WARP * j));
+#pragma unroll
+                for (int h = 0; h < GT; h += PW)
+                    ldv<PW>(pk + h, st + kk * GT + h);
+#pragma unroll
+                for (int h = 0; h < GT; h++)
+#pragma unroll
+                    for (int c = 0; c < ND; c++)
+                        acc[h][c] = fmaf(pk[h], vr[c], acc[h][c]);
+            }
+            __syncwarp(); /* the stage is free: step i + AT_STAGES refills it */
+            if (i + AT_STAGES < nmine) issue(i + AT_STAGES, next);
+            cp_commit();
         }
-        __syncwarp(); /* the stage is free: step i + AT_STAGES refills it */
-        if (i + AT_STAGES < nmine) issue(i + AT_STAGES, next);
-        cp_commit();
-    }
 
-    /* merge the warps: each leaves acc [GT][HD], m [GT], l [GT] in its own stages */
-    cp_wait<0>();
-    __syncwarp();
+        /* merge the warps: each leaves acc [GT][HD], m [GT], l [GT] in its own stages */
+        cp_wait<0>();
+        __syncwarp();
 #pragma unroll
-    for (int h = 0; h < GT; h++)
+        for (int h = 0; h < GT; h++)
 #pragma unroll
-        for (int j = 0; j < NV; j++)
-            stv<VW>(wsm + h * HD + VW * (lane + WARP * j), acc[h] + j * VW);
-    wsm[GT * HD + hx] = m;
-    wsm[GT * HD + GT + hx] = l;
-    __syncthreads();
+            for (int j = 0; j < NV; j++)
+                stv<VW>(wsm + h * HD + VW * (lane + WARP * j), acc[h] + j * VW);
+        wsm[GT * HD + hx] = m;
+        wsm[GT * HD + GT + hx] = l;
+        __syncthreads();
 
-    const float *base = (const float *)at_smem;
-    const int64_t n_rec = (int64_t)gridDim.x / ngrp * G * n_split; /* n_q * n_head * n_split */
-    for (int h = 0; h < GT && g0 + h < G; h++) {
-        float M = -INFINITY, L = 0.0f, e[AT_WARPS];
-#pragma unroll
-        for (int w = 0; w < AT_WARPS; w++)
-            M = fmaxf(M, base[w * AT_STAGES * STAGE + GT * HD + h]);
-#pragma unroll
-        for (int w = 0; w < AT_WARPS; w++) {
-            const float *ww = base + w * AT_STAGES * STAGE;
-            e[w] = ww[GT * HD + h] == -INFINITY ? 0.0f : expf(ww[GT * HD + h] - M);
-            L += e[w] * ww[GT * HD + GT + h];
-        }
-        const int64_t rh = row * a.n_head + kvh * G + g0 + h;
-        for (int d = threadIdx.x; d < HD; d += AT_WARPS * WARP) {
-            float x = 0.0f;
+        const float *base = (const float *)at_smem;
+        const int64_t n_rec = (int64_t)gridDim.x / ngrp * G * stride; /* n_q * n_head * stride */
+        for (int h = 0; h < GT && g0 + h < G; h++) {
+            float M = -INFINITY, L = 0.0f, e[AT_WARPS];
 #pragma unroll
             for (int w = 0; w < AT_WARPS; w++)
-                x += e[w] * base[w * AT_STAGES * STAGE + h * HD + d];
-            if (n_split == 1)
-                a.out[rh * HD + d] = L > 0.0f ? x / L : 0.0f;
-            else
-                a.ws[(rh * n_split + split) * HD + d] = x;
-        }
-        if (n_split > 1 && threadIdx.x == 0) {
-            float2 *ml = (float2 *)(a.ws + n_rec * HD);
-            ml[rh * n_split + split] = make_float2(M, L);
+                M = fmaxf(M, base[w * AT_STAGES * STAGE + GT * HD + h]);
+#pragma unroll
+            for (int w = 0; w < AT_WARPS; w++) {
+                const float *ww = base + w * AT_STAGES * STAGE;
+                e[w] = ww[GT * HD + h] == -INFINITY ? 0.0f : expf(ww[GT * HD + h] - M);
+                L += e[w] * ww[GT * HD + GT + h];
+            }
+            const int64_t rh = row * a.n_head + kvh * G + g0 + h;
+            for (int d = threadIdx.x; d < HD; d += AT_WARPS * WARP) {
+                float x = 0.0f;
+#pragma unroll
+                for (int w = 0; w < AT_WARPS; w++)
+                    x += e[w] * base[w * AT_STAGES * STAGE + h * HD + d];
+                if (n_split == 1)
+                    a.out[rh * HD + d] = L > 0.0f ? x / L : 0.0f;
+                else
+                    a.ws[(rh * stride + split) * HD + d] = x;
+            }
+            if (n_split > 1 && threadIdx.x == 0) {
+                float2 *ml = (float2 *)(a.ws + n_rec * HD);
+                ml[rh * stride + split] = make_float2(M, L);
+            }
         }
     }
 }
@@ -305,13 +314,17 @@ __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2)
  * round-robin, each lane a float4 of acc, so a row of 100+ splits (one sequence of a long context)
  * is read in a few dependent rounds from L2, where the partial kernel just left it. */
 __global__ void __launch_bounds__(AT_CWARPS *WARP)
-    attn_combine(int hd, int n_split, const float *ws, float *out)
+    attn_combine(int hd, int n_split_all, const float *ws, float *out, const int32_t *kv_len,
+                 int n_head, int chunk)
 {
     __shared__ float sacc[AT_CWARPS][AT_MAXHD], sl[AT_CWARPS], smax[AT_CWARPS];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    const int64_t rh = blockIdx.x, n_rec = (int64_t)gridDim.x * n_split;
-    const float4 *acc = (const float4 *)(ws + rh * n_split * hd);
-    const float2 *ml = (const float2 *)(ws + n_rec * hd) + rh * n_split;
+    const int64_t rh = blockIdx.x, n_rec = (int64_t)gridDim.x * n_split_all;
+    /* chunked rows: the row's own split count, records n_split_all apart; one split wrote out */
+    const int n_split = chunk ? (kv_len[rh / n_head] + chunk - 1) / chunk : n_split_all;
+    if (n_split < 2) return;
+    const float4 *acc = (const float4 *)(ws + rh * n_split_all * hd);
+    const float2 *ml = (const float2 *)(ws + n_rec * hd) + rh * n_split_all;
     const int nc = hd / 4; /* float4s of a record */
 
     float M = -INFINITY;
@@ -388,7 +401,11 @@ static int attn_launch(const struct at_args *a, int64_t n_q, int n_split, cudaSt
     const int ngrp = (a->n_head / a->kv.n_kv_head + GT - 1) / GT;
     const size_t smem = (size_t)AT_WARPS * AT_STAGES * 2 * AT_TILE * ND * WARP * sizeof(float);
     int rv;
-    if (smem > 48 * 1024 &&
+    /* set outside a stream capture (a captured step ran once uncaptured first: the attribute
+     * is already set) */
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(s, &cs);
+    if (smem > 48 * 1024 && cs == cudaStreamCaptureStatusNone &&
         (rv = cu_err(cudaFuncSetAttribute(
              attn_partial<GT, ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) != 0)
         return rv;
@@ -421,7 +438,7 @@ extern "C" int cu_attention(const float *q, int64_t n_q, int n_head, const struc
     if (n_q == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     const struct at_args a = {
-        q, n_head, *kv, block_tables, bt_stride, q_seq, kv_len, (float *)workspace, out};
+        q, n_head, *kv, block_tables, bt_stride, q_seq, kv_len, (float *)workspace, out, 0, 0};
     /* heads per CTA: the GQA group rounded up to a power of two, at most 8 (larger groups take
      * several CTAs, each reading the kv head again) */
     const int g = n_head / kv->n_kv_head;
@@ -432,6 +449,50 @@ extern "C" int cu_attention(const float *q, int64_t n_q, int n_head, const struc
     if (rv != 0) return rv;
     if (n_split > 1)
         attn_combine<<<(unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s>>>(
-            kv->head_dim, n_split, (const float *)workspace, out);
+            kv->head_dim, n_split, (const float *)workspace, out, kv_len, n_head, 0);
+    return cu_launch_check();
+}
+
+extern "C" size_t cu_attn_rows_workspace_bytes(int n_head, int head_dim, int64_t max_len)
+{
+    const int64_t mc = (max_len + CU_ATTN_ROW_CHUNK - 1) / CU_ATTN_ROW_CHUNK;
+    return mc < 2 ? 0 : (size_t)CU_ATTN_ROWS_MAX * n_head * mc * (head_dim + 2) * sizeof(float);
+}
+
+extern "C" int cu_attention_rows(const float *q, int64_t n_q, int n_head, const struct cu_kv *kv,
+                                 const int32_t *block_tables, int64_t bt_stride,
+                                 const int32_t *q_seq, const int32_t *kv_len, int64_t max_len,
+                                 void *workspace, float *out, void *stream)
+{
+    if (kv->head_dim % WARP || kv->head_dim > AT_MAXHD || kv->head_dim < WARP ||
+        kv->n_kv_head < 1 || n_head % kv->n_kv_head || n_q < 0 || n_q > CU_ATTN_ROWS_MAX ||
+        max_len < 1)
+        return strata_errf(STRATA_EINVAL,
+                           "cu_attention_rows: head_dim %d (multiple of 32, <= 256), %d heads over "
+                           "%d kv heads, %lld rows (at most %d)",
+                           kv->head_dim, n_head, kv->n_kv_head, (long long)n_q, CU_ATTN_ROWS_MAX);
+    if (n_q == 0) return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    const int mc = (int)((max_len + CU_ATTN_ROW_CHUNK - 1) / CU_ATTN_ROW_CHUNK);
+    const struct at_args a = {q,         n_head,
+                              *kv,       block_tables,
+                              bt_stride, q_seq,
+                              kv_len,    (float *)workspace,
+                              out,       CU_ATTN_ROW_CHUNK,
+                              mc};
+    const int g = n_head / kv->n_kv_head;
+    const int gt = g == 1 ? 1 : g == 2 ? 2 : g <= 4 ? 4 : 8;
+    /* chunk lanes from the row count only (a captured step keeps its grid): 4 CTAs an SM */
+    const int64_t ctas = n_q * kv->n_kv_head * ((g + gt - 1) / gt);
+    int64_t gy = (AT_SMS * 4 + ctas - 1) / ctas;
+    if (gy > mc) gy = mc;
+    int rv = gt == 1   ? attn_launch_hd<1>(&a, n_q, (int)gy, s)
+             : gt == 2 ? attn_launch_hd<2>(&a, n_q, (int)gy, s)
+             : gt == 4 ? attn_launch_hd<4>(&a, n_q, (int)gy, s)
+                       : attn_launch_hd<8>(&a, n_q, (int)gy, s);
+    if (rv != 0) return rv;
+    if (mc > 1)
+        attn_combine<<<(unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s>>>(
+            kv->head_dim, mc, (const float *)workspace, out, kv_len, n_head, CU_ATTN_ROW_CHUNK);
     return cu_launch_check();
 }

@@ -14,9 +14,12 @@
 #include "common/base/pool.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/attn.h"
+#include "kernels/cuda/attn_plain.h"
+#include "kernels/cuda/glue.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/moe_group.h"
 #include "kernels/cuda/norm.h"
 #include "kernels/cuda/qact.h"
 #include "kernels/cuda/router.h"
@@ -291,8 +294,97 @@ START_TEST(rmsnorm_matches_reference)
                               "rmsnorm %lldx%lld [%lld][%lld]: %g vs %g", (long long)rows,
                               (long long)width, (long long)r, (long long)i, y[r * width + i], ref[i]);
         }
+        /* the residual add fused: x + r, then the norm, the bits of cu_add then cu_rmsnorm */
+        float *r = malloc(sizeof(float) * rows * width);
+        for (int64_t i = 0; i < rows * width; i++) r[i] = frand();
+        float *dr = dev_upload(r, sizeof(float) * rows * width);
+        float *dx1 = dev_upload(x, sizeof(float) * rows * width), *dx2 = dev_upload(x, sizeof(float) * rows * width);
+        float *dy1 = dev_out(rows * width), *dy2 = dev_out(rows * width);
+        ck_assert_int_eq(cu_add(dx1, dr, rows * width, NULL), 0);
+        ck_assert_int_eq(cu_rmsnorm(dx1, dw, dy1, rows, width, 1e-6f, NULL), 0);
+        ck_assert_int_eq(cu_add_rmsnorm(dx2, dr, dw, dy2, rows, width, 1e-6f, NULL), 0);
+        float *y1 = fetch(dy1, rows * width), *y2 = fetch(dy2, rows * width);
+        float *hx1 = malloc(sizeof(float) * rows * width), *hx2 = malloc(sizeof(float) * rows * width);
+        cudaMemcpy(hx1, dx1, sizeof(float) * rows * width, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hx2, dx2, sizeof(float) * rows * width, cudaMemcpyDeviceToHost);
+        ck_assert_msg(memcmp(hx1, hx2, sizeof(float) * rows * width) == 0 &&
+                          memcmp(y1, y2, sizeof(float) * rows * width) == 0,
+                      "add_rmsnorm %lldx%lld differs from cu_add then cu_rmsnorm", (long long)rows,
+                      (long long)width);
+        free(r), free(y1), free(y2), free(hx1), free(hx2);
+        cudaFree(dr), cudaFree(dx1), cudaFree(dx2), cudaFree(dy1), cudaFree(dy2);
         free(x), free(w), free(y), free(ref), cudaFree(dx), cudaFree(dw), cudaFree(dy);
     }
+}
+END_TEST
+
+/* cu_qk_rope_store against its three steps (cu_rmsnorm per head, cu_rope, cu_kv_store) on the
+ * same inputs: q, k and both pools within 1e-5 of |x| + 1 (the same expressions; the count of
+ * bit-equal elements is printed), NeoX and normal RoPE, with and without head norms, f16 and f32
+ * pools, tokens scattered over blocks. */
+START_TEST(qk_rope_store_matches_its_steps)
+{
+    const int n_tok = 5, n_head = 8, n_kv = 2, hd = 128, bs = 16, n_blocks = 8;
+    const int32_t pos[5] = {0, 1, 17, 300, 40000}, slot[5] = {3, 17, 40, 127, 64};
+    const size_t NQ = (size_t)n_tok * n_head * hd, NK = (size_t)n_tok * n_kv * hd;
+    const size_t pool = (size_t)n_blocks * n_kv * bs * hd;
+    float *q = malloc(4 * NQ), *k = malloc(4 * NK), *v = malloc(4 * NK), *w = malloc(4 * 2 * hd);
+    for (size_t i = 0; i < NQ; i++) q[i] = 2.0f * frand();
+    for (size_t i = 0; i < NK; i++) k[i] = 2.0f * frand(), v[i] = frand();
+    for (int i = 0; i < 2 * hd; i++) w[i] = 1.0f + 0.5f * frand();
+    float *dw = dev_upload(w, 4 * 2 * hd);
+    int32_t *dpos = dev_upload(pos, sizeof pos), *dslot = dev_upload(slot, sizeof slot);
+    for (int c = 0; c < 8; c++) {
+        const int neox = c & 1, norm = (c >> 1) & 1, f16 = (c >> 2) & 1, es = f16 ? 2 : 4;
+        float *q1 = dev_upload(q, 4 * NQ), *k1 = dev_upload(k, 4 * NK), *v1 = dev_upload(v, 4 * NK);
+        float *q2 = dev_upload(q, 4 * NQ), *k2 = dev_upload(k, 4 * NK);
+        void *kp1, *vp1, *kp2, *vp2;
+        cudaMalloc(&kp1, es * pool), cudaMalloc(&vp1, es * pool), cudaMalloc(&kp2, es * pool),
+            cudaMalloc(&vp2, es * pool);
+        cudaMemset(kp1, 0, es * pool), cudaMemset(vp1, 0, es * pool), cudaMemset(kp2, 0, es * pool),
+            cudaMemset(vp2, 0, es * pool);
+        if (norm) {
+            ck_assert_int_eq(cu_rmsnorm(q1, dw, q1, (int64_t)n_tok * n_head, hd, 1e-6f, NULL), 0);
+            ck_assert_int_eq(cu_rmsnorm(k1, dw + hd, k1, (int64_t)n_tok * n_kv, hd, 1e-6f, NULL), 0);
+        }
+        ck_assert_int_eq(cu_rope(q1, dpos, n_tok, n_head, hd, hd, 1e6f, neox, NULL), 0);
+        ck_assert_int_eq(cu_rope(k1, dpos, n_tok, n_kv, hd, hd, 1e6f, neox, NULL), 0);
+        ck_assert_int_eq(cu_kv_store(k1, v1, dslot, n_tok, n_kv, hd, bs, f16, kp1, vp1, NULL), 0);
+        ck_assert_int_eq(cu_qk_rope_store(q2, k2, v1, norm ? dw : NULL, norm ? dw + hd : NULL, dpos,
+                                          dslot, n_tok, n_head, n_kv, hd, hd, 1e6f, neox, 1e-6f,
+                                          f16, bs, kp2, vp2, NULL), 0);
+        ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+        struct {
+            const void *a, *b;
+            size_t n;
+            int half;
+        } cmp[] = {{q1, q2, NQ, 0}, {k1, k2, NK, 0}, {kp1, kp2, pool, f16}, {vp1, vp2, pool, f16}};
+        size_t same = 0, total = 0;
+        for (int i = 0; i < 4; i++) {
+            uint8_t *a = malloc(4 * cmp[i].n), *b = malloc(4 * cmp[i].n);
+            const size_t eb = cmp[i].half ? 2 : 4;
+            cudaMemcpy(a, cmp[i].a, eb * cmp[i].n, cudaMemcpyDeviceToHost);
+            cudaMemcpy(b, cmp[i].b, eb * cmp[i].n, cudaMemcpyDeviceToHost);
+            for (size_t e = 0; e < cmp[i].n; e++) {
+                float x, y;
+                if (cmp[i].half) {
+                    x = quant_f16_to_f32(((uint16_t *)a)[e]), y = quant_f16_to_f32(((uint16_t *)b)[e]);
+                } else {
+                    x = ((float *)a)[e], y = ((float *)b)[e];
+                }
+                same += memcmp(a + eb * e, b + eb * e, eb) == 0, total++;
+                ck_assert_msg(fabsf(x - y) <= 1e-5f * (fabsf(x) + 1.0f) + (cmp[i].half ? 1e-3f * fabsf(x) : 0),
+                              "qk_rope_store case %d array %d element %zu: %g vs %g", c, i, e, x, y);
+            }
+            free(a), free(b);
+        }
+        printf("qk_rope_store neox %d norm %d f16 %d: %zu of %zu elements bit-equal\n", neox, norm,
+               f16, same, total);
+        cudaFree(q1), cudaFree(k1), cudaFree(v1), cudaFree(q2), cudaFree(k2);
+        cudaFree(kp1), cudaFree(vp1), cudaFree(kp2), cudaFree(vp2);
+    }
+    free(q), free(k), free(v), free(w);
+    cudaFree(dw), cudaFree(dpos), cudaFree(dslot);
 }
 END_TEST
 
@@ -451,6 +543,116 @@ START_TEST(attention_matches_reference)
 }
 END_TEST
 
+/* The attention kernels that split each row by its own length: attn_plain.cu over fp32 and fp16
+ * pools and attn.cu's cu_attention_rows over fp32, against ops_attention on the same
+ * (half-rounded, for fp16) keys and values, within 1e-4; rows at and around the chunk edges (128
+ * and 256 keys) and a long one (5000: many chunks, more than a batch's grid has lanes for).
+ * Each row's output is the same bits computed alone, in the batch of seven and in one of 16. */
+enum { AK_PLAIN_F32, AK_PLAIN_F16, AK_ROWS_F32 };
+
+static int attn_rows_call(int kind, const float *q, int n_q, int n_head, const void *k,
+                          const void *v, int bs, int n_kv, int hd, const int32_t *bt, int bt_stride,
+                          const int32_t *seq, const int32_t *len, int max_len, void *ws, float *out)
+{
+    if (kind == AK_ROWS_F32) {
+        const struct cu_kv kv = {k, v, bs, n_kv, hd};
+        return cu_attention_rows(q, n_q, n_head, &kv, bt, bt_stride, seq, len, max_len, ws, out,
+                                 NULL);
+    }
+    return cu_attention_plain(q, n_q, n_head, k, v, kind == AK_PLAIN_F16, bs, n_kv, hd, bt,
+                              bt_stride, seq, len, max_len, ws, out, NULL);
+}
+
+START_TEST(attention_rows_match_reference)
+{
+    const int n_head = 8, n_kv = 2, hd = 128, bs = 16;
+    const int lens[] = {1, 128, 129, 255, 256, 257, 5000}; /* chunks of 128 (plain), 256 (rows) */
+    const int n_seq = 7, max_len = 5000, max_blocks = (max_len + bs - 1) / bs;
+    const int n_blocks = n_seq * max_blocks;
+    const size_t blk = (size_t)n_kv * bs * hd, pool = (size_t)n_blocks * blk;
+    const char *names[] = {"plain f32", "plain f16", "rows f32"};
+    float *kvf = malloc(sizeof(float) * 2 * pool); /* K then V: the reference's v_off reaches V */
+    for (size_t i = 0; i < 2 * pool; i++) kvf[i] = frand();
+    int32_t *bt = malloc(sizeof(int32_t) * n_seq * max_blocks);
+    for (int i = 0; i < n_seq * max_blocks; i++) bt[i] = (i * 7919) % n_blocks;
+    float *q = malloc(sizeof(float) * CU_ATTN_MAX_ROWS * n_head * hd);
+    for (int i = 0; i < n_seq * n_head * hd; i++) q[i] = 2.0f * frand();
+    int32_t seq[CU_ATTN_MAX_ROWS], len[CU_ATTN_MAX_ROWS];
+    for (int r = 0; r < CU_ATTN_MAX_ROWS; r++) { /* rows 7..15: the seven again, in turn */
+        seq[r] = r % n_seq, len[r] = lens[r % n_seq];
+        memcpy(q + r * n_head * hd, q + (r % n_seq) * n_head * hd, sizeof(float) * n_head * hd);
+    }
+    int32_t *dbt = dev_upload(bt, sizeof(int32_t) * n_seq * max_blocks);
+    float *dq = dev_upload(q, sizeof(float) * CU_ATTN_MAX_ROWS * n_head * hd);
+    int32_t *dseq = dev_upload(seq, sizeof seq), *dlen = dev_upload(len, sizeof len);
+    size_t wsb = cu_attn_plain_workspace_bytes(n_head, hd, max_len);
+    if (cu_attn_rows_workspace_bytes(n_head, hd, max_len) > wsb)
+        wsb = cu_attn_rows_workspace_bytes(n_head, hd, max_len);
+    void *ws;
+    ck_assert_int_eq(cudaMalloc(&ws, wsb), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(ws, 0, wsb), cudaSuccess); /* the merge counters start at zero */
+    float **blocks = malloc(sizeof(float *) * n_blocks);
+    uint16_t *half = malloc(sizeof(uint16_t) * 2 * pool);
+    const int kinds[] = {AK_PLAIN_F32, AK_ROWS_F32, AK_PLAIN_F16}; /* f16 last: it rounds kvf */
+    for (int ki = 0; ki < 3; ki++) {
+        const int kind = kinds[ki], f16 = kind == AK_PLAIN_F16;
+        if (f16)
+            for (size_t i = 0; i < 2 * pool; i++) { /* the reference reads what the pool holds */
+                half[i] = quant_f32_to_f16(kvf[i]);
+                kvf[i] = quant_f16_to_f32(half[i]);
+            }
+        void *dk = f16 ? dev_upload(half, 2 * pool) : dev_upload(kvf, 4 * pool);
+        void *dv = f16 ? dev_upload(half + pool, 2 * pool) : dev_upload(kvf + pool, 4 * pool);
+        float *dout = dev_out((size_t)n_seq * n_head * hd);
+        ck_assert_int_eq(attn_rows_call(kind, dq, n_seq, n_head, dk, dv, bs, n_kv, hd, dbt,
+                                        max_blocks, dseq, dlen, max_len, ws, dout), 0);
+        float *out = fetch(dout, (size_t)n_seq * n_head * hd);
+        for (int s = 0; s < n_seq; s++) {
+            for (int h = 0; h < n_head; h++) {
+                const int kvh = h / (n_head / n_kv);
+                for (int b = 0; b < max_blocks; b++)
+                    blocks[b] = kvf + (size_t)bt[s * max_blocks + b] * blk;
+                float ref[128];
+                struct ops_kv_view view = {(float *const *)blocks, bs, (size_t)kvh * bs * hd,
+                                           pool + (size_t)kvh * bs * hd, hd, hd};
+                ops_attention(ref, q + (s * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd),
+                              &view, lens[s]);
+                for (int d = 0; d < hd; d++)
+                    ck_assert_msg(fabsf(out[(s * n_head + h) * hd + d] - ref[d]) <= 1e-4f,
+                                  "attention %s, %d keys, head %d dim %d: %g vs %g", names[kind],
+                                  lens[s], h, d, out[(s * n_head + h) * hd + d], ref[d]);
+            }
+            /* alone: another grid (more chunk lanes), the same bits */
+            float *d1 = dev_out((size_t)n_head * hd);
+            ck_assert_int_eq(attn_rows_call(kind, dq + s * n_head * hd, 1, n_head, dk, dv, bs, n_kv,
+                                            hd, dbt, max_blocks, dseq + s, dlen + s, max_len, ws,
+                                            d1), 0);
+            float *o1 = fetch(d1, (size_t)n_head * hd);
+            ck_assert_msg(memcmp(o1, out + s * n_head * hd, sizeof(float) * n_head * hd) == 0,
+                          "attention %s, %d keys: alone differs from in the batch", names[kind],
+                          lens[s]);
+            free(o1), cudaFree(d1);
+        }
+        /* 16 rows: fewer chunk lanes than the 5000-key row's 20 chunks, so its CTAs loop */
+        float *d16 = dev_out((size_t)CU_ATTN_MAX_ROWS * n_head * hd);
+        ck_assert_int_eq(attn_rows_call(kind, dq, CU_ATTN_MAX_ROWS, n_head, dk, dv, bs, n_kv, hd,
+                                        dbt, max_blocks, dseq, dlen, max_len, ws, d16), 0);
+        float *o16 = fetch(d16, (size_t)CU_ATTN_MAX_ROWS * n_head * hd);
+        for (int r = 0; r < CU_ATTN_MAX_ROWS; r++)
+            ck_assert_msg(memcmp(o16 + r * n_head * hd, out + (r % n_seq) * n_head * hd,
+                                 sizeof(float) * n_head * hd) == 0,
+                          "attention %s, %d keys: row %d of 16 differs", names[kind], len[r], r);
+        free(o16), cudaFree(d16);
+        free(out), cudaFree(dout), cudaFree(dk), cudaFree(dv);
+    }
+    ck_assert_int_eq(cu_attention_plain(dq, CU_ATTN_MAX_ROWS + 1, n_head, NULL, NULL, 1, bs, n_kv,
+                                        hd, dbt, max_blocks, dseq, dlen, max_len, ws, NULL, NULL),
+                     STRATA_EINVAL);
+    free(kvf), free(half), free(bt), free(q), free(blocks);
+    cudaFree(ws), cudaFree(dbt), cudaFree(dq), cudaFree(dseq), cudaFree(dlen);
+}
+END_TEST
+
 /* Expert FFN from a slot table: 16 experts, 10 resident, top-4 routing of 1, 3 and 20 tokens (20:
  * every token also routed to expert 3, whose 20 pairs take two groups); pairs on missing experts
  * are computed by the CPU and copied in before the combine, as the worker does. The reference is
@@ -593,6 +795,31 @@ START_TEST(moe_ffn_matches_reference)
             ck_assert_int_eq(cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, n_tok, k, dx, dh, ws, dout,
                                         NULL), 0);
             float *out = fetch(dout, (size_t)n_pairs * n_embd);
+            {   /* the device-grouped step: the same bits from cu_moe_group's groups */
+                uint8_t *dres = dev_upload(resident, sizeof resident);
+                const int64_t mg = cu_moe_max_groups(n_pairs, (uint32_t)n_exp, CU_MOE_MAX_PAIRS);
+                struct moe_group *dg2;
+                int32_t *dpi2, *dng;
+                ck_assert_int_eq(cudaMalloc((void **)&dg2, sizeof(struct moe_group) * mg), cudaSuccess);
+                ck_assert_int_eq(cudaMalloc((void **)&dpi2, 4 * n_pairs), cudaSuccess);
+                ck_assert_int_eq(cudaMalloc((void **)&dng, 4), cudaSuccess);
+                float *dout2 = dev_out((size_t)n_pairs * n_embd);
+                ck_assert_int_eq(cudaMemcpy(dout2, dout, sizeof(float) * n_pairs * n_embd,
+                                            cudaMemcpyDeviceToDevice), cudaSuccess);
+                ck_assert_int_eq(cu_moe_group(dids, n_tok, k, (uint32_t)n_exp, dres, CU_MOE_MAX_PAIRS,
+                                              dg2, dpi2, dng, NULL), 0);
+                const unsigned flags[] = {0, CU_MOE_UNFUSED}; /* gate/up fused, then not */
+                for (int fi = 0; fi < 2; fi++) {
+                    ck_assert_int_eq(cu_moe_ffn_dev(&parts, dslot, dg2, dng, (int)mg, dpi2, dpw, n_tok,
+                                                    k, dx, dh, ws, dout2, flags[fi], NULL), 0);
+                    float *out2 = fetch(dout2, (size_t)n_pairs * n_embd);
+                    ck_assert_msg(memcmp(out, out2, sizeof(float) * n_pairs * n_embd) == 0,
+                                  "moe mix %d, %d tokens: cu_moe_ffn_dev (flags %u) differs from "
+                                  "cu_moe_ffn", (int)mi, n_tok, flags[fi]);
+                    free(out2);
+                }
+                cudaFree(dout2), cudaFree(dres), cudaFree(dg2), cudaFree(dpi2), cudaFree(dng);
+            }
             for (int pi = 0; pi < n_pairs; pi++) {
                 if (!resident[ids[pi]]) continue;
                 for (int64_t d = 0; exact && d < n_embd; d++)
@@ -615,6 +842,19 @@ START_TEST(moe_ffn_matches_reference)
             float *dy = dev_out((size_t)n_tok * n_embd);
             ck_assert_int_eq(cu_moe_combine(dout, dids, n_tok, k, n_embd, dy, NULL), 0);
             float *y = fetch(dy, (size_t)n_tok * n_embd);
+            {   /* the combine with the residual add fused: x + the combine, bit for bit */
+                float *dxr = dev_upload(x, sizeof(float) * n_tok * n_embd);
+                ck_assert_int_eq(cu_moe_combine_add(dout, dids, n_tok, k, n_embd, dxr, NULL), 0);
+                float *xr = malloc(sizeof(float) * n_tok * n_embd);
+                ck_assert_int_eq(cudaMemcpy(xr, dxr, sizeof(float) * n_tok * n_embd,
+                                            cudaMemcpyDeviceToHost), cudaSuccess);
+                for (int64_t i = 0; i < n_tok * n_embd; i++) {
+                    const float want = x[i] + y[i];
+                    ck_assert_msg(memcmp(&xr[i], &want, 4) == 0, "combine_add %lld: %g vs %g",
+                                  (long long)i, xr[i], want);
+                }
+                free(xr), cudaFree(dxr);
+            }
             /* The combine is exact: the pairs' float outputs added in ascending expert-id order. */
             for (int pi = 0; pi < n_pairs; pi++)
                 if (!resident[ids[pi]]) memcpy(out + pi * n_embd, ref + pi * n_embd, sizeof(float) * n_embd);
@@ -635,6 +875,196 @@ START_TEST(moe_ffn_matches_reference)
             for (int p = 0; p < 3; p++) free(deq[e][p]);
         free(blobs), cudaFree(dblobs), cudaFree(dslot);
     }
+}
+END_TEST
+
+/* Device grouping against moe_group, byte for byte: the group count, every group, every pair index
+ * and the untouched tail of both arrays (both start as the same fill). Routings: random distinct
+ * experts per token, every pair on one expert (runs cut at max_pairs), one expert in every token,
+ * ties of equal ids in lanes of one warp, ids out of range, a mask, top-k 1..16 over 1..16 tokens,
+ * and prompt-sized batches over several of the kernel's tiles. */
+static uint32_t urand(uint32_t n)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)((rng >> 33) % n);
+}
+
+static void group_case(const int32_t *ids, int n_tok, int k, uint32_t n_exp, const uint8_t *mask,
+                       uint32_t max_pairs, const char *what)
+{
+    const int n = n_tok * k;
+    const int64_t mg = cu_moe_max_groups(n, n_exp, max_pairs);
+    struct moe_group *hg = malloc(sizeof *hg * (n + 1)), *gg = malloc(sizeof *gg * (n + 1));
+    int32_t *hp = malloc(4 * (n + 1)), *gp = malloc(4 * (n + 1));
+    memset(hg, 0xA5, sizeof *hg * (n + 1)), memset(hp, 0xA5, 4 * (n + 1));
+    const int ng = moe_group(ids, n_tok, k, n_exp, mask, max_pairs, hg, hp);
+    ck_assert_msg(ng <= mg, "%s: %d groups above the bound %lld", what, ng, (long long)mg);
+    struct moe_group *dg = dev_upload(hg, sizeof *hg * (n + 1));
+    int32_t *dp = dev_upload(hp, 4 * (n + 1)), *dids = dev_upload(ids, 4 * (n ? n : 1)), *dng;
+    uint8_t *dmask = mask ? dev_upload(mask, n_exp) : NULL;
+    ck_assert_int_eq(cudaMemset(dg, 0xA5, sizeof *hg * (n + 1)), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(dp, 0xA5, 4 * (n + 1)), cudaSuccess);
+    ck_assert_int_eq(cudaMalloc((void **)&dng, 4), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(dng, 0xff, 4), cudaSuccess);
+    ck_assert_int_eq(cu_moe_group(dids, n_tok, k, n_exp, dmask, max_pairs, dg, dp, dng, NULL), 0);
+    int32_t gng;
+    ck_assert_int_eq(cudaMemcpy(&gng, dng, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(gg, dg, sizeof *gg * (n + 1), cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(gp, dp, 4 * (n + 1), cudaMemcpyDeviceToHost), cudaSuccess);
+    ck_assert_msg(gng == ng, "%s (%d tokens top-%d): %d groups, moe_group %d", what, n_tok, k, gng,
+                  ng);
+    ck_assert_msg(memcmp(gg, hg, sizeof *hg * (n + 1)) == 0, "%s (%d tokens top-%d): groups differ",
+                  what, n_tok, k);
+    ck_assert_msg(memcmp(gp, hp, 4 * (n + 1)) == 0, "%s (%d tokens top-%d): pair_idx differs", what,
+                  n_tok, k);
+    cudaFree(dg), cudaFree(dp), cudaFree(dids), cudaFree(dng), cudaFree(dmask);
+    free(hg), free(gg), free(hp), free(gp);
+}
+
+START_TEST(moe_group_matches_moe_group)
+{
+    enum { MAXN = 2048 * 16 };
+    int32_t *ids = malloc(4 * MAXN);
+    uint8_t mask[256];
+    for (int e = 0; e < 256; e++) mask[e] = (e * 7) % 5 != 0;
+    const uint32_t exps[] = {16, 128, 256};
+    for (size_t ei = 0; ei < 3; ei++) {
+        const uint32_t n_exp = exps[ei];
+        for (int k = 1; k <= 16; k++)
+            for (int t = 1; t <= 16; t++) {
+                for (int i = 0; i < t; i++) /* k distinct experts per token */
+                    for (int j = 0; j < k; j++) {
+                        int32_t e;
+                        int dup;
+                        do {
+                            e = (int32_t)urand(n_exp), dup = 0;
+                            for (int jj = 0; jj < j; jj++) dup |= ids[i * k + jj] == e;
+                        } while (dup);
+                        ids[i * k + j] = e;
+                    }
+                group_case(ids, t, k, n_exp, NULL, CU_MOE_MAX_PAIRS, "random");
+                group_case(ids, t, k, n_exp, mask, CU_MOE_MAX_PAIRS, "random, masked");
+                for (int i = 0; i < t; i++) ids[i * k] = 5; /* expert 5 in every token */
+                for (int i = 0; i < t; i++)
+                    for (int j = 1; j < k; j++)
+                        if (ids[i * k + j] == 5) ids[i * k + j] = ids[i * k];
+                group_case(ids, t, k, n_exp, NULL, CU_MOE_MAX_PAIRS, "expert 5 in every token");
+                for (int i = 0; i < t * k; i++) ids[i] = (int32_t)n_exp - 1; /* all pairs, one */
+                group_case(ids, t, k, n_exp, NULL, CU_MOE_MAX_PAIRS, "one expert");
+                group_case(ids, t, k, n_exp, NULL, 1, "one expert, runs of 1");
+                for (int i = 0; i < t * k; i++) ids[i] = (int32_t)(i % 3); /* ties across lanes */
+                group_case(ids, t, k, n_exp, NULL, 3, "three experts, runs of 3");
+                for (int i = 0; i < t * k; i++) /* out of range: skipped */
+                    ids[i] = i % 4 == 0 ? -1 : i % 4 == 1 ? (int32_t)n_exp : (int32_t)urand(n_exp);
+                group_case(ids, t, k, n_exp, NULL, CU_MOE_MAX_PAIRS, "ids out of range");
+            }
+    }
+    /* prompt chunks: several tiles of staged ids; no cap on the runs (the CPU's UINT32_MAX) */
+    const int big[][2] = {{512, 8}, {600, 8}, {2048, 16}};
+    for (int bi = 0; bi < 3; bi++) {
+        const int t = big[bi][0], k = big[bi][1];
+        for (int i = 0; i < t * k; i++) ids[i] = (int32_t)(urand(8) == 0 ? 3 : urand(128));
+        group_case(ids, t, k, 128, NULL, CU_MOE_MAX_PAIRS, "prompt chunk");
+        group_case(ids, t, k, 128, mask, UINT32_MAX, "prompt chunk, masked, no cap");
+    }
+    group_case(ids, 0, 8, 128, NULL, CU_MOE_MAX_PAIRS, "no tokens");
+    free(ids);
+}
+END_TEST
+
+/* The combine with the residual add and the next norm fused, against cu_moe_combine_add then
+ * cu_rmsnorm, bit for bit (rows of 2048 and 4096, top-8 over 3 tokens). */
+START_TEST(moe_combine_add_norm_matches_its_steps)
+{
+    const int64_t widths[] = {2048, 4096};
+    const int n_tok = 3, k = 8;
+    for (int wi = 0; wi < 2; wi++) {
+        const int64_t E = widths[wi];
+        float *out = malloc(sizeof(float) * n_tok * k * E), *x = malloc(sizeof(float) * n_tok * E);
+        float *w = malloc(sizeof(float) * E);
+        int32_t ids[24];
+        for (int i = 0; i < n_tok * k; i++) ids[i] = (i * 37 + 11) % 128;
+        for (int64_t i = 0; i < n_tok * k * E; i++) out[i] = 0.1f * frand();
+        for (int64_t i = 0; i < n_tok * E; i++) x[i] = frand();
+        for (int64_t i = 0; i < E; i++) w[i] = 1.0f + 0.3f * frand();
+        float *dout = dev_upload(out, sizeof(float) * n_tok * k * E), *dw = dev_upload(w, sizeof(float) * E);
+        int32_t *dids = dev_upload(ids, sizeof ids);
+        float *dx1 = dev_upload(x, sizeof(float) * n_tok * E), *dx2 = dev_upload(x, sizeof(float) * n_tok * E);
+        float *dn1 = dev_out((size_t)n_tok * E), *dn2 = dev_out((size_t)n_tok * E);
+        ck_assert_int_eq(cu_moe_combine_add(dout, dids, n_tok, k, E, dx1, NULL), 0);
+        ck_assert_int_eq(cu_rmsnorm(dx1, dw, dn1, n_tok, E, 1e-6f, NULL), 0);
+        ck_assert_int_eq(cu_moe_combine_add_norm(dout, dids, n_tok, k, E, dx2, dw, 1e-6f, dn2, NULL), 0);
+        float *n1 = fetch(dn1, (size_t)n_tok * E), *n2 = fetch(dn2, (size_t)n_tok * E);
+        float *x1 = malloc(sizeof(float) * n_tok * E), *x2 = malloc(sizeof(float) * n_tok * E);
+        cudaMemcpy(x1, dx1, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
+        cudaMemcpy(x2, dx2, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
+        ck_assert_msg(memcmp(x1, x2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: x differs", (long long)E);
+        ck_assert_msg(memcmp(n1, n2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: the norm differs", (long long)E);
+        free(out), free(x), free(w), free(n1), free(n2), free(x1), free(x2);
+        cudaFree(dout), cudaFree(dw), cudaFree(dids), cudaFree(dx1), cudaFree(dx2), cudaFree(dn1), cudaFree(dn2);
+    }
+    ck_assert_int_eq(cu_moe_combine_add_norm(NULL, NULL, 1, 8, 512, NULL, NULL, 1e-6f, NULL, NULL),
+                     STRATA_EINVAL);
+}
+END_TEST
+
+/* cu_router_group against cu_router_topk then cu_moe_group, bit for bit: ids, weights, groups,
+ * pair_idx and the count, both router modes, 1..32 tokens, 128 experts top-8 and 64 top-4 (some
+ * logits tied so ties go to the lower id in both). */
+START_TEST(router_group_matches_its_steps)
+{
+    const int shapes[][2] = {{128, 8}, {64, 4}};
+    for (int si = 0; si < 2; si++) {
+        const int n_exp = shapes[si][0], k = shapes[si][1];
+        for (int mode = 0; mode < 2; mode++)
+            for (int t = 1; t <= CU_ROUTE_GROUP_MAX_TOKENS; t += t < 4 ? 1 : 7) {
+                float *lg = malloc(sizeof(float) * t * n_exp);
+                for (int i = 0; i < t * n_exp; i++) lg[i] = i % 5 == 0 ? 0.5f : 3.0f * frand();
+                float *dl = dev_upload(lg, sizeof(float) * t * n_exp);
+                const int n = t * k;
+                int32_t *ids1, *ids2, *pi1, *pi2, *ng1, *ng2;
+                float *w1, *w2;
+                struct moe_group *g1, *g2;
+                cudaMalloc((void **)&ids1, 4 * n), cudaMalloc((void **)&ids2, 4 * n);
+                cudaMalloc((void **)&pi1, 4 * n), cudaMalloc((void **)&pi2, 4 * n);
+                cudaMalloc((void **)&w1, 4 * n), cudaMalloc((void **)&w2, 4 * n);
+                cudaMalloc((void **)&ng1, 4), cudaMalloc((void **)&ng2, 4);
+                cudaMalloc((void **)&g1, sizeof *g1 * n), cudaMalloc((void **)&g2, sizeof *g2 * n);
+                cudaMemset(pi1, 0, 4 * n), cudaMemset(pi2, 0, 4 * n);
+                cudaMemset(g1, 0, sizeof *g1 * n), cudaMemset(g2, 0, sizeof *g2 * n);
+                ck_assert_int_eq(cu_router_topk(dl, t, n_exp, k, (enum cu_router_mode)mode, 1, ids1,
+                                                w1, NULL), 0);
+                ck_assert_int_eq(cu_moe_group(ids1, t, k, n_exp, NULL, CU_MOE_MAX_PAIRS, g1, pi1,
+                                              ng1, NULL), 0);
+                ck_assert_int_eq(cu_router_group(dl, t, n_exp, k, (enum cu_router_mode)mode, 1,
+                                                 ids2, w2, NULL, CU_MOE_MAX_PAIRS, g2, pi2, ng2,
+                                                 NULL), 0);
+                ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+                const struct {
+                    const void *a, *b;
+                    size_t bytes;
+                    const char *what;
+                } cmp[] = {{ids1, ids2, 4 * (size_t)n, "ids"},     {w1, w2, 4 * (size_t)n, "weights"},
+                           {pi1, pi2, 4 * (size_t)n, "pair_idx"},  {ng1, ng2, 4, "count"},
+                           {g1, g2, sizeof *g1 * (size_t)n, "groups"}};
+                for (int i = 0; i < 5; i++) {
+                    uint8_t *a = malloc(cmp[i].bytes), *b = malloc(cmp[i].bytes);
+                    cudaMemcpy(a, cmp[i].a, cmp[i].bytes, cudaMemcpyDeviceToHost);
+                    cudaMemcpy(b, cmp[i].b, cmp[i].bytes, cudaMemcpyDeviceToHost);
+                    ck_assert_msg(memcmp(a, b, cmp[i].bytes) == 0,
+                                  "router_group %d experts top-%d mode %d, %d tokens: %s differ",
+                                  n_exp, k, mode, t, cmp[i].what);
+                    free(a), free(b);
+                }
+                free(lg);
+                cudaFree(dl), cudaFree(ids1), cudaFree(ids2), cudaFree(pi1), cudaFree(pi2);
+                cudaFree(w1), cudaFree(w2), cudaFree(ng1), cudaFree(ng2), cudaFree(g1), cudaFree(g2);
+            }
+    }
+    ck_assert_int_eq(cu_router_group(NULL, CU_ROUTE_GROUP_MAX_TOKENS + 1, 128, 8,
+                                     CU_ROUTER_SOFTMAX_TOPK, 1, NULL, NULL, NULL, 16, NULL, NULL,
+                                     NULL, NULL),
+                     STRATA_EINVAL);
 }
 END_TEST
 
@@ -669,10 +1099,15 @@ int main(void)
     tcase_add_loop_test(tc, matmul_matches_reference, 0, N_FIRST_TYPES);
     tcase_add_test(tc, rmsnorm_matches_reference);
     tcase_add_test(tc, rope_matches_reference);
+    tcase_add_test(tc, qk_rope_store_matches_its_steps);
     tcase_add_test(tc, router_matches_reference);
     tcase_add_test(tc, attention_matches_reference);
+    tcase_add_test(tc, attention_rows_match_reference);
     tcase_add_loop_test(tc, moe_ffn_matches_reference, 0, N_FIRST_MIXES);
     tcase_add_test(tc, moe_ffn_refuses_bad_parts);
+    tcase_add_test(tc, moe_combine_add_norm_matches_its_steps);
+    tcase_add_test(tc, moe_group_matches_moe_group);
+    tcase_add_test(tc, router_group_matches_its_steps);
     tcase_add_loop_test(tc, matvec_matches_reference, N_FIRST_TYPES, N_FIRST_TYPES + 1); /* Q5_K */
     tcase_add_loop_test(tc, matmul_matches_reference, N_FIRST_TYPES, N_FIRST_TYPES + 1);
     /* after Q5_K, as they were added: Q2_K, Q3_K, IQ4_XS, IQ4_NL; then the exact MoE mixes */

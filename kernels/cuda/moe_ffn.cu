@@ -5,6 +5,7 @@
 #include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/mvq.cuh"
 #include "kernels/cuda/qact.h"
+#include "kernels/cuda/rowsum.cuh"
 
 /* 4 warps per block; tuned on an H200 at Qwen3-30B-A3B's expert shapes (2048 x 768). */
 #define MF_WARPS 4
@@ -24,7 +25,23 @@ struct mf_task {
     float *out;
     int64_t ld;
     const float *scale;
+    uint64_t off_up;         /* fused gate/up (GU): up's offset; out then gets silu(g) * u */
+    const int32_t *n_groups; /* the group count in device memory (cu_moe_group), or NULL */
+    int n_groups_host;       /* the count when n_groups is NULL */
 };
+
+/* mf_swiglu: h = silu(g) * u as ops_swiglu, one IEEE step each (expf is glibc's, expf.cuh); the
+ * one expression of both the SwiGLU kernel and the fused gate/up epilogue. */
+__device__ __forceinline__ float mf_swiglu(float g, float u)
+{
+    return __fmul_rn(g / (1.0f + strata_expf(-g)), u);
+}
+
+/* mf_groups: how many groups this launch has (idle CTAs of a worst-case grid then exit). */
+__device__ __forceinline__ int mf_groups(const struct mf_task &t)
+{
+    return t.n_groups ? *t.n_groups : t.n_groups_host;
+}
 
 /* ---- float parts: fp32 products, one warp per (row, group) ---------------------------------- */
 
@@ -32,7 +49,7 @@ template <int T>
 __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 {
     const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
-    if (r >= t.nrows) return;
+    if (r >= t.nrows || (int)blockIdx.y >= mf_groups(t)) return;
     const int lane = threadIdx.x & (WARP - 1);
     const struct moe_group g = t.groups[blockIdx.y];
     const int64_t row_bytes = (int64_t)t.ncols / qt<T>::blck * qt<T>::bytes;
@@ -71,9 +88,10 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 
 #define MF_STAGES 3
 
-template <int T, int B>
-__global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, int n_groups)
+template <int T, int B, bool GU>
+__global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
 {
+    const int n_groups = mf_groups(t);
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
     constexpr int BPP = WARP / LPB;
@@ -88,18 +106,28 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
     const int nb = t.ncols / BLK, n_chunks = (nb + CB - 1) / CB, ncols = t.ncols;
     const int64_t row_bytes = (int64_t)nb * BYTES, total = row_bytes * t.nrows;
     const int n_warps = gridDim.x * MF_WARPS, wid = blockIdx.x * MF_WARPS + warp;
-    const int n_items = n_groups * t.nrows, per = (n_items + n_warps - 1) / n_warps;
+    /* GU: gate and up of one type in one launch, items (group, 2 * row + part), so a warp takes
+     * the gate row and then the up row of an item pair (runs of an even length) and writes
+     * silu(gate) * up: the same row dots and SwiGLU as the separate launches, bit for bit */
+    constexpr int NP = GU ? 2 : 1;
+    const int rows = NP * t.nrows, n_items = n_groups * rows;
+    const int per = ((n_items + n_warps - 1) / n_warps + NP - 1) / NP * NP;
     const int i_end = min(n_items, (wid + 1) * per);
     float *tw = terms[warp][0];
     const uint32_t lane_dst = (uint32_t)__cvta_generic_to_shared(stage[warp][0]) + 16 * lane;
 
     /* the copy-in side: item in_i, chunk in_c, its group's part base */
     int in_i = wid * per, in_c = 0, in_slot = 0, in_g = -1;
-    const uint8_t *in_base = NULL;
+    const uint8_t *in_base = NULL, *in_base_up = NULL;
     auto issue = [&]() {
         if (in_i < i_end) {
-            const int g = in_i / t.nrows, r = in_i - g * t.nrows;
-            if (g != in_g) in_g = g, in_base = t.slot_ptr[t.groups[g].expert] + t.off;
+            const int g = in_i / rows, v = in_i - g * rows, r = GU ? v >> 1 : v;
+            if (g != in_g) {
+                const uint8_t *blob = t.slot_ptr[t.groups[g].expert];
+                in_g = g, in_base = blob + t.off;
+                if (GU) in_base_up = blob + t.off_up;
+            }
+            const uint8_t *pbase = GU && (v & 1) ? in_base_up : in_base;
             const int64_t start = r * row_bytes + (int64_t)in_c * (CB * BYTES);
             const int64_t a0 = start & ~(int64_t)15;
             const int ncb = min(CB, nb - in_c * CB);
@@ -108,7 +136,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
 #pragma unroll
             for (int l = 0; l < LOADS; l++)
                 if (lane + WARP * l < n16)
-                    cp_async16_tail(dst + 16 * WARP * l, in_base, a0 + 16 * (lane + WARP * l), total);
+                    cp_async16_tail(dst + 16 * WARP * l, pbase, a0 + 16 * (lane + WARP * l), total);
             if (++in_c == n_chunks) in_c = 0, in_i++;
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -117,12 +145,12 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
     issue();
     issue();
     int cur_g = -1, count = 0, my_pair = 0;
-    float acc = 0.0f;
+    float acc = 0.0f, gate = 0.0f;
     for (int i = wid * per, c = 0, slot = 0; i < i_end;) {
         issue();
         asm volatile("cp.async.wait_group 2;\n" ::);
         __syncwarp();
-        const int g = i / t.nrows, r = i - g * t.nrows;
+        const int g = i / rows, v = i - g * rows, r = GU ? v >> 1 : v;
         if (g != cur_g) {
             const struct moe_group grp = t.groups[g];
             cur_g = g, count = grp.count;
@@ -161,7 +189,12 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
             const float *tl = tw + lane * CB;
             for (int j = 0; j < ncb; j++) acc = __fadd_rn(acc, tl[j]);
             if (c == n_chunks - 1) {
-                t.out[my_pair * t.ld + r] = t.scale ? __fmul_rn(t.scale[my_pair], acc) : acc;
+                if (!GU)
+                    t.out[my_pair * t.ld + r] = t.scale ? __fmul_rn(t.scale[my_pair], acc) : acc;
+                else if (!(v & 1))
+                    gate = acc;
+                else
+                    t.out[my_pair * t.ld + r] = mf_swiglu(gate, acc);
                 acc = 0.0f;
             }
         }
@@ -175,18 +208,26 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t, i
 /* h = silu(gate) * up for every pair of every group, as ops_swiglu (one IEEE step each; expf is
  * glibc's, expf.cuh). */
 __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_idx, int n_ff,
-                           float *h, const float *up)
+                           float *h, const float *up, const int32_t *n_groups, int n_groups_host)
 {
+    if ((int)blockIdx.x >= (n_groups ? *n_groups : n_groups_host)) return;
     const struct moe_group g = groups[blockIdx.x];
     for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
         const int64_t e = (int64_t)pair_idx[g.first + i / n_ff] * n_ff + i % n_ff;
-        const float x = h[e];
-        h[e] = __fmul_rn(x / (1.0f + strata_expf(-x)), up[e]);
+        h[e] = mf_swiglu(h[e], up[e]);
     }
 }
 
-__global__ void moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y)
+/* y[t] = the sum of token t's k outputs in expert-id order; with add, y[t] += that sum instead (the
+ * residual add fused: the same two IEEE steps as a combine then cu_add); with norm_w, xn[t] =
+ * RMSNorm(y[t]) as cu_rmsnorm computes a row of ROW_NORM_MIN or more (the same thread order and
+ * cta_sum: 256 threads a token). */
+template <bool ADD, bool NORM>
+__global__ void __launch_bounds__(ROW_NORM_THREADS)
+    moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
+                const float *norm_w, float eps, float *xn)
 {
+    __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t t = blockIdx.x;
     int order[16];
     for (int j = 0; j < k; j++) order[j] = j;
@@ -195,10 +236,18 @@ __global__ void moe_combine(const float *out, const int32_t *ids, int k, int64_t
             int tmp = order[b];
             order[b] = order[b - 1], order[b - 1] = tmp;
         }
-    for (int64_t d = threadIdx.x; d < n_embd; d += blockDim.x) {
+    float ss = 0.0f;
+    for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS) {
         float s = 0.0f;
         for (int j = 0; j < k; j++) s += out[(t * k + order[j]) * n_embd + d];
-        y[t * n_embd + d] = s;
+        const float v = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
+        y[t * n_embd + d] = v;
+        if (NORM) ss += v * v;
+    }
+    if (NORM) {
+        const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(ss, red), n_embd, eps);
+        for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS)
+            xn[t * n_embd + d] = y[t * n_embd + d] * scale * norm_w[d];
     }
 }
 
@@ -231,7 +280,8 @@ extern "C" size_t cu_moe_workspace_bytes(const struct cu_moe_parts *parts, int64
 }
 
 /* run_part: one part of every group, on the float or the quantized kernel of its type. */
-static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_tok, cudaStream_t s)
+static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_tok, bool gu,
+                     cudaStream_t s)
 {
     if (qtype_get(type)->blck == 1) {
         dim3 grid((unsigned)((t.nrows + MF_WARPS - 1) / MF_WARPS), (unsigned)n_groups);
@@ -243,13 +293,20 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
     /* a row per warp where that fits one wave (8 CTAs of 4 warps per SM on the H200's 132 SMs):
      * a decode step's experts are only a few thousand rows, and each row a warp takes in turn
      * adds a memory latency */
-    const int64_t items = (int64_t)n_groups * t.nrows, ctas = (items + MF_WARPS - 1) / MF_WARPS;
+    const int64_t items = (int64_t)n_groups * t.nrows * (gu ? 2 : 1),
+                  ctas = (items + MF_WARPS - 1) / MF_WARPS;
     const unsigned grid = (unsigned)(ctas < 132 * 8 ? ctas : 132 * 8);
-#define Q(T, B) moe_part_q<T, B><<<grid, MF_WARPS * WARP, 0, s>>>(t, n_groups)
+#define Q(T, B)                                                                                    \
+    if (gu) moe_part_q<T, B, true><<<grid, MF_WARPS * WARP, 0, s>>>(t);                            \
+    else moe_part_q<T, B, false><<<grid, MF_WARPS * WARP, 0, s>>>(t);
 #define QB(T)                                                                                      \
-    if (n_tok == 1) Q(T, 1);                                                                       \
-    else if (n_tok <= 4) Q(T, 4);                                                                  \
-    else Q(T, 16);
+    if (n_tok == 1) {                                                                              \
+        Q(T, 1)                                                                                    \
+    } else if (n_tok <= 4) {                                                                       \
+        Q(T, 4)                                                                                    \
+    } else {                                                                                       \
+        Q(T, 16)                                                                                   \
+    }
     switch (type) {
     case QT_Q8_0: QB(QT_Q8_0) break;
     case QT_Q5_0: QB(QT_Q5_0) break;
@@ -266,10 +323,11 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
 #undef Q
 }
 
-extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
-                          const struct moe_group *groups, int n_groups, const int32_t *pair_idx,
-                          const float *pair_w, int64_t n_tok, int k, const float *x, float *h,
-                          void *ws, float *out, void *stream)
+/* moe_ffn: n_groups groups (d_n_groups NULL) or at most n_groups, the count in d_n_groups. */
+static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
+                   const struct moe_group *groups, int n_groups, const int32_t *d_n_groups,
+                   const int32_t *pair_idx, const float *pair_w, int64_t n_tok, int k,
+                   const float *x, float *h, void *ws, float *out, unsigned flags, void *stream)
 {
     for (int i = 0; i < 3; i++) {
         const int64_t ncols = i == CU_PART_DOWN ? parts->n_ff : parts->n_embd;
@@ -293,8 +351,10 @@ extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const
                    td = parts->type[CU_PART_DOWN];
     int rv;
     /* h's rows of pairs on CPU experts are never written here; zeros keep the quantizer's input
-     * defined */
-    if ((rv = cu_err(cudaMemsetAsync(h, 0, sizeof(float) * n_pairs * parts->n_ff, s))) != 0) return rv;
+     * defined (with every pair in a group there are none) */
+    if (!(flags & CU_MOE_EVERY_PAIR) &&
+        (rv = cu_err(cudaMemsetAsync(h, 0, sizeof(float) * n_pairs * parts->n_ff, s))) != 0)
+        return rv;
     /* gate and up: x quantized once per activation layout (floats pass through) */
     const void *xg = x, *xu = x;
     if (qtype_get(tg)->blck > 1) {
@@ -312,12 +372,18 @@ extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const
     float *up = (float *)(w + l.up);
     struct mf_task t = {slot_ptr, groups, pair_idx, parts->off[CU_PART_GATE], (int)parts->n_ff,
                         (int)parts->n_embd, xg, (int64_t)cu_act_row_bytes(tg, parts->n_embd), k,
-                        h, parts->n_ff, NULL};
-    run_part(tg, t, n_groups, n_tok, s);
-    t.off = parts->off[CU_PART_UP], t.act = xu, t.arb = (int64_t)cu_act_row_bytes(tu, parts->n_embd);
-    t.out = up;
-    run_part(tu, t, n_groups, n_tok, s);
-    moe_swiglu<<<(unsigned)n_groups, 256, 0, s>>>(groups, pair_idx, (int)parts->n_ff, h, up);
+                        h, parts->n_ff, NULL, parts->off[CU_PART_UP], d_n_groups, n_groups};
+    if (tg == tu && qtype_get(tg)->blck > 1 && !(flags & CU_MOE_UNFUSED)) {
+        /* one launch: gate and up rows side by side, SwiGLU in its epilogue */
+        run_part(tg, t, n_groups, n_tok, true, s);
+    } else {
+        run_part(tg, t, n_groups, n_tok, false, s);
+        t.off = parts->off[CU_PART_UP], t.act = xu;
+        t.arb = (int64_t)cu_act_row_bytes(tu, parts->n_embd), t.out = up;
+        run_part(tu, t, n_groups, n_tok, false, s);
+        moe_swiglu<<<(unsigned)n_groups, 256, 0, s>>>(groups, pair_idx, (int)parts->n_ff, h, up,
+                                                       d_n_groups, n_groups);
+    }
     /* down: h by pair, quantized for its type (floats pass through), scaled by the route weight */
     const void *hd = h;
     if (qtype_get(td)->blck > 1) {
@@ -327,14 +393,56 @@ extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const
     t.off = parts->off[CU_PART_DOWN], t.nrows = (int)parts->n_embd, t.ncols = (int)parts->n_ff;
     t.act = hd, t.arb = (int64_t)cu_act_row_bytes(td, parts->n_ff), t.act_div = 1, t.out = out;
     t.ld = parts->n_embd, t.scale = pair_w;
-    run_part(td, t, n_groups, n_tok, s);
+    run_part(td, t, n_groups, n_tok, false, s);
     return cu_launch_check();
+}
+
+extern "C" int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
+                          const struct moe_group *groups, int n_groups, const int32_t *pair_idx,
+                          const float *pair_w, int64_t n_tok, int k, const float *x, float *h,
+                          void *ws, float *out, void *stream)
+{
+    return moe_ffn(parts, slot_ptr, groups, n_groups, NULL, pair_idx, pair_w, n_tok, k, x, h, ws,
+                   out, CU_MOE_UNFUSED, stream);
+}
+
+extern "C" int cu_moe_ffn_dev(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
+                              const struct moe_group *groups, const int32_t *n_groups,
+                              int max_groups, const int32_t *pair_idx, const float *pair_w,
+                              int64_t n_tok, int k, const float *x, float *h, void *ws, float *out,
+                              unsigned flags, void *stream)
+{
+    if (!n_groups) return strata_errf(STRATA_EINVAL, "cu_moe_ffn_dev: no group count");
+    return moe_ffn(parts, slot_ptr, groups, max_groups, n_groups, pair_idx, pair_w, n_tok, k, x,
+                   h, ws, out, flags, stream);
 }
 
 extern "C" int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_tok, int k,
                               int64_t n_embd, float *y, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine: top-%d", k);
-    moe_combine<<<(unsigned)n_tok, 256, 0, (cudaStream_t)stream>>>(out, ids, k, n_embd, y);
+    moe_combine<false, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+        out, ids, k, n_embd, y, NULL, 0.0f, NULL);
+    return cu_launch_check();
+}
+
+extern "C" int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                                  int64_t n_embd, float *x, void *stream)
+{
+    if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine_add: top-%d", k);
+    moe_combine<true, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+        out, ids, k, n_embd, x, NULL, 0.0f, NULL);
+    return cu_launch_check();
+}
+
+extern "C" int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                                       int64_t n_embd, float *x, const float *norm_w, float eps,
+                                       float *xn, void *stream)
+{
+    if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN)
+        return strata_errf(STRATA_EINVAL, "cu_moe_combine_add_norm: top-%d, rows of %lld (%d or more)",
+                           k, (long long)n_embd, ROW_NORM_MIN);
+    moe_combine<true, true><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+        out, ids, k, n_embd, x, norm_w, eps, xn);
     return cu_launch_check();
 }

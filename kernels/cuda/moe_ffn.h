@@ -51,9 +51,39 @@ int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
                const float *pair_w, int64_t n_tok, int k, const float *x, float *h, void *ws,
                float *out, void *stream);
 
+/* Flags of cu_moe_ffn_dev. */
+enum {
+    CU_MOE_EVERY_PAIR = 1, /* every pair is in a group (no mask): h needs no zeroing first */
+    CU_MOE_UNFUSED = 2,    /* gate, up and SwiGLU as three launches (cu_moe_ffn's; a diagnostic) */
+};
+
+/* cu_moe_ffn_dev: cu_moe_ffn with the group count in device memory (*n_groups, as cu_moe_group
+ * leaves it), at most max_groups (cu_moe_max_groups): every launch has the worst-case grid and its
+ * idle CTAs exit, so the step needs no host round trip and can be captured in a CUDA graph. Gate
+ * and up of one quantized type run as one launch with SwiGLU in its epilogue (unless
+ * CU_MOE_UNFUSED): the same row dots and expressions, so the same bits as cu_moe_ffn for the same
+ * groups either way. */
+int cu_moe_ffn_dev(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
+                   const struct moe_group *groups, const int32_t *n_groups, int max_groups,
+                   const int32_t *pair_idx, const float *pair_w, int64_t n_tok, int k,
+                   const float *x, float *h, void *ws, float *out, unsigned flags, void *stream);
+
 /* cu_moe_combine: y[t] = sum over j of out[t * k + j] in ascending ids[t * k + j] order. */
 int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_tok, int k, int64_t n_embd,
                    float *y, void *stream);
+
+/* cu_moe_combine_add: x[t] += that same sum (the residual add fused: the same bits as
+ * cu_moe_combine then cu_add). */
+int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t n_tok, int k, int64_t n_embd,
+                       float *x, void *stream);
+
+/* cu_moe_combine_add_norm: cu_moe_combine_add, then xn[t] = RMSNorm of the new x[t] with weights
+ * norm_w (the next layer's attention norm, or the output norm): the bits of cu_moe_combine_add
+ * then cu_rmsnorm, in one launch. Rows of n_embd >= CU_ROW_NORM_MIN (norm.h) only (else
+ * STRATA_EINVAL). */
+int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                            int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
+                            void *stream);
 
 #ifdef __cplusplus
 }

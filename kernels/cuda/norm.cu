@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/rowsum.cuh"
 
 #define NORM_WARPS 4
 
@@ -18,12 +19,71 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t i = lane; i < width; i += WARP) yr[i] = xr[i] * scale * w[i];
 }
 
+/* Wide rows (the hidden state): a CTA of ROW_NORM_THREADS threads per row, so one decode row is
+ * not one warp's chain of dependent loads. The sum: each thread's elements in order, then cta_sum
+ * (fixed by the width alone: the same bits for any row count). With y, x += y first (the residual
+ * add, __fadd_rn as cu_add) and the sum is of the new x. */
+template <bool ADD>
+__global__ void __launch_bounds__(ROW_NORM_THREADS)
+    rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps)
+{
+    __shared__ float red[ROW_NORM_THREADS / WARP];
+    const int64_t r = blockIdx.x;
+    const int tid = threadIdx.x;
+    float *xr = x + r * width;
+    float s = 0.0f;
+    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
+        float v = xr[i];
+        if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
+        s += v * v;
+    }
+    const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
+    float *yr = out + r * width;
+    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) yr[i] = xr[i] * scale * w[i];
+}
+
+/* Narrow rows with the residual add: rmsnorm_kernel's expressions after x += y. */
+__global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out,
+                                   int64_t rows, int64_t width, float eps)
+{
+    int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
+    int lane = threadIdx.x & (WARP - 1);
+    if (r >= rows) return;
+    float *xr = x + r * width;
+    for (int64_t i = lane; i < width; i += WARP) xr[i] = __fadd_rn(xr[i], y[r * width + i]);
+    __syncwarp();
+    float s = 0.0f;
+    for (int64_t i = lane; i < width; i += WARP) s += xr[i] * xr[i];
+    s = warp_sum(s);
+    float scale = 1.0f / sqrtf(s / (float)width + eps);
+    float *yr = out + r * width;
+    for (int64_t i = lane; i < width; i += WARP) yr[i] = xr[i] * scale * w[i];
+}
+
 extern "C" int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t width,
                           float eps, void *stream)
 {
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_rmsnorm: empty shape");
+    if (width >= ROW_NORM_MIN) {
+        rmsnorm_wide<false><<<(unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
+            (float *)x, NULL, w, y, width, eps);
+        return cu_launch_check();
+    }
     dim3 grid((unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS));
     rmsnorm_kernel<<<grid, NORM_WARPS * WARP, 0, (cudaStream_t)stream>>>(x, w, y, rows, width, eps);
+    return cu_launch_check();
+}
+
+extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *out, int64_t rows,
+                              int64_t width, float eps, void *stream)
+{
+    if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_add_rmsnorm: empty shape");
+    cudaStream_t s = (cudaStream_t)stream;
+    if (width >= ROW_NORM_MIN)
+        rmsnorm_wide<true><<<(unsigned)rows, ROW_NORM_THREADS, 0, s>>>(x, y, w, out, width, eps);
+    else
+        add_rmsnorm_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * WARP, 0,
+                             s>>>(x, y, w, out, rows, width, eps);
     return cu_launch_check();
 }
 
@@ -57,5 +117,88 @@ extern "C" int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, 
      * in it grows to 4e-3 rad at position 40K. */
     const float step = powf(base, -2.0f / (float)n_rot);
     rope_kernel<<<grid, 64, 0, (cudaStream_t)stream>>>(x, pos, n_head, head_dim, n_rot, step, neox);
+    return cu_launch_check();
+}
+
+template <typename E> __device__ __forceinline__ E kv_elem(float x);
+template <> __device__ __forceinline__ float kv_elem<float>(float x)
+{
+    return x;
+}
+template <> __device__ __forceinline__ __half kv_elem<__half>(float x)
+{
+    return __float2half_rn(x);
+}
+
+/* One warp per head row of a token: q heads, k heads, then v heads. A q or k row is normed (when
+ * weights are given: rmsnorm_kernel's expressions) and rotated (rope_kernel's) in place through
+ * memory the warp alone touches; k and v rows then go to the pool as cu_kv_store writes them. */
+template <typename E>
+__global__ void __launch_bounds__(NORM_WARPS *WARP)
+    qk_rope_store(float *q, float *k, const float *v, const float *qw, const float *kw,
+                  const int32_t *pos, const int32_t *slot, int64_t n_tok, int n_head, int n_kv,
+                  int hd, int n_rot, float step, int neox, float eps, int block_size, E *kp, E *vp)
+{
+    const int rows = n_head + 2 * n_kv;
+    const int64_t w = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
+    if (w >= n_tok * rows) return;
+    const int lane = threadIdx.x & (WARP - 1);
+    const int64_t t = w / rows;
+    const int j = (int)(w % rows);
+    const bool is_q = j < n_head, is_v = j >= n_head + n_kv;
+    const int h = is_q ? j : is_v ? j - n_head - n_kv : j - n_head;
+    float *row = is_q ? q + (t * n_head + h) * hd : k + (t * n_kv + h) * hd;
+    if (!is_v) {
+        const float *nw = is_q ? qw : kw;
+        if (nw) {
+            float s = 0.0f;
+            for (int i = lane; i < hd; i += WARP) s += row[i] * row[i];
+            s = warp_sum(s);
+            const float scale = 1.0f / sqrtf(s / (float)hd + eps);
+            for (int i = lane; i < hd; i += WARP) row[i] = row[i] * scale * nw[i];
+            __syncwarp();
+        }
+        for (int i = lane; i < n_rot / 2; i += WARP) {
+            float theta = (float)pos[t];
+            for (int jj = 0; jj < i; jj++) theta *= step;
+            float c, sn;
+            sincosf(theta, &sn, &c);
+            const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+            const float x0 = row[a], x1 = row[b];
+            row[a] = x0 * c - x1 * sn;
+            row[b] = x0 * sn + x1 * c;
+        }
+        __syncwarp();
+        if (is_q) return;
+    }
+    const float *src = is_v ? v + (t * n_kv + h) * hd : row;
+    E *pool = is_v ? vp : kp;
+    const int64_t b = slot[t] / block_size, o = slot[t] % block_size;
+    E *dst = pool + ((b * n_kv + h) * block_size + o) * hd;
+    for (int i = lane; i < hd; i += WARP) dst[i] = kv_elem<E>(src[i]);
+}
+
+extern "C" int cu_qk_rope_store(float *q, float *k, const float *v, const float *q_norm,
+                                const float *k_norm, const int32_t *pos, const int32_t *slot,
+                                int64_t n_tok, int n_head, int n_kv_head, int head_dim, int n_rot,
+                                float base, int neox, float eps, int f16, int block_size,
+                                void *k_pool, void *v_pool, void *stream)
+{
+    if (n_tok <= 0 || n_head <= 0 || n_kv_head <= 0 || n_rot <= 0 || n_rot > head_dim ||
+        n_rot % 2 || block_size < 1)
+        return strata_errf(STRATA_EINVAL, "cu_qk_rope_store: n_rot %d of head_dim %d, %d/%d heads",
+                           n_rot, head_dim, n_head, n_kv_head);
+    const int64_t warps = n_tok * (n_head + 2 * n_kv_head);
+    const unsigned grid = (unsigned)((warps + NORM_WARPS - 1) / NORM_WARPS);
+    const float step = powf(base, -2.0f / (float)n_rot); /* as cu_rope: the host's powf */
+    cudaStream_t s = (cudaStream_t)stream;
+    if (f16)
+        qk_rope_store<__half><<<grid, NORM_WARPS * WARP, 0, s>>>(
+            q, k, v, q_norm, k_norm, pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step,
+            neox, eps, block_size, (__half *)k_pool, (__half *)v_pool);
+    else
+        qk_rope_store<float><<<grid, NORM_WARPS * WARP, 0, s>>>(
+            q, k, v, q_norm, k_norm, pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step,
+            neox, eps, block_size, (float *)k_pool, (float *)v_pool);
     return cu_launch_check();
 }
