@@ -1,6 +1,11 @@
 /* fe_job — one completion request: prompt, submit, then a thread that polls the worker and turns
- * tokens into text (stop strings, reasoning split, logprobs) as SSE chunks or one final body. */
+ * tokens into text (stop strings, reasoning split, logprobs) as SSE chunks or one final body, in
+ * the shape of the API asked (OpenAI's chat and completions here; Anthropic's Messages and
+ * OpenAI's Responses through api_anthropic.h and api_responses.h). */
 #include "frontend/fe_int.h"
+
+#include "frontend/api_anthropic.h"
+#include "frontend/api_responses.h"
 
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -38,6 +43,10 @@ struct fe_job {
     double t_submit; /* monotonic seconds */
     double ttft;     /* seconds to the first token, -1 before it */
     struct wclient_update last; /* timings of the last update */
+    /* Messages and Responses streams: where the answer is, and the events to send */
+    struct api_anthropic_stream as;
+    struct api_responses_stream rsp;
+    struct api_sse ev;
     /* no worker was ready at submit (one restarting): the job thread submits req when one is */
     bool wait_pick;
     struct wclient_req req;
@@ -96,7 +105,7 @@ static void add_logprobs(struct fe_job *j, const struct wclient_update *u, uint3
 {
     const struct fe_model *m = &j->f->model;
     if (!u->logprobs) return;
-    if (j->p.kind == API_CHAT) {
+    if (api_is_chat(j->p.kind)) {
         json_t *bytes, *tops = json_array();
         json_t *tok = piece(m, u->tokens[i], &bytes);
         for (uint32_t k = 0; k < u->n_top && k < j->p.top_logprobs; k++) {
@@ -127,35 +136,74 @@ static void add_logprobs(struct fe_job *j, const struct wclient_update *u, uint3
 static json_t *new_logprobs(const struct fe_job *j)
 {
     if (!j->p.logprobs) return NULL;
-    if (j->p.kind == API_CHAT) return json_array();
+    if (api_is_chat(j->p.kind)) return json_array();
     return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
                      "text_offset");
 }
 
 static json_t *usage(const struct fe_job *j)
 {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)j->n_prompt,
-                     "completion_tokens", (json_int_t)j->n_gen, "total_tokens",
-                     (json_int_t)(j->n_prompt + j->n_gen));
+    return api_usage_json(j->n_prompt, j->last.n_cached, j->n_gen);
 }
 
-/* timings in llama-server's shape, from the worker's figures (the CLI and loadtest read them) */
 static json_t *timings(const struct fe_job *j)
 {
-    const struct wclient_update *u = &j->last;
-    uint32_t pn = u->n_prompt > u->n_cached ? u->n_prompt - u->n_cached : 0;
-    return json_pack(
-        "{s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f}", "prompt_n", (json_int_t)pn, "cache_n",
-        (json_int_t)u->n_cached, "prompt_ms", u->prefill_ms, "prompt_per_second",
-        u->prefill_ms > 0 ? pn * 1000.0 / u->prefill_ms : 0.0, "predicted_n", (json_int_t)j->n_gen,
-        "predicted_ms", u->decode_ms, "predicted_per_second",
-        u->decode_ms > 0 ? j->n_gen * 1000.0 / u->decode_ms : 0.0, "queue_ms", u->queue_ms);
+    return api_timings_json(&j->last, j->n_gen);
 }
 
 static const char *model_name(const struct fe_job *j)
 {
     if (j->f->o.model_alias) return j->f->o.model_alias;
     return j->p.model[0] ? j->p.model : j->f->model.name;
+}
+
+/* answer describes j for the Messages and Responses renderers; finish NULL: still going. */
+static struct api_answer answer(const struct fe_job *j, const char *finish)
+{
+    struct api_answer a = {.id = j->resp_id,
+                           .model = model_name(j),
+                           .created = j->created,
+                           .p = &j->p,
+                           .n_prompt = j->n_prompt,
+                           .n_cached = j->last.n_cached,
+                           .n_gen = j->n_gen,
+                           .content = j->content.p,
+                           .content_len = j->content.n,
+                           .reasoning = j->reasoning.p,
+                           .reasoning_len = j->reasoning.n};
+    const char *hit = fe_stop_matched(&j->stop);
+    if (!finish) return a;
+    a.finish = strcmp(finish, "length") == 0 ? API_FINISH_LENGTH : API_FINISH_STOP;
+    /* the request's own stop strings are reported; the model's (strata.stop) end the turn */
+    for (size_t i = 0; hit && i < j->p.n_stop; i++)
+        if (strcmp(hit, j->p.stop[i]) == 0) {
+            a.finish = API_FINISH_STOP_STR;
+            a.stop_sequence = j->p.stop[i];
+        }
+    /* tool calls (the tool-calling layer) set API_FINISH_TOOL_CALLS, tool_calls, n_tool_calls */
+    return a;
+}
+
+/* send_events writes the events the renderers queued in j->ev. */
+static int send_events(struct fe_job *j, int rv)
+{
+    if (rv == 0 && j->ev.n) rv = http_stream_write(j->r, j->ev.p, j->ev.n);
+    j->ev.n = 0;
+    return rv;
+}
+
+/* emit_other streams one round of a Messages or Responses answer. */
+static int emit_other(struct fe_job *j, const char *content, size_t cn, const char *reasoning,
+                      size_t rn, const char *finish)
+{
+    struct api_answer a = answer(j, finish);
+    int rv = j->p.kind == API_MESSAGES
+                 ? api_anthropic_delta(&j->as, &a, reasoning, rn, content, cn, &j->ev)
+                 : api_responses_delta(&j->rsp, &a, reasoning, rn, content, cn, &j->ev);
+    if (rv == 0 && finish)
+        rv = j->p.kind == API_MESSAGES ? api_anthropic_finish(&j->as, &a, &j->ev)
+                                       : api_responses_finish(&j->rsp, &a, &j->ev);
+    return send_events(j, rv);
 }
 
 /* chunk wraps one choice into a stream chunk object. */
@@ -207,6 +255,10 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         if ((rv = buf_add(&j->content, content, cn)) == 0)
             rv = buf_add(&j->reasoning, reasoning, rn);
         if (lp && j->p.kind == API_CHAT) json_array_extend(j->lp, lp);
+        goto out;
+    }
+    if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        rv = emit_other(j, content, cn, reasoning, rn, finish);
         goto out;
     }
     bool has_lp = lp && (j->p.kind == API_CHAT ? json_array_size(lp)
@@ -281,6 +333,10 @@ static int finish_text(struct fe_job *j, const char *finish)
 
 static json_t *whole_answer(struct fe_job *j, const char *finish)
 {
+    if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        struct api_answer a = answer(j, finish);
+        return j->p.kind == API_MESSAGES ? api_anthropic_message(&a) : api_responses_object(&a);
+    }
     json_t *lpj =
         j->lp ? (j->p.kind == API_CHAT ? json_pack("{s:O}", "content", j->lp) : json_incref(j->lp))
               : json_null();
@@ -317,6 +373,8 @@ static void job_free(struct fe_job *j)
     free(j->reasoning.p);
     json_decref(j->lp);
     free(j->req_ids);
+    api_responses_stream_fini(&j->rsp);
+    api_sse_free(&j->ev);
     free(j);
 }
 
@@ -362,6 +420,7 @@ static void on_gone(void *ctx)
 static int begin_stream(struct fe_job *j)
 {
     if (http_stream_begin(j->r, 200, "text/event-stream", on_gone, j) != 0) return STRATA_ENOMEM;
+    /* Messages and Responses open with the first update, which brings the cached-token count */
     if (j->p.kind == API_CHAT)
         sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
                                   "assistant", "content", "", "logprobs", "finish_reason")));
@@ -416,7 +475,7 @@ static void *job_main(void *arg)
     int rv = 0;
     double away = -1; /* when the stream's worker failed, until a poll succeeds again */
     if (j->wait_pick && wait_pick(j, &e) != 0) {
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
         job_unlink(j);
         job_free(j);
         return NULL;
@@ -488,35 +547,41 @@ static void *job_main(void *arg)
     job_release(j);
     http_set_tokens(j->r, j->n_prompt, j->n_gen);
     if (j->p.stream) {
-        if (e.status) {
+        bool openai = j->p.kind == API_CHAT || j->p.kind == API_COMPLETION;
+        if (e.status && !openai) {
+            atomic_fetch_add(&f->m_errors, 1);
+            send_events(j, j->p.kind == API_MESSAGES
+                               ? api_anthropic_error_event(&e, &j->ev)
+                               : api_responses_error_event(&j->rsp, &e, &j->ev));
+        } else if (e.status) {
             atomic_fetch_add(&f->m_errors, 1);
             char *s = api_error_json(&e);
             json_t *o = s ? json_loads(s, 0, NULL) : NULL;
             free(s);
             sse(j, o);
         } else if (strcmp(finish, "cancelled") != 0 && finish_text(j, finish) == 0 &&
-                   j->p.include_usage) {
+                   j->p.include_usage && openai) {
             json_t *c = json_pack(
                 "{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->resp_id, "object",
                 j->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
                 (json_int_t)j->created, "model", model_name(j), "choices", "usage", usage(j));
             sse(j, c);
         }
-        http_stream_write(j->r, "data: [DONE]\n\n", 14);
+        if (openai) http_stream_write(j->r, "data: [DONE]\n\n", 14);
         http_stream_end(j->r);
     } else if (!e.status && atomic_load(&j->gone)) {
         /* nobody reads this: it ends the request (nginx's 499 in the log line) */
         api_fail(&e, 499, "invalid_request_error", NULL, "client_closed",
                  "the client closed the connection before the answer");
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
     } else if (e.status || strcmp(finish, "cancelled") == 0) {
         if (!e.status)
             api_fail(&e, 503, "unavailable_error", NULL, NULL,
                      "the frontend is shutting down: retry on another frontend");
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
     } else if ((rv = finish_text(j, finish)) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "frontend: %s", strata_errdetail());
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
     } else {
         json_t *o = whole_answer(j, finish);
         char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
@@ -525,7 +590,7 @@ static void *job_main(void *arg)
             http_respond(j->r, 200, NULL, s, strlen(s), NULL);
         } else {
             api_fail(&e, 500, "server_error", NULL, NULL, "frontend: out of memory");
-            fe_reply_error(f, j->r, &e);
+            fe_reply_error_as(f, j->r, j->p.kind, &e);
         }
         free(s);
     }
@@ -541,7 +606,7 @@ static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, 
     const struct fe_model *m = &f->model;
     int rv;
     *opens = false;
-    if (j->p.kind == API_CHAT) {
+    if (api_is_chat(j->p.kind)) {
         rv = fe_model_chat(m, j->p.messages, j->p.template_kwargs, j->p.reasoning_effort, ids,
                            opens);
         if (rv == STRATA_EINVAL || rv == STRATA_ELIMIT)
@@ -571,11 +636,11 @@ static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, 
                         strata_strerror(rv), strata_errdetail());
     if (ids->n == 0)
         return api_fail(e, 400, "invalid_request_error",
-                        j->p.kind == API_CHAT ? "messages" : "prompt", "invalid_value",
+                        api_is_chat(j->p.kind) ? "messages" : "prompt", "invalid_value",
                         "the prompt is empty after tokenization");
     if (ids->n >= m->n_ctx)
         return api_fail(e, 400, "invalid_request_error",
-                        j->p.kind == API_CHAT ? "messages" : "prompt", "context_length_exceeded",
+                        api_is_chat(j->p.kind) ? "messages" : "prompt", "context_length_exceeded",
                         "the prompt is %zu tokens and the context holds %u (prompt plus answer): "
                         "shorten the prompt",
                         ids->n, m->n_ctx);
@@ -598,8 +663,10 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     j->f = f;
     j->r = r;
     j->ttft = -1;
-    if (api_parse(kind, body, len, m->n_vocab, &j->p, &e) != 0 ||
-        prompt_ids(f, j, &ids, &opens, &e) != 0)
+    unsigned st = kind == API_MESSAGES    ? api_anthropic_parse(body, len, m->n_vocab, &j->p, &e)
+                  : kind == API_RESPONSES ? api_responses_parse(body, len, m->n_vocab, &j->p, &e)
+                                          : api_parse(kind, body, len, m->n_vocab, &j->p, &e);
+    if (st != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0)
         goto fail;
     j->n_prompt = (uint32_t)ids.n;
     uint32_t limit = f->o.max_tokens ? f->o.max_tokens : m->n_ctx;
@@ -618,13 +685,13 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     const char *stops[FE_STOP_CAP];
     size_t n_stops = j->p.n_stop;
     memcpy(stops, j->p.stop, n_stops * sizeof *stops);
-    for (uint32_t i = 0; kind == API_CHAT && i < m->n_stop_strs; i++)
+    for (uint32_t i = 0; api_is_chat(kind) && i < m->n_stop_strs; i++)
         stops[n_stops++] = m->stop_strs[i];
     if (fe_stop_init(&j->stop, stops, n_stops) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    j->split = kind == API_CHAT && m->reason != TMPL_REASON_NONE;
+    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE;
     if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
     tok_stream_init(&j->ts, m->tok,
                     m->reason == TMPL_REASON_CHANNEL && j->split ? TOK_DECODE_SPECIAL : 0);
@@ -653,7 +720,9 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     pthread_mutex_unlock(&f->mu);
 
     fe_next_id(f, j->id, sizeof j->id);
-    snprintf(j->resp_id, sizeof j->resp_id, "%s-%s", kind == API_CHAT ? "chatcmpl" : "cmpl", j->id);
+    static const char *const prefix[] = {[API_CHAT] = "chatcmpl-", [API_COMPLETION] = "cmpl-",
+                                         [API_MESSAGES] = "msg_", [API_RESPONSES] = "resp_"};
+    snprintf(j->resp_id, sizeof j->resp_id, "%s%s", prefix[kind], j->id);
     j->created = (long long)time(NULL);
     struct wclient_req req = {.id = j->id,
                               .prompt = ids.v,
@@ -684,7 +753,7 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                  "every worker's queue is full: retry after a second");
         goto fail;
     } else if (rv == STRATA_ELIMIT) {
-        api_fail(&e, 400, "invalid_request_error", kind == API_CHAT ? "messages" : "prompt",
+        api_fail(&e, 400, "invalid_request_error", api_is_chat(kind) ? "messages" : "prompt",
                  "context_length_exceeded", "the worker refused the request: %s",
                  strata_errdetail());
         goto fail;
@@ -731,7 +800,7 @@ fail_stream:
     fe_release(f, j->slot);
 fail:
     free(ids.v);
-    fe_reply_error(f, r, &e);
+    fe_reply_error_as(f, r, kind, &e);
     if (j) {
         if (linked) job_unlink(j);
         job_free(j);
