@@ -1083,9 +1083,7 @@ START_TEST(api_key)
     free(r.body);
     /* Anthropic's clients send x-api-key and anthropic-version, and get Anthropic's error */
     snprintf(body, sizeof body, msg_body, "");
-    request("POST", "/v1/messages", body, "x-api-key: wrong
-anthropic-version: 2023-06-01
-",
+    request("POST", "/v1/messages", body, "x-api-key: wrong\r\nanthropic-version: 2023-06-01\r\n",
             &r);
     ck_assert_int_eq(r.status, 401);
     json_t *j = json_loads(r.body, 0, NULL);
@@ -1093,9 +1091,7 @@ anthropic-version: 2023-06-01
     ck_assert_str_eq(str_at(j, "error.type"), "authentication_error");
     json_decref(j);
     free(r.body);
-    request("POST", "/v1/messages", body, "x-api-key: sekret
-anthropic-version: 2023-06-01
-",
+    request("POST", "/v1/messages", body, "x-api-key: sekret\r\nanthropic-version: 2023-06-01\r\n",
             &r);
     ck_assert_int_eq(r.status, 200);
     free(r.body);
