@@ -406,7 +406,7 @@ static json_t *response(const struct api_answer *a, const char *status, json_t *
     for (size_t k = 0; k < sizeof echo / sizeof *echo; k++) {
         json_t *v = json_object_get(orig, echo[k]);
         json_object_set_new(o, echo[k], v && !json_is_null(v) ? json_incref(v)
-                                                               : json_loads(dflt[k], 0, NULL));
+                                                               : json_loads(dflt[k], JSON_DECODE_ANY, NULL));
     }
     if (strcmp(status, "in_progress") != 0) {
         uint32_t cached = a->n_cached < a->n_prompt ? a->n_cached : a->n_prompt;

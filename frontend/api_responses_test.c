@@ -176,6 +176,8 @@ START_TEST(whole_response)
     ck_assert_str_eq(json_string_value(json_object_get(r, "object")), "response");
     ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "completed");
     ck_assert_str_eq(json_string_value(json_object_get(r, "instructions")), "I");
+    ck_assert_str_eq(json_string_value(json_object_get(r, "tool_choice")), "auto");
+    ck_assert(json_is_null(json_object_get(r, "max_output_tokens")));
     ck_assert_int_eq(json_array_size(json_object_get(r, "tools")), 1);
     ck_assert(json_real_value(json_object_get(r, "temperature")) == 0.0);
     ck_assert(json_is_false(json_object_get(r, "store")));

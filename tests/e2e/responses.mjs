@@ -1,0 +1,88 @@
+// responses.mjs — the official `openai` npm client's Responses API against a running strata
+// serve: text whole and streamed (the raw events and the SDK's stream helper), instructions,
+// input items with function calls and their outputs, function tools, cached prompt tokens, chat
+// completions with n > 1, and the refusals of a stateless server.
+// Env: STRATA_PORT, STRATA_API_KEY, STRATA_NODE_MODULES (a folder holding node_modules/).
+// Exits 0 when every check holds; prints each check as it passes.
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+
+const require = createRequire(path.join(process.env.STRATA_NODE_MODULES ?? '.', 'noop.js'));
+const mod = require('openai');
+const OpenAI = mod.OpenAI ?? mod.default ?? mod;
+const client = new OpenAI({
+  baseURL: `http://127.0.0.1:${process.env.STRATA_PORT}/v1`,
+  apiKey: process.env.STRATA_API_KEY ?? 'none',
+  maxRetries: 0,
+});
+const ok = (what) => console.log(`ok - ${what}`);
+
+const model = (await client.models.list()).data[0].id;
+const input = 'Tell me about the weather.';
+const whole = await client.responses.create({ model, input, max_output_tokens: 16, temperature: 0 });
+assert.equal(whole.object, 'response');
+assert.ok(whole.id.startsWith('resp_'));
+assert.ok(['completed', 'incomplete'].includes(whole.status));
+assert.equal(typeof whole.output_text, 'string');
+assert.ok(whole.usage.input_tokens > 0 && whole.usage.output_tokens > 0);
+assert.equal(whole.usage.total_tokens, whole.usage.input_tokens + whole.usage.output_tokens);
+ok(`responses.create: ${whole.usage.output_tokens} tokens, ${whole.status}`);
+
+let streamed = '', last = null, seq = -1;
+const seen = new Set();
+for await (const ev of await client.responses.create({ model, input, max_output_tokens: 16, temperature: 0, stream: true })) {
+  assert.ok(ev.sequence_number > seq);
+  seq = ev.sequence_number;
+  seen.add(ev.type);
+  if (ev.type === 'response.output_text.delta') streamed += ev.delta;
+  last = ev;
+}
+assert.equal(streamed, whole.output_text);
+assert.ok(seen.has('response.created') && seen.has('response.output_item.added') && seen.has('response.output_text.done'));
+assert.ok(['response.completed', 'response.incomplete'].includes(last.type));
+assert.equal(last.response.status, whole.status);
+assert.equal(last.response.usage.output_tokens, whole.usage.output_tokens);
+ok(`responses stream: ${seq + 1} events, the same text`);
+
+const helper = client.responses.stream({ model, input, max_output_tokens: 16, temperature: 0 });
+let helperText = '';
+helper.on('response.output_text.delta', (ev) => { helperText += ev.delta; });
+const final = await helper.finalResponse();
+const outText = (resp) => resp.output.filter((o) => o.type === 'message')
+  .flatMap((o) => o.content).filter((c) => c.type === 'output_text').map((c) => c.text).join('');
+assert.equal(helperText, whole.output_text);
+assert.equal(outText(final), whole.output_text);
+ok('responses.stream helper: the accumulated response has the same text');
+
+// instructions, items, function tools: accepted, and the history reaches the prompt
+const tools = [{ type: 'function', name: 'get_weather', description: 'The weather of a city',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } }];
+const items = [
+  { role: 'user', content: [{ type: 'input_text', text: 'What is the weather in Paris?' }] },
+  { type: 'function_call', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' },
+  { type: 'function_call_output', call_id: 'call_1', output: '18 degrees, sunny' },
+];
+const r = await client.responses.create({ model, instructions: 'You are terse.', input: items, tools, tool_choice: 'auto', max_output_tokens: 8, temperature: 0 });
+assert.ok(['completed', 'incomplete'].includes(r.status));
+assert.equal(r.instructions, 'You are terse.');
+assert.equal(r.tools.length, 1);
+for (const o of r.output) assert.ok(['message', 'reasoning', 'function_call'].includes(o.type));
+const plain = await client.responses.create({ model, input: 'What is the weather in Paris?', max_output_tokens: 1 });
+assert.ok(r.usage.input_tokens > plain.usage.input_tokens + 10, `${r.usage.input_tokens} vs ${plain.usage.input_tokens}`);
+ok(`function tools and call items: prompt ${plain.usage.input_tokens} -> ${r.usage.input_tokens} tokens`);
+
+// the same long prompt twice: cached tokens from the worker's prefix cache
+const longInput = 'Describe, at length, the weather of every season in a coastal town. '.repeat(4);
+await client.responses.create({ model, input: longInput, max_output_tokens: 2 });
+const again = await client.responses.create({ model, input: longInput, max_output_tokens: 2 });
+assert.ok(again.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
+const chat = await client.chat.completions.create({ model, messages: [{ role: 'user', content: longInput }], max_tokens: 2 });
+assert.ok(chat.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(chat.usage));
+ok(`cached tokens: responses ${again.usage.input_tokens_details.cached_tokens}, chat ${chat.usage.prompt_tokens_details.cached_tokens}`);
+
+await assert.rejects(client.responses.create({ model, input, previous_response_id: 'resp_123' }),
+  (e) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id');
+await assert.rejects(client.responses.create({ model, input, tools: [{ type: 'web_search' }] }),
+  (e) => e instanceof OpenAI.BadRequestError && e.param === 'tools');
+ok('stateless: previous_response_id and built-in tools refused with 400');
