@@ -373,11 +373,11 @@ unsigned api_parse_root(enum api_kind kind, json_t *root, uint32_t n_vocab, stru
         (st = get_num(r, "repeat_penalty", 0, 10, &p->sampling.repeat_penalty, e)) ||
         (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)))
         return st;
-    if (n != 1)
+    if (n < 1 || n > API_MAX_N || (n > 1 && (kind == API_MESSAGES || kind == API_RESPONSES)))
         return api_fail(e, 400, BAD, "n", "invalid_value",
-                        "'n' is %lld: only one choice per request is supported, send n = 1 (or "
-                        "several requests)",
-                        (long long)n);
+                        "'n' is %lld: send 1 to %d choices per request", (long long)n,
+                        kind == API_MESSAGES || kind == API_RESPONSES ? 1 : API_MAX_N);
+    p->n = (uint32_t)n;
     p->max_tokens = mct ? mct : max_tokens;
     p->sampling.top_k = (uint32_t)top_k;
     p->sampling.has_seed = has_seed;

@@ -6,7 +6,7 @@
  * Bodies are untrusted bytes (fuzzed by frontend/http_fuzz.c). api_parse checks every field the
  * frontend uses for type and range and fails with a filled struct api_error: the HTTP status,
  * OpenAI's `type`, the offending `param` and a message that names the value and what to send
- * instead. Unknown fields are ignored (as llama-server does); `n` other than 1 is refused. The
+ * instead. Unknown fields are ignored (as llama-server does); `n` is 1..API_MAX_N. The
  * parsed params own the JSON tree; strings and objects in them point into it. Pure functions, any
  * thread.
  */
@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #define API_MAX_TOP_LOGPROBS 20 /* OpenAI's cap on top_logprobs */
+#define API_MAX_N            16 /* choices of one chat or completion request */
 
 enum api_kind {
     API_CHAT,       /* /v1/chat/completions */
@@ -79,6 +80,7 @@ struct api_params {
     int32_t *prompt_ids; /* completion: the prompt as token ids (owned), or NULL */
     size_t n_prompt_ids;
     const char *model; /* as sent, "" when absent */
+    uint32_t n; /* choices, 1..API_MAX_N (chat and completions) */
     bool stream;
     bool include_usage; /* stream_options.include_usage */
     int64_t max_tokens; /* max_tokens or max_completion_tokens; 0: not given */

@@ -15,8 +15,31 @@
 #include <string.h>
 #include <time.h>
 
+/* A request for n > 1 choices: one job per choice, each with its own worker request and thread,
+ * sharing the HTTP answer. Choice 0 goes first; the others are submitted once it has its first
+ * token, so its prompt's KV blocks are in the worker's prefix cache and theirs hit it. The job that
+ * ends last answers (whole: every choice; streamed: the usage chunk and [DONE]) and frees the
+ * group. */
+struct fe_group {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_bool gone;     /* the client left */
+    bool prefilled;       /* choice 0 has a token (or ended) */
+    uint32_t left;        /* choices not ended */
+    uint32_t n_gen;       /* tokens of the choices ended */
+    uint32_t n_cached;    /* choice 0's cached prompt tokens (the prompt is counted once) */
+    struct wclient_update last0; /* choice 0's timings */
+    uint32_t n_gen0;             /* and tokens */
+    json_t *choices;      /* whole answers: each choice by index */
+    struct api_error err; /* the first error of a choice */
+    bool cancelled;       /* a choice ended without an answer (shutdown, client gone) */
+    bool began;           /* streamed: choice 0 began the stream */
+};
+
 struct fe_job {
     struct fe *f;
+    struct fe_group *g; /* n > 1: the request's group, else NULL */
+    uint32_t index;     /* the choice */
     struct fe_job *next; /* f->jobs (f->mu) */
     struct http_req *r;
     struct api_params p;
@@ -272,11 +295,11 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         json_t *delta = json_object();
         if (cn) json_object_set_new(delta, "content", json_stringn(content, cn));
         if (rn) json_object_set_new(delta, "reasoning_content", json_stringn(reasoning, rn));
-        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta, "logprobs", lpj,
-                           "finish_reason", finish);
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", (int)j->index, "delta", delta,
+                           "logprobs", lpj, "finish_reason", finish);
     } else {
-        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", 0, "text", content, cn, "logprobs",
-                           lpj, "finish_reason", finish);
+        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (int)j->index, "text", content, cn,
+                           "logprobs", lpj, "finish_reason", finish);
     }
     json_t *c = chunk(j, choice);
     if (c && finish) json_object_set_new(c, "timings", timings(j));
@@ -331,33 +354,42 @@ static int finish_text(struct fe_job *j, const char *finish)
     return emit(j, rel, rel_len, NULL, finish);
 }
 
-static json_t *whole_answer(struct fe_job *j, const char *finish)
+/* whole_choice is j's choice of a whole chat or completion answer. */
+static json_t *whole_choice(struct fe_job *j, const char *finish)
 {
-    if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
-        struct api_answer a = answer(j, finish);
-        return j->p.kind == API_MESSAGES ? api_anthropic_message(&a) : api_responses_object(&a);
-    }
     json_t *lpj =
         j->lp ? (j->p.kind == API_CHAT ? json_pack("{s:O}", "content", j->lp) : json_incref(j->lp))
               : json_null();
-    json_t *choice;
     if (j->p.kind == API_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                                 j->content.p ? j->content.p : "", j->content.n);
         if (j->split && j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning.p, j->reasoning.n));
-        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs", lpj,
-                           "finish_reason", finish);
-    } else {
-        choice =
-            json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text", j->content.p ? j->content.p : "",
-                      j->content.n, "logprobs", lpj, "finish_reason", finish);
+        return json_pack("{s:i, s:o, s:o, s:s}", "index", (int)j->index, "message", msg,
+                         "logprobs", lpj, "finish_reason", finish);
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", j->resp_id, "object",
+    return json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)j->index, "text",
+                     j->content.p ? j->content.p : "", j->content.n, "logprobs", lpj,
+                     "finish_reason", finish);
+}
+
+/* whole_object wraps the choices into the answer object. */
+static json_t *whole_object(const struct fe_job *j, json_t *choices, json_t *usage, json_t *timings)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", j->resp_id, "object",
                      j->p.kind == API_CHAT ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)j->created, "model", model_name(j), "choices", choice, "usage",
-                     usage(j), "timings", timings(j));
+                     (json_int_t)j->created, "model", model_name(j), "choices", choices, "usage",
+                     usage, "timings", timings);
+}
+
+static json_t *whole_answer(struct fe_job *j, const char *finish)
+{
+    if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        struct api_answer a = answer(j, finish);
+        return j->p.kind == API_MESSAGES ? api_anthropic_message(&a) : api_responses_object(&a);
+    }
+    return whole_object(j, json_pack("[o]", whole_choice(j, finish)), usage(j), timings(j));
 }
 
 static void job_free(struct fe_job *j)
@@ -416,13 +448,31 @@ static void on_gone(void *ctx)
     atomic_store(&j->gone, true);
 }
 
+static void on_gone_group(void *ctx)
+{
+    struct fe_group *g = ctx;
+    atomic_store(&g->gone, true);
+}
+
+/* job_gone: the client left (j's own flag, or its group's). */
+static bool job_gone(struct fe_job *j)
+{
+    return atomic_load(&j->gone) || (j->g && atomic_load(&j->g->gone));
+}
+
 /* begin_stream starts j's SSE answer: 200, then the role (first, as OpenAI sends it). */
 static int begin_stream(struct fe_job *j)
 {
-    if (http_stream_begin(j->r, 200, "text/event-stream", on_gone, j) != 0) return STRATA_ENOMEM;
+    /* a group's stream is begun by choice 0, which the others start after */
+    if (!j->g || j->index == 0) {
+        if (http_stream_begin(j->r, 200, "text/event-stream", j->g ? on_gone_group : on_gone,
+                              j->g ? (void *)j->g : j) != 0)
+            return STRATA_ENOMEM;
+        if (j->g) j->g->began = true;
+    }
     /* Messages and Responses open with the first update, which brings the cached-token count */
     if (j->p.kind == API_CHAT)
-        sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
+        sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", (int)j->index, "delta", "role",
                                   "assistant", "content", "", "logprobs", "finish_reason")));
     return 0;
 }
@@ -437,7 +487,7 @@ static int wait_pick(struct fe_job *j, struct api_error *e)
     int rv;
     for (;;) {
         rv = fe_pick_stream(f, &j->req, &j->ops, &j->stream, &j->slot);
-        if (rv != STRATA_ESTATE || now_s() >= end || atomic_load(&j->gone) ||
+        if (rv != STRATA_ESTATE || now_s() >= end || job_gone(j) ||
             atomic_load(&j->cancel))
             break;
         nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
@@ -466,6 +516,121 @@ static int wait_pick(struct fe_job *j, struct api_error *e)
     return rv;
 }
 
+static void group_free(struct fe_group *g)
+{
+    if (!g) return;
+    json_decref(g->choices);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+static void group_prefilled(struct fe_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->prefilled = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* group_wait holds a later choice until choice 0 has a token; false when the request is over
+ * already (an error, a cancel, the client gone): the choice then submits nothing. */
+static bool group_wait(struct fe_job *j)
+{
+    struct fe_group *g = j->g;
+    pthread_mutex_lock(&g->mu);
+    while (!g->prefilled && !job_gone(j) && !atomic_load(&j->cancel)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    bool go = !g->err.status && !g->cancelled && !job_gone(j) && !atomic_load(&j->cancel);
+    pthread_mutex_unlock(&g->mu);
+    return go;
+}
+
+/* group_end ends choice j of its group: its last chunk (streamed) or its choice object, then, for
+ * the choice that ends last, the request's answer. finish NULL or "cancelled": no answer. */
+static void group_end(struct fe_job *j, struct api_error *e, const char *finish)
+{
+    struct fe_group *g = j->g;
+    struct fe *f = j->f;
+    bool cancelled = !e->status && (!finish || strcmp(finish, "cancelled") == 0);
+    json_t *choice = NULL;
+    if (j->p.stream && g->began) {
+        if (e->status) {
+            char *s = api_error_json(e);
+            json_t *o = s ? json_loads(s, 0, NULL) : NULL;
+            free(s);
+            sse(j, o);
+        } else if (!cancelled) {
+            finish_text(j, finish);
+        }
+    } else if (!e->status && !cancelled && !job_gone(j)) {
+        if (finish_text(j, finish) != 0 || !(choice = whole_choice(j, finish)))
+            api_fail(e, 500, "server_error", NULL, NULL, "frontend: %s", strata_errdetail());
+        else
+            json_object_set_new(choice, "timings", timings(j));
+    }
+    pthread_mutex_lock(&g->mu);
+    g->n_gen += j->n_gen;
+    if (j->index == 0) {
+        g->last0 = j->last;
+        g->n_gen0 = j->n_gen;
+        g->n_cached = j->last.n_cached;
+        g->prefilled = true; /* the others may go (or see the error and end) */
+        pthread_cond_broadcast(&g->cv);
+    }
+    if (e->status && !g->err.status) g->err = *e;
+    if (cancelled) g->cancelled = true;
+    if (choice) json_array_set_new(g->choices, j->index, choice);
+    bool last = --g->left == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (!last) return;
+    struct http_req *r = j->r;
+    http_set_tokens(r, j->n_prompt, g->n_gen);
+    if (j->p.stream && g->began) {
+        if (g->err.status) atomic_fetch_add(&f->m_errors, 1);
+        if (!g->err.status && !g->cancelled && j->p.include_usage)
+            sse(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->resp_id, "object",
+                             j->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion",
+                             "created", (json_int_t)j->created, "model", model_name(j), "choices",
+                             "usage", api_usage_json(j->n_prompt, g->n_cached, g->n_gen)));
+        http_stream_write(r, "data: [DONE]\n\n", 14);
+        http_stream_end(r);
+    } else if (g->err.status) {
+        fe_reply_error(f, r, &g->err);
+    } else if (atomic_load(&g->gone)) {
+        api_fail(e, 499, "invalid_request_error", NULL, "client_closed",
+                 "the client closed the connection before the answer");
+        fe_reply_error(f, r, e);
+    } else if (g->cancelled) {
+        api_fail(e, 503, "unavailable_error", NULL, NULL,
+                 "the frontend is shutting down: retry on another frontend");
+        fe_reply_error(f, r, e);
+    } else {
+        /* the request's timings are choice 0's; each choice has its own */
+        json_t *o = whole_object(j, json_incref(g->choices),
+                                 api_usage_json(j->n_prompt, g->n_cached, g->n_gen),
+                                 api_timings_json(&g->last0, g->n_gen0));
+        char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
+        json_decref(o);
+        if (s)
+            http_respond(r, 200, NULL, s, strlen(s), NULL);
+        else {
+            api_fail(e, 500, "server_error", NULL, NULL, "frontend: out of memory");
+            fe_reply_error(f, r, e);
+        }
+        free(s);
+    }
+    group_free(g);
+}
+
 static void *job_main(void *arg)
 {
     struct fe_job *j = arg;
@@ -474,8 +639,19 @@ static void *job_main(void *arg)
     struct api_error e = {0};
     int rv = 0;
     double away = -1; /* when the stream's worker failed, until a poll succeeds again */
+    if (j->g && j->index > 0 && !group_wait(j)) {
+        job_release(j);
+        group_end(j, &e, NULL);
+        job_unlink(j);
+        job_free(j);
+        return NULL;
+    }
     if (j->wait_pick && wait_pick(j, &e) != 0) {
-        fe_reply_error_as(f, j->r, j->p.kind, &e);
+        job_release(j);
+        if (j->g)
+            group_end(j, &e, NULL);
+        else
+            fe_reply_error_as(f, j->r, j->p.kind, &e);
         job_unlink(j);
         job_free(j);
         return NULL;
@@ -483,9 +659,9 @@ static void *job_main(void *arg)
     atomic_fetch_add(&f->m_gen_requests, 1);
     atomic_fetch_add(&f->m_prompt_tokens, j->n_prompt);
     while (!finish) {
-        if (atomic_load(&j->gone) || atomic_load(&j->cancel)) {
+        if (job_gone(j) || atomic_load(&j->cancel)) {
             j->ops->stream_cancel(j->stream);
-            if (atomic_load(&j->gone)) atomic_fetch_add(&f->m_disconnects, 1);
+            if (job_gone(j)) atomic_fetch_add(&f->m_disconnects, 1);
             finish = "cancelled";
             break;
         }
@@ -511,6 +687,7 @@ static void *job_main(void *arg)
         }
         away = -1;
         j->last = *u;
+        if (j->g && j->index == 0 && (u->n_tokens || u->finish)) group_prefilled(j->g);
         bool hit = false;
         if ((rv = take(j, u, &hit)) != 0) {
             if (rv == STRATA_ECLOSED) {
@@ -545,6 +722,12 @@ static void *job_main(void *arg)
     j->ops->stream_free(j->stream);
     fe_release(f, j->slot);
     job_release(j);
+    if (j->g) {
+        group_end(j, &e, finish);
+        job_unlink(j);
+        job_free(j);
+        return NULL;
+    }
     http_set_tokens(j->r, j->n_prompt, j->n_gen);
     if (j->p.stream) {
         bool openai = j->p.kind == API_CHAT || j->p.kind == API_COMPLETION;
@@ -569,7 +752,7 @@ static void *job_main(void *arg)
         }
         if (openai) http_stream_write(j->r, "data: [DONE]\n\n", 14);
         http_stream_end(j->r);
-    } else if (!e.status && atomic_load(&j->gone)) {
+    } else if (!e.status && job_gone(j)) {
         /* nobody reads this: it ends the request (nginx's 499 in the log line) */
         api_fail(&e, 499, "invalid_request_error", NULL, "client_closed",
                  "the client closed the connection before the answer");
@@ -647,6 +830,80 @@ static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, 
     return 0;
 }
 
+/* job_setup readies j's text path: stop strings, reasoning split, detokenizer, logprobs. */
+static int job_setup(struct fe_job *j, bool opens)
+{
+    const struct fe_model *m = &j->f->model;
+    enum api_kind kind = j->p.kind;
+    /* the request's stop strings, then, for a chat, the model's own end of turn (strata.stop) */
+    const char *stops[FE_STOP_CAP];
+    size_t n_stops = j->p.n_stop;
+    memcpy(stops, j->p.stop, n_stops * sizeof *stops);
+    for (uint32_t i = 0; api_is_chat(kind) && i < m->n_stop_strs; i++)
+        stops[n_stops++] = m->stop_strs[i];
+    if (fe_stop_init(&j->stop, stops, n_stops) != 0) return STRATA_ENOMEM;
+    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE;
+    if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
+    tok_stream_init(&j->ts, m->tok,
+                    m->reason == TMPL_REASON_CHANNEL && j->split ? TOK_DECODE_SPECIAL : 0);
+    if (!j->p.stream) j->lp = new_logprobs(j);
+    return 0;
+}
+
+/* clone_choice makes choice i of j0's group: the same body parsed again, its own worker request
+ * (its own id; with a seed, seed + i so that the choices differ), submitted by its thread once
+ * choice 0 has a token. Not yet linked or started. */
+static struct fe_job *clone_choice(struct fe_job *j0, uint32_t i, const struct wclient_req *req,
+                                   bool opens)
+{
+    struct fe *f = j0->f;
+    size_t len;
+    const char *body = http_body(j0->r, &len);
+    struct api_error e;
+    struct fe_job *c = calloc(1, sizeof *c);
+    int32_t *ids = malloc(req->n_prompt * sizeof *ids);
+    if (!c || !ids) goto fail;
+    c->f = f;
+    c->r = j0->r;
+    c->g = j0->g;
+    c->index = i;
+    c->ttft = -1;
+    if (api_parse(j0->p.kind, body, len, f->model.n_vocab, &c->p, &e) != 0 ||
+        job_setup(c, opens) != 0)
+        goto fail;
+    c->n_prompt = j0->n_prompt;
+    c->created = j0->created;
+    memcpy(c->resp_id, j0->resp_id, sizeof c->resp_id);
+    fe_next_id(f, c->id, sizeof c->id);
+    memcpy(ids, req->prompt, req->n_prompt * sizeof *ids);
+    c->req = *req;
+    c->req.id = c->id;
+    c->req.prompt = ids;
+    c->req_ids = ids;
+    if (c->req.sampling.has_seed) c->req.sampling.seed += i;
+    c->wait_pick = true;
+    return c;
+fail:
+    free(ids);
+    if (c) {
+        c->req_ids = NULL;
+        job_free(c);
+    }
+    return NULL;
+}
+
+/* start_thread runs job_main for j, detached. */
+static int start_thread(struct fe_job *j)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rv = pthread_create(&t, &a, job_main, j);
+    pthread_attr_destroy(&a);
+    return rv;
+}
+
 void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
 {
     const struct fe_model *m = &f->model;
@@ -655,7 +912,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     bool opens, linked = false;
     size_t len;
     const char *body = http_body(r, &len);
-    struct fe_job *j = calloc(1, sizeof *j);
+    struct fe_job *j = calloc(1, sizeof *j), *clones[API_MAX_N] = {NULL};
+    uint32_t n = 1;
     if (!j) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
@@ -669,6 +927,7 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     if (st != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0)
         goto fail;
     j->n_prompt = (uint32_t)ids.n;
+    n = j->p.n ? j->p.n : 1;
     uint32_t limit = f->o.max_tokens ? f->o.max_tokens : m->n_ctx;
     if (j->p.max_tokens > limit) {
         api_fail(&e, 400, "invalid_request_error",
@@ -681,21 +940,23 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     uint32_t room = m->n_ctx - j->n_prompt;
     uint32_t max_tokens = j->p.max_tokens ? (uint32_t)j->p.max_tokens : limit;
     if (max_tokens > room) max_tokens = room;
-    /* the request's stop strings, then, for a chat, the model's own end of turn (strata.stop) */
-    const char *stops[FE_STOP_CAP];
-    size_t n_stops = j->p.n_stop;
-    memcpy(stops, j->p.stop, n_stops * sizeof *stops);
-    for (uint32_t i = 0; api_is_chat(kind) && i < m->n_stop_strs; i++)
-        stops[n_stops++] = m->stop_strs[i];
-    if (fe_stop_init(&j->stop, stops, n_stops) != 0) {
+    if (job_setup(j, opens) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE;
-    if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
-    tok_stream_init(&j->ts, m->tok,
-                    m->reason == TMPL_REASON_CHANNEL && j->split ? TOK_DECODE_SPECIAL : 0);
-    if (!j->p.stream) j->lp = new_logprobs(j);
+    if (n > 1) {
+        if (!(j->g = calloc(1, sizeof *j->g)) || !(j->g->choices = json_array())) {
+            free(j->g);
+            j->g = NULL;
+            api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
+        pthread_mutex_init(&j->g->mu, NULL);
+        pthread_cond_init(&j->g->cv, NULL);
+        j->g->left = n;
+        for (uint32_t i = 0; i < n; i++)
+            json_array_append_new(j->g->choices, json_null());
+    }
 
     pthread_mutex_lock(&f->mu);
     if (atomic_load(&f->stopping)) {
@@ -703,12 +964,12 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         api_fail(&e, 503, "unavailable_error", NULL, NULL, "the frontend is shutting down");
         goto fail;
     }
-    if ((uint32_t)f->n_admitted >= f->o.max_active) {
-        int n = f->n_admitted;
+    if ((uint32_t)f->n_admitted + n > f->o.max_active) {
+        int busy = f->n_admitted;
         pthread_mutex_unlock(&f->mu);
         api_fail(&e, 429, "rate_limit_error", NULL, "busy",
                  "the server is busy: %d requests in flight (--max-active): retry after a second",
-                 n);
+                 busy);
         goto fail;
     }
     f->n_jobs++;
@@ -733,6 +994,11 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                               .n_stop = m->n_stop_ids,
                               .logprobs = j->p.logprobs,
                               .top_logprobs = j->p.top_logprobs};
+    for (uint32_t i = 1; i < n; i++)
+        if (!(clones[i] = clone_choice(j, i, &req, opens))) {
+            api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
     j->t_submit = now_s();
     int rv = fe_pick_stream(f, &req, &j->ops, &j->stream, &j->slot);
     if (rv == STRATA_ESTATE && f->o.worker_wait_ms > 0) {
@@ -742,7 +1008,6 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         j->req = req;
         j->req_ids = ids.v;
         ids.v = NULL;
-        http_on_gone(r, on_gone, j);
         rv = 0;
     } else if (rv == STRATA_ESTATE) {
         api_fail(&e, 503, "unavailable_error", NULL, "no_worker",
@@ -766,19 +1031,44 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     free(ids.v);
     ids.v = NULL;
     if (!j->p.stream || j->wait_pick) {
-        http_on_gone(r, on_gone, j); /* a client that leaves cancels the request, as a stream's */
+        /* a client that leaves cancels the request, as a stream's */
+        if (j->g)
+            http_on_gone(r, on_gone_group, j->g);
+        else
+            http_on_gone(r, on_gone, j);
     } else if (begin_stream(j) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail_stream;
     }
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    rv = pthread_create(&t, &a, job_main, j);
-    pthread_attr_destroy(&a);
-    if (rv != 0) {
+    /* the later choices are counted and listed before any thread runs: the last to end frees the
+     * group */
+    pthread_mutex_lock(&f->mu);
+    for (uint32_t i = 1; i < n; i++) {
+        f->n_jobs++;
+        f->n_admitted++;
+        clones[i]->admitted = true;
+        clones[i]->next = f->jobs;
+        f->jobs = clones[i];
+    }
+    pthread_mutex_unlock(&f->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        struct fe_job *c = i ? clones[i] : j;
+        if ((rv = start_thread(c)) == 0) continue;
         LOG_ERROR("frontend: cannot start a generation thread: %s", strerror(rv));
+        if (i > 0 || j->g) {
+            /* the group answers once its other choices end; this one ends with an error */
+            if (!c->wait_pick) {
+                c->ops->stream_cancel(c->stream);
+                c->ops->stream_free(c->stream);
+                fe_release(f, c->slot);
+            }
+            api_fail(&e, 503, "unavailable_error", NULL, NULL, "out of threads: retry later");
+            job_release(c);
+            group_end(c, &e, NULL);
+            job_unlink(c);
+            job_free(c);
+            continue;
+        }
         if (!j->wait_pick) {
             j->ops->stream_cancel(j->stream);
             j->ops->stream_free(j->stream);
@@ -801,7 +1091,10 @@ fail_stream:
 fail:
     free(ids.v);
     fe_reply_error_as(f, r, kind, &e);
+    for (uint32_t i = 1; i < n; i++)
+        if (clones[i]) job_free(clones[i]);
     if (j) {
+        group_free(j->g);
         if (linked) job_unlink(j);
         job_free(j);
     }

@@ -554,8 +554,9 @@ START_TEST(errors)
         {"/v1/chat/completions", "{\"messages\":", 400, NULL},
         {"/v1/chat/completions", "[1]", 400, NULL},
         {"/v1/chat/completions", "{}", 400, "messages"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2}",
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":17}",
          400, "n"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"n\":0}", 400, "n"},
         {"/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":\"hot\"}", 400,
          "temperature"},
@@ -926,6 +927,74 @@ START_TEST(logprobs_streamed)
     }
     ck_assert_uint_eq(n, 5);
     free(r.body);
+}
+END_TEST
+
+START_TEST(n_choices)
+{
+    /* n = 3: three choices of the one prompt; the later ones start after the first has a token,
+     * so they find its prompt in the (fake) prefix cache */
+    W0.prefix_cache = true;
+    int starts = atomic_load(&W0.starts);
+    json_t *j = chat(",\"n\":3,\"seed\":5", 200);
+    ck_assert_int_eq(atomic_load(&W0.starts) - starts, 3);
+    json_t *cs = json_object_get(j, "choices");
+    ck_assert_int_eq(json_array_size(cs), 3);
+    json_int_t np = int_at(j, "usage.prompt_tokens");
+    for (size_t i = 0; i < 3; i++) {
+        json_t *c = json_array_get(cs, i);
+        ck_assert_int_eq(int_at(c, "index"), (json_int_t)i);
+        ck_assert_str_eq(str_at(c, "message.content"), REPLY);
+        ck_assert_str_eq(str_at(c, "finish_reason"), "stop");
+        ck_assert_int_eq(int_at(c, "timings.predicted_n"), W0.n_reply);
+        if (i > 0) ck_assert_int_eq(int_at(c, "timings.cache_n"), np - 1);
+    }
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), 3 * W0.n_reply);
+    ck_assert_int_eq(int_at(j, "usage.total_tokens"), np + 3 * W0.n_reply);
+    json_decref(j);
+    /* streamed: chunks of both indices, one [DONE] at the end, the usage of both */
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body,
+             ",\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    char text[2][1024] = {"", ""};
+    int roles = 0, finishes = 0;
+    json_t *last = NULL;
+    for (const char *p = r.body; (p = strstr(p, "data: ")) != NULL; p += 6) {
+        if (strncmp(p + 6, "[DONE]", 6) == 0) {
+            ck_assert_ptr_null(strstr(p + 6, "data: "));
+            break;
+        }
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        ck_assert_ptr_nonnull(c);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        if (ch) {
+            json_int_t k = int_at(ch, "index");
+            ck_assert(k == 0 || k == 1);
+            const char *t = str_at(ch, "delta.content");
+            if (t) strncat(text[k], t, sizeof text[k] - strlen(text[k]) - 1);
+            roles += str_at(ch, "delta.role") != NULL;
+            finishes += str_at(ch, "finish_reason") != NULL;
+        }
+        json_decref(last);
+        last = c;
+    }
+    ck_assert_str_eq(text[0], REPLY);
+    ck_assert_str_eq(text[1], REPLY);
+    ck_assert_int_eq(roles, 2);
+    ck_assert_int_eq(finishes, 2);
+    ck_assert_int_eq(int_at(last, "usage.completion_tokens"), 2 * W0.n_reply);
+    json_decref(last);
+    free(r.body);
+    /* completions */
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"n\":2,\"max_tokens\":3}", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 2);
+    ck_assert_str_eq(str_at(j, "choices.1.finish_reason"), "length");
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), 6);
+    json_decref(j);
+    W0.prefix_cache = false;
 }
 END_TEST
 
@@ -1614,6 +1683,7 @@ static Suite *suite(void)
     tcase_add_test(tc, props_template_models);
     tcase_add_test(tc, cached_tokens_and_timings);
     tcase_add_test(tc, logprobs_streamed);
+    tcase_add_test(tc, n_choices);
     suite_add_tcase(s, tc);
     TCase *own = tcase_create("own");
     tcase_set_timeout(own, 30);

@@ -81,6 +81,23 @@ const chat = await client.chat.completions.create({ model, messages: [{ role: 'u
 assert.ok(chat.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(chat.usage));
 ok(`cached tokens: responses ${again.usage.input_tokens_details.cached_tokens}, chat ${chat.usage.prompt_tokens_details.cached_tokens}`);
 
+// n > 1: the later choices share the prompt's KV through the worker's prefix cache
+const nPrompt = [{ role: 'user', content: 'Another long prompt about the tides, the winds and the rain of the coast. '.repeat(3) }];
+const multi = await client.chat.completions.create({ model, messages: nPrompt, n: 3, max_tokens: 4 });
+assert.equal(multi.choices.length, 3);
+assert.deepEqual(multi.choices.map((c) => c.index), [0, 1, 2]);
+assert.equal(multi.usage.completion_tokens, multi.choices.reduce((k, c) => k + c.timings.predicted_n, 0));
+assert.ok(multi.choices[1].timings.cache_n > 0 && multi.choices[2].timings.cache_n > 0,
+  JSON.stringify(multi.choices.map((c) => c.timings)));
+let nStreamed = 0;
+const idx = new Set();
+for await (const c of await client.chat.completions.create({ model, messages: nPrompt, n: 2, max_tokens: 4, stream: true })) {
+  for (const ch of c.choices) idx.add(ch.index);
+  nStreamed++;
+}
+assert.deepEqual([...idx].sort(), [0, 1]);
+ok(`n = 3: cache_n ${multi.choices.map((c) => c.timings.cache_n).join(', ')}; streamed n = 2 in ${nStreamed} chunks`);
+
 await assert.rejects(client.responses.create({ model, input, previous_response_id: 'resp_123' }),
   (e) => e instanceof OpenAI.BadRequestError && e.param === 'previous_response_id');
 await assert.rejects(client.responses.create({ model, input, tools: [{ type: 'web_search' }] }),
