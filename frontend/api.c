@@ -301,7 +301,8 @@ static unsigned parse_prompt(json_t *root, uint32_t n_vocab, struct api_params *
             return api_fail(e, 400, BAD, "prompt", "invalid_value",
                             "prompt[%zu] must be a token id in [0, %u) (one prompt per request: "
                             "an array of strings is not supported), got %s",
-                            i, n_vocab, json_is_integer(id) ? "an id out of range" : api_type_name(id));
+                            i, n_vocab,
+                            json_is_integer(id) ? "an id out of range" : api_type_name(id));
         p->prompt_ids[i] = (int32_t)json_integer_value(id);
     }
     p->n_prompt_ids = n;
@@ -440,9 +441,8 @@ json_t *api_timings_json(const struct wclient_update *u, uint32_t n_gen)
                      "cache_n", (json_int_t)u->n_cached, "prompt_ms", u->prefill_ms,
                      "prompt_per_second", u->prefill_ms > 0 ? pn * 1000.0 / u->prefill_ms : 0.0,
                      "predicted_n", (json_int_t)n_gen, "predicted_ms", u->decode_ms,
-                     "predicted_per_second",
-                     u->decode_ms > 0 ? n_gen * 1000.0 / u->decode_ms : 0.0, "queue_ms",
-                     u->queue_ms);
+                     "predicted_per_second", u->decode_ms > 0 ? n_gen * 1000.0 / u->decode_ms : 0.0,
+                     "queue_ms", u->queue_ms);
 }
 
 unsigned api_parse_tokenize(const char *body, size_t len, struct api_tokenize *t,

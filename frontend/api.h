@@ -80,7 +80,7 @@ struct api_params {
     int32_t *prompt_ids; /* completion: the prompt as token ids (owned), or NULL */
     size_t n_prompt_ids;
     const char *model; /* as sent, "" when absent */
-    uint32_t n; /* choices, 1..API_MAX_N (chat and completions) */
+    uint32_t n;        /* choices, 1..API_MAX_N (chat and completions) */
     bool stream;
     bool include_usage; /* stream_options.include_usage */
     int64_t max_tokens; /* max_tokens or max_completion_tokens; 0: not given */

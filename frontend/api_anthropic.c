@@ -84,8 +84,8 @@ static unsigned message(json_t *m, size_t i, json_t *msgs, struct api_error *e)
     bool user = strcmp(role, "user") == 0;
     json_t *content = json_object_get(m, "content");
     if (json_is_string(content))
-        return json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", role, "content",
-                                                     content)) == 0
+        return json_array_append_new(msgs,
+                                     json_pack("{s:s, s:O}", "role", role, "content", content)) == 0
                    ? 0
                    : oom(e);
     snprintf(param, sizeof param, "messages[%zu].content", i);
@@ -135,8 +135,7 @@ static unsigned message(json_t *m, size_t i, json_t *msgs, struct api_error *e)
             }
             char *args = input ? json_dumps(input, JSON_COMPACT) : strdup("{}");
             json_t *call = args ? json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", id, "type",
-                                            "function", "function", "name", name, "arguments",
-                                            args)
+                                            "function", "function", "name", name, "arguments", args)
                                 : NULL;
             free(args);
             if (!call || json_array_append_new(calls, call) != 0) {
@@ -153,9 +152,9 @@ static unsigned message(json_t *m, size_t i, json_t *msgs, struct api_error *e)
             char cp[128];
             snprintf(cp, sizeof cp, "%s.content", bp);
             if ((st = tool_result_text(json_object_get(b, "content"), cp, &out, e)) != 0) break;
-            if (!out || json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool",
-                                                              "tool_call_id", id, "content",
-                                                              out)) != 0) {
+            if (!out ||
+                json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool",
+                                                      "tool_call_id", id, "content", out)) != 0) {
                 st = oom(e);
                 break;
             }
@@ -163,8 +162,7 @@ static unsigned message(json_t *m, size_t i, json_t *msgs, struct api_error *e)
             st = api_fail(e, 400, BAD, bp, "invalid_value",
                           "'%s': a \"%s\" block is not supported in a%s message (text, %s)", bp,
                           type, user ? " user" : "n assistant",
-                          user ? "tool_result; this model reads text only"
-                               : "thinking, tool_use");
+                          user ? "tool_result; this model reads text only" : "thinking, tool_use");
             break;
         }
     }
@@ -186,8 +184,8 @@ static unsigned system_prompt(json_t *sys, json_t *msgs, struct api_error *e)
     json_t *text = NULL;
     unsigned st = tool_result_text(sys, "system", &text, e);
     if (st != 0) return st;
-    if (!text || json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content",
-                                                       text)) != 0)
+    if (!text || json_array_append_new(
+                     msgs, json_pack("{s:s, s:o}", "role", "system", "content", text)) != 0)
         return oom(e);
     return 0;
 }
@@ -205,7 +203,8 @@ static unsigned tools(json_t *in, json_t *out, struct api_error *e)
     size_t i;
     json_array_foreach(t, i, tool)
     {
-        json_t *name = json_object_get(tool, "name"), *schema = json_object_get(tool, "input_schema");
+        json_t *name = json_object_get(tool, "name"),
+               *schema = json_object_get(tool, "input_schema");
         json_t *desc = json_object_get(tool, "description");
         if (!json_is_string(name) || !json_is_object(schema)) {
             json_decref(list);
@@ -270,8 +269,8 @@ unsigned api_anthropic_translate(json_t *in, json_t **out, struct api_error *e)
         return oom(e);
     }
     json_object_set_new(o, "messages", msgs);
-    static const char *const same[] = {"model", "max_tokens", "temperature", "top_p", "top_k",
-                                       "stream"};
+    static const char *const same[] = {"model", "max_tokens", "temperature",
+                                       "top_p", "top_k",      "stream"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++)
         copy(in, o, same[i], same[i]);
     json_t *stop = json_object_get(in, "stop_sequences");
@@ -280,8 +279,7 @@ unsigned api_anthropic_translate(json_t *in, json_t **out, struct api_error *e)
         json_t *s;
         if (!json_is_array(stop) || json_array_size(stop) > FE_STOP_MAX)
             return api_fail(e, 400, BAD, "stop_sequences", "invalid_value",
-                            "'stop_sequences' must be an array of at most %d strings",
-                            FE_STOP_MAX);
+                            "'stop_sequences' must be an array of at most %d strings", FE_STOP_MAX);
         json_array_foreach(stop, i, s)
         {
             if (!json_is_string(s))
@@ -305,8 +303,7 @@ unsigned api_anthropic_translate(json_t *in, json_t **out, struct api_error *e)
     if ((st = system_prompt(json_object_get(in, "system"), msgs, e)) != 0) return st;
     json_t *m = json_object_get(in, "messages"), *mi;
     if (!json_is_array(m) || json_array_size(m) == 0)
-        return api_fail(e, 400, BAD, "messages",
-                        m ? "invalid_value" : "missing_required_parameter",
+        return api_fail(e, 400, BAD, "messages", m ? "invalid_value" : "missing_required_parameter",
                         "'messages' must be a non-empty array of {\"role\", \"content\"} objects");
     size_t i;
     json_array_foreach(m, i, mi)
@@ -384,8 +381,8 @@ static json_t *tool_input(const char *args)
 
 static json_t *tool_block(const struct api_tool_call *c, bool with_input)
 {
-    return json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", c->id ? c->id : "",
-                     "name", c->name ? c->name : "", "input",
+    return json_pack("{s:s, s:s, s:s, s:o}", "type", "tool_use", "id", c->id ? c->id : "", "name",
+                     c->name ? c->name : "", "input",
                      with_input ? tool_input(c->arguments) : json_object());
 }
 
@@ -393,9 +390,9 @@ json_t *api_anthropic_message(const struct api_answer *a)
 {
     json_t *content = json_array();
     if (a->reasoning_len)
-        json_array_append_new(content, json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
-                                                 api_str(a->reasoning, a->reasoning_len),
-                                                 "signature", ""));
+        json_array_append_new(content,
+                              json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
+                                        api_str(a->reasoning, a->reasoning_len), "signature", ""));
     if (a->content_len || (!a->reasoning_len && !a->n_tool_calls))
         json_array_append_new(content, json_pack("{s:s, s:o}", "type", "text", "text",
                                                  api_str(a->content, a->content_len)));
@@ -413,12 +410,11 @@ static int start(struct api_anthropic_stream *s, const struct api_answer *a, str
     s->started = true;
     json_t *u = usage(a);
     json_object_set_new(u, "output_tokens", json_integer(0));
-    if ((rv = api_sse_event(
-             out, "message_start",
-             json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}}", "type",
-                       "message_start", "message", "id", a->id, "type", "message", "role",
-                       "assistant", "model", a->model, "content", "stop_reason", "stop_sequence",
-                       "usage", u))) != 0)
+    if ((rv = api_sse_event(out, "message_start",
+                            json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:o}}", "type",
+                                      "message_start", "message", "id", a->id, "type", "message",
+                                      "role", "assistant", "model", a->model, "content",
+                                      "stop_reason", "stop_sequence", "usage", u))) != 0)
         return rv;
     return api_sse_event(out, "ping", json_pack("{s:s}", "type", "ping"));
 }
@@ -427,9 +423,9 @@ static int close_block(struct api_anthropic_stream *s, struct api_sse *out)
 {
     if (!s->open) return 0;
     s->open = 0;
-    return api_sse_event(out, "content_block_stop",
-                         json_pack("{s:s, s:i}", "type", "content_block_stop", "index",
-                                   s->index++));
+    return api_sse_event(
+        out, "content_block_stop",
+        json_pack("{s:s, s:i}", "type", "content_block_stop", "index", s->index++));
 }
 
 /* text_delta opens a block of kind (1 thinking, 2 text) when another is open, then adds text. */
@@ -444,17 +440,17 @@ static int text_delta(struct api_anthropic_stream *s, int kind, const char *t, s
                                               "signature", "")
                                   : json_pack("{s:s, s:s}", "type", "text", "text", "");
         if ((rv = api_sse_event(out, "content_block_start",
-                                json_pack("{s:s, s:i, s:o}", "type", "content_block_start",
-                                          "index", s->index, "content_block", block))) != 0)
+                                json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
+                                          s->index, "content_block", block))) != 0)
             return rv;
         s->open = kind;
     }
-    json_t *d = kind == 1 ? json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking",
-                                      api_str(t, n))
-                          : json_pack("{s:s, s:o}", "type", "text_delta", "text", api_str(t, n));
-    return api_sse_event(out, "content_block_delta",
-                         json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index",
-                                   s->index, "delta", d));
+    json_t *d = kind == 1
+                    ? json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking", api_str(t, n))
+                    : json_pack("{s:s, s:o}", "type", "text_delta", "text", api_str(t, n));
+    return api_sse_event(
+        out, "content_block_delta",
+        json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index", s->index, "delta", d));
 }
 
 int api_anthropic_delta(struct api_anthropic_stream *s, const struct api_answer *a,
@@ -475,21 +471,19 @@ int api_anthropic_finish(struct api_anthropic_stream *s, const struct api_answer
         const struct api_tool_call *c = &a->tool_calls[i];
         const char *args = c->arguments ? c->arguments : "{}";
         if ((rv = api_sse_event(out, "content_block_start",
-                                json_pack("{s:s, s:i, s:o}", "type", "content_block_start",
-                                          "index", s->index, "content_block",
-                                          tool_block(c, false)))) != 0 ||
+                                json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
+                                          s->index, "content_block", tool_block(c, false)))) != 0 ||
             (rv = api_sse_event(out, "content_block_delta",
-                                json_pack("{s:s, s:i, s:{s:s, s:s}}", "type",
-                                          "content_block_delta", "index", s->index, "delta",
-                                          "type", "input_json_delta", "partial_json", args))) !=
-                0)
+                                json_pack("{s:s, s:i, s:{s:s, s:s}}", "type", "content_block_delta",
+                                          "index", s->index, "delta", "type", "input_json_delta",
+                                          "partial_json", args))) != 0)
             return rv;
         s->open = 2;
         if ((rv = close_block(s, out)) != 0) return rv;
     }
     if ((rv = api_sse_event(out, "message_delta",
-                            json_pack("{s:s, s:{s:s, s:s?}, s:o}", "type", "message_delta",
-                                      "delta", "stop_reason", stop_reason(a), "stop_sequence",
+                            json_pack("{s:s, s:{s:s, s:s?}, s:o}", "type", "message_delta", "delta",
+                                      "stop_reason", stop_reason(a), "stop_sequence",
                                       a->stop_sequence, "usage", usage(a)))) != 0)
         return rv;
     return api_sse_event(out, "message_stop", json_pack("{s:s}", "type", "message_stop"));

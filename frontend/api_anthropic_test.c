@@ -207,15 +207,16 @@ START_TEST(whole_message)
     a.tool_calls = CALLS;
     a.n_tool_calls = 2;
     json_t *m = api_anthropic_message(&a);
-    assert_json(m, "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\","
-                   "\"content\":[{\"type\":\"thinking\",\"thinking\":\"Think.\",\"signature\":\"\"},"
-                   "{\"type\":\"text\",\"text\":\"Hello.\"},"
-                   "{\"type\":\"tool_use\",\"id\":\"toolu_a\",\"name\":\"weather\",\"input\":"
-                   "{\"city\":\"Paris\"}},"
-                   "{\"type\":\"tool_use\",\"id\":\"toolu_b\",\"name\":\"time\",\"input\":{}}],"
-                   "\"stop_reason\":\"tool_use\",\"stop_sequence\":null,"
-                   "\"usage\":{\"input_tokens\":4,\"output_tokens\":5,\"cache_read_input_tokens\":16,"
-                   "\"cache_creation_input_tokens\":0}}");
+    assert_json(m,
+                "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\","
+                "\"content\":[{\"type\":\"thinking\",\"thinking\":\"Think.\",\"signature\":\"\"},"
+                "{\"type\":\"text\",\"text\":\"Hello.\"},"
+                "{\"type\":\"tool_use\",\"id\":\"toolu_a\",\"name\":\"weather\",\"input\":"
+                "{\"city\":\"Paris\"}},"
+                "{\"type\":\"tool_use\",\"id\":\"toolu_b\",\"name\":\"time\",\"input\":{}}],"
+                "\"stop_reason\":\"tool_use\",\"stop_sequence\":null,"
+                "\"usage\":{\"input_tokens\":4,\"output_tokens\":5,\"cache_read_input_tokens\":16,"
+                "\"cache_creation_input_tokens\":0}}");
     json_decref(m);
     static const struct {
         enum api_finish f;
@@ -280,11 +281,14 @@ START_TEST(stream_events)
     a.n_tool_calls = 1;
     ck_assert_int_eq(api_anthropic_finish(&s, &a, &b), 0);
     json_t *ev = events(&b);
-    static const char *const want[] = {
-        "message_start",       "ping",                "content_block_start", "content_block_delta",
-        "content_block_delta", "content_block_stop",  "content_block_start", "content_block_delta",
-        "content_block_delta", "content_block_stop",  "content_block_start", "content_block_delta",
-        "content_block_stop",  "message_delta",       "message_stop"};
+    static const char *const want[] = {"message_start",       "ping",
+                                       "content_block_start", "content_block_delta",
+                                       "content_block_delta", "content_block_stop",
+                                       "content_block_start", "content_block_delta",
+                                       "content_block_delta", "content_block_stop",
+                                       "content_block_start", "content_block_delta",
+                                       "content_block_stop",  "message_delta",
+                                       "message_stop"};
     ck_assert_int_eq(json_array_size(ev), sizeof want / sizeof *want);
     for (size_t i = 0; i < json_array_size(ev); i++)
         ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, i), "type")),
@@ -323,9 +327,9 @@ START_TEST(stream_events)
     ck_assert_str_eq(json_string_value(json_object_get(
                          json_object_get(json_array_get(ev, 2), "delta"), "stop_reason")),
                      "max_tokens");
-    ck_assert_str_eq(json_string_value(
-                         json_object_get(json_object_get(json_array_get(ev, 4), "error"), "type")),
-                     "overloaded_error");
+    ck_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(json_array_get(ev, 4), "error"), "type")),
+        "overloaded_error");
     json_decref(ev);
     api_sse_free(&b);
 }

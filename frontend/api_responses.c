@@ -36,7 +36,8 @@ static unsigned parts_text(json_t *c, const char *param, json_t **out, struct ap
     json_array_foreach(c, i, part)
     {
         const char *type = json_string_value(json_object_get(part, "type"));
-        json_t *t = json_object_get(part, type && strcmp(type, "refusal") == 0 ? "refusal" : "text");
+        json_t *t =
+            json_object_get(part, type && strcmp(type, "refusal") == 0 ? "refusal" : "text");
         if (!type || !json_is_string(t) ||
             (strcmp(type, "input_text") != 0 && strcmp(type, "output_text") != 0 &&
              strcmp(type, "text") != 0 && strcmp(type, "refusal") != 0))
@@ -137,8 +138,7 @@ static unsigned item(json_t *it, size_t i, json_t *msgs, json_t **pending, struc
         json_t *args = json_object_get(it, "arguments");
         if (!json_is_string(id) || !json_is_string(name) || !json_is_string(args))
             return api_fail(e, 400, BAD, param, "invalid_value",
-                            "'%s' must have string \"call_id\", \"name\" and \"arguments\"",
-                            param);
+                            "'%s' must have string \"call_id\", \"name\" and \"arguments\"", param);
         json_t *m = last_assistant(msgs);
         if (!m || *pending) {
             if (!(m = json_pack("{s:s, s:s}", "role", "assistant", "content", "")) ||
@@ -218,9 +218,9 @@ static unsigned tools(json_t *in, json_t *out, struct api_error *e)
             return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
                             "'tool_choice' must be \"auto\", \"none\", \"required\" or "
                             "{\"type\": \"function\", \"name\"}");
-        json_object_set_new(out, "tool_choice",
-                            json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
-                                      name));
+        json_object_set_new(
+            out, "tool_choice",
+            json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
     }
     return 0;
 }
@@ -270,8 +270,8 @@ unsigned api_responses_translate(json_t *in, json_t **out, struct api_error *e)
         return api_fail(e, 400, BAD, "previous_response_id", "invalid_value",
                         "this server stores no responses: send the whole conversation in "
                         "'input' instead of 'previous_response_id'");
-    static const char *const same[] = {"model", "temperature", "top_p", "top_k", "stream",
-                                       "parallel_tool_calls", "seed", "stop"};
+    static const char *const same[] = {"model",  "temperature",         "top_p", "top_k",
+                                       "stream", "parallel_tool_calls", "seed",  "stop"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
         json_t *v = json_object_get(in, same[i]);
         if (v) json_object_set(o, same[i], v);
@@ -317,7 +317,8 @@ unsigned api_responses_translate(json_t *in, json_t **out, struct api_error *e)
         }
         json_decref(pending);
     } else {
-        return api_fail(e, 400, BAD, "input", input ? "invalid_value" : "missing_required_parameter",
+        return api_fail(e, 400, BAD, "input",
+                        input ? "invalid_value" : "missing_required_parameter",
                         "'input' must be a string or a non-empty array of items");
     }
     if ((st = tools(in, o, e)) != 0 || (st = text_format(in, o, e)) != 0) return st;
@@ -388,9 +389,9 @@ static json_t *response(const struct api_answer *a, const char *status, json_t *
     json_t *orig = json_object_get(a->p->root, ORIGINAL);
     bool incomplete = a->finish == API_FINISH_LENGTH;
     json_t *o = json_pack(
-        "{s:s, s:s, s:I, s:s, s:n, s:o, s:s, s:o, s:b, s:n, s:b, s:f, s:f, s:s, s:{}}", "id",
-        a->id, "object", "response", "created_at", (json_int_t)a->created, "status", status,
-        "error", "incomplete_details",
+        "{s:s, s:s, s:I, s:s, s:n, s:o, s:s, s:o, s:b, s:n, s:b, s:f, s:f, s:s, s:{}}", "id", a->id,
+        "object", "response", "created_at", (json_int_t)a->created, "status", status, "error",
+        "incomplete_details",
         strcmp(status, "incomplete") == 0 && incomplete
             ? json_pack("{s:s}", "reason", "max_output_tokens")
             : json_null(),
@@ -398,25 +399,28 @@ static json_t *response(const struct api_answer *a, const char *status, json_t *
         "previous_response_id", "store", 0, "temperature", (double)a->p->sampling.temperature,
         "top_p", (double)a->p->sampling.top_p, "truncation", "disabled", "metadata");
     if (!o) return NULL;
-    static const char *const echo[] = {"instructions", "max_output_tokens", "tool_choice", "tools",
-                                       "reasoning", "text"};
-    static const char *const dflt[] = {"null", "null", "\"auto\"", "[]",
+    static const char *const echo[] = {"instructions", "max_output_tokens", "tool_choice",
+                                       "tools",        "reasoning",         "text"};
+    static const char *const dflt[] = {"null",
+                                       "null",
+                                       "\"auto\"",
+                                       "[]",
                                        "{\"effort\":null,\"summary\":null}",
                                        "{\"format\":{\"type\":\"text\"}}"};
     for (size_t k = 0; k < sizeof echo / sizeof *echo; k++) {
         json_t *v = json_object_get(orig, echo[k]);
-        json_object_set_new(o, echo[k], v && !json_is_null(v) ? json_incref(v)
-                                                               : json_loads(dflt[k], JSON_DECODE_ANY, NULL));
+        json_object_set_new(o, echo[k],
+                            v && !json_is_null(v) ? json_incref(v)
+                                                  : json_loads(dflt[k], JSON_DECODE_ANY, NULL));
     }
     if (strcmp(status, "in_progress") != 0) {
         uint32_t cached = a->n_cached < a->n_prompt ? a->n_cached : a->n_prompt;
-        json_object_set_new(o, "usage",
-                            json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens",
-                                      (json_int_t)a->n_prompt, "input_tokens_details",
-                                      "cached_tokens", (json_int_t)cached, "output_tokens",
-                                      (json_int_t)a->n_gen, "output_tokens_details",
-                                      "reasoning_tokens", (json_int_t)0, "total_tokens",
-                                      (json_int_t)a->n_prompt + a->n_gen));
+        json_object_set_new(
+            o, "usage",
+            json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", (json_int_t)a->n_prompt,
+                      "input_tokens_details", "cached_tokens", (json_int_t)cached, "output_tokens",
+                      (json_int_t)a->n_gen, "output_tokens_details", "reasoning_tokens",
+                      (json_int_t)0, "total_tokens", (json_int_t)a->n_prompt + a->n_gen));
     } else {
         json_object_set_new(o, "usage", json_null());
     }
@@ -472,8 +476,8 @@ static int close_item(struct api_responses_stream *s, const struct api_answer *a
     int kind = s->open;
     size_t oi = json_array_size(s->items);
     const char *t = s->text ? s->text : "";
-    json_t *item = kind == 1 ? reasoning_item(a, t, s->text_len, true)
-                             : message_item(a, t, s->text_len, true);
+    json_t *item =
+        kind == 1 ? reasoning_item(a, t, s->text_len, true) : message_item(a, t, s->text_len, true);
     json_t *id = json_object_get(item, "id");
     json_t *part = kind == 1 ? json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
                                          api_str(t, s->text_len))
@@ -537,10 +541,9 @@ static int text_delta(struct api_responses_stream *s, const struct api_answer *a
     memcpy(s->text + s->text_len, t, n);
     s->text_len += n;
     /* the open item is the next one of the output */
-    json_t *d = json_pack("{s:o, s:I, s:i, s:o}", "item_id",
-                          item_id(a, kind == 1 ? "rs" : "msg", 0), "output_index",
-                          (json_int_t)json_array_size(s->items), "content_index", 0, "delta",
-                          api_str(t, n));
+    json_t *d = json_pack(
+        "{s:o, s:I, s:i, s:o}", "item_id", item_id(a, kind == 1 ? "rs" : "msg", 0), "output_index",
+        (json_int_t)json_array_size(s->items), "content_index", 0, "delta", api_str(t, n));
     if (d && kind == 2) json_object_set_new(d, "logprobs", json_array());
     return ev(s, out, kind == 1 ? "response.reasoning_text.delta" : "response.output_text.delta",
               d);
@@ -576,10 +579,11 @@ int api_responses_finish(struct api_responses_stream *s, const struct api_answer
             (rv = ev(s, out, "response.function_call_arguments.delta",
                      json_pack("{s:O, s:I, s:s}", "item_id", id, "output_index", (json_int_t)oi,
                                "delta", args))) != 0 ||
-            (rv = ev(s, out, "response.function_call_arguments.done",
-                     json_pack("{s:O, s:I, s:s, s:s}", "item_id", id, "output_index",
-                               (json_int_t)oi, "name", a->tool_calls[k].name ? a->tool_calls[k].name : "",
-                               "arguments", args))) != 0 ||
+            (rv =
+                 ev(s, out, "response.function_call_arguments.done",
+                    json_pack("{s:O, s:I, s:s, s:s}", "item_id", id, "output_index", (json_int_t)oi,
+                              "name", a->tool_calls[k].name ? a->tool_calls[k].name : "",
+                              "arguments", args))) != 0 ||
             (rv = ev(s, out, "response.output_item.done",
                      json_pack("{s:I, s:O}", "output_index", (json_int_t)oi, "item", item))) != 0) {
             json_decref(item);
@@ -590,7 +594,8 @@ int api_responses_finish(struct api_responses_stream *s, const struct api_answer
     const char *status = final_status(a);
     char name[40];
     snprintf(name, sizeof name, "response.%s", status);
-    return ev(s, out, name, json_pack("{s:o}", "response", response(a, status, json_copy(s->items))));
+    return ev(s, out, name,
+              json_pack("{s:o}", "response", response(a, status, json_copy(s->items))));
 }
 
 int api_responses_error_event(struct api_responses_stream *s, const struct api_error *e,

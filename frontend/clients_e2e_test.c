@@ -91,9 +91,10 @@ START_TEST(official_clients)
     snprintf(port, sizeof port, "%d", p);
     char strata[600];
     snprintf(strata, sizeof strata, "%s/strata", build);
-    char *argv[] = {strata,        "serve", model,       "--name",    "clients", "--port",
-                    port,          "--bit-exact", "--threads", "1",       "--shm-dir",
-                    shm,           "--runtime-dir", run, "--log-dir", logs,      NULL};
+    char *argv[] = {strata,      "serve", model,           "--name",    "clients",
+                    "--port",    port,    "--bit-exact",   "--threads", "1",
+                    "--shm-dir", shm,     "--runtime-dir", run,         "--log-dir",
+                    logs,        NULL};
     setenv("STRATA_API_KEY", "clients-key", 1); /* Check runs each test in a child of its own */
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);

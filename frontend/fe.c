@@ -402,12 +402,11 @@ static void do_models(struct fe *f, struct http_req *r)
                                     "model", "id", name, "display_name", name, "created_at",
                                     "1970-01-01T00:00:00Z", "has_more", 0, "first_id", name,
                                     "last_id", name));
-    json_t *o = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:I, s:{s:I, s:I, s:I}}]}", "object",
-                          "list", "data", "id", name, "object", "model", "created", (json_int_t)0,
-                          "owned_by", "strata", "max_model_len", (json_int_t)f->model.n_ctx, "meta",
-                          "n_ctx", (json_int_t)f->model.n_ctx, "n_ctx_train",
-                          (json_int_t)f->model.n_ctx_train, "n_vocab",
-                          (json_int_t)f->model.n_vocab);
+    json_t *o = json_pack(
+        "{s:s, s:[{s:s, s:s, s:I, s:s, s:I, s:{s:I, s:I, s:I}}]}", "object", "list", "data", "id",
+        name, "object", "model", "created", (json_int_t)0, "owned_by", "strata", "max_model_len",
+        (json_int_t)f->model.n_ctx, "meta", "n_ctx", (json_int_t)f->model.n_ctx, "n_ctx_train",
+        (json_int_t)f->model.n_ctx_train, "n_vocab", (json_int_t)f->model.n_vocab);
     reply_json(r, 200, o);
 }
 
@@ -423,11 +422,11 @@ static void do_props(struct fe *f, struct http_req *r)
             slots += f->workers[i].st.max_seqs;
     pthread_mutex_unlock(&f->mu);
     const char *name = f->o.model_alias ? f->o.model_alias : m->name;
-    json_t *params = json_pack(
-        "{s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:b}", "n_predict",
-        (json_int_t)(f->o.max_tokens ? f->o.max_tokens : m->n_ctx), "temperature", 1.0, "top_k", 0,
-        "top_p", 1.0, "min_p", 0.0, "repeat_penalty", 1.0, "presence_penalty", 0.0,
-        "frequency_penalty", 0.0, "stream", 0);
+    json_t *params =
+        json_pack("{s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:b}", "n_predict",
+                  (json_int_t)(f->o.max_tokens ? f->o.max_tokens : m->n_ctx), "temperature", 1.0,
+                  "top_k", 0, "top_p", 1.0, "min_p", 0.0, "repeat_penalty", 1.0, "presence_penalty",
+                  0.0, "frequency_penalty", 0.0, "stream", 0);
     reply_json(r, 200,
                json_pack("{s:{s:I, s:o, s:b}, s:I, s:s, s:s, s:o, s:s, s:s, s:{s:b, s:b}, s:s}",
                          "default_generation_settings", "n_ctx", (json_int_t)m->n_ctx, "params",
@@ -449,8 +448,8 @@ static void do_apply_template(struct fe *f, struct http_req *r)
     char *text = NULL;
     size_t n = 0;
     if (api_parse(API_CHAT, body, len, f->model.n_vocab, &p, &e) != 0) goto fail;
-    int rv = fe_model_render(&f->model, p.messages, p.template_kwargs, p.reasoning_effort, &text,
-                             &n);
+    int rv =
+        fe_model_render(&f->model, p.messages, p.template_kwargs, p.reasoning_effort, &text, &n);
     if (rv != 0) {
         api_fail(&e, rv == STRATA_ENOMEM ? 500 : 400,
                  rv == STRATA_ENOMEM ? "server_error" : "invalid_request_error", "messages",
@@ -479,8 +478,8 @@ static void do_count_tokens(struct fe *f, struct http_req *r)
     struct tok_ids ids = {0};
     bool opens;
     if (api_anthropic_parse(body, len, f->model.n_vocab, &p, &e) != 0) goto fail;
-    int rv = fe_model_chat(&f->model, p.messages, p.template_kwargs, p.reasoning_effort, &ids,
-                           &opens);
+    int rv =
+        fe_model_chat(&f->model, p.messages, p.template_kwargs, p.reasoning_effort, &ids, &opens);
     if (rv != 0) {
         api_fail(&e, rv == STRATA_ENOMEM ? 500 : 400,
                  rv == STRATA_ENOMEM ? "server_error" : "invalid_request_error", "messages",

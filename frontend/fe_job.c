@@ -23,23 +23,23 @@
 struct fe_group {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_bool gone;     /* the client left */
-    bool prefilled;       /* choice 0 has a token (or ended) */
-    uint32_t left;        /* choices not ended */
-    uint32_t n_gen;       /* tokens of the choices ended */
-    uint32_t n_cached;    /* choice 0's cached prompt tokens (the prompt is counted once) */
+    atomic_bool gone;            /* the client left */
+    bool prefilled;              /* choice 0 has a token (or ended) */
+    uint32_t left;               /* choices not ended */
+    uint32_t n_gen;              /* tokens of the choices ended */
+    uint32_t n_cached;           /* choice 0's cached prompt tokens (the prompt is counted once) */
     struct wclient_update last0; /* choice 0's timings */
     uint32_t n_gen0;             /* and tokens */
-    json_t *choices;      /* whole answers: each choice by index */
-    struct api_error err; /* the first error of a choice */
-    bool cancelled;       /* a choice ended without an answer (shutdown, client gone) */
-    bool began;           /* streamed: choice 0 began the stream */
+    json_t *choices;             /* whole answers: each choice by index */
+    struct api_error err;        /* the first error of a choice */
+    bool cancelled;              /* a choice ended without an answer (shutdown, client gone) */
+    bool began;                  /* streamed: choice 0 began the stream */
 };
 
 struct fe_job {
     struct fe *f;
-    struct fe_group *g; /* n > 1: the request's group, else NULL */
-    uint32_t index;     /* the choice */
+    struct fe_group *g;  /* n > 1: the request's group, else NULL */
+    uint32_t index;      /* the choice */
     struct fe_job *next; /* f->jobs (f->mu) */
     struct http_req *r;
     struct api_params p;
@@ -366,8 +366,8 @@ static json_t *whole_choice(struct fe_job *j, const char *finish)
         if (j->split && j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning.p, j->reasoning.n));
-        return json_pack("{s:i, s:o, s:o, s:s}", "index", (int)j->index, "message", msg,
-                         "logprobs", lpj, "finish_reason", finish);
+        return json_pack("{s:i, s:o, s:o, s:s}", "index", (int)j->index, "message", msg, "logprobs",
+                         lpj, "finish_reason", finish);
     }
     return json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)j->index, "text",
                      j->content.p ? j->content.p : "", j->content.n, "logprobs", lpj,
@@ -472,8 +472,9 @@ static int begin_stream(struct fe_job *j)
     }
     /* Messages and Responses open with the first update, which brings the cached-token count */
     if (j->p.kind == API_CHAT)
-        sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", (int)j->index, "delta", "role",
-                                  "assistant", "content", "", "logprobs", "finish_reason")));
+        sse(j,
+            chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", (int)j->index, "delta",
+                               "role", "assistant", "content", "", "logprobs", "finish_reason")));
     return 0;
 }
 
@@ -487,9 +488,7 @@ static int wait_pick(struct fe_job *j, struct api_error *e)
     int rv;
     for (;;) {
         rv = fe_pick_stream(f, &j->req, &j->ops, &j->stream, &j->slot);
-        if (rv != STRATA_ESTATE || now_s() >= end || job_gone(j) ||
-            atomic_load(&j->cancel))
-            break;
+        if (rv != STRATA_ESTATE || now_s() >= end || job_gone(j) || atomic_load(&j->cancel)) break;
         nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
     }
     free(j->req_ids);
@@ -924,8 +923,7 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     unsigned st = kind == API_MESSAGES    ? api_anthropic_parse(body, len, m->n_vocab, &j->p, &e)
                   : kind == API_RESPONSES ? api_responses_parse(body, len, m->n_vocab, &j->p, &e)
                                           : api_parse(kind, body, len, m->n_vocab, &j->p, &e);
-    if (st != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0)
-        goto fail;
+    if (st != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0) goto fail;
     j->n_prompt = (uint32_t)ids.n;
     n = j->p.n ? j->p.n : 1;
     uint32_t limit = f->o.max_tokens ? f->o.max_tokens : m->n_ctx;
@@ -981,8 +979,10 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     pthread_mutex_unlock(&f->mu);
 
     fe_next_id(f, j->id, sizeof j->id);
-    static const char *const prefix[] = {[API_CHAT] = "chatcmpl-", [API_COMPLETION] = "cmpl-",
-                                         [API_MESSAGES] = "msg_", [API_RESPONSES] = "resp_"};
+    static const char *const prefix[] = {[API_CHAT] = "chatcmpl-",
+                                         [API_COMPLETION] = "cmpl-",
+                                         [API_MESSAGES] = "msg_",
+                                         [API_RESPONSES] = "resp_"};
     snprintf(j->resp_id, sizeof j->resp_id, "%s%s", prefix[kind], j->id);
     j->created = (long long)time(NULL);
     struct wclient_req req = {.id = j->id,

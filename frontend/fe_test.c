@@ -626,9 +626,8 @@ static json_t *named_events(const char *body)
         ck_assert_ptr_nonnull(end);
         json_t *d = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, NULL);
         ck_assert_ptr_nonnull(d);
-        ck_assert_int_eq(strncmp(json_string_value(json_object_get(d, "type")), p + 7,
-                                 (size_t)(nl - p - 7)),
-                         0);
+        ck_assert_int_eq(
+            strncmp(json_string_value(json_object_get(d, "type")), p + 7, (size_t)(nl - p - 7)), 0);
         json_array_append_new(list, d);
         p = end;
     }
@@ -700,8 +699,9 @@ START_TEST(anthropic_messages)
     ck_assert_str_eq(str_at(j, "stop_sequence"), "world");
     json_decref(j);
     char body[512];
-    snprintf(body, sizeof body, "{\"max_tokens\":3,\"messages\":[{\"role\":\"user\",\"content\":"
-                                "\"hi\"}]}");
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":3,\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"hi\"}]}");
     j = post_json("/v1/messages", body, 200);
     ck_assert_str_eq(str_at(j, "stop_reason"), "max_tokens");
     ck_assert_int_eq(int_at(j, "usage.output_tokens"), 3);
@@ -918,7 +918,8 @@ START_TEST(logprobs_streamed)
             ck_assert_uint_eq(json_array_size(json_object_get(lp, "text_offset")), k);
             json_t *tops = json_object_get(lp, "top_logprobs");
             ck_assert_uint_eq(json_object_size(json_array_get(tops, 0)), 2);
-            json_int_t o = json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 0));
+            json_int_t o =
+                json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 0));
             ck_assert_int_ge(o, offset);
             offset = o;
             n += k;
