@@ -37,6 +37,9 @@ struct api_answer {
     const char *stop_sequence; /* API_FINISH_STOP_STR: the request's string that matched */
     const struct api_tool_call *tool_calls;
     size_t n_tool_calls;
+    /* logprob entries in the chat API's shape ({"token", "logprob", "bytes", "top_logprobs"}):
+     * a whole answer's, or in a stream the round's; NULL when not asked */
+    const json_t *logprobs;
 };
 
 /* Events ready to send, "event: NAME\ndata: JSON\n\n" each. */

@@ -361,17 +361,19 @@ static json_t *reasoning_item(const struct api_answer *a, const char *t, size_t 
                      "summary", "content", content, "status", done ? "completed" : "in_progress");
 }
 
-static json_t *text_part(const char *t, size_t n)
+/* text_part: an output_text part; lp its logprob entries (the chat API's shape) or NULL. */
+static json_t *text_part(const char *t, size_t n, const json_t *lp)
 {
-    return json_pack("{s:s, s:o, s:[], s:[]}", "type", "output_text", "text", api_str(t, n),
-                     "annotations", "logprobs");
+    return json_pack("{s:s, s:o, s:[], s:o}", "type", "output_text", "text", api_str(t, n),
+                     "annotations", "logprobs", lp ? json_copy((json_t *)lp) : json_array());
 }
 
-static json_t *message_item(const struct api_answer *a, const char *t, size_t n, bool done)
+static json_t *message_item(const struct api_answer *a, const char *t, size_t n, bool done,
+                            const json_t *lp)
 {
     return json_pack("{s:o, s:s, s:s, s:s, s:o}", "id", item_id(a, "msg", 0), "type", "message",
                      "status", done ? "completed" : "in_progress", "role", "assistant", "content",
-                     done ? json_pack("[o]", text_part(t, n)) : json_array());
+                     done ? json_pack("[o]", text_part(t, n, lp)) : json_array());
 }
 
 static json_t *call_item(const struct api_answer *a, size_t k, bool done)
@@ -438,7 +440,7 @@ json_t *api_responses_object(const struct api_answer *a)
     if (a->reasoning_len)
         json_array_append_new(out, reasoning_item(a, a->reasoning, a->reasoning_len, true));
     if (a->content_len || (!a->reasoning_len && !a->n_tool_calls))
-        json_array_append_new(out, message_item(a, a->content, a->content_len, true));
+        json_array_append_new(out, message_item(a, a->content, a->content_len, true, a->logprobs));
     for (size_t k = 0; k < a->n_tool_calls; k++)
         json_array_append_new(out, call_item(a, k, true));
     return response(a, final_status(a), out);
@@ -476,12 +478,20 @@ static int close_item(struct api_responses_stream *s, const struct api_answer *a
     int kind = s->open;
     size_t oi = json_array_size(s->items);
     const char *t = s->text ? s->text : "";
-    json_t *item =
-        kind == 1 ? reasoning_item(a, t, s->text_len, true) : message_item(a, t, s->text_len, true);
+    if (kind == 2 && s->lp_pending) { /* logprobs of tokens whose text never showed */
+        if (!s->lp) s->lp = json_array();
+        json_array_extend(s->lp, s->lp_pending);
+        json_decref(s->lp_pending);
+        s->lp_pending = NULL;
+    }
+    json_t *item = kind == 1 ? reasoning_item(a, t, s->text_len, true)
+                             : message_item(a, t, s->text_len, true, s->lp);
     json_t *id = json_object_get(item, "id");
     json_t *part = kind == 1 ? json_pack("{s:s, s:o}", "type", "reasoning_text", "text",
                                          api_str(t, s->text_len))
-                             : text_part(t, s->text_len);
+                             : text_part(t, s->text_len, s->lp);
+    json_decref(s->lp);
+    s->lp = NULL;
     s->open = 0;
     s->text_len = 0;
     if ((rv = ev(s, out, kind == 1 ? "response.reasoning_text.done" : "response.output_text.done",
@@ -506,10 +516,11 @@ static int open_item(struct api_responses_stream *s, const struct api_answer *a,
     if (s->open == kind) return 0;
     if ((rv = close_item(s, a, out)) != 0) return rv;
     size_t oi = json_array_size(s->items);
-    json_t *item = kind == 1 ? reasoning_item(a, "", 0, false) : message_item(a, "", 0, false);
+    json_t *item =
+        kind == 1 ? reasoning_item(a, "", 0, false) : message_item(a, "", 0, false, NULL);
     json_t *id = json_incref(json_object_get(item, "id"));
     json_t *part = kind == 1 ? json_pack("{s:s, s:s}", "type", "reasoning_text", "text", "")
-                             : text_part("", 0);
+                             : text_part("", 0, NULL);
     rv = ev(s, out, "response.output_item.added",
             json_pack("{s:I, s:o}", "output_index", (json_int_t)oi, "item", item));
     if (rv == 0)
@@ -544,7 +555,16 @@ static int text_delta(struct api_responses_stream *s, const struct api_answer *a
     json_t *d = json_pack(
         "{s:o, s:I, s:i, s:o}", "item_id", item_id(a, kind == 1 ? "rs" : "msg", 0), "output_index",
         (json_int_t)json_array_size(s->items), "content_index", 0, "delta", api_str(t, n));
-    if (d && kind == 2) json_object_set_new(d, "logprobs", json_array());
+    if (d && kind == 2) {
+        /* the logprobs of the tokens so far go with the first text they made */
+        json_t *lp = s->lp_pending ? s->lp_pending : json_array();
+        s->lp_pending = NULL;
+        if (json_array_size(lp)) {
+            if (!s->lp) s->lp = json_array();
+            json_array_extend(s->lp, lp);
+        }
+        json_object_set_new(d, "logprobs", lp);
+    }
     return ev(s, out, kind == 1 ? "response.reasoning_text.delta" : "response.output_text.delta",
               d);
 }
@@ -554,6 +574,11 @@ int api_responses_delta(struct api_responses_stream *s, const struct api_answer 
                         struct api_sse *out)
 {
     int rv;
+    if (json_array_size(a->logprobs)) {
+        if (!s->lp_pending && !(s->lp_pending = json_array()))
+            return strata_errf(STRATA_ENOMEM, "frontend: logprobs");
+        json_array_extend(s->lp_pending, (json_t *)a->logprobs);
+    }
     if ((rv = start(s, a, out)) != 0 || (rv = text_delta(s, a, 1, reasoning, rn, out)) != 0)
         return rv;
     return text_delta(s, a, 2, text, tn, out);
@@ -610,6 +635,8 @@ int api_responses_error_event(struct api_responses_stream *s, const struct api_e
 void api_responses_stream_fini(struct api_responses_stream *s)
 {
     json_decref(s->items);
+    json_decref(s->lp);
+    json_decref(s->lp_pending);
     free(s->text);
     memset(s, 0, sizeof *s);
 }

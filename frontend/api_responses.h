@@ -37,11 +37,13 @@ json_t *api_responses_object(const struct api_answer *a);
 
 /* The stream's position. Zero it to start; api_responses_stream_fini frees it. */
 struct api_responses_stream {
-    bool started;  /* response.created sent */
-    uint32_t seq;  /* the next sequence_number */
-    int open;      /* the open output item: 0 none, 1 reasoning, 2 message */
-    json_t *items; /* the output items done so far */
-    char *text;    /* the open item's text so far */
+    bool started;       /* response.created sent */
+    uint32_t seq;       /* the next sequence_number */
+    int open;           /* the open output item: 0 none, 1 reasoning, 2 message */
+    json_t *items;      /* the output items done so far */
+    json_t *lp;         /* the open message's logprob entries so far */
+    json_t *lp_pending; /* entries of tokens whose text has not shown yet */
+    char *text;         /* the open item's text so far */
     size_t text_len, text_cap;
 };
 

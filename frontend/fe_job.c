@@ -193,7 +193,8 @@ static struct api_answer answer(const struct fe_job *j, const char *finish)
                            .content = j->content.p,
                            .content_len = j->content.n,
                            .reasoning = j->reasoning.p,
-                           .reasoning_len = j->reasoning.n};
+                           .reasoning_len = j->reasoning.n,
+                           .logprobs = j->lp};
     const char *hit = fe_stop_matched(&j->stop);
     if (!finish) return a;
     a.finish = strcmp(finish, "length") == 0 ? API_FINISH_LENGTH : API_FINISH_STOP;
@@ -217,9 +218,10 @@ static int send_events(struct fe_job *j, int rv)
 
 /* emit_other streams one round of a Messages or Responses answer. */
 static int emit_other(struct fe_job *j, const char *content, size_t cn, const char *reasoning,
-                      size_t rn, const char *finish)
+                      size_t rn, const json_t *lp, const char *finish)
 {
     struct api_answer a = answer(j, finish);
+    a.logprobs = lp;
     int rv = j->p.kind == API_MESSAGES
                  ? api_anthropic_delta(&j->as, &a, reasoning, rn, content, cn, &j->ev)
                  : api_responses_delta(&j->rsp, &a, reasoning, rn, content, cn, &j->ev);
@@ -281,7 +283,7 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         goto out;
     }
     if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
-        rv = emit_other(j, content, cn, reasoning, rn, finish);
+        rv = emit_other(j, content, cn, reasoning, rn, lp, finish);
         goto out;
     }
     bool has_lp = lp && (j->p.kind == API_CHAT ? json_array_size(lp)

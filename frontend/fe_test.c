@@ -790,6 +790,40 @@ START_TEST(openai_responses)
         ck_assert_int_eq(int_at(json_array_get(ev, i), "sequence_number"), (json_int_t)i);
     json_decref(ev);
     free(r.body);
+    /* logprobs on the output text, whole and streamed (every token's entry, in order) */
+    j = post_json("/v1/responses",
+                  "{\"input\":\"hi\",\"top_logprobs\":2,\"include\":[\"message.output_text."
+                  "logprobs\"]}",
+                  200);
+    json_t *lp = json_object_get(
+        json_array_get(json_object_get(json_array_get(json_object_get(j, "output"), 0), "content"),
+                       0),
+        "logprobs");
+    ck_assert_uint_eq(json_array_size(lp), W0.n_reply);
+    ck_assert(json_real_value(json_object_get(json_array_get(lp, 0), "logprob")) == -0.25);
+    ck_assert_uint_eq(json_array_size(json_object_get(json_array_get(lp, 0), "top_logprobs")), 2);
+    json_decref(j);
+    request("POST", "/v1/responses",
+            "{\"input\":\"hi\",\"stream\":true,\"include\":[\"message.output_text.logprobs\"]}",
+            NULL, &r);
+    ev = named_events(r.body);
+    size_t n_lp = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++)
+        if (strcmp(str_at(json_array_get(ev, i), "type"), "response.output_text.delta") == 0)
+            n_lp += json_array_size(json_object_get(json_array_get(ev, i), "logprobs"));
+    ck_assert_uint_eq(n_lp, W0.n_reply);
+    done = json_array_get(ev, json_array_size(ev) - 1);
+    ck_assert_uint_eq(
+        json_array_size(json_object_get(
+            json_array_get(
+                json_object_get(
+                    json_array_get(json_object_get(json_object_get(done, "response"), "output"), 0),
+                    "content"),
+                0),
+            "logprobs")),
+        W0.n_reply);
+    json_decref(ev);
+    free(r.body);
     /* stateless: no previous_response_id; errors in OpenAI's shape */
     j = post_json("/v1/responses", "{\"input\":\"hi\",\"previous_response_id\":\"resp_x\"}", 400);
     ck_assert_str_eq(str_at(j, "error.param"), "previous_response_id");
