@@ -193,7 +193,8 @@ static unsigned system_prompt(json_t *sys, json_t *msgs, struct api_error *e)
 static unsigned tools(json_t *in, json_t *out, struct api_error *e)
 {
     json_t *t = json_object_get(in, "tools");
-    if (!t || json_is_null(t)) return 0;
+    /* no tools is the chat API's absent 'tools' (which refuses an empty list) */
+    if (!t || json_is_null(t) || (json_is_array(t) && json_array_size(t) == 0)) return 0;
     if (!json_is_array(t))
         return api_fail(e, 400, BAD, "tools", "invalid_type",
                         "'tools' must be an array of {\"name\", \"description\", "

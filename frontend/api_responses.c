@@ -183,7 +183,8 @@ static unsigned item(json_t *it, size_t i, json_t *msgs, json_t **pending, struc
 static unsigned tools(json_t *in, json_t *out, struct api_error *e)
 {
     json_t *t = json_object_get(in, "tools"), *tool;
-    if (!t || json_is_null(t)) return 0;
+    /* no tools is the chat API's absent 'tools' (which refuses an empty list) */
+    if (!t || json_is_null(t) || (json_is_array(t) && json_array_size(t) == 0)) return 0;
     if (!json_is_array(t))
         return api_fail(e, 400, BAD, "tools", "invalid_type",
                         "'tools' must be an array of function tools, got %s", api_type_name(t));
@@ -209,6 +210,11 @@ static unsigned tools(json_t *in, json_t *out, struct api_error *e)
         json_array_append_new(list, json_pack("{s:s, s:o}", "type", "function", "function", fn));
     }
     json_object_set_new(out, "tools", list);
+    return 0;
+}
+
+static unsigned tool_choice(json_t *in, json_t *out, struct api_error *e)
+{
     json_t *c = json_object_get(in, "tool_choice");
     if (json_is_string(c)) {
         json_object_set(out, "tool_choice", c);
@@ -321,7 +327,9 @@ unsigned api_responses_translate(json_t *in, json_t **out, struct api_error *e)
                         input ? "invalid_value" : "missing_required_parameter",
                         "'input' must be a string or a non-empty array of items");
     }
-    if ((st = tools(in, o, e)) != 0 || (st = text_format(in, o, e)) != 0) return st;
+    if ((st = tools(in, o, e)) != 0 || (st = tool_choice(in, o, e)) != 0 ||
+        (st = text_format(in, o, e)) != 0)
+        return st;
     return 0;
 }
 

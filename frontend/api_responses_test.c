@@ -86,7 +86,8 @@ START_TEST(translate_items)
         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"weather\"}}}");
     json_decref(o);
     o = translate("{\"input\":\"Hi\",\"tools\":[],\"tool_choice\":\"none\"}", 0, NULL);
-    assert_json(o, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"tools\":[],"
+    /* no tools is no 'tools' (the chat API refuses an empty list) */
+    assert_json(o, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
                    "\"tool_choice\":\"none\"}");
     json_decref(o);
 }
