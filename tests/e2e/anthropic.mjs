@@ -101,6 +101,28 @@ const tfinal = await ts.finalMessage();
 assert.deepEqual(tfinal.content.map((b) => b.type), withTools.content.map((b) => b.type));
 ok('tools, streamed: the same blocks');
 
+// a forced call (tool_choice any): when the chat layer forces tool calls (its grammar), the
+// Messages answer is tool_use blocks whose input follows the schema, whole and streamed
+const forcedChat = await fetch(`${baseURL}/v1/chat/completions`, {
+  method: 'POST', headers: { Authorization: `Bearer ${process.env.STRATA_API_KEY ?? 'none'}` },
+  body: JSON.stringify({ model, messages: history.slice(0, 1), max_tokens: 64, tool_choice: 'required',
+    tools: [{ type: 'function', function: { name: 'get_weather', parameters: tools[0].input_schema } }] }),
+}).then((r) => r.json());
+if (forcedChat.choices?.[0]?.message?.tool_calls?.length) {
+  const forced = await client.messages.create({ model, max_tokens: 64, tools, tool_choice: { type: 'any' }, messages: history.slice(0, 1) });
+  assert.equal(forced.stop_reason, 'tool_use');
+  const use = forced.content.find((b) => b.type === 'tool_use');
+  assert.equal(use.name, 'get_weather');
+  assert.equal(typeof use.input.city, 'string');
+  const fs = client.messages.stream({ model, max_tokens: 64, tools, tool_choice: { type: 'tool', name: 'get_weather' }, messages: history.slice(0, 1) });
+  const ffinal = await fs.finalMessage();
+  assert.equal(ffinal.stop_reason, 'tool_use');
+  assert.equal(typeof ffinal.content.find((b) => b.type === 'tool_use').input.city, 'string');
+  ok(`forced tool call: tool_use ${JSON.stringify(use.input)}, streamed too`);
+} else {
+  ok('forced tool call: skipped (the chat layer makes no tool calls)');
+}
+
 // the same long prompt twice: the second reads it from the worker's prefix cache
 const longPrompt = [{ role: 'user', content: 'Describe, at length, the weather of every season in a coastal town. '.repeat(4) }];
 await client.messages.create({ model, max_tokens: 2, temperature: 0, messages: longPrompt });

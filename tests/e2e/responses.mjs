@@ -72,6 +72,28 @@ const plain = await client.responses.create({ model, input: 'What is the weather
 assert.ok(r.usage.input_tokens > plain.usage.input_tokens + 10, `${r.usage.input_tokens} vs ${plain.usage.input_tokens}`);
 ok(`function tools and call items: prompt ${plain.usage.input_tokens} -> ${r.usage.input_tokens} tokens`);
 
+// a forced call: when the chat layer forces tool calls (its grammar), the response's output is a
+// function_call item, whole and streamed
+const forcedChat = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'What is the weather in Paris?' }], max_tokens: 64,
+  tool_choice: 'required', tools: [{ type: 'function', function: { name: 'get_weather', parameters: tools[0].parameters } }] });
+if (forcedChat.choices[0].message.tool_calls?.length) {
+  const forced = await client.responses.create({ model, input: items.slice(0, 1), tools, tool_choice: 'required', max_output_tokens: 64 });
+  const call = forced.output.find((o) => o.type === 'function_call');
+  assert.equal(call.name, 'get_weather');
+  assert.equal(typeof JSON.parse(call.arguments).city, 'string');
+  let args = '', doneItem = null;
+  for await (const ev of await client.responses.create({ model, input: items.slice(0, 1), tools, stream: true, max_output_tokens: 64,
+    tool_choice: { type: 'function', name: 'get_weather' } })) {
+    if (ev.type === 'response.function_call_arguments.delta') args += ev.delta;
+    if (ev.type === 'response.output_item.done' && ev.item.type === 'function_call') doneItem = ev.item;
+  }
+  assert.equal(args, doneItem.arguments);
+  assert.equal(typeof JSON.parse(args).city, 'string');
+  ok(`forced tool call: function_call ${call.arguments}, streamed too`);
+} else {
+  ok('forced tool call: skipped (the chat layer makes no tool calls)');
+}
+
 // the same long prompt twice: cached tokens from the worker's prefix cache
 const longInput = 'Describe, at length, the weather of every season in a coastal town. '.repeat(4);
 await client.responses.create({ model, input: longInput, max_output_tokens: 2 });
