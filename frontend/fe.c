@@ -437,6 +437,17 @@ static void do_props(struct fe *f, struct http_req *r)
                          0, "build_info", "strata " STRATA_VERSION));
 }
 
+/* template_kwargs: the request's chat_template_kwargs plus its tools as the template's `tools`
+ * variable (unless tool_choice is "none"), as a generation renders them (a new reference). */
+static json_t *template_kwargs(const struct api_params *p)
+{
+    const char *choice = json_string_value(p->tool_choice);
+    json_t *kw = p->template_kwargs ? json_copy((json_t *)p->template_kwargs) : json_object();
+    if (kw && p->tools && !(choice && strcmp(choice, "none") == 0))
+        json_object_set(kw, "tools", p->tools);
+    return kw;
+}
+
 /* do_apply_template answers llama-server's POST /apply-template: a chat body's messages rendered
  * with the chat template and the generation prompt, not tokenized. */
 static void do_apply_template(struct fe *f, struct http_req *r)
@@ -448,8 +459,9 @@ static void do_apply_template(struct fe *f, struct http_req *r)
     char *text = NULL;
     size_t n = 0;
     if (api_parse(API_CHAT, body, len, f->model.n_vocab, &p, &e) != 0) goto fail;
-    int rv =
-        fe_model_render(&f->model, p.messages, p.template_kwargs, p.reasoning_effort, &text, &n);
+    json_t *kw = template_kwargs(&p);
+    int rv = fe_model_render(&f->model, p.messages, kw, p.reasoning_effort, &text, &n);
+    json_decref(kw);
     if (rv != 0) {
         api_fail(&e, rv == STRATA_ENOMEM ? 500 : 400,
                  rv == STRATA_ENOMEM ? "server_error" : "invalid_request_error", "messages",
@@ -478,8 +490,9 @@ static void do_count_tokens(struct fe *f, struct http_req *r)
     struct tok_ids ids = {0};
     bool opens;
     if (api_anthropic_parse(body, len, f->model.n_vocab, &p, &e) != 0) goto fail;
-    int rv =
-        fe_model_chat(&f->model, p.messages, p.template_kwargs, p.reasoning_effort, &ids, &opens);
+    json_t *kw = template_kwargs(&p);
+    int rv = fe_model_chat(&f->model, p.messages, kw, p.reasoning_effort, &ids, &opens);
+    json_decref(kw);
     if (rv != 0) {
         api_fail(&e, rv == STRATA_ENOMEM ? 500 : 400,
                  rv == STRATA_ENOMEM ? "server_error" : "invalid_request_error", "messages",

@@ -1315,6 +1315,49 @@ START_TEST(thinking_blocks)
 }
 END_TEST
 
+START_TEST(template_sees_tools)
+{
+    /* /apply-template and count_tokens render the tools as a generation does: the template's
+     * `tools` variable, absent with tool_choice "none" */
+    char path[512];
+    snprintf(path, sizeof path, "%s/tools.jinja", test_tmpdir());
+    FILE *fp = fopen(path, "w");
+    fputs("{% if tools %}TOOLS{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+          "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "<|im_start|>assistant\n",
+          fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    static const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_"
+                               "weather\",\"parameters\":{\"type\":\"object\"}}}]";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}",
+             tools);
+    json_t *j = post_json("/apply-template", body, 200);
+    ck_assert_int_eq(strncmp(str_at(j, "prompt"), "TOOLS get_weather", 17), 0);
+    ck_assert_ptr_nonnull(strstr(str_at(j, "prompt"), "<|im_start|>user\nhi<|im_end|>"));
+    json_decref(j);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":\"none\"}",
+             tools);
+    j = post_json("/apply-template", body, 200);
+    ck_assert_ptr_null(strstr(str_at(j, "prompt"), "TOOLS"));
+    json_decref(j);
+    json_t *plain = post_json("/v1/messages/count_tokens",
+                              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 200);
+    j = post_json("/v1/messages/count_tokens",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"name\":"
+                  "\"get_weather\",\"input_schema\":{\"type\":\"object\"}}]}",
+                  200);
+    ck_assert_int_gt(int_at(j, "input_tokens"), int_at(plain, "input_tokens"));
+    json_decref(j);
+    json_decref(plain);
+    teardown();
+}
+END_TEST
+
 START_TEST(routing_and_refusal)
 {
     struct fe_opts o = {.monitor_ms = 50};
@@ -1725,6 +1768,7 @@ static Suite *suite(void)
     tcase_add_test(own, api_key);
     tcase_add_test(own, reasoning);
     tcase_add_test(own, thinking_blocks);
+    tcase_add_test(own, template_sees_tools);
     tcase_add_test(own, routing_and_refusal);
     tcase_add_test(own, failover_worker_dies);
     tcase_add_test(own, failover_lost);

@@ -101,24 +101,32 @@ const tfinal = await ts.finalMessage();
 assert.deepEqual(tfinal.content.map((b) => b.type), withTools.content.map((b) => b.type));
 ok('tools, streamed: the same blocks');
 
-// a forced call (tool_choice any): when the chat layer forces tool calls (its grammar), the
-// Messages answer is tool_use blocks whose input follows the schema, whole and streamed
+// a forced call (tool_choice any, or the tool named; one call): when the chat layer forces tool
+// calls (its grammar), the Messages answer is a tool_use block whose input follows the schema,
+// whole and streamed, the same call the chat API makes of the same prompt (greedy)
+const ping = { name: 'ping', input_schema: { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false } };
+const ask = [{ role: 'user', content: 'What is the weather in Paris?' }];
 const forcedChat = await fetch(`${baseURL}/v1/chat/completions`, {
   method: 'POST', headers: { Authorization: `Bearer ${process.env.STRATA_API_KEY ?? 'none'}` },
-  body: JSON.stringify({ model, messages: history.slice(0, 1), max_tokens: 64, tool_choice: 'required',
-    tools: [{ type: 'function', function: { name: 'get_weather', parameters: tools[0].input_schema } }] }),
+  body: JSON.stringify({ model, messages: ask, max_tokens: 100, temperature: 0, tool_choice: 'required', parallel_tool_calls: false,
+    tools: [{ type: 'function', function: { name: ping.name, parameters: ping.input_schema } }] }),
 }).then((r) => r.json());
-if (forcedChat.choices?.[0]?.message?.tool_calls?.length) {
-  const forced = await client.messages.create({ model, max_tokens: 64, tools, tool_choice: { type: 'any' }, messages: history.slice(0, 1) });
+const chatCall = forcedChat.choices?.[0]?.message?.tool_calls?.[0];
+if (chatCall) {
+  const forced = await client.messages.create({ model, max_tokens: 100, temperature: 0, tools: [ping],
+    tool_choice: { type: 'any', disable_parallel_tool_use: true }, messages: ask });
   assert.equal(forced.stop_reason, 'tool_use');
-  const use = forced.content.find((b) => b.type === 'tool_use');
-  assert.equal(use.name, 'get_weather');
-  assert.equal(typeof use.input.city, 'string');
-  const fs = client.messages.stream({ model, max_tokens: 64, tools, tool_choice: { type: 'tool', name: 'get_weather' }, messages: history.slice(0, 1) });
+  const uses = forced.content.filter((b) => b.type === 'tool_use');
+  assert.equal(uses.length, 1);
+  assert.equal(uses[0].name, 'ping');
+  assert.equal(typeof uses[0].input.ok, 'boolean');
+  assert.deepEqual(uses[0].input, JSON.parse(chatCall.function.arguments));
+  const fs = client.messages.stream({ model, max_tokens: 100, temperature: 0, tools: [ping],
+    tool_choice: { type: 'tool', name: 'ping', disable_parallel_tool_use: true }, messages: ask });
   const ffinal = await fs.finalMessage();
   assert.equal(ffinal.stop_reason, 'tool_use');
-  assert.equal(typeof ffinal.content.find((b) => b.type === 'tool_use').input.city, 'string');
-  ok(`forced tool call: tool_use ${JSON.stringify(use.input)}, streamed too`);
+  assert.deepEqual(ffinal.content.filter((b) => b.type === 'tool_use').map((b) => b.input), [uses[0].input]);
+  ok(`forced tool call: tool_use ping ${JSON.stringify(uses[0].input)}, whole and streamed`);
 } else {
   ok('forced tool call: skipped (the chat layer makes no tool calls)');
 }

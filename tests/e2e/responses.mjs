@@ -72,24 +72,31 @@ const plain = await client.responses.create({ model, input: 'What is the weather
 assert.ok(r.usage.input_tokens > plain.usage.input_tokens + 10, `${r.usage.input_tokens} vs ${plain.usage.input_tokens}`);
 ok(`function tools and call items: prompt ${plain.usage.input_tokens} -> ${r.usage.input_tokens} tokens`);
 
-// a forced call: when the chat layer forces tool calls (its grammar), the response's output is a
-// function_call item, whole and streamed
-const forcedChat = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'What is the weather in Paris?' }], max_tokens: 64,
-  tool_choice: 'required', tools: [{ type: 'function', function: { name: 'get_weather', parameters: tools[0].parameters } }] });
-if (forcedChat.choices[0].message.tool_calls?.length) {
-  const forced = await client.responses.create({ model, input: items.slice(0, 1), tools, tool_choice: 'required', max_output_tokens: 64 });
-  const call = forced.output.find((o) => o.type === 'function_call');
-  assert.equal(call.name, 'get_weather');
-  assert.equal(typeof JSON.parse(call.arguments).city, 'string');
+// a forced call (one): when the chat layer forces tool calls (its grammar), the response's output
+// is a function_call item, whole and streamed, the chat API's call of the same prompt (greedy)
+const pingParams = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false };
+const ask = 'What is the weather in Paris?';
+const forcedChat = await client.chat.completions.create({ model, messages: [{ role: 'user', content: ask }], max_tokens: 100,
+  temperature: 0, tool_choice: 'required', parallel_tool_calls: false,
+  tools: [{ type: 'function', function: { name: 'ping', parameters: pingParams } }] });
+const chatCall = forcedChat.choices[0].message.tool_calls?.[0];
+if (chatCall) {
+  const ptools = [{ type: 'function', name: 'ping', parameters: pingParams }];
+  const forced = await client.responses.create({ model, input: ask, tools: ptools, tool_choice: 'required',
+    parallel_tool_calls: false, max_output_tokens: 100, temperature: 0 });
+  const calls = forced.output.filter((o) => o.type === 'function_call');
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].name, 'ping');
+  assert.deepEqual(JSON.parse(calls[0].arguments), JSON.parse(chatCall.function.arguments));
   let args = '', doneItem = null;
-  for await (const ev of await client.responses.create({ model, input: items.slice(0, 1), tools, stream: true, max_output_tokens: 64,
-    tool_choice: { type: 'function', name: 'get_weather' } })) {
+  for await (const ev of await client.responses.create({ model, input: ask, tools: ptools, stream: true, max_output_tokens: 100,
+    temperature: 0, parallel_tool_calls: false, tool_choice: { type: 'function', name: 'ping' } })) {
     if (ev.type === 'response.function_call_arguments.delta') args += ev.delta;
     if (ev.type === 'response.output_item.done' && ev.item.type === 'function_call') doneItem = ev.item;
   }
   assert.equal(args, doneItem.arguments);
-  assert.equal(typeof JSON.parse(args).city, 'string');
-  ok(`forced tool call: function_call ${call.arguments}, streamed too`);
+  assert.deepEqual(JSON.parse(args), JSON.parse(calls[0].arguments));
+  ok(`forced tool call: function_call ping ${calls[0].arguments}, whole and streamed`);
 } else {
   ok('forced tool call: skipped (the chat layer makes no tool calls)');
 }
