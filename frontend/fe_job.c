@@ -914,7 +914,7 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     size_t len;
     const char *body = http_body(r, &len);
     struct fe_job *j = calloc(1, sizeof *j), *clones[API_MAX_N] = {NULL};
-    uint32_t n = 1;
+    uint32_t n = 1, reserved = 0;
     if (!j) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
@@ -973,7 +973,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         goto fail;
     }
     f->n_jobs++;
-    f->n_admitted++;
+    f->n_admitted += n; /* the later choices' admissions too: they take them over when linked */
+    reserved = n - 1;
     j->admitted = true;
     j->next = f->jobs;
     f->jobs = j;
@@ -1045,9 +1046,9 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     /* the later choices are counted and listed before any thread runs: the last to end frees the
      * group */
     pthread_mutex_lock(&f->mu);
+    reserved = 0;
     for (uint32_t i = 1; i < n; i++) {
         f->n_jobs++;
-        f->n_admitted++;
         clones[i]->admitted = true;
         clones[i]->next = f->jobs;
         f->jobs = clones[i];
@@ -1092,6 +1093,11 @@ fail_stream:
     fe_release(f, j->slot);
 fail:
     free(ids.v);
+    if (reserved) {
+        pthread_mutex_lock(&f->mu);
+        f->n_admitted -= (int)reserved;
+        pthread_mutex_unlock(&f->mu);
+    }
     fe_reply_error_as(f, r, kind, &e);
     for (uint32_t i = 1; i < n; i++)
         if (clones[i]) job_free(clones[i]);

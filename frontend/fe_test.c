@@ -1358,6 +1358,26 @@ START_TEST(template_sees_tools)
 }
 END_TEST
 
+START_TEST(n_counts_against_max_active)
+{
+    /* each choice is a generation: n above --max-active is 429, n up to it is served */
+    struct fe_opts o = {.max_active = 2, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    json_t *j = chat(",\"n\":3", 429);
+    ck_assert_str_eq(str_at(j, "error.code"), "busy");
+    json_decref(j);
+    j = chat(",\"n\":2", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 2);
+    json_decref(j);
+    j = chat("", 200); /* every admission was given back */
+    json_decref(j);
+    j = chat(",\"n\":2,\"stream\":false", 200);
+    json_decref(j);
+    teardown();
+}
+END_TEST
+
 START_TEST(routing_and_refusal)
 {
     struct fe_opts o = {.monitor_ms = 50};
@@ -1769,6 +1789,7 @@ static Suite *suite(void)
     tcase_add_test(own, reasoning);
     tcase_add_test(own, thinking_blocks);
     tcase_add_test(own, template_sees_tools);
+    tcase_add_test(own, n_counts_against_max_active);
     tcase_add_test(own, routing_and_refusal);
     tcase_add_test(own, failover_worker_dies);
     tcase_add_test(own, failover_lost);
