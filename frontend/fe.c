@@ -391,23 +391,39 @@ static void not_ready(struct fe *f, struct http_req *r)
     fe_reply_error_as(f, r, kind_of(http_path(r)), &e);
 }
 
-/* do_models lists the one model with its context: llama-server's meta, vLLM's max_model_len; in
- * Anthropic's shape for a client that sends anthropic-version. */
-static void do_models(struct fe *f, struct http_req *r)
+/* model_json is the served model as /v1/models lists it: llama-server's meta, vLLM's
+ * max_model_len; in Anthropic's shape for a client that sends anthropic-version. */
+static json_t *model_json(const struct fe *f, const char *name, bool anthropic)
+{
+    if (anthropic)
+        return json_pack("{s:s, s:s, s:s, s:s}", "type", "model", "id", name, "display_name", name,
+                         "created_at", "1970-01-01T00:00:00Z");
+    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:{s:I, s:I, s:I}}", "id", name, "object", "model",
+                     "created", (json_int_t)0, "owned_by", "strata", "max_model_len",
+                     (json_int_t)f->model.n_ctx, "meta", "n_ctx", (json_int_t)f->model.n_ctx,
+                     "n_ctx_train", (json_int_t)f->model.n_ctx_train, "n_vocab",
+                     (json_int_t)f->model.n_vocab);
+}
+
+/* do_models answers GET /v1/models (the one model) and GET /v1/models/ID (it, when ID names it;
+ * else 404). */
+static void do_models(struct fe *f, struct http_req *r, const char *id)
 {
     const char *name = f->o.model_alias ? f->o.model_alias : f->model.name;
-    if (http_header(r, "anthropic-version"))
+    bool anthropic = http_header(r, "anthropic-version") != NULL;
+    if (id && strcmp(id, name) != 0) {
+        struct api_error e;
+        api_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                 "no model '%s': this server serves '%s'", id, name);
+        return fe_reply_error_as(f, r, anthropic ? API_MESSAGES : API_CHAT, &e);
+    }
+    if (id) return reply_json(r, 200, model_json(f, name, anthropic));
+    if (anthropic)
         return reply_json(r, 200,
-                          json_pack("{s:[{s:s, s:s, s:s, s:s}], s:b, s:s, s:s}", "data", "type",
-                                    "model", "id", name, "display_name", name, "created_at",
-                                    "1970-01-01T00:00:00Z", "has_more", 0, "first_id", name,
-                                    "last_id", name));
-    json_t *o = json_pack(
-        "{s:s, s:[{s:s, s:s, s:I, s:s, s:I, s:{s:I, s:I, s:I}}]}", "object", "list", "data", "id",
-        name, "object", "model", "created", (json_int_t)0, "owned_by", "strata", "max_model_len",
-        (json_int_t)f->model.n_ctx, "meta", "n_ctx", (json_int_t)f->model.n_ctx, "n_ctx_train",
-        (json_int_t)f->model.n_ctx_train, "n_vocab", (json_int_t)f->model.n_vocab);
-    reply_json(r, 200, o);
+                          json_pack("{s:[o], s:b, s:s, s:s}", "data", model_json(f, name, true),
+                                    "has_more", 0, "first_id", name, "last_id", name));
+    reply_json(r, 200,
+               json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(f, name, false)));
 }
 
 /* do_props answers llama-server's GET /props: the context, the slots (requests the ready workers
@@ -732,7 +748,8 @@ static void on_http(struct http_req *r, void *ctx)
         return reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
     }
     if (is(p, "/metrics", NULL) && get) return do_metrics(f, r);
-    bool want_get = is(p, "/v1/models", "/models") || is(p, "/props", NULL);
+    const char *model_id = strncmp(p, "/v1/models/", 11) == 0 && p[11] ? p + 11 : NULL;
+    bool want_get = is(p, "/v1/models", "/models") || model_id || is(p, "/props", NULL);
     bool known = want_get || is(p, "/tokenize", NULL) || is(p, "/detokenize", NULL) ||
                  is(p, "/apply-template", NULL) ||
                  is(p, "/v1/chat/completions", "/chat/completions") ||
@@ -749,7 +766,7 @@ static void on_http(struct http_req *r, void *ctx)
     }
     if (atomic_load(&f->stopping) || !atomic_load(&f->model_ok)) return not_ready(f, r);
     if (is(p, "/props", NULL)) return do_props(f, r);
-    if (want_get) return do_models(f, r);
+    if (want_get) return do_models(f, r, model_id);
     if (is(p, "/tokenize", NULL)) return do_tokenize(f, r);
     if (is(p, "/detokenize", NULL)) return do_detokenize(f, r);
     if (is(p, "/apply-template", NULL)) return do_apply_template(f, r);

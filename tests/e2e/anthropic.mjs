@@ -20,7 +20,8 @@ const models = await client.models.list();
 assert.equal(models.data.length, 1);
 assert.equal(models.data[0].type, 'model');
 const model = models.data[0].id;
-ok(`models.list: ${model}`);
+assert.equal((await client.models.retrieve(model)).id, model);
+ok(`models.list and retrieve: ${model}`);
 
 // greedy: the whole and the streamed answers are the same text
 const messages = [{ role: 'user', content: 'Tell me about the weather.' }];

@@ -19,6 +19,9 @@ const client = new OpenAI({
 const ok = (what) => console.log(`ok - ${what}`);
 
 const model = (await client.models.list()).data[0].id;
+const one = await client.models.retrieve(model);
+assert.equal(one.id, model);
+assert.ok(one.max_model_len > 0);
 const input = 'Tell me about the weather.';
 const whole = await client.responses.create({ model, input, max_output_tokens: 16, temperature: 0 });
 assert.equal(whole.object, 'response');
