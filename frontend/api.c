@@ -1,6 +1,8 @@
 /* api — OpenAI request bodies: parse, check types and ranges, name the bad field. */
 #include "frontend/api.h"
 
+#include "frontend/api_anthropic.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +35,11 @@ char *api_error_json(const struct api_error *e)
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
+}
+
+char *api_error_json_as(enum api_kind kind, const struct api_error *e)
+{
+    return kind == API_MESSAGES ? api_anthropic_error_json(e) : api_error_json(e);
 }
 
 /* utf8_len returns the length of the valid UTF-8 sequence at s[0..n), or 0 if none starts there. */
@@ -75,7 +82,7 @@ json_t *api_lossy_string(const char *s, size_t n)
     return j;
 }
 
-static const char *type_name(const json_t *v)
+const char *api_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT:
@@ -97,7 +104,7 @@ static const char *type_name(const json_t *v)
     return "?";
 }
 
-static unsigned load_object(const char *body, size_t len, json_t **root, struct api_error *e)
+unsigned api_load(const char *body, size_t len, json_t **root, struct api_error *e)
 {
     json_error_t je;
     *root = json_loadb(body, len, 0, &je);
@@ -107,7 +114,7 @@ static unsigned load_object(const char *body, size_t len, json_t **root, struct 
                         je.line, je.column);
     if (!json_is_object(*root))
         return api_fail(e, 400, BAD, NULL, "invalid_json",
-                        "the request body must be a JSON object, got %s", type_name(*root));
+                        "the request body must be a JSON object, got %s", api_type_name(*root));
     return 0;
 }
 
@@ -125,7 +132,7 @@ static unsigned get_num(json_t *o, const char *key, double min, double max, floa
     if (!v) return 0;
     if (!json_is_number(v))
         return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be a number, got %s", key,
-                        type_name(v));
+                        api_type_name(v));
     double d = json_number_value(v);
     if (!(d >= min && d <= max))
         return api_fail(e, 400, BAD, key, "invalid_value", "'%s' is %g: it must be in [%g, %g]",
@@ -141,7 +148,7 @@ static unsigned get_int(json_t *o, const char *key, int64_t min, int64_t max, in
     if (!v) return 0;
     if (!json_is_integer(v))
         return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be an integer, got %s", key,
-                        type_name(v));
+                        api_type_name(v));
     json_int_t i = json_integer_value(v);
     if (i < min || i > max)
         return api_fail(e, 400, BAD, key, "invalid_value",
@@ -157,7 +164,7 @@ static unsigned get_bool(json_t *o, const char *key, bool *out, struct api_error
     if (!v) return 0;
     if (!json_is_boolean(v))
         return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be true or false, got %s", key,
-                        type_name(v));
+                        api_type_name(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -168,7 +175,7 @@ static unsigned get_str(json_t *o, const char *key, const char **out, struct api
     if (!v) return 0;
     if (!json_is_string(v))
         return api_fail(e, 400, BAD, key, "invalid_type", "'%s' must be a string, got %s", key,
-                        type_name(v));
+                        api_type_name(v));
     *out = json_string_value(v);
     return 0;
 }
@@ -190,7 +197,7 @@ static unsigned text_of(json_t *content, size_t i, json_t **out, struct api_erro
     if (!json_is_array(content))
         return api_fail(e, 400, BAD, param, "invalid_type",
                         "'%s' must be a string or an array of text parts, got %s", param,
-                        type_name(content));
+                        api_type_name(content));
     size_t total = 0, j;
     json_t *part;
     json_array_foreach(content, j, part)
@@ -231,7 +238,7 @@ static unsigned parse_messages(json_t *root, struct api_params *p, struct api_er
         return api_fail(e, 400, BAD, "messages", "invalid_value",
                         "'messages' must be a non-empty array of {\"role\", \"content\"} objects, "
                         "got %s",
-                        json_is_array(msgs) ? "an empty array" : type_name(msgs));
+                        json_is_array(msgs) ? "an empty array" : api_type_name(msgs));
     if (!(p->messages = json_array()))
         return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     size_t i;
@@ -243,7 +250,7 @@ static unsigned parse_messages(json_t *root, struct api_params *p, struct api_er
         if (!json_is_object(m))
             return api_fail(e, 400, BAD, param, "invalid_type",
                             "'%s' must be an object with \"role\" and \"content\", got %s", param,
-                            type_name(m));
+                            api_type_name(m));
         if (!json_is_string(json_object_get(m, "role")))
             return api_fail(e, 400, BAD, param, "invalid_value",
                             "'%s.role' must be a string such as \"user\"", param);
@@ -282,7 +289,7 @@ static unsigned parse_prompt(json_t *root, uint32_t n_vocab, struct api_params *
         return api_fail(e, 400, BAD, "prompt", "invalid_value",
                         "'prompt' must be a non-empty string or array of token ids (one prompt "
                         "per request), got %s",
-                        json_is_array(v) ? "an empty array" : type_name(v));
+                        json_is_array(v) ? "an empty array" : api_type_name(v));
     size_t n = json_array_size(v), i;
     json_t *id;
     if (!(p->prompt_ids = malloc(n * sizeof *p->prompt_ids)))
@@ -294,7 +301,8 @@ static unsigned parse_prompt(json_t *root, uint32_t n_vocab, struct api_params *
             return api_fail(e, 400, BAD, "prompt", "invalid_value",
                             "prompt[%zu] must be a token id in [0, %u) (one prompt per request: "
                             "an array of strings is not supported), got %s",
-                            i, n_vocab, json_is_integer(id) ? "an id out of range" : type_name(id));
+                            i, n_vocab,
+                            json_is_integer(id) ? "an id out of range" : api_type_name(id));
         p->prompt_ids[i] = (int32_t)json_integer_value(id);
     }
     p->n_prompt_ids = n;
@@ -318,7 +326,7 @@ static unsigned parse_stop(json_t *root, struct api_params *p, struct api_error 
     {
         if (!json_is_string(s))
             return api_fail(e, 400, BAD, "stop", "invalid_type",
-                            "stop[%zu] must be a string, got %s", i, type_name(s));
+                            "stop[%zu] must be a string, got %s", i, api_type_name(s));
         p->stop[p->n_stop++] = json_string_value(s);
     }
     return 0;
@@ -327,14 +335,28 @@ static unsigned parse_stop(json_t *root, struct api_params *p, struct api_error 
 unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_vocab,
                    struct api_params *p, struct api_error *e)
 {
+    json_t *root;
+    unsigned st = api_load(body, len, &root, e);
+    if (st != 0) {
+        memset(p, 0, sizeof *p);
+        p->root = root;
+        return st;
+    }
+    return api_parse_root(kind, root, n_vocab, p, e);
+}
+
+unsigned api_parse_root(enum api_kind kind, json_t *root, uint32_t n_vocab, struct api_params *p,
+                        struct api_error *e)
+{
     unsigned st;
     memset(p, 0, sizeof *p);
     p->kind = kind;
     p->model = "";
+    p->root = root;
+    p->parallel_tool_calls = true;
     /* OpenAI's defaults: temperature 1 (0 asks for greedy), no filters or penalties */
     p->sampling =
         (struct wclient_sampling){.temperature = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f};
-    if ((st = load_object(body, len, &p->root, e)) != 0) return st;
     json_t *r = p->root;
     int64_t n = 1, max_tokens = 0, mct = 0, top_k = 0, seed = 0, lp = 0;
     bool has_seed = json_is_integer(json_object_get(r, "seed"));
@@ -352,11 +374,11 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
         (st = get_num(r, "repeat_penalty", 0, 10, &p->sampling.repeat_penalty, e)) ||
         (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)))
         return st;
-    if (n != 1)
+    if (n < 1 || n > API_MAX_N || (n > 1 && (kind == API_MESSAGES || kind == API_RESPONSES)))
         return api_fail(e, 400, BAD, "n", "invalid_value",
-                        "'n' is %lld: only one choice per request is supported, send n = 1 (or "
-                        "several requests)",
-                        (long long)n);
+                        "'n' is %lld: send 1 to %d choices per request", (long long)n,
+                        kind == API_MESSAGES || kind == API_RESPONSES ? 1 : API_MAX_N);
+    p->n = (uint32_t)n;
     p->max_tokens = mct ? mct : max_tokens;
     p->sampling.top_k = (uint32_t)top_k;
     p->sampling.has_seed = has_seed;
@@ -365,8 +387,8 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
     if (so && (!json_is_object(so) || (st = get_bool(so, "include_usage", &p->include_usage, e))))
         return st ? st
                   : api_fail(e, 400, BAD, "stream_options", "invalid_type",
-                             "'stream_options' must be an object, got %s", type_name(so));
-    if (kind == API_CHAT) {
+                             "'stream_options' must be an object, got %s", api_type_name(so));
+    if (api_is_chat(kind)) {
         int64_t top = 0;
         if ((st = get_bool(r, "logprobs", &p->logprobs, e)) ||
             (st = get_int(r, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &top, e)) ||
@@ -380,8 +402,12 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
         json_t *kw = field(r, "chat_template_kwargs");
         if (kw && !json_is_object(kw))
             return api_fail(e, 400, BAD, "chat_template_kwargs", "invalid_type",
-                            "'chat_template_kwargs' must be an object, got %s", type_name(kw));
+                            "'chat_template_kwargs' must be an object, got %s", api_type_name(kw));
         p->template_kwargs = kw;
+        /* the tools as the chat template takes them; checked by the tool-calling layer */
+        if (!p->tools) p->tools = field(r, "tools");
+        if (!p->tool_choice) p->tool_choice = field(r, "tool_choice");
+        if ((st = get_bool(r, "parallel_tool_calls", &p->parallel_tool_calls, e))) return st;
     } else {
         /* the legacy API's logprobs is a count of alternatives */
         if ((st = get_int(r, "logprobs", 0, 5, &lp, e)) || (st = parse_prompt(r, n_vocab, p, e)))
@@ -400,12 +426,31 @@ void api_params_free(struct api_params *p)
     memset(p, 0, sizeof *p);
 }
 
+json_t *api_usage_json(uint32_t n_prompt, uint32_t n_cached, uint32_t n_gen)
+{
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)n_prompt,
+                     "completion_tokens", (json_int_t)n_gen, "total_tokens",
+                     (json_int_t)n_prompt + n_gen, "prompt_tokens_details", "cached_tokens",
+                     (json_int_t)n_cached);
+}
+
+json_t *api_timings_json(const struct wclient_update *u, uint32_t n_gen)
+{
+    uint32_t pn = u->n_prompt > u->n_cached ? u->n_prompt - u->n_cached : 0;
+    return json_pack("{s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f}", "prompt_n", (json_int_t)pn,
+                     "cache_n", (json_int_t)u->n_cached, "prompt_ms", u->prefill_ms,
+                     "prompt_per_second", u->prefill_ms > 0 ? pn * 1000.0 / u->prefill_ms : 0.0,
+                     "predicted_n", (json_int_t)n_gen, "predicted_ms", u->decode_ms,
+                     "predicted_per_second", u->decode_ms > 0 ? n_gen * 1000.0 / u->decode_ms : 0.0,
+                     "queue_ms", u->queue_ms);
+}
+
 unsigned api_parse_tokenize(const char *body, size_t len, struct api_tokenize *t,
                             struct api_error *e)
 {
     unsigned st;
     memset(t, 0, sizeof *t);
-    if ((st = load_object(body, len, &t->root, e)) != 0) return st;
+    if ((st = api_load(body, len, &t->root, e)) != 0) return st;
     json_t *c = json_object_get(t->root, "content");
     if (!json_is_string(c))
         return api_fail(e, 400, BAD, "content", c ? "invalid_type" : "missing_required_parameter",
@@ -426,7 +471,7 @@ unsigned api_parse_detokenize(const char *body, size_t len, uint32_t n_vocab, in
     unsigned st;
     *ids = NULL;
     *n = 0;
-    if ((st = load_object(body, len, &root, e)) != 0) {
+    if ((st = api_load(body, len, &root, e)) != 0) {
         json_decref(root);
         return st;
     }

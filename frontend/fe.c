@@ -1,6 +1,8 @@
 /* fe — the frontend's server: workers and their monitor, routing, the small endpoints, metrics. */
 #include "frontend/fe_int.h"
 
+#include "frontend/api_anthropic.h"
+
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
 #include "common/base/log.h"
@@ -337,9 +339,15 @@ void fe_release(struct fe *f, int slot)
 
 void fe_reply_error(struct fe *f, struct http_req *r, const struct api_error *e)
 {
+    fe_reply_error_as(f, r, API_CHAT, e);
+}
+
+void fe_reply_error_as(struct fe *f, struct http_req *r, enum api_kind kind,
+                       const struct api_error *e)
+{
     atomic_fetch_add(&f->m_errors, 1);
     if (e->status == 429) atomic_fetch_add(&f->m_busy, 1);
-    char *body = api_error_json(e);
+    char *body = api_error_json_as(kind, e);
     static const char *const retry[] = {"Retry-After", "1", NULL};
     http_respond(r, e->status, NULL, body ? body : "{}", body ? strlen(body) : 2,
                  e->status == 429 || e->status == 503 ? retry : NULL);
@@ -359,6 +367,19 @@ static void reply_json(struct http_req *r, unsigned status, json_t *o)
     json_decref(o);
 }
 
+static bool is(const char *path, const char *a, const char *b)
+{
+    return strcmp(path, a) == 0 || (b && strcmp(path, b) == 0);
+}
+
+/* kind_of: the API whose error shape a path's answers take. */
+static enum api_kind kind_of(const char *path)
+{
+    if (is(path, "/v1/messages", "/v1/messages/count_tokens")) return API_MESSAGES;
+    if (is(path, "/v1/responses", "/responses")) return API_RESPONSES;
+    return API_CHAT;
+}
+
 /* not_ready answers 503: no worker has answered yet (or the model could not be built). */
 static void not_ready(struct fe *f, struct http_req *r)
 {
@@ -367,17 +388,142 @@ static void not_ready(struct fe *f, struct http_req *r)
              "no worker is ready yet (%d configured): start strata-worker, or wait for it to "
              "load the model",
              atomic_load(&f->n_workers));
+    fe_reply_error_as(f, r, kind_of(http_path(r)), &e);
+}
+
+/* model_json is the served model as /v1/models lists it: llama-server's meta, vLLM's
+ * max_model_len; in Anthropic's shape for a client that sends anthropic-version. */
+static json_t *model_json(const struct fe *f, const char *name, bool anthropic)
+{
+    if (anthropic)
+        return json_pack("{s:s, s:s, s:s, s:s}", "type", "model", "id", name, "display_name", name,
+                         "created_at", "1970-01-01T00:00:00Z");
+    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:{s:I, s:I, s:I}}", "id", name, "object", "model",
+                     "created", (json_int_t)0, "owned_by", "strata", "max_model_len",
+                     (json_int_t)f->model.n_ctx, "meta", "n_ctx", (json_int_t)f->model.n_ctx,
+                     "n_ctx_train", (json_int_t)f->model.n_ctx_train, "n_vocab",
+                     (json_int_t)f->model.n_vocab);
+}
+
+/* do_models answers GET /v1/models (the one model) and GET /v1/models/ID (it, when ID names it;
+ * else 404). */
+static void do_models(struct fe *f, struct http_req *r, const char *id)
+{
+    const char *name = f->o.model_alias ? f->o.model_alias : f->model.name;
+    bool anthropic = http_header(r, "anthropic-version") != NULL;
+    if (id && strcmp(id, name) != 0) {
+        struct api_error e;
+        api_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                 "no model '%s': this server serves '%s'", id, name);
+        return fe_reply_error_as(f, r, anthropic ? API_MESSAGES : API_CHAT, &e);
+    }
+    if (id) return reply_json(r, 200, model_json(f, name, anthropic));
+    if (anthropic)
+        return reply_json(r, 200,
+                          json_pack("{s:[o], s:b, s:s, s:s}", "data", model_json(f, name, true),
+                                    "has_more", 0, "first_id", name, "last_id", name));
+    reply_json(r, 200,
+               json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(f, name, false)));
+}
+
+/* do_props answers llama-server's GET /props: the context, the slots (requests the ready workers
+ * decode at once), the chat template and its special tokens. */
+static void do_props(struct fe *f, struct http_req *r)
+{
+    const struct fe_model *m = &f->model;
+    json_int_t slots = 0;
+    pthread_mutex_lock(&f->mu);
+    for (int i = 0; i < atomic_load(&f->n_workers); i++)
+        if (atomic_load(&f->workers[i].ready) && f->workers[i].has_status)
+            slots += f->workers[i].st.max_seqs;
+    pthread_mutex_unlock(&f->mu);
+    const char *name = f->o.model_alias ? f->o.model_alias : m->name;
+    json_t *params =
+        json_pack("{s:I, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:b}", "n_predict",
+                  (json_int_t)(f->o.max_tokens ? f->o.max_tokens : m->n_ctx), "temperature", 1.0,
+                  "top_k", 0, "top_p", 1.0, "min_p", 0.0, "repeat_penalty", 1.0, "presence_penalty",
+                  0.0, "frequency_penalty", 0.0, "stream", 0);
+    reply_json(r, 200,
+               json_pack("{s:{s:I, s:o, s:b}, s:I, s:s, s:s, s:o, s:s, s:s, s:{s:b, s:b}, s:s}",
+                         "default_generation_settings", "n_ctx", (json_int_t)m->n_ctx, "params",
+                         params, "is_processing", 0, "total_slots", slots, "model_path", name,
+                         "model_alias", name, "chat_template",
+                         api_str(m->tmpl_src, m->tmpl_src ? strlen(m->tmpl_src) : 0), "bos_token",
+                         m->bos_text, "eos_token", m->eos_text, "modalities", "vision", 0, "audio",
+                         0, "build_info", "strata " STRATA_VERSION));
+}
+
+/* template_kwargs: the request's chat_template_kwargs plus its tools as the template's `tools`
+ * variable (unless tool_choice is "none"), as a generation renders them (a new reference). */
+static json_t *template_kwargs(const struct api_params *p)
+{
+    const char *choice = json_string_value(p->tool_choice);
+    json_t *kw = p->template_kwargs ? json_copy((json_t *)p->template_kwargs) : json_object();
+    if (kw && p->tools && !(choice && strcmp(choice, "none") == 0))
+        json_object_set(kw, "tools", p->tools);
+    return kw;
+}
+
+/* do_apply_template answers llama-server's POST /apply-template: a chat body's messages rendered
+ * with the chat template and the generation prompt, not tokenized. */
+static void do_apply_template(struct fe *f, struct http_req *r)
+{
+    size_t len;
+    const char *body = http_body(r, &len);
+    struct api_params p;
+    struct api_error e;
+    char *text = NULL;
+    size_t n = 0;
+    if (api_parse(API_CHAT, body, len, f->model.n_vocab, &p, &e) != 0) goto fail;
+    json_t *kw = template_kwargs(&p);
+    int rv = fe_model_render(&f->model, p.messages, kw, p.reasoning_effort, &text, &n);
+    json_decref(kw);
+    if (rv != 0) {
+        api_fail(&e, rv == STRATA_ENOMEM ? 500 : 400,
+                 rv == STRATA_ENOMEM ? "server_error" : "invalid_request_error", "messages",
+                 "template_error", "the chat template refused these messages: %s",
+                 strata_errdetail());
+        goto fail;
+    }
+    reply_json(r, 200, json_pack("{s:o}", "prompt", api_str(text, n)));
+    free(text);
+    api_params_free(&p);
+    return;
+fail:
+    free(text);
+    api_params_free(&p);
     fe_reply_error(f, r, &e);
 }
 
-static void do_models(struct fe *f, struct http_req *r)
+/* do_count_tokens answers Anthropic's POST /v1/messages/count_tokens: the prompt's token count
+ * as a Messages request would render it. */
+static void do_count_tokens(struct fe *f, struct http_req *r)
 {
-    const char *name = f->o.model_alias ? f->o.model_alias : f->model.name;
-    json_t *o =
-        json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:{s:I, s:I}}]}", "object", "list", "data", "id",
-                  name, "object", "model", "created", (json_int_t)0, "owned_by", "strata", "meta",
-                  "n_ctx", (json_int_t)f->model.n_ctx, "n_vocab", (json_int_t)f->model.n_vocab);
-    reply_json(r, 200, o);
+    size_t len;
+    const char *body = http_body(r, &len);
+    struct api_params p;
+    struct api_error e;
+    struct tok_ids ids = {0};
+    bool opens;
+    if (api_anthropic_parse(body, len, f->model.n_vocab, &p, &e) != 0) goto fail;
+    json_t *kw = template_kwargs(&p);
+    int rv = fe_model_chat(&f->model, p.messages, kw, p.reasoning_effort, &ids, &opens);
+    json_decref(kw);
+    if (rv != 0) {
+        api_fail(&e, rv == STRATA_ENOMEM ? 500 : 400,
+                 rv == STRATA_ENOMEM ? "server_error" : "invalid_request_error", "messages",
+                 "template_error", "the chat template refused these messages: %s",
+                 strata_errdetail());
+        goto fail;
+    }
+    reply_json(r, 200, json_pack("{s:I}", "input_tokens", (json_int_t)ids.n));
+    free(ids.v);
+    api_params_free(&p);
+    return;
+fail:
+    free(ids.v);
+    api_params_free(&p);
+    fe_reply_error_as(f, r, API_MESSAGES, &e);
 }
 
 static void do_tokenize(struct fe *f, struct http_req *r)
@@ -571,11 +717,6 @@ static bool authorized(const struct fe *f, const struct http_req *r)
     return h && key_eq(h, f->o.api_key);
 }
 
-static bool is(const char *path, const char *a, const char *b)
-{
-    return strcmp(path, a) == 0 || (b && strcmp(path, b) == 0);
-}
-
 /* precheck refuses a request without the API key on its head, before its body is read (an
  * unauthenticated client must not make the frontend hold max_body bytes). /health needs no key. */
 static unsigned precheck(const struct http_req *r, void *ctx, char *body, size_t cap)
@@ -589,7 +730,7 @@ static unsigned precheck(const struct http_req *r, void *ctx, char *body, size_t
              "$STRATA_API_KEY)");
     atomic_fetch_add(&f->m_requests, 1);
     atomic_fetch_add(&f->m_errors, 1);
-    char *j = api_error_json(&e);
+    char *j = api_error_json_as(kind_of(http_path(r)), &e);
     snprintf(body, cap, "%s", j ? j : "{}");
     free(j);
     return e.status;
@@ -607,26 +748,33 @@ static void on_http(struct http_req *r, void *ctx)
         return reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
     }
     if (is(p, "/metrics", NULL) && get) return do_metrics(f, r);
-    bool known = is(p, "/v1/models", "/models") || is(p, "/tokenize", NULL) ||
-                 is(p, "/detokenize", NULL) || is(p, "/v1/chat/completions", "/chat/completions") ||
-                 is(p, "/v1/completions", "/completions");
+    const char *model_id = strncmp(p, "/v1/models/", 11) == 0 && p[11] ? p + 11 : NULL;
+    bool want_get = is(p, "/v1/models", "/models") || model_id || is(p, "/props", NULL);
+    bool known = want_get || is(p, "/tokenize", NULL) || is(p, "/detokenize", NULL) ||
+                 is(p, "/apply-template", NULL) ||
+                 is(p, "/v1/chat/completions", "/chat/completions") ||
+                 is(p, "/v1/completions", "/completions") || kind_of(p) != API_CHAT;
     if (!known) {
         api_fail(&e, 404, "invalid_request_error", NULL, "not_found",
                  "no endpoint %s %s: see docs/api.md for the endpoints strata serves", m, p);
         return fe_reply_error(f, r, &e);
     }
-    bool want_get = is(p, "/v1/models", "/models");
     if ((want_get && !get) || (!want_get && !post)) {
         api_fail(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
                  "%s takes %s, not %s", p, want_get ? "GET" : "POST", m);
-        return fe_reply_error(f, r, &e);
+        return fe_reply_error_as(f, r, kind_of(p), &e);
     }
     if (atomic_load(&f->stopping) || !atomic_load(&f->model_ok)) return not_ready(f, r);
-    if (want_get) return do_models(f, r);
+    if (is(p, "/props", NULL)) return do_props(f, r);
+    if (want_get) return do_models(f, r, model_id);
     if (is(p, "/tokenize", NULL)) return do_tokenize(f, r);
     if (is(p, "/detokenize", NULL)) return do_detokenize(f, r);
+    if (is(p, "/apply-template", NULL)) return do_apply_template(f, r);
+    if (is(p, "/v1/messages/count_tokens", NULL)) return do_count_tokens(f, r);
     fe_job_http(f, r,
-                is(p, "/v1/chat/completions", "/chat/completions") ? API_CHAT : API_COMPLETION);
+                is(p, "/v1/chat/completions", "/chat/completions") ? API_CHAT
+                : is(p, "/v1/completions", "/completions")         ? API_COMPLETION
+                                                                   : kind_of(p));
 }
 
 int fe_start(struct fe *f)

@@ -1,4 +1,5 @@
-/* fe — strata-frontend: the OpenAI-compatible HTTP API in front of one or more workers.
+/* fe — strata-frontend: the OpenAI-compatible HTTP API (and Anthropic's Messages, OpenAI's
+ * Responses, llama-server's extras) in front of one or more workers.
  *
  * A struct fe owns the HTTP server (frontend/http.h), the workers it talks to (one backend handle,
  * i.e. one REQ socket, each), the model built from the first worker's metadata (fe_model.h), the

@@ -67,11 +67,15 @@ struct fe {
     atomic_ullong m_prefill_us, m_decode_us, m_ttft_us, m_ttft_n;
 };
 
-/* fe_reply_error answers r with e (OpenAI's shape) and counts it. */
+/* fe_reply_error answers r with e (OpenAI's shape) and counts it; fe_reply_error_as in the shape of
+ * kind's API (api_error_json_as). */
 void fe_reply_error(struct fe *f, struct http_req *r, const struct api_error *e);
+void fe_reply_error_as(struct fe *f, struct http_req *r, enum api_kind kind,
+                       const struct api_error *e);
 
-/* fe_job_http handles POST /v1/chat/completions and /v1/completions: parse, prompt, route,
- * submit, then a thread of its own streams or collects the answer. Answers r in every case. */
+/* fe_job_http handles POST /v1/chat/completions, /v1/completions, /v1/messages and /v1/responses:
+ * parse, prompt, route, submit, then a thread of its own streams or collects the answer. Answers r
+ * in every case. */
 void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind);
 
 /* fe_worker_gone: rv means the worker does not answer (a timeout, a broken connection, busy). */

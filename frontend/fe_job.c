@@ -1,6 +1,11 @@
 /* fe_job — one completion request: prompt, submit, then a thread that polls the worker and turns
- * tokens into text (stop strings, reasoning split, logprobs) as SSE chunks or one final body. */
+ * tokens into text (stop strings, reasoning split, logprobs) as SSE chunks or one final body, in
+ * the shape of the API asked (OpenAI's chat and completions here; Anthropic's Messages and
+ * OpenAI's Responses through api_anthropic.h and api_responses.h). */
 #include "frontend/fe_int.h"
+
+#include "frontend/api_anthropic.h"
+#include "frontend/api_responses.h"
 
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -10,8 +15,31 @@
 #include <string.h>
 #include <time.h>
 
+/* A request for n > 1 choices: one job per choice, each with its own worker request and thread,
+ * sharing the HTTP answer. Choice 0 goes first; the others are submitted once it has its first
+ * token, so its prompt's KV blocks are in the worker's prefix cache and theirs hit it. The job that
+ * ends last answers (whole: every choice; streamed: the usage chunk and [DONE]) and frees the
+ * group. */
+struct fe_group {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_bool gone;            /* the client left */
+    bool prefilled;              /* choice 0 has a token (or ended) */
+    uint32_t left;               /* choices not ended */
+    uint32_t n_gen;              /* tokens of the choices ended */
+    uint32_t n_cached;           /* choice 0's cached prompt tokens (the prompt is counted once) */
+    struct wclient_update last0; /* choice 0's timings */
+    uint32_t n_gen0;             /* and tokens */
+    json_t *choices;             /* whole answers: each choice by index */
+    struct api_error err;        /* the first error of a choice */
+    bool cancelled;              /* a choice ended without an answer (shutdown, client gone) */
+    bool began;                  /* streamed: choice 0 began the stream */
+};
+
 struct fe_job {
     struct fe *f;
+    struct fe_group *g;  /* n > 1: the request's group, else NULL */
+    uint32_t index;      /* the choice */
     struct fe_job *next; /* f->jobs (f->mu) */
     struct http_req *r;
     struct api_params p;
@@ -38,6 +66,10 @@ struct fe_job {
     double t_submit; /* monotonic seconds */
     double ttft;     /* seconds to the first token, -1 before it */
     struct wclient_update last; /* timings of the last update */
+    /* Messages and Responses streams: where the answer is, and the events to send */
+    struct api_anthropic_stream as;
+    struct api_responses_stream rsp;
+    struct api_sse ev;
     /* no worker was ready at submit (one restarting): the job thread submits req when one is */
     bool wait_pick;
     struct wclient_req req;
@@ -96,7 +128,7 @@ static void add_logprobs(struct fe_job *j, const struct wclient_update *u, uint3
 {
     const struct fe_model *m = &j->f->model;
     if (!u->logprobs) return;
-    if (j->p.kind == API_CHAT) {
+    if (api_is_chat(j->p.kind)) {
         json_t *bytes, *tops = json_array();
         json_t *tok = piece(m, u->tokens[i], &bytes);
         for (uint32_t k = 0; k < u->n_top && k < j->p.top_logprobs; k++) {
@@ -127,35 +159,76 @@ static void add_logprobs(struct fe_job *j, const struct wclient_update *u, uint3
 static json_t *new_logprobs(const struct fe_job *j)
 {
     if (!j->p.logprobs) return NULL;
-    if (j->p.kind == API_CHAT) return json_array();
+    if (api_is_chat(j->p.kind)) return json_array();
     return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs",
                      "text_offset");
 }
 
 static json_t *usage(const struct fe_job *j)
 {
-    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)j->n_prompt,
-                     "completion_tokens", (json_int_t)j->n_gen, "total_tokens",
-                     (json_int_t)(j->n_prompt + j->n_gen));
+    return api_usage_json(j->n_prompt, j->last.n_cached, j->n_gen);
 }
 
-/* timings in llama-server's shape, from the worker's figures (the CLI and loadtest read them) */
 static json_t *timings(const struct fe_job *j)
 {
-    const struct wclient_update *u = &j->last;
-    uint32_t pn = u->n_prompt > u->n_cached ? u->n_prompt - u->n_cached : 0;
-    return json_pack(
-        "{s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f}", "prompt_n", (json_int_t)pn, "cache_n",
-        (json_int_t)u->n_cached, "prompt_ms", u->prefill_ms, "prompt_per_second",
-        u->prefill_ms > 0 ? pn * 1000.0 / u->prefill_ms : 0.0, "predicted_n", (json_int_t)j->n_gen,
-        "predicted_ms", u->decode_ms, "predicted_per_second",
-        u->decode_ms > 0 ? j->n_gen * 1000.0 / u->decode_ms : 0.0, "queue_ms", u->queue_ms);
+    return api_timings_json(&j->last, j->n_gen);
 }
 
 static const char *model_name(const struct fe_job *j)
 {
     if (j->f->o.model_alias) return j->f->o.model_alias;
     return j->p.model[0] ? j->p.model : j->f->model.name;
+}
+
+/* answer describes j for the Messages and Responses renderers; finish NULL: still going. */
+static struct api_answer answer(const struct fe_job *j, const char *finish)
+{
+    struct api_answer a = {.id = j->resp_id,
+                           .model = model_name(j),
+                           .created = j->created,
+                           .p = &j->p,
+                           .n_prompt = j->n_prompt,
+                           .n_cached = j->last.n_cached,
+                           .n_gen = j->n_gen,
+                           .content = j->content.p,
+                           .content_len = j->content.n,
+                           .reasoning = j->reasoning.p,
+                           .reasoning_len = j->reasoning.n,
+                           .logprobs = j->lp};
+    const char *hit = fe_stop_matched(&j->stop);
+    if (!finish) return a;
+    a.finish = strcmp(finish, "length") == 0 ? API_FINISH_LENGTH : API_FINISH_STOP;
+    /* the request's own stop strings are reported; the model's (strata.stop) end the turn */
+    for (size_t i = 0; hit && i < j->p.n_stop; i++)
+        if (strcmp(hit, j->p.stop[i]) == 0) {
+            a.finish = API_FINISH_STOP_STR;
+            a.stop_sequence = j->p.stop[i];
+        }
+    /* tool calls (the tool-calling layer) set API_FINISH_TOOL_CALLS, tool_calls, n_tool_calls */
+    return a;
+}
+
+/* send_events writes the events the renderers queued in j->ev. */
+static int send_events(struct fe_job *j, int rv)
+{
+    if (rv == 0 && j->ev.n) rv = http_stream_write(j->r, j->ev.p, j->ev.n);
+    j->ev.n = 0;
+    return rv;
+}
+
+/* emit_other streams one round of a Messages or Responses answer. */
+static int emit_other(struct fe_job *j, const char *content, size_t cn, const char *reasoning,
+                      size_t rn, const json_t *lp, const char *finish)
+{
+    struct api_answer a = answer(j, finish);
+    a.logprobs = lp;
+    int rv = j->p.kind == API_MESSAGES
+                 ? api_anthropic_delta(&j->as, &a, reasoning, rn, content, cn, &j->ev)
+                 : api_responses_delta(&j->rsp, &a, reasoning, rn, content, cn, &j->ev);
+    if (rv == 0 && finish)
+        rv = j->p.kind == API_MESSAGES ? api_anthropic_finish(&j->as, &a, &j->ev)
+                                       : api_responses_finish(&j->rsp, &a, &j->ev);
+    return send_events(j, rv);
 }
 
 /* chunk wraps one choice into a stream chunk object. */
@@ -209,6 +282,10 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         if (lp && j->p.kind == API_CHAT) json_array_extend(j->lp, lp);
         goto out;
     }
+    if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        rv = emit_other(j, content, cn, reasoning, rn, lp, finish);
+        goto out;
+    }
     bool has_lp = lp && (j->p.kind == API_CHAT ? json_array_size(lp)
                                                : json_array_size(json_object_get(lp, "tokens")));
     if (!cn && !rn && !has_lp && !finish) goto out;
@@ -220,11 +297,11 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         json_t *delta = json_object();
         if (cn) json_object_set_new(delta, "content", json_stringn(content, cn));
         if (rn) json_object_set_new(delta, "reasoning_content", json_stringn(reasoning, rn));
-        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta, "logprobs", lpj,
-                           "finish_reason", finish);
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", (int)j->index, "delta", delta,
+                           "logprobs", lpj, "finish_reason", finish);
     } else {
-        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", 0, "text", content, cn, "logprobs",
-                           lpj, "finish_reason", finish);
+        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", (int)j->index, "text", content, cn,
+                           "logprobs", lpj, "finish_reason", finish);
     }
     json_t *c = chunk(j, choice);
     if (c && finish) json_object_set_new(c, "timings", timings(j));
@@ -279,29 +356,42 @@ static int finish_text(struct fe_job *j, const char *finish)
     return emit(j, rel, rel_len, NULL, finish);
 }
 
-static json_t *whole_answer(struct fe_job *j, const char *finish)
+/* whole_choice is j's choice of a whole chat or completion answer. */
+static json_t *whole_choice(struct fe_job *j, const char *finish)
 {
     json_t *lpj =
         j->lp ? (j->p.kind == API_CHAT ? json_pack("{s:O}", "content", j->lp) : json_incref(j->lp))
               : json_null();
-    json_t *choice;
     if (j->p.kind == API_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                                 j->content.p ? j->content.p : "", j->content.n);
         if (j->split && j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning.p, j->reasoning.n));
-        choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs", lpj,
-                           "finish_reason", finish);
-    } else {
-        choice =
-            json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text", j->content.p ? j->content.p : "",
-                      j->content.n, "logprobs", lpj, "finish_reason", finish);
+        return json_pack("{s:i, s:o, s:o, s:s}", "index", (int)j->index, "message", msg, "logprobs",
+                         lpj, "finish_reason", finish);
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", j->resp_id, "object",
+    return json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)j->index, "text",
+                     j->content.p ? j->content.p : "", j->content.n, "logprobs", lpj,
+                     "finish_reason", finish);
+}
+
+/* whole_object wraps the choices into the answer object. */
+static json_t *whole_object(const struct fe_job *j, json_t *choices, json_t *usage, json_t *timings)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", j->resp_id, "object",
                      j->p.kind == API_CHAT ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)j->created, "model", model_name(j), "choices", choice, "usage",
-                     usage(j), "timings", timings(j));
+                     (json_int_t)j->created, "model", model_name(j), "choices", choices, "usage",
+                     usage, "timings", timings);
+}
+
+static json_t *whole_answer(struct fe_job *j, const char *finish)
+{
+    if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        struct api_answer a = answer(j, finish);
+        return j->p.kind == API_MESSAGES ? api_anthropic_message(&a) : api_responses_object(&a);
+    }
+    return whole_object(j, json_pack("[o]", whole_choice(j, finish)), usage(j), timings(j));
 }
 
 static void job_free(struct fe_job *j)
@@ -317,6 +407,8 @@ static void job_free(struct fe_job *j)
     free(j->reasoning.p);
     json_decref(j->lp);
     free(j->req_ids);
+    api_responses_stream_fini(&j->rsp);
+    api_sse_free(&j->ev);
     free(j);
 }
 
@@ -358,13 +450,33 @@ static void on_gone(void *ctx)
     atomic_store(&j->gone, true);
 }
 
+static void on_gone_group(void *ctx)
+{
+    struct fe_group *g = ctx;
+    atomic_store(&g->gone, true);
+}
+
+/* job_gone: the client left (j's own flag, or its group's). */
+static bool job_gone(struct fe_job *j)
+{
+    return atomic_load(&j->gone) || (j->g && atomic_load(&j->g->gone));
+}
+
 /* begin_stream starts j's SSE answer: 200, then the role (first, as OpenAI sends it). */
 static int begin_stream(struct fe_job *j)
 {
-    if (http_stream_begin(j->r, 200, "text/event-stream", on_gone, j) != 0) return STRATA_ENOMEM;
+    /* a group's stream is begun by choice 0, which the others start after */
+    if (!j->g || j->index == 0) {
+        if (http_stream_begin(j->r, 200, "text/event-stream", j->g ? on_gone_group : on_gone,
+                              j->g ? (void *)j->g : j) != 0)
+            return STRATA_ENOMEM;
+        if (j->g) j->g->began = true;
+    }
+    /* Messages and Responses open with the first update, which brings the cached-token count */
     if (j->p.kind == API_CHAT)
-        sse(j, chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", 0, "delta", "role",
-                                  "assistant", "content", "", "logprobs", "finish_reason")));
+        sse(j,
+            chunk(j, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", (int)j->index, "delta",
+                               "role", "assistant", "content", "", "logprobs", "finish_reason")));
     return 0;
 }
 
@@ -378,9 +490,7 @@ static int wait_pick(struct fe_job *j, struct api_error *e)
     int rv;
     for (;;) {
         rv = fe_pick_stream(f, &j->req, &j->ops, &j->stream, &j->slot);
-        if (rv != STRATA_ESTATE || now_s() >= end || atomic_load(&j->gone) ||
-            atomic_load(&j->cancel))
-            break;
+        if (rv != STRATA_ESTATE || now_s() >= end || job_gone(j) || atomic_load(&j->cancel)) break;
         nanosleep(&(struct timespec){0, 100 * 1000000}, NULL);
     }
     free(j->req_ids);
@@ -407,6 +517,121 @@ static int wait_pick(struct fe_job *j, struct api_error *e)
     return rv;
 }
 
+static void group_free(struct fe_group *g)
+{
+    if (!g) return;
+    json_decref(g->choices);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+}
+
+static void group_prefilled(struct fe_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->prefilled = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* group_wait holds a later choice until choice 0 has a token; false when the request is over
+ * already (an error, a cancel, the client gone): the choice then submits nothing. */
+static bool group_wait(struct fe_job *j)
+{
+    struct fe_group *g = j->g;
+    pthread_mutex_lock(&g->mu);
+    while (!g->prefilled && !job_gone(j) && !atomic_load(&j->cancel)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    bool go = !g->err.status && !g->cancelled && !job_gone(j) && !atomic_load(&j->cancel);
+    pthread_mutex_unlock(&g->mu);
+    return go;
+}
+
+/* group_end ends choice j of its group: its last chunk (streamed) or its choice object, then, for
+ * the choice that ends last, the request's answer. finish NULL or "cancelled": no answer. */
+static void group_end(struct fe_job *j, struct api_error *e, const char *finish)
+{
+    struct fe_group *g = j->g;
+    struct fe *f = j->f;
+    bool cancelled = !e->status && (!finish || strcmp(finish, "cancelled") == 0);
+    json_t *choice = NULL;
+    if (j->p.stream && g->began) {
+        if (e->status) {
+            char *s = api_error_json(e);
+            json_t *o = s ? json_loads(s, 0, NULL) : NULL;
+            free(s);
+            sse(j, o);
+        } else if (!cancelled) {
+            finish_text(j, finish);
+        }
+    } else if (!e->status && !cancelled && !job_gone(j)) {
+        if (finish_text(j, finish) != 0 || !(choice = whole_choice(j, finish)))
+            api_fail(e, 500, "server_error", NULL, NULL, "frontend: %s", strata_errdetail());
+        else
+            json_object_set_new(choice, "timings", timings(j));
+    }
+    pthread_mutex_lock(&g->mu);
+    g->n_gen += j->n_gen;
+    if (j->index == 0) {
+        g->last0 = j->last;
+        g->n_gen0 = j->n_gen;
+        g->n_cached = j->last.n_cached;
+        g->prefilled = true; /* the others may go (or see the error and end) */
+        pthread_cond_broadcast(&g->cv);
+    }
+    if (e->status && !g->err.status) g->err = *e;
+    if (cancelled) g->cancelled = true;
+    if (choice) json_array_set_new(g->choices, j->index, choice);
+    bool last = --g->left == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (!last) return;
+    struct http_req *r = j->r;
+    http_set_tokens(r, j->n_prompt, g->n_gen);
+    if (j->p.stream && g->began) {
+        if (g->err.status) atomic_fetch_add(&f->m_errors, 1);
+        if (!g->err.status && !g->cancelled && j->p.include_usage)
+            sse(j, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->resp_id, "object",
+                             j->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion",
+                             "created", (json_int_t)j->created, "model", model_name(j), "choices",
+                             "usage", api_usage_json(j->n_prompt, g->n_cached, g->n_gen)));
+        http_stream_write(r, "data: [DONE]\n\n", 14);
+        http_stream_end(r);
+    } else if (g->err.status) {
+        fe_reply_error(f, r, &g->err);
+    } else if (atomic_load(&g->gone)) {
+        api_fail(e, 499, "invalid_request_error", NULL, "client_closed",
+                 "the client closed the connection before the answer");
+        fe_reply_error(f, r, e);
+    } else if (g->cancelled) {
+        api_fail(e, 503, "unavailable_error", NULL, NULL,
+                 "the frontend is shutting down: retry on another frontend");
+        fe_reply_error(f, r, e);
+    } else {
+        /* the request's timings are choice 0's; each choice has its own */
+        json_t *o = whole_object(j, json_incref(g->choices),
+                                 api_usage_json(j->n_prompt, g->n_cached, g->n_gen),
+                                 api_timings_json(&g->last0, g->n_gen0));
+        char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
+        json_decref(o);
+        if (s)
+            http_respond(r, 200, NULL, s, strlen(s), NULL);
+        else {
+            api_fail(e, 500, "server_error", NULL, NULL, "frontend: out of memory");
+            fe_reply_error(f, r, e);
+        }
+        free(s);
+    }
+    group_free(g);
+}
+
 static void *job_main(void *arg)
 {
     struct fe_job *j = arg;
@@ -415,8 +640,19 @@ static void *job_main(void *arg)
     struct api_error e = {0};
     int rv = 0;
     double away = -1; /* when the stream's worker failed, until a poll succeeds again */
+    if (j->g && j->index > 0 && !group_wait(j)) {
+        job_release(j);
+        group_end(j, &e, NULL);
+        job_unlink(j);
+        job_free(j);
+        return NULL;
+    }
     if (j->wait_pick && wait_pick(j, &e) != 0) {
-        fe_reply_error(f, j->r, &e);
+        job_release(j);
+        if (j->g)
+            group_end(j, &e, NULL);
+        else
+            fe_reply_error_as(f, j->r, j->p.kind, &e);
         job_unlink(j);
         job_free(j);
         return NULL;
@@ -424,9 +660,9 @@ static void *job_main(void *arg)
     atomic_fetch_add(&f->m_gen_requests, 1);
     atomic_fetch_add(&f->m_prompt_tokens, j->n_prompt);
     while (!finish) {
-        if (atomic_load(&j->gone) || atomic_load(&j->cancel)) {
+        if (job_gone(j) || atomic_load(&j->cancel)) {
             j->ops->stream_cancel(j->stream);
-            if (atomic_load(&j->gone)) atomic_fetch_add(&f->m_disconnects, 1);
+            if (job_gone(j)) atomic_fetch_add(&f->m_disconnects, 1);
             finish = "cancelled";
             break;
         }
@@ -452,6 +688,7 @@ static void *job_main(void *arg)
         }
         away = -1;
         j->last = *u;
+        if (j->g && j->index == 0 && (u->n_tokens || u->finish)) group_prefilled(j->g);
         bool hit = false;
         if ((rv = take(j, u, &hit)) != 0) {
             if (rv == STRATA_ECLOSED) {
@@ -486,37 +723,49 @@ static void *job_main(void *arg)
     j->ops->stream_free(j->stream);
     fe_release(f, j->slot);
     job_release(j);
+    if (j->g) {
+        group_end(j, &e, finish);
+        job_unlink(j);
+        job_free(j);
+        return NULL;
+    }
     http_set_tokens(j->r, j->n_prompt, j->n_gen);
     if (j->p.stream) {
-        if (e.status) {
+        bool openai = j->p.kind == API_CHAT || j->p.kind == API_COMPLETION;
+        if (e.status && !openai) {
+            atomic_fetch_add(&f->m_errors, 1);
+            send_events(j, j->p.kind == API_MESSAGES
+                               ? api_anthropic_error_event(&e, &j->ev)
+                               : api_responses_error_event(&j->rsp, &e, &j->ev));
+        } else if (e.status) {
             atomic_fetch_add(&f->m_errors, 1);
             char *s = api_error_json(&e);
             json_t *o = s ? json_loads(s, 0, NULL) : NULL;
             free(s);
             sse(j, o);
         } else if (strcmp(finish, "cancelled") != 0 && finish_text(j, finish) == 0 &&
-                   j->p.include_usage) {
+                   j->p.include_usage && openai) {
             json_t *c = json_pack(
                 "{s:s, s:s, s:I, s:s, s:[], s:o}", "id", j->resp_id, "object",
                 j->p.kind == API_CHAT ? "chat.completion.chunk" : "text_completion", "created",
                 (json_int_t)j->created, "model", model_name(j), "choices", "usage", usage(j));
             sse(j, c);
         }
-        http_stream_write(j->r, "data: [DONE]\n\n", 14);
+        if (openai) http_stream_write(j->r, "data: [DONE]\n\n", 14);
         http_stream_end(j->r);
-    } else if (!e.status && atomic_load(&j->gone)) {
+    } else if (!e.status && job_gone(j)) {
         /* nobody reads this: it ends the request (nginx's 499 in the log line) */
         api_fail(&e, 499, "invalid_request_error", NULL, "client_closed",
                  "the client closed the connection before the answer");
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
     } else if (e.status || strcmp(finish, "cancelled") == 0) {
         if (!e.status)
             api_fail(&e, 503, "unavailable_error", NULL, NULL,
                      "the frontend is shutting down: retry on another frontend");
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
     } else if ((rv = finish_text(j, finish)) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "frontend: %s", strata_errdetail());
-        fe_reply_error(f, j->r, &e);
+        fe_reply_error_as(f, j->r, j->p.kind, &e);
     } else {
         json_t *o = whole_answer(j, finish);
         char *s = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
@@ -525,7 +774,7 @@ static void *job_main(void *arg)
             http_respond(j->r, 200, NULL, s, strlen(s), NULL);
         } else {
             api_fail(&e, 500, "server_error", NULL, NULL, "frontend: out of memory");
-            fe_reply_error(f, j->r, &e);
+            fe_reply_error_as(f, j->r, j->p.kind, &e);
         }
         free(s);
     }
@@ -541,7 +790,7 @@ static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, 
     const struct fe_model *m = &f->model;
     int rv;
     *opens = false;
-    if (j->p.kind == API_CHAT) {
+    if (api_is_chat(j->p.kind)) {
         rv = fe_model_chat(m, j->p.messages, j->p.template_kwargs, j->p.reasoning_effort, ids,
                            opens);
         if (rv == STRATA_EINVAL || rv == STRATA_ELIMIT)
@@ -571,15 +820,89 @@ static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, 
                         strata_strerror(rv), strata_errdetail());
     if (ids->n == 0)
         return api_fail(e, 400, "invalid_request_error",
-                        j->p.kind == API_CHAT ? "messages" : "prompt", "invalid_value",
+                        api_is_chat(j->p.kind) ? "messages" : "prompt", "invalid_value",
                         "the prompt is empty after tokenization");
     if (ids->n >= m->n_ctx)
         return api_fail(e, 400, "invalid_request_error",
-                        j->p.kind == API_CHAT ? "messages" : "prompt", "context_length_exceeded",
+                        api_is_chat(j->p.kind) ? "messages" : "prompt", "context_length_exceeded",
                         "the prompt is %zu tokens and the context holds %u (prompt plus answer): "
                         "shorten the prompt",
                         ids->n, m->n_ctx);
     return 0;
+}
+
+/* job_setup readies j's text path: stop strings, reasoning split, detokenizer, logprobs. */
+static int job_setup(struct fe_job *j, bool opens)
+{
+    const struct fe_model *m = &j->f->model;
+    enum api_kind kind = j->p.kind;
+    /* the request's stop strings, then, for a chat, the model's own end of turn (strata.stop) */
+    const char *stops[FE_STOP_CAP];
+    size_t n_stops = j->p.n_stop;
+    memcpy(stops, j->p.stop, n_stops * sizeof *stops);
+    for (uint32_t i = 0; api_is_chat(kind) && i < m->n_stop_strs; i++)
+        stops[n_stops++] = m->stop_strs[i];
+    if (fe_stop_init(&j->stop, stops, n_stops) != 0) return STRATA_ENOMEM;
+    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE;
+    if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
+    tok_stream_init(&j->ts, m->tok,
+                    m->reason == TMPL_REASON_CHANNEL && j->split ? TOK_DECODE_SPECIAL : 0);
+    if (!j->p.stream) j->lp = new_logprobs(j);
+    return 0;
+}
+
+/* clone_choice makes choice i of j0's group: the same body parsed again, its own worker request
+ * (its own id; with a seed, seed + i so that the choices differ), submitted by its thread once
+ * choice 0 has a token. Not yet linked or started. */
+static struct fe_job *clone_choice(struct fe_job *j0, uint32_t i, const struct wclient_req *req,
+                                   bool opens)
+{
+    struct fe *f = j0->f;
+    size_t len;
+    const char *body = http_body(j0->r, &len);
+    struct api_error e;
+    struct fe_job *c = calloc(1, sizeof *c);
+    int32_t *ids = malloc(req->n_prompt * sizeof *ids);
+    if (!c || !ids) goto fail;
+    c->f = f;
+    c->r = j0->r;
+    c->g = j0->g;
+    c->index = i;
+    c->ttft = -1;
+    if (api_parse(j0->p.kind, body, len, f->model.n_vocab, &c->p, &e) != 0 ||
+        job_setup(c, opens) != 0)
+        goto fail;
+    c->n_prompt = j0->n_prompt;
+    c->created = j0->created;
+    memcpy(c->resp_id, j0->resp_id, sizeof c->resp_id);
+    fe_next_id(f, c->id, sizeof c->id);
+    memcpy(ids, req->prompt, req->n_prompt * sizeof *ids);
+    c->req = *req;
+    c->req.id = c->id;
+    c->req.prompt = ids;
+    c->req_ids = ids;
+    if (c->req.sampling.has_seed) c->req.sampling.seed += i;
+    c->wait_pick = true;
+    return c;
+fail:
+    free(ids);
+    if (c) {
+        c->req_ids = NULL;
+        job_free(c);
+    }
+    return NULL;
+}
+
+/* start_thread runs job_main for j, detached. */
+static int start_thread(struct fe_job *j)
+{
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rv = pthread_create(&t, &a, job_main, j);
+    pthread_attr_destroy(&a);
+    return rv;
 }
 
 void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
@@ -590,7 +913,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     bool opens, linked = false;
     size_t len;
     const char *body = http_body(r, &len);
-    struct fe_job *j = calloc(1, sizeof *j);
+    struct fe_job *j = calloc(1, sizeof *j), *clones[API_MAX_N] = {NULL};
+    uint32_t n = 1, reserved = 0;
     if (!j) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
@@ -598,10 +922,12 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     j->f = f;
     j->r = r;
     j->ttft = -1;
-    if (api_parse(kind, body, len, m->n_vocab, &j->p, &e) != 0 ||
-        prompt_ids(f, j, &ids, &opens, &e) != 0)
-        goto fail;
+    unsigned st = kind == API_MESSAGES    ? api_anthropic_parse(body, len, m->n_vocab, &j->p, &e)
+                  : kind == API_RESPONSES ? api_responses_parse(body, len, m->n_vocab, &j->p, &e)
+                                          : api_parse(kind, body, len, m->n_vocab, &j->p, &e);
+    if (st != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0) goto fail;
     j->n_prompt = (uint32_t)ids.n;
+    n = j->p.n ? j->p.n : 1;
     uint32_t limit = f->o.max_tokens ? f->o.max_tokens : m->n_ctx;
     if (j->p.max_tokens > limit) {
         api_fail(&e, 400, "invalid_request_error",
@@ -614,21 +940,23 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     uint32_t room = m->n_ctx - j->n_prompt;
     uint32_t max_tokens = j->p.max_tokens ? (uint32_t)j->p.max_tokens : limit;
     if (max_tokens > room) max_tokens = room;
-    /* the request's stop strings, then, for a chat, the model's own end of turn (strata.stop) */
-    const char *stops[FE_STOP_CAP];
-    size_t n_stops = j->p.n_stop;
-    memcpy(stops, j->p.stop, n_stops * sizeof *stops);
-    for (uint32_t i = 0; kind == API_CHAT && i < m->n_stop_strs; i++)
-        stops[n_stops++] = m->stop_strs[i];
-    if (fe_stop_init(&j->stop, stops, n_stops) != 0) {
+    if (job_setup(j, opens) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    j->split = kind == API_CHAT && m->reason != TMPL_REASON_NONE;
-    if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
-    tok_stream_init(&j->ts, m->tok,
-                    m->reason == TMPL_REASON_CHANNEL && j->split ? TOK_DECODE_SPECIAL : 0);
-    if (!j->p.stream) j->lp = new_logprobs(j);
+    if (n > 1) {
+        if (!(j->g = calloc(1, sizeof *j->g)) || !(j->g->choices = json_array())) {
+            free(j->g);
+            j->g = NULL;
+            api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
+        pthread_mutex_init(&j->g->mu, NULL);
+        pthread_cond_init(&j->g->cv, NULL);
+        j->g->left = n;
+        for (uint32_t i = 0; i < n; i++)
+            json_array_append_new(j->g->choices, json_null());
+    }
 
     pthread_mutex_lock(&f->mu);
     if (atomic_load(&f->stopping)) {
@@ -636,16 +964,17 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         api_fail(&e, 503, "unavailable_error", NULL, NULL, "the frontend is shutting down");
         goto fail;
     }
-    if ((uint32_t)f->n_admitted >= f->o.max_active) {
-        int n = f->n_admitted;
+    if ((uint32_t)f->n_admitted + n > f->o.max_active) {
+        int busy = f->n_admitted;
         pthread_mutex_unlock(&f->mu);
         api_fail(&e, 429, "rate_limit_error", NULL, "busy",
                  "the server is busy: %d requests in flight (--max-active): retry after a second",
-                 n);
+                 busy);
         goto fail;
     }
     f->n_jobs++;
-    f->n_admitted++;
+    f->n_admitted += n; /* the later choices' admissions too: they take them over when linked */
+    reserved = n - 1;
     j->admitted = true;
     j->next = f->jobs;
     f->jobs = j;
@@ -653,7 +982,11 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     pthread_mutex_unlock(&f->mu);
 
     fe_next_id(f, j->id, sizeof j->id);
-    snprintf(j->resp_id, sizeof j->resp_id, "%s-%s", kind == API_CHAT ? "chatcmpl" : "cmpl", j->id);
+    static const char *const prefix[] = {[API_CHAT] = "chatcmpl-",
+                                         [API_COMPLETION] = "cmpl-",
+                                         [API_MESSAGES] = "msg_",
+                                         [API_RESPONSES] = "resp_"};
+    snprintf(j->resp_id, sizeof j->resp_id, "%s%s", prefix[kind], j->id);
     j->created = (long long)time(NULL);
     struct wclient_req req = {.id = j->id,
                               .prompt = ids.v,
@@ -664,6 +997,11 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                               .n_stop = m->n_stop_ids,
                               .logprobs = j->p.logprobs,
                               .top_logprobs = j->p.top_logprobs};
+    for (uint32_t i = 1; i < n; i++)
+        if (!(clones[i] = clone_choice(j, i, &req, opens))) {
+            api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
+            goto fail;
+        }
     j->t_submit = now_s();
     int rv = fe_pick_stream(f, &req, &j->ops, &j->stream, &j->slot);
     if (rv == STRATA_ESTATE && f->o.worker_wait_ms > 0) {
@@ -673,7 +1011,6 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         j->req = req;
         j->req_ids = ids.v;
         ids.v = NULL;
-        http_on_gone(r, on_gone, j);
         rv = 0;
     } else if (rv == STRATA_ESTATE) {
         api_fail(&e, 503, "unavailable_error", NULL, "no_worker",
@@ -684,7 +1021,7 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                  "every worker's queue is full: retry after a second");
         goto fail;
     } else if (rv == STRATA_ELIMIT) {
-        api_fail(&e, 400, "invalid_request_error", kind == API_CHAT ? "messages" : "prompt",
+        api_fail(&e, 400, "invalid_request_error", api_is_chat(kind) ? "messages" : "prompt",
                  "context_length_exceeded", "the worker refused the request: %s",
                  strata_errdetail());
         goto fail;
@@ -697,19 +1034,44 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     free(ids.v);
     ids.v = NULL;
     if (!j->p.stream || j->wait_pick) {
-        http_on_gone(r, on_gone, j); /* a client that leaves cancels the request, as a stream's */
+        /* a client that leaves cancels the request, as a stream's */
+        if (j->g)
+            http_on_gone(r, on_gone_group, j->g);
+        else
+            http_on_gone(r, on_gone, j);
     } else if (begin_stream(j) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail_stream;
     }
-    pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    rv = pthread_create(&t, &a, job_main, j);
-    pthread_attr_destroy(&a);
-    if (rv != 0) {
+    /* the later choices are counted and listed before any thread runs: the last to end frees the
+     * group */
+    pthread_mutex_lock(&f->mu);
+    reserved = 0;
+    for (uint32_t i = 1; i < n; i++) {
+        f->n_jobs++;
+        clones[i]->admitted = true;
+        clones[i]->next = f->jobs;
+        f->jobs = clones[i];
+    }
+    pthread_mutex_unlock(&f->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        struct fe_job *c = i ? clones[i] : j;
+        if ((rv = start_thread(c)) == 0) continue;
         LOG_ERROR("frontend: cannot start a generation thread: %s", strerror(rv));
+        if (i > 0 || j->g) {
+            /* the group answers once its other choices end; this one ends with an error */
+            if (!c->wait_pick) {
+                c->ops->stream_cancel(c->stream);
+                c->ops->stream_free(c->stream);
+                fe_release(f, c->slot);
+            }
+            api_fail(&e, 503, "unavailable_error", NULL, NULL, "out of threads: retry later");
+            job_release(c);
+            group_end(c, &e, NULL);
+            job_unlink(c);
+            job_free(c);
+            continue;
+        }
         if (!j->wait_pick) {
             j->ops->stream_cancel(j->stream);
             j->ops->stream_free(j->stream);
@@ -731,8 +1093,16 @@ fail_stream:
     fe_release(f, j->slot);
 fail:
     free(ids.v);
-    fe_reply_error(f, r, &e);
+    if (reserved) {
+        pthread_mutex_lock(&f->mu);
+        f->n_admitted -= (int)reserved;
+        pthread_mutex_unlock(&f->mu);
+    }
+    fe_reply_error_as(f, r, kind, &e);
+    for (uint32_t i = 1; i < n; i++)
+        if (clones[i]) job_free(clones[i]);
     if (j) {
+        group_free(j->g);
         if (linked) job_unlink(j);
         job_free(j);
     }

@@ -149,6 +149,16 @@ int fe_model_init(struct fe_model *m, const struct gguf_file *meta, uint32_t n_c
     m->n_vocab = tok_n_vocab(m->tok);
     if ((rv = template_source(meta, tmpl_spec, &src, &len, &owned)) != 0) goto fail;
     if ((rv = tmpl_compile(src, len, NULL, &m->tmpl)) != 0) goto fail;
+    if (!(m->tmpl_src = strndup(src, len))) {
+        rv = strata_errf(STRATA_ENOMEM, "model: chat template text");
+        goto fail;
+    }
+    struct gguf_str arch;
+    if (gguf_get_str(meta, "general.architecture", &arch) == 0 && arch.len < 64) {
+        char key[96];
+        snprintf(key, sizeof key, "%.*s.context_length", (int)arch.len, arch.ptr);
+        gguf_get_u32(meta, key, &m->n_ctx_train);
+    }
     m->reason = tmpl_reason_style_of(src, len);
     add_stop(m, tok_eos(m->tok));
     uint32_t eot;
@@ -182,15 +192,16 @@ void fe_model_fini(struct fe_model *m)
         free(m->stop_strs[i]);
     free(m->bos_text);
     free(m->eos_text);
+    free(m->tmpl_src);
     memset(m, 0, sizeof *m);
 }
 
-int fe_model_chat(const struct fe_model *m, const json_t *messages, const json_t *kwargs,
-                  const char *reasoning_effort, struct tok_ids *out, bool *opens)
+int fe_model_render(const struct fe_model *m, const json_t *messages, const json_t *kwargs,
+                    const char *reasoning_effort, char **text, size_t *len)
 {
-    int rv = 0;
-    char *text = NULL;
-    size_t len = 0;
+    int rv;
+    *text = NULL;
+    *len = 0;
     json_t *vars = json_pack("{s:O, s:b, s:s, s:s}", "messages", messages, "add_generation_prompt",
                              1, "bos_token", m->bos_text, "eos_token", m->eos_text);
     if (!vars) return strata_errf(STRATA_ENOMEM, "chat: template variables");
@@ -204,7 +215,18 @@ int fe_model_chat(const struct fe_model *m, const json_t *messages, const json_t
     }
     if (reasoning_effort)
         json_object_set_new(vars, "reasoning_effort", json_string(reasoning_effort));
-    if ((rv = tmpl_render_json(m->tmpl, vars, &text, &len)) != 0) goto out;
+    rv = tmpl_render_json(m->tmpl, vars, text, len);
+    json_decref(vars);
+    return rv;
+}
+
+int fe_model_chat(const struct fe_model *m, const json_t *messages, const json_t *kwargs,
+                  const char *reasoning_effort, struct tok_ids *out, bool *opens)
+{
+    char *text;
+    size_t len;
+    int rv = fe_model_render(m, messages, kwargs, reasoning_effort, &text, &len);
+    if (rv != 0) goto out;
     unsigned flags = TOK_PARSE_SPECIAL;
     size_t bl = strlen(m->bos_text);
     if (bl == 0 || len < bl || memcmp(text, m->bos_text, bl) != 0) flags |= TOK_ADD_SPECIAL;
@@ -212,6 +234,5 @@ int fe_model_chat(const struct fe_model *m, const json_t *messages, const json_t
     *opens = tmpl_reason_prompt_opens(m->reason, text, len);
 out:
     free(text);
-    json_decref(vars);
     return rv;
 }

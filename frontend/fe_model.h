@@ -38,6 +38,8 @@ struct fe_model {
     char *stop_strs[FE_MODEL_MAX_STOP_STRS];
     uint32_t n_stop_strs;
     char name[128];            /* fe_model_name's choice */
+    char *tmpl_src;            /* the chat template's text (for /props) */
+    uint32_t n_ctx_train;      /* general.context_length, 0 when the file does not say */
     char *bos_text, *eos_text; /* for the template's bos_token / eos_token ("" if none) */
 };
 
@@ -58,6 +60,12 @@ void fe_model_name(const struct gguf_file *meta, const char *worker_url, char *b
 
 /* fe_model_fini frees m; a zeroed m is fine. */
 void fe_model_fini(struct fe_model *m);
+
+/* fe_model_render renders messages with the generation prompt, kwargs and reasoning_effort as
+ * fe_model_chat does, into *text (malloc'd, *len bytes; the caller frees it, also on failure).
+ * Returns 0, STRATA_EINVAL (the template raised), STRATA_ELIMIT, STRATA_ENOMEM. */
+int fe_model_render(const struct fe_model *m, const json_t *messages, const json_t *kwargs,
+                    const char *reasoning_effort, char **text, size_t *len);
 
 /* fe_model_chat renders messages (a JSON array of {"role", "content"}) with the generation prompt,
  * plus kwargs' keys (chat_template_kwargs, may be NULL) and reasoning_effort (may be NULL) as

@@ -57,7 +57,10 @@ bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **ou
         const char *hit = m->held_len /* held is NULL until the first bytes */
                               ? memmem(m->held, m->held_len, m->stop[i], m->stop_len[i])
                               : NULL;
-        if (hit && (size_t)(hit - m->held) < best) best = (size_t)(hit - m->held);
+        if (hit && (size_t)(hit - m->held) < best) {
+            best = (size_t)(hit - m->held);
+            m->hit = (int)i;
+        }
     }
     if (best != SIZE_MAX) {
         m->matched = true;
@@ -77,6 +80,11 @@ bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **ou
     *out = m->held ? m->held : ""; /* never NULL: callers pass it on to fwrite and memcpy */
     *out_len = m->rel_len;
     return false;
+}
+
+const char *fe_stop_matched(const struct fe_stop *m)
+{
+    return m->matched ? m->stop[m->hit] : NULL;
 }
 
 void fe_stop_flush(struct fe_stop *m, const char **out, size_t *out_len)

@@ -25,6 +25,7 @@ struct fe_stop {
     size_t held_len, held_cap;
     size_t rel_len; /* the front of held released by the last call (dropped by the next) */
     bool matched;
+    int hit; /* the index in stop[] of the string that matched (valid once matched) */
 };
 
 /* fe_stop_init copies the n stop strings (n <= FE_STOP_CAP; empty strings are ignored).
@@ -36,6 +37,9 @@ int fe_stop_init(struct fe_stop *m, const char *const *stops, size_t n);
  * *out is then the last text to show and the request should end. After a match every feed releases
  * nothing. */
 bool fe_stop_feed(struct fe_stop *m, const char *text, size_t n, const char **out, size_t *out_len);
+
+/* fe_stop_matched returns the stop string that matched (owned by m), or NULL before a match. */
+const char *fe_stop_matched(const struct fe_stop *m);
 
 /* fe_stop_flush releases what is held back (the text ended without a match). */
 void fe_stop_flush(struct fe_stop *m, const char **out, size_t *out_len);

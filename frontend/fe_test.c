@@ -44,6 +44,9 @@ struct fake {
     atomic_int fail_why; /* with this: STRATA_ENOENT (lost; the worker stays up) or a call error
                             (the worker goes down) */
     atomic_int moves_in; /* streams moved here */
+    /* a prefix cache: a prompt equal to the one started before it has all but its last token
+     * cached (the worker computes at least the last position) */
+    atomic_bool prefix_cache;
     pthread_mutex_t mu;
     int32_t last_prompt[512];
     uint32_t n_last_prompt;
@@ -54,6 +57,7 @@ struct fake_stream {
     struct wclient_req r;
     uint32_t at;
     bool cancelled;
+    uint32_t n_cached;
     struct wclient_update u;
     int32_t toks[2], top_ids[2 * WCLIENT_MAX_TOP];
     float lps[2], top_lps[2 * WCLIENT_MAX_TOP];
@@ -106,6 +110,9 @@ static int f_start(void *h, const struct wclient_req *r, void **out)
     s->w = w;
     s->r = *r;
     pthread_mutex_lock(&w->mu);
+    if (w->prefix_cache && r->n_prompt == w->n_last_prompt &&
+        memcmp(r->prompt, w->last_prompt, r->n_prompt * sizeof(int32_t)) == 0)
+        s->n_cached = r->n_prompt - 1;
     w->n_last_prompt = r->n_prompt < 512 ? r->n_prompt : 512;
     memcpy(w->last_prompt, r->prompt, w->n_last_prompt * sizeof(int32_t));
     pthread_mutex_unlock(&w->mu);
@@ -132,6 +139,7 @@ static int f_next(void *h, const struct wclient_update **out)
     u->from = s->at;
     u->tokens = s->toks;
     u->n_prompt = s->r.n_prompt;
+    u->n_cached = s->n_cached;
     u->prefill_ms = 10;
     u->decode_ms = 1 + s->at;
     if (s->r.logprobs) {
@@ -546,8 +554,9 @@ START_TEST(errors)
         {"/v1/chat/completions", "{\"messages\":", 400, NULL},
         {"/v1/chat/completions", "[1]", 400, NULL},
         {"/v1/chat/completions", "{}", 400, "messages"},
-        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":2}",
+        {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":17}",
          400, "n"},
+        {"/v1/completions", "{\"prompt\":\"x\",\"n\":0}", 400, "n"},
         {"/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":\"hot\"}", 400,
          "temperature"},
@@ -600,6 +609,442 @@ START_TEST(errors)
     request("GET", "/v1/completions", NULL, NULL, &r);
     ck_assert_int_eq(r.status, 405);
     free(r.body);
+}
+END_TEST
+
+/* named_events parses a Messages or Responses stream: every event is "event: NAME" then "data:"
+ * JSON whose type is NAME; no "[DONE]". Returns the data objects. */
+static json_t *named_events(const char *body)
+{
+    json_t *list = json_array();
+    ck_assert_ptr_null(strstr(body, "[DONE]"));
+    for (const char *p = body; (p = strstr(p, "event: ")) != NULL;) {
+        const char *nl = strchr(p, '\n');
+        ck_assert_ptr_nonnull(nl);
+        ck_assert(strncmp(nl + 1, "data: ", 6) == 0);
+        const char *end = strstr(nl, "\n\n");
+        ck_assert_ptr_nonnull(end);
+        json_t *d = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, NULL);
+        ck_assert_ptr_nonnull(d);
+        ck_assert_int_eq(
+            strncmp(json_string_value(json_object_get(d, "type")), p + 7, (size_t)(nl - p - 7)), 0);
+        json_array_append_new(list, d);
+        p = end;
+    }
+    return list;
+}
+
+/* deltas concatenates the delta.<key> (Messages) or <key> (Responses) of the events of type. */
+static char *deltas(json_t *ev, const char *type, const char *key)
+{
+    static char out[4096];
+    out[0] = '\0';
+    size_t i;
+    json_t *d;
+    json_array_foreach(ev, i, d)
+    {
+        if (strcmp(json_string_value(json_object_get(d, "type")), type) != 0) continue;
+        json_t *v = json_object_get(json_object_get(d, "delta"), key);
+        if (!v) v = json_object_get(d, key);
+        if (json_is_string(v)) strncat(out, json_string_value(v), sizeof out - strlen(out) - 1);
+    }
+    return out;
+}
+
+static const char *last_type(json_t *ev)
+{
+    return json_string_value(json_object_get(json_array_get(ev, json_array_size(ev) - 1), "type"));
+}
+
+static const char *msg_body = "{\"model\":\"anything\",\"max_tokens\":50,\"messages\":[{\"role\":"
+                              "\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}]%s}";
+
+static json_t *messages(const char *extra, int status)
+{
+    char body[2048];
+    snprintf(body, sizeof body, msg_body, extra);
+    return post_json("/v1/messages", body, status);
+}
+
+START_TEST(anthropic_messages)
+{
+    json_t *j = messages("", 200);
+    ck_assert_str_eq(str_at(j, "type"), "message");
+    ck_assert_str_eq(str_at(j, "role"), "assistant");
+    ck_assert_str_eq(str_at(j, "model"), "anything");
+    ck_assert_int_eq(strncmp(str_at(j, "id"), "msg_", 4), 0);
+    ck_assert_str_eq(str_at(j, "content.0.type"), "text");
+    ck_assert_str_eq(str_at(j, "content.0.text"), REPLY);
+    ck_assert_str_eq(str_at(j, "stop_reason"), "end_turn");
+    ck_assert(json_is_null(json_object_get(j, "stop_sequence")));
+    ck_assert_int_eq(int_at(j, "usage.output_tokens"), W0.n_reply);
+    ck_assert_int_eq(int_at(j, "usage.input_tokens"), W0.n_last_prompt);
+    struct tok_buf b = {0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_str_eq(b.p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    free(b.p);
+    json_decref(j);
+    /* the system prompt comes first */
+    j = messages(",\"system\":\"Be kind.\"", 200);
+    b = (struct tok_buf){0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_str_eq(b.p, "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nhi<|im_end|>"
+                          "\n<|im_start|>assistant\n");
+    free(b.p);
+    json_decref(j);
+    /* stop reasons: a stop sequence (named), max_tokens */
+    j = messages(",\"stop_sequences\":[\"nothing\",\"world\"]", 200);
+    ck_assert_str_eq(str_at(j, "content.0.text"), "<think>Let me see.</think>Hello ");
+    ck_assert_str_eq(str_at(j, "stop_reason"), "stop_sequence");
+    ck_assert_str_eq(str_at(j, "stop_sequence"), "world");
+    json_decref(j);
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":3,\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"hi\"}]}");
+    j = post_json("/v1/messages", body, 200);
+    ck_assert_str_eq(str_at(j, "stop_reason"), "max_tokens");
+    ck_assert_int_eq(int_at(j, "usage.output_tokens"), 3);
+    json_decref(j);
+    /* streamed: the Messages events, the text as the whole answer's */
+    struct resp r;
+    snprintf(body, sizeof body, msg_body, ",\"stream\":true,\"stop_sequences\":[\"answer is\"]");
+    request("POST", "/v1/messages", body, "anthropic-version: 2023-06-01\r\n", &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strcasestr(r.head, "content-type: text/event-stream"));
+    json_t *ev = named_events(r.body);
+    ck_assert_str_eq(str_at(json_array_get(ev, 0), "type"), "message_start");
+    ck_assert_str_eq(str_at(json_array_get(ev, 1), "type"), "ping");
+    ck_assert_str_eq(str_at(json_array_get(ev, 2), "content_block.type"), "text");
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "text"),
+                     "<think>Let me see.</think>Hello world. The ");
+    json_t *md = json_array_get(ev, json_array_size(ev) - 2);
+    ck_assert_str_eq(str_at(md, "type"), "message_delta");
+    ck_assert_str_eq(str_at(md, "delta.stop_reason"), "stop_sequence");
+    ck_assert_str_eq(str_at(md, "delta.stop_sequence"), "answer is");
+    ck_assert_int_gt(int_at(md, "usage.output_tokens"), 0);
+    ck_assert_str_eq(last_type(ev), "message_stop");
+    json_decref(ev);
+    free(r.body);
+    /* errors in Anthropic's shape */
+    j = messages(",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\"}]}]", 400);
+    ck_assert_str_eq(str_at(j, "type"), "error");
+    ck_assert_str_eq(str_at(j, "error.type"), "invalid_request_error");
+    ck_assert_ptr_nonnull(strstr(str_at(j, "error.message"), "image"));
+    json_decref(j);
+    j = post_json("/v1/messages", "{\"messages\":", 400);
+    ck_assert_str_eq(str_at(j, "error.type"), "invalid_request_error");
+    json_decref(j);
+    request("GET", "/v1/messages", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 405);
+    ck_assert_ptr_nonnull(strstr(r.body, "\"type\":\"error\""));
+    free(r.body);
+    /* count_tokens counts the prompt the messages render to */
+    j = post_json("/v1/messages/count_tokens",
+                  "{\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 200);
+    json_t *c = chat("", 200);
+    ck_assert_int_eq(int_at(j, "input_tokens"), int_at(c, "usage.prompt_tokens"));
+    json_decref(c);
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(openai_responses)
+{
+    json_t *j = post_json("/v1/responses", "{\"model\":\"anything\",\"input\":\"hi\"}", 200);
+    ck_assert_str_eq(str_at(j, "object"), "response");
+    ck_assert_str_eq(str_at(j, "status"), "completed");
+    ck_assert_int_eq(strncmp(str_at(j, "id"), "resp_", 5), 0);
+    ck_assert_str_eq(str_at(j, "output.0.type"), "message");
+    ck_assert_str_eq(str_at(j, "output.0.content.0.type"), "output_text");
+    ck_assert_str_eq(str_at(j, "output.0.content.0.text"), REPLY);
+    ck_assert_int_eq(int_at(j, "usage.output_tokens"), W0.n_reply);
+    ck_assert_int_eq(int_at(j, "usage.input_tokens"), W0.n_last_prompt);
+    json_decref(j);
+    /* instructions become the system message */
+    j = post_json("/v1/responses",
+                  "{\"instructions\":\"Be kind.\",\"input\":[{\"role\":\"user\",\"content\":"
+                  "[{\"type\":\"input_text\",\"text\":\"hi\"}]}],\"max_output_tokens\":3}",
+                  200);
+    struct tok_buf b = {0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_str_eq(b.p, "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nhi<|im_end|>"
+                          "\n<|im_start|>assistant\n");
+    free(b.p);
+    ck_assert_str_eq(str_at(j, "status"), "incomplete");
+    ck_assert_str_eq(str_at(j, "incomplete_details.reason"), "max_output_tokens");
+    ck_assert_str_eq(str_at(j, "instructions"), "Be kind.");
+    json_decref(j);
+    /* streamed */
+    struct resp r;
+    request("POST", "/v1/responses", "{\"input\":\"hi\",\"stream\":true}", NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    json_t *ev = named_events(r.body);
+    ck_assert_str_eq(str_at(json_array_get(ev, 0), "type"), "response.created");
+    ck_assert_str_eq(deltas(ev, "response.output_text.delta", "delta"), REPLY);
+    ck_assert_str_eq(last_type(ev), "response.completed");
+    json_t *done = json_array_get(ev, json_array_size(ev) - 1);
+    ck_assert_str_eq(str_at(done, "response.output.0.content.0.text"), REPLY);
+    ck_assert_int_eq(int_at(done, "response.usage.output_tokens"), W0.n_reply);
+    for (size_t i = 0; i < json_array_size(ev); i++)
+        ck_assert_int_eq(int_at(json_array_get(ev, i), "sequence_number"), (json_int_t)i);
+    json_decref(ev);
+    free(r.body);
+    /* logprobs on the output text, whole and streamed (every token's entry, in order) */
+    j = post_json("/v1/responses",
+                  "{\"input\":\"hi\",\"top_logprobs\":2,\"include\":[\"message.output_text."
+                  "logprobs\"]}",
+                  200);
+    json_t *lp = json_object_get(
+        json_array_get(json_object_get(json_array_get(json_object_get(j, "output"), 0), "content"),
+                       0),
+        "logprobs");
+    ck_assert_uint_eq(json_array_size(lp), W0.n_reply);
+    ck_assert(json_real_value(json_object_get(json_array_get(lp, 0), "logprob")) == -0.25);
+    ck_assert_uint_eq(json_array_size(json_object_get(json_array_get(lp, 0), "top_logprobs")), 2);
+    json_decref(j);
+    request("POST", "/v1/responses",
+            "{\"input\":\"hi\",\"stream\":true,\"include\":[\"message.output_text.logprobs\"]}",
+            NULL, &r);
+    ev = named_events(r.body);
+    size_t n_lp = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++)
+        if (strcmp(str_at(json_array_get(ev, i), "type"), "response.output_text.delta") == 0)
+            n_lp += json_array_size(json_object_get(json_array_get(ev, i), "logprobs"));
+    ck_assert_uint_eq(n_lp, W0.n_reply);
+    done = json_array_get(ev, json_array_size(ev) - 1);
+    ck_assert_uint_eq(
+        json_array_size(json_object_get(
+            json_array_get(
+                json_object_get(
+                    json_array_get(json_object_get(json_object_get(done, "response"), "output"), 0),
+                    "content"),
+                0),
+            "logprobs")),
+        W0.n_reply);
+    json_decref(ev);
+    free(r.body);
+    /* stateless: no previous_response_id; errors in OpenAI's shape */
+    j = post_json("/v1/responses", "{\"input\":\"hi\",\"previous_response_id\":\"resp_x\"}", 400);
+    ck_assert_str_eq(str_at(j, "error.param"), "previous_response_id");
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(props_template_models)
+{
+    struct resp r;
+    request("GET", "/props", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    free(r.body);
+    ck_assert_int_eq(int_at(j, "default_generation_settings.n_ctx"), 256);
+    ck_assert_ptr_nonnull(strstr(str_at(j, "chat_template"), "<|im_start|>"));
+    ck_assert_int_ge(int_at(j, "total_slots"), 0);
+    ck_assert_ptr_nonnull(str_at(j, "build_info"));
+    json_decref(j);
+    j = post_json("/apply-template",
+                  "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\","
+                  "\"content\":\"hi\"}]}",
+                  200);
+    ck_assert_str_eq(str_at(j, "prompt"), "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi"
+                                          "<|im_end|>\n<|im_start|>assistant\n");
+    json_decref(j);
+    j = post_json("/apply-template", "{\"messages\":[]}", 400);
+    ck_assert_str_eq(str_at(j, "error.param"), "messages");
+    json_decref(j);
+    request("GET", "/v1/models", NULL, NULL, &r);
+    j = json_loads(r.body, 0, NULL);
+    free(r.body);
+    ck_assert_int_eq(int_at(j, "data.0.max_model_len"), 256);
+    ck_assert_int_eq(int_at(j, "data.0.meta.n_ctx"), 256);
+    json_decref(j);
+    request("GET", "/v1/models/fakemodel", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    j = json_loads(r.body, 0, NULL);
+    free(r.body);
+    ck_assert_str_eq(str_at(j, "id"), "fakemodel");
+    ck_assert_int_eq(int_at(j, "max_model_len"), 256);
+    json_decref(j);
+    request("GET", "/v1/models/other", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 404);
+    ck_assert_ptr_nonnull(strstr(r.body, "model_not_found"));
+    free(r.body);
+    request("GET", "/v1/models/other", NULL, "anthropic-version: 2023-06-01\r\n", &r);
+    ck_assert_int_eq(r.status, 404);
+    ck_assert_ptr_nonnull(strstr(r.body, "not_found_error"));
+    free(r.body);
+    request("GET", "/v1/models", NULL, "anthropic-version: 2023-06-01\r\n", &r);
+    j = json_loads(r.body, 0, NULL);
+    free(r.body);
+    ck_assert_str_eq(str_at(j, "data.0.type"), "model");
+    ck_assert_str_eq(str_at(j, "data.0.id"), "fakemodel");
+    json_decref(j);
+}
+END_TEST
+
+START_TEST(cached_tokens_and_timings)
+{
+    W0.prefix_cache = true;
+    json_t *j = chat("", 200);
+    ck_assert_int_eq(int_at(j, "usage.prompt_tokens_details.cached_tokens"), 0);
+    json_decref(j);
+    j = chat("", 200); /* the same prompt again: all but its last token cached */
+    json_int_t n = int_at(j, "usage.prompt_tokens");
+    ck_assert_int_eq(int_at(j, "usage.prompt_tokens_details.cached_tokens"), n - 1);
+    ck_assert_int_eq(int_at(j, "timings.cache_n"), n - 1);
+    ck_assert_int_eq(int_at(j, "timings.prompt_n"), 1);
+    ck_assert_int_eq(int_at(j, "timings.predicted_n"), W0.n_reply);
+    json_t *t = json_object_get(j, "timings");
+    ck_assert(json_real_value(json_object_get(t, "prompt_ms")) == 10.0);
+    ck_assert(json_real_value(json_object_get(t, "prompt_per_second")) == 100.0);
+    double pms = json_real_value(json_object_get(t, "predicted_ms"));
+    ck_assert(pms > 0);
+    ck_assert_double_eq_tol(json_real_value(json_object_get(t, "predicted_per_second")),
+                            W0.n_reply * 1000.0 / pms, 1e-3);
+    json_decref(j);
+    /* and in the stream's usage chunk, the Messages and Responses usage */
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body,
+             ",\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    json_t *last = NULL;
+    int ne;
+    sse_collect(r.body, "content", &last, &ne);
+    ck_assert_int_eq(int_at(last, "usage.prompt_tokens_details.cached_tokens"), n - 1);
+    json_decref(last);
+    free(r.body);
+    j = messages("", 200);
+    ck_assert_int_gt(int_at(j, "usage.cache_read_input_tokens"), 0);
+    ck_assert_int_eq(int_at(j, "usage.input_tokens") + int_at(j, "usage.cache_read_input_tokens"),
+                     W0.n_last_prompt);
+    json_decref(j);
+    W0.prefix_cache = false;
+}
+END_TEST
+
+START_TEST(logprobs_streamed)
+{
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body, ",\"stream\":true,\"logprobs\":true,\"top_logprobs\":3");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    /* every content token has its entry, in order, with 3 alternatives */
+    size_t n = 0;
+    char text[1024] = "";
+    for (const char *p = r.body; (p = strstr(p, "data: {")) != NULL; p += 6) {
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        json_t *lp = json_object_get(
+            json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs"),
+            "content");
+        size_t i;
+        json_t *e;
+        json_array_foreach(lp, i, e)
+        {
+            ck_assert(json_real_value(json_object_get(e, "logprob")) == -0.25);
+            ck_assert_int_eq(json_array_size(json_object_get(e, "top_logprobs")), 3);
+            strncat(text, json_string_value(json_object_get(e, "token")),
+                    sizeof text - strlen(text) - 1);
+            n++;
+        }
+        json_decref(c);
+    }
+    ck_assert_uint_eq(n, W0.n_reply);
+    ck_assert_str_eq(text, REPLY);
+    free(r.body);
+    /* completions: the four arrays per chunk */
+    request("POST", "/v1/completions",
+            "{\"prompt\":\"x\",\"stream\":true,\"logprobs\":2,\"max_tokens\":5}", NULL, &r);
+    n = 0;
+    json_int_t offset = -1;
+    for (const char *p = r.body; (p = strstr(p, "data: {")) != NULL; p += 6) {
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        json_t *lp = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs");
+        if (json_is_object(lp)) {
+            size_t k = json_array_size(json_object_get(lp, "tokens"));
+            ck_assert_uint_eq(json_array_size(json_object_get(lp, "token_logprobs")), k);
+            ck_assert_uint_eq(json_array_size(json_object_get(lp, "text_offset")), k);
+            json_t *tops = json_object_get(lp, "top_logprobs");
+            ck_assert_uint_eq(json_object_size(json_array_get(tops, 0)), 2);
+            json_int_t o =
+                json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 0));
+            ck_assert_int_ge(o, offset);
+            offset = o;
+            n += k;
+        }
+        json_decref(c);
+    }
+    ck_assert_uint_eq(n, 5);
+    free(r.body);
+}
+END_TEST
+
+START_TEST(n_choices)
+{
+    /* n = 3: three choices of the one prompt; the later ones start after the first has a token,
+     * so they find its prompt in the (fake) prefix cache */
+    W0.prefix_cache = true;
+    int starts = atomic_load(&W0.starts);
+    json_t *j = chat(",\"n\":3,\"seed\":5", 200);
+    ck_assert_int_eq(atomic_load(&W0.starts) - starts, 3);
+    json_t *cs = json_object_get(j, "choices");
+    ck_assert_int_eq(json_array_size(cs), 3);
+    json_int_t np = int_at(j, "usage.prompt_tokens");
+    for (size_t i = 0; i < 3; i++) {
+        json_t *c = json_array_get(cs, i);
+        ck_assert_int_eq(int_at(c, "index"), (json_int_t)i);
+        ck_assert_str_eq(str_at(c, "message.content"), REPLY);
+        ck_assert_str_eq(str_at(c, "finish_reason"), "stop");
+        ck_assert_int_eq(int_at(c, "timings.predicted_n"), W0.n_reply);
+        if (i > 0) ck_assert_int_eq(int_at(c, "timings.cache_n"), np - 1);
+    }
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), 3 * W0.n_reply);
+    ck_assert_int_eq(int_at(j, "usage.total_tokens"), np + 3 * W0.n_reply);
+    json_decref(j);
+    /* streamed: chunks of both indices, one [DONE] at the end, the usage of both */
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, chat_body,
+             ",\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    char text[2][1024] = {"", ""};
+    int roles = 0, finishes = 0;
+    json_t *last = NULL;
+    for (const char *p = r.body; (p = strstr(p, "data: ")) != NULL; p += 6) {
+        if (strncmp(p + 6, "[DONE]", 6) == 0) {
+            ck_assert_ptr_null(strstr(p + 6, "data: "));
+            break;
+        }
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        ck_assert_ptr_nonnull(c);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        if (ch) {
+            json_int_t k = int_at(ch, "index");
+            ck_assert(k == 0 || k == 1);
+            const char *t = str_at(ch, "delta.content");
+            if (t) strncat(text[k], t, sizeof text[k] - strlen(text[k]) - 1);
+            roles += str_at(ch, "delta.role") != NULL;
+            finishes += str_at(ch, "finish_reason") != NULL;
+        }
+        json_decref(last);
+        last = c;
+    }
+    ck_assert_str_eq(text[0], REPLY);
+    ck_assert_str_eq(text[1], REPLY);
+    ck_assert_int_eq(roles, 2);
+    ck_assert_int_eq(finishes, 2);
+    ck_assert_int_eq(int_at(last, "usage.completion_tokens"), 2 * W0.n_reply);
+    json_decref(last);
+    free(r.body);
+    /* completions */
+    j = post_json("/v1/completions", "{\"prompt\":\"x\",\"n\":2,\"max_tokens\":3}", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 2);
+    ck_assert_str_eq(str_at(j, "choices.1.finish_reason"), "length");
+    ck_assert_int_eq(int_at(j, "usage.completion_tokens"), 6);
+    json_decref(j);
+    W0.prefix_cache = false;
 }
 END_TEST
 
@@ -755,6 +1200,20 @@ START_TEST(api_key)
     request("GET", "/health", NULL, NULL, &r); /* health needs no key */
     ck_assert_int_eq(r.status, 200);
     free(r.body);
+    /* Anthropic's clients send x-api-key and anthropic-version, and get Anthropic's error */
+    snprintf(body, sizeof body, msg_body, "");
+    request("POST", "/v1/messages", body, "x-api-key: wrong\r\nanthropic-version: 2023-06-01\r\n",
+            &r);
+    ck_assert_int_eq(r.status, 401);
+    json_t *j = json_loads(r.body, 0, NULL);
+    ck_assert_str_eq(str_at(j, "type"), "error");
+    ck_assert_str_eq(str_at(j, "error.type"), "authentication_error");
+    json_decref(j);
+    free(r.body);
+    request("POST", "/v1/messages", body, "x-api-key: sekret\r\nanthropic-version: 2023-06-01\r\n",
+            &r);
+    ck_assert_int_eq(r.status, 200);
+    free(r.body);
     teardown();
 }
 END_TEST
@@ -799,6 +1258,136 @@ START_TEST(reasoning)
     tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
     ck_assert_ptr_nonnull(strstr(b.p, "effort=low"));
     free(b.p);
+    json_decref(j);
+    teardown();
+}
+END_TEST
+
+START_TEST(thinking_blocks)
+{
+    /* a think-style template: the reasoning becomes Messages' thinking blocks and a Responses
+     * reasoning item, whole and streamed; thinking {"type": "disabled"} reaches the template as
+     * enable_thinking = false */
+    char path[512];
+    snprintf(path, sizeof path, "%s/think.jinja", test_tmpdir());
+    FILE *fp = fopen(path, "w");
+    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+          "<think>\n\n</think>\n\n{% endif %}",
+          fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    json_t *j = messages("", 200);
+    ck_assert_str_eq(str_at(j, "content.0.type"), "thinking");
+    ck_assert_str_eq(str_at(j, "content.0.thinking"), "Let me see.");
+    ck_assert_str_eq(str_at(j, "content.1.type"), "text");
+    ck_assert_str_eq(str_at(j, "content.1.text"), "Hello world. The answer is 42.");
+    json_decref(j);
+    struct resp r;
+    char body[512];
+    snprintf(body, sizeof body, msg_body, ",\"stream\":true");
+    request("POST", "/v1/messages", body, NULL, &r);
+    json_t *ev = named_events(r.body);
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "thinking"), "Let me see.");
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "text"), "Hello world. The answer is 42.");
+    /* block 0 thinking, block 1 text, each opened and closed once */
+    int starts = 0, stops = 0;
+    for (size_t i = 0; i < json_array_size(ev); i++) {
+        const char *t = str_at(json_array_get(ev, i), "type");
+        if (strcmp(t, "content_block_start") == 0) {
+            ck_assert_int_eq(int_at(json_array_get(ev, i), "index"), starts);
+            ck_assert_str_eq(str_at(json_array_get(ev, i), "content_block.type"),
+                             starts ? "text" : "thinking");
+            starts++;
+        }
+        stops += strcmp(t, "content_block_stop") == 0;
+    }
+    ck_assert_int_eq(starts, 2);
+    ck_assert_int_eq(stops, 2);
+    json_decref(ev);
+    free(r.body);
+    j = messages(",\"thinking\":{\"type\":\"disabled\"}", 200);
+    struct tok_buf b = {0};
+    tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b);
+    ck_assert_ptr_nonnull(strstr(b.p, "assistant\n<think>\n\n</think>"));
+    free(b.p);
+    json_decref(j);
+    j = post_json("/v1/responses", "{\"input\":\"hi\"}", 200);
+    ck_assert_str_eq(str_at(j, "output.0.type"), "reasoning");
+    ck_assert_str_eq(str_at(j, "output.0.content.0.text"), "Let me see.");
+    ck_assert_str_eq(str_at(j, "output.1.content.0.text"), "Hello world. The answer is 42.");
+    json_decref(j);
+    request("POST", "/v1/responses", "{\"input\":\"hi\",\"stream\":true}", NULL, &r);
+    ev = named_events(r.body);
+    ck_assert_str_eq(deltas(ev, "response.reasoning_text.delta", "delta"), "Let me see.");
+    ck_assert_str_eq(deltas(ev, "response.output_text.delta", "delta"),
+                     "Hello world. The answer is 42.");
+    json_decref(ev);
+    free(r.body);
+    teardown();
+}
+END_TEST
+
+START_TEST(template_sees_tools)
+{
+    /* /apply-template and count_tokens render the tools as a generation does: the template's
+     * `tools` variable, absent with tool_choice "none" */
+    char path[512];
+    snprintf(path, sizeof path, "%s/tools.jinja", test_tmpdir());
+    FILE *fp = fopen(path, "w");
+    fputs("{% if tools %}TOOLS{% for t in tools %} {{ t.function.name }}{% endfor %}\n{% endif %}"
+          "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "<|im_start|>assistant\n",
+          fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    static const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_"
+                               "weather\",\"parameters\":{\"type\":\"object\"}}}]";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}",
+             tools);
+    json_t *j = post_json("/apply-template", body, 200);
+    ck_assert_int_eq(strncmp(str_at(j, "prompt"), "TOOLS get_weather", 17), 0);
+    ck_assert_ptr_nonnull(strstr(str_at(j, "prompt"), "<|im_start|>user\nhi<|im_end|>"));
+    json_decref(j);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s,\"tool_choice\":\"none\"}",
+             tools);
+    j = post_json("/apply-template", body, 200);
+    ck_assert_ptr_null(strstr(str_at(j, "prompt"), "TOOLS"));
+    json_decref(j);
+    json_t *plain = post_json("/v1/messages/count_tokens",
+                              "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", 200);
+    j = post_json("/v1/messages/count_tokens",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[{\"name\":"
+                  "\"get_weather\",\"input_schema\":{\"type\":\"object\"}}]}",
+                  200);
+    ck_assert_int_gt(int_at(j, "input_tokens"), int_at(plain, "input_tokens"));
+    json_decref(j);
+    json_decref(plain);
+    teardown();
+}
+END_TEST
+
+START_TEST(n_counts_against_max_active)
+{
+    /* each choice is a generation: n above --max-active is 429, n up to it is served */
+    struct fe_opts o = {.max_active = 2, .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    json_t *j = chat(",\"n\":3", 429);
+    ck_assert_str_eq(str_at(j, "error.code"), "busy");
+    json_decref(j);
+    j = chat(",\"n\":2", 200);
+    ck_assert_int_eq(json_array_size(json_object_get(j, "choices")), 2);
+    json_decref(j);
+    j = chat("", 200); /* every admission was given back */
+    json_decref(j);
+    j = chat(",\"n\":2,\"stream\":false", 200);
     json_decref(j);
     teardown();
 }
@@ -1202,11 +1791,20 @@ static Suite *suite(void)
     tcase_add_test(tc, endpoints);
     tcase_add_test(tc, disconnect_cancels);
     tcase_add_test(tc, whole_disconnect_cancels);
+    tcase_add_test(tc, anthropic_messages);
+    tcase_add_test(tc, openai_responses);
+    tcase_add_test(tc, props_template_models);
+    tcase_add_test(tc, cached_tokens_and_timings);
+    tcase_add_test(tc, logprobs_streamed);
+    tcase_add_test(tc, n_choices);
     suite_add_tcase(s, tc);
     TCase *own = tcase_create("own");
     tcase_set_timeout(own, 30);
     tcase_add_test(own, api_key);
     tcase_add_test(own, reasoning);
+    tcase_add_test(own, thinking_blocks);
+    tcase_add_test(own, template_sees_tools);
+    tcase_add_test(own, n_counts_against_max_active);
     tcase_add_test(own, routing_and_refusal);
     tcase_add_test(own, failover_worker_dies);
     tcase_add_test(own, failover_lost);

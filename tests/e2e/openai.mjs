@@ -94,11 +94,11 @@ const seeded = () => client.chat.completions.create({ model, messages, max_token
 assert.equal((await seeded()).choices[0].message.content, (await seeded()).choices[0].message.content);
 ok('seeded sampling is repeatable');
 
-await assert.rejects(client.chat.completions.create({ model, messages, n: 2 }),
+await assert.rejects(client.chat.completions.create({ model, messages, n: 17 }),
   (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'n');
 await assert.rejects(client.chat.completions.create({ model, messages, temperature: 'hot' }),
   (e) => e.status === 400 && e.param === 'temperature');
 const nokey = new OpenAI({ baseURL: client.baseURL, apiKey: 'wrong', maxRetries: 0 });
 await assert.rejects(nokey.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
-ok('errors: n=2 and a bad temperature are 400, a wrong key is 401');
+ok('errors: n=17 and a bad temperature are 400, a wrong key is 401');
 console.log('all openai client checks passed');

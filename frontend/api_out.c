@@ -1,0 +1,51 @@
+/* api_out — named server-sent events for the translated APIs. */
+#include "frontend/api_out.h"
+
+#include "common/base/err.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int put(struct api_sse *b, const char *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) return strata_errf(STRATA_ENOMEM, "frontend: %zu bytes of events", cap);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}
+
+int api_sse_event(struct api_sse *b, const char *name, json_t *data)
+{
+    char *s = data ? json_dumps(data, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
+    json_decref(data);
+    if (!s) return strata_errf(STRATA_ENOMEM, "frontend: an event");
+    int rv = 0;
+    if (name && ((rv = put(b, "event: ", 7)) != 0 || (rv = put(b, name, strlen(name))) != 0 ||
+                 (rv = put(b, "\n", 1)) != 0))
+        goto out;
+    if ((rv = put(b, "data: ", 6)) == 0 && (rv = put(b, s, strlen(s))) == 0) rv = put(b, "\n\n", 2);
+out:
+    free(s);
+    return rv;
+}
+
+void api_sse_free(struct api_sse *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+json_t *api_str(const char *s, size_t n)
+{
+    json_t *j = api_lossy_string(s ? s : "", s ? n : 0);
+    return j ? j : json_string("");
+}
