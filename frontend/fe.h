@@ -38,6 +38,11 @@ struct fe_backend {
     /* stream_move resumes the stream on worker w of the same backend (another worker, or its own
      * after it lost the request): wclient_stream_move. On error the stream is unchanged. */
     int (*stream_move)(void *stream, void *w);
+    /* For the monitor page (fe_status.h), NULL when the backend has none: the worker's memory
+     * (wclient_vram) and its routing counts (wclient_heat, freed with heat_free). */
+    int (*vram)(void *w, struct wclient_vram *out);
+    int (*heat)(void *w, struct wclient_heat *out);
+    void (*heat_free)(struct wclient_heat *h);
 };
 
 struct fe_opts {
