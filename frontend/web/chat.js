@@ -6,6 +6,7 @@
 const $ = (id) => document.getElementById(id);
 const STORE = 'strata-chats', SETTINGS = 'strata-chat-settings';
 const FIELDS = ['temperature', 'top_p', 'top_k', 'min_p', 'max_tokens', 'seed', 'repeat_penalty'];
+const LONG = 2000; // characters of a user message shown
 let model = null, nCtx = 0, convs = [], cur = null, controller = null;
 
 function save() {
@@ -67,8 +68,13 @@ function fill(d, m) {
   r.hidden = !m.reasoning;
   if (m.reasoning) r.querySelector('.rbody').textContent = m.reasoning;
   const body = d.querySelector('.body');
-  if (m.role === 'user' || m.error) body.textContent = m.error || m.content;
-  else Strata.markdown(body, m.content);
+  if (m.error) body.textContent = m.error;
+  else if (m.role !== 'user') Strata.markdown(body, m.content);
+  else if (m.content.length <= LONG) body.textContent = m.content;
+  else { // a long paste is shown cut (it is sent whole)
+    body.textContent = m.content.slice(0, LONG);
+    body.append(Strata.el('div', 'more', `… ${m.content.length - LONG} more characters`));
+  }
   d.querySelector('.stats').textContent = m.stats || '';
 }
 
@@ -115,7 +121,7 @@ async function send(text) {
   bubble(user);
   const sys = $('system').value.trim();
   const msgs = (sys ? [{ role: 'system', content: sys }] : []).concat(
-    cur.messages.filter((m) => !m.error).map((m) => ({ role: m.role, content: m.content })));
+    cur.messages.filter((m) => !m.error && !m.refused).map((m) => ({ role: m.role, content: m.content })));
   const ans = { role: 'assistant', content: '', reasoning: '', state: 'streaming' };
   const node = bubble(ans);
   listConvs();
@@ -148,7 +154,10 @@ async function send(text) {
       signal: controller.signal,
     });
     if (!res.ok) {
+      // the API refused the message (too long, bad settings): it stays on screen, out of the
+      // conversation the next messages send
       fail(await Strata.errorText(res));
+      user.refused = true;
     } else {
       const reader = res.body.getReader(), dec = new TextDecoder();
       let buf = '', done = false;

@@ -48,13 +48,17 @@ class Plot {
       g.lineWidth = 2 * dpr;
       g.beginPath();
       let pen = false;
+      const dots = [];
       d.forEach((v, k) => {
         const x = (w * (k + KEEP - d.length)) / (KEEP - 1), y = h - (h * (v ?? 0)) / max;
         if (v === null) { pen = false; return; }
         if (pen) g.lineTo(x, y); else g.moveTo(x, y);
+        if (!pen && (k + 1 >= d.length || d[k + 1] === null)) dots.push([x, y]); // a lone sample
         pen = true;
       });
       g.stroke();
+      g.fillStyle = g.strokeStyle;
+      for (const [x, y] of dots) { g.beginPath(); g.arc(x, y, 2.5 * dpr, 0, 2 * Math.PI); g.fill(); }
     });
     g.fillStyle = fg;
     g.font = `${11 * dpr}px system-ui`;
@@ -118,17 +122,20 @@ function per(a, b, k) { return b && a ? (a[k] ?? 0) - (b[k] ?? 0) : null; }
 function drawWorker(w, p) {
   const c = workerCard(w);
   const dt = p ? (w.uptime_s ?? 0) - (p.uptime_s ?? 0) : 0;
-  const cost = p ? per(w, p, 'monitor_s') / Math.max(1e-9, per(w, p, 'window_s')) : null;
+  // what answering this page costs the worker: a share of its window time while it computes,
+  // else milliseconds per second of wall time
+  const mon = per(w, p, 'monitor_s'), win = per(w, p, 'window_s');
+  const cost = mon === null ? '' : win > 0.1 ? `, monitor ${pct(mon / win)} of window time`
+    : dt > 0 ? `, monitor ${((1000 * mon) / dt).toFixed(2)} ms/s` : '';
   c.sub.textContent = `${w.ready ? '' : 'NOT READY · '}${w.backend || '?'}, KV ${w.kv_type || '?'}` +
-    `, ${w.tok_s?.toFixed(1) ?? 0} tok/s` +
-    (cost !== null && Number.isFinite(cost) ? `, monitor cost ${pct(cost)} of window time` : '');
+    `, ${w.tok_s?.toFixed(1) ?? 0} tok/s${cost}`;
   const pairs = per(w, p, 'cache_hits') + per(w, p, 'cache_misses');
   const hit = pairs > 0 ? per(w, p, 'cache_hits') / pairs : w.cache_hit_rate ?? null;
   const occ = w.cache_slots ? (w.cache_resident ?? 0) / w.cache_slots : 0;
   const copyS = (x) => (x && x.cache_copy_gibs > 0 ? x.cache_copy_bytes / (x.cache_copy_gibs * 1073741824) : 0);
   const link = p && dt > 0 ? Math.max(0, copyS(w) - copyS(p)) / dt : null;
-  const win = per(w, p, 'windows');
-  const swaps = win > 0 ? per(w, p, 'cache_swaps') / win : p ? 0 : null;
+  const wins = per(w, p, 'windows');
+  const swaps = wins > 0 ? per(w, p, 'cache_swaps') / wins : p ? 0 : null;
   const v = w.vram || {};
   const used = v.total_bytes ? v.total_bytes - v.free_bytes
     : (v.weights_bytes ?? 0) + (v.kv_bytes ?? 0) + (v.cache_bytes ?? 0);
@@ -161,7 +168,7 @@ function drawHeat(s) {
   cv.dataset.recent = String(total);
   $('heat-info').textContent = `${nl} layers × ${ne} experts, ${total.toLocaleString()} tokens routed ` +
     (all ? 'since start' : `in the last ${heatRing.length - 1} s`);
-  const px = Math.max(2, Math.min(24, Math.floor(cv.clientWidth / ne)));
+  const px = Math.max(2, Math.min(40, Math.floor(cv.parentElement.clientWidth / ne)));
   cv.width = ne * px;
   cv.height = nl * px;
   cv.style.height = `${nl * px}px`;
