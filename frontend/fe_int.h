@@ -90,7 +90,8 @@ bool fe_worker_gone(int rv);
 
 /* fe_move_stream moves stream (of ops, on worker *slot, whose poll failed with why: STRATA_ENOENT
  * when the worker answered that it lost the request, else a call error) to the ready worker of
- * the same backend with the shortest queue, other workers first; a worker that lost the request
+ * the same fe_backend, compute backend and KV type (hello's backend, kv_type) with the shortest
+ * queue, other workers first; a worker that lost the request
  * but answers takes it back when no other can. A worker whose calls failed is marked not ready
  * (the monitor's next hello decides again). Blocks on the submits. Returns 0 and the new *slot,
  * STRATA_ESTATE (nowhere to go), or the last move's error. */
