@@ -18,8 +18,15 @@ bool fe_web_http(struct http_req *r)
     if (!a) return false;
     const char *inm = http_header(r, "If-None-Match");
     const char *const headers[] = {
-        "ETag", a->etag, "Cache-Control", "no-cache", "X-Content-Type-Options", "nosniff",
-        "Referrer-Policy", "no-referrer", "Content-Security-Policy",
+        "ETag",
+        a->etag,
+        "Cache-Control",
+        "no-cache",
+        "X-Content-Type-Options",
+        "nosniff",
+        "Referrer-Policy",
+        "no-referrer",
+        "Content-Security-Policy",
         "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
         "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
         NULL};

@@ -1,10 +1,10 @@
 /* fe_web — the web pages the frontend serves: `/` (chat) and `/monitor`, with their scripts and
  * style under /web/. Every file is compiled into the binary (frontend/web/embed.cmake turns the
  * files of frontend/web/ into a C table at build time): nothing is read from disk or fetched from
- * the network at run time. The pages need no API key to load; they ask for it and send it with their
- * calls. Answers carry a strict Content-Security-Policy (scripts and styles from this origin only,
- * no inline script), so even a rendering bug cannot run model output as code. Read-only tables:
- * any thread.
+ * the network at run time. The pages need no API key to load; they ask for it and send it with
+ * their calls. Answers carry a strict Content-Security-Policy (scripts and styles from this origin
+ * only, no inline script), so even a rendering bug cannot run model output as code. Read-only
+ * tables: any thread.
  */
 #ifndef STRATA_FE_WEB_H
 #define STRATA_FE_WEB_H

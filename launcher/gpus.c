@@ -33,8 +33,7 @@ int gpus_plan(const char *list, bool cpu, bool have_cuda, int n_gpus, int *gpus,
     if (!list || strcmp(list, "all") == 0) {
         if (!have_cuda || n_gpus == 0) {
             if (list)
-                return strata_errf(STRATA_EINVAL,
-                                   "--gpus all: %s: pass --cpu, or leave --gpus out",
+                return strata_errf(STRATA_EINVAL, "--gpus all: %s: pass --cpu, or leave --gpus out",
                                    have_cuda ? "the NVIDIA driver lists no GPU on this machine"
                                              : "this strata was built without CUDA (no CUDA "
                                                "toolkit, or -DSTRATA_CUDA=OFF)");
@@ -72,8 +71,7 @@ int gpus_plan(const char *list, bool cpu, bool have_cuda, int n_gpus, int *gpus,
                 return strata_errf(STRATA_EINVAL, "--gpus %s: GPU %ld is named twice", list, v);
         gpus[(*n)++] = (int)v;
         p = *end ? end + 1 : end;
-        if (*end && !*p)
-            return strata_errf(STRATA_EINVAL, "--gpus %s: a trailing comma", list);
+        if (*end && !*p) return strata_errf(STRATA_EINVAL, "--gpus %s: a trailing comma", list);
     }
     return 0;
 }

@@ -12,7 +12,8 @@
 
 #define GPUS_MAX 16
 
-/* gpus_count: the GPUs the NVIDIA kernel driver lists (/proc/driver/nvidia/gpus/), 0 without one. */
+/* gpus_count: the GPUs the NVIDIA kernel driver lists (/proc/driver/nvidia/gpus/), 0 without one.
+ */
 int gpus_count(void);
 
 /* gpus_have_cuda: this build's worker has the CUDA backend. */

@@ -50,7 +50,8 @@ static int free_port(void)
 
 START_TEST(browser)
 {
-    const char *chromium = getenv("STRATA_CHROMIUM") ? getenv("STRATA_CHROMIUM") : "/usr/bin/chromium";
+    const char *chromium =
+        getenv("STRATA_CHROMIUM") ? getenv("STRATA_CHROMIUM") : "/usr/bin/chromium";
     if (access(chromium, X_OK) != 0 || !have("node") || !have("npm")) {
         printf("SKIP web_test: chromium (%s), node and npm are needed (scripts/deps.sh installs "
                "them)\n",
@@ -93,12 +94,11 @@ START_TEST(browser)
     char sport[16], strata[1024];
     snprintf(sport, sizeof sport, "%d", port);
     snprintf(strata, sizeof strata, "%s/strata", build);
-    const char *argv[] = {strata,          "serve",         model,        "--name",
-                          "webtest",       "--port",        sport,        "--shm-dir",
-                          shm,             "--runtime-dir", dir,          "--log-dir",
-                          logs,            "--threads",     "1",          "--api-key-file",
-                          key,             "--backoff-max", "1",          "--frontend-arg",
-                          "--max-body",    "--frontend-arg", "65536",     NULL};
+    const char *argv[] = {
+        strata, "serve",          model,        "--name",         "webtest", "--port",
+        sport,  "--shm-dir",      shm,          "--runtime-dir",  dir,       "--log-dir",
+        logs,   "--threads",      "1",          "--api-key-file", key,       "--backoff-max",
+        "1",    "--frontend-arg", "--max-body", "--frontend-arg", "65536",   NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, slog, O_WRONLY | O_CREAT | O_APPEND, 0600);
