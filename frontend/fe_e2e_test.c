@@ -345,7 +345,7 @@ START_TEST(failover_same_backend_and_kv_type)
     ck_assert_msg(build != NULL, "STRATA_BUILD_DIR is not set (ctest sets it)");
     const char *tmp = test_tmpdir();
     char model[512], rt[512], worker[600], frontend[600], cmd[2048], out[600], st[600];
-    char urls[3][600], socks[3][600], logs[3][600], flog[600];
+    char urls[3][700], socks[3][600], logs[3][600], flog[600];
     snprintf(model, sizeof model, "%s/kind.gguf", tmp);
     snprintf(rt, sizeof rt, "%s/rt-kind", tmp);
     snprintf(worker, sizeof worker, "%s/strata-worker", build);
