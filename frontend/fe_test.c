@@ -1300,6 +1300,7 @@ START_TEST(status_json)
     ck_assert_int_eq(int_at(j, "workers.0.cache_hits"), 300);
     json_int_t gens = int_at(j, "frontend.generations");
     json_decref(j);
+    j = NULL;
     /* vram and heat are read while someone watches /status: within a few monitor rounds */
     json_t *heat = NULL;
     for (int i = 0; i < 100 && !json_is_object(heat); i++) {
