@@ -360,7 +360,7 @@ START_TEST(failover_same_backend_and_kv_type)
     pid_t w[3];
     for (int i = 0; i < 3; i++) { /* one after the other: each takes the first free socket */
         snprintf(socks[i], sizeof socks[i], "%s/worker-%d.sock", rt, i);
-        snprintf(urls[i], sizeof urls[i], "ipc://%s", socks[i]);
+        snprintf(urls[i], sizeof urls[i], "ipc://%s/worker-%d.sock", rt, i);
         snprintf(logs[i], sizeof logs[i], "%s/kind-worker-%d.log", tmp, i);
         char *wargv[] = {worker, "--model", model, "--runtime-dir", rt, "--kv-type",
                          (char *)kinds[i], "--threads", "1", NULL};
