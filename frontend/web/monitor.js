@@ -9,10 +9,12 @@ const KEEP = 120, HEAT_SPAN = 10;
 const COLORS = ['#3b6fd8', '#e07b24', '#2e9e5b', '#b4458f', '#8c6d1f'];
 let prev = null, heatRing = [], started = false;
 
-// A plot: named series of numbers (null: a gap) over the last KEEP samples.
+// A plot: named series of numbers (null: a gap) over the last KEEP samples; the y axis runs from
+// 0 to `top` when given (shares: 1), else to the largest value shown.
 class Plot {
-  constructor(id, names, fmt) {
+  constructor(id, names, fmt, top) {
     this.cv = $(id);
+    this.top = top;
     this.names = names;
     this.fmt = fmt || ((v) => (v >= 100 ? v.toFixed(0) : v.toFixed(v >= 10 ? 1 : 2)));
     this.data = names.map(() => []);
@@ -35,7 +37,8 @@ class Plot {
     g.clearRect(0, 0, w, h);
     let max = 0;
     for (const d of this.data) for (const v of d) if (v !== null && v > max) max = v;
-    max = max > 0 ? max * 1.1 : 1;
+    const label = this.top ?? max;
+    max = this.top ?? (max > 0 ? max * 1.1 : 1);
     const fg = getComputedStyle(document.body).color;
     g.strokeStyle = fg;
     g.globalAlpha = 0.15;
@@ -62,7 +65,7 @@ class Plot {
     });
     g.fillStyle = fg;
     g.font = `${11 * dpr}px system-ui`;
-    g.fillText(this.fmt(max / 1.1), 4 * dpr, 12 * dpr);
+    g.fillText(this.fmt(label), 4 * dpr, 12 * dpr);
     if (this.legend) {
       this.legend.replaceChildren();
       this.data.forEach((d, i) => {
@@ -95,7 +98,7 @@ function workerCard(w) {
   const sub = Strata.el('span', 'muted');
   h.append(`worker ${workers.size} `, sub);
   card.append(h);
-  const mk = (title, id, names, fmt) => {
+  const mk = (title, id, names, fmt, top) => {
     card.append(Strata.el('div', 'muted', title));
     const cv = Strata.el('canvas', 'plot');
     cv.id = id;
@@ -103,11 +106,11 @@ function workerCard(w) {
     const lg = Strata.el('div', 'legend');
     lg.id = id.replace(/^p-/, 'l-');
     card.append(cv, lg);
-    return () => new Plot(id, names, fmt);
+    return () => new Plot(id, names, fmt, top);
   };
   const n = workers.size;
   const makers = [
-    mk('Expert cache and copy link', `p-w${n}-cache`, ['hit rate', 'occupancy', 'copy link busy'], pct),
+    mk('Expert cache and copy link', `p-w${n}-cache`, ['hit rate', 'occupancy', 'copy link busy'], pct, 1),
     mk('Swaps per window', `p-w${n}-swaps`, ['swaps / window']),
     mk('Memory', `p-w${n}-mem`, ['in use', 'total'], gib),
   ];
