@@ -48,6 +48,13 @@ static int free_port(void)
     return 0;
 }
 
+/* node_limit_s: the browser script's own time limit, inside Check's (the suite's below): a script
+ * that hangs is ended while this test can still stop serve, whose children would outlive it. */
+static int node_limit_s(const char *soak)
+{
+    return (int)(180 * test_slowdown()) + (soak ? atoi(soak) : 0);
+}
+
 START_TEST(browser)
 {
     const char *chromium =
@@ -117,9 +124,10 @@ START_TEST(browser)
     const char *soak = getenv("STRATA_WEB_SOAK_S");
     snprintf(cmd, sizeof cmd,
              "STRATA_URL=http://127.0.0.1:%d STRATA_API_KEY=web-test-key STRATA_NODE_MODULES=%s "
-             "STRATA_SHOTS=%s STRATA_STATE=%s STRATA_CHROMIUM=%s STRATA_SOAK_S=%s node "
+             "STRATA_SHOTS=%s STRATA_STATE=%s STRATA_CHROMIUM=%s STRATA_SOAK_S=%s timeout %d node "
              "%s/tests/web/browser.mjs",
-             port, nm, shots, state, chromium, soak ? soak : "0", STRATA_SOURCE_DIR);
+             port, nm, shots, state, chromium, soak ? soak : "0", node_limit_s(soak),
+             STRATA_SOURCE_DIR);
     int node_rv = system(cmd);
     kill(pid, SIGINT);
     int st;
@@ -135,7 +143,9 @@ static Suite *suite(void)
     Suite *s = suite_create("web");
     TCase *tc = tcase_create("browser");
     const char *soak = getenv("STRATA_WEB_SOAK_S");
-    tcase_set_timeout(tc, 240 + (soak ? atoi(soak) : 0)); /* npm ci on a cold cache, a soak */
+    /* npm ci on a cold cache, the script's limit, a soak (Check multiplies by its
+     * CK_TIMEOUT_MULTIPLIER, as node_limit_s by STRATA_TEST_SLOWDOWN) */
+    tcase_set_timeout(tc, 300 + (soak ? atoi(soak) : 0));
     tcase_add_test(tc, browser);
     suite_add_tcase(s, tc);
     return s;
