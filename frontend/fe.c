@@ -1,5 +1,7 @@
 /* fe — the frontend's server: workers and their monitor, routing, the small endpoints, metrics. */
 #include "frontend/fe_int.h"
+#include "frontend/fe_status.h"
+#include "frontend/fe_web.h"
 
 #include "frontend/api_anthropic.h"
 
@@ -31,6 +33,8 @@ int fe_init(const struct fe_opts *o, struct fe **out)
     pthread_cond_init(&f->cv, &ca);
     pthread_condattr_destroy(&ca);
     struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    f->started_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     clock_gettime(CLOCK_REALTIME, &ts);
     /* ids must stay unique on a worker across frontends and frontend restarts: pid + start time */
     snprintf(f->id_prefix, sizeof f->id_prefix, "fe%x-%llx", (unsigned)getpid(),
@@ -171,7 +175,10 @@ static void check_worker(struct fe *f, struct fe_worker *wk)
         return;
     }
     rv = wk->ops->status(wk->h, &st);
+    fe_status_watch(f, wk);
     pthread_mutex_lock(&f->mu);
+    wk->hello = h;
+    wk->has_hello = true;
     if (rv == 0) {
         wk->st = st;
         wk->has_status = true;
@@ -256,9 +263,20 @@ static void worker_failed(struct fe_worker *wk, int rv)
                  wk->name, strata_strerror(rv));
 }
 
-/* pick returns the untried ready worker of backend ops (NULL: any) with the shortest queue (ours
- * in flight plus what it last reported waiting), or -1. */
-static int pick(struct fe *f, const struct fe_backend *ops, const bool *tried)
+/* same_kind: a and b compute alike (backend and KV type, as their hellos said), so a stream of one
+ * can go on on the other: another KV type or backend gives other logits, and a bit-exact or
+ * greedy answer would change mid-stream. */
+static bool same_kind(const struct fe_worker *a, const struct fe_worker *b)
+{
+    return a->has_hello && b->has_hello && strcmp(a->hello.backend, b->hello.backend) == 0 &&
+           strcmp(a->hello.kv_type, b->hello.kv_type) == 0;
+}
+
+/* pick returns the untried ready worker of backend ops (NULL: any) and, when like is given, of
+ * like's kind (same_kind), with the shortest queue (ours in flight plus what it last reported
+ * waiting), or -1. */
+static int pick(struct fe *f, const struct fe_backend *ops, const struct fe_worker *like,
+                const bool *tried)
 {
     int best = -1;
     long best_q = 0;
@@ -266,6 +284,7 @@ static int pick(struct fe *f, const struct fe_backend *ops, const bool *tried)
     for (int i = 0; i < atomic_load(&f->n_workers); i++) {
         struct fe_worker *wk = &f->workers[i];
         if (tried[i] || !atomic_load(&wk->ready) || (ops && wk->ops != ops)) continue;
+        if (like && !same_kind(like, wk)) continue;
         long q = atomic_load(&wk->inflight) + (wk->has_status ? (long)wk->st.queued : 0);
         if (best < 0 || q < best_q) {
             best = i;
@@ -281,7 +300,7 @@ int fe_pick_stream(struct fe *f, const struct wclient_req *r, const struct fe_ba
 {
     bool tried[FE_MAX_WORKERS] = {0};
     int rv = strata_errf(STRATA_ESTATE, "no worker is ready"), best;
-    while ((best = pick(f, NULL, tried)) >= 0) {
+    while ((best = pick(f, NULL, NULL, tried)) >= 0) {
         struct fe_worker *wk = &f->workers[best];
         tried[best] = true;
         atomic_fetch_add(&wk->inflight, 1);
@@ -304,10 +323,11 @@ int fe_move_stream(struct fe *f, const struct fe_backend *ops, void *stream, int
 {
     struct fe_worker *old = &f->workers[*slot];
     bool tried[FE_MAX_WORKERS] = {false}, lost = why == STRATA_ENOENT;
-    int rv = strata_errf(STRATA_ESTATE, "no other worker is ready"), best;
+    int rv = strata_errf(STRATA_ESTATE, "no other worker of the same backend and KV type is ready"),
+        best;
     if (!lost) worker_failed(old, why);
     tried[*slot] = true;
-    while ((best = pick(f, ops, tried)) >= 0) {
+    while ((best = pick(f, ops, old, tried)) >= 0) {
         struct fe_worker *wk = &f->workers[best];
         tried[best] = true;
         atomic_fetch_add(&wk->inflight, 1);
@@ -722,7 +742,11 @@ static bool authorized(const struct fe *f, const struct http_req *r)
 static unsigned precheck(const struct http_req *r, void *ctx, char *body, size_t cap)
 {
     struct fe *f = ctx;
-    if (is(http_path(r), "/health", "/v1/health") || authorized(f, r)) return 0;
+    /* the pages carry no data: they ask for the key and send it with their calls */
+    if (is(http_path(r), "/health", "/v1/health") || authorized(f, r) ||
+        ((strcmp(http_method(r), "GET") == 0 || strcmp(http_method(r), "HEAD") == 0) &&
+         fe_web_find(http_path(r))))
+        return 0;
     struct api_error e;
     api_fail(&e, 401, "authentication_error", NULL, "invalid_api_key",
              "missing or wrong API key: send the header 'Authorization: Bearer <key>' with "
@@ -748,6 +772,8 @@ static void on_http(struct http_req *r, void *ctx)
         return reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
     }
     if (is(p, "/metrics", NULL) && get) return do_metrics(f, r);
+    if (is(p, "/status", "/v1/status") && get) return fe_status_http(f, r);
+    if ((get || strcmp(m, "HEAD") == 0) && fe_web_http(r)) return;
     const char *model_id = strncmp(p, "/v1/models/", 11) == 0 && p[11] ? p + 11 : NULL;
     bool want_get = is(p, "/v1/models", "/models") || model_id || is(p, "/props", NULL);
     bool known = want_get || is(p, "/tokenize", NULL) || is(p, "/detokenize", NULL) ||
@@ -823,8 +849,10 @@ void fe_fini(struct fe *f)
 {
     if (!f) return;
     fe_stop(f);
-    for (int i = 0; i < atomic_load(&f->n_workers); i++)
+    for (int i = 0; i < atomic_load(&f->n_workers); i++) {
         f->workers[i].ops->close(f->workers[i].h);
+        free(f->workers[i].heat.counts);
+    }
     if (f->disc.fini) f->disc.fini(f->disc.ctx);
     fe_model_fini(&f->model);
     pthread_cond_destroy(&f->cv);

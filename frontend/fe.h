@@ -9,8 +9,10 @@
  * also adds the workers that appear and drops those that leave. Each generation runs on a thread of
  * its own that polls its worker and writes SSE chunks or the final body; a request goes to the
  * ready worker with the shortest queue. When its worker fails (calls time out past failover_ms, or
- * it lost the request), the stream moves to another ready worker of the model, invisibly to the
- * client, and the failed worker takes no new request until it answers a hello again.
+ * it lost the request), the stream moves to another ready worker of the model with the same backend
+ * and KV type (their hellos say; another would compute other logits), invisibly to the client,
+ * and the failed worker takes no new request until it answers a hello again. The pages `/` and
+ * `/monitor` (fe_web.h) and GET /status (fe_status.h) are served beside the API.
  * Lifecycle: fe_init, fe_worker_add..., fe_start, fe_stop, fe_fini (stop before fini). Any HTTP
  * thread may use the fe between start and stop.
  * Workers are reached through struct fe_backend, so tests can drive the whole frontend with an
@@ -39,6 +41,11 @@ struct fe_backend {
     /* stream_move resumes the stream on worker w of the same backend (another worker, or its own
      * after it lost the request): wclient_stream_move. On error the stream is unchanged. */
     int (*stream_move)(void *stream, void *w);
+    /* For the monitor page (fe_status.h), NULL when the backend has none: the worker's memory
+     * (wclient_vram) and its routing counts (wclient_heat, freed with heat_free). */
+    int (*vram)(void *w, struct wclient_vram *out);
+    int (*heat)(void *w, struct wclient_heat *out);
+    void (*heat_free)(struct wclient_heat *h);
 };
 
 struct fe_opts {

@@ -5,7 +5,8 @@
  * killed and restarted under a running stream. Skips with a
  * message when node, npm or curl are missing, or when npm cannot install the client.
  * Then the README's demo: `strata chat` with models/demo.gguf for more turns than its context
- * holds, and the API's end of turn with it. */
+ * holds, and the API's end of turn with it. Last, three workers of two KV types: a stream whose
+ * worker stops answering moves only to the one of its own kind. */
 #include "common/base/err.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
@@ -323,6 +324,107 @@ START_TEST(demo_chat_keeps_going)
 }
 END_TEST
 
+/* wait_file waits up to 10 s for path to exist. */
+static void wait_file(const char *path)
+{
+    for (int i = 0; i < 200 && access(path, F_OK) != 0; i++)
+        usleep(50 * 1000);
+    ck_assert_msg(access(path, F_OK) == 0, "%s never appeared", path);
+}
+
+/* Three real workers: f32, f16, f32. A long stream starts on the first; the first is stopped
+ * (SIGSTOP: its calls time out) mid-stream: the frontend must move the stream to the third (same
+ * backend and KV type), never to the second, although the second comes first in its list. */
+START_TEST(failover_same_backend_and_kv_type)
+{
+    if (!have("curl")) {
+        printf("SKIP fe_e2e failover: curl is needed\n");
+        return;
+    }
+    const char *build = getenv("STRATA_BUILD_DIR");
+    ck_assert_msg(build != NULL, "STRATA_BUILD_DIR is not set (ctest sets it)");
+    const char *tmp = test_tmpdir();
+    char model[512], rt[512], worker[600], frontend[600], cmd[2048], out[600], st[600];
+    char urls[3][700], socks[3][600], logs[3][600], flog[600];
+    snprintf(model, sizeof model, "%s/kind.gguf", tmp);
+    snprintf(rt, sizeof rt, "%s/rt-kind", tmp);
+    snprintf(worker, sizeof worker, "%s/strata-worker", build);
+    snprintf(frontend, sizeof frontend, "%s/strata-frontend", build);
+    snprintf(out, sizeof out, "%s/kind.sse", tmp);
+    snprintf(st, sizeof st, "%s/kind-status.json", tmp);
+    snprintf(flog, sizeof flog, "%s/kind-frontend.log", tmp);
+    struct fixture_opts fo = {.threads = 1};
+    ck_assert_int_eq(fixture_write(&fo, model), 0);
+    ck_assert_int_eq(mkdir(rt, 0700), 0);
+    static const char *const kinds[3] = {"f32", "f16", "f32"};
+    pid_t w[3];
+    for (int i = 0; i < 3; i++) { /* one after the other: each takes the first free socket */
+        snprintf(socks[i], sizeof socks[i], "%s/worker-%d.sock", rt, i);
+        snprintf(urls[i], sizeof urls[i], "ipc://%s/worker-%d.sock", rt, i);
+        snprintf(logs[i], sizeof logs[i], "%s/kind-worker-%d.log", tmp, i);
+        char *wargv[] = {worker, "--model", model, "--runtime-dir", rt, "--kv-type",
+                         (char *)kinds[i], "--threads", "1", NULL};
+        w[i] = spawn(wargv, logs[i]);
+        wait_file(socks[i]);
+    }
+    char *fargv[] = {frontend, "--worker", urls[0], "--worker", urls[1], "--worker", urls[2],
+                     "--port", "0", "--failover-ms", "500", NULL};
+    pid_t fpid = spawn(fargv, flog);
+    int port = port_of(flog);
+    /* ready, and every worker's hello seen */
+    snprintf(cmd, sizeof cmd,
+             "for i in $(seq 100); do curl -s http://127.0.0.1:%d/status > %s; "
+             "test $(grep -o '\"ready\":true' %s | wc -l) -ge 4 && exit 0; sleep 0.1; done; exit 1",
+             port, st, st);
+    ck_assert_msg(system(cmd) == 0, "the frontend never saw its three workers; see %s", flog);
+    snprintf(cmd, sizeof cmd,
+             "curl -sN -d '{\"prompt\":\"The weather\",\"max_tokens\":%d,\"temperature\":0,"
+             "\"stream\":true}' http://127.0.0.1:%d/v1/completions > %s",
+             RESTART_TOKENS, port, out);
+    char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+    pid_t curl = spawn(sh, "/dev/null");
+    bool done;
+    int events = 0;
+    for (int i = 0; i < 1000 && events < 30; i++) {
+        usleep(10 * 1000);
+        free(sse_text(out, &done, &events, NULL));
+    }
+    ck_assert_int_ge(events, 30);
+    const int at = events;
+    kill(w[0], SIGSTOP);
+    int cst;
+    ck_assert_int_eq(waitpid(curl, &cst, 0), curl);
+    kill(w[0], SIGCONT);
+    size_t len;
+    free(sse_text(out, &done, &events, &len));
+    char *sse = test_read_file(out, NULL);
+    ck_assert_msg(done, "the stream did not end with [DONE]");
+    ck_assert_msg(!strstr(sse, "\"error\""), "the stream has an error: %.300s", strstr(sse, "\"error\""));
+    free(sse);
+    snprintf(cmd, sizeof cmd, "curl -s http://127.0.0.1:%d/status > %s", port, st);
+    ck_assert_int_eq(system(cmd), 0);
+    json_t *j = json_load_file(st, 0, NULL), *ws = json_object_get(j, "workers");
+    ck_assert_int_eq(json_array_size(ws), 3);
+    json_int_t req[3];
+    for (int i = 0; i < 3; i++) {
+        json_t *wk = json_array_get(ws, (size_t)i);
+        ck_assert_str_eq(json_string_value(json_object_get(wk, "kv_type")), kinds[i]);
+        ck_assert_str_eq(json_string_value(json_object_get(wk, "backend")), "cpu");
+        req[i] = json_integer_value(json_object_get(wk, "routed_requests"));
+    }
+    json_decref(j);
+    ck_assert_msg(req[0] == 1 && req[1] == 0 && req[2] == 1,
+                  "streams routed to the f32, f16, f32 workers: %lld %lld %lld, want 1 0 1",
+                  (long long)req[0], (long long)req[1], (long long)req[2]);
+    printf("ok - a stream of %zu bytes moved from the stopped f32 worker to the other f32 one, "
+           "past the f16 one, after %d of %d events\n",
+           len, at, events);
+    stop(fpid);
+    for (int i = 0; i < 3; i++)
+        stop(w[i]);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fe_e2e");
@@ -330,6 +432,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 240); /* npm install on a cold cache */
     tcase_add_test(tc, openai_and_errors);
     tcase_add_test(tc, demo_chat_keeps_going);
+    tcase_add_test(tc, failover_same_backend_and_kv_type);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -32,8 +32,17 @@ struct fe_worker {
     atomic_int inflight; /* this frontend's generations on it */
     bool has_status;     /* st was read at least once (f->mu) */
     struct wclient_status st;
+    struct wclient_hello hello; /* its last hello (f->mu): backend and KV type for failover */
+    bool has_hello;
+    /* read only while someone watches /status (FE_STATUS_WATCH_MS), under f->mu: */
+    bool has_vram;
+    struct wclient_vram vram;
+    struct wclient_heat heat;
     atomic_ullong requests; /* generations routed to it */
 };
+
+/* The monitor reads vram and heat of each worker for this long after the last GET /status. */
+#define FE_STATUS_WATCH_MS 5000
 
 struct fe {
     struct fe_opts o;
@@ -59,6 +68,8 @@ struct fe {
     int n_jobs;          /* generation threads alive (f->mu) */
     int n_admitted;      /* of them, not yet answering: counted against max_active (f->mu) */
     struct fe_job *jobs; /* their list, to cancel at stop (f->mu) */
+    atomic_llong status_seen_ns; /* CLOCK_MONOTONIC of the last GET /status, 0: never */
+    int64_t started_ns;
     atomic_ullong next_id;
     char id_prefix[40];
     /* metrics */
@@ -83,7 +94,8 @@ bool fe_worker_gone(int rv);
 
 /* fe_move_stream moves stream (of ops, on worker *slot, whose poll failed with why: STRATA_ENOENT
  * when the worker answered that it lost the request, else a call error) to the ready worker of
- * the same backend with the shortest queue, other workers first; a worker that lost the request
+ * the same fe_backend, compute backend and KV type (hello's backend, kv_type) with the shortest
+ * queue, other workers first; a worker that lost the request
  * but answers takes it back when no other can. A worker whose calls failed is marked not ready
  * (the monitor's next hello decides again). Blocks on the submits. Returns 0 and the new *slot,
  * STRATA_ESTATE (nowhere to go), or the last move's error. */

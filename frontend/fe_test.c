@@ -4,6 +4,7 @@
 #include "frontend/chat.h"
 #include "frontend/fe.h"
 #include "frontend/fe_model.h"
+#include "frontend/fe_web.h"
 
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
@@ -47,6 +48,9 @@ struct fake {
     /* a prefix cache: a prompt equal to the one started before it has all but its last token
      * cached (the worker computes at least the last position) */
     atomic_bool prefix_cache;
+    char kv_type[8];     /* what its hello says: a stream fails over only to the same ("" too) */
+    atomic_uint routed;  /* its heat: every (layer, expert) of a 2 x 4 grid has this many tokens
+                            times (1 + expert) */
     pthread_mutex_t mu;
     int32_t last_prompt[512];
     uint32_t n_last_prompt;
@@ -71,6 +75,8 @@ static int f_hello(void *h, struct wclient_hello *out)
     out->fingerprint = w->fingerprint;
     out->n_ctx = w->n_ctx;
     snprintf(out->model, sizeof out->model, "fake");
+    snprintf(out->backend, sizeof out->backend, "cpu");
+    snprintf(out->kv_type, sizeof out->kv_type, "%s", w->kv_type);
     return 0;
 }
 
@@ -198,8 +204,35 @@ static int f_move(void *h, void *to)
     return 0;
 }
 
-static const struct fe_backend fake_ops = {f_hello, f_meta,   f_meta_free, f_status, f_start,
-                                           f_next,  f_cancel, f_free,      f_close,  f_move};
+static int f_vram(void *h, struct wclient_vram *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->backend, sizeof out->backend, "cpu");
+    out->weights_bytes = 1000;
+    out->kv_bytes = 200;
+    return 0;
+}
+
+static int f_heat(void *h, struct wclient_heat *out)
+{
+    struct fake *w = h;
+    out->n_layer = 2;
+    out->n_expert = 4;
+    out->counts = calloc(8, sizeof *out->counts);
+    for (int i = 0; i < 8; i++)
+        out->counts[i] = (uint64_t)atomic_load(&w->routed) * (uint64_t)(1 + i % 4);
+    return 0;
+}
+
+static void f_heat_free(struct wclient_heat *h)
+{
+    free(h->counts);
+    h->counts = NULL;
+}
+
+static const struct fe_backend fake_ops = {
+    f_hello, f_meta,  f_meta_free, f_status, f_start, f_next,     f_cancel,
+    f_free,  f_close, f_move,      f_vram,   f_heat,  f_heat_free};
 
 /* ---- fixture: a vocabulary GGUF and a frontend on a free port ----------------------------------
  */
@@ -1775,6 +1808,168 @@ START_TEST(key_checked_before_body)
 }
 END_TEST
 
+/* ---- the web pages, /status, failover by kind ---------------------------------------------------
+ */
+
+START_TEST(web_pages)
+{
+    struct fe_opts o = {.api_key = "sekret", .monitor_ms = 50};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    struct resp r;
+    /* the pages load without the key (they ask for it), with a CSP that forbids inline script */
+    static const char *const pages[][2] = {{"/", "<title>strata chat</title>"},
+                                           {"/monitor", "<title>strata monitor</title>"},
+                                           {"/web/chat.js", "reasoning_content"},
+                                           {"/web/common.js", "textContent"},
+                                           {"/web/monitor.js", "/status"},
+                                           {"/web/app.css", "--accent"}};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
+        request("GET", pages[i][0], NULL, NULL, &r);
+        ck_assert_msg(r.status == 200, "%s: %d", pages[i][0], r.status);
+        ck_assert_msg(strstr(r.body, pages[i][1]), "%s lacks %s", pages[i][0], pages[i][1]);
+        ck_assert_ptr_nonnull(strcasestr(r.head, "Content-Security-Policy: default-src 'none'; "
+                                                 "script-src 'self'"));
+        ck_assert_ptr_nonnull(strcasestr(r.head, "X-Content-Type-Options: nosniff"));
+        ck_assert_ptr_nonnull(strcasestr(r.head, i < 2 ? "text/html" : i < 5 ? "text/javascript"
+                                                                             : "text/css"));
+        total += r.len;
+        /* the ETag is the file's hash: a revalidation gets 304 */
+        char etag[128], extra[200];
+        const char *e = strcasestr(r.head, "ETag: ");
+        ck_assert_ptr_nonnull(e);
+        sscanf(e + 6, "%127[^\r\n]", etag);
+        free(r.body);
+        snprintf(extra, sizeof extra, "If-None-Match: %s\r\n", etag);
+        request("GET", pages[i][0], NULL, extra, &r);
+        ck_assert_int_eq(r.status, 304);
+        free(r.body);
+    }
+    ck_assert_uint_eq(total, fe_web_total_bytes);
+    printf("web pages: %zu bytes in all (html, js, css, uncompressed)\n", total);
+    request("GET", "/web/nothing.js", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 401); /* not a page: the key is asked first */
+    free(r.body);
+    request("GET", "/web/nothing.js", NULL, "Authorization: Bearer sekret\r\n", &r);
+    ck_assert_int_eq(r.status, 404);
+    free(r.body);
+    /* the data is not open: /status needs the key */
+    request("GET", "/status", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 401);
+    free(r.body);
+    request("GET", "/status", NULL, "Authorization: Bearer sekret\r\n", &r);
+    ck_assert_int_eq(r.status, 200);
+    free(r.body);
+    teardown();
+}
+END_TEST
+
+static json_t *get_status(void)
+{
+    struct resp r;
+    request("GET", "/status", NULL, NULL, &r);
+    ck_assert_int_eq(r.status, 200);
+    ck_assert_ptr_nonnull(strcasestr(r.head, "Cache-Control: no-store"));
+    json_t *j = json_loads(r.body, 0, NULL);
+    ck_assert_msg(j != NULL, "not JSON: %s", r.body);
+    free(r.body);
+    return j;
+}
+
+START_TEST(status_json)
+{
+    atomic_store(&W0.routed, 5);
+    json_t *j = get_status();
+    ck_assert_str_eq(str_at(j, "object"), "strata.status");
+    ck_assert_str_eq(str_at(j, "model.id"), "fakemodel");
+    ck_assert(json_is_true(json_object_get(j, "ready")));
+    ck_assert_str_eq(str_at(j, "workers.0.name"), "fake0");
+    ck_assert_str_eq(str_at(j, "workers.0.backend"), "cpu");
+    ck_assert_int_eq(int_at(j, "workers.0.cache_hits"), 300);
+    json_int_t gens = int_at(j, "frontend.generations");
+    json_decref(j);
+    j = NULL;
+    /* vram and heat are read while someone watches /status: within a few monitor rounds */
+    json_t *heat = NULL;
+    for (int i = 0; i < 100 && !json_is_object(heat); i++) {
+        usleep(20 * 1000);
+        json_decref(j);
+        j = get_status();
+        heat = json_object_get(json_array_get(json_object_get(j, "workers"), 0), "heat");
+    }
+    ck_assert_msg(json_is_object(heat), "no heat in /status");
+    ck_assert_int_eq(int_at(j, "workers.0.heat.n_layer"), 2);
+    ck_assert_int_eq(int_at(j, "workers.0.heat.n_expert"), 4);
+    ck_assert_int_eq(int_at(j, "workers.0.heat.counts.1.3"), 20);
+    ck_assert_int_eq(int_at(j, "workers.0.vram.weights_bytes"), 1000);
+    json_decref(j);
+    /* the heat follows the worker's counts, and a generation shows in the counters */
+    atomic_store(&W0.routed, 7);
+    json_decref(chat("", 200));
+    json_int_t c = 0;
+    for (int i = 0; i < 100 && c != 28; i++) {
+        usleep(20 * 1000);
+        j = get_status();
+        c = int_at(j, "workers.0.heat.counts.0.3");
+        if (c != 28) json_decref(j);
+    }
+    ck_assert_int_eq(c, 28);
+    ck_assert_int_eq(int_at(j, "frontend.generations"), gens + 1);
+    ck_assert_int_eq(int_at(j, "frontend.ttft_n"), 1);
+    json_decref(j);
+}
+END_TEST
+
+static struct fake W2;
+
+START_TEST(failover_same_kind)
+{
+    /* W0 (f32) dies mid-stream with only W1 (f16) beside it: the stream does not move to W1, it
+     * keeps polling W0 until it answers again and ends there */
+    struct fe_opts o = {.monitor_ms = 50};
+    start_pair(&o);
+    snprintf(W0.kv_type, sizeof W0.kv_type, "f32");
+    snprintf(W1.kv_type, sizeof W1.kv_type, "f16");
+    usleep(200 * 1000); /* the monitor's hellos tell the kinds */
+    fail_at(&W0, 6, STRATA_ETIMEDOUT);
+    pthread_t t;
+    pthread_create(&t, NULL, revive, &W0);
+    stream_same();
+    pthread_join(t, NULL);
+    ck_assert_int_eq(atomic_load(&W1.moves_in), 0);
+    ck_assert_int_eq(atomic_load(&W1.starts), 0);
+    teardown();
+    /* with W2 (f32) too, listed after W1 (the first candidate when all are idle), the stream
+     * skips W1 and moves to W2 */
+    write_vocab();
+    fake_init(&W0, 42);
+    fake_init(&W1, 42);
+    fake_init(&W2, 42);
+    snprintf(W0.kv_type, sizeof W0.kv_type, "f32");
+    snprintf(W1.kv_type, sizeof W1.kv_type, "f16");
+    snprintf(W2.kv_type, sizeof W2.kv_type, "f32");
+    ck_assert_int_eq(fe_init(&o, &F), 0);
+    ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W0, "fake0"), 0);
+    ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W1, "fake1"), 0);
+    ck_assert_int_eq(fe_worker_add(F, &fake_ops, &W2, "fake2"), 0);
+    ck_assert_int_eq(fe_start(F), 0);
+    PORT = fe_port(F);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    wait_metric("strata_worker_up{worker=\"fake2\"} 1.000", true);
+    wait_metric("strata_worker_up{worker=\"fake1\"} 1.000", true);
+    fail_at(&W0, 6, STRATA_ETIMEDOUT);
+    stream_same();
+    ck_assert_int_eq(atomic_load(&W1.moves_in), 0);
+    ck_assert_int_eq(atomic_load(&W2.moves_in), 1);
+    /* without the rule W1 would have taken it: it does take new requests (any kind may start) */
+    json_decref(chat("", 200));
+    ck_assert_int_eq(atomic_load(&W1.starts) + atomic_load(&W2.starts), 1);
+    teardown();
+    fake_fini(&W2);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("fe");
@@ -1797,6 +1992,7 @@ static Suite *suite(void)
     tcase_add_test(tc, cached_tokens_and_timings);
     tcase_add_test(tc, logprobs_streamed);
     tcase_add_test(tc, n_choices);
+    tcase_add_test(tc, status_json);
     suite_add_tcase(s, tc);
     TCase *own = tcase_create("own");
     tcase_set_timeout(own, 30);
@@ -1812,6 +2008,8 @@ static Suite *suite(void)
     tcase_add_test(own, chat_cli);
     tcase_add_test(own, slowloris_health_answered);
     tcase_add_test(own, key_checked_before_body);
+    tcase_add_test(own, web_pages);
+    tcase_add_test(own, failover_same_kind);
     suite_add_tcase(s, own);
     return s;
 }

@@ -55,9 +55,19 @@ static int w_move(void *s, void *w)
     return wclient_stream_move(s, w);
 }
 
-const struct fe_backend fe_backend_wclient = {w_hello, w_meta, wclient_meta_free, w_status,
-                                              w_start, w_next, w_cancel,          w_free,
-                                              w_close, w_move};
+static int w_vram(void *w, struct wclient_vram *out)
+{
+    return wclient_vram(w, false, 0, out);
+}
+
+static int w_heat(void *w, struct wclient_heat *out)
+{
+    return wclient_heat(w, out);
+}
+
+const struct fe_backend fe_backend_wclient = {
+    w_hello, w_meta,  wclient_meta_free, w_status, w_start, w_next,           w_cancel,
+    w_free,  w_close, w_move,            w_vram,   w_heat,  wclient_heat_free};
 
 /* open_url opens a wclient with the frontend's failover timing: a call gets failover_ms beyond a
  * poll's wait (1 s, so a silent worker is noticed within failover_ms + 1 s), and a failed poll or

@@ -101,6 +101,8 @@ struct engine {
     pthread_cond_t cmd_cv;
     uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
+    _Atomic uint64_t *routed; /* (n_layer, n_expert) tokens routed since start: engine_routed */
+    uint32_t n_layer, n_expert;
 };
 
 static int64_t now_ns(void)
@@ -126,7 +128,10 @@ static void route(void *ctx, uint32_t layer, uint32_t expert, const uint32_t *to
 {
     const struct engine *e = ctx;
     (void)tokens;
-    e->o.on_route(e->o.route_ctx, layer, expert, n_tokens);
+    if (layer < e->n_layer && expert < e->n_expert)
+        atomic_fetch_add_explicit(&e->routed[(size_t)layer * e->n_expert + expert], n_tokens,
+                                  memory_order_relaxed);
+    if (e->o.on_route) e->o.on_route(e->o.route_ctx, layer, expert, n_tokens);
 }
 
 static struct ereq *lookup(const struct engine *e, const char *id)
@@ -600,12 +605,14 @@ static void *loop(void *arg)
         uint32_t n_tok = 0;
         int rv = 0;
         if (e->n_items) {
+            const int64_t t0 = now_ns();
             pthread_mutex_unlock(&e->mu);
             /* DESIGN 3.3's fence: a request start lands the adaptive tier's round in flight */
             if (e->fence && (rv = backend_quiesce(e->be)) == 0) e->fence = false;
             if (!rv) rv = compute(e, &n_tok);
             if (!rv) rv = backend_tick(e->be);
             pthread_mutex_lock(&e->mu);
+            e->st.window_s += (double)(now_ns() - t0) / 1e9;
             apply(e, rv, n_tok);
             gauge(e);
         }
@@ -661,7 +668,13 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     backend_info(e->be, &e->info);
     e->bt = kv_config_of(e->kv)->block_tokens;
     e->n_ctx = kv_config_of(e->kv)->n_ctx;
-    if (e->o.on_route) backend_set_route(e->be, route, e);
+    e->n_layer = m->hp.n_layer;
+    e->n_expert = m->hp.n_expert;
+    if (e->n_expert && !(e->routed = calloc((size_t)e->n_layer * e->n_expert, sizeof *e->routed))) {
+        rv = strata_errf(STRATA_ENOMEM, "engine: routing counts");
+        goto fail;
+    }
+    backend_set_route(e->be, route, e);
     e->cap_waiting = e->o.max_queue + e->o.max_running;
     e->waiting = calloc(e->cap_waiting, sizeof *e->waiting);
     e->running = calloc(e->o.max_running, sizeof *e->running);
@@ -713,6 +726,7 @@ void engine_close(struct engine *e)
     free(e->items);
     free(e->toks);
     free(e->logits);
+    free(e->routed);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->cmd_cv);
@@ -873,6 +887,16 @@ void engine_status(struct engine *e, struct engine_status *out)
     out->queued = e->n_waiting;
     out->finished = e->n_finished;
     pthread_mutex_unlock(&e->mu);
+}
+
+int engine_routed(struct engine *e, uint64_t *out, uint32_t *n_layer, uint32_t *n_expert)
+{
+    *n_layer = e->n_layer;
+    *n_expert = e->n_expert;
+    if (!e->routed) return STRATA_EUNSUPPORTED;
+    for (size_t i = 0; out && i < (size_t)e->n_layer * e->n_expert; i++)
+        out[i] = atomic_load_explicit(&e->routed[i], memory_order_relaxed);
+    return 0;
 }
 
 uint64_t engine_epoch(struct engine *e)

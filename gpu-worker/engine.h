@@ -131,6 +131,7 @@ struct engine_status {
     uint64_t lapsed; /* requests cancelled because their lease lapsed */
     uint64_t drafts_proposed, drafts_accepted; /* speculative decoding (spec_lookup) */
     uint64_t decode_passes, decode_tokens;     /* decode items and the tokens they sampled */
+    double window_s; /* wall time of the windows (forward pass and tier tick) since start */
 };
 
 struct engine;
@@ -163,6 +164,11 @@ int engine_cancel(struct engine *e, const char *id);
 
 /* engine_status fills out with counters and gauges. */
 void engine_status(struct engine *e, struct engine_status *out);
+
+/* engine_routed copies the tokens routed to each (layer, expert) since start, the same counts the
+ * on_route hook sees, into out[n_layer * n_expert] (NULL: only the shape). Lock-free; any thread.
+ * STRATA_EUNSUPPORTED for a model without routed experts. */
+int engine_routed(struct engine *e, uint64_t *out, uint32_t *n_layer, uint32_t *n_expert);
 
 /* engine_epoch: a counter incremented after each window (and each change of state), for
  * long-polls: wait until it moves, then poll. */

@@ -38,6 +38,7 @@ struct service {
     struct ipc_server *srv;
     int64_t started_ns;
     _Atomic uint64_t requests; /* new requests accepted */
+    _Atomic uint64_t monitor_ns; /* answering status, heat and vram: what a monitor costs */
 
     pthread_mutex_t mu; /* guards everything below */
     pthread_cond_t cv;
@@ -507,6 +508,10 @@ static int op_status(struct ipc_call *call, void *ctx)
     KEY_I("decode_tokens", st.decode_tokens);
     KEY_I("requests", atomic_load(&s->requests));
 #undef KEY_I
+    msg_key(&b, "window_s");
+    msg_pack_f64(&b, st.window_s);
+    msg_key(&b, "monitor_s");
+    msg_pack_f64(&b, (double)atomic_load(&s->monitor_ns) / 1e9);
     msg_key(&b, "tok_s");
     msg_pack_f64(&b, tok_s);
     msg_key(&b, "prefill_tok_s");
@@ -529,7 +534,9 @@ static int op_status(struct ipc_call *call, void *ctx)
     msg_pack_bool(&b, bi.bit_exact);
     const uint64_t pairs = bi.hits + bi.misses;
     msg_key(&b, "cache");
-    msg_pack_map(&b, 12);
+    msg_pack_map(&b, 13);
+    msg_pack_str(&b, "copy_bytes");
+    msg_pack_u64(&b, bi.copy_bytes);
     msg_pack_str(&b, "adapt_wait_s");
     msg_pack_f64(&b, bi.adapt_wait_s);
     msg_pack_str(&b, "windows");
@@ -588,9 +595,47 @@ static int op_vram(struct ipc_call *call, void *ctx)
     return 0;
 }
 
+/* op_heat: the tokens routed to each (layer, expert) since start, row-major u64s in a bin. */
+static int op_heat(struct ipc_call *call, void *ctx)
+{
+    struct service *s = ctx;
+    uint32_t nl, ne;
+    int rv = engine_routed(s->e, NULL, &nl, &ne);
+    if (rv != 0) return strata_errf(rv, "the model has no routed experts: no heat to report");
+    uint64_t *v = malloc((size_t)nl * ne * sizeof *v);
+    if (!v) return strata_errf(STRATA_ENOMEM, "heat");
+    engine_routed(s->e, v, &nl, &ne);
+    struct msg_builder b;
+    msg_begin_reply(&b);
+    msg_key(&b, "n_layer");
+    msg_pack_u64(&b, nl);
+    msg_key(&b, "n_expert");
+    msg_pack_u64(&b, ne);
+    msg_key(&b, "counts");
+    msg_pack_bin(&b, v, (size_t)nl * ne * sizeof *v); /* host byte order: the client is local */
+    ipc_reply(call, &b);
+    free(v);
+    return 0;
+}
+
+/* timed runs a monitor's op and counts its time in monitor_ns (status reports it). */
+static int timed(int (*op)(struct ipc_call *, void *), struct ipc_call *call, void *ctx)
+{
+    struct service *s = ctx;
+    const int64_t t0 = now_ns();
+    int rv = op(call, ctx);
+    atomic_fetch_add(&s->monitor_ns, (uint64_t)(now_ns() - t0));
+    return rv;
+}
+
+static int op_status_timed(struct ipc_call *c, void *ctx) { return timed(op_status, c, ctx); }
+static int op_vram_timed(struct ipc_call *c, void *ctx) { return timed(op_vram, c, ctx); }
+static int op_heat_timed(struct ipc_call *c, void *ctx) { return timed(op_heat, c, ctx); }
+
 static const struct ipc_op ops[] = {
-    {"hello", op_hello},   {"meta", op_meta},     {"submit", op_submit}, {"poll", op_poll},
-    {"cancel", op_cancel}, {"status", op_status}, {"vram", op_vram},     {NULL, NULL},
+    {"hello", op_hello},   {"meta", op_meta},            {"submit", op_submit},
+    {"poll", op_poll},     {"cancel", op_cancel},        {"status", op_status_timed},
+    {"vram", op_vram_timed}, {"heat", op_heat_timed},    {NULL, NULL},
 };
 
 static int handle(struct ipc_call *call, void *ctx)

@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -763,6 +764,107 @@ START_TEST(test_binary_kill_restart)
 }
 END_TEST
 
+/* ---- the monitor's view: heat, and what answering it costs -------------------------------------
+ */
+
+struct watcher {
+    struct wclient *c;
+    atomic_bool stop;
+    int rounds;
+};
+
+/* watch asks status, vram and heat every 50 ms: 20 times the monitor page's rate */
+static void *watch(void *arg)
+{
+    struct watcher *wt = arg;
+    while (!atomic_load(&wt->stop)) {
+        struct wclient_status st;
+        struct wclient_vram v;
+        struct wclient_heat h;
+        ck_assert_int_eq(wclient_status(wt->c, &st), 0);
+        ck_assert_int_eq(wclient_vram(wt->c, false, 0, &v), 0);
+        ck_assert_int_eq(wclient_heat(wt->c, &h), 0);
+        wclient_heat_free(&h);
+        wt->rounds++;
+        usleep(50 * 1000);
+    }
+    return NULL;
+}
+
+static double since(const struct timespec *a)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a->tv_sec) + (double)(b.tv_nsec - a->tv_nsec) / 1e9;
+}
+
+START_TEST(test_heat_and_monitor_cost)
+{
+    struct worker *w = start(rundir("heat"), 0);
+    struct wclient *c = client(worker_url(w));
+    struct wclient_heat h0, h1;
+    ck_assert_int_eq(wclient_heat(c, &h0), 0);
+    ck_assert_uint_gt(h0.n_layer, 0);
+    ck_assert_uint_gt(h0.n_expert, 1);
+    for (size_t i = 0; i < (size_t)h0.n_layer * h0.n_expert; i++)
+        ck_assert_uint_eq(h0.counts[i], 0);
+    struct wclient_status s0, s1;
+    ck_assert_int_eq(wclient_status(c, &s0), 0);
+    struct watcher wt = {.c = client(worker_url(w))};
+    pthread_t th;
+    pthread_create(&th, NULL, watch, &wt);
+    /* streams one after another for 2 s: the worker computes most of the time */
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int n = 0;
+    do {
+        int32_t p[8], out[200];
+        char id[32];
+        prompt_of(n, p, 8);
+        snprintf(id, sizeof id, "heat-%d", n++);
+        struct wclient_req r;
+        req_of(&r, id, p, 8, 200);
+        enum wclient_finish fin;
+        run_stream(c, &r, out, &fin);
+    } while (since(&t0) < 2.0);
+    const double wall = since(&t0);
+    atomic_store(&wt.stop, true);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(wclient_status(c, &s1), 0);
+    ck_assert_int_eq(wclient_heat(c, &h1), 0);
+    ck_assert_uint_eq(h1.n_layer, h0.n_layer);
+    ck_assert_uint_eq(h1.n_expert, h0.n_expert);
+    /* every layer routes each computed token to its top-k experts: the layers' sums are equal,
+     * and at least one per token computed (the prompts, and every generated token but the last
+     * of each stream, which is never fed back) */
+    uint64_t layer0 = 0;
+    for (uint32_t l = 0; l < h1.n_layer; l++) {
+        uint64_t sum = 0;
+        for (uint32_t e = 0; e < h1.n_expert; e++)
+            sum += h1.counts[(size_t)l * h1.n_expert + e];
+        if (l == 0) layer0 = sum;
+        ck_assert_uint_eq(sum, layer0);
+    }
+    ck_assert_uint_ge(layer0, s1.prompt_tokens + s1.tokens_generated - (uint64_t)n);
+    const double mon = s1.monitor_s - s0.monitor_s, win = s1.window_s - s0.window_s;
+    ck_assert_msg(win > 0.2, "%.3f s of windows in %.2f s", win, wall);
+    ck_assert(mon > 0 && wt.rounds > 0);
+    /* the page asks once a second; the watcher asked wt.rounds times in `wall` seconds */
+    const double per_round = mon / wt.rounds, at_1hz = per_round * wall / win;
+    printf("monitor cost: %d rounds of status+vram+heat took %.3f ms of the worker (%.1f us "
+           "each); at 1 Hz that is %.4f%% of its window time (%.2f s of windows in %.2f s, %d "
+           "streams of 200 tokens)\n",
+           wt.rounds, mon * 1e3, per_round * 1e6, 100 * at_1hz, win, wall, n);
+    ck_assert_msg(at_1hz < 0.01, "the monitor costs %.3f%% of the window time at 1 Hz",
+                  100 * at_1hz);
+    wclient_heat_free(&h0);
+    wclient_heat_free(&h1);
+    wclient_close(wt.c);
+    wclient_close(c);
+    worker_fini(w);
+}
+END_TEST
+
 int main(void)
 {
     snprintf(g_model, sizeof g_model, "%s/tiny.gguf", test_tmpdir());
@@ -776,6 +878,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_hello_meta);
     tcase_add_test(tc, test_idempotent_status_vram);
+    tcase_add_test(tc, test_heat_and_monitor_cost);
     tcase_add_test(tc, test_concurrent_streams);
     tcase_add_test(tc, test_ids_independent_of_the_expert_cache);
     tcase_add_test(tc, test_malformed);

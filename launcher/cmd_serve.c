@@ -19,6 +19,7 @@
 #include "common/arena/shm.h"
 #include "common/ipc/wclient.h"
 #include "launcher/cmd.h"
+#include "launcher/gpus.h"
 #include "launcher/sup_svc.h"
 #include "launcher/supervise.h"
 
@@ -50,11 +51,12 @@ static void usage(FILE *out)
         "  --port P             HTTP port of the first frontend (default 8080); frontend i\n"
         "                       listens on P+i\n"
         "  --host ADDR          HTTP bind address (default 127.0.0.1)\n"
-        "  --workers N          workers on the arena (default 1)\n"
+        "  --workers N          workers on the arena (default 1; one per GPU with GPUs)\n"
         "  --frontends N        HTTP frontends (default 1; 0: workers only, for `strata run\n"
         "                       --name`)\n"
-        "  --cpu                the CPU backend (also the default: the worker has no GPU\n"
-        "                       backend yet, with or without the CUDA kernels built)\n"
+        "  --gpus LIST          one CUDA worker per GPU of LIST (e.g. 0,1; \"all\"); the\n"
+        "                       default when this build has CUDA and the machine GPUs\n"
+        "  --cpu                the CPU backend, even with GPUs present\n"
         "  --bit-exact          answers depend only on the model and the token history\n"
         "  --threads N          forward-pass threads per worker (default: CPUs / workers)\n"
         "  --ctx N              positions per request (default: the model's)\n"
@@ -77,6 +79,8 @@ static void usage(FILE *out)
 
 struct serve_opts {
     const char *model, *name, *host, *shm_dir, *runtime_dir, *log_dir, *api_key, *chat_template;
+    const char *gpus_list; /* --gpus; NULL: every GPU when there are, else the CPU */
+    bool cpu, workers_set;
     int port, n_workers, n_frontends, threads, ctx, max_seqs, max_queue, orphan_timeout;
     int backoff_max_s, stop_timeout_s;
     bool bit_exact, keep_arena;
@@ -93,6 +97,7 @@ struct serve {
     int32_t arena_pid;
     int workers[MAX_WORKERS], frontends[MAX_FRONTENDS];
     char worker_url[MAX_WORKERS][SUP_SVC_URL_MAX];
+    int gpus[GPUS_MAX], n_gpus; /* worker i runs on GPU gpus[i] (n_gpus 0: all on the CPU) */
 };
 
 enum {
@@ -102,6 +107,7 @@ enum {
     O_WORKERS,
     O_FRONTENDS,
     O_CPU,
+    O_GPUS,
     O_BITEXACT,
     O_THREADS,
     O_CTX,
@@ -144,6 +150,7 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"workers", required_argument, NULL, O_WORKERS},
         {"frontends", required_argument, NULL, O_FRONTENDS},
         {"cpu", no_argument, NULL, O_CPU},
+        {"gpus", required_argument, NULL, O_GPUS},
         {"bit-exact", no_argument, NULL, O_BITEXACT},
         {"threads", required_argument, NULL, O_THREADS},
         {"ctx", required_argument, NULL, O_CTX},
@@ -181,12 +188,17 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case O_WORKERS:
             rv = parse_int(optarg, "--workers", 1, MAX_WORKERS, &o->n_workers);
+            o->workers_set = true;
             break;
         case O_FRONTENDS:
             rv = parse_int(optarg, "--frontends", 0, MAX_FRONTENDS, &o->n_frontends);
             break;
         case O_CPU:
-            break; /* the worker has the CPU backend only, in every build */
+            o->cpu = true;
+            break;
+        case O_GPUS:
+            o->gpus_list = optarg;
+            break;
         case O_BITEXACT:
             o->bit_exact = true;
             break;
@@ -421,12 +433,13 @@ static void argv_arena(char **argv, int *n, const struct serve *sv, const char *
 
 /* start_child adds child NAME (stopped at STAGE, restarted when it dies unless it exits with
  * fatal_status, logging to its own file) and spawns it; its index goes to *idx. */
-static int start_child(struct serve *sv, const char *name, char **argv, int stage, int fatal_status,
-                       int *idx)
+static int start_child(struct serve *sv, const char *name, char **argv, char **env, int stage,
+                       int fatal_status, int *idx)
 {
     char logb[600];
     struct sup_child_opts co = {.name = name,
                                 .argv = argv,
+                                .env = env,
                                 .log = log_path(sv, name, logb, sizeof logb),
                                 .stage = stage,
                                 .restart = true,
@@ -473,7 +486,7 @@ static int start_arena(struct serve *sv)
     argv_arena(argv, &n, sv, "--name");
     /* strata-arena exits 1 only when it cannot start (a planted segment, no room, a bad model):
      * starting it again would fail the same way */
-    int rv = start_child(sv, "arena", argv, 0, 1, &sv->arena);
+    int rv = start_child(sv, "arena", argv, NULL, 0, 1, &sv->arena);
     if (rv) return rv;
     LOG_INFO("arena '%s': starting (pid %d); a model read for the first time takes a while",
              sv->name, (int)sup_pid(sv->sup, sv->arena));
@@ -505,9 +518,14 @@ static int start_worker(struct serve *sv, int i)
         argv_opt(argv, &n, nums[k].opt, num[k]);
     }
     if (sv->o.bit_exact) argv_push(argv, &n, "--bit-exact");
+    /* a GPU worker sees only its GPU, as device 0, numbered as the driver numbers them */
+    char vis[48];
+    char *env[] = {vis, "CUDA_DEVICE_ORDER=PCI_BUS_ID", NULL};
+    argv_opt(argv, &n, "--backend", sv->n_gpus ? "cuda" : "cpu");
+    if (sv->n_gpus) snprintf(vis, sizeof vis, "CUDA_VISIBLE_DEVICES=%d", sv->gpus[i]);
     for (int k = 0; k < sv->o.n_worker_args; k++)
         argv_push(argv, &n, sv->o.worker_args[k]);
-    int rv = start_child(sv, cname, argv, 1, 0, &sv->workers[i]);
+    int rv = start_child(sv, cname, argv, sv->n_gpus ? env : NULL, 1, 0, &sv->workers[i]);
     if (rv) return rv;
     struct worker_probe p = {sv, i};
     return sup_wait_ready(sv->sup, sv->workers[i], worker_ready, &p, -1);
@@ -529,7 +547,7 @@ static int start_frontend(struct serve *sv, int i)
     argv_opt(argv, &n, "--chat-template", sv->o.chat_template);
     for (int k = 0; k < sv->o.n_frontend_args; k++)
         argv_push(argv, &n, sv->o.frontend_args[k]);
-    int rv = start_child(sv, cname, argv, 2, 0, &sv->frontends[i]);
+    int rv = start_child(sv, cname, argv, NULL, 2, 0, &sv->frontends[i]);
     if (rv) return rv;
     struct frontend_probe p = {sv, sv->o.port + i};
     return sup_wait_ready(sv->sup, sv->frontends[i], frontend_ready, &p, -1);
@@ -616,6 +634,20 @@ static int serve_main(struct serve *sv)
     } else if ((rv = arena_default_name(sv->model, sv->name, sizeof sv->name)) != 0) {
         goto fail;
     }
+    what = "GPUs";
+    if ((rv = gpus_plan(sv->o.gpus_list, sv->o.cpu, gpus_have_cuda(), gpus_count(), sv->gpus,
+                        &sv->n_gpus)) != 0)
+        goto fail;
+    if (sv->n_gpus) {
+        if (sv->o.workers_set && sv->o.n_workers != sv->n_gpus) {
+            rv = strata_errf(STRATA_EINVAL,
+                             "--workers %d with %d GPUs: serve runs one worker per GPU; drop "
+                             "--workers, or choose the GPUs with --gpus",
+                             sv->o.n_workers, sv->n_gpus);
+            goto fail;
+        }
+        sv->o.n_workers = sv->n_gpus;
+    }
     what = "runtime directory";
     if ((rv = ipc_runtime_dir(sv->o.runtime_dir, sv->name, sv->dir, sizeof sv->dir)) != 0)
         goto fail;
@@ -657,6 +689,13 @@ static int serve_main(struct serve *sv)
     for (int i = 0; i < sv->o.n_frontends; i++)
         if ((rv = start_frontend(sv, i)) != 0) goto fail;
     write_state(sv);
+    char on[96] = "the CPU";
+    if (sv->n_gpus) {
+        int k = snprintf(on, sizeof on, "GPU");
+        for (int i = 0; i < sv->n_gpus && k < (int)sizeof on; i++)
+            k += snprintf(on + k, sizeof on - (size_t)k, "%s%d", i ? "," : " ", sv->gpus[i]);
+    }
+    LOG_INFO("workers on %s (%s backend)", on, sv->n_gpus ? "cuda" : "cpu");
     if (sv->o.n_frontends)
         LOG_INFO("serving '%s': %d worker%s, OpenAI API at http://%s:%d/v1%s; Ctrl-C stops it",
                  sv->name, sv->o.n_workers, sv->o.n_workers == 1 ? "" : "s",

@@ -11,6 +11,7 @@
 #include "common/base/err.h"
 #include "common/ipc/msg.h"
 #include "common/ipc/wclient.h"
+#include "frontend/fe_status.h"
 #include "launcher/cmd.h"
 #include "launcher/sup_svc.h"
 
@@ -115,25 +116,8 @@ static json_t *worker_json(const char *url)
     if (!rv && (rv = wclient_hello(c, &h)) == 0) rv = wclient_status(c, &s);
     wclient_close(c);
     if (rv) return json_pack("{s:s, s:o}", "endpoint", url, "error", error_json(rv));
-    json_t *w =
-        json_pack("{s:s, s:i, s:s, s:s, s:b, s:i}", "endpoint", url, "pid", (int)h.pid, "model",
-                  h.model, "backend", h.backend, "bit_exact", h.bit_exact, "n_ctx", (int)h.n_ctx);
-    json_object_update_new(
-        w, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:I, s:I, s:I}", "running",
-                     (int)s.running, "queued", (int)s.queued, "max_seqs", (int)s.max_seqs,
-                     "max_queue", (int)s.max_queue, "kv_blocks_used", (int)s.kv_blocks_used,
-                     "kv_blocks_total", (int)s.kv_blocks_total, "tok_s", s.tok_s, "prefill_tok_s",
-                     s.prefill_tok_s, "windows", (json_int_t)s.windows, "tokens_generated",
-                     (json_int_t)s.tokens_generated, "prompt_tokens", (json_int_t)s.prompt_tokens,
-                     "prefix_hits", (json_int_t)s.prefix_hits, "requests", (json_int_t)s.requests));
-    json_object_update_new(w, json_pack("{s:i, s:I, s:f, s:f}", "cache_slots", (int)s.cache_slots,
-                                        "cache_bytes", (json_int_t)s.cache_bytes, "cache_hit_rate",
-                                        s.cache_hit_rate, "uptime_s", s.uptime_s));
-    json_object_update_new(
-        w, json_pack("{s:I, s:I, s:i, s:I, s:f, s:s}", "cache_hits", (json_int_t)s.cache_hits,
-                     "cache_misses", (json_int_t)s.cache_misses, "cache_resident",
-                     (int)s.cache_resident, "cache_swaps", (json_int_t)s.cache_swaps,
-                     "cache_copy_gibs", s.cache_copy_gibs, "kv_type", s.kv_type));
+    json_t *w = fe_worker_json(&h, &s); /* the same fields as the frontend's GET /status */
+    json_object_set_new(w, "endpoint", json_string(url));
     return w;
 }
 
@@ -251,7 +235,7 @@ static void print_table(const json_t *svc)
     }
     const json_t *ws = json_object_get(svc, "workers");
     if (json_array_size(ws)) {
-        printf("  %-8s %-7s %-9s %-8s %-11s %8s %9s %8s %-11s %-7s %s\n", "WORKER", "BACKEND",
+        printf("  %-8s %-9s %-9s %-8s %-11s %8s %9s %8s %-11s %-7s %s\n", "WORKER", "BACKEND",
                "RUNNING", "QUEUED", "KV BLOCKS", "TOK/S", "PREFILL/S", "REQS", "CACHE", "UP",
                "ENDPOINT");
         size_t i;
@@ -264,7 +248,9 @@ static void print_table(const json_t *svc)
                        json_string_value(json_object_get(w, "error")), ep);
                 continue;
             }
-            char run[24], q[24], kv[24], cache[48];
+            char run[24], q[24], kv[24], cache[48], be[40];
+            snprintf(be, sizeof be, "%s/%s", json_string_value(json_object_get(w, "backend")),
+                     json_string_value(json_object_get(w, "kv_type")));
             snprintf(run, sizeof run, "%d/%d", (int)num(w, "running"), (int)num(w, "max_seqs"));
             snprintf(q, sizeof q, "%d/%d", (int)num(w, "queued"), (int)num(w, "max_queue"));
             snprintf(kv, sizeof kv, "%d/%d", (int)num(w, "kv_blocks_used"),
@@ -275,8 +261,8 @@ static void print_table(const json_t *svc)
             else
                 snprintf(cache, sizeof cache, "-");
             fmt_dur(num(w, "uptime_s"), up, sizeof up);
-            printf("  %-8d %-7s %-9s %-8s %-11s %8.1f %9.1f %8lld %-11s %-7s %s\n",
-                   (int)num(w, "pid"), json_string_value(json_object_get(w, "backend")), run, q, kv,
+            printf("  %-8d %-9s %-9s %-8s %-11s %8.1f %9.1f %8lld %-11s %-7s %s\n",
+                   (int)num(w, "pid"), be, run, q, kv,
                    num(w, "tok_s"), num(w, "prefill_tok_s"), (long long)num(w, "requests"), cache,
                    up, ep);
         }

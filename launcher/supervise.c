@@ -23,6 +23,7 @@ extern char **environ;
 struct sup_child {
     char name[32];
     char **argv; /* deep copy, NULL-terminated */
+    char **env;  /* "NAME=value" set on top of our environment, NULL-terminated; NULL: none */
     char *log;
     int stage;
     bool restart;
@@ -90,12 +91,31 @@ int sup_init(const struct sup_opts *o, struct sup **out)
     return 0;
 }
 
+static void strv_free(char **v)
+{
+    for (char **a = v; a && *a; a++)
+        free(*a);
+    free(v);
+}
+
+/* strv_copy deep-copies the NULL-terminated src into *dst (NULL stays NULL). */
+static int strv_copy(char *const *src, char ***dst)
+{
+    size_t n = 0;
+    *dst = NULL;
+    if (!src) return 0;
+    while (src[n])
+        n++;
+    if (!(*dst = calloc(n + 1, sizeof **dst))) return STRATA_ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (!((*dst)[i] = strdup(src[i]))) return STRATA_ENOMEM;
+    return 0;
+}
+
 static void child_free(struct sup_child *c)
 {
-    if (c->argv)
-        for (char **a = c->argv; *a; a++)
-            free(*a);
-    free(c->argv);
+    strv_free(c->argv);
+    strv_free(c->env);
     free(c->log);
     memset(c, 0, sizeof *c);
 }
@@ -109,13 +129,7 @@ int sup_add(struct sup *s, const struct sup_child_opts *co, int *idx)
         return strata_errf(STRATA_ELIMIT, "at most %d children can be supervised",
                            SUP_MAX_CHILDREN);
     struct sup_child *c = &s->c[s->n];
-    size_t argc = 0;
-    while (co->argv[argc])
-        argc++;
-    c->argv = calloc(argc + 1, sizeof *c->argv);
-    if (!c->argv) goto nomem;
-    for (size_t i = 0; i < argc; i++)
-        if (!(c->argv[i] = strdup(co->argv[i]))) goto nomem;
+    if (strv_copy(co->argv, &c->argv) != 0 || strv_copy(co->env, &c->env) != 0) goto nomem;
     if (co->log && !(c->log = strdup(co->log))) goto nomem;
     snprintf(c->name, sizeof c->name, "%s", co->name);
     c->stage = co->stage;
@@ -127,6 +141,31 @@ int sup_add(struct sup *s, const struct sup_child_opts *co, int *idx)
 nomem:
     child_free(c);
     return STRATA_ENOMEM;
+}
+
+
+/* child_env: our environment with add's "NAME=value" entries replacing ours of the same name (the
+ * array is malloc'd, its strings borrowed). NULL on ENOMEM. */
+static char **child_env(char *const *add)
+{
+    size_t n = 0, k = 0, m = 0;
+    while (environ[n])
+        n++;
+    while (add[m])
+        m++;
+    char **e = calloc(n + m + 1, sizeof *e);
+    if (!e) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        bool replaced = false;
+        for (size_t a = 0; a < m && !replaced; a++) {
+            size_t len = strcspn(add[a], "=");
+            replaced = strncmp(environ[i], add[a], len) == 0 && environ[i][len] == '=';
+        }
+        if (!replaced) e[k++] = environ[i];
+    }
+    for (size_t a = 0; a < m; a++)
+        e[k++] = add[a];
+    return e;
 }
 
 static int spawn(struct sup *s, int idx)
@@ -179,7 +218,10 @@ static int spawn(struct sup *s, int idx)
     if (!rv) rv = posix_spawnattr_setsigmask(&at, &none);
     if (!rv) rv = posix_spawnattr_setsigdefault(&at, &dfl);
     pid_t pid = 0;
-    if (!rv) rv = posix_spawn(&pid, c->argv[0], &fa, &at, c->argv, environ);
+    char **envp = environ;
+    if (!rv && c->env && !(envp = child_env(c->env))) rv = ENOMEM;
+    if (!rv) rv = posix_spawn(&pid, c->argv[0], &fa, &at, c->argv, envp);
+    if (envp != environ) free(envp); /* only the array: its strings are environ's and c->env's */
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&at);
     if (log_fd >= 0) close(log_fd);

@@ -41,6 +41,8 @@ struct sup_opts {
 struct sup_child_opts {
     const char *name;  /* for messages: "arena", "worker-0"; at most 31 bytes */
     char *const *argv; /* argv[0] is the executable's path (no PATH search); copied */
+    char *const *env;  /* "NAME=value" entries set on top of our environment (replacing ours of
+                          the same name), NULL-terminated; NULL: ours as it is; copied */
     const char *log;   /* file that gets stdout and stderr (appended); NULL: inherit ours */
     int stage;         /* stop order: higher stages stop first */
     bool restart;      /* restart when it dies; false: its death ends sup_run */

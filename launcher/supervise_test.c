@@ -223,6 +223,35 @@ START_TEST(fatal_child_ends_run)
 }
 END_TEST
 
+/* A child's env entries are set on top of ours: a new name added, one of ours replaced, the rest
+ * kept. */
+START_TEST(child_env)
+{
+    setenv("SUP_TEST_KEEP", "kept", 1);
+    setenv("SUP_TEST_SWAP", "ours", 1);
+    struct sup *s;
+    ck_assert_int_eq(sup_init(NULL, &s), 0);
+    const char *out = path_in_tmp("env");
+    char script[600];
+    snprintf(script, sizeof script,
+             "echo \"$SUP_TEST_KEEP $SUP_TEST_SWAP $SUP_TEST_NEW\" > %s; exit 4", out);
+    char *argv[] = {"/bin/sh", "-c", script, NULL};
+    char *env[] = {"SUP_TEST_SWAP=theirs", "SUP_TEST_NEW=new", NULL};
+    struct sup_child_opts co = {.name = "env", .argv = argv, .env = env, .restart = false};
+    int idx;
+    ck_assert_int_eq(sup_add(s, &co, &idx), 0);
+    ck_assert_int_eq(sup_start(s, idx), 0);
+    ck_assert_int_eq(sup_run(s, 5000), STRATA_ECLOSED);
+    size_t len;
+    char *got = test_read_file(out, &len);
+    ck_assert_ptr_nonnull(got);
+    ck_assert_str_eq(got, "kept theirs new\n");
+    ck_assert_str_eq(getenv("SUP_TEST_SWAP"), "ours"); /* ours is untouched */
+    free(got);
+    sup_fini(s);
+}
+END_TEST
+
 /* A restarting child that exits with its fatal status (strata-arena's "cannot start") is not
  * restarted: the run ends and says why, instead of "restarting it in 0.2 s" forever. Another
  * status still restarts it. */
@@ -298,6 +327,7 @@ static Suite *suite(void)
     tcase_add_test(tc, fatal_child_ends_run);
     tcase_add_test(tc, fatal_status_not_restarted);
     tcase_add_test(tc, missing_binary_and_on_spawn);
+    tcase_add_test(tc, child_env);
     suite_add_tcase(s, tc);
     return s;
 }

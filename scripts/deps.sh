@@ -25,3 +25,12 @@ if [ -n "$opt" ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $opt >/dev/null ||
     echo "deps: could not install$opt: the Windows shim's test will be skipped"
 fi
+# The browser test of the web pages (launcher/web_test.c) drives Debian's chromium; without it
+# that test skips. Its recommends (printing, desktop integration) are not needed headless.
+if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "ok installed"; then
+  echo "deps: installing chromium (the web pages' browser test)"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium >/dev/null ||
+    echo "deps: chromium could not be installed: the browser test will skip"
+fi

@@ -448,6 +448,8 @@ int wclient_status(struct wclient *c, struct wclient_status *out)
         (rv = opt(msg_get_u64(&m, NULL, "prefix_hits", UINT64_MAX, &out->prefix_hits))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "requests", UINT64_MAX, &out->requests))) != 0 ||
         (rv = opt(msg_get_f64(&m, NULL, "uptime_s", 0, 1e15, &out->uptime_s))) != 0 ||
+        (rv = opt(msg_get_f64(&m, NULL, "window_s", 0, 1e15, &out->window_s))) != 0 ||
+        (rv = opt(msg_get_f64(&m, NULL, "monitor_s", 0, 1e15, &out->monitor_s))) != 0 ||
         (rv = opt(msg_get_map(&m, NULL, "cache", &cache))) != 0)
         goto done;
     if (cache && ((rv = opt(get_u32(&m, cache, "slots", &out->cache_slots))) != 0 ||
@@ -457,6 +459,7 @@ int wclient_status(struct wclient *c, struct wclient_status *out)
                   (rv = opt(msg_get_u64(&m, cache, "misses", UINT64_MAX, &out->cache_misses))) != 0 ||
                   (rv = opt(get_u32(&m, cache, "resident", &out->cache_resident))) != 0 ||
                   (rv = opt(msg_get_u64(&m, cache, "swaps", UINT64_MAX, &out->cache_swaps))) != 0 ||
+                  (rv = opt(msg_get_u64(&m, cache, "copy_bytes", UINT64_MAX, &out->copy_bytes))) != 0 ||
                   (rv = opt(msg_get_f64(&m, cache, "copy_gibs", 0, 1e9, &out->cache_copy_gibs))) != 0 ||
                   (rv = opt(msg_get_f64(&m, cache, "adapt_wait_s", 0, 1e15, &out->adapt_wait_s))) != 0))
         goto done;
@@ -493,6 +496,41 @@ int wclient_vram(struct wclient *c, bool resize, uint64_t new_cache_bytes, struc
 done:
     msg_free(&m);
     return rv;
+}
+
+int wclient_heat(struct wclient *c, struct wclient_heat *out)
+{
+    struct msg_builder b;
+    struct msg m;
+    memset(out, 0, sizeof *out);
+    msg_begin_request(&b, "heat");
+    int rv = ipc_request(c->ipc, &b, &m, c->o.timeout_ms);
+    if (rv != 0) return rv;
+    const void *p;
+    size_t len;
+    if ((rv = get_u32(&m, NULL, "n_layer", &out->n_layer)) != 0 ||
+        (rv = get_u32(&m, NULL, "n_expert", &out->n_expert)) != 0 ||
+        (rv = msg_get_bin(&m, NULL, "counts", WCLIENT_REPLY_MAX, &p, &len)) != 0)
+        goto done;
+    if (len != (size_t)out->n_layer * out->n_expert * sizeof *out->counts) {
+        rv = strata_errf(STRATA_EPROTO, "heat: %zu bytes of counts for %u x %u", len,
+                         out->n_layer, out->n_expert);
+        goto done;
+    }
+    if (len && !(out->counts = malloc(len))) {
+        rv = strata_errf(STRATA_ENOMEM, "heat");
+        goto done;
+    }
+    if (len) memcpy(out->counts, p, len);
+done:
+    msg_free(&m);
+    return rv;
+}
+
+void wclient_heat_free(struct wclient_heat *h)
+{
+    free(h->counts);
+    h->counts = NULL;
 }
 
 /* ---- streams ----------------------------------------------------------------------------------

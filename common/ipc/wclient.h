@@ -203,6 +203,9 @@ struct wclient_status {
     double adapt_wait_s;               /* windows' time spent waiting for the tier's copies */
     char backend[16], kv_type[8];      /* what computes; empty from an older worker */
     double uptime_s;
+    double window_s;      /* wall time of its windows since start */
+    double monitor_s;     /* time it spent answering status, heat and vram (a monitor's cost) */
+    uint64_t copy_bytes;  /* bytes the expert cache copied into slots */
 };
 
 /* wclient_status reads the worker's figures. */
@@ -219,6 +222,16 @@ struct wclient_vram {
  * new_cache_bytes big first (STRATA_EUNSUPPORTED on the CPU backend). */
 int wclient_vram(struct wclient *c, bool resize, uint64_t new_cache_bytes,
                  struct wclient_vram *out);
+
+struct wclient_heat {
+    uint32_t n_layer, n_expert;
+    uint64_t *counts; /* (n_layer, n_expert) tokens routed since the worker started (malloc'd) */
+};
+
+/* wclient_heat reads the worker's routing counts (the monitor's heat map). Free with
+ * wclient_heat_free. STRATA_EUNSUPPORTED for a model without routed experts, or a call error. */
+int wclient_heat(struct wclient *c, struct wclient_heat *out);
+void wclient_heat_free(struct wclient_heat *h); /* zeroed or freed twice is fine */
 
 /* ---- streams ----------------------------------------------------------------------------------
  */
