@@ -1,6 +1,8 @@
 #include "gpu-worker/engine.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/grammar/grammar.h"
+#include "common/tok/tok.h"
 #include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 
@@ -36,6 +38,9 @@ struct ereq {
     uint32_t n_draft;
     uint32_t spec_k; /* drafts to try next: grows while all are accepted, halves on none */
     uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
+    struct grammar *gr;          /* the request's grammar, or NULL */
+    struct grammar_matcher *gm;  /* its state after the generated tokens (loop once queued) */
+    bool grammar_end;            /* finished STOP by a complete sentence, not a stop id */
     /* shared */
     enum { RQ_QUEUED, RQ_RUNNING, RQ_DONE } state;
     bool cancel;
@@ -99,6 +104,10 @@ struct engine {
     char cmd_msg[256]; /* the error's detail, made on the decode thread */
     bool cmd_done;
     pthread_cond_t cmd_cv;
+    /* grammars: the vocabulary as bytes, built on the first grammar request (under gv_mu) */
+    pthread_mutex_t gv_mu;
+    struct grammar_vocab *gv;
+    uint32_t *allow; /* (loop) a mask with the stop ids added */
     uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
 };
@@ -140,6 +149,8 @@ static struct ereq *lookup(const struct engine *e, const char *id)
 
 static void req_free(struct engine *e, struct ereq *r)
 {
+    grammar_matcher_fini(r->gm);
+    grammar_fini(r->gr);
     kv_seq_fini(e->kv, &r->seq);
     free(r->hist);
     free(r->out);
@@ -391,6 +402,97 @@ static bool is_stop(const struct ereq *r, int32_t id)
     return false;
 }
 
+/* ---- grammars ----------------------------------------------------------------------------------
+ * A request with a grammar samples only the tokens its matcher's mask allows, plus its stop ids
+ * once the grammar accepts (so a stop means a complete sentence); a sentence that nothing may
+ * follow ends the request as a stop without a stop token. The mask is cached per matcher state. */
+
+/* grammar_vocab_of builds the engine's vocabulary as bytes once: control and unused tokens have
+ * none, so no grammar allows them. Any thread; takes gv_mu. */
+static int grammar_vocab_of(struct engine *e, const struct grammar_vocab **out)
+{
+    int rv = 0;
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gv) {
+        const uint32_t n = e->m->hp.n_vocab;
+        struct tok *t = NULL;
+        struct tok_buf b = {0};
+        uint64_t *off = malloc(((size_t)n + 1) * sizeof *off);
+        const char **ptr = malloc((size_t)n * sizeof *ptr);
+        uint32_t *len = calloc(n, sizeof *len);
+        if (!off || !ptr || !len) rv = STRATA_ENOMEM;
+        else if ((rv = tok_from_gguf(e->m->gguf, NULL, &t)) != 0)
+            rv = strata_errf(rv, "a grammar needs the model's tokenizer: %s", strata_errdetail());
+        for (uint32_t i = 0; rv == 0 && i < n; i++) {
+            off[i] = b.n;
+            const enum tok_type ty = i < tok_n_vocab(t) ? tok_token_type(t, (int32_t)i)
+                                                        : TOK_TYPE_UNUSED;
+            if (ty == TOK_TYPE_NORMAL || ty == TOK_TYPE_BYTE || ty == TOK_TYPE_USER_DEFINED ||
+                ty == TOK_TYPE_UNDEFINED)
+                rv = tok_piece(t, (int32_t)i, 0, &b);
+            len[i] = (uint32_t)(b.n - off[i]);
+        }
+        for (uint32_t i = 0; rv == 0 && i < n; i++) ptr[i] = b.p + off[i];
+        if (rv == 0) rv = grammar_vocab_init(n, ptr, len, &e->gv);
+        tok_fini(t);
+        free(b.p);
+        free(off);
+        free(ptr);
+        free(len);
+    }
+    *out = e->gv;
+    pthread_mutex_unlock(&e->gv_mu);
+    return rv;
+}
+
+/* grammar_compile compiles q's grammar for r and replays the generated tokens of a resumed
+ * request into its matcher. Outside the lock. */
+static int grammar_compile(struct engine *e, const struct engine_req *q, struct ereq *r)
+{
+    const struct grammar_vocab *v;
+    int rv = grammar_vocab_of(e, &v);
+    if (rv) return rv;
+    if ((rv = grammar_parse(q->grammar, strlen(q->grammar), &r->gr)) != 0 ||
+        (rv = grammar_matcher_init(r->gr, v, &r->gm)) != 0)
+        return strata_errf(rv, "request %s: %s", q->id, strata_errdetail());
+    for (uint32_t i = q->n_prompt - q->n_generated; i < q->n_prompt; i++)
+        if (!is_stop(r, q->prompt[i]) && (rv = grammar_matcher_accept_token(r->gm, q->prompt[i])))
+            return strata_errf(rv, "request %s: generated token %u (id %d) does not follow the "
+                               "grammar: %s", q->id, i - (q->n_prompt - q->n_generated),
+                               q->prompt[i], strata_errdetail());
+    return 0;
+}
+
+/* grammar_allow points *allow at r's mask with its stop ids added when the grammar accepts. */
+static int grammar_allow(struct engine *e, struct ereq *r, const uint32_t **allow)
+{
+    const uint32_t *m = grammar_matcher_mask(r->gm);
+    if (!m)
+        return strata_errf(STRATA_ENOMEM, "request %s: the grammar's matcher failed: %s", r->id,
+                           strata_errdetail());
+    const size_t words = ((size_t)e->m->hp.n_vocab + 31) / 32;
+    memcpy(e->allow, m, words * sizeof *m);
+    if (grammar_matcher_accepting(r->gm))
+        for (uint32_t i = 0; i < r->n_stop; i++)
+            e->allow[r->stop[i] >> 5] |= 1u << (r->stop[i] & 31);
+    *allow = e->allow;
+    return 0;
+}
+
+/* grammar_advance feeds a sampled token to r's matcher (a stop id ends the sentence instead). */
+static int grammar_advance(struct ereq *r, int32_t id)
+{
+    if (is_stop(r, id)) return 0;
+    int rv = grammar_matcher_accept_token(r->gm, id);
+    return rv ? strata_errf(rv, "request %s: %s", r->id, strata_errdetail()) : 0;
+}
+
+/* grammar_ended: r's grammar is complete and nothing may follow. */
+static bool grammar_ended(const struct ereq *r)
+{
+    return r->gm && grammar_matcher_done(r->gm);
+}
+
 /* compute runs the window's forward pass and samples (outside the lock). Returns the error of
  * the pass, which ends every request of the window. */
 static int compute(struct engine *e, uint32_t *n_tok)
@@ -424,13 +526,15 @@ static int compute(struct engine *e, uint32_t *n_tok)
                                   : r->gen_start;
                 const float *lg = e->logits + (size_t)(rows + j) * e->m->hp.n_vocab;
                 struct sample_result *res = &it->res[it->n_res];
-                it->err = sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0,
+                struct sample_params sp = r->sp;
+                if (r->gm && (it->err = grammar_allow(e, r, &sp.allow)) != 0) break;
+                it->err = sample_token(e->smp, &sp, lg, r->hist + w0, r->n_hist - w0,
                                        r->n_hist, res);
-                if (it->err) break;
+                if (it->err || (r->gm && (it->err = grammar_advance(r, res->id)) != 0)) break;
                 r->hist[r->n_hist++] = res->id;
                 it->n_res++;
                 if (j == d || res->id != r->draft[j] || is_stop(r, res->id) ||
-                    r->n_hist - r->n_prompt == r->max_new)
+                    r->n_hist - r->n_prompt == r->max_new || grammar_ended(r))
                     break;
             }
             rows += d + 1;
@@ -529,6 +633,10 @@ static void emit(struct engine *e, struct ereq *r, const struct sample_result *s
         }
         if (is_stop(r, s->id))
             finish(e, r, ENGINE_FINISH_STOP, 0);
+        else if (grammar_ended(r) && n_gen == r->n_hist - r->n_prompt) {
+            r->grammar_end = true;
+            finish(e, r, ENGINE_FINISH_STOP, 0);
+        }
         else if (n_gen == r->max_new)
             finish(e, r, ENGINE_FINISH_LENGTH, 0);
     }
@@ -642,6 +750,7 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     if (e->o.max_batch_tokens < e->o.max_running)
         e->o.max_batch_tokens = e->o.max_running; /* room for every running request's step */
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -671,7 +780,8 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     /* a row per sampled position: each decoding request's step and its drafts */
     e->logits = malloc((size_t)e->o.max_running * (1 + e->o.spec_lookup) * m->hp.n_vocab *
                        sizeof *e->logits);
-    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits) {
+    e->allow = malloc(((size_t)m->hp.n_vocab + 31) / 32 * sizeof *e->allow);
+    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits || !e->allow) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for an engine of %u sequences",
                          e->o.max_running);
         goto fail;
@@ -713,6 +823,9 @@ void engine_close(struct engine *e)
     free(e->items);
     free(e->toks);
     free(e->logits);
+    free(e->allow);
+    grammar_vocab_fini(e->gv);
+    pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->cmd_cv);
@@ -784,6 +897,15 @@ int engine_submit(struct engine *e, const struct engine_req *q)
 {
     int rv = check_req(e, q);
     if (rv) return rv;
+    /* the request is made and its grammar compiled before the lock: compiling takes a while */
+    struct ereq *nr = req_new(e, q);
+    if (!nr)
+        return strata_errf(STRATA_ENOMEM, "out of memory for request %s of %u tokens", q->id,
+                           q->n_prompt);
+    if (q->grammar && (rv = grammar_compile(e, q, nr)) != 0) {
+        req_free(e, nr);
+        return rv;
+    }
     const int64_t now = now_ns();
     pthread_mutex_lock(&e->mu);
     struct ereq *r = lookup(e, q->id);
@@ -803,11 +925,8 @@ int engine_submit(struct engine *e, const struct engine_req *q)
                          q->id, e->n_waiting, e->n_running);
         goto out;
     }
-    if (!(r = req_new(e, q))) {
-        rv = strata_errf(STRATA_ENOMEM, "out of memory for request %s of %u tokens", q->id,
-                         q->n_prompt);
-        goto out;
-    }
+    r = nr;
+    nr = NULL;
     r->lease_end = now + (int64_t)e->o.orphan_timeout_ms * 1000000;
     r->t_queued = now;
     r->state = RQ_QUEUED;
@@ -817,6 +936,7 @@ int engine_submit(struct engine *e, const struct engine_req *q)
     pthread_cond_signal(&e->wake);
 out:
     pthread_mutex_unlock(&e->mu);
+    if (nr) req_free(e, nr);
     return rv;
 }
 
@@ -840,6 +960,7 @@ int engine_poll(struct engine *e, const char *id, uint32_t from, struct engine_u
     out->n_total = r->n_out;
     out->finish = r->state == RQ_DONE && from + n >= r->n_out ? r->finish : ENGINE_FINISH_NONE;
     out->error = r->error;
+    out->grammar_end = r->grammar_end;
     memcpy(out->error_msg, r->error_msg, sizeof out->error_msg);
     out->seed = r->sp.seed;
     out->t = r->tm;

@@ -73,6 +73,11 @@ struct engine_req {
                                 penalties count them and sampling positions continue after them */
     bool logprobs;           /* report each token's logprob */
     uint32_t n_top;          /* and this many top alternatives, 0..SAMPLE_MAX_LOGPROBS */
+    const char *grammar;     /* GBNF (NUL-terminated) the generated tokens must follow, or NULL:
+                                compiled at submit (a bad one is STRATA_EINVAL with the line), its
+                                state rebuilt from the n_generated tokens; stop ids are allowed
+                                only once the grammar accepts, and a sentence nothing may follow
+                                finishes as STOP without a stop token */
 };
 
 enum engine_finish {
@@ -107,6 +112,8 @@ struct engine_update {
     uint32_t n;                /* tokens copied: indices from .. from+n-1 of the generated tokens */
     uint32_t n_total;          /* tokens generated so far */
     enum engine_finish finish; /* NONE until every token was returned (from + n == n_total) */
+    bool grammar_end;          /* finish STOP by a complete grammar sentence: the last token is
+                                  text, not a stop id */
     int error;                 /* finish == ERROR: the code; message in error_msg */
     char error_msg[256];
     uint64_t seed;
