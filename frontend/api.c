@@ -1,5 +1,7 @@
 /* api — OpenAI request bodies: parse, check types and ranges, name the bad field. */
 #include "frontend/api.h"
+#include "common/base/err.h"
+#include "common/grammar/grammar.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -324,6 +326,90 @@ static unsigned parse_stop(json_t *root, struct api_params *p, struct api_error 
     return 0;
 }
 
+/* set_grammar takes gbnf (malloc'd) as p's grammar once it compiles; param names the field. */
+static unsigned set_grammar(struct api_params *p, char *gbnf, const char *param,
+                            struct api_error *e)
+{
+    struct grammar *g = NULL;
+    int rv = grammar_parse(gbnf, strlen(gbnf), &g);
+    grammar_fini(g);
+    if (rv) {
+        free(gbnf);
+        return api_fail(e, 400, BAD, param, "invalid_grammar", "'%s': %s", param,
+                        strata_errdetail());
+    }
+    free(p->grammar);
+    p->grammar = gbnf;
+    return 0;
+}
+
+/* schema_grammar compiles a JSON schema (param names it) into p's grammar. */
+static unsigned schema_grammar(struct api_params *p, const json_t *schema, const char *param,
+                               struct api_error *e)
+{
+    char *gbnf;
+    if (schema && !json_is_object(schema) && !json_is_boolean(schema))
+        return api_fail(e, 400, BAD, param, "invalid_schema",
+                        "'%s' must be a JSON schema object, got %s", param, type_name(schema));
+    int rv = grammar_from_schema(schema, &gbnf);
+    if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rv)
+        return api_fail(e, 400, BAD, param, "invalid_schema", "'%s': %s", param,
+                        strata_errdetail());
+    return set_grammar(p, gbnf, param, e);
+}
+
+/* parse_format reads response_format ({"type": "text" | "json_object" | "json_schema"}) and
+ * llama-server's `grammar` (GBNF) and `json_schema` (a schema) into p->grammar. */
+static unsigned parse_format(json_t *r, struct api_params *p, struct api_error *e)
+{
+    const char *gbnf = NULL;
+    unsigned st;
+    if ((st = get_str(r, "grammar", &gbnf, e)) != 0) return st;
+    json_t *js = field(r, "json_schema"), *rf = field(r, "response_format");
+    if (gbnf && js)
+        return api_fail(e, 400, BAD, "grammar", "invalid_value",
+                        "send either 'grammar' or 'json_schema', not both");
+    if (gbnf) {
+        char *copy = strdup(gbnf);
+        if (!copy) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if ((st = set_grammar(p, copy, "grammar", e)) != 0) return st;
+    }
+    if (js && (st = schema_grammar(p, js, "json_schema", e)) != 0) return st;
+    if (!rf) return 0;
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !type)
+        return api_fail(e, 400, BAD, "response_format", "invalid_type",
+                        "'response_format' must be an object with a 'type': \"text\", "
+                        "\"json_object\" or \"json_schema\"");
+    if (strcmp(type, "text") == 0) return 0;
+    if ((gbnf || js) && strcmp(type, "text") != 0)
+        return api_fail(e, 400, BAD, "response_format", "invalid_value",
+                        "send either 'response_format' or '%s', not both",
+                        gbnf ? "grammar" : "json_schema");
+    if (strcmp(type, "json_object") == 0) {
+        json_t *schema = field(rf, "schema"); /* llama-server accepts a schema here too */
+        if (schema) return schema_grammar(p, schema, "response_format.schema", e);
+        char *copy = strdup(grammar_json_object());
+        if (!copy) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return set_grammar(p, copy, "response_format", e);
+    }
+    if (strcmp(type, "json_schema") == 0) {
+        json_t *o = field(rf, "json_schema");
+        if (!json_is_object(o))
+            return api_fail(e, 400, BAD, "response_format.json_schema",
+                            o ? "invalid_type" : "missing_required_parameter",
+                            "'response_format.json_schema' must be an object with 'name' and "
+                            "'schema'");
+        json_t *schema = field(o, "schema");
+        return schema_grammar(p, schema, "response_format.json_schema.schema", e);
+    }
+    return api_fail(e, 400, BAD, "response_format.type", "invalid_value",
+                    "'response_format.type' is \"%s\": use \"text\", \"json_object\" or "
+                    "\"json_schema\"",
+                    type);
+}
+
 unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_vocab,
                    struct api_params *p, struct api_error *e)
 {
@@ -350,7 +436,8 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
         (st = get_num(r, "presence_penalty", -2, 2, &p->sampling.presence_penalty, e)) ||
         (st = get_num(r, "frequency_penalty", -2, 2, &p->sampling.frequency_penalty, e)) ||
         (st = get_num(r, "repeat_penalty", 0, 10, &p->sampling.repeat_penalty, e)) ||
-        (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)))
+        (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)) ||
+        (st = parse_format(r, p, e)))
         return st;
     if (n != 1)
         return api_fail(e, 400, BAD, "n", "invalid_value",
@@ -394,6 +481,7 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
 
 void api_params_free(struct api_params *p)
 {
+    free(p->grammar);
     json_decref(p->messages);
     json_decref(p->root);
     free(p->prompt_ids);

@@ -65,6 +65,20 @@ struct api_params {
     uint32_t top_logprobs;         /* alternatives per token */
     const json_t *template_kwargs; /* chat_template_kwargs object (into root) or NULL */
     const char *reasoning_effort;  /* or NULL */
+    char *grammar; /* GBNF the answer must follow (owned), or NULL: from response_format
+                      (json_object, json_schema), llama-server's `grammar` or `json_schema`, or
+                      a forced tool call; checked by api_parse */
+    json_t *tools;       /* chat: the `tools` array as sent (into root), or NULL */
+    json_t *tool_choice; /* "auto" (also when absent with tools), "none", "required", or
+                            {"type": "function", "function": {"name"}} (into root), or NULL */
+    bool parallel_tool_calls; /* several calls in one answer may be made; default true */
+};
+
+/* A tool call parsed from a model's answer. */
+struct api_tool_call {
+    char *id;        /* "call_..." (malloc'd) */
+    char *name;      /* the function's name (malloc'd) */
+    char *arguments; /* its arguments as a JSON text (malloc'd) */
 };
 
 /* api_parse parses and checks a chat or completion body. Token ids in a prompt array must be below

@@ -663,7 +663,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                               .stop = m->stop_ids,
                               .n_stop = m->n_stop_ids,
                               .logprobs = j->p.logprobs,
-                              .top_logprobs = j->p.top_logprobs};
+                              .top_logprobs = j->p.top_logprobs,
+                              .grammar = j->p.grammar};
     j->t_submit = now_s();
     int rv = fe_pick_stream(f, &req, &j->ops, &j->stream, &j->slot);
     if (rv == STRATA_ESTATE && f->o.worker_wait_ms > 0) {
@@ -682,6 +683,10 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     } else if (rv == STRATA_EBUSY) {
         api_fail(&e, 429, "rate_limit_error", NULL, "busy",
                  "every worker's queue is full: retry after a second");
+        goto fail;
+    } else if (rv == STRATA_EINVAL && j->p.grammar) {
+        api_fail(&e, 400, "invalid_request_error", "grammar", "invalid_grammar",
+                 "the worker refused the grammar: %s", strata_errdetail());
         goto fail;
     } else if (rv == STRATA_ELIMIT) {
         api_fail(&e, 400, "invalid_request_error", kind == API_CHAT ? "messages" : "prompt",
