@@ -223,6 +223,24 @@ static unsigned text_of(json_t *content, size_t i, json_t **out, struct api_erro
     return 0;
 }
 
+/* args_as_objects turns each call's "arguments" text into the object it encodes: templates
+ * iterate the arguments (Qwen3-Coder, GLM) or print them with tojson, as llama.cpp gives them. */
+static void args_as_objects(json_t *calls)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        json_t *fn = json_object_get(c, "function");
+        const char *a = json_string_value(json_object_get(fn, "arguments"));
+        json_t *o = a ? json_loads(a, 0, NULL) : NULL;
+        if (json_is_object(o))
+            json_object_set_new(fn, "arguments", o);
+        else
+            json_decref(o);
+    }
+}
+
 static unsigned parse_messages(json_t *root, struct api_params *p, struct api_error *e)
 {
     json_t *msgs = json_object_get(root, "messages");
@@ -259,6 +277,7 @@ static unsigned parse_messages(json_t *root, struct api_params *p, struct api_er
             return st;
         }
         json_object_set_new(copy, "content", text);
+        args_as_objects(json_object_get(copy, "tool_calls"));
         json_array_append_new(p->messages, copy);
     }
     return 0;
@@ -410,6 +429,99 @@ static unsigned parse_format(json_t *r, struct api_params *p, struct api_error *
                     type);
 }
 
+/* tool_named: the tool of p->tools called name, or NULL. */
+static const json_t *tool_named(const struct api_params *p, const char *name)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(p->tools, i, t)
+    {
+        const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        if (n && strcmp(n, name) == 0) return t;
+    }
+    return NULL;
+}
+
+/* parse_tools reads tools, tool_choice and parallel_tool_calls (OpenAI's shapes). Each tool's
+ * parameters must compile to a grammar, since a forced call is held to them. */
+static unsigned parse_tools(json_t *r, struct api_params *p, struct api_error *e)
+{
+    unsigned st;
+    p->parallel_tool_calls = true;
+    if ((st = get_bool(r, "parallel_tool_calls", &p->parallel_tool_calls, e)) != 0) return st;
+    json_t *tools = field(r, "tools"), *choice = field(r, "tool_choice");
+    if (tools && (!json_is_array(tools) || json_array_size(tools) == 0))
+        return api_fail(e, 400, BAD, "tools", "invalid_type",
+                        "'tools' must be a non-empty array of {\"type\": \"function\", "
+                        "\"function\": {\"name\", \"parameters\"}}");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        json_t *fn = json_object_get(t, "function");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!json_is_object(t) || !type || strcmp(type, "function") != 0 || !json_is_object(fn))
+            return api_fail(e, 400, BAD, param, "invalid_value",
+                            "'%s' must be {\"type\": \"function\", \"function\": {...}}",
+                            param);
+        size_t n = name ? strlen(name) : 0;
+        bool ok = n > 0 && n <= 64;
+        for (size_t k = 0; ok && k < n; k++)
+            ok = (name[k] >= 'a' && name[k] <= 'z') || (name[k] >= 'A' && name[k] <= 'Z') ||
+                 (name[k] >= '0' && name[k] <= '9') || name[k] == '_' || name[k] == '-' ||
+                 name[k] == '.';
+        if (!ok)
+            return api_fail(e, 400, BAD, param, "invalid_value",
+                            "'%s.function.name' must be 1..64 of a-z, A-Z, 0-9, _, - and .",
+                            param);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(name, json_string_value(json_object_get(
+                                  json_object_get(json_array_get(tools, k), "function"), "name"))))
+                return api_fail(e, 400, BAD, param, "invalid_value",
+                                "'%s': a second tool named '%s'", param, name);
+        json_t *params = field(fn, "parameters");
+        char *gbnf = NULL;
+        int rv = params ? grammar_from_schema(params, &gbnf) : 0;
+        free(gbnf);
+        if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if (rv)
+            return api_fail(e, 400, BAD, param, "invalid_schema", "'%s.function.parameters': %s",
+                            param, strata_errdetail());
+    }
+    p->tools = tools;
+    if (!choice) {
+        p->tool_choice = NULL;
+        return 0;
+    }
+    const char *cs = json_string_value(choice);
+    if (cs) {
+        if (strcmp(cs, "auto") && strcmp(cs, "none") && strcmp(cs, "required"))
+            return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
+                            "'tool_choice' is \"%s\": use \"auto\", \"none\", \"required\" "
+                            "or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                            cs);
+        if (!strcmp(cs, "required") && !tools)
+            return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
+                            "'tool_choice' is \"required\" but the request has no 'tools'");
+        p->tool_choice = choice;
+        return 0;
+    }
+    const char *name =
+        json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+    if (!json_is_object(choice) || !name)
+        return api_fail(e, 400, BAD, "tool_choice", "invalid_type",
+                        "'tool_choice' must be a string or {\"type\": \"function\", "
+                        "\"function\": {\"name\": ...}}");
+    if (!tools || !tool_named(p, name))
+        return api_fail(e, 400, BAD, "tool_choice", "unknown_tool",
+                        "'tool_choice' names the function '%s', which is not in 'tools'", name);
+    p->tool_choice = choice;
+    return 0;
+}
+
 unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_vocab,
                    struct api_params *p, struct api_error *e)
 {
@@ -458,8 +570,13 @@ unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_
         if ((st = get_bool(r, "logprobs", &p->logprobs, e)) ||
             (st = get_int(r, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &top, e)) ||
             (st = get_str(r, "reasoning_effort", &p->reasoning_effort, e)) ||
-            (st = parse_messages(r, p, e)))
+            (st = parse_messages(r, p, e)) || (st = parse_tools(r, p, e)))
             return st;
+        const char *cs = json_string_value(p->tool_choice);
+        if (p->grammar && p->tool_choice && (!cs || !strcmp(cs, "required")))
+            return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
+                            "a forced tool call and a response format or grammar do not go "
+                            "together: drop one");
         if (top && !p->logprobs)
             return api_fail(e, 400, BAD, "top_logprobs", "invalid_value",
                             "'top_logprobs' needs 'logprobs': true");

@@ -46,6 +46,15 @@ uint32_t grammar_n_rules(const struct grammar *g);
  * a $ref that does not resolve, min above max), STRATA_ENOMEM. */
 int grammar_from_schema(const json_t *schema, char **gbnf);
 
+/* grammar_from_schemas compiles n schemas into one GBNF text (malloc'd) where rule names[i]
+ * accepts schemas[i] and the primitive rules are shared; no `root` unless a name is "root". For
+ * grammars that embed JSON in other text (tool calls): the caller adds `root`. Names must be GBNF
+ * rule names other than rN and the primitives (space, string, char, value, object, array,
+ * number, integer, boolean, null, ...): prefer "args-0", "args-1"... Errors as
+ * grammar_from_schema. */
+int grammar_from_schemas(const json_t *const *schemas, const char *const *names, size_t n,
+                         char **gbnf);
+
 /* grammar_json_object: GBNF for any JSON object (response_format json_object). Static. */
 const char *grammar_json_object(void);
 

@@ -545,15 +545,23 @@ static int node(struct gen *g, const json_t *s, const char *path, unsigned *rule
     return rv;
 }
 
-int grammar_from_schema(const json_t *schema, char **gbnf)
+int grammar_from_schemas(const json_t *const *schemas, const char *const *names, size_t n,
+                         char **gbnf)
 {
     *gbnf = NULL;
-    struct gen g = {.root = schema};
-    unsigned root;
-    int rv = node(&g, schema, "#", &root);
+    struct gen g = {0};
     struct sbuf out = {0};
+    int rv = 0;
+    for (size_t i = 0; i < n && rv == 0; i++) {
+        unsigned root;
+        g.root = schemas[i];
+        g.depth = 0;
+        /* a $ref is local to its schema: the next one starts a table of its own */
+        for (size_t k = 0; k < g.n_refs; k++) free(g.refs[k].ref);
+        g.n_refs = 0;
+        if ((rv = node(&g, schemas[i], "#", &root)) == 0) sb_printf(&out, "%s ::= r%u\n", names[i], root);
+    }
     if (rv == 0) {
-        sb_printf(&out, "root ::= r%u\n", root);
         /* a primitive's needs are listed before it is, so one pass in table order settles them */
         for (int i = (int)(sizeof PRIMS / sizeof *PRIMS) - 1; i >= 0; i--)
             if (g.prims & PRIMS[i].bit) g.prims |= PRIMS[i].needs;
@@ -571,6 +579,12 @@ int grammar_from_schema(const json_t *schema, char **gbnf)
     }
     *gbnf = out.p;
     return 0;
+}
+
+int grammar_from_schema(const json_t *schema, char **gbnf)
+{
+    const char *root = "root";
+    return grammar_from_schemas(&schema, &root, 1, gbnf);
 }
 
 const char *grammar_json_object(void)
