@@ -273,6 +273,147 @@ START_TEST(bad_schemas_and_grammars_are_400)
 }
 END_TEST
 
+
+static const char TOOLS[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"unit\": {\"enum\": [\"c\", \"f\"]}, \"n\": "
+    "{\"type\": \"integer\"}}, \"required\": [\"unit\"], \"additionalProperties\": false}}}, "
+    "{\"type\": \"function\", \"function\": {\"name\": \"ping\", \"parameters\": {\"type\": "
+    "\"object\", \"properties\": {\"ok\": {\"type\": \"boolean\"}}, \"required\": [\"ok\"], "
+    "\"additionalProperties\": false}}}]";
+
+/* call_valid: a call of one of TOOLS with arguments its parameters accept. */
+static bool call_valid(json_t *call, const char *only)
+{
+    const char *name = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
+    const char *args =
+        json_string_value(json_object_get(json_object_get(call, "function"), "arguments"));
+    const char *type = json_string_value(json_object_get(call, "type"));
+    if (!name || !args || !type || strcmp(type, "function") ||
+        !json_string_value(json_object_get(call, "id")))
+        return false;
+    if (only && strcmp(name, only)) return false;
+    json_t *a = json_loads(args, 0, NULL);
+    bool ok = json_is_object(a);
+    if (ok && !strcmp(name, "get_weather")) {
+        const char *unit = json_string_value(json_object_get(a, "unit"));
+        json_t *n = json_object_get(a, "n");
+        ok = unit && (!strcmp(unit, "c") || !strcmp(unit, "f")) && (!n || json_is_integer(n)) &&
+             json_object_size(a) == 1u + (n != NULL);
+    } else if (ok) {
+        ok = !strcmp(name, "ping") && json_is_boolean(json_object_get(a, "ok")) &&
+             json_object_size(a) == 1;
+    }
+    json_decref(a);
+    return ok;
+}
+
+START_TEST(forced_tool_calls_validate)
+{
+    int calls = 0;
+    for (int seed = 0; seed < 10; seed++) {
+        char body[4096];
+        const bool named = seed % 2;
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], \"seed\": "
+                 "%d, \"max_tokens\": 120, \"tools\": %s, \"tool_choice\": %s, "
+                 "\"parallel_tool_calls\": %s}",
+                 seed, TOOLS,
+                 named ? "{\"type\": \"function\", \"function\": {\"name\": \"ping\"}}"
+                       : "\"required\"",
+                 seed % 3 ? "false" : "true");
+        json_t *j = post_json(body, 200);
+        json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+        json_t *tc = json_object_get(json_object_get(c, "message"), "tool_calls");
+        const char *finish = choice_str(j, "finish_reason", NULL);
+        if (!strcmp(finish, "tool_calls")) {
+            ck_assert_msg(json_array_size(tc) >= 1, "no calls: %s", json_dumps(j, 0));
+            if (seed % 3) ck_assert_uint_eq(json_array_size(tc), 1);
+            for (size_t i = 0; i < json_array_size(tc); i++)
+                ck_assert_msg(call_valid(json_array_get(tc, i), named ? "ping" : NULL),
+                              "seed %d: %s", seed, json_dumps(tc, 0));
+            calls++;
+        } else {
+            ck_assert_str_eq(finish, "length"); /* cut before the call closed: text, no calls */
+            ck_assert_ptr_null(tc);
+        }
+        json_decref(j);
+    }
+    ck_assert_int_gt(calls, 0);
+}
+END_TEST
+
+START_TEST(tool_calls_stream_as_deltas)
+{
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"seed\": 1, "
+             "\"max_tokens\": 120, \"stream\": true, \"tools\": %s, \"tool_choice\": "
+             "{\"type\": \"function\", \"function\": {\"name\": \"ping\"}}}",
+             TOOLS);
+    struct resp r;
+    post("/v1/chat/completions", body, &r);
+    ck_assert_int_eq(r.status, 200);
+    int n_calls = 0;
+    const char *finish = NULL;
+    char last_finish[32] = "";
+    for (char *p = r.body; (p = strstr(p, "data: ")) != NULL; p += 6) {
+        json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0);
+        json_t *tc = json_object_get(json_object_get(ch, "delta"), "tool_calls");
+        for (size_t i = 0; i < json_array_size(tc); i++) {
+            ck_assert(json_is_integer(json_object_get(json_array_get(tc, i), "index")));
+            ck_assert(call_valid(json_array_get(tc, i), "ping"));
+            n_calls++;
+        }
+        /* no text of the call leaks out as content */
+        const char *d = json_string_value(json_object_get(json_object_get(ch, "delta"), "content"));
+        ck_assert_msg(!d || !strstr(d, "tool_call"), "content delta %s", d);
+        if ((finish = json_string_value(json_object_get(ch, "finish_reason"))))
+            snprintf(last_finish, sizeof last_finish, "%s", finish);
+        json_decref(c);
+    }
+    free(r.body);
+    ck_assert_str_eq(last_finish, "tool_calls");
+    ck_assert_int_eq(n_calls, 1);
+}
+END_TEST
+
+START_TEST(tool_errors_and_history)
+{
+    char body[4096];
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": %s, "
+             "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"nope\"}}}",
+             TOOLS);
+    refused(body, "tool_choice", "'nope', which is not in 'tools'");
+    refused("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+            "\"required\"}",
+            "tool_choice", "no 'tools'");
+    refused("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+            "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+            "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"wat\"}}}}}]}",
+            "tools[0]", "unknown type 'wat'");
+    refused("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": "
+            "[{\"type\": \"function\", \"function\": {\"name\": \"bad name\"}}]}",
+            "tools[0]", "function.name");
+    /* a conversation with a call and its result renders and answers */
+    snprintf(body, sizeof body,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": "
+             "\"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"call_1\", "
+             "\"type\": \"function\", \"function\": {\"name\": \"ping\", \"arguments\": "
+             "\"{\\\"ok\\\": true}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"call_1\", "
+             "\"content\": \"pong\"}], \"max_tokens\": 4, \"tools\": %s, \"tool_choice\": "
+             "\"none\"}",
+             TOOLS);
+    json_t *j = post_json(body, 200);
+    ck_assert_ptr_null(
+        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
+                        "tool_calls"));
+    json_decref(j);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("fe_grammar");
@@ -282,6 +423,9 @@ int main(void)
     tcase_add_test(tc, json_schema_answers_validate_over_seeds);
     tcase_add_test(tc, json_object_and_grammar_and_streams);
     tcase_add_test(tc, bad_schemas_and_grammars_are_400);
+    tcase_add_test(tc, forced_tool_calls_validate);
+    tcase_add_test(tc, tool_calls_stream_as_deltas);
+    tcase_add_test(tc, tool_errors_and_history);
     suite_add_tcase(s, tc);
     return test_run(s);
 }
