@@ -2,8 +2,8 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/grammar/grammar.h"
-#include "common/tok/tok.h"
 #include "gpu-worker/backend.h"
+#include "gpu-worker/gvocab.h"
 #include "gpu-worker/kv.h"
 
 #include <pthread.h>
@@ -407,39 +407,13 @@ static bool is_stop(const struct ereq *r, int32_t id)
  * once the grammar accepts (so a stop means a complete sentence); a sentence that nothing may
  * follow ends the request as a stop without a stop token. The mask is cached per matcher state. */
 
-/* grammar_vocab_of builds the engine's vocabulary as bytes once: control and unused tokens have
- * none, so no grammar allows them. Any thread; takes gv_mu. */
+/* grammar_vocab_of builds the engine's grammar vocabulary once (gvocab). Any thread; takes
+ * gv_mu. */
 static int grammar_vocab_of(struct engine *e, const struct grammar_vocab **out)
 {
     int rv = 0;
     pthread_mutex_lock(&e->gv_mu);
-    if (!e->gv) {
-        const uint32_t n = e->m->hp.n_vocab;
-        struct tok *t = NULL;
-        struct tok_buf b = {0};
-        uint64_t *off = malloc(((size_t)n + 1) * sizeof *off);
-        const char **ptr = malloc((size_t)n * sizeof *ptr);
-        uint32_t *len = calloc(n, sizeof *len);
-        if (!off || !ptr || !len) rv = STRATA_ENOMEM;
-        else if ((rv = tok_from_gguf(e->m->gguf, NULL, &t)) != 0)
-            rv = strata_errf(rv, "a grammar needs the model's tokenizer: %s", strata_errdetail());
-        for (uint32_t i = 0; rv == 0 && i < n; i++) {
-            off[i] = b.n;
-            const enum tok_type ty = i < tok_n_vocab(t) ? tok_token_type(t, (int32_t)i)
-                                                        : TOK_TYPE_UNUSED;
-            if (ty == TOK_TYPE_NORMAL || ty == TOK_TYPE_BYTE || ty == TOK_TYPE_USER_DEFINED ||
-                ty == TOK_TYPE_UNDEFINED)
-                rv = tok_piece(t, (int32_t)i, 0, &b);
-            len[i] = (uint32_t)(b.n - off[i]);
-        }
-        for (uint32_t i = 0; rv == 0 && i < n; i++) ptr[i] = b.p + off[i];
-        if (rv == 0) rv = grammar_vocab_init(n, ptr, len, &e->gv);
-        tok_fini(t);
-        free(b.p);
-        free(off);
-        free(ptr);
-        free(len);
-    }
+    if (!e->gv) rv = gvocab_from_gguf(e->m->gguf, e->m->hp.n_vocab, &e->gv, NULL);
     *out = e->gv;
     pthread_mutex_unlock(&e->gv_mu);
     return rv;
