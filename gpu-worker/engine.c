@@ -38,8 +38,8 @@ struct ereq {
     uint32_t n_draft;
     uint32_t spec_k; /* drafts to try next: grows while all are accepted, halves on none */
     uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
-    struct grammar *gr;          /* the request's grammar, or NULL */
-    struct grammar_matcher *gm;  /* its state after the generated tokens (loop once queued) */
+    struct grammar_matcher *gm;  /* its grammar's state after the generated tokens, or NULL
+                                    (loop once queued) */
     bool grammar_end;            /* finished STOP by a complete sentence, not a stop id */
     /* shared */
     enum { RQ_QUEUED, RQ_RUNNING, RQ_DONE } state;
@@ -104,9 +104,16 @@ struct engine {
     char cmd_msg[256]; /* the error's detail, made on the decode thread */
     bool cmd_done;
     pthread_cond_t cmd_cv;
-    /* grammars: the vocabulary as bytes, built on the first grammar request (under gv_mu) */
+    /* grammars (under gv_mu): the vocabulary as bytes, built on the first grammar request, and
+     * the recent grammars, whose tables their requests share */
     pthread_mutex_t gv_mu;
     struct grammar_vocab *gv;
+    struct {
+        char *text;
+        struct grammar_matcher *proto;
+        uint64_t used;
+    } gc[ENGINE_GRAMMAR_CACHE];
+    uint64_t gc_clock;
     uint32_t *allow; /* (loop) a mask with the stop ids added */
     uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
@@ -150,7 +157,6 @@ static struct ereq *lookup(const struct engine *e, const char *id)
 static void req_free(struct engine *e, struct ereq *r)
 {
     grammar_matcher_fini(r->gm);
-    grammar_fini(r->gr);
     kv_seq_fini(e->kv, &r->seq);
     free(r->hist);
     free(r->out);
@@ -419,16 +425,62 @@ static int grammar_vocab_of(struct engine *e, const struct grammar_vocab **out)
     return rv;
 }
 
-/* grammar_compile compiles q's grammar for r and replays the generated tokens of a resumed
- * request into its matcher. Outside the lock. */
+/* grammar_cached forks r's matcher from the cached tables of text; false when none are cached
+ * (or they outgrew ENGINE_GRAMMAR_BYTES: the grammar then starts afresh). Under gv_mu. */
+static bool grammar_cached(struct engine *e, const char *text, struct ereq *r)
+{
+    for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++)
+        if (e->gc[i].text && strcmp(e->gc[i].text, text) == 0) {
+            if (grammar_matcher_bytes(e->gc[i].proto) > ENGINE_GRAMMAR_BYTES) return false;
+            e->gc[i].used = ++e->gc_clock;
+            return grammar_matcher_fork(e->gc[i].proto, &r->gm) == 0;
+        }
+    return false;
+}
+
+/* grammar_compile gives r a matcher of q's grammar, sharing the tables of earlier requests of the
+ * same text, and replays the generated tokens of a resumed request into it. Outside mu. */
 static int grammar_compile(struct engine *e, const struct engine_req *q, struct ereq *r)
 {
     const struct grammar_vocab *v;
     int rv = grammar_vocab_of(e, &v);
     if (rv) return rv;
-    if ((rv = grammar_parse(q->grammar, strlen(q->grammar), &r->gr)) != 0 ||
-        (rv = grammar_matcher_init(r->gr, v, &r->gm)) != 0)
-        return strata_errf(rv, "request %s: %s", q->id, strata_errdetail());
+    pthread_mutex_lock(&e->gv_mu);
+    bool hit = grammar_cached(e, q->grammar, r);
+    pthread_mutex_unlock(&e->gv_mu);
+    if (!hit) { /* compiled outside the lock: a large grammar takes a while */
+        struct grammar *g = NULL;
+        struct grammar_matcher *proto = NULL;
+        char *text = strdup(q->grammar);
+        if (!text) rv = STRATA_ENOMEM;
+        if (!rv && ((rv = grammar_parse(q->grammar, strlen(q->grammar), &g)) != 0 ||
+                    (rv = grammar_matcher_init(g, v, &proto)) != 0)) {
+            rv = strata_errf(rv, "request %s: %s", q->id, strata_errdetail());
+            grammar_fini(g);
+        }
+        if (rv) {
+            free(text);
+            return rv;
+        }
+        grammar_matcher_adopt(proto, g);
+        pthread_mutex_lock(&e->gv_mu);
+        uint32_t slot = 0; /* the same text (outgrown, or compiled twice at once), else the LRU */
+        for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++) {
+            if (e->gc[i].text && !strcmp(e->gc[i].text, text)) {
+                slot = i;
+                break;
+            }
+            if (e->gc[i].used < e->gc[slot].used) slot = i;
+        }
+        free(e->gc[slot].text);
+        grammar_matcher_fini(e->gc[slot].proto);
+        e->gc[slot].text = text;
+        e->gc[slot].proto = proto;
+        e->gc[slot].used = ++e->gc_clock;
+        rv = grammar_matcher_fork(proto, &r->gm);
+        pthread_mutex_unlock(&e->gv_mu);
+        if (rv) return rv;
+    }
     for (uint32_t i = q->n_prompt - q->n_generated; i < q->n_prompt; i++)
         if (!is_stop(r, q->prompt[i]) && (rv = grammar_matcher_accept_token(r->gm, q->prompt[i])))
             return strata_errf(rv, "request %s: generated token %u (id %d) does not follow the "
@@ -440,12 +492,10 @@ static int grammar_compile(struct engine *e, const struct engine_req *q, struct 
 /* grammar_allow points *allow at r's mask with its stop ids added when the grammar accepts. */
 static int grammar_allow(struct engine *e, struct ereq *r, const uint32_t **allow)
 {
-    const uint32_t *m = grammar_matcher_mask(r->gm);
-    if (!m)
-        return strata_errf(STRATA_ENOMEM, "request %s: the grammar's matcher failed: %s", r->id,
+    int rv = grammar_matcher_mask_into(r->gm, e->allow);
+    if (rv)
+        return strata_errf(rv, "request %s: the grammar's matcher failed: %s", r->id,
                            strata_errdetail());
-    const size_t words = ((size_t)e->m->hp.n_vocab + 31) / 32;
-    memcpy(e->allow, m, words * sizeof *m);
     if (grammar_matcher_accepting(r->gm))
         for (uint32_t i = 0; i < r->n_stop; i++)
             e->allow[r->stop[i] >> 5] |= 1u << (r->stop[i] & 31);
@@ -798,6 +848,10 @@ void engine_close(struct engine *e)
     free(e->toks);
     free(e->logits);
     free(e->allow);
+    for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++) {
+        free(e->gc[i].text);
+        grammar_matcher_fini(e->gc[i].proto);
+    }
     grammar_vocab_fini(e->gv);
     pthread_mutex_destroy(&e->gv_mu);
     pthread_mutex_destroy(&e->mu);

@@ -32,8 +32,8 @@ static void usage(FILE *f)
             "\n"
             "Times grammar-constrained sampling per token: the token mask of the grammar's state\n"
             "and feeding the chosen token, over --requests answers (default 20) of at most\n"
-            "--tokens tokens (default 200), each with a fresh matcher as the worker makes one per\n"
-            "request. The vocabulary is MODEL's (a synthetic one of its size when most of its\n"
+            "--tokens tokens (default 200), each with its own matcher on the grammar's shared\n"
+            "tables, as the worker makes one per request. The vocabulary is MODEL's (a synthetic one of its size when most of its\n"
             "tokens have no text, as fixtures), or without MODEL a synthetic one of --vocab\n"
             "tokens (default 151936, Qwen3's). With MODEL its decode step is measured too\n"
             "(`strata bench`, 32 steps) and printed beside.\n"
@@ -118,9 +118,9 @@ static int run(int argc, char **argv)
     if (rv) return strata_cmd_fail("bench-grammar", "the run", rv);
     printf("grammar: JSON schema %s\n", schema_path ? schema_path : "(the built-in example)");
     printf("vocabulary: %u tokens (%s)\n", n_vocab, vocab_kind);
-    printf("mask + feed per token: mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us\n"
-           "  over %u tokens of %u answers, a fresh matcher each: %llu trie walks, %llu masks "
-           "from the cache\n",
+    printf("mask + feed per token (CPU time): mean %.1f us, p50 %.1f us, p99 %.1f us, max %.1f us\n"
+           "  over %u tokens of %u answers, a matcher each on shared tables: %llu trie walks, "
+           "%llu masks from the cache\n",
            r.mean_us, r.p50_us, r.p99_us, r.max_us, r.tokens, r.requests,
            (unsigned long long)r.masks_built, (unsigned long long)r.mask_hits);
     if (model) {

@@ -10,8 +10,9 @@
  * automaton whose transitions are cached, so the same state reached twice costs a lookup. The mask
  * of a state — which tokens of a vocabulary may come next — is a walk of the vocabulary's byte trie
  * (grammar_vocab) in preorder that skips the subtree of every dead prefix; masks are cached per
- * state. A matcher rebuilt from the tokens already generated (a resumed stream) is in the same state
- * as the one that generated them: the state is a function of the bytes.
+ * state, and shared by the matchers forked from one another (requests of the same grammar). A
+ * matcher rebuilt from the tokens already generated (a resumed stream) is in the same state as the
+ * one that generated them: the state is a function of the bytes.
  */
 #ifndef STRATA_GRAMMAR_H
 #define STRATA_GRAMMAR_H
@@ -90,11 +91,24 @@ bool grammar_matcher_accepting(const struct grammar_matcher *m);
 /* grammar_matcher_done: accepting, and no byte can follow. */
 bool grammar_matcher_done(const struct grammar_matcher *m);
 
-/* grammar_matcher_mask returns the tokens allowed next as a bitset of n_vocab bits (bit i of word
- * i / 32), owned by the matcher and valid until its next call. Tokens that would complete the
- * sentence are in it; stop tokens are not (they have no bytes: the caller allows them when
- * grammar_matcher_accepting). NULL when out of memory or past the table limit. */
-const uint32_t *grammar_matcher_mask(struct grammar_matcher *m);
+/* grammar_matcher_mask_into writes the tokens allowed next into dst as a bitset of n_vocab bits
+ * (bit i of word i / 32). Tokens that would complete the sentence are in it; stop tokens are not
+ * (they have no bytes: the caller allows them when grammar_matcher_accepting). STRATA_ENOMEM, or
+ * STRATA_ELIMIT past the table limits (the matcher is unusable then). */
+int grammar_matcher_mask_into(struct grammar_matcher *m, uint32_t *dst);
+
+/* grammar_matcher_fork makes a matcher at the start of proto's grammar that shares proto's
+ * tables (states, transitions, masks), so a grammar used by many requests walks each state's
+ * mask once. Matchers sharing tables may be used from different threads (the tables are under a
+ * lock); each one by one thread at a time. STRATA_ENOMEM. */
+int grammar_matcher_fork(struct grammar_matcher *proto, struct grammar_matcher **out);
+
+/* grammar_matcher_adopt hands g (the grammar m was made with) to m's tables: it is freed with the
+ * last matcher that shares them. */
+void grammar_matcher_adopt(struct grammar_matcher *m, struct grammar *g);
+
+/* grammar_matcher_bytes: the memory m's tables hold (for a cache's budget). */
+size_t grammar_matcher_bytes(struct grammar_matcher *m);
 
 struct grammar_stats {
     uint32_t states;      /* automaton states interned */

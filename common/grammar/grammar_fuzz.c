@@ -26,8 +26,8 @@ static void exercise(const struct grammar *g, const uint8_t *p, size_t n)
     struct grammar_matcher *m;
     if (grammar_matcher_init(g, vocab(), &m)) return;
     for (size_t i = 0; i < n && i < 64; i++) {
-        const uint32_t *mask = grammar_matcher_mask(m);
-        if (!mask) break;
+        uint32_t mask[1];
+        if (grammar_matcher_mask_into(m, mask)) break;
         /* take the input's byte as a token choice among the allowed, else feed it as a byte */
         uint32_t t = p[i] % grammar_vocab_size(vocab());
         if ((mask[t >> 5] >> (t & 31)) & 1) {

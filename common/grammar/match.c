@@ -3,6 +3,7 @@
 #include "common/base/err.h"
 #include "common/grammar/grammar_int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -149,7 +150,12 @@ struct state {
     uint32_t *mask;   /* cached mask, or NULL */
 };
 
-struct grammar_matcher {
+/* The automaton of one grammar over one vocabulary: stacks, states, transitions and masks. Shared
+ * by the matchers forked from one another (one per request of the same grammar), under mu. */
+struct automaton {
+    pthread_mutex_t mu;
+    uint32_t refs;          /* matchers sharing it */
+    struct grammar *owned;  /* freed with the automaton (grammar_matcher_adopt), or NULL */
     const struct grammar *g;
     const struct grammar_vocab *v;
     struct node *nodes;
@@ -164,7 +170,7 @@ struct grammar_matcher {
     uint32_t *state_tab;
     uint32_t state_tab_cap;
     uint32_t gen;
-    uint32_t cur; /* the current state */
+    uint32_t start; /* the state before any byte */
     /* scratch of one expansion */
     uint32_t *out;
     uint32_t n_out, cap_out;
@@ -174,7 +180,12 @@ struct grammar_matcher {
     int err; /* the first table failure (ENOMEM, ELIMIT); the matcher is unusable after */
     uint32_t n_masks;
     uint32_t *walk; /* (max_depth + 1) states along the trie path */
-    struct grammar_stats st;
+};
+
+struct grammar_matcher {
+    struct automaton *a;
+    uint32_t cur; /* the current state */
+    uint64_t masks_built, mask_hits;
 };
 
 static uint64_t mix(uint64_t h)
@@ -203,7 +214,7 @@ static uint32_t node_hash(uint32_t pos, uint32_t parent)
     return (uint32_t)mix((uint64_t)pos << 32 | parent);
 }
 
-static bool node_rehash(struct grammar_matcher *m, uint32_t cap)
+static bool node_rehash(struct automaton *m, uint32_t cap)
 {
     uint32_t *t = calloc(cap, sizeof *t);
     if (!t) return false;
@@ -219,7 +230,7 @@ static bool node_rehash(struct grammar_matcher *m, uint32_t cap)
 }
 
 /* intern returns the node (pos, parent), made on first use; 0 on failure (m->err set). */
-static uint32_t intern(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
+static uint32_t intern(struct automaton *m, uint32_t pos, uint32_t parent)
 {
     uint32_t h = node_hash(pos, parent) & (m->node_tab_cap - 1);
     for (uint32_t id; (id = m->node_tab[h]) != 0; h = (h + 1) & (m->node_tab_cap - 1))
@@ -258,7 +269,7 @@ static uint32_t state_hash(const uint32_t *e, uint32_t n, bool accept)
     return (uint32_t)h;
 }
 
-static bool state_rehash(struct grammar_matcher *m, uint32_t cap)
+static bool state_rehash(struct automaton *m, uint32_t cap)
 {
     uint32_t *t = calloc(cap, sizeof *t);
     if (!t) return false;
@@ -276,7 +287,7 @@ static bool state_rehash(struct grammar_matcher *m, uint32_t cap)
 
 /* state_of interns the set m->out[0..n_out) (sorted here) with m->accept. 0 for the empty set
  * without accept (dead), and on failure (m->err set). */
-static uint32_t state_of(struct grammar_matcher *m)
+static uint32_t state_of(struct automaton *m)
 {
     if (m->n_out == 0 && !m->accept) return 0;
     qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
@@ -303,7 +314,6 @@ static uint32_t state_of(struct grammar_matcher *m)
     memcpy(m->elems + m->n_elems, m->out, n * sizeof *m->out);
     m->n_elems += n;
     m->state_tab[h] = id;
-    m->st.states = m->n_states;
     if (2 * m->n_states > m->state_tab_cap && !state_rehash(m, 2 * m->state_tab_cap)) {
         m->err = STRATA_ENOMEM;
         return 0;
@@ -311,7 +321,7 @@ static uint32_t state_of(struct grammar_matcher *m)
     return id;
 }
 
-static bool push_work(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
+static bool push_work(struct automaton *m, uint32_t pos, uint32_t parent)
 {
     if (!grow((void **)&m->work, &m->cap_work, m->n_work + 1, sizeof *m->work)) {
         m->err = STRATA_ENOMEM;
@@ -324,7 +334,7 @@ static bool push_work(struct grammar_matcher *m, uint32_t pos, uint32_t parent)
 /* expand closes the work list: every stack is followed through rule entries and ends of
  * alternatives to the byte sets at its top, collected in m->out once each (the generation
  * stamps), the empty stack as m->accept. Iterative: a deep grammar cannot overflow the C stack. */
-static void expand(struct grammar_matcher *m)
+static void expand(struct automaton *m)
 {
     const struct grammar *g = m->g;
     while (m->n_work && !m->err) {
@@ -354,7 +364,7 @@ static void expand(struct grammar_matcher *m)
     }
 }
 
-static void begin(struct grammar_matcher *m)
+static void begin(struct automaton *m)
 {
     m->n_out = m->n_work = 0;
     m->accept = false;
@@ -365,7 +375,7 @@ static void begin(struct grammar_matcher *m)
 }
 
 /* step: the state after byte b from state s (0: dead, or m->err). Cached per (state, byte). */
-static uint32_t step(struct grammar_matcher *m, uint32_t s, uint8_t b)
+static uint32_t step(struct automaton *m, uint32_t s, uint8_t b)
 {
     if (s == 0) return 0;
     struct state *st = &m->states[s];
@@ -392,44 +402,13 @@ static uint32_t step(struct grammar_matcher *m, uint32_t s, uint8_t b)
     return next;
 }
 
-int grammar_matcher_init(const struct grammar *g, const struct grammar_vocab *v,
-                         struct grammar_matcher **out)
-{
-    *out = NULL;
-    struct grammar_matcher *m = calloc(1, sizeof *m);
-    if (!m) return STRATA_ENOMEM;
-    m->g = g;
-    m->v = v;
-    m->n_nodes = 1; /* node 0: the empty stack */
-    m->n_states = 1;
-    if (!grow((void **)&m->nodes, &m->cap_nodes, 1, sizeof *m->nodes) ||
-        !grow((void **)&m->stamp, &m->cap_stamp, 1, sizeof *m->stamp) ||
-        !grow((void **)&m->states, &m->cap_states, 1, sizeof *m->states) ||
-        !(m->node_tab = calloc(1024, sizeof *m->node_tab)) ||
-        !(m->state_tab = calloc(1024, sizeof *m->state_tab)) ||
-        (v && !(m->walk = malloc(((size_t)v->max_depth + 1) * sizeof *m->walk)))) {
-        grammar_matcher_fini(m);
-        return STRATA_ENOMEM;
-    }
-    m->node_tab_cap = m->state_tab_cap = 1024;
-    m->states[0] = (struct state){0};
-    begin(m);
-    for (uint32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++)
-        if (!push_work(m, g->alt_pos[a], 0)) break;
-    expand(m);
-    if (!m->err) m->cur = state_of(m);
-    if (m->err) {
-        int rv = m->err;
-        grammar_matcher_fini(m);
-        return rv;
-    }
-    *out = m;
-    return 0;
-}
-
-void grammar_matcher_fini(struct grammar_matcher *m)
+static void automaton_release(struct automaton *m)
 {
     if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    const uint32_t refs = --m->refs;
+    pthread_mutex_unlock(&m->mu);
+    if (refs) return;
     for (uint32_t i = 0; i < m->n_states; i++) {
         free(m->states[i].trans);
         free(m->states[i].mask);
@@ -443,49 +422,149 @@ void grammar_matcher_fini(struct grammar_matcher *m)
     free(m->out);
     free(m->work);
     free(m->walk);
+    grammar_fini(m->owned);
+    pthread_mutex_destroy(&m->mu);
     free(m);
 }
 
-int grammar_matcher_feed(struct grammar_matcher *m, const void *p, size_t n)
+int grammar_matcher_init(const struct grammar *g, const struct grammar_vocab *v,
+                         struct grammar_matcher **out)
 {
-    if (m->err) return m->err;
-    uint32_t s = m->cur;
-    for (size_t i = 0; i < n && s; i++) s = step(m, s, ((const uint8_t *)p)[i]);
-    if (m->err) return m->err;
-    if (!s) return strata_errf(STRATA_EINVAL, "the text does not continue the grammar");
-    m->cur = s;
+    *out = NULL;
+    struct grammar_matcher *mt = calloc(1, sizeof *mt);
+    struct automaton *m = calloc(1, sizeof *m);
+    if (!mt || !m) {
+        free(mt);
+        free(m);
+        return STRATA_ENOMEM;
+    }
+    pthread_mutex_init(&m->mu, NULL);
+    m->refs = 1;
+    mt->a = m;
+    m->g = g;
+    m->v = v;
+    m->n_nodes = 1; /* node 0: the empty stack */
+    m->n_states = 1;
+    if (!grow((void **)&m->nodes, &m->cap_nodes, 1, sizeof *m->nodes) ||
+        !grow((void **)&m->stamp, &m->cap_stamp, 1, sizeof *m->stamp) ||
+        !grow((void **)&m->states, &m->cap_states, 1, sizeof *m->states) ||
+        !(m->node_tab = calloc(1024, sizeof *m->node_tab)) ||
+        !(m->state_tab = calloc(1024, sizeof *m->state_tab)) ||
+        (v && !(m->walk = malloc(((size_t)v->max_depth + 1) * sizeof *m->walk)))) {
+        grammar_matcher_fini(mt);
+        return STRATA_ENOMEM;
+    }
+    m->node_tab_cap = m->state_tab_cap = 1024;
+    m->states[0] = (struct state){0};
+    begin(m);
+    for (uint32_t a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++)
+        if (!push_work(m, g->alt_pos[a], 0)) break;
+    expand(m);
+    if (!m->err) m->start = state_of(m);
+    if (m->err) {
+        int rv = m->err;
+        grammar_matcher_fini(mt);
+        return rv;
+    }
+    mt->cur = m->start;
+    *out = mt;
     return 0;
 }
 
-int grammar_matcher_accept_token(struct grammar_matcher *m, int32_t id)
+int grammar_matcher_fork(struct grammar_matcher *proto, struct grammar_matcher **out)
 {
-    const struct grammar_vocab *v = m->v;
+    *out = NULL;
+    struct grammar_matcher *mt = calloc(1, sizeof *mt);
+    if (!mt) return STRATA_ENOMEM;
+    struct automaton *m = proto->a;
+    pthread_mutex_lock(&m->mu);
+    m->refs++;
+    pthread_mutex_unlock(&m->mu);
+    mt->a = m;
+    mt->cur = m->start;
+    *out = mt;
+    return 0;
+}
+
+void grammar_matcher_adopt(struct grammar_matcher *m, struct grammar *g)
+{
+    m->a->owned = g;
+}
+
+size_t grammar_matcher_bytes(struct grammar_matcher *mt)
+{
+    struct automaton *m = mt->a;
+    pthread_mutex_lock(&m->mu);
+    size_t n = (size_t)m->cap_nodes * (sizeof *m->nodes + sizeof *m->stamp) +
+               (size_t)m->cap_states * sizeof *m->states + (size_t)m->cap_elems * 4 +
+               (size_t)(m->node_tab_cap + m->state_tab_cap) * 4;
+    for (uint32_t i = 0; i < m->n_states; i++) n += m->states[i].trans ? 1024 : 0;
+    if (m->v) n += (size_t)m->n_masks * ((m->v->n_vocab + 31) / 32) * 4;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+void grammar_matcher_fini(struct grammar_matcher *m)
+{
+    if (!m) return;
+    automaton_release(m->a);
+    free(m);
+}
+
+int grammar_matcher_feed(struct grammar_matcher *mt, const void *p, size_t n)
+{
+    struct automaton *m = mt->a;
+    pthread_mutex_lock(&m->mu);
+    uint32_t s = m->err ? 0 : mt->cur;
+    for (size_t i = 0; i < n && s; i++) s = step(m, s, ((const uint8_t *)p)[i]);
+    int rv = m->err;
+    pthread_mutex_unlock(&m->mu);
+    if (rv) return rv;
+    if (!s) return strata_errf(STRATA_EINVAL, "the text does not continue the grammar");
+    mt->cur = s;
+    return 0;
+}
+
+int grammar_matcher_accept_token(struct grammar_matcher *mt, int32_t id)
+{
+    const struct grammar_vocab *v = mt->a->v;
     if (!v || id < 0 || (uint32_t)id >= v->n_vocab)
         return strata_errf(STRATA_EINVAL, "token %d is outside the grammar's vocabulary", id);
     const uint64_t len = v->off[id + 1] - v->off[id];
     if (len == 0)
         return strata_errf(STRATA_EINVAL, "token %d has no text: the grammar cannot match it", id);
-    int rv = grammar_matcher_feed(m, v->blob + v->off[id], len);
+    int rv = grammar_matcher_feed(mt, v->blob + v->off[id], len);
     return rv == STRATA_EINVAL ? strata_errf(rv, "token %d does not continue the grammar", id) : rv;
 }
 
-bool grammar_matcher_accepting(const struct grammar_matcher *m)
+/* A state's fields below are written once, when it is made: read without the lock. The states
+ * array may move when another matcher adds one, so it is read under the lock. */
+bool grammar_matcher_accepting(const struct grammar_matcher *mt)
 {
-    return m->states[m->cur].accept;
+    struct automaton *m = mt->a;
+    pthread_mutex_lock(&m->mu);
+    bool r = m->states[mt->cur].accept;
+    pthread_mutex_unlock(&m->mu);
+    return r;
 }
 
-bool grammar_matcher_done(const struct grammar_matcher *m)
+bool grammar_matcher_done(const struct grammar_matcher *mt)
 {
-    return m->states[m->cur].accept && m->states[m->cur].n == 0;
+    struct automaton *m = mt->a;
+    pthread_mutex_lock(&m->mu);
+    bool r = m->states[mt->cur].accept && m->states[mt->cur].n == 0;
+    pthread_mutex_unlock(&m->mu);
+    return r;
 }
 
-const uint32_t *grammar_matcher_mask(struct grammar_matcher *m)
+/* mask_of returns state cur's mask, walking the trie when it has none (under mu). */
+static const uint32_t *mask_of(struct automaton *m, uint32_t cur, struct grammar_matcher *mt)
 {
     const struct grammar_vocab *v = m->v;
     if (m->err || !v) return NULL;
-    if (m->states[m->cur].mask) {
-        m->st.mask_hits++;
-        return m->states[m->cur].mask;
+    if (m->states[cur].mask) {
+        mt->mask_hits++;
+        return m->states[cur].mask;
     }
     if (m->n_masks >= MAX_MASKS) { /* forget them all: states recur within a short span */
         for (uint32_t i = 0; i < m->n_states; i++) {
@@ -497,7 +576,7 @@ const uint32_t *grammar_matcher_mask(struct grammar_matcher *m)
     uint32_t *mask = calloc((v->n_vocab + 31) / 32, sizeof *mask);
     if (!mask) return NULL;
     uint32_t *walk = m->walk;
-    walk[0] = m->cur;
+    walk[0] = cur;
     for (uint32_t i = 0; i < v->n_nodes;) {
         const uint32_t d = v->depth[i];
         const uint32_t s = step(m, walk[d - 1], v->byte[i]);
@@ -514,15 +593,28 @@ const uint32_t *grammar_matcher_mask(struct grammar_matcher *m)
             mask[v->ids[t] >> 5] |= 1u << (v->ids[t] & 31);
         i = m->states[s].n ? i + 1 : v->end[i]; /* accept only: nothing may follow */
     }
-    m->states[m->cur].mask = mask;
+    m->states[cur].mask = mask;
     m->n_masks++;
-    m->st.masks_built++;
+    mt->masks_built++;
     return mask;
 }
 
-void grammar_matcher_stats(const struct grammar_matcher *m, struct grammar_stats *out)
+int grammar_matcher_mask_into(struct grammar_matcher *mt, uint32_t *dst)
 {
-    *out = m->st;
-    out->states = m->n_states;
-    out->stacks = m->n_nodes;
+    struct automaton *m = mt->a;
+    pthread_mutex_lock(&m->mu);
+    const uint32_t *mask = mask_of(m, mt->cur, mt);
+    if (mask) memcpy(dst, mask, ((size_t)m->v->n_vocab + 31) / 32 * sizeof *mask);
+    int rv = mask ? 0 : m->err ? m->err : STRATA_ENOMEM;
+    pthread_mutex_unlock(&m->mu);
+    return rv;
+}
+
+void grammar_matcher_stats(const struct grammar_matcher *mt, struct grammar_stats *out)
+{
+    struct automaton *m = mt->a;
+    pthread_mutex_lock(&m->mu);
+    *out = (struct grammar_stats){.states = m->n_states, .stacks = m->n_nodes,
+                                  .masks_built = mt->masks_built, .mask_hits = mt->mask_hits};
+    pthread_mutex_unlock(&m->mu);
 }
