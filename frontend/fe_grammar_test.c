@@ -113,8 +113,12 @@ static void setup(void)
     mkdir(run, 0700);
     struct fixture_opts fo = {.seed = 5, .threads = 1};
     ck_assert_int_eq(fixture_write(&fo, model), 0);
-    struct worker_config c = {.model = strdup(model), .runtime_dir = strdup(run), .ctx = 512,
-                              .max_seqs = 8, .orphan_timeout_s = 60, .watchdog_ms = -1};
+    struct worker_config c = {.model = strdup(model),
+                              .runtime_dir = strdup(run),
+                              .ctx = 512,
+                              .max_seqs = 8,
+                              .orphan_timeout_s = 60,
+                              .watchdog_ms = -1};
     ck_assert_msg(worker_init(&c, &W) == 0, "%s", strata_errdetail());
     ck_assert_int_eq(pthread_create(&W_th, NULL, worker_main, W), 0);
     struct fe_opts o = {.max_tokens = 128, .monitor_ms = 50};
@@ -273,7 +277,6 @@ START_TEST(bad_schemas_and_grammars_are_400)
 }
 END_TEST
 
-
 static const char TOOLS[] =
     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
     "{\"type\": \"object\", \"properties\": {\"unit\": {\"enum\": [\"c\", \"f\"]}, \"n\": "
@@ -285,7 +288,8 @@ static const char TOOLS[] =
 /* call_valid: a call of one of TOOLS with arguments its parameters accept. */
 static bool call_valid(json_t *call, const char *only)
 {
-    const char *name = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
+    const char *name =
+        json_string_value(json_object_get(json_object_get(call, "function"), "name"));
     const char *args =
         json_string_value(json_object_get(json_object_get(call, "function"), "arguments"));
     const char *type = json_string_value(json_object_get(call, "type"));
@@ -407,9 +411,9 @@ START_TEST(tool_errors_and_history)
              "\"none\"}",
              TOOLS);
     json_t *j = post_json(body, 200);
-    ck_assert_ptr_null(
-        json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
-                        "tool_calls"));
+    ck_assert_ptr_null(json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message"),
+        "tool_calls"));
     json_decref(j);
 }
 END_TEST

@@ -15,8 +15,8 @@
 #define DS_CALL_END    "<｜tool▁call▁end｜>"
 #define DS_SEP         "<｜tool▁sep｜>"
 
-static const char *const NAMES[] = {"hermes", "qwen3-coder", "glm", "mistral", "mistral-v3",
-                                    "llama3", "deepseek", "harmony"};
+static const char *const NAMES[] = {"hermes",     "qwen3-coder", "glm",      "mistral",
+                                    "mistral-v3", "llama3",      "deepseek", "harmony"};
 
 const char *tools_family_name(enum tools_family f)
 {
@@ -65,7 +65,8 @@ enum tools_family tools_detect(const struct tmpl *t, const char *bos, const char
     return f;
 }
 
-/* ---- parsing ---------------------------------------------------------------------------------- */
+/* ---- parsing ----------------------------------------------------------------------------------
+ */
 
 static size_t find(const char *s, size_t n, size_t from, const char *m)
 {
@@ -83,7 +84,8 @@ static bool at(const char *s, size_t n, size_t pos, const char *m)
 
 static size_t skip_ws(const char *s, size_t n, size_t pos)
 {
-    while (pos < n && (s[pos] == ' ' || s[pos] == '\n' || s[pos] == '\t' || s[pos] == '\r')) pos++;
+    while (pos < n && (s[pos] == ' ' || s[pos] == '\n' || s[pos] == '\t' || s[pos] == '\r'))
+        pos++;
     return pos;
 }
 
@@ -108,7 +110,8 @@ static void make_id(const struct parse *p, size_t idx, char *buf, size_t n)
 {
     static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     uint64_t h = 1469598103934665603ull ^ idx;
-    for (const char *c = p->seed; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    for (const char *c = p->seed; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
     const bool mistral = p->f == TOOLS_MISTRAL || p->f == TOOLS_MISTRAL_V3;
     size_t k = 0;
     if (!mistral) k = (size_t)snprintf(buf, n, "call_");
@@ -243,7 +246,8 @@ static size_t parse_glm(struct parse *p, const char *s, size_t n, size_t pos)
 {
     while (at(s, n, pos, "<tool_call>")) {
         size_t name = skip_ws(s, n, pos + 11), name_end = name;
-        while (name_end < n && s[name_end] != '<' && s[name_end] != '\n') name_end++;
+        while (name_end < n && s[name_end] != '<' && s[name_end] != '\n')
+            name_end++;
         json_t *args = json_object();
         pos = skip_ws(s, n, name_end);
         while (at(s, n, pos, "<arg_key>")) {
@@ -280,7 +284,8 @@ static size_t parse_mistral(struct parse *p, const char *s, size_t n, size_t pos
                 json_decref(a);
                 return (size_t)-1;
             }
-            json_array_foreach(a, i, c) if (!call_object(p, c)) {
+            json_array_foreach(a, i, c) if (!call_object(p, c))
+            {
                 json_decref(a);
                 return (size_t)-1;
             }
@@ -289,7 +294,8 @@ static size_t parse_mistral(struct parse *p, const char *s, size_t n, size_t pos
             continue;
         }
         size_t name = pos, name_end = name;
-        while (name_end < n && s[name_end] != '[') name_end++;
+        while (name_end < n && s[name_end] != '[')
+            name_end++;
         pos = name_end;
         if (at(s, n, pos, "[CALL_ID]")) pos = find(s, n, pos, "[ARGS]");
         if (!at(s, n, pos, "[ARGS]") || name_end == name) return (size_t)-1;
@@ -386,7 +392,9 @@ static const struct family {
     [TOOLS_MISTRAL_V3] = {parse_mistral, {"[TOOL_CALLS]"}},
     [TOOLS_LLAMA3] = {parse_llama3, {"<|python_tag|>", "{\""}},
     [TOOLS_DEEPSEEK] = {parse_deepseek, {DS_CALLS_BEGIN, DS_CALL_BEGIN}},
-    [TOOLS_HARMONY] = {parse_harmony, {"<|channel|>commentary to=functions.", "<|start|>assistant to=functions.", " to=functions."}},
+    [TOOLS_HARMONY] = {parse_harmony,
+                       {"<|channel|>commentary to=functions.", "<|start|>assistant to=functions.",
+                        " to=functions."}},
 };
 
 /* first_marker: where the first call starts, n if nowhere. Llama 3's calls are the whole answer:
@@ -434,7 +442,8 @@ int tools_parse(enum tools_family f, const char *text, size_t n, const char *id_
         return STRATA_ENOMEM;
     }
     size_t head = start, tail = n - end;
-    while (head && out->n_calls && (text[head - 1] == ' ' || text[head - 1] == '\n')) head--;
+    while (head && out->n_calls && (text[head - 1] == ' ' || text[head - 1] == '\n'))
+        head--;
     memcpy(out->content, text, head);
     memcpy(out->content + head, text + end, tail);
     out->content_len = head + tail;
@@ -470,7 +479,8 @@ size_t tools_content_end(enum tools_family f, const char *text, size_t n)
     return end;
 }
 
-/* ---- forcing grammars ------------------------------------------------------------------------- */
+/* ---- forcing grammars -------------------------------------------------------------------------
+ */
 
 struct gb {
     char *p;
@@ -488,7 +498,8 @@ static void gb_printf(struct gb *b, const char *fmt, ...)
     if (k < 0 || b->oom) return;
     if (b->n + (size_t)k + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 512;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
+        while (cap < b->n + (size_t)k + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p) {
             b->oom = true;
@@ -514,12 +525,12 @@ struct syntax {
 static const struct syntax SYNTAX[] = {
     [TOOLS_HERMES] = {"", "\"<tool_call>\\n{\\\"name\\\": \\\"", "\\\", \\\"arguments\\\": \"",
                       "\"}\\n</tool_call>\"", "\"\\n\"", "", true, true},
-    [TOOLS_QWEN_XML] = {"", "\"<tool_call>\\n<function=", ">\\n\"", "\"</function>\\n</tool_call>\"",
-                        "\"\\n\"", "", false, true},
+    [TOOLS_QWEN_XML] = {"", "\"<tool_call>\\n<function=", ">\\n\"",
+                        "\"</function>\\n</tool_call>\"", "\"\\n\"", "", false, true},
     [TOOLS_GLM] = {"", "\"<tool_call>", "\"", "\"</tool_call>\"", "", "", false, true},
     [TOOLS_MISTRAL] = {"", "\"[TOOL_CALLS]", "[ARGS]\"", "", "", "", true, true},
-    [TOOLS_MISTRAL_V3] = {"\"[TOOL_CALLS][\"", "\"{\\\"name\\\": \\\"", "\\\", \\\"arguments\\\": \"",
-                          "\"}\"", "\", \"", "\"]\"", true, true},
+    [TOOLS_MISTRAL_V3] = {"\"[TOOL_CALLS][\"", "\"{\\\"name\\\": \\\"",
+                          "\\\", \\\"arguments\\\": \"", "\"}\"", "\", \"", "\"]\"", true, true},
     [TOOLS_LLAMA3] = {"", "\"{\\\"name\\\": \\\"", "\\\", \\\"parameters\\\": \"", "\"}\"", "", "",
                       true, false},
     [TOOLS_DEEPSEEK] = {"\"" DS_CALLS_BEGIN "\"", "\"" DS_CALL_BEGIN, DS_SEP "\"",

@@ -15,10 +15,12 @@
 #include <string.h>
 
 static const char TOOLS[] =
-    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather "
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+    "\"Weather "
     "of a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
     "\"string\"}, \"days\": {\"type\": \"integer\"}}, \"required\": [\"city\"]}}}, {\"type\": "
-    "\"function\", \"function\": {\"name\": \"get_time\", \"description\": \"Time\", \"parameters\": {\"type\": \"object\", "
+    "\"function\", \"function\": {\"name\": \"get_time\", \"description\": \"Time\", "
+    "\"parameters\": {\"type\": \"object\", "
     "\"properties\": {\"zone\": {\"type\": \"string\"}}}}}]";
 
 static const struct {
@@ -55,9 +57,9 @@ static struct tmpl *load(const char *dir, const char *name)
 
 static char *render(const struct tmpl *t, json_t *msgs, bool gen)
 {
-    json_t *vars = json_pack("{s:O, s:b, s:s, s:s, s:o}", "messages", msgs,
-                             "add_generation_prompt", gen, "bos_token", "<s>", "eos_token", "</s>",
-                             "tools", json_loads(TOOLS, 0, NULL));
+    json_t *vars =
+        json_pack("{s:O, s:b, s:s, s:s, s:o}", "messages", msgs, "add_generation_prompt", gen,
+                  "bos_token", "<s>", "eos_token", "</s>", "tools", json_loads(TOOLS, 0, NULL));
     char *out = NULL;
     size_t len;
     int rv = tmpl_render_json(t, vars, &out, &len);
@@ -74,12 +76,12 @@ START_TEST(rendered_calls_parse_back)
     const enum tools_family f = tools_detect(t, "<s>", "</s>");
     ck_assert_msg(f == CASES[_i].family, "%s: detected %s, want %s", CASES[_i].file,
                   tools_family_name(f), tools_family_name(CASES[_i].family));
-    json_t *calls = json_loads(
-        "[{\"id\": \"abcdefghi\", \"type\": \"function\", \"function\": {\"name\": "
-        "\"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}}, {\"id\": "
-        "\"bcdefghij\", \"type\": \"function\", \"function\": {\"name\": \"get_time\", "
-        "\"arguments\": {\"zone\": \"CET\"}}}]",
-        0, NULL);
+    json_t *calls =
+        json_loads("[{\"id\": \"abcdefghi\", \"type\": \"function\", \"function\": {\"name\": "
+                   "\"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}}, {\"id\": "
+                   "\"bcdefghij\", \"type\": \"function\", \"function\": {\"name\": \"get_time\", "
+                   "\"arguments\": {\"zone\": \"CET\"}}}]",
+                   0, NULL);
     if (CASES[_i].n_calls == 1) json_array_remove(calls, 1);
     json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "Weather in Paris?");
     char *prompt = render(t, msgs, true);
@@ -98,8 +100,8 @@ START_TEST(rendered_calls_parse_back)
     struct tools_parsed p;
     ck_assert_int_eq(tools_parse(f, turn, (size_t)(reply - turn), "seed", &p), 0);
     ck_assert_msg(!p.unclosed && p.n_calls == (size_t)CASES[_i].n_calls,
-                  "%s: %zu calls (unclosed %d) from:\n%.*s", CASES[_i].file, p.n_calls,
-                  p.unclosed, (int)(reply - turn), turn);
+                  "%s: %zu calls (unclosed %d) from:\n%.*s", CASES[_i].file, p.n_calls, p.unclosed,
+                  (int)(reply - turn), turn);
     for (size_t i = 0; i < p.n_calls; i++) {
         json_t *fn = json_object_get(json_array_get(calls, i), "function");
         ck_assert_str_eq(p.calls[i].name, json_string_value(json_object_get(fn, "name")));
@@ -107,9 +109,8 @@ START_TEST(rendered_calls_parse_back)
         ck_assert_msg(json_equal(args, json_object_get(fn, "arguments")), "%s: arguments %s",
                       CASES[_i].file, p.calls[i].arguments);
         json_decref(args);
-        ck_assert_uint_eq(strlen(p.calls[i].id), f == TOOLS_MISTRAL || f == TOOLS_MISTRAL_V3
-                                                     ? 9
-                                                     : 29);
+        ck_assert_uint_eq(strlen(p.calls[i].id),
+                          f == TOOLS_MISTRAL || f == TOOLS_MISTRAL_V3 ? 9 : 29);
     }
     /* the grammar that forces calls compiles and, for the JSON syntaxes written as the grammar
      * writes them, accepts the template's own rendering of the first call */

@@ -86,9 +86,14 @@ static void submit(struct engine *e, const char *id, const int32_t *prompt, uint
                    uint32_t n_generated, uint32_t max_tokens, uint64_t seed, float temp,
                    const char *grammar)
 {
-    struct engine_req q = {.id = id, .prompt = prompt, .n_prompt = n_prompt,
-                           .max_tokens = max_tokens, .stop = &g_eos, .n_stop = 1,
-                           .n_generated = n_generated, .grammar = grammar};
+    struct engine_req q = {.id = id,
+                           .prompt = prompt,
+                           .n_prompt = n_prompt,
+                           .max_tokens = max_tokens,
+                           .stop = &g_eos,
+                           .n_stop = 1,
+                           .n_generated = n_generated,
+                           .grammar = grammar};
     sample_params_default(&q.sp);
     q.sp.temperature = temp;
     q.sp.seed = seed;
@@ -189,7 +194,10 @@ END_TEST
 START_TEST(bad_grammars_are_refused_at_submit)
 {
     struct engine *e = start(0);
-    struct engine_req q = {.id = "bad", .prompt = PROMPT, .n_prompt = N_PROMPT, .max_tokens = 4,
+    struct engine_req q = {.id = "bad",
+                           .prompt = PROMPT,
+                           .n_prompt = N_PROMPT,
+                           .max_tokens = 4,
                            .grammar = "root ::= \"a\"\n  broken ::= [\n"};
     sample_params_default(&q.sp);
     ck_assert_int_eq(engine_submit(e, &q), STRATA_EINVAL);

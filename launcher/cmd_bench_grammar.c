@@ -33,7 +33,8 @@ static void usage(FILE *f)
             "Times grammar-constrained sampling per token: the token mask of the grammar's state\n"
             "and feeding the chosen token, over --requests answers (default 20) of at most\n"
             "--tokens tokens (default 200), each with its own matcher on the grammar's shared\n"
-            "tables, as the worker makes one per request. The vocabulary is MODEL's (a synthetic one of its size when most of its\n"
+            "tables, as the worker makes one per request. The vocabulary is MODEL's (a synthetic "
+            "one of its size when most of its\n"
             "tokens have no text, as fixtures), or without MODEL a synthetic one of --vocab\n"
             "tokens (default 151936, Qwen3's). With MODEL its decode step is measured too\n"
             "(`strata bench`, 32 steps) and printed beside.\n"
@@ -70,7 +71,8 @@ static int run(int argc, char **argv)
         }
     }
     json_error_t je;
-    json_t *schema = schema_path ? json_load_file(schema_path, 0, &je) : json_loads(EXAMPLE, 0, &je);
+    json_t *schema =
+        schema_path ? json_load_file(schema_path, 0, &je) : json_loads(EXAMPLE, 0, &je);
     if (!schema) {
         fprintf(stderr, "strata bench-grammar: %s: %s (line %d)\n",
                 schema_path ? schema_path : "the example", je.text, je.line);
@@ -84,8 +86,12 @@ static int run(int argc, char **argv)
     struct bench_result br = {0};
     const char *vocab_kind = "synthetic, shaped as byte-level BPE";
     if (model) {
-        struct bench_opts o = {.model = model, .threads = threads, .prompt = 32, .gen = 32,
-                               .reps = 1, .backend = backend_opts_default()};
+        struct bench_opts o = {.model = model,
+                               .threads = threads,
+                               .prompt = 32,
+                               .gen = 32,
+                               .reps = 1,
+                               .backend = backend_opts_default()};
         struct gguf_file *f = NULL;
         uint32_t n_text = 0;
         if ((rv = bench_run(&o, &br)) != 0 || (rv = gguf_open(model, &f)) != 0) {

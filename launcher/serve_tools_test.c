@@ -63,10 +63,10 @@ START_TEST(openai_client_tools_and_formats)
     snprintf(port, sizeof port, "%d", p);
     char strata[600];
     snprintf(strata, sizeof strata, "%.500s/strata", build);
-    char *argv[] = {strata,       "serve",   model,      "--name",        "tools",
-                    "--port",     port,      "--workers", "1",           "--frontends",
-                    "1",          "--shm-dir", shm,      "--runtime-dir", run,
-                    "--log-dir",  logs,      "--threads", "1",           NULL};
+    char *argv[] = {
+        strata, "serve",       model, "--name",    "tools", "--port",        port, "--workers",
+        "1",    "--frontends", "1",   "--shm-dir", shm,     "--runtime-dir", run,  "--log-dir",
+        logs,   "--threads",   "1",   NULL};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0600);
@@ -81,8 +81,9 @@ START_TEST(openai_client_tools_and_formats)
     int up = system(cmd);
     int node_rv = -1, curl_rv = -1;
     if (up == 0) {
-        snprintf(cmd, sizeof cmd, "STRATA_PORT=%d STRATA_NODE_MODULES=%s node %s/tests/e2e/tools.mjs",
-                 p, nm, STRATA_SOURCE_DIR);
+        snprintf(cmd, sizeof cmd,
+                 "STRATA_PORT=%d STRATA_NODE_MODULES=%s node %s/tests/e2e/tools.mjs", p, nm,
+                 STRATA_SOURCE_DIR);
         node_rv = system(cmd);
         snprintf(cmd, sizeof cmd, "PORT=%d bash %s/tests/e2e/tools_errors.sh", p,
                  STRATA_SOURCE_DIR);

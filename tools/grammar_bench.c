@@ -22,7 +22,8 @@ static uint32_t below(uint64_t *s, uint32_t n)
 static uint64_t hash(const char *p, uint32_t n)
 {
     uint64_t h = 1469598103934665603ull;
-    for (uint32_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
     return h | 1;
 }
 
@@ -57,16 +58,19 @@ int gbench_synthetic_vocab(uint32_t n, uint64_t seed, struct grammar_vocab **out
             for (uint32_t i = 0; i < wl && m < 15; i++)
                 t[m++] = letters[below(&seed, sizeof letters - 1)];
             if (form >= 60) t[0] &= ~0x20; /* no leading space past 45 */
-        } else if (form < 85) { /* punctuation runs, JSON fragments */
+        } else if (form < 85) {            /* punctuation runs, JSON fragments */
             const uint32_t pl = 1 + below(&seed, 4);
-            for (uint32_t i = 0; i < pl; i++) t[m++] = punct[below(&seed, sizeof punct - 1)];
+            for (uint32_t i = 0; i < pl; i++)
+                t[m++] = punct[below(&seed, sizeof punct - 1)];
         } else if (form < 93) { /* numbers */
             if (below(&seed, 2)) t[m++] = ' ';
             const uint32_t dl = 1 + below(&seed, 3);
-            for (uint32_t i = 0; i < dl; i++) t[m++] = (char)('0' + below(&seed, 10));
+            for (uint32_t i = 0; i < dl; i++)
+                t[m++] = (char)('0' + below(&seed, 10));
         } else { /* code-like: a word and punctuation */
             const uint32_t wl = 1 + below(&seed, 6);
-            for (uint32_t i = 0; i < wl; i++) t[m++] = letters[below(&seed, sizeof letters - 1)];
+            for (uint32_t i = 0; i < wl; i++)
+                t[m++] = letters[below(&seed, sizeof letters - 1)];
             t[m++] = punct[below(&seed, 12)];
         }
         uint64_t h = hash(t, m);
@@ -136,7 +140,8 @@ int gbench_run(const struct grammar_vocab *v, const char *gbnf, uint32_t request
             double t1 = now_us();
             if (rv) break;
             uint32_t count = 0;
-            for (uint32_t w = 0; w < words; w++) count += (uint32_t)__builtin_popcount(mask[w]);
+            for (uint32_t w = 0; w < words; w++)
+                count += (uint32_t)__builtin_popcount(mask[w]);
             if (count == 0) {
                 rv = strata_errf(STRATA_EINVAL, "grammar bench: no token continues the grammar");
                 break;
@@ -149,7 +154,8 @@ int gbench_run(const struct grammar_vocab *v, const char *gbnf, uint32_t request
                     continue;
                 }
                 uint32_t bits = mask[w];
-                while (pick--) bits &= bits - 1;
+                while (pick--)
+                    bits &= bits - 1;
                 id = w * 32 + (uint32_t)__builtin_ctz(bits);
                 break;
             }
@@ -166,7 +172,8 @@ int gbench_run(const struct grammar_vocab *v, const char *gbnf, uint32_t request
     }
     if (rv == 0 && nt) {
         double sum = 0;
-        for (uint32_t i = 0; i < nt; i++) sum += t[i];
+        for (uint32_t i = 0; i < nt; i++)
+            sum += t[i];
         qsort(t, nt, sizeof *t, cmp_d);
         out->tokens = nt;
         out->mean_us = sum / nt;

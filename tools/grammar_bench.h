@@ -12,7 +12,7 @@
 struct grammar_vocab;
 
 struct gbench_result {
-    uint32_t requests, tokens; /* generated */
+    uint32_t requests, tokens;              /* generated */
     double mean_us, p50_us, p99_us, max_us; /* per token: mask + feed */
     uint64_t masks_built, mask_hits;        /* trie walks, and masks from the cache */
 };

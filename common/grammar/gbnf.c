@@ -39,7 +39,7 @@ struct parser {
     uint32_t n_rules, cap_rules;
     uint64_t (*sets)[4];
     uint32_t n_sets, cap_sets;
-    uint64_t n_syms; /* symbols so far, against GRAMMAR_MAX_SYMS */
+    uint64_t n_syms;   /* symbols so far, against GRAMMAR_MAX_SYMS */
     uint32_t any_rule; /* the rule of `.`, UINT32_MAX until used */
     int depth;
 };
@@ -103,8 +103,10 @@ static struct vec *new_alt(struct parser *ps, uint32_t r)
 static int push_sym(struct parser *ps, struct vec *a, uint32_t s)
 {
     if (++ps->n_syms > GRAMMAR_MAX_SYMS)
-        return strata_errf(STRATA_ELIMIT, "grammar: more than %u symbols once repetitions are "
-                           "expanded: lower the repetition counts", GRAMMAR_MAX_SYMS);
+        return strata_errf(STRATA_ELIMIT,
+                           "grammar: more than %u symbols once repetitions are "
+                           "expanded: lower the repetition counts",
+                           GRAMMAR_MAX_SYMS);
     return vec_push(a, s);
 }
 
@@ -130,7 +132,8 @@ static int set_id(struct parser *ps, const uint64_t *set, uint32_t *out)
 static int byte_sym(struct parser *ps, unsigned lo, unsigned hi, uint32_t *out)
 {
     uint64_t s[4] = {0};
-    for (unsigned b = lo; b <= hi; b++) s[b >> 6] |= 1ull << (b & 63);
+    for (unsigned b = lo; b <= hi; b++)
+        s[b >> 6] |= 1ull << (b & 63);
     uint32_t id;
     int rv = set_id(ps, s, &id);
     *out = SYM_TERM | id;
@@ -170,7 +173,8 @@ static void skip_space(struct parser *ps, bool newlines)
         if (c == ' ' || c == '\t')
             ps->p++;
         else if (c == '#')
-            while (ps->p < ps->end && *ps->p != '\n') ps->p++;
+            while (ps->p < ps->end && *ps->p != '\n')
+                ps->p++;
         else if (newlines && (c == '\r' || c == '\n')) {
             if (c == '\n') {
                 ps->line++;
@@ -184,8 +188,8 @@ static void skip_space(struct parser *ps, bool newlines)
 
 static bool word_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
 }
 
 static int hex(struct parser *ps, int n, uint32_t *out)
@@ -215,12 +219,24 @@ static int read_char(struct parser *ps, uint32_t *out)
         const char e = *ps->p++;
         int rv = 0;
         switch (e) {
-        case 'x': rv = hex(ps, 2, out); break;
-        case 'u': rv = hex(ps, 4, out); break;
-        case 'U': rv = hex(ps, 8, out); break;
-        case 'n': *out = '\n'; break;
-        case 'r': *out = '\r'; break;
-        case 't': *out = '\t'; break;
+        case 'x':
+            rv = hex(ps, 2, out);
+            break;
+        case 'u':
+            rv = hex(ps, 4, out);
+            break;
+        case 'U':
+            rv = hex(ps, 8, out);
+            break;
+        case 'n':
+            *out = '\n';
+            break;
+        case 'r':
+            *out = '\r';
+            break;
+        case 't':
+            *out = '\t';
+            break;
         default:
             if ((unsigned char)e < 0x20 || (unsigned char)e >= 0x7f || word_char(e))
                 return fail(ps, "unknown escape: use \\n \\r \\t \\xHH \\uHHHH \\UHHHHHHHH or "
@@ -251,7 +267,8 @@ static int read_char(struct parser *ps, uint32_t *out)
     return 0;
 }
 
-/* ---- code point ranges to UTF-8 byte sequences ------------------------------------------------ */
+/* ---- code point ranges to UTF-8 byte sequences ------------------------------------------------
+ */
 
 struct cp_range {
     uint32_t lo, hi;
@@ -301,8 +318,7 @@ static int cmp_range(const void *a, const void *b)
 
 /* class_sym makes the symbol of a set of code point ranges: one byte set when it is all ASCII,
  * else a rule of the ASCII set and one alternative per UTF-8 sequence. */
-static int class_sym(struct parser *ps, struct cp_range *rg, uint32_t n, bool negate,
-                     uint32_t *out)
+static int class_sym(struct parser *ps, struct cp_range *rg, uint32_t n, bool negate, uint32_t *out)
 {
     qsort(rg, n, sizeof *rg, cmp_range);
     /* normalize: merged, negated if asked, surrogates cut out */
@@ -350,7 +366,8 @@ static int class_sym(struct parser *ps, struct cp_range *rg, uint32_t n, bool ne
     uint64_t ascii[4] = {0};
     bool wide = false;
     for (uint32_t i = 0; i < k2; i++) {
-        for (uint32_t c = f[i].lo; c <= f[i].hi && c < 0x80; c++) ascii[c >> 6] |= 1ull << (c & 63);
+        for (uint32_t c = f[i].lo; c <= f[i].hi && c < 0x80; c++)
+            ascii[c >> 6] |= 1ull << (c & 63);
         if (f[i].hi >= 0x80) wide = true;
     }
     int rv = 0;
@@ -579,7 +596,8 @@ static int parse_sequence(struct parser *ps, uint32_t r, bool nested)
             rv = push_sym(ps, &ps->rules[r].alts[alt], ps->any_rule);
         } else if (word_char(c)) {
             const char *w = ps->p;
-            while (ps->p < ps->end && word_char(*ps->p)) ps->p++;
+            while (ps->p < ps->end && word_char(*ps->p))
+                ps->p++;
             uint32_t id;
             if ((rv = rule_named(ps, w, (size_t)(ps->p - w), &id)) == 0)
                 rv = push_sym(ps, &ps->rules[r].alts[alt], SYM_RULE | id);
@@ -637,7 +655,8 @@ static uint32_t left_recursive(const struct parser *ps, bool *nullable, uint8_t 
             for (uint32_t a = 0; a < ps->rules[r].n_alts && !nullable[r]; a++) {
                 const struct vec *v = &ps->rules[r].alts[a];
                 uint32_t i = 0;
-                while (i < v->n && SYM_KIND(v->v[i]) == SYM_RULE && nullable[SYM_VAL(v->v[i])]) i++;
+                while (i < v->n && SYM_KIND(v->v[i]) == SYM_RULE && nullable[SYM_VAL(v->v[i])])
+                    i++;
                 if (i == v->n) nullable[r] = changed = true;
             }
         }
@@ -682,7 +701,8 @@ static int compile(struct parser *ps, uint32_t root, struct grammar *g)
     uint64_t n_sym = 0, n_alt = 0;
     for (uint32_t r = 0; r < ps->n_rules; r++) {
         n_alt += ps->rules[r].n_alts;
-        for (uint32_t a = 0; a < ps->rules[r].n_alts; a++) n_sym += ps->rules[r].alts[a].n + 1;
+        for (uint32_t a = 0; a < ps->rules[r].n_alts; a++)
+            n_sym += ps->rules[r].alts[a].n + 1;
     }
     g->sym = malloc((n_sym + 1) * sizeof *g->sym);
     g->alt_pos = malloc((n_alt + 1) * sizeof *g->alt_pos);
@@ -715,7 +735,11 @@ int grammar_parse(const char *text, size_t len, struct grammar **out)
     if (len > GRAMMAR_MAX_BYTES)
         return strata_errf(STRATA_ELIMIT, "a grammar of %zu bytes: at most %u", len,
                            GRAMMAR_MAX_BYTES);
-    struct parser ps = {.s = text, .end = text + len, .p = text, .line = 1, .line_start = text,
+    struct parser ps = {.s = text,
+                        .end = text + len,
+                        .p = text,
+                        .line = 1,
+                        .line_start = text,
                         .any_rule = UINT32_MAX};
     struct grammar *g = calloc(1, sizeof *g);
     bool *nullable = NULL;
@@ -726,7 +750,8 @@ int grammar_parse(const char *text, size_t len, struct grammar **out)
     skip_space(&ps, true);
     while (ps.p < ps.end) {
         const char *w = ps.p;
-        while (ps.p < ps.end && word_char(*ps.p)) ps.p++;
+        while (ps.p < ps.end && word_char(*ps.p))
+            ps.p++;
         if (ps.p == w) {
             rv = fail(&ps, "expected a rule name");
             goto out;
@@ -786,7 +811,8 @@ int grammar_parse(const char *text, size_t len, struct grammar **out)
     rv = compile(&ps, root, g);
 out:
     for (uint32_t i = 0; i < ps.n_rules; i++) {
-        for (uint32_t a = 0; a < ps.rules[i].n_alts; a++) free(ps.rules[i].alts[a].v);
+        for (uint32_t a = 0; a < ps.rules[i].n_alts; a++)
+            free(ps.rules[i].alts[a].v);
         free(ps.rules[i].alts);
         free(ps.rules[i].name);
     }

@@ -13,10 +13,12 @@ static struct grammar_vocab *vocab(void)
 {
     static struct grammar_vocab *v;
     if (v) return v;
-    static const char *toks[] = {"", "{", "}", "\"", "a", "\":", "1", " ", "\xc3", "\xa9", "true",
-                                 ",\"", "[", "]", "null", "-", "0.5", "\\n", "ab", "\n"};
+    static const char *toks[] = {"",     "{",    "}",    "\"",   "a",   "\":", "1",
+                                 " ",    "\xc3", "\xa9", "true", ",\"", "[",   "]",
+                                 "null", "-",    "0.5",  "\\n",  "ab",  "\n"};
     uint32_t lens[sizeof toks / sizeof *toks];
-    for (size_t i = 0; i < sizeof toks / sizeof *toks; i++) lens[i] = (uint32_t)strlen(toks[i]);
+    for (size_t i = 0; i < sizeof toks / sizeof *toks; i++)
+        lens[i] = (uint32_t)strlen(toks[i]);
     if (grammar_vocab_init(sizeof toks / sizeof *toks, toks, lens, &v)) abort();
     return v;
 }

@@ -9,11 +9,11 @@
 
 #include "common/grammar/grammar.h"
 
-#define SYM_END      0u
-#define SYM_TERM     0x40000000u
-#define SYM_RULE     0x80000000u
-#define SYM_KIND(s)  ((s) & 0xc0000000u)
-#define SYM_VAL(s)   ((s) & 0x3fffffffu)
+#define SYM_END          0u
+#define SYM_TERM         0x40000000u
+#define SYM_RULE         0x80000000u
+#define SYM_KIND(s)      ((s)&0xc0000000u)
+#define SYM_VAL(s)       ((s)&0x3fffffffu)
 #define GRAMMAR_MAX_SYMS (1u << 22) /* symbols after expanding repetitions */
 
 struct grammar {

@@ -72,7 +72,8 @@ START_TEST(gbnf_handles_utf8)
 {
     struct grammar *g = parse_ok("root ::= [α-ω]+ . [^a-z]\n");
     YES(g, "αβγxé");
-    YES(g, "ω\xf0\x9f\x98\x80" "0");
+    YES(g, "ω\xf0\x9f\x98\x80"
+           "0");
     NO(g, "αβγxa");
     NO(g, "abc");
     /* a character fed a byte at a time, as tokens split it */
@@ -118,7 +119,8 @@ START_TEST(gbnf_errors_say_where)
 }
 END_TEST
 
-/* ---- a small vocabulary and random walks ------------------------------------------------------ */
+/* ---- a small vocabulary and random walks ------------------------------------------------------
+ */
 
 struct vocab {
     uint32_t n;
@@ -129,9 +131,10 @@ struct vocab {
 
 static void vocab_make(struct vocab *vc, uint64_t seed)
 {
-    static const char *useful[] = {"{\"", "\":", "\",", "\"}", ", \"", "true", "false", "null",
-                                   "[{", "}]", "0.", "e+", "é", "\xc3", "\xa9", "\\u00", "\\n",
-                                   "2024-", "-0", "12", "T1", ":0", "\"\n", " \"", "},"};
+    static const char *useful[] = {"{\"",  "\":",   "\",", "\"}",   ", \"", "true", "false",
+                                   "null", "[{",    "}]",  "0.",    "e+",   "é",    "\xc3",
+                                   "\xa9", "\\u00", "\\n", "2024-", "-0",   "12",   "T1",
+                                   ":0",   "\"\n",  " \"", "},"};
     struct test_rng r = {seed};
     vc->n = 0;
     vc->tok[vc->n] = strdup(""); /* a control token: no bytes */
@@ -151,7 +154,8 @@ static void vocab_make(struct vocab *vc, uint64_t seed)
     while (vc->n < 400) {
         uint32_t len = 2 + (uint32_t)(test_unif(&r) * 5);
         char *t = malloc(len + 1);
-        for (uint32_t i = 0; i < len; i++) t[i] = alpha[(size_t)(test_unif(&r) * (sizeof alpha - 1))];
+        for (uint32_t i = 0; i < len; i++)
+            t[i] = alpha[(size_t)(test_unif(&r) * (sizeof alpha - 1))];
         vc->tok[vc->n] = t;
         vc->len[vc->n++] = len;
     }
@@ -160,7 +164,8 @@ static void vocab_make(struct vocab *vc, uint64_t seed)
 
 static void vocab_free(struct vocab *vc)
 {
-    for (uint32_t i = 0; i < vc->n; i++) free(vc->tok[i]);
+    for (uint32_t i = 0; i < vc->n; i++)
+        free(vc->tok[i]);
     grammar_vocab_fini(vc->v);
 }
 
@@ -246,6 +251,14 @@ START_TEST(masks_equal_feeding_each_token)
             ck_assert_int_eq(grammar_matcher_mask_into(b, mb), 0);
             ck_assert_mem_eq(ma, mb, (vc.n + 31) / 32 * 4);
             ck_assert_int_eq(grammar_matcher_accepting(a), grammar_matcher_accepting(b));
+            /* a matcher forked from a shares its tables, and starts at the beginning */
+            struct grammar_matcher *c;
+            uint32_t mc[16];
+            ck_assert_int_eq(grammar_matcher_fork(a, &c), 0);
+            ck_assert_int_eq(grammar_matcher_feed(c, out, strlen(out)), 0);
+            ck_assert_int_eq(grammar_matcher_mask_into(c, mc), 0);
+            ck_assert_mem_eq(mc, mb, (vc.n + 31) / 32 * 4);
+            grammar_matcher_fini(c);
             grammar_matcher_fini(a);
             grammar_matcher_fini(b);
         }
@@ -265,14 +278,16 @@ START_TEST(masks_equal_feeding_each_token)
 }
 END_TEST
 
-/* ---- JSON Schema: an independent validator ---------------------------------------------------- */
+/* ---- JSON Schema: an independent validator ----------------------------------------------------
+ */
 
 static const json_t *vroot;
 
 static size_t utf8_count(const char *s)
 {
     size_t n = 0;
-    for (; *s; s++) n += ((unsigned char)*s & 0xc0) != 0x80;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xc0) != 0x80;
     return n;
 }
 
@@ -309,7 +324,8 @@ static bool valid(const json_t *s, const json_t *v)
     }
     if ((x = json_object_get(s, "anyOf"))) {
         bool any = false;
-        for (size_t i = 0; i < json_array_size(x); i++) any |= valid(json_array_get(x, i), v);
+        for (size_t i = 0; i < json_array_size(x); i++)
+            any |= valid(json_array_get(x, i), v);
         if (!any) return false;
     }
     if ((x = json_object_get(s, "type"))) {
@@ -320,7 +336,8 @@ static bool valid(const json_t *s, const json_t *v)
         if (!any) return false;
     }
     if (json_is_object(v)) {
-        const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+        const json_t *props = json_object_get(s, "properties"),
+                     *req = json_object_get(s, "required");
         for (size_t i = 0; i < json_array_size(req); i++)
             if (!json_object_get(v, json_string_value(json_array_get(req, i)))) return false;
         const char *k;
@@ -417,11 +434,11 @@ START_TEST(schema_accepts_and_refuses)
     struct grammar *g = parse_ok(gbnf);
     YES(g, "{\"name\": \"bo\", \"tags\": [\"a\", 3]}");
     YES(g, "{\"name\":\"\",\"age\":41,\"tags\":[null],\"ok\":true}");
-    NO(g, "{\"tags\": [\"a\"]}");                          /* name is required */
-    NO(g, "{\"name\": \"bo\", \"tags\": []}");             /* minItems */
-    NO(g, "{\"name\": \"bo\", \"tags\": [1]}");            /* enum */
-    NO(g, "{\"name\": \"bo\", \"tags\": [\"a\"], \"z\": 1}"); /* additionalProperties */
-    NO(g, "{\"name\": \"toolongname\", \"tags\": [\"a\"]}"); /* maxLength */
+    NO(g, "{\"tags\": [\"a\"]}");                               /* name is required */
+    NO(g, "{\"name\": \"bo\", \"tags\": []}");                  /* minItems */
+    NO(g, "{\"name\": \"bo\", \"tags\": [1]}");                 /* enum */
+    NO(g, "{\"name\": \"bo\", \"tags\": [\"a\"], \"z\": 1}");   /* additionalProperties */
+    NO(g, "{\"name\": \"toolongname\", \"tags\": [\"a\"]}");    /* maxLength */
     NO(g, "{\"name\": \"b\", \"age\": -1, \"tags\": [\"a\"]}"); /* minimum 0 */
     grammar_fini(g);
     free(gbnf);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_TOKEN_BYTES 1024     /* longer tokens never match (none in real vocabularies) */
+#define MAX_TOKEN_BYTES 1024       /* longer tokens never match (none in real vocabularies) */
 #define MAX_NODES       (1u << 22) /* stack nodes per matcher */
 #define MAX_STATES      (1u << 17) /* automaton states per matcher (1 KiB of transitions each) */
 #define MAX_MASKS       512        /* cached masks per matcher (n_vocab / 8 bytes each) */
@@ -23,7 +23,7 @@ struct grammar_vocab {
     uint32_t *end;   /* (n_nodes) the node after its subtree */
     uint32_t *tok0;  /* (n_nodes + 1) tokens ending at node i: ids[tok0[i] .. tok0[i + 1]) */
     int32_t *ids;
-    char *blob;   /* every token's bytes */
+    char *blob;    /* every token's bytes */
     uint64_t *off; /* (n_vocab + 1) token i is blob[off[i] .. off[i + 1]) */
 };
 
@@ -54,7 +54,8 @@ int grammar_vocab_init(uint32_t n_vocab, const char *const *bytes, const uint32_
     if (!v || !k) goto out;
     v->n_vocab = n_vocab;
     uint64_t total = 0, n_keys = 0;
-    for (uint32_t i = 0; i < n_vocab; i++) total += lens[i];
+    for (uint32_t i = 0; i < n_vocab; i++)
+        total += lens[i];
     v->off = malloc(((size_t)n_vocab + 1) * sizeof *v->off);
     v->blob = malloc(total + 1);
     if (!v->off || !v->blob) goto out;
@@ -70,7 +71,8 @@ int grammar_vocab_init(uint32_t n_vocab, const char *const *bytes, const uint32_
     qsort(k, n_keys, sizeof *k, key_cmp);
     /* at most one node per token byte */
     uint64_t cap = 1;
-    for (uint64_t i = 0; i < n_keys; i++) cap += k[i].len;
+    for (uint64_t i = 0; i < n_keys; i++)
+        cap += k[i].len;
     v->byte = malloc(cap);
     v->depth = malloc(cap * sizeof *v->depth);
     v->end = malloc(cap * sizeof *v->end);
@@ -83,7 +85,8 @@ int grammar_vocab_init(uint32_t n_vocab, const char *const *bytes, const uint32_
         uint32_t lcp = 0;
         if (i) {
             const uint32_t m = k[i].len < k[i - 1].len ? k[i].len : k[i - 1].len;
-            while (lcp < m && k[i].p[lcp] == k[i - 1].p[lcp]) lcp++;
+            while (lcp < m && k[i].p[lcp] == k[i - 1].p[lcp])
+                lcp++;
         }
         if (lcp > path) lcp = path;
         for (uint32_t d = lcp; d < k[i].len; d++) {
@@ -102,10 +105,12 @@ int grammar_vocab_init(uint32_t n_vocab, const char *const *bytes, const uint32_
     /* subtree ends: a node's subtree closes at the next node no deeper than it */
     uint32_t sp = 0;
     for (uint32_t i = 0; i < n; i++) {
-        while (sp && v->depth[open[sp - 1]] >= v->depth[i]) v->end[open[--sp]] = i;
+        while (sp && v->depth[open[sp - 1]] >= v->depth[i])
+            v->end[open[--sp]] = i;
         open[sp++] = i;
     }
-    while (sp) v->end[open[--sp]] = n;
+    while (sp)
+        v->end[open[--sp]] = n;
     *out = v;
     v = NULL;
     rv = 0;
@@ -144,18 +149,18 @@ struct node {
 /* A state: the set of stacks whose top is a byte set (sorted node ids) and whether the empty
  * stack (the whole sentence matched) is in it. State 0 is the dead state. */
 struct state {
-    uint32_t off, n;  /* elems[off .. off + n) */
+    uint32_t off, n; /* elems[off .. off + n) */
     bool accept;
-    int32_t *trans;   /* (256) next state per byte, -1 not computed yet; NULL until needed */
-    uint32_t *mask;   /* cached mask, or NULL */
+    int32_t *trans; /* (256) next state per byte, -1 not computed yet; NULL until needed */
+    uint32_t *mask; /* cached mask, or NULL */
 };
 
 /* The automaton of one grammar over one vocabulary: stacks, states, transitions and masks. Shared
  * by the matchers forked from one another (one per request of the same grammar), under mu. */
 struct automaton {
     pthread_mutex_t mu;
-    uint32_t refs;          /* matchers sharing it */
-    struct grammar *owned;  /* freed with the automaton (grammar_matcher_adopt), or NULL */
+    uint32_t refs;         /* matchers sharing it */
+    struct grammar *owned; /* freed with the automaton (grammar_matcher_adopt), or NULL */
     const struct grammar *g;
     const struct grammar_vocab *v;
     struct node *nodes;
@@ -201,7 +206,8 @@ static bool grow(void **p, uint32_t *cap, uint32_t need, size_t size)
 {
     if (need <= *cap) return true;
     uint32_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
+    while (c < need)
+        c *= 2;
     void *q = realloc(*p, (size_t)c * size);
     if (!q) return false;
     *p = q;
@@ -220,7 +226,8 @@ static bool node_rehash(struct automaton *m, uint32_t cap)
     if (!t) return false;
     for (uint32_t i = 1; i < m->n_nodes; i++) {
         uint32_t h = node_hash(m->nodes[i].pos, m->nodes[i].parent) & (cap - 1);
-        while (t[h]) h = (h + 1) & (cap - 1);
+        while (t[h])
+            h = (h + 1) & (cap - 1);
         t[h] = i;
     }
     free(m->node_tab);
@@ -236,8 +243,10 @@ static uint32_t intern(struct automaton *m, uint32_t pos, uint32_t parent)
     for (uint32_t id; (id = m->node_tab[h]) != 0; h = (h + 1) & (m->node_tab_cap - 1))
         if (m->nodes[id].pos == pos && m->nodes[id].parent == parent) return id;
     if (m->n_nodes >= MAX_NODES) {
-        m->err = strata_errf(STRATA_ELIMIT, "grammar: more than %u parse stacks: the grammar or "
-                             "the output is too deeply nested", MAX_NODES);
+        m->err = strata_errf(STRATA_ELIMIT,
+                             "grammar: more than %u parse stacks: the grammar or "
+                             "the output is too deeply nested",
+                             MAX_NODES);
         return 0;
     }
     if (!grow((void **)&m->nodes, &m->cap_nodes, m->n_nodes + 1, sizeof *m->nodes) ||
@@ -265,7 +274,8 @@ static int cmp_u32(const void *a, const void *b)
 static uint32_t state_hash(const uint32_t *e, uint32_t n, bool accept)
 {
     uint64_t h = accept ? 0x9e3779b97f4a7c15ull : 1;
-    for (uint32_t i = 0; i < n; i++) h = mix(h ^ e[i]);
+    for (uint32_t i = 0; i < n; i++)
+        h = mix(h ^ e[i]);
     return (uint32_t)h;
 }
 
@@ -276,7 +286,8 @@ static bool state_rehash(struct automaton *m, uint32_t cap)
     for (uint32_t i = 1; i < m->n_states; i++) {
         const struct state *s = &m->states[i];
         uint32_t h = state_hash(m->elems + s->off, s->n, s->accept) & (cap - 1);
-        while (t[h]) h = (h + 1) & (cap - 1);
+        while (t[h])
+            h = (h + 1) & (cap - 1);
         t[h] = i;
     }
     free(m->state_tab);
@@ -300,8 +311,10 @@ static uint32_t state_of(struct automaton *m)
             return id;
     }
     if (m->n_states >= MAX_STATES) {
-        m->err = strata_errf(STRATA_ELIMIT, "grammar: more than %u matcher states: simplify the "
-                             "grammar", MAX_STATES);
+        m->err = strata_errf(STRATA_ELIMIT,
+                             "grammar: more than %u matcher states: simplify the "
+                             "grammar",
+                             MAX_STATES);
         return 0;
     }
     if (!grow((void **)&m->states, &m->cap_states, m->n_states + 1, sizeof *m->states) ||
@@ -339,7 +352,8 @@ static void expand(struct automaton *m)
     const struct grammar *g = m->g;
     while (m->n_work && !m->err) {
         struct node w = m->work[--m->n_work];
-        while (g->sym[w.pos] == SYM_END && w.parent) w = m->nodes[w.parent];
+        while (g->sym[w.pos] == SYM_END && w.parent)
+            w = m->nodes[w.parent];
         if (g->sym[w.pos] == SYM_END) {
             m->accept = true;
             continue;
@@ -357,7 +371,8 @@ static void expand(struct automaton *m)
             continue;
         }
         const uint32_t r = SYM_VAL(s);
-        const uint32_t cont = g->sym[w.pos + 1] == SYM_END ? w.parent : intern(m, w.pos + 1, w.parent);
+        const uint32_t cont =
+            g->sym[w.pos + 1] == SYM_END ? w.parent : intern(m, w.pos + 1, w.parent);
         if (m->err) return;
         for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
             if (!push_work(m, g->alt_pos[a], cont)) return;
@@ -498,7 +513,8 @@ size_t grammar_matcher_bytes(struct grammar_matcher *mt)
     size_t n = (size_t)m->cap_nodes * (sizeof *m->nodes + sizeof *m->stamp) +
                (size_t)m->cap_states * sizeof *m->states + (size_t)m->cap_elems * 4 +
                (size_t)(m->node_tab_cap + m->state_tab_cap) * 4;
-    for (uint32_t i = 0; i < m->n_states; i++) n += m->states[i].trans ? 1024 : 0;
+    for (uint32_t i = 0; i < m->n_states; i++)
+        n += m->states[i].trans ? 1024 : 0;
     if (m->v) n += (size_t)m->n_masks * ((m->v->n_vocab + 31) / 32) * 4;
     pthread_mutex_unlock(&m->mu);
     return n;
@@ -516,7 +532,8 @@ int grammar_matcher_feed(struct grammar_matcher *mt, const void *p, size_t n)
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
     uint32_t s = m->err ? 0 : mt->cur;
-    for (size_t i = 0; i < n && s; i++) s = step(m, s, ((const uint8_t *)p)[i]);
+    for (size_t i = 0; i < n && s; i++)
+        s = step(m, s, ((const uint8_t *)p)[i]);
     int rv = m->err;
     pthread_mutex_unlock(&m->mu);
     if (rv) return rv;
@@ -614,7 +631,9 @@ void grammar_matcher_stats(const struct grammar_matcher *mt, struct grammar_stat
 {
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
-    *out = (struct grammar_stats){.states = m->n_states, .stacks = m->n_nodes,
-                                  .masks_built = mt->masks_built, .mask_hits = mt->mask_hits};
+    *out = (struct grammar_stats){.states = m->n_states,
+                                  .stacks = m->n_nodes,
+                                  .masks_built = mt->masks_built,
+                                  .mask_hits = mt->mask_hits};
     pthread_mutex_unlock(&m->mu);
 }

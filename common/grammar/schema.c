@@ -22,7 +22,8 @@ static void sb_putn(struct sbuf *b, const char *s, size_t n)
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p) {
             b->oom = true;
@@ -98,7 +99,8 @@ static const struct {
     const char *text;
 } PRIMS[] = {
     {P_SPACE, 0, "space ::= | \" \" | \"\\n\"{1,2} [ \\t]{0,20}\n"},
-    {P_CHAR, 0, "char ::= [^\"\\\\\\x7F\\x00-\\x1F] | [\\\\] ([\"\\\\/bfnrt] | \"u\" hex-code)\n"
+    {P_CHAR, 0,
+     "char ::= [^\"\\\\\\x7F\\x00-\\x1F] | [\\\\] ([\"\\\\/bfnrt] | \"u\" hex-code)\n"
      "hex-code ::= [0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}\n"},
     {P_STRING, P_SPACE | P_CHAR, "string ::= \"\\\"\" char* \"\\\"\" space\n"},
     {P_INTEGER, P_SPACE,
@@ -347,7 +349,8 @@ static int array_body(struct gen *g, const json_t *s, const char *path, struct s
         return 0;
     }
     long long m, M;
-    if ((rv = get_count(s, "minItems", path, 0, &m)) || (rv = get_count(s, "maxItems", path, -1, &M)))
+    if ((rv = get_count(s, "minItems", path, 0, &m)) ||
+        (rv = get_count(s, "maxItems", path, -1, &M)))
         return rv;
     if (M >= 0 && M < m) return bad(path, "maxItems %lld is below minItems %lld", M, m);
     char item[32];
@@ -412,11 +415,14 @@ static int typed(struct gen *g, const json_t *s, const char *t, const char *path
         sb_printf(e, nonneg ? "uinteger" : "integer");
         return 0;
     }
-    if (strcmp(t, "number") == 0) return sb_printf(e, "number"), use(g, P_NUMBER | P_INTEGER | P_SPACE), 0;
+    if (strcmp(t, "number") == 0)
+        return sb_printf(e, "number"), use(g, P_NUMBER | P_INTEGER | P_SPACE), 0;
     if (strcmp(t, "boolean") == 0) return sb_printf(e, "boolean"), use(g, P_BOOLEAN | P_SPACE), 0;
     if (strcmp(t, "null") == 0) return sb_printf(e, "null"), use(g, P_NULL | P_SPACE), 0;
-    return bad(path, "unknown type '%s': use object, array, string, integer, number, boolean or "
-                     "null", t);
+    return bad(path,
+               "unknown type '%s': use object, array, string, integer, number, boolean or "
+               "null",
+               t);
 }
 
 /* alternatives writes ( r1 | r2 ... ) for the schemas of array list. */
@@ -466,8 +472,10 @@ static int expr(struct gen *g, const json_t *s, const char *path, struct sbuf *e
             if (strcmp(g->refs[i].ref, ref) == 0) return sb_printf(e, "r%u", g->refs[i].rule), 0;
         const json_t *target = resolve(g, ref);
         if (!target)
-            return bad(path, "'$ref' \"%s\" does not resolve: only local references "
-                             "(\"#/$defs/name\") are supported", ref);
+            return bad(path,
+                       "'$ref' \"%s\" does not resolve: only local references "
+                       "(\"#/$defs/name\") are supported",
+                       ref);
         struct ref *nr = realloc(g->refs, (g->n_refs + 1) * sizeof *nr);
         if (!nr) return STRATA_ENOMEM;
         g->refs = nr;
@@ -557,9 +565,11 @@ int grammar_from_schemas(const json_t *const *schemas, const char *const *names,
         g.root = schemas[i];
         g.depth = 0;
         /* a $ref is local to its schema: the next one starts a table of its own */
-        for (size_t k = 0; k < g.n_refs; k++) free(g.refs[k].ref);
+        for (size_t k = 0; k < g.n_refs; k++)
+            free(g.refs[k].ref);
         g.n_refs = 0;
-        if ((rv = node(&g, schemas[i], "#", &root)) == 0) sb_printf(&out, "%s ::= r%u\n", names[i], root);
+        if ((rv = node(&g, schemas[i], "#", &root)) == 0)
+            sb_printf(&out, "%s ::= r%u\n", names[i], root);
     }
     if (rv == 0) {
         /* a primitive's needs are listed before it is, so one pass in table order settles them */
@@ -570,7 +580,8 @@ int grammar_from_schemas(const json_t *const *schemas, const char *const *names,
         if (g.rules.p) sb_putn(&out, g.rules.p, g.rules.n);
         if (out.oom || g.rules.oom) rv = STRATA_ENOMEM;
     }
-    for (size_t i = 0; i < g.n_refs; i++) free(g.refs[i].ref);
+    for (size_t i = 0; i < g.n_refs; i++)
+        free(g.refs[i].ref);
     free(g.refs);
     free(g.rules.p);
     if (rv) {
@@ -596,7 +607,7 @@ const char *grammar_json_object(void)
            "array ::= \"[\" space ( value (\",\" space value)* )? \"]\" space\n"
            "string ::= \"\\\"\" char* \"\\\"\" space\n"
            "char ::= [^\"\\\\\\x7F\\x00-\\x1F] | [\\\\] ([\"\\\\/bfnrt] | \"u\" hex-code)\n"
-     "hex-code ::= [0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}\n"
+           "hex-code ::= [0-9a-cA-CefEF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}\n"
            "number ::= (\"-\"? integral-part) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})? "
            "space\n"
            "integral-part ::= [0] | [1-9] [0-9]{0,15}\n"
