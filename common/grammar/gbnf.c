@@ -715,7 +715,7 @@ static int compile(struct parser *ps, uint32_t root, struct grammar *g)
         for (uint32_t a = 0; a < ps->rules[r].n_alts; a++) {
             g->alt_pos[al++] = s;
             const struct vec *v = &ps->rules[r].alts[a];
-            memcpy(g->sym + s, v->v, v->n * sizeof *v->v);
+            if (v->n) memcpy(g->sym + s, v->v, v->n * sizeof *v->v);
             s += v->n;
             g->sym[s++] = SYM_END;
         }
@@ -723,7 +723,7 @@ static int compile(struct parser *ps, uint32_t root, struct grammar *g)
     g->rule_alt[ps->n_rules] = al;
     g->n_sym = s;
     g->n_rules = ps->n_rules;
-    memcpy(g->set, ps->sets, (size_t)ps->n_sets * sizeof *g->set);
+    if (ps->n_sets) memcpy(g->set, ps->sets, (size_t)ps->n_sets * sizeof *g->set);
     g->n_set = ps->n_sets;
     g->root = root;
     return 0;

@@ -301,13 +301,13 @@ static bool state_rehash(struct automaton *m, uint32_t cap)
 static uint32_t state_of(struct automaton *m)
 {
     if (m->n_out == 0 && !m->accept) return 0;
-    qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
+    if (m->n_out > 1) qsort(m->out, m->n_out, sizeof *m->out, cmp_u32);
     const uint32_t n = m->n_out;
     uint32_t h = state_hash(m->out, n, m->accept) & (m->state_tab_cap - 1);
     for (uint32_t id; (id = m->state_tab[h]) != 0; h = (h + 1) & (m->state_tab_cap - 1)) {
         const struct state *s = &m->states[id];
         if (s->n == n && s->accept == m->accept &&
-            memcmp(m->elems + s->off, m->out, n * sizeof *m->out) == 0)
+            (n == 0 || memcmp(m->elems + s->off, m->out, n * sizeof *m->out) == 0))
             return id;
     }
     if (m->n_states >= MAX_STATES) {
@@ -324,7 +324,7 @@ static uint32_t state_of(struct automaton *m)
     }
     const uint32_t id = m->n_states++;
     m->states[id] = (struct state){.off = m->n_elems, .n = n, .accept = m->accept};
-    memcpy(m->elems + m->n_elems, m->out, n * sizeof *m->out);
+    if (n) memcpy(m->elems + m->n_elems, m->out, n * sizeof *m->out);
     m->n_elems += n;
     m->state_tab[h] = id;
     if (2 * m->n_states > m->state_tab_cap && !state_rehash(m, 2 * m->state_tab_cap)) {
