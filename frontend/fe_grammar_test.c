@@ -107,14 +107,15 @@ static const char *choice_str(json_t *j, const char *a, const char *b)
 static void setup(void)
 {
     const char *tmp = test_tmpdir();
-    char model[600], run[600], url[700];
+    static char model[600], run[600]; /* the worker keeps pointers to them */
+    char url[700];
     snprintf(model, sizeof model, "%s/gram.gguf", tmp);
     snprintf(run, sizeof run, "%s/run-gram", tmp);
     mkdir(run, 0700);
     struct fixture_opts fo = {.seed = 5, .threads = 1};
     ck_assert_int_eq(fixture_write(&fo, model), 0);
-    struct worker_config c = {.model = strdup(model),
-                              .runtime_dir = strdup(run),
+    struct worker_config c = {.model = model,
+                              .runtime_dir = run,
                               .ctx = 512,
                               .max_seqs = 8,
                               .orphan_timeout_s = 60,
