@@ -612,7 +612,7 @@ static unsigned tools_setup(struct fe *f, struct fe_job *j, struct api_error *e)
                               : json_string_value(json_object_get(
                                     json_object_get(j->p.tool_choice, "function"), "name"));
     char *gbnf;
-    int rv = tools_grammar(j->tfam, j->p.tools, only, j->p.parallel_tool_calls, &gbnf);
+    int rv = tools_grammar(j->tfam, j->p.tools, only, j->p.parallel_tool_calls, m->tok, &gbnf);
     if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     if (rv)
         return api_fail(e, 400, "invalid_request_error", "tools", "invalid_schema",

@@ -3,6 +3,7 @@
 #include "common/base/err.h"
 #include "common/grammar/grammar.h"
 #include "common/tmpl/tmpl.h"
+#include "common/tok/tok.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -539,8 +540,33 @@ static const struct syntax SYNTAX[] = {
                        " <|constrain|>json<|message|>\"", "\"<|call|>\"", "", "", true, false},
 };
 
+/* token_refs rewrites the markers in b's literals that are control tokens of tok as <[id]>, so
+ * the grammar has the model write the token itself, not its text spelled by other tokens. */
+static void token_refs(struct gb *b, const struct tok *tok)
+{
+    static const char *const markers[] = {
+        "[TOOL_CALLS]", "[ARGS]",   "[CALL_ID]",    "<|channel|>", "<|constrain|>",
+        "<|message|>",  "<|call|>", DS_CALLS_BEGIN, DS_CALLS_END,  DS_CALL_BEGIN,
+        DS_CALL_END,    DS_SEP,     "<tool_call>",  "</tool_call>"};
+    for (size_t k = 0; tok && k < sizeof markers / sizeof *markers && !b->oom; k++) {
+        const size_t ml = strlen(markers[k]);
+        const int32_t id = tok_find(tok, markers[k], ml);
+        if (id < 0 || tok_token_type(tok, id) != TOK_TYPE_CONTROL) continue;
+        struct gb out = {0};
+        for (size_t i = 0; i < b->n;) {
+            if (i + ml <= b->n && memcmp(b->p + i, markers[k], ml) == 0) {
+                gb_printf(&out, "\" <[%d]> \"", id);
+                i += ml;
+            } else
+                gb_printf(&out, "%c", b->p[i++]);
+        }
+        free(b->p);
+        *b = out;
+    }
+}
+
 int tools_grammar(enum tools_family f, const json_t *tools, const char *only, bool parallel,
-                  char **gbnf)
+                  const struct tok *tok, char **gbnf)
 {
     *gbnf = NULL;
     const struct syntax *sx = &SYNTAX[f];
@@ -575,6 +601,7 @@ int tools_grammar(enum tools_family f, const json_t *tools, const char *only, bo
         k++;
     }
     gb_printf(&b, "\n");
+    token_refs(&b, tok);
     if (k == 0) {
         rv = strata_errf(STRATA_EINVAL, "no tool named '%s'", only ? only : "");
         goto out;

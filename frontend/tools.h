@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 struct tmpl;
+struct tok;
 
 enum tools_family {
     TOOLS_HERMES,     /* Qwen2.5/Qwen3, Hermes, SmolLM3: <tool_call>\n{"name", "arguments"} */
@@ -61,9 +62,10 @@ size_t tools_content_end(enum tools_family f, const char *text, size_t n);
 
 /* tools_grammar writes GBNF (malloc'd) that forces f's call syntax for one of tools (or only the
  * one named `only`), arguments held to each function's parameters where the syntax is JSON;
- * several calls when parallel. STRATA_EINVAL for a schema the grammar cannot express (the
- * detail names the tool), STRATA_ENOMEM. */
+ * several calls when parallel. Markers that are control tokens of tok ([TOOL_CALLS], gpt-oss's
+ * <|channel|>) become token references <[id]> (tok NULL: all text). STRATA_EINVAL for a schema
+ * the grammar cannot express (the detail names the tool), STRATA_ENOMEM. */
 int tools_grammar(enum tools_family f, const json_t *tools, const char *only, bool parallel,
-                  char **gbnf);
+                  const struct tok *tok, char **gbnf);
 
 #endif

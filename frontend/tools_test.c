@@ -116,7 +116,7 @@ START_TEST(rendered_calls_parse_back)
      * writes them, accepts the template's own rendering of the first call */
     json_t *tools = json_loads(TOOLS, 0, NULL);
     char *gbnf;
-    ck_assert_int_eq(tools_grammar(f, tools, NULL, true, &gbnf), 0);
+    ck_assert_int_eq(tools_grammar(f, tools, NULL, true, NULL, &gbnf), 0);
     struct grammar *g;
     ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s: %s\n%s", CASES[_i].file,
                   strata_errdetail(), gbnf);
@@ -154,7 +154,7 @@ START_TEST(forced_calls_parse)
     const enum tools_family f = (enum tools_family)_i;
     json_t *tools = json_loads(TOOLS, 0, NULL);
     char *gbnf;
-    ck_assert_int_eq(tools_grammar(f, tools, "get_time", false, &gbnf), 0);
+    ck_assert_int_eq(tools_grammar(f, tools, "get_time", false, NULL, &gbnf), 0);
     struct grammar *g;
     ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s", strata_errdetail());
     struct grammar_matcher *m;

@@ -219,6 +219,18 @@ START_TEST(bad_grammars_are_refused_at_submit)
     ck_assert_int_eq(r.finish, ENGINE_FINISH_STOP);
     ck_assert(r.grammar_end); /* the last token is text, not a stop id */
     ck_assert_str_eq(r.text, "ok");
+    /* a control token the grammar names is generated as that token */
+    const int32_t im_start = tok_find(g_tok, "<|im_start|>", 12);
+    ck_assert_int_ge(im_start, 0);
+    char gbnf[64];
+    snprintf(gbnf, sizeof gbnf, "root ::= \"x\" <[%d]> \"y\"\n", im_start);
+    q.id = "ctrl";
+    q.grammar = gbnf;
+    ck_assert_int_eq(engine_submit(e, &q), 0);
+    drain(e, "ctrl", &r);
+    ck_assert_int_eq(r.finish, ENGINE_FINISH_STOP);
+    ck_assert_uint_eq(r.n, 3);
+    ck_assert_int_eq(r.ids[1], im_start);
     engine_close(e);
 }
 END_TEST

@@ -1,6 +1,7 @@
 /* gvocab — a model's vocabulary as the bytes a grammar matches (common/grammar): each token's
- * decoded piece; control, unknown and unused tokens get none, so no grammar allows them (stop ids
- * are allowed by the sampler once the grammar accepts). Pure; any thread. */
+ * decoded piece, a control token the reserved bytes of a grammar's <[id]>; unknown and unused
+ * tokens get none, so no grammar allows them (stop ids are allowed by the sampler once the
+ * grammar accepts). Pure; any thread. */
 #ifndef STRATA_GVOCAB_H
 #define STRATA_GVOCAB_H
 

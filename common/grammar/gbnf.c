@@ -619,8 +619,22 @@ static int parse_sequence(struct parser *ps, uint32_t r, bool nested)
             last = UINT32_MAX; /* x** is refused, as llama.cpp does */
             if (rv == 0) skip_space(ps, nested);
             continue;
-        } else if (c == '<') {
-            return fail(ps, "token references (<...>) are not supported: write the text");
+        } else if (c == '<') { /* <[id]>: one control token, as its reserved bytes */
+            uint64_t id;
+            if (ps->end - ps->p < 2 || ps->p[1] != '[')
+                return fail(ps, "a token reference is <[id]> (token names are not supported)");
+            ps->p += 2;
+            if ((rv = parse_count(ps, &id)) != 0) return rv;
+            if (ps->end - ps->p < 2 || memcmp(ps->p, "]>", 2) != 0 || id >= GRAMMAR_MAX_TOKEN_ID)
+                return fail(ps, "a token reference is <[id]> with an id below 2^21");
+            ps->p += 2;
+            char b[GRAMMAR_TOKEN_BYTES];
+            grammar_token_bytes((int32_t)id, b);
+            for (int i = 0; i < GRAMMAR_TOKEN_BYTES && rv == 0; i++) {
+                uint32_t sy;
+                if ((rv = byte_sym(ps, (uint8_t)b[i], (uint8_t)b[i], &sy)) == 0)
+                    rv = push_sym(ps, &ps->rules[r].alts[alt], sy);
+            }
         } else
             break;
         last = start;
@@ -837,6 +851,14 @@ void grammar_fini(struct grammar *g)
     free(g->rule_alt);
     free(g->set);
     free(g);
+}
+
+void grammar_token_bytes(int32_t id, char out[GRAMMAR_TOKEN_BYTES])
+{
+    out[0] = (char)0xff;
+    out[1] = (char)(0x80 | ((id >> 14) & 0x7f));
+    out[2] = (char)(0x80 | ((id >> 7) & 0x7f));
+    out[3] = (char)(0x80 | (id & 0x7f));
 }
 
 uint32_t grammar_n_rules(const struct grammar *g)

@@ -59,8 +59,19 @@ int grammar_from_schemas(const json_t *const *schemas, const char *const *names,
 /* grammar_json_object: GBNF for any JSON object (response_format json_object). Static. */
 const char *grammar_json_object(void);
 
-/* A vocabulary as bytes: token i is bytes[i][0..lens[i]); a token of length 0 (control tokens,
- * ends of turn) is never allowed by a mask. Built once per model; immutable after, any thread. */
+/* Control tokens (a template's markers, [TOOL_CALLS], <|channel|>) are matched by a GBNF token
+ * reference <[id]>, compiled to reserved bytes: 0xFF and the id in three bytes. No UTF-8 text has
+ * a byte 0xF8..0xFF, so no character class or literal matches them, and a vocabulary gives them
+ * only to its control tokens (a text token with such a byte never matches). */
+#define GRAMMAR_TOKEN_BYTES  4
+#define GRAMMAR_MAX_TOKEN_ID (1 << 21)
+
+/* grammar_token_bytes: the bytes that stand for control token id (below GRAMMAR_MAX_TOKEN_ID). */
+void grammar_token_bytes(int32_t id, char out[GRAMMAR_TOKEN_BYTES]);
+
+/* A vocabulary as bytes: token i is bytes[i][0..lens[i]); a token of length 0 (ends of turn) is
+ * never allowed by a mask; a control token a grammar may name has grammar_token_bytes. Built once
+ * per model; immutable after, any thread. */
 struct grammar_vocab;
 
 int grammar_vocab_init(uint32_t n_vocab, const char *const *bytes, const uint32_t *lens,

@@ -278,6 +278,34 @@ START_TEST(masks_equal_feeding_each_token)
 }
 END_TEST
 
+START_TEST(token_references_match_control_tokens_only)
+{
+    char ctrl[GRAMMAR_TOKEN_BYTES];
+    grammar_token_bytes(2, ctrl);
+    const char *toks[] = {"a", "b", ctrl, "ab", "<x>"};
+    uint32_t lens[] = {1, 1, GRAMMAR_TOKEN_BYTES, 2, 3};
+    struct grammar_vocab *v;
+    ck_assert_int_eq(grammar_vocab_init(5, toks, lens, &v), 0);
+    struct grammar *g = parse_ok("root ::= \"a\" <[2]> (\"b\" | .)\n");
+    struct grammar_matcher *m;
+    ck_assert_int_eq(grammar_matcher_init(g, v, &m), 0);
+    ck_assert_int_eq(grammar_matcher_accept_token(m, 0), 0);
+    uint32_t mask[1];
+    ck_assert_int_eq(grammar_matcher_mask_into(m, mask), 0);
+    ck_assert_uint_eq(mask[0], 1u << 2); /* only the control token; no text spells it */
+    ck_assert_int_eq(grammar_matcher_accept_token(m, 2), 0);
+    ck_assert_int_eq(grammar_matcher_mask_into(m, mask), 0);
+    ck_assert_uint_eq(mask[0], (1u << 0) | (1u << 1)); /* "." is a character, never the token */
+    ck_assert_int_eq(grammar_matcher_accept_token(m, 1), 0);
+    ck_assert(grammar_matcher_done(m));
+    grammar_matcher_fini(m);
+    grammar_fini(g);
+    grammar_vocab_fini(v);
+    parse_fails("root ::= <eos>\n", "token names are not supported");
+    parse_fails("root ::= <[3000000]>\n", "below 2^21");
+}
+END_TEST
+
 /* ---- JSON Schema: an independent validator ----------------------------------------------------
  */
 
@@ -481,6 +509,7 @@ int main(void)
     tcase_add_test(tc, gbnf_handles_utf8);
     tcase_add_test(tc, gbnf_errors_say_where);
     tcase_add_test(tc, masks_equal_feeding_each_token);
+    tcase_add_test(tc, token_references_match_control_tokens_only);
     tcase_add_loop_test(tc, schema_outputs_validate, 0, (int)(sizeof schemas / sizeof *schemas));
     tcase_add_test(tc, schema_accepts_and_refuses);
     tcase_add_test(tc, schema_errors_name_the_path);
