@@ -718,7 +718,9 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    j->split = kind == API_CHAT && m->reason != TMPL_REASON_NONE;
+    /* a grammar holds the answer from its first token (no think tags, no channel headers): there
+     * is no reasoning to split out, and a prompt that opens one must not take the answer */
+    j->split = kind == API_CHAT && m->reason != TMPL_REASON_NONE && !j->p.grammar;
     if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
     /* the calls of some families start with a control token ([TOOL_CALLS]) */
     const bool special_calls = j->tools_on && (j->tfam == TOOLS_MISTRAL ||
