@@ -61,7 +61,8 @@ struct item {
     struct ereq *r;
     uint32_t from, n;
     bool sampled;
-    int err; /* the sampler's error */
+    bool pre; /* its grammar mask for the first sampled position is made during the pass */
+    int err;  /* the sampler's error */
     uint32_t n_res;
     struct sample_result res[ENGINE_MAX_DRAFT + 1];
 };
@@ -115,6 +116,15 @@ struct engine {
     } gc[ENGINE_GRAMMAR_CACHE];
     uint64_t gc_clock;
     uint32_t *allow; /* (loop) a mask with the stop ids added */
+    /* the mask thread makes the window's first masks while the pass runs (under gmu: posted and
+     * done count windows; items[] is the loop's and unchanged until done == posted) */
+    pthread_t gth;
+    bool gth_started, g_stop;
+    pthread_mutex_t gmu;
+    pthread_cond_t gcv;
+    uint64_t g_posted, g_done;
+    uint32_t *gmasks; /* (max_running, words): item i's mask */
+    int *gerr;        /* (max_running) */
     uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
 };
@@ -489,17 +499,19 @@ static int grammar_compile(struct engine *e, const struct engine_req *q, struct 
     return 0;
 }
 
-/* grammar_allow points *allow at r's mask with its stop ids added when the grammar accepts. */
-static int grammar_allow(struct engine *e, struct ereq *r, const uint32_t **allow)
+/* grammar_allow points *allow at r's mask with its stop ids added when the grammar accepts: the
+ * one the mask thread made for item `pre` during the pass, else (UINT32_MAX) made now. */
+static int grammar_allow(struct engine *e, struct ereq *r, uint32_t pre, const uint32_t **allow)
 {
-    int rv = grammar_matcher_mask_into(r->gm, e->allow);
+    const size_t words = ((size_t)e->m->hp.n_vocab + 31) / 32;
+    uint32_t *mask = pre != UINT32_MAX ? e->gmasks + pre * words : e->allow;
+    int rv = pre != UINT32_MAX ? e->gerr[pre] : grammar_matcher_mask_into(r->gm, mask);
     if (rv)
-        return strata_errf(rv, "request %s: the grammar's matcher failed: %s", r->id,
-                           strata_errdetail());
+        return strata_errf(rv, "request %s: the grammar's matcher failed", r->id);
     if (grammar_matcher_accepting(r->gm))
         for (uint32_t i = 0; i < r->n_stop; i++)
-            e->allow[r->stop[i] >> 5] |= 1u << (r->stop[i] & 31);
-    *allow = e->allow;
+            mask[r->stop[i] >> 5] |= 1u << (r->stop[i] & 31);
+    *allow = mask;
     return 0;
 }
 
@@ -515,6 +527,54 @@ static int grammar_advance(struct ereq *r, int32_t id)
 static bool grammar_ended(const struct ereq *r)
 {
     return r->gm && grammar_matcher_done(r->gm);
+}
+
+/* mask_thread makes the posted window's masks: each item marked pre gets the mask of its
+ * request's state now, which is the state its first sampled position is drawn in. */
+static void *mask_thread(void *arg)
+{
+    struct engine *e = arg;
+    const size_t words = ((size_t)e->m->hp.n_vocab + 31) / 32;
+    pthread_mutex_lock(&e->gmu);
+    for (;;) {
+        while (!e->g_stop && e->g_done == e->g_posted) pthread_cond_wait(&e->gcv, &e->gmu);
+        if (e->g_stop) break;
+        const uint64_t gen = e->g_posted;
+        pthread_mutex_unlock(&e->gmu);
+        for (uint32_t i = 0; i < e->n_items; i++)
+            if (e->items[i].pre)
+                e->gerr[i] = grammar_matcher_mask_into(e->items[i].r->gm, e->gmasks + i * words);
+        pthread_mutex_lock(&e->gmu);
+        e->g_done = gen;
+        pthread_cond_broadcast(&e->gcv);
+    }
+    pthread_mutex_unlock(&e->gmu);
+    return NULL;
+}
+
+/* masks_post hands the window's first grammar masks to the mask thread; false when there are
+ * none to make (no item samples under a grammar). */
+static bool masks_post(struct engine *e)
+{
+    bool any = false;
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        struct item *it = &e->items[i];
+        it->pre = e->gth_started && it->sampled && it->r->gm;
+        any |= it->pre;
+    }
+    if (!any) return false;
+    pthread_mutex_lock(&e->gmu);
+    e->g_posted++;
+    pthread_cond_broadcast(&e->gcv);
+    pthread_mutex_unlock(&e->gmu);
+    return true;
+}
+
+static void masks_wait(struct engine *e)
+{
+    pthread_mutex_lock(&e->gmu);
+    while (e->g_done != e->g_posted) pthread_cond_wait(&e->gcv, &e->gmu);
+    pthread_mutex_unlock(&e->gmu);
 }
 
 /* compute runs the window's forward pass and samples (outside the lock). Returns the error of
@@ -534,7 +594,9 @@ static int compute(struct engine *e, uint32_t *n_tok)
                 it->sampled && j + 1 + r->n_draft >= it->n};
     }
     *n_tok = n;
+    const bool posted = masks_post(e); /* made while the pass runs */
     int rv = backend_eval(e->be, e->toks, n, e->logits);
+    if (posted) masks_wait(e);
     if (rv) return rv;
     for (uint32_t i = 0; i < e->n_items; i++) {
         struct item *it = &e->items[i];
@@ -551,7 +613,9 @@ static int compute(struct engine *e, uint32_t *n_tok)
                 const float *lg = e->logits + (size_t)(rows + j) * e->m->hp.n_vocab;
                 struct sample_result *res = &it->res[it->n_res];
                 struct sample_params sp = r->sp;
-                if (r->gm && (it->err = grammar_allow(e, r, &sp.allow)) != 0) break;
+                if (r->gm && (it->err = grammar_allow(e, r, j == 0 && it->pre ? i : UINT32_MAX,
+                                                      &sp.allow)) != 0)
+                    break;
                 it->err = sample_token(e->smp, &sp, lg, r->hist + w0, r->n_hist - w0,
                                        r->n_hist, res);
                 if (it->err || (r->gm && (it->err = grammar_advance(r, res->id)) != 0)) break;
@@ -775,6 +839,8 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
         e->o.max_batch_tokens = e->o.max_running; /* room for every running request's step */
     pthread_mutex_init(&e->mu, NULL);
     pthread_mutex_init(&e->gv_mu, NULL);
+    pthread_mutex_init(&e->gmu, NULL);
+    pthread_cond_init(&e->gcv, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -805,12 +871,17 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     e->logits = malloc((size_t)e->o.max_running * (1 + e->o.spec_lookup) * m->hp.n_vocab *
                        sizeof *e->logits);
     e->allow = malloc(((size_t)m->hp.n_vocab + 31) / 32 * sizeof *e->allow);
-    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits || !e->allow) {
+    e->gmasks = malloc((size_t)e->o.max_running * ((m->hp.n_vocab + 31) / 32) * sizeof *e->gmasks);
+    e->gerr = calloc(e->o.max_running, sizeof *e->gerr);
+    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits || !e->allow ||
+        !e->gmasks || !e->gerr) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for an engine of %u sequences",
                          e->o.max_running);
         goto fail;
     }
     e->rate_t0 = now_ns();
+    /* without the mask thread (it did not start) masks are made after the pass */
+    e->gth_started = pthread_create(&e->gth, NULL, mask_thread, e) == 0;
     int err = pthread_create(&e->th, NULL, loop, e);
     if (err) {
         rv = strata_errf(strata_errno(err), "cannot start the decode thread");
@@ -834,6 +905,13 @@ void engine_close(struct engine *e)
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->th, NULL);
     }
+    if (e->gth_started) {
+        pthread_mutex_lock(&e->gmu);
+        e->g_stop = true;
+        pthread_cond_broadcast(&e->gcv);
+        pthread_mutex_unlock(&e->gmu);
+        pthread_join(e->gth, NULL);
+    }
     while (e->all) {
         struct ereq *r = e->all;
         e->all = r->next;
@@ -848,12 +926,16 @@ void engine_close(struct engine *e)
     free(e->toks);
     free(e->logits);
     free(e->allow);
+    free(e->gmasks);
+    free(e->gerr);
     for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++) {
         free(e->gc[i].text);
         grammar_matcher_fini(e->gc[i].proto);
     }
     grammar_vocab_fini(e->gv);
     pthread_mutex_destroy(&e->gv_mu);
+    pthread_mutex_destroy(&e->gmu);
+    pthread_cond_destroy(&e->gcv);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->cmd_cv);
