@@ -222,6 +222,17 @@ START_TEST(json_object_and_grammar_and_streams)
     ck_assert_msg(!strcmp(content, "yes") || !strcmp(content, "no"), "%s", content);
     ck_assert_str_eq(choice_str(j, "finish_reason", NULL), "stop");
     json_decref(j);
+    /* completions take a grammar too */
+    struct resp c;
+    post("/v1/completions",
+         "{\"prompt\": \"Answer:\", \"max_tokens\": 20, \"grammar\": \"root ::= [0-9]{3}\"}", &c);
+    ck_assert_int_eq(c.status, 200);
+    json_t *cj = json_loads(c.body, 0, NULL);
+    const char *ct = choice_str(cj, "text", NULL);
+    ck_assert_msg(ct && strlen(ct) == 3 && strspn(ct, "0123456789") == 3, "%s", c.body);
+    ck_assert_str_eq(choice_str(cj, "finish_reason", NULL), "stop");
+    json_decref(cj);
+    free(c.body);
     /* streamed: the deltas make the same answer as a whole one */
     struct resp r;
     const char *req = "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"seed\": 9, "

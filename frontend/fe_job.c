@@ -712,7 +712,9 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     const char *stops[FE_STOP_CAP];
     size_t n_stops = j->p.n_stop;
     memcpy(stops, j->p.stop, n_stops * sizeof *stops);
-    for (uint32_t i = 0; kind == API_CHAT && i < m->n_stop_strs; i++)
+    /* (under a grammar the grammar says where the answer ends: a model's own stop text, such as
+     * the demo's blank line, could cut a JSON answer in its whitespace) */
+    for (uint32_t i = 0; kind == API_CHAT && !j->p.grammar && i < m->n_stop_strs; i++)
         stops[n_stops++] = m->stop_strs[i];
     if (fe_stop_init(&j->stop, stops, n_stops) != 0) {
         api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
