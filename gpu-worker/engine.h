@@ -29,7 +29,8 @@
 #define ENGINE_PENALTY_WINDOW 64 /* penalties look at the last N generated tokens (llama.cpp's) */
 #define ENGINE_MAX_DRAFT      8  /* drafts verified per request and window */
 #define ENGINE_GRAMMAR_CACHE  16 /* grammars whose tables (states, masks) later requests share */
-#define ENGINE_GRAMMAR_BYTES  (256u << 20) /* a grammar's tables past this start afresh */
+#define ENGINE_GRAMMAR_BYTES  (64u << 20) /* a grammar's tables past this (or failed) start
+                                              afresh, well before their state limit */
 
 struct engine_opts {
     uint32_t n_ctx;             /* positions per sequence; 0: the model's trained context */

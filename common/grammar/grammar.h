@@ -118,7 +118,8 @@ int grammar_matcher_fork(struct grammar_matcher *proto, struct grammar_matcher *
  * last matcher that shares them. */
 void grammar_matcher_adopt(struct grammar_matcher *m, struct grammar *g);
 
-/* grammar_matcher_bytes: the memory m's tables hold (for a cache's budget). */
+/* grammar_matcher_bytes: the memory m's tables hold (for a cache's budget); SIZE_MAX once they
+ * failed (a limit or out of memory): make new ones. */
 size_t grammar_matcher_bytes(struct grammar_matcher *m);
 
 struct grammar_stats {

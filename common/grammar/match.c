@@ -4,6 +4,7 @@
 #include "common/grammar/grammar_int.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -510,6 +511,10 @@ size_t grammar_matcher_bytes(struct grammar_matcher *mt)
 {
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
+    if (m->err) {
+        pthread_mutex_unlock(&m->mu);
+        return SIZE_MAX;
+    }
     size_t n = (size_t)m->cap_nodes * (sizeof *m->nodes + sizeof *m->stamp) +
                (size_t)m->cap_states * sizeof *m->states + (size_t)m->cap_elems * 4 +
                (size_t)(m->node_tab_cap + m->state_tab_cap) * 4;
