@@ -40,7 +40,8 @@ START_TEST(openai_client_tools_and_formats)
     /* npm ci from the committed lockfile, once per build directory */
     snprintf(cmd, sizeof cmd,
              "test -d %s/node_modules/openai || (mkdir -p %s && cp %s/tests/e2e/tools/package.json "
-             "%s/tests/e2e/tools/package-lock.json %s/ && cd %s && timeout 300 npm ci --silent "
+             "%s/tests/e2e/tools/package-lock.json %s/ && cd %s && timeout 120 npm ci --silent "
+             "--fetch-retries=1 --fetch-timeout=20000 "
              "--no-audit --no-fund >npm.log 2>&1)",
              nm, nm, STRATA_SOURCE_DIR, STRATA_SOURCE_DIR, nm, nm);
     if (system(cmd) != 0) {
