@@ -220,11 +220,11 @@ static int tools_stream(struct fe_job *j, const char **content, size_t *cn, cons
     *cn = end > j->tsent ? end - j->tsent : 0;
     if (finish) {
         if ((rv = tools_parse(j->tfam, all, n, j->id, &j->tp)) != 0) return rv;
-        if (j->tp.n_calls) {
+        if (j->tp.n_calls || j->tfam == TOOLS_HARMONY) { /* gpt-oss: its final channel */
             *content = j->tp.content + (j->tp.content_len > j->tsent ? j->tsent : 0);
             *cn = j->tp.content_len > j->tsent ? j->tp.content_len - j->tsent : 0;
-            if (!(*calls = calls_json(&j->tp, true))) return STRATA_ENOMEM;
         }
+        if (j->tp.n_calls && !(*calls = calls_json(&j->tp, true))) return STRATA_ENOMEM;
     }
     j->tsent += *cn;
     return 0;
@@ -342,12 +342,15 @@ static json_t *whole_answer(struct fe_job *j, const char *finish)
         if (j->tools_on &&
             tools_parse(j->tfam, j->content.p ? j->content.p : "", j->content.n, j->id,
                         &j->tp) == 0 &&
-            j->tp.n_calls) {
+            (j->tp.n_calls || j->tfam == TOOLS_HARMONY)) {
             json_object_set_new(msg, "content",
-                                j->tp.content_len ? json_stringn(j->tp.content, j->tp.content_len)
-                                                  : json_null());
-            json_object_set_new(msg, "tool_calls", calls_json(&j->tp, false));
-            finish = "tool_calls";
+                                j->tp.content_len || !j->tp.n_calls
+                                    ? json_stringn(j->tp.content, j->tp.content_len)
+                                    : json_null());
+            if (j->tp.n_calls) {
+                json_object_set_new(msg, "tool_calls", calls_json(&j->tp, false));
+                finish = "tool_calls";
+            }
         }
         if (j->split && j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
@@ -722,12 +725,13 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     }
     /* a grammar holds the answer from its first token (no think tags, no channel headers): there
      * is no reasoning to split out, and a prompt that opens one must not take the answer */
-    j->split = kind == API_CHAT && m->reason != TMPL_REASON_NONE && !j->p.grammar;
+    j->split = kind == API_CHAT && m->reason != TMPL_REASON_NONE && !j->p.grammar &&
+               !(j->tools_on && j->tfam == TOOLS_HARMONY); /* its calls are in the headers */
     if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
     /* the calls of some families start with a control token ([TOOL_CALLS]) */
-    const bool special_calls = j->tools_on && (j->tfam == TOOLS_MISTRAL ||
-                                               j->tfam == TOOLS_MISTRAL_V3 ||
-                                               j->tfam == TOOLS_DEEPSEEK);
+    const bool special_calls =
+        j->tools_on && (j->tfam == TOOLS_MISTRAL || j->tfam == TOOLS_MISTRAL_V3 ||
+                        j->tfam == TOOLS_DEEPSEEK || j->tfam == TOOLS_HARMONY);
     tok_stream_init(&j->ts, m->tok,
                     (m->reason == TMPL_REASON_CHANNEL && j->split) || special_calls
                         ? TOK_DECODE_SPECIAL

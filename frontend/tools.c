@@ -414,6 +414,29 @@ static size_t first_marker(enum tools_family f, const char *s, size_t n)
     return best;
 }
 
+/* harmony_content sets out's content to the final channel's message of a harmony answer (the
+ * analysis channel is reasoning, the commentary channel the calls), "" when it has none. */
+static int harmony_content(const char *s, size_t n, struct tools_parsed *out)
+{
+    static const char FINAL[] = "<|channel|>final<|message|>";
+    size_t at = find(s, n, 0, FINAL), end = n;
+    if (at < n) {
+        at += sizeof FINAL - 1;
+        static const char *const ends[] = {"<|end|>", "<|return|>", "<|start|>", "<|call|>"};
+        for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+            size_t e = find(s, n, at, ends[i]);
+            if (e < end) end = e;
+        }
+    } else
+        at = end = 0;
+    if (!(out->content = strndup(s + at, end - at))) {
+        tools_parsed_free(out);
+        return STRATA_ENOMEM;
+    }
+    out->content_len = end - at;
+    return 0;
+}
+
 int tools_parse(enum tools_family f, const char *text, size_t n, const char *id_seed,
                 struct tools_parsed *out)
 {
@@ -436,7 +459,9 @@ int tools_parse(enum tools_family f, const char *text, size_t n, const char *id_
         start = n;
         end = n;
     }
-    /* the content: before the calls and after them */
+    /* the content: before the calls and after them; gpt-oss's is its final channel */
+    if (f == TOOLS_HARMONY && !out->unclosed && find(text, n, 0, "<|channel|>") < n)
+        return harmony_content(text, n, out);
     out->content = malloc(n + 1);
     if (!out->content) {
         tools_parsed_free(out);
@@ -469,6 +494,7 @@ size_t tools_content_end(enum tools_family f, const char *text, size_t n)
     size_t end = first_marker(f, text, n);
     if (f == TOOLS_LLAMA3) /* an answer of blanks so far may still open a call */
         return skip_ws(text, n, 0) == n ? 0 : end;
+    if (f == TOOLS_HARMONY) return 0; /* channels: the content is known once the answer is */
     if (end < n) return end;
     /* a tail that may begin a marker is held back */
     for (int i = 0; i < 3 && FAMILIES[f].markers[i]; i++) {

@@ -39,7 +39,8 @@ const char *tools_family_name(enum tools_family f);
  * none does (a template without tools: the model is then asked in the Hermes form). */
 enum tools_family tools_detect(const struct tmpl *t, const char *bos, const char *eos);
 
-/* The calls found in a model's answer. content is the answer without them (malloc'd). unclosed:
+/* The calls found in a model's answer. content is the answer without them (malloc'd; for gpt-oss
+ * the final channel's message, calls or not). unclosed:
  * a call was opened and not completed (the text is then all content, and no call reported). */
 struct tools_parsed {
     char *content;
@@ -57,7 +58,8 @@ int tools_parse(enum tools_family f, const char *text, size_t n, const char *id_
 void tools_parsed_free(struct tools_parsed *p);
 
 /* tools_content_end: how many bytes of text[0..n) are surely content: up to the first call
- * marker, or a tail that may begin one, held back while streaming. */
+ * marker, or a tail that may begin one, held back while streaming (gpt-oss: none, its channels
+ * are sorted out at the end). */
 size_t tools_content_end(enum tools_family f, const char *text, size_t n);
 
 /* tools_grammar writes GBNF (malloc'd) that forces f's call syntax for one of tools (or only the

@@ -210,6 +210,22 @@ START_TEST(streams_hold_markers_and_unclosed_calls_stay_text)
     ck_assert_str_eq(p.calls[1].name, "b");
     ck_assert_str_ne(p.calls[0].id, p.calls[1].id);
     tools_parsed_free(&p);
+    /* gpt-oss: reasoning, a call and a final message, in channels */
+    s = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}<|call|>"
+        "<|start|>assistant<|channel|>final<|message|>Checking.<|return|>";
+    ck_assert_int_eq(tools_parse(TOOLS_HARMONY, s, strlen(s), "x", &p), 0);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].name, "get_weather");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"city\":\"Oslo\"}");
+    ck_assert_str_eq(p.content, "Checking.");
+    tools_parsed_free(&p);
+    ck_assert_uint_eq(tools_content_end(TOOLS_HARMONY, s, strlen(s)), 0);
+    s = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4";
+    ck_assert_int_eq(tools_parse(TOOLS_HARMONY, s, strlen(s), "x", &p), 0);
+    ck_assert_uint_eq(p.n_calls, 0);
+    ck_assert_str_eq(p.content, "4"); /* no call: still the final channel only */
+    tools_parsed_free(&p);
 }
 END_TEST
 
