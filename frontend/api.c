@@ -1,5 +1,7 @@
 /* api — OpenAI request bodies: parse, check types and ranges, name the bad field. */
 #include "frontend/api.h"
+#include "common/base/err.h"
+#include "common/grammar/grammar.h"
 
 #include "frontend/api_anthropic.h"
 
@@ -228,6 +230,24 @@ static unsigned text_of(json_t *content, size_t i, json_t **out, struct api_erro
     return 0;
 }
 
+/* args_as_objects turns each call's "arguments" text into the object it encodes: templates
+ * iterate the arguments (Qwen3-Coder, GLM) or print them with tojson, as llama.cpp gives them. */
+static void args_as_objects(json_t *calls)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        json_t *fn = json_object_get(c, "function");
+        const char *a = json_string_value(json_object_get(fn, "arguments"));
+        json_t *o = a ? json_loads(a, 0, NULL) : NULL;
+        if (json_is_object(o))
+            json_object_set_new(fn, "arguments", o);
+        else
+            json_decref(o);
+    }
+}
+
 static unsigned parse_messages(json_t *root, struct api_params *p, struct api_error *e)
 {
     json_t *msgs = json_object_get(root, "messages");
@@ -264,6 +284,7 @@ static unsigned parse_messages(json_t *root, struct api_params *p, struct api_er
             return st;
         }
         json_object_set_new(copy, "content", text);
+        args_as_objects(json_object_get(copy, "tool_calls"));
         json_array_append_new(p->messages, copy);
     }
     return 0;
@@ -332,6 +353,183 @@ static unsigned parse_stop(json_t *root, struct api_params *p, struct api_error 
     return 0;
 }
 
+/* set_grammar takes gbnf (malloc'd) as p's grammar once it compiles; param names the field. */
+static unsigned set_grammar(struct api_params *p, char *gbnf, const char *param,
+                            struct api_error *e)
+{
+    struct grammar *g = NULL;
+    int rv = grammar_parse(gbnf, strlen(gbnf), &g);
+    grammar_fini(g);
+    if (rv) {
+        free(gbnf);
+        return api_fail(e, 400, BAD, param, "invalid_grammar", "'%s': %s", param,
+                        strata_errdetail());
+    }
+    free(p->grammar);
+    p->grammar = gbnf;
+    return 0;
+}
+
+/* schema_grammar compiles a JSON schema (param names it) into p's grammar. */
+static unsigned schema_grammar(struct api_params *p, const json_t *schema, const char *param,
+                               struct api_error *e)
+{
+    char *gbnf;
+    if (schema && !json_is_object(schema) && !json_is_boolean(schema))
+        return api_fail(e, 400, BAD, param, "invalid_schema",
+                        "'%s' must be a JSON schema object, got %s", param, api_type_name(schema));
+    int rv = grammar_from_schema(schema, &gbnf);
+    if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rv)
+        return api_fail(e, 400, BAD, param, "invalid_schema", "'%s': %s", param,
+                        strata_errdetail());
+    return set_grammar(p, gbnf, param, e);
+}
+
+/* parse_format reads response_format ({"type": "text" | "json_object" | "json_schema"}) and
+ * llama-server's `grammar` (GBNF) and `json_schema` (a schema) into p->grammar. */
+static unsigned parse_format(json_t *r, struct api_params *p, struct api_error *e)
+{
+    const char *gbnf = NULL;
+    unsigned st;
+    if ((st = get_str(r, "grammar", &gbnf, e)) != 0) return st;
+    json_t *js = field(r, "json_schema"), *rf = field(r, "response_format");
+    if (gbnf && js)
+        return api_fail(e, 400, BAD, "grammar", "invalid_value",
+                        "send either 'grammar' or 'json_schema', not both");
+    if (gbnf) {
+        char *copy = strdup(gbnf);
+        if (!copy) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if ((st = set_grammar(p, copy, "grammar", e)) != 0) return st;
+    }
+    if (js && (st = schema_grammar(p, js, "json_schema", e)) != 0) return st;
+    if (!rf) return 0;
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !type)
+        return api_fail(e, 400, BAD, "response_format", "invalid_type",
+                        "'response_format' must be an object with a 'type': \"text\", "
+                        "\"json_object\" or \"json_schema\"");
+    if (strcmp(type, "text") == 0) return 0;
+    if ((gbnf || js) && strcmp(type, "text") != 0)
+        return api_fail(e, 400, BAD, "response_format", "invalid_value",
+                        "send either 'response_format' or '%s', not both",
+                        gbnf ? "grammar" : "json_schema");
+    if (strcmp(type, "json_object") == 0) {
+        json_t *schema = field(rf, "schema"); /* llama-server accepts a schema here too */
+        if (schema) return schema_grammar(p, schema, "response_format.schema", e);
+        char *copy = strdup(grammar_json_object());
+        if (!copy) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        return set_grammar(p, copy, "response_format", e);
+    }
+    if (strcmp(type, "json_schema") == 0) {
+        json_t *o = field(rf, "json_schema");
+        if (!json_is_object(o))
+            return api_fail(e, 400, BAD, "response_format.json_schema",
+                            o ? "invalid_type" : "missing_required_parameter",
+                            "'response_format.json_schema' must be an object with 'name' and "
+                            "'schema'");
+        json_t *schema = field(o, "schema");
+        return schema_grammar(p, schema, "response_format.json_schema.schema", e);
+    }
+    return api_fail(e, 400, BAD, "response_format.type", "invalid_value",
+                    "'response_format.type' is \"%s\": use \"text\", \"json_object\" or "
+                    "\"json_schema\"",
+                    type);
+}
+
+/* tool_named: the tool of p->tools called name, or NULL. */
+static const json_t *tool_named(const struct api_params *p, const char *name)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(p->tools, i, t)
+    {
+        const char *n = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+        if (n && strcmp(n, name) == 0) return t;
+    }
+    return NULL;
+}
+
+/* parse_tools reads tools, tool_choice and parallel_tool_calls (OpenAI's shapes). Each tool's
+ * parameters must compile to a grammar, since a forced call is held to them. */
+static unsigned parse_tools(json_t *r, struct api_params *p, struct api_error *e)
+{
+    unsigned st;
+    p->parallel_tool_calls = true;
+    if ((st = get_bool(r, "parallel_tool_calls", &p->parallel_tool_calls, e)) != 0) return st;
+    json_t *tools = field(r, "tools"), *choice = field(r, "tool_choice");
+    if (tools && (!json_is_array(tools) || json_array_size(tools) == 0))
+        return api_fail(e, 400, BAD, "tools", "invalid_type",
+                        "'tools' must be a non-empty array of {\"type\": \"function\", "
+                        "\"function\": {\"name\", \"parameters\"}}");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        json_t *fn = json_object_get(t, "function");
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!json_is_object(t) || !type || strcmp(type, "function") != 0 || !json_is_object(fn))
+            return api_fail(e, 400, BAD, param, "invalid_value",
+                            "'%s' must be {\"type\": \"function\", \"function\": {...}}",
+                            param);
+        size_t n = name ? strlen(name) : 0;
+        bool ok = n > 0 && n <= 64;
+        for (size_t k = 0; ok && k < n; k++)
+            ok = (name[k] >= 'a' && name[k] <= 'z') || (name[k] >= 'A' && name[k] <= 'Z') ||
+                 (name[k] >= '0' && name[k] <= '9') || name[k] == '_' || name[k] == '-' ||
+                 name[k] == '.';
+        if (!ok)
+            return api_fail(e, 400, BAD, param, "invalid_value",
+                            "'%s.function.name' must be 1..64 of a-z, A-Z, 0-9, _, - and .",
+                            param);
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(name, json_string_value(json_object_get(
+                                  json_object_get(json_array_get(tools, k), "function"), "name"))))
+                return api_fail(e, 400, BAD, param, "invalid_value",
+                                "'%s': a second tool named '%s'", param, name);
+        json_t *params = field(fn, "parameters");
+        char *gbnf = NULL;
+        int rv = params ? grammar_from_schema(params, &gbnf) : 0;
+        free(gbnf);
+        if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if (rv)
+            return api_fail(e, 400, BAD, param, "invalid_schema", "'%s.function.parameters': %s",
+                            param, strata_errdetail());
+    }
+    p->tools = tools;
+    if (!choice) {
+        p->tool_choice = NULL;
+        return 0;
+    }
+    const char *cs = json_string_value(choice);
+    if (cs) {
+        if (strcmp(cs, "auto") && strcmp(cs, "none") && strcmp(cs, "required"))
+            return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
+                            "'tool_choice' is \"%s\": use \"auto\", \"none\", \"required\" "
+                            "or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                            cs);
+        if (!strcmp(cs, "required") && !tools)
+            return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
+                            "'tool_choice' is \"required\" but the request has no 'tools'");
+        p->tool_choice = choice;
+        return 0;
+    }
+    const char *name =
+        json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+    if (!json_is_object(choice) || !name)
+        return api_fail(e, 400, BAD, "tool_choice", "invalid_type",
+                        "'tool_choice' must be a string or {\"type\": \"function\", "
+                        "\"function\": {\"name\": ...}}");
+    if (!tools || !tool_named(p, name))
+        return api_fail(e, 400, BAD, "tool_choice", "unknown_tool",
+                        "'tool_choice' names the function '%s', which is not in 'tools'", name);
+    p->tool_choice = choice;
+    return 0;
+}
+
 unsigned api_parse(enum api_kind kind, const char *body, size_t len, uint32_t n_vocab,
                    struct api_params *p, struct api_error *e)
 {
@@ -372,7 +570,8 @@ unsigned api_parse_root(enum api_kind kind, json_t *root, uint32_t n_vocab, stru
         (st = get_num(r, "presence_penalty", -2, 2, &p->sampling.presence_penalty, e)) ||
         (st = get_num(r, "frequency_penalty", -2, 2, &p->sampling.frequency_penalty, e)) ||
         (st = get_num(r, "repeat_penalty", 0, 10, &p->sampling.repeat_penalty, e)) ||
-        (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)))
+        (st = get_int(r, "seed", INT64_MIN, INT64_MAX, &seed, e)) || (st = parse_stop(r, p, e)) ||
+        (st = parse_format(r, p, e)))
         return st;
     if (n < 1 || n > API_MAX_N || (n > 1 && (kind == API_MESSAGES || kind == API_RESPONSES)))
         return api_fail(e, 400, BAD, "n", "invalid_value",
@@ -393,8 +592,13 @@ unsigned api_parse_root(enum api_kind kind, json_t *root, uint32_t n_vocab, stru
         if ((st = get_bool(r, "logprobs", &p->logprobs, e)) ||
             (st = get_int(r, "top_logprobs", 0, API_MAX_TOP_LOGPROBS, &top, e)) ||
             (st = get_str(r, "reasoning_effort", &p->reasoning_effort, e)) ||
-            (st = parse_messages(r, p, e)))
+            (st = parse_messages(r, p, e)) || (st = parse_tools(r, p, e)))
             return st;
+        const char *cs = json_string_value(p->tool_choice);
+        if (p->grammar && p->tool_choice && (!cs || !strcmp(cs, "required")))
+            return api_fail(e, 400, BAD, "tool_choice", "invalid_value",
+                            "a forced tool call and a response format or grammar do not go "
+                            "together: drop one");
         if (top && !p->logprobs)
             return api_fail(e, 400, BAD, "top_logprobs", "invalid_value",
                             "'top_logprobs' needs 'logprobs': true");
@@ -404,10 +608,6 @@ unsigned api_parse_root(enum api_kind kind, json_t *root, uint32_t n_vocab, stru
             return api_fail(e, 400, BAD, "chat_template_kwargs", "invalid_type",
                             "'chat_template_kwargs' must be an object, got %s", api_type_name(kw));
         p->template_kwargs = kw;
-        /* the tools as the chat template takes them; checked by the tool-calling layer */
-        if (!p->tools) p->tools = field(r, "tools");
-        if (!p->tool_choice) p->tool_choice = field(r, "tool_choice");
-        if ((st = get_bool(r, "parallel_tool_calls", &p->parallel_tool_calls, e))) return st;
     } else {
         /* the legacy API's logprobs is a count of alternatives */
         if ((st = get_int(r, "logprobs", 0, 5, &lp, e)) || (st = parse_prompt(r, n_vocab, p, e)))
@@ -420,6 +620,7 @@ unsigned api_parse_root(enum api_kind kind, json_t *root, uint32_t n_vocab, stru
 
 void api_params_free(struct api_params *p)
 {
+    free(p->grammar);
     json_decref(p->messages);
     json_decref(p->root);
     free(p->prompt_ids);

@@ -37,13 +37,6 @@ static inline bool api_is_chat(enum api_kind k)
     return k != API_COMPLETION;
 }
 
-/* A tool call the model made, as the chat API reports it: arguments is a JSON text. */
-struct api_tool_call {
-    char *id;
-    char *name;
-    char *arguments;
-};
-
 struct api_error {
     unsigned status;   /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
     const char *type;  /* "invalid_request_error", "authentication_error", "server_error"... */
@@ -91,11 +84,20 @@ struct api_params {
     uint32_t top_logprobs;         /* alternatives per token */
     const json_t *template_kwargs; /* chat_template_kwargs object (into root) or NULL */
     const char *reasoning_effort;  /* or NULL */
-    /* tools in OpenAI's chat shape ([{"type": "function", "function": {...}}]), tool_choice as
-     * sent ("auto", "none", "required", {"type": "function", ...}); into root, or NULL */
-    json_t *tools;
-    json_t *tool_choice;
-    bool parallel_tool_calls;
+    char *grammar; /* GBNF the answer must follow (owned), or NULL: from response_format
+                      (json_object, json_schema), llama-server's `grammar` or `json_schema`, or
+                      a forced tool call; checked by api_parse */
+    json_t *tools;       /* chat: the `tools` array as sent (into root), or NULL */
+    json_t *tool_choice; /* "auto" (also when absent with tools), "none", "required", or
+                            {"type": "function", "function": {"name"}} (into root), or NULL */
+    bool parallel_tool_calls; /* several calls in one answer may be made; default true */
+};
+
+/* A tool call parsed from a model's answer. */
+struct api_tool_call {
+    char *id;        /* "call_..." (malloc'd) */
+    char *name;      /* the function's name (malloc'd) */
+    char *arguments; /* its arguments as a JSON text (malloc'd) */
 };
 
 /* api_parse parses and checks a chat or completion body. Token ids in a prompt array must be below

@@ -9,6 +9,7 @@
 
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "frontend/tools.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,12 @@ struct fe_job {
     bool wait_pick;
     struct wclient_req req;
     int32_t *req_ids; /* req's prompt (owned) */
+    /* tool calls: the answer's content is parsed for calls in the template's syntax */
+    bool tools_on;
+    enum tools_family tfam;
+    struct tok_buf tcontent; /* stream: the content so far */
+    size_t tsent;            /* of it, bytes sent as content deltas */
+    struct tools_parsed tp;  /* the calls found at the end */
 };
 
 /* A stream whose workers all stay away this long ends with a 503 error event. */
@@ -204,7 +211,12 @@ static struct api_answer answer(const struct fe_job *j, const char *finish)
             a.finish = API_FINISH_STOP_STR;
             a.stop_sequence = j->p.stop[i];
         }
-    /* tool calls (the tool-calling layer) set API_FINISH_TOOL_CALLS, tool_calls, n_tool_calls */
+    /* the calls parsed from the answer (at the finish: whole, or a stream's held tail) */
+    if (j->tools_on && j->tp.n_calls) {
+        a.finish = API_FINISH_TOOL_CALLS;
+        a.tool_calls = j->tp.calls;
+        a.n_tool_calls = j->tp.n_calls;
+    }
     return a;
 }
 
@@ -258,6 +270,44 @@ static int sse(struct fe_job *j, json_t *o)
     return rv;
 }
 
+/* calls_json renders parsed calls as OpenAI's tool_calls (with "index" for stream deltas). */
+static json_t *calls_json(const struct tools_parsed *tp, bool index)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < tp->n_calls; i++) {
+        json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", tp->calls[i].id, "type",
+                              "function", "function", "name", tp->calls[i].name, "arguments",
+                              tp->calls[i].arguments);
+        if (c && index) json_object_set_new(c, "index", json_integer((json_int_t)i));
+        json_array_append_new(a, c);
+    }
+    return a;
+}
+
+/* tools_stream turns a round's content into what may be sent: text up to where a call may begin
+ * is released, the rest held; at the finish the held text is parsed, and its calls come back as
+ * tool_calls deltas (*calls, NULL when none) with the content that was not a call. */
+static int tools_stream(struct fe_job *j, const char **content, size_t *cn, const char *finish,
+                        json_t **calls)
+{
+    int rv = buf_add(&j->tcontent, *content, *cn);
+    if (rv) return rv;
+    const char *all = j->tcontent.p ? j->tcontent.p : "";
+    size_t n = j->tcontent.n, end = finish ? n : tools_content_end(j->tfam, all, n);
+    *content = all + j->tsent;
+    *cn = end > j->tsent ? end - j->tsent : 0;
+    if (finish) {
+        if ((rv = tools_parse(j->tfam, all, n, j->id, &j->tp)) != 0) return rv;
+        if (j->tp.n_calls || j->tfam == TOOLS_HARMONY) { /* gpt-oss: its final channel */
+            *content = j->tp.content + (j->tp.content_len > j->tsent ? j->tsent : 0);
+            *cn = j->tp.content_len > j->tsent ? j->tp.content_len - j->tsent : 0;
+        }
+        if (j->tp.n_calls && !(*calls = calls_json(&j->tp, true))) return STRATA_ENOMEM;
+    }
+    j->tsent += *cn;
+    return 0;
+}
+
 /* emit sends (stream) or keeps (whole answer) the text released this round, split into content
  * and reasoning, with the round's logprobs. finish is NULL until the last round. */
 static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const char *finish)
@@ -275,6 +325,11 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         reasoning = j->ro.reasoning ? j->ro.reasoning : "";
         rn = j->ro.reasoning_len;
     }
+    json_t *calls = NULL;
+    if (j->tools_on && j->p.stream) {
+        if ((rv = tools_stream(j, &content, &cn, finish, &calls)) != 0) goto out;
+        if (calls) finish = "tool_calls";
+    }
     j->emitted += cn;
     if (!j->p.stream) {
         if ((rv = buf_add(&j->content, content, cn)) == 0)
@@ -283,6 +338,7 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         goto out;
     }
     if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        json_decref(calls); /* their renderers take the calls from j->tp */
         rv = emit_other(j, content, cn, reasoning, rn, lp, finish);
         goto out;
     }
@@ -297,6 +353,7 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
         json_t *delta = json_object();
         if (cn) json_object_set_new(delta, "content", json_stringn(content, cn));
         if (rn) json_object_set_new(delta, "reasoning_content", json_stringn(reasoning, rn));
+        if (calls) json_object_set_new(delta, "tool_calls", calls);
         choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", (int)j->index, "delta", delta,
                            "logprobs", lpj, "finish_reason", finish);
     } else {
@@ -365,6 +422,19 @@ static json_t *whole_choice(struct fe_job *j, const char *finish)
     if (j->p.kind == API_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                                 j->content.p ? j->content.p : "", j->content.n);
+        if (j->tools_on &&
+            tools_parse(j->tfam, j->content.p ? j->content.p : "", j->content.n, j->id,
+                        &j->tp) == 0 &&
+            (j->tp.n_calls || j->tfam == TOOLS_HARMONY)) {
+            json_object_set_new(msg, "content",
+                                j->tp.content_len || !j->tp.n_calls
+                                    ? json_stringn(j->tp.content, j->tp.content_len)
+                                    : json_null());
+            if (j->tp.n_calls) {
+                json_object_set_new(msg, "tool_calls", calls_json(&j->tp, false));
+                finish = "tool_calls";
+            }
+        }
         if (j->split && j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning.p, j->reasoning.n));
@@ -388,7 +458,15 @@ static json_t *whole_object(const struct fe_job *j, json_t *choices, json_t *usa
 static json_t *whole_answer(struct fe_job *j, const char *finish)
 {
     if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
+        const bool parsed = j->tools_on &&
+                            tools_parse(j->tfam, j->content.p ? j->content.p : "", j->content.n,
+                                        j->id, &j->tp) == 0 &&
+                            (j->tp.n_calls || j->tfam == TOOLS_HARMONY);
         struct api_answer a = answer(j, finish);
+        if (parsed) { /* the text around the calls */
+            a.content = j->tp.content;
+            a.content_len = j->tp.content_len;
+        }
         return j->p.kind == API_MESSAGES ? api_anthropic_message(&a) : api_responses_object(&a);
     }
     return whole_object(j, json_pack("[o]", whole_choice(j, finish)), usage(j), timings(j));
@@ -409,6 +487,8 @@ static void job_free(struct fe_job *j)
     free(j->req_ids);
     api_responses_stream_fini(&j->rsp);
     api_sse_free(&j->ev);
+    free(j->tcontent.p);
+    tools_parsed_free(&j->tp);
     free(j);
 }
 
@@ -783,6 +863,32 @@ static void *job_main(void *arg)
     return NULL;
 }
 
+/* tools_setup: with tools (and tool_choice other than "none") the answer is parsed for calls in
+ * the template's syntax; "required" or a named function forces a call by a grammar. */
+static unsigned tools_setup(struct fe *f, struct fe_job *j, struct api_error *e)
+{
+    const char *choice = json_string_value(j->p.tool_choice);
+    if (!j->p.tools || (choice && !strcmp(choice, "none"))) return 0;
+    const struct fe_model *m = &f->model;
+    j->tools_on = true;
+    j->tfam = tools_detect(m->tmpl, m->bos_text, m->eos_text);
+    if (choice && strcmp(choice, "required") != 0) return 0; /* "auto" */
+    if (!choice && !j->p.tool_choice) return 0;            /* absent: auto */
+    const char *only = choice ? NULL
+                              : json_string_value(json_object_get(
+                                    json_object_get(j->p.tool_choice, "function"), "name"));
+    char *gbnf;
+    int rv = tools_grammar(j->tfam, j->p.tools, only, j->p.parallel_tool_calls, m->tok, &gbnf);
+    if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rv)
+        return api_fail(e, 400, "invalid_request_error", "tools", "invalid_schema",
+                        "the forced tool call cannot be expressed as a grammar: %s",
+                        strata_errdetail());
+    free(j->p.grammar);
+    j->p.grammar = gbnf;
+    return 0;
+}
+
 /* prompt_ids builds the request's prompt; an error is a 400 (or 500) in e. */
 static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, bool *opens,
                            struct api_error *e)
@@ -791,8 +897,13 @@ static unsigned prompt_ids(struct fe *f, struct fe_job *j, struct tok_ids *ids, 
     int rv;
     *opens = false;
     if (api_is_chat(j->p.kind)) {
-        rv = fe_model_chat(m, j->p.messages, j->p.template_kwargs, j->p.reasoning_effort, ids,
-                           opens);
+        /* the tools go to the template as its `tools` variable, beside the client's kwargs */
+        json_t *kw = j->tools_on ? json_copy((json_t *)j->p.template_kwargs) : NULL;
+        if (j->tools_on && !kw) kw = json_object();
+        if (kw) json_object_set(kw, "tools", j->p.tools);
+        rv = fe_model_chat(m, j->p.messages, kw ? kw : j->p.template_kwargs, j->p.reasoning_effort,
+                           ids, opens);
+        json_decref(kw);
         if (rv == STRATA_EINVAL || rv == STRATA_ELIMIT)
             return api_fail(e, 400, "invalid_request_error", "messages", "template_error",
                             "the chat template refused these messages: %s", strata_errdetail());
@@ -840,13 +951,24 @@ static int job_setup(struct fe_job *j, bool opens)
     const char *stops[FE_STOP_CAP];
     size_t n_stops = j->p.n_stop;
     memcpy(stops, j->p.stop, n_stops * sizeof *stops);
-    for (uint32_t i = 0; api_is_chat(kind) && i < m->n_stop_strs; i++)
+    /* (under a grammar the grammar says where the answer ends: a model's own stop text, such as
+     * the demo's blank line, could cut a JSON answer in its whitespace) */
+    for (uint32_t i = 0; api_is_chat(kind) && !j->p.grammar && i < m->n_stop_strs; i++)
         stops[n_stops++] = m->stop_strs[i];
     if (fe_stop_init(&j->stop, stops, n_stops) != 0) return STRATA_ENOMEM;
-    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE;
+    /* a grammar holds the answer from its first token (no think tags, no channel headers): there
+     * is no reasoning to split out, and a prompt that opens one must not take the answer */
+    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE && !j->p.grammar &&
+               !(j->tools_on && j->tfam == TOOLS_HARMONY); /* its calls are in the headers */
     if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
+    /* the calls of some families start with a control token ([TOOL_CALLS]) */
+    const bool special_calls =
+        j->tools_on && (j->tfam == TOOLS_MISTRAL || j->tfam == TOOLS_MISTRAL_V3 ||
+                        j->tfam == TOOLS_DEEPSEEK || j->tfam == TOOLS_HARMONY);
     tok_stream_init(&j->ts, m->tok,
-                    m->reason == TMPL_REASON_CHANNEL && j->split ? TOK_DECODE_SPECIAL : 0);
+                    (m->reason == TMPL_REASON_CHANNEL && j->split) || special_calls
+                        ? TOK_DECODE_SPECIAL
+                        : 0);
     if (!j->p.stream) j->lp = new_logprobs(j);
     return 0;
 }
@@ -870,7 +992,7 @@ static struct fe_job *clone_choice(struct fe_job *j0, uint32_t i, const struct w
     c->index = i;
     c->ttft = -1;
     if (api_parse(j0->p.kind, body, len, f->model.n_vocab, &c->p, &e) != 0 ||
-        job_setup(c, opens) != 0)
+        tools_setup(f, c, &e) != 0 || job_setup(c, opens) != 0)
         goto fail;
     c->n_prompt = j0->n_prompt;
     c->created = j0->created;
@@ -925,7 +1047,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     unsigned st = kind == API_MESSAGES    ? api_anthropic_parse(body, len, m->n_vocab, &j->p, &e)
                   : kind == API_RESPONSES ? api_responses_parse(body, len, m->n_vocab, &j->p, &e)
                                           : api_parse(kind, body, len, m->n_vocab, &j->p, &e);
-    if (st != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0) goto fail;
+    if (st != 0 || tools_setup(f, j, &e) != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0)
+        goto fail;
     j->n_prompt = (uint32_t)ids.n;
     n = j->p.n ? j->p.n : 1;
     uint32_t limit = f->o.max_tokens ? f->o.max_tokens : m->n_ctx;
@@ -996,7 +1119,8 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
                               .stop = m->stop_ids,
                               .n_stop = m->n_stop_ids,
                               .logprobs = j->p.logprobs,
-                              .top_logprobs = j->p.top_logprobs};
+                              .top_logprobs = j->p.top_logprobs,
+                              .grammar = j->p.grammar};
     for (uint32_t i = 1; i < n; i++)
         if (!(clones[i] = clone_choice(j, i, &req, opens))) {
             api_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
@@ -1019,6 +1143,10 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     } else if (rv == STRATA_EBUSY) {
         api_fail(&e, 429, "rate_limit_error", NULL, "busy",
                  "every worker's queue is full: retry after a second");
+        goto fail;
+    } else if (rv == STRATA_EINVAL && j->p.grammar) {
+        api_fail(&e, 400, "invalid_request_error", "grammar", "invalid_grammar",
+                 "the worker refused the grammar: %s", strata_errdetail());
         goto fail;
     } else if (rv == STRATA_ELIMIT) {
         api_fail(&e, 400, "invalid_request_error", api_is_chat(kind) ? "messages" : "prompt",

@@ -1,7 +1,9 @@
 #include "gpu-worker/engine.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/grammar/grammar.h"
 #include "gpu-worker/backend.h"
+#include "gpu-worker/gvocab.h"
 #include "gpu-worker/kv.h"
 
 #include <pthread.h>
@@ -36,6 +38,9 @@ struct ereq {
     uint32_t n_draft;
     uint32_t spec_k; /* drafts to try next: grows while all are accepted, halves on none */
     uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
+    struct grammar_matcher *gm;  /* its grammar's state after the generated tokens, or NULL
+                                    (loop once queued) */
+    bool grammar_end;            /* finished STOP by a complete sentence, not a stop id */
     /* shared */
     enum { RQ_QUEUED, RQ_RUNNING, RQ_DONE } state;
     bool cancel;
@@ -56,7 +61,8 @@ struct item {
     struct ereq *r;
     uint32_t from, n;
     bool sampled;
-    int err; /* the sampler's error */
+    bool pre; /* its grammar mask for the first sampled position is made during the pass */
+    int err;  /* the sampler's error */
     uint32_t n_res;
     struct sample_result res[ENGINE_MAX_DRAFT + 1];
 };
@@ -99,6 +105,26 @@ struct engine {
     char cmd_msg[256]; /* the error's detail, made on the decode thread */
     bool cmd_done;
     pthread_cond_t cmd_cv;
+    /* grammars (under gv_mu): the vocabulary as bytes, built on the first grammar request, and
+     * the recent grammars, whose tables their requests share */
+    pthread_mutex_t gv_mu;
+    struct grammar_vocab *gv;
+    struct {
+        char *text;
+        struct grammar_matcher *proto;
+        uint64_t used;
+    } gc[ENGINE_GRAMMAR_CACHE];
+    uint64_t gc_clock;
+    uint32_t *allow; /* (loop) a mask with the stop ids added */
+    /* the mask thread makes the window's first masks while the pass runs (under gmu: posted and
+     * done count windows; items[] is the loop's and unchanged until done == posted) */
+    pthread_t gth;
+    bool gth_started, g_stop;
+    pthread_mutex_t gmu;
+    pthread_cond_t gcv;
+    uint64_t g_posted, g_done;
+    uint32_t *gmasks; /* (max_running, words): item i's mask */
+    int *gerr;        /* (max_running) */
     uint64_t rate_tokens; /* tokens computed since rate_t0 */
     int64_t rate_t0;
     _Atomic uint64_t *routed; /* (n_layer, n_expert) tokens routed since start: engine_routed */
@@ -145,6 +171,7 @@ static struct ereq *lookup(const struct engine *e, const char *id)
 
 static void req_free(struct engine *e, struct ereq *r)
 {
+    grammar_matcher_fini(r->gm);
     kv_seq_fini(e->kv, &r->seq);
     free(r->hist);
     free(r->out);
@@ -396,6 +423,165 @@ static bool is_stop(const struct ereq *r, int32_t id)
     return false;
 }
 
+/* ---- grammars ----------------------------------------------------------------------------------
+ * A request with a grammar samples only the tokens its matcher's mask allows, plus its stop ids
+ * once the grammar accepts (so a stop means a complete sentence); a sentence that nothing may
+ * follow ends the request as a stop without a stop token. The mask is cached per matcher state. */
+
+/* grammar_vocab_of builds the engine's grammar vocabulary once (gvocab). Any thread; takes
+ * gv_mu. */
+static int grammar_vocab_of(struct engine *e, const struct grammar_vocab **out)
+{
+    int rv = 0;
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gv) rv = gvocab_from_gguf(e->m->gguf, e->m->hp.n_vocab, &e->gv, NULL);
+    *out = e->gv;
+    pthread_mutex_unlock(&e->gv_mu);
+    return rv;
+}
+
+/* grammar_cached forks r's matcher from the cached tables of text; false when none are cached
+ * (or they outgrew ENGINE_GRAMMAR_BYTES: the grammar then starts afresh). Under gv_mu. */
+static bool grammar_cached(struct engine *e, const char *text, struct ereq *r)
+{
+    for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++)
+        if (e->gc[i].text && strcmp(e->gc[i].text, text) == 0) {
+            if (grammar_matcher_bytes(e->gc[i].proto) > ENGINE_GRAMMAR_BYTES) return false;
+            e->gc[i].used = ++e->gc_clock;
+            return grammar_matcher_fork(e->gc[i].proto, &r->gm) == 0;
+        }
+    return false;
+}
+
+/* grammar_compile gives r a matcher of q's grammar, sharing the tables of earlier requests of the
+ * same text, and replays the generated tokens of a resumed request into it. Outside mu. */
+static int grammar_compile(struct engine *e, const struct engine_req *q, struct ereq *r)
+{
+    const struct grammar_vocab *v;
+    int rv = grammar_vocab_of(e, &v);
+    if (rv) return rv;
+    pthread_mutex_lock(&e->gv_mu);
+    bool hit = grammar_cached(e, q->grammar, r);
+    pthread_mutex_unlock(&e->gv_mu);
+    if (!hit) { /* compiled outside the lock: a large grammar takes a while */
+        struct grammar *g = NULL;
+        struct grammar_matcher *proto = NULL;
+        char *text = strdup(q->grammar);
+        if (!text) rv = STRATA_ENOMEM;
+        if (!rv && ((rv = grammar_parse(q->grammar, strlen(q->grammar), &g)) != 0 ||
+                    (rv = grammar_matcher_init(g, v, &proto)) != 0)) {
+            rv = strata_errf(rv, "request %s: %s", q->id, strata_errdetail());
+            grammar_fini(g);
+        }
+        if (rv) {
+            free(text);
+            return rv;
+        }
+        grammar_matcher_adopt(proto, g);
+        pthread_mutex_lock(&e->gv_mu);
+        uint32_t slot = 0; /* the same text (outgrown, or compiled twice at once), else the LRU */
+        for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++) {
+            if (e->gc[i].text && !strcmp(e->gc[i].text, text)) {
+                slot = i;
+                break;
+            }
+            if (e->gc[i].used < e->gc[slot].used) slot = i;
+        }
+        free(e->gc[slot].text);
+        grammar_matcher_fini(e->gc[slot].proto);
+        e->gc[slot].text = text;
+        e->gc[slot].proto = proto;
+        e->gc[slot].used = ++e->gc_clock;
+        rv = grammar_matcher_fork(proto, &r->gm);
+        pthread_mutex_unlock(&e->gv_mu);
+        if (rv) return rv;
+    }
+    for (uint32_t i = q->n_prompt - q->n_generated; i < q->n_prompt; i++)
+        if (!is_stop(r, q->prompt[i]) && (rv = grammar_matcher_accept_token(r->gm, q->prompt[i])))
+            return strata_errf(rv, "request %s: generated token %u (id %d) does not follow the "
+                               "grammar: %s", q->id, i - (q->n_prompt - q->n_generated),
+                               q->prompt[i], strata_errdetail());
+    return 0;
+}
+
+/* grammar_allow points *allow at r's mask with its stop ids added when the grammar accepts: the
+ * one the mask thread made for item `pre` during the pass, else (UINT32_MAX) made now. */
+static int grammar_allow(struct engine *e, struct ereq *r, uint32_t pre, const uint32_t **allow)
+{
+    const size_t words = ((size_t)e->m->hp.n_vocab + 31) / 32;
+    uint32_t *mask = pre != UINT32_MAX ? e->gmasks + pre * words : e->allow;
+    int rv = pre != UINT32_MAX ? e->gerr[pre] : grammar_matcher_mask_into(r->gm, mask);
+    if (rv)
+        return strata_errf(rv, "request %s: the grammar's matcher failed", r->id);
+    if (grammar_matcher_accepting(r->gm))
+        for (uint32_t i = 0; i < r->n_stop; i++)
+            mask[r->stop[i] >> 5] |= 1u << (r->stop[i] & 31);
+    *allow = mask;
+    return 0;
+}
+
+/* grammar_advance feeds a sampled token to r's matcher (a stop id ends the sentence instead). */
+static int grammar_advance(struct ereq *r, int32_t id)
+{
+    if (is_stop(r, id)) return 0;
+    int rv = grammar_matcher_accept_token(r->gm, id);
+    return rv ? strata_errf(rv, "request %s: %s", r->id, strata_errdetail()) : 0;
+}
+
+/* grammar_ended: r's grammar is complete and nothing may follow. */
+static bool grammar_ended(const struct ereq *r)
+{
+    return r->gm && grammar_matcher_done(r->gm);
+}
+
+/* mask_thread makes the posted window's masks: each item marked pre gets the mask of its
+ * request's state now, which is the state its first sampled position is drawn in. */
+static void *mask_thread(void *arg)
+{
+    struct engine *e = arg;
+    const size_t words = ((size_t)e->m->hp.n_vocab + 31) / 32;
+    pthread_mutex_lock(&e->gmu);
+    for (;;) {
+        while (!e->g_stop && e->g_done == e->g_posted) pthread_cond_wait(&e->gcv, &e->gmu);
+        if (e->g_stop) break;
+        const uint64_t gen = e->g_posted;
+        pthread_mutex_unlock(&e->gmu);
+        for (uint32_t i = 0; i < e->n_items; i++)
+            if (e->items[i].pre)
+                e->gerr[i] = grammar_matcher_mask_into(e->items[i].r->gm, e->gmasks + i * words);
+        pthread_mutex_lock(&e->gmu);
+        e->g_done = gen;
+        pthread_cond_broadcast(&e->gcv);
+    }
+    pthread_mutex_unlock(&e->gmu);
+    return NULL;
+}
+
+/* masks_post hands the window's first grammar masks to the mask thread; false when there are
+ * none to make (no item samples under a grammar). */
+static bool masks_post(struct engine *e)
+{
+    bool any = false;
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        struct item *it = &e->items[i];
+        it->pre = e->gth_started && it->sampled && it->r->gm;
+        any |= it->pre;
+    }
+    if (!any) return false;
+    pthread_mutex_lock(&e->gmu);
+    e->g_posted++;
+    pthread_cond_broadcast(&e->gcv);
+    pthread_mutex_unlock(&e->gmu);
+    return true;
+}
+
+static void masks_wait(struct engine *e)
+{
+    pthread_mutex_lock(&e->gmu);
+    while (e->g_done != e->g_posted) pthread_cond_wait(&e->gcv, &e->gmu);
+    pthread_mutex_unlock(&e->gmu);
+}
+
 /* compute runs the window's forward pass and samples (outside the lock). Returns the error of
  * the pass, which ends every request of the window. */
 static int compute(struct engine *e, uint32_t *n_tok)
@@ -413,7 +599,9 @@ static int compute(struct engine *e, uint32_t *n_tok)
                 it->sampled && j + 1 + r->n_draft >= it->n};
     }
     *n_tok = n;
+    const bool posted = masks_post(e); /* made while the pass runs */
     int rv = backend_eval(e->be, e->toks, n, e->logits);
+    if (posted) masks_wait(e);
     if (rv) return rv;
     for (uint32_t i = 0; i < e->n_items; i++) {
         struct item *it = &e->items[i];
@@ -429,13 +617,17 @@ static int compute(struct engine *e, uint32_t *n_tok)
                                   : r->gen_start;
                 const float *lg = e->logits + (size_t)(rows + j) * e->m->hp.n_vocab;
                 struct sample_result *res = &it->res[it->n_res];
-                it->err = sample_token(e->smp, &r->sp, lg, r->hist + w0, r->n_hist - w0,
+                struct sample_params sp = r->sp;
+                if (r->gm && (it->err = grammar_allow(e, r, j == 0 && it->pre ? i : UINT32_MAX,
+                                                      &sp.allow)) != 0)
+                    break;
+                it->err = sample_token(e->smp, &sp, lg, r->hist + w0, r->n_hist - w0,
                                        r->n_hist, res);
-                if (it->err) break;
+                if (it->err || (r->gm && (it->err = grammar_advance(r, res->id)) != 0)) break;
                 r->hist[r->n_hist++] = res->id;
                 it->n_res++;
                 if (j == d || res->id != r->draft[j] || is_stop(r, res->id) ||
-                    r->n_hist - r->n_prompt == r->max_new)
+                    r->n_hist - r->n_prompt == r->max_new || grammar_ended(r))
                     break;
             }
             rows += d + 1;
@@ -534,6 +726,10 @@ static void emit(struct engine *e, struct ereq *r, const struct sample_result *s
         }
         if (is_stop(r, s->id))
             finish(e, r, ENGINE_FINISH_STOP, 0);
+        else if (grammar_ended(r) && n_gen == r->n_hist - r->n_prompt) {
+            r->grammar_end = true;
+            finish(e, r, ENGINE_FINISH_STOP, 0);
+        }
         else if (n_gen == r->max_new)
             finish(e, r, ENGINE_FINISH_LENGTH, 0);
     }
@@ -649,6 +845,9 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     if (e->o.max_batch_tokens < e->o.max_running)
         e->o.max_batch_tokens = e->o.max_running; /* room for every running request's step */
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->gv_mu, NULL);
+    pthread_mutex_init(&e->gmu, NULL);
+    pthread_cond_init(&e->gcv, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -684,12 +883,18 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     /* a row per sampled position: each decoding request's step and its drafts */
     e->logits = malloc((size_t)e->o.max_running * (1 + e->o.spec_lookup) * m->hp.n_vocab *
                        sizeof *e->logits);
-    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits) {
+    e->allow = malloc(((size_t)m->hp.n_vocab + 31) / 32 * sizeof *e->allow);
+    e->gmasks = malloc((size_t)e->o.max_running * ((m->hp.n_vocab + 31) / 32) * sizeof *e->gmasks);
+    e->gerr = calloc(e->o.max_running, sizeof *e->gerr);
+    if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits || !e->allow ||
+        !e->gmasks || !e->gerr) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for an engine of %u sequences",
                          e->o.max_running);
         goto fail;
     }
     e->rate_t0 = now_ns();
+    /* without the mask thread (it did not start) masks are made after the pass */
+    e->gth_started = pthread_create(&e->gth, NULL, mask_thread, e) == 0;
     int err = pthread_create(&e->th, NULL, loop, e);
     if (err) {
         rv = strata_errf(strata_errno(err), "cannot start the decode thread");
@@ -713,6 +918,13 @@ void engine_close(struct engine *e)
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->th, NULL);
     }
+    if (e->gth_started) {
+        pthread_mutex_lock(&e->gmu);
+        e->g_stop = true;
+        pthread_cond_broadcast(&e->gcv);
+        pthread_mutex_unlock(&e->gmu);
+        pthread_join(e->gth, NULL);
+    }
     while (e->all) {
         struct ereq *r = e->all;
         e->all = r->next;
@@ -727,6 +939,17 @@ void engine_close(struct engine *e)
     free(e->toks);
     free(e->logits);
     free(e->routed);
+    free(e->allow);
+    free(e->gmasks);
+    free(e->gerr);
+    for (uint32_t i = 0; i < ENGINE_GRAMMAR_CACHE; i++) {
+        free(e->gc[i].text);
+        grammar_matcher_fini(e->gc[i].proto);
+    }
+    grammar_vocab_fini(e->gv);
+    pthread_mutex_destroy(&e->gv_mu);
+    pthread_mutex_destroy(&e->gmu);
+    pthread_cond_destroy(&e->gcv);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->cmd_cv);
@@ -798,6 +1021,15 @@ int engine_submit(struct engine *e, const struct engine_req *q)
 {
     int rv = check_req(e, q);
     if (rv) return rv;
+    /* the request is made and its grammar compiled before the lock: compiling takes a while */
+    struct ereq *nr = req_new(e, q);
+    if (!nr)
+        return strata_errf(STRATA_ENOMEM, "out of memory for request %s of %u tokens", q->id,
+                           q->n_prompt);
+    if (q->grammar && (rv = grammar_compile(e, q, nr)) != 0) {
+        req_free(e, nr);
+        return rv;
+    }
     const int64_t now = now_ns();
     pthread_mutex_lock(&e->mu);
     struct ereq *r = lookup(e, q->id);
@@ -817,11 +1049,8 @@ int engine_submit(struct engine *e, const struct engine_req *q)
                          q->id, e->n_waiting, e->n_running);
         goto out;
     }
-    if (!(r = req_new(e, q))) {
-        rv = strata_errf(STRATA_ENOMEM, "out of memory for request %s of %u tokens", q->id,
-                         q->n_prompt);
-        goto out;
-    }
+    r = nr;
+    nr = NULL;
     r->lease_end = now + (int64_t)e->o.orphan_timeout_ms * 1000000;
     r->t_queued = now;
     r->state = RQ_QUEUED;
@@ -831,6 +1060,7 @@ int engine_submit(struct engine *e, const struct engine_req *q)
     pthread_cond_signal(&e->wake);
 out:
     pthread_mutex_unlock(&e->mu);
+    if (nr) req_free(e, nr);
     return rv;
 }
 
@@ -854,6 +1084,7 @@ int engine_poll(struct engine *e, const char *id, uint32_t from, struct engine_u
     out->n_total = r->n_out;
     out->finish = r->state == RQ_DONE && from + n >= r->n_out ? r->finish : ENGINE_FINISH_NONE;
     out->error = r->error;
+    out->grammar_end = r->grammar_end;
     memcpy(out->error_msg, r->error_msg, sizeof out->error_msg);
     out->seed = r->sp.seed;
     out->t = r->tm;

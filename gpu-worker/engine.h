@@ -28,6 +28,9 @@
 #define ENGINE_MAX_STOP       16 /* most stop token ids per request */
 #define ENGINE_PENALTY_WINDOW 64 /* penalties look at the last N generated tokens (llama.cpp's) */
 #define ENGINE_MAX_DRAFT      8  /* drafts verified per request and window */
+#define ENGINE_GRAMMAR_CACHE  16 /* grammars whose tables (states, masks) later requests share */
+#define ENGINE_GRAMMAR_BYTES  (64u << 20) /* a grammar's tables past this (or failed) start
+                                              afresh, well before their state limit */
 
 struct engine_opts {
     uint32_t n_ctx;             /* positions per sequence; 0: the model's trained context */
@@ -73,6 +76,11 @@ struct engine_req {
                                 penalties count them and sampling positions continue after them */
     bool logprobs;           /* report each token's logprob */
     uint32_t n_top;          /* and this many top alternatives, 0..SAMPLE_MAX_LOGPROBS */
+    const char *grammar;     /* GBNF (NUL-terminated) the generated tokens must follow, or NULL:
+                                compiled at submit (a bad one is STRATA_EINVAL with the line), its
+                                state rebuilt from the n_generated tokens; stop ids are allowed
+                                only once the grammar accepts, and a sentence nothing may follow
+                                finishes as STOP without a stop token */
 };
 
 enum engine_finish {
@@ -107,6 +115,8 @@ struct engine_update {
     uint32_t n;                /* tokens copied: indices from .. from+n-1 of the generated tokens */
     uint32_t n_total;          /* tokens generated so far */
     enum engine_finish finish; /* NONE until every token was returned (from + n == n_total) */
+    bool grammar_end;          /* finish STOP by a complete grammar sentence: the last token is
+                                  text, not a stop id */
     int error;                 /* finish == ERROR: the code; message in error_msg */
     char error_msg[256];
     uint64_t seed;

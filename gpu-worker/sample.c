@@ -122,15 +122,23 @@ int sample_token(struct sample *s, const struct sample_params *p, const float *l
     }
 
     uint32_t m = n;
+    if (p->allow) { /* the grammar's tokens only, in id order (ties still go to the lower id) */
+        m = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if ((p->allow[i >> 5] >> (i & 31)) & 1) s->c[m++] = s->c[i];
+        if (m == 0)
+            return strata_errf(STRATA_EINVAL, "the grammar allows no token here: no token of the "
+                               "vocabulary continues it");
+    }
     if (p->temperature <= 0.0f) {
         uint32_t best = 0;
-        for (uint32_t i = 1; i < n; i++)
+        for (uint32_t i = 1; i < m; i++)
             if (s->c[i].logit > s->c[best].logit) best = i;
         out->id = s->c[best].id;
         logprobs(p, logits, n, out);
         return 0;
     }
-    qsort(s->c, n, sizeof *s->c, cand_cmp);
+    qsort(s->c, m, sizeof *s->c, cand_cmp);
     if (p->top_k && p->top_k < m) m = p->top_k;
     /* Probabilities at temperature 1 for top-p and min-p, as llama.cpp's chain computes them. */
     const float max = s->c[0].logit;

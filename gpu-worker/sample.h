@@ -1,8 +1,8 @@
 /* sample — picking the next token from logits: penalties, greedy, temperature, top-k, top-p,
  * min-p, a seeded counter-based random stream, and logprobs with top-N alternatives.
  *
- * The order is llama.cpp's default chain: penalties (repetition, presence, frequency) -> top-k ->
- * top-p -> min-p -> temperature -> draw. Temperature <= 0 is greedy (argmax after penalties).
+ * The order is llama.cpp's default chain: penalties (repetition, presence, frequency) -> grammar
+ * mask -> top-k -> top-p -> min-p -> temperature -> draw. Temperature <= 0 is greedy (argmax after penalties).
  * Logprobs are the log-softmax of the raw logits, before penalties and filters (DESIGN 3.4).
  * The uniform draw for the token at position pos is a pure function of (seed, pos)
  * (sample_uniform), so a request resubmitted with its history continues the same stream, and a
@@ -25,7 +25,10 @@ struct sample_params {
     float presence_penalty;  /* subtracted once from a token present in the window */
     float frequency_penalty; /* subtracted per occurrence in the window */
     uint64_t seed;
-    uint32_t n_logprobs; /* alternatives to report, 0..SAMPLE_MAX_LOGPROBS */
+    uint32_t n_logprobs;  /* alternatives to report, 0..SAMPLE_MAX_LOGPROBS */
+    const uint32_t *allow; /* a grammar's mask: only tokens whose bit is set (bit i of word
+                              i / 32) may be drawn, greedy or not; applied after the penalties and
+                              before the filters. NULL: every token */
 };
 
 struct sample_logprob {
@@ -54,7 +57,8 @@ double sample_uniform(uint64_t seed, uint64_t pos);
 
 /* sample_token picks the token at position pos from logits (n_vocab; not modified). The penalty
  * window is window[0..n_window) (token ids; the caller chooses: last N generated, or with the
- * prompt). STRATA_EINVAL for a bad parameter or a window id outside the vocabulary. */
+ * prompt). STRATA_EINVAL for a bad parameter or a window id outside the vocabulary, and when
+ * p->allow allows no token. */
 int sample_token(struct sample *s, const struct sample_params *p, const float *logits,
                  const int32_t *window, uint32_t n_window, uint64_t pos, struct sample_result *out);
 

@@ -127,6 +127,8 @@ int service_parse_submit(struct msg *m, uint32_t n_vocab, uint32_t n_ctx,
         (rv = opt(get_u32(m, "top_logprobs", 0, WCLIENT_MAX_TOP, &r->n_top))) != 0)
         return rv;
     if (r->n_top) r->logprobs = true;
+    if ((rv = opt(msg_get_str(m, NULL, "grammar", WCLIENT_MAX_GRAMMAR, &r->grammar, NULL))) != 0)
+        return rv;
     return 0;
 }
 
@@ -319,7 +321,7 @@ static void pack_update(struct msg_builder *b, struct service *s, const char *id
         return;
     }
     int32_t stop = -1;
-    if (u.finish == ENGINE_FINISH_STOP && u.n > 0) stop = toks[--u.n].id;
+    if (u.finish == ENGINE_FINISH_STOP && u.n > 0 && !u.grammar_end) stop = toks[--u.n].id;
     uint32_t n_top = 0;
     for (uint32_t i = 0; i < u.n; i++)
         if (toks[i].n_top > n_top) n_top = toks[i].n_top;

@@ -180,12 +180,13 @@ static int check_req(const struct wclient_req *r)
         return strata_errf(STRATA_ELIMIT, "max_tokens %u: give 1..%d", r->max_tokens,
                            WCLIENT_MAX_TOKENS);
     if (r->n_stop > WCLIENT_MAX_STOP || r->top_logprobs > WCLIENT_MAX_TOP ||
-        r->n_generated > r->n_prompt)
+        r->n_generated > r->n_prompt || (r->grammar && strlen(r->grammar) > WCLIENT_MAX_GRAMMAR))
         return strata_errf(STRATA_ELIMIT,
                            "%u stop ids (at most %d), top_logprobs %u (at most %d), n_generated "
-                           "%u of a %u-id prompt",
+                           "%u of a %u-id prompt, a grammar of %zu bytes (at most %u)",
                            r->n_stop, WCLIENT_MAX_STOP, r->top_logprobs, WCLIENT_MAX_TOP,
-                           r->n_generated, r->n_prompt);
+                           r->n_generated, r->n_prompt, r->grammar ? strlen(r->grammar) : 0,
+                           WCLIENT_MAX_GRAMMAR);
     return 0;
 }
 
@@ -228,6 +229,10 @@ int wclient_submit(struct wclient *c, const struct wclient_req *r, uint64_t *see
     msg_pack_bool(&b, r->logprobs);
     msg_key(&b, "top_logprobs");
     msg_pack_i64(&b, r->top_logprobs);
+    if (r->grammar) {
+        msg_key(&b, "grammar");
+        msg_pack_str(&b, r->grammar);
+    }
     struct msg m;
     if ((rv = ipc_request(c->ipc, &b, &m, c->o.timeout_ms)) != 0) return rv;
     uint64_t sd = 0;
@@ -545,6 +550,7 @@ struct wclient_stream {
     int32_t *hist;          /* the prompt, then every generated token received */
     uint32_t n_hist, cap_hist;
     int32_t *stop;
+    char *grammar;  /* req.grammar's copy */
     uint32_t base; /* generated tokens received before the current submit */
     uint32_t from; /* the current submit's next token index to ask for */
     uint32_t resubmits;
@@ -643,6 +649,11 @@ int wclient_stream_start(struct wclient *c, const struct wclient_req *r,
     if (r->n_stop) memcpy(s->stop, r->stop, r->n_stop * sizeof *s->stop);
     s->req.prompt = s->hist;
     s->req.stop = s->stop;
+    if (r->grammar && !(s->grammar = strdup(r->grammar))) {
+        rv = STRATA_ENOMEM;
+        goto fail;
+    }
+    s->req.grammar = s->grammar;
     uint64_t seed;
     if ((rv = wclient_submit(c, &s->req, &seed, NULL)) != 0) goto fail;
     s->req.sampling.has_seed = true;
@@ -762,5 +773,6 @@ void wclient_stream_free(struct wclient_stream *s)
     wclient_poll_free(&s->last);
     free(s->hist);
     free(s->stop);
+    free(s->grammar);
     free(s);
 }

@@ -33,6 +33,7 @@ struct gguf_file;
 #define WCLIENT_MAX_TOKENS       1000000      /* max_tokens of one submit */
 #define WCLIENT_MAX_STOP         16           /* stop ids of one submit */
 #define WCLIENT_MAX_TOP          20           /* alternatives per token (OpenAI's top_logprobs) */
+#define WCLIENT_MAX_GRAMMAR      (1u << 20)   /* bytes of a submit's grammar */
 #define WCLIENT_POLL_MAX_IDS     256          /* ids of one poll */
 #define WCLIENT_POLL_WAIT_MAX_MS 5000         /* longest wait a poll may ask for */
 #define WCLIENT_REPLY_MAX        (256u << 20) /* largest reply the client accepts (meta) */
@@ -128,6 +129,9 @@ struct wclient_req {
                               request: penalties count them); usually 0 */
     bool logprobs;         /* report each token's logprob */
     uint32_t top_logprobs; /* and this many alternatives, 0..WCLIENT_MAX_TOP */
+    const char *grammar;   /* GBNF that constrains the generated tokens (NUL-terminated, at most
+                              WCLIENT_MAX_GRAMMAR bytes), or NULL; a resumed request's worker
+                              rebuilds the grammar's state from the n_generated tokens */
 };
 
 /* wclient_submit queues r on the worker. *seed (may be NULL) gets the seed in use (the worker's

@@ -1,0 +1,242 @@
+/* tools_test — tool calls rendered by the real chat templates (the bundled Jinja files, through
+ * our template interpreter) are recognized and parsed back into the same names and arguments;
+ * the forcing grammars accept what the templates write; streaming holds back a marker's start;
+ * an unclosed call stays text. */
+#include "common/base/err.h"
+#include "common/grammar/grammar.h"
+#include "common/tmpl/tmpl.h"
+#include "frontend/tools.h"
+#include "tests/testutil.h"
+
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char TOOLS[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+    "\"Weather "
+    "of a city\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": "
+    "\"string\"}, \"days\": {\"type\": \"integer\"}}, \"required\": [\"city\"]}}}, {\"type\": "
+    "\"function\", \"function\": {\"name\": \"get_time\", \"description\": \"Time\", "
+    "\"parameters\": {\"type\": \"object\", "
+    "\"properties\": {\"zone\": {\"type\": \"string\"}}}}}]";
+
+static const struct {
+    const char *file;
+    enum tools_family family;
+    int n_calls; /* calls in the assistant turn (templates of one call per turn get one) */
+} CASES[] = {
+    {"Qwen-Qwen2.5-7B-Instruct", TOOLS_HERMES, 2},
+    {"Qwen-Qwen3-0.6B", TOOLS_HERMES, 2},
+    {"Qwen-QwQ-32B", TOOLS_HERMES, 2},
+    {"Qwen3-Coder", TOOLS_QWEN_XML, 2},
+    {"GLM-4.7-Flash", TOOLS_GLM, 2},
+    {"Mistral-Small-3.2-24B-Instruct-2506", TOOLS_MISTRAL, 2},
+    {"mistralai-Mistral-Nemo-Instruct-2407", TOOLS_MISTRAL_V3, 2},
+    {"meta-llama-Llama-3.1-8B-Instruct", TOOLS_LLAMA3, 1},
+    {"meta-llama-Llama-3.3-70B-Instruct", TOOLS_LLAMA3, 1},
+    {"deepseek-ai-DeepSeek-V3.1", TOOLS_DEEPSEEK, 2},
+    {"openai-gpt-oss-120b", TOOLS_HARMONY, 1},
+};
+
+static struct tmpl *load(const char *dir, const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.jinja", dir, name);
+    size_t len;
+    char *src = test_read_file(path, &len);
+    ck_assert_ptr_nonnull(src);
+    struct tmpl *t;
+    ck_assert_msg(tmpl_compile(src, len, NULL, &t) == 0, "%s: %s", name, strata_errdetail());
+    tmpl_set_now(t, 1721952000);
+    free(src);
+    return t;
+}
+
+static char *render(const struct tmpl *t, json_t *msgs, bool gen)
+{
+    json_t *vars =
+        json_pack("{s:O, s:b, s:s, s:s, s:o}", "messages", msgs, "add_generation_prompt", gen,
+                  "bos_token", "<s>", "eos_token", "</s>", "tools", json_loads(TOOLS, 0, NULL));
+    char *out = NULL;
+    size_t len;
+    int rv = tmpl_render_json(t, vars, &out, &len);
+    ck_assert_msg(rv == 0, "render: %s", strata_errdetail());
+    json_decref(vars);
+    return out;
+}
+
+START_TEST(rendered_calls_parse_back)
+{
+    const char *dir = test_data_path("chat-templates");
+    if (!dir) return;
+    struct tmpl *t = load(dir, CASES[_i].file);
+    const enum tools_family f = tools_detect(t, "<s>", "</s>");
+    ck_assert_msg(f == CASES[_i].family, "%s: detected %s, want %s", CASES[_i].file,
+                  tools_family_name(f), tools_family_name(CASES[_i].family));
+    json_t *calls =
+        json_loads("[{\"id\": \"abcdefghi\", \"type\": \"function\", \"function\": {\"name\": "
+                   "\"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}}, {\"id\": "
+                   "\"bcdefghij\", \"type\": \"function\", \"function\": {\"name\": \"get_time\", "
+                   "\"arguments\": {\"zone\": \"CET\"}}}]",
+                   0, NULL);
+    if (CASES[_i].n_calls == 1) json_array_remove(calls, 1);
+    json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", "Weather in Paris?");
+    char *prompt = render(t, msgs, true);
+    json_array_append_new(msgs, json_pack("{s:s, s:s, s:O}", "role", "assistant", "content", "",
+                                          "tool_calls", calls));
+    /* a tool answer after the calls, so every template renders the assistant turn as history */
+    json_array_append_new(msgs, json_pack("{s:s, s:s, s:s, s:s}", "role", "tool", "tool_call_id",
+                                          "abcdefghi", "name", "get_weather", "content", "sunny"));
+    char *full = render(t, msgs, true);
+    /* the assistant's turn: after the prompt when it is a prefix, else after the question */
+    const char *turn = strncmp(full, prompt, strlen(prompt)) == 0
+                           ? full + strlen(prompt)
+                           : strstr(full, "Weather in Paris?") + strlen("Weather in Paris?");
+    const char *reply = strstr(turn, "sunny");
+    ck_assert_ptr_nonnull(reply);
+    struct tools_parsed p;
+    ck_assert_int_eq(tools_parse(f, turn, (size_t)(reply - turn), "seed", &p), 0);
+    ck_assert_msg(!p.unclosed && p.n_calls == (size_t)CASES[_i].n_calls,
+                  "%s: %zu calls (unclosed %d) from:\n%.*s", CASES[_i].file, p.n_calls, p.unclosed,
+                  (int)(reply - turn), turn);
+    for (size_t i = 0; i < p.n_calls; i++) {
+        json_t *fn = json_object_get(json_array_get(calls, i), "function");
+        ck_assert_str_eq(p.calls[i].name, json_string_value(json_object_get(fn, "name")));
+        json_t *args = json_loads(p.calls[i].arguments, 0, NULL);
+        ck_assert_msg(json_equal(args, json_object_get(fn, "arguments")), "%s: arguments %s",
+                      CASES[_i].file, p.calls[i].arguments);
+        json_decref(args);
+        ck_assert_uint_eq(strlen(p.calls[i].id),
+                          f == TOOLS_MISTRAL || f == TOOLS_MISTRAL_V3 ? 9 : 29);
+    }
+    /* the grammar that forces calls compiles and, for the JSON syntaxes written as the grammar
+     * writes them, accepts the template's own rendering of the first call */
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    char *gbnf;
+    ck_assert_int_eq(tools_grammar(f, tools, NULL, true, NULL, &gbnf), 0);
+    struct grammar *g;
+    ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s: %s\n%s", CASES[_i].file,
+                  strata_errdetail(), gbnf);
+    grammar_fini(g);
+    free(gbnf);
+    json_decref(tools);
+    tools_parsed_free(&p);
+    free(prompt);
+    free(full);
+    json_decref(msgs);
+    json_decref(calls);
+    tmpl_fini(t);
+}
+END_TEST
+
+/* forced: what a grammar forces parses back into a call of the forced tool. */
+START_TEST(forced_calls_parse)
+{
+    static const char *texts[] = {
+        [TOOLS_HERMES] = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": "
+                         "\"UTC\"}}\n</tool_call>",
+        [TOOLS_QWEN_XML] = "<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n"
+                           "</parameter>\n</function>\n</tool_call>",
+        [TOOLS_GLM] = "<tool_call>get_time<arg_key>zone</arg_key><arg_value>UTC</arg_value>"
+                      "</tool_call>",
+        [TOOLS_MISTRAL] = "[TOOL_CALLS]get_time[ARGS]{\"zone\": \"UTC\"}",
+        [TOOLS_MISTRAL_V3] = "[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {\"zone\": "
+                             "\"UTC\"}}]",
+        [TOOLS_LLAMA3] = "{\"name\": \"get_time\", \"parameters\": {\"zone\": \"UTC\"}}",
+        [TOOLS_DEEPSEEK] = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
+                           "{\"zone\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        [TOOLS_HARMONY] = "<|channel|>commentary to=functions.get_time <|constrain|>json"
+                          "<|message|>{\"zone\": \"UTC\"}<|call|>",
+    };
+    const enum tools_family f = (enum tools_family)_i;
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    char *gbnf;
+    ck_assert_int_eq(tools_grammar(f, tools, "get_time", false, NULL, &gbnf), 0);
+    struct grammar *g;
+    ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s", strata_errdetail());
+    struct grammar_matcher *m;
+    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+    ck_assert_msg(grammar_matcher_feed(m, texts[f], strlen(texts[f])) == 0 &&
+                      grammar_matcher_accepting(m),
+                  "%s: the grammar refuses %s\n%s", tools_family_name(f), texts[f], gbnf);
+    /* the forced tool only */
+    grammar_matcher_fini(m);
+    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+    ck_assert_int_ne(grammar_matcher_feed(m, "get_weather", 11) == 0 &&
+                         grammar_matcher_feed(m, texts[f], strlen(texts[f])) == 0,
+                     1);
+    grammar_matcher_fini(m);
+    struct tools_parsed p;
+    ck_assert_int_eq(tools_parse(f, texts[f], strlen(texts[f]), "x", &p), 0);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].name, "get_time");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"zone\":\"UTC\"}");
+    ck_assert_uint_eq(p.content_len, 0);
+    tools_parsed_free(&p);
+    grammar_fini(g);
+    free(gbnf);
+    json_decref(tools);
+}
+END_TEST
+
+START_TEST(streams_hold_markers_and_unclosed_calls_stay_text)
+{
+    const char *s = "Let me check. <tool_";
+    ck_assert_uint_eq(tools_content_end(TOOLS_HERMES, s, strlen(s)), 14);
+    s = "Let me check. <tool_call>\n{\"name\"";
+    ck_assert_uint_eq(tools_content_end(TOOLS_HERMES, s, strlen(s)), 14);
+    s = "Plain answer <b>bold</b>";
+    ck_assert_uint_eq(tools_content_end(TOOLS_HERMES, s, strlen(s)), strlen(s));
+    ck_assert_uint_eq(tools_content_end(TOOLS_LLAMA3, "  ", 2), 0);
+    ck_assert_uint_eq(tools_content_end(TOOLS_LLAMA3, "Hi {", 4), 4);
+    ck_assert_uint_eq(tools_content_end(TOOLS_MISTRAL, "ok [TOOL", 8), 3);
+    struct tools_parsed p;
+    s = "Sure. <tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"U";
+    ck_assert_int_eq(tools_parse(TOOLS_HERMES, s, strlen(s), "x", &p), 0);
+    ck_assert(p.unclosed);
+    ck_assert_uint_eq(p.n_calls, 0);
+    ck_assert_str_eq(p.content, s);
+    tools_parsed_free(&p);
+    /* content around calls is kept; arguments given as a JSON text become the object */
+    s = "Checking.\n<tool_call>\n{\"name\": \"a\", \"arguments\": \"{\\\"k\\\": [1]}\"}\n"
+        "</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": {}}</tool_call>";
+    ck_assert_int_eq(tools_parse(TOOLS_HERMES, s, strlen(s), "x", &p), 0);
+    ck_assert_uint_eq(p.n_calls, 2);
+    ck_assert_str_eq(p.content, "Checking.");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"k\":[1]}");
+    ck_assert_str_eq(p.calls[1].name, "b");
+    ck_assert_str_ne(p.calls[0].id, p.calls[1].id);
+    tools_parsed_free(&p);
+    /* gpt-oss: reasoning, a call and a final message, in channels */
+    s = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}<|call|>"
+        "<|start|>assistant<|channel|>final<|message|>Checking.<|return|>";
+    ck_assert_int_eq(tools_parse(TOOLS_HARMONY, s, strlen(s), "x", &p), 0);
+    ck_assert_uint_eq(p.n_calls, 1);
+    ck_assert_str_eq(p.calls[0].name, "get_weather");
+    ck_assert_str_eq(p.calls[0].arguments, "{\"city\":\"Oslo\"}");
+    ck_assert_str_eq(p.content, "Checking.");
+    tools_parsed_free(&p);
+    ck_assert_uint_eq(tools_content_end(TOOLS_HARMONY, s, strlen(s)), 0);
+    s = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4";
+    ck_assert_int_eq(tools_parse(TOOLS_HARMONY, s, strlen(s), "x", &p), 0);
+    ck_assert_uint_eq(p.n_calls, 0);
+    ck_assert_str_eq(p.content, "4"); /* no call: still the final channel only */
+    tools_parsed_free(&p);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("tools");
+    TCase *tc = tcase_create("tools");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, rendered_calls_parse_back, 0, (int)(sizeof CASES / sizeof *CASES));
+    tcase_add_loop_test(tc, forced_calls_parse, 0, TOOLS_HARMONY + 1);
+    tcase_add_test(tc, streams_hold_markers_and_unclosed_calls_stay_text);
+    suite_add_tcase(s, tc);
+    return test_run(s);
+}
