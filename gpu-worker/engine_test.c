@@ -27,10 +27,15 @@ struct env {
     struct model *m;
 };
 
+static void env_open_path(struct env *v, const char *path)
+{
+    ck_assert_int_eq(gguf_open(path, &v->f), 0);
+    ck_assert_msg(model_load(v->f, &v->m) == 0, "%s", strata_errdetail());
+}
+
 static void env_open(struct env *v)
 {
-    ck_assert_int_eq(gguf_open(g_path, &v->f), 0);
-    ck_assert_msg(model_load(v->f, &v->m) == 0, "%s", strata_errdetail());
+    env_open_path(v, g_path);
 }
 
 static void env_close(struct env *v)
@@ -291,6 +296,137 @@ START_TEST(drafts_give_the_same_ids)
            (double)st.decode_tokens / (double)st.decode_passes);
     engine_close(e);
     env_close(&v);
+}
+END_TEST
+
+/* A draft model: for each of the four architectures as the target, drafts from the model itself
+ * (most accepted) and from a fixture of another architecture and seed sharing the vocabulary
+ * (few accepted) give the plain loop's ids, greedy and sampled, eight streams at once, with the
+ * expert cache smaller than the model and its async tier swapping; the rejected drafts' KV goes
+ * in both models (a wrong draft KV would only lower acceptance, so the self-draft's acceptance
+ * is checked too). */
+static const char *const g_archs[] = {"qwen3moe", "llama", "olmoe", "qwen2moe"};
+
+START_TEST(a_draft_model_gives_the_same_ids)
+{
+    char tpath[600], dpath[600];
+    snprintf(tpath, sizeof tpath, "%s/spec-target-%d.gguf", test_tmpdir(), _i);
+    snprintf(dpath, sizeof dpath, "%s/spec-draft-%d.gguf", test_tmpdir(), _i);
+    struct fixture_opts to = {.arch = g_archs[_i], .seed = 21 + _i};
+    struct fixture_opts dop = {.arch = g_archs[(_i + 1) % 4], .seed = 91 + _i};
+    ck_assert_msg(fixture_write(&to, tpath) == 0, "%s", strata_errdetail());
+    ck_assert_msg(fixture_write(&dop, dpath) == 0, "%s", strata_errdetail());
+    struct env v, d;
+    env_open_path(&v, tpath);
+    env_open_path(&d, dpath);
+    static struct job jobs[8];
+    for (int self = 1; self >= 0; self--) {
+        for (uint32_t i = 0; i < 8; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "m%u", i);
+            job_make(&jobs[i], id, 5 + i * 4, i + 3 * _i, i % 2 ? 0.8f : 0.0f, 36);
+        }
+        const struct backend_opts cache = {
+            .expert_cache = {CACHE_SLOTS, 5},
+            .tier = {.every = 1, .swaps = 4, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f,
+                     .async = true}};
+        struct engine_opts o = {.max_running = 8, .max_batch_tokens = 40, .spec_draft = 4,
+                                .draft = self ? v.m : d.m, .backend = cache};
+        struct engine *e = start(&v, &o);
+        run_all(e, &v, jobs, 8);
+        struct engine_status st;
+        engine_status(e, &st);
+        ck_assert_str_eq(st.spec, "draft");
+        ck_assert_uint_gt(st.drafts_proposed, 0);
+        ck_assert_uint_gt(st.draft_passes, 0);
+        uint32_t nd = 0, na = 0, gen = 0, passes = 0;
+        for (uint32_t i = 0; i < 8; i++) {
+            nd += jobs[i].u.t.n_draft;
+            na += jobs[i].u.t.n_draft_accepted;
+            gen += jobs[i].n_got;
+            passes += jobs[i].u.t.n_passes;
+        }
+        /* the requests' own counts add up to the engine's */
+        ck_assert_uint_eq(nd, st.drafts_proposed);
+        ck_assert_uint_eq(na, st.drafts_accepted);
+        ck_assert_uint_eq(passes, st.decode_passes);
+        /* a first token comes from a prefill pass, or from a decode-like pass when the prompt's
+         * last chunk was one token */
+        ck_assert_uint_ge(gen, st.decode_tokens);
+        ck_assert_uint_le(gen, st.decode_tokens + 8);
+        if (self) {
+            /* greedy requests accept every draft of their own model */
+            ck_assert_uint_gt(st.decode_tokens, 2 * st.decode_passes);
+            for (uint32_t i = 0; i < 8; i += 2)
+                ck_assert_msg(jobs[i].u.t.n_draft_accepted == jobs[i].u.t.n_draft,
+                              "%s: %u of %u drafts of the model itself accepted", jobs[i].id,
+                              jobs[i].u.t.n_draft_accepted, jobs[i].u.t.n_draft);
+        }
+        printf("%s, draft %s: %llu of %llu accepted, %.2f tokens per decode pass\n", g_archs[_i],
+               self ? "itself" : g_archs[(_i + 1) % 4], (unsigned long long)st.drafts_accepted,
+               (unsigned long long)st.drafts_proposed,
+               (double)st.decode_tokens / (double)st.decode_passes);
+        engine_close(e);
+    }
+    env_close(&d);
+    env_close(&v);
+    unlink(tpath);
+    unlink(dpath);
+}
+END_TEST
+
+/* A draft model of another vocabulary is refused at start: one of another size with both sizes
+ * in the message; fixtures of other architectures and seeds share the built-in one. */
+START_TEST(a_draft_of_another_vocabulary_is_refused)
+{
+    char dpath[600];
+    snprintf(dpath, sizeof dpath, "%s/spec-vocab.gguf", test_tmpdir());
+    struct env v, d, o2;
+    env_open(&v);
+    struct fixture_opts dop = {.seed = 3, .vocab = STRATA_SOURCE_DIR "/models/demo-tokenizer.gguf"};
+    ck_assert_msg(fixture_write(&dop, dpath) == 0, "%s", strata_errdetail());
+    env_open_path(&d, dpath);
+    ck_assert_uint_ne(d.m->hp.n_vocab, v.m->hp.n_vocab);
+    char want[128];
+    snprintf(want, sizeof want, "a vocabulary of %u tokens, the model %u", d.m->hp.n_vocab,
+             v.m->hp.n_vocab);
+    struct engine_opts o = {.draft = d.m, .max_running = 2, .n_ctx = CTX};
+    struct engine *e = NULL;
+    ck_assert_int_eq(engine_start(v.m, &o, &e), STRATA_EINVAL);
+    ck_assert_msg(strstr(strata_errdetail(), want), "%s", strata_errdetail());
+    ck_assert_ptr_null(e);
+    struct fixture_opts oo = {.arch = "olmoe", .seed = 4};
+    ck_assert_int_eq(fixture_write(&oo, dpath), 0);
+    env_open_path(&o2, dpath);
+    ck_assert_int_eq(spec_vocab_check(v.m, o2.m), 0);
+    env_close(&o2);
+    env_close(&d);
+    env_close(&v);
+    unlink(dpath);
+}
+END_TEST
+
+/* spec_lookup and spec_adapt, the pure parts. */
+START_TEST(lookup_and_adapt)
+{
+    const int32_t h[] = {1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4};
+    int32_t out[8];
+    /* the last 3 (2 3 4) last seen at 6..8, followed by 7 8 2 3 4 */
+    ck_assert_uint_eq(spec_lookup(h, 14, 4, out), 4);
+    ck_assert_int_eq(out[0], 7);
+    ck_assert_int_eq(out[1], 8);
+    ck_assert_int_eq(out[3], 3);
+    const int32_t g[] = {5, 6, 7, 6};
+    ck_assert_uint_eq(spec_lookup(g, 4, 4, out), 2); /* a 1-gram: 6 at 1, then 7 6 */
+    ck_assert_int_eq(out[0], 7);
+    const int32_t none[] = {1, 2, 3};
+    ck_assert_uint_eq(spec_lookup(none, 3, 4, out), 0);
+    ck_assert_uint_eq(spec_lookup(none, 1, 4, out), 0);
+    ck_assert_uint_eq(spec_adapt(4, 4, 4, 8), 5);
+    ck_assert_uint_eq(spec_adapt(8, 8, 8, 8), 8);
+    ck_assert_uint_eq(spec_adapt(4, 4, 0, 8), 2);
+    ck_assert_uint_eq(spec_adapt(1, 1, 0, 8), 1);
+    ck_assert_uint_eq(spec_adapt(4, 4, 2, 8), 4);
 }
 END_TEST
 
@@ -667,6 +803,9 @@ int main(void)
     tcase_add_test(tc, preemption_under_a_tiny_pool_keeps_the_ids);
     tcase_add_test(tc, commands_run_between_windows);
     tcase_add_loop_test(tc, drafts_give_the_same_ids, 0, 2);
+    tcase_add_loop_test(tc, a_draft_model_gives_the_same_ids, 0, 4);
+    tcase_add_test(tc, a_draft_of_another_vocabulary_is_refused);
+    tcase_add_test(tc, lookup_and_adapt);
     tcase_add_test(tc, preemption_with_the_prefix_cache_keeps_the_ids);
     tcase_add_test(tc, a_follow_up_turn_prefills_only_its_new_tokens);
     tcase_add_test(tc, a_resumed_request_continues_the_same_ids);
