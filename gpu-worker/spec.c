@@ -186,3 +186,50 @@ uint64_t spec_draft_passes(const struct spec_draft *d)
 {
     return d->passes;
 }
+
+bool spec_seq_take(struct spec_seq *s, int32_t id)
+{
+    if (s->row < s->n_drafts && id == s->drafts[s->row]) {
+        s->row++;
+        s->accepted++;
+        return true;
+    }
+    return false;
+}
+
+int spec_seq_pass(struct spec_seq *s, const int32_t *hist, uint32_t n, uint32_t left,
+                  uint32_t n_ctx, uint32_t max_pass, float *logits)
+{
+    struct kv_cache *kv = backend_kv(s->be);
+    int rv;
+    if (s->n_drafts) s->k = spec_adapt(s->k, s->n_drafts, s->row, s->k_max);
+    /* the last pass fed hist up to n - 2 correctly, then rejected drafts */
+    if (s->seq->n_tokens > n - 1 && (rv = kv_seq_resize(kv, s->seq, n - 1)) != 0) return rv;
+    if (s->sd) spec_draft_keep(s->sd, &s->dseq, n - 1);
+    uint32_t want = s->k;
+    if (want + 1 > left) want = left ? left - 1 : 0;
+    if (n + want > n_ctx) want = n_ctx > n ? n_ctx - n : 0;
+    if (want + 1 > max_pass) want = max_pass ? max_pass - 1 : 0;
+    s->n_drafts = s->row = 0;
+    if (want && s->sd) {
+        struct spec_draft_item it = {.seq = &s->dseq, .hist = hist, .n_hist = n, .k = want};
+        if ((rv = spec_draft_propose(s->sd, &it, 1)) != 0) return rv;
+        memcpy(s->drafts, it.out, want * sizeof *s->drafts);
+        s->n_drafts = want;
+    } else if (want) {
+        s->n_drafts = spec_lookup(hist, n, want, s->drafts);
+    }
+    s->proposed += s->n_drafts;
+    struct backend_token t[1 + SPEC_MAX_DRAFT];
+    t[0] = (struct backend_token){s->seq, hist[n - 1], true};
+    for (uint32_t j = 0; j < s->n_drafts; j++)
+        t[1 + j] = (struct backend_token){s->seq, s->drafts[j], true};
+    s->passes++;
+    if ((rv = backend_eval(s->be, t, 1 + s->n_drafts, logits)) != 0) return rv;
+    return backend_tick(s->be);
+}
+
+void spec_seq_fini(struct spec_seq *s)
+{
+    if (s->sd) spec_draft_release(s->sd, &s->dseq);
+}

@@ -13,6 +13,7 @@
 #ifndef STRATA_SPEC_H
 #define STRATA_SPEC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/arena/model.h"
@@ -77,5 +78,36 @@ void spec_draft_release(struct spec_draft *d, struct kv_seq *seq);
 
 /* spec_draft_passes: forward passes the drafter ran (its cost, for status). */
 uint64_t spec_draft_passes(const struct spec_draft *d);
+
+struct backend;
+
+/* One sequence decoded with drafts outside the engine (`strata run`, bench): after each sampled
+ * token, spec_seq_pass feeds it and up to k drafts in one pass, a row of logits each; the caller
+ * samples the next position from row `row` and calls spec_seq_take with what it sampled: while
+ * the drafts match, the next row holds the next position's logits and no pass is needed. */
+struct spec_seq {
+    struct backend *be;     /* the target's backend */
+    struct spec_draft *sd;  /* the draft model, or NULL: prompt lookup */
+    struct kv_seq *seq;     /* the sequence in be's KV */
+    struct kv_seq dseq;     /* its KV in the draft model's (zeroed at first) */
+    uint32_t k, k_max;      /* drafts to try next (adaptive), at most (0: plain decoding) */
+    int32_t drafts[SPEC_MAX_DRAFT];
+    uint32_t n_drafts, row; /* the last pass's drafts; row: the logits row to sample next */
+    uint64_t proposed, accepted, passes; /* totals */
+};
+
+/* spec_seq_take: id was sampled from row; returns whether the next row holds the logits of the
+ * position after it (the draft there was id), else a pass is due. */
+bool spec_seq_take(struct spec_seq *s, int32_t id);
+
+/* spec_seq_pass runs the pass after hist[0..n) (its last token not fed yet): drops the KV of the
+ * last pass's rejected drafts in both models, drafts up to k (adapted to the last pass; within
+ * `left` tokens still to sample, n_ctx and max_pass tokens a pass) and evaluates the token and its
+ * drafts into rows of logits ((1 + k_max) rows of n_vocab). Sets row 0. Errors: the backends'. */
+int spec_seq_pass(struct spec_seq *s, const int32_t *hist, uint32_t n, uint32_t left,
+                  uint32_t n_ctx, uint32_t max_pass, float *logits);
+
+/* spec_seq_fini releases the draft model's KV of the sequence. */
+void spec_seq_fini(struct spec_seq *s);
 
 #endif
