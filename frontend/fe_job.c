@@ -144,12 +144,22 @@ static json_t *timings(const struct fe_job *j)
 {
     const struct wclient_update *u = &j->last;
     uint32_t pn = u->n_prompt > u->n_cached ? u->n_prompt - u->n_cached : 0;
-    return json_pack(
+    json_t *t = json_pack(
         "{s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f}", "prompt_n", (json_int_t)pn, "cache_n",
         (json_int_t)u->n_cached, "prompt_ms", u->prefill_ms, "prompt_per_second",
         u->prefill_ms > 0 ? pn * 1000.0 / u->prefill_ms : 0.0, "predicted_n", (json_int_t)j->n_gen,
         "predicted_ms", u->decode_ms, "predicted_per_second",
         u->decode_ms > 0 ? j->n_gen * 1000.0 / u->decode_ms : 0.0, "queue_ms", u->queue_ms);
+    /* speculative decoding, llama-server's names; tokens per pass over the worker's passes */
+    if (t && u->n_draft) {
+        json_object_set_new(t, "draft_n", json_integer(u->n_draft));
+        json_object_set_new(t, "draft_n_accepted", json_integer(u->n_draft_accepted));
+        json_object_set_new(t, "tokens_per_pass",
+                            json_real(u->n_passes ? (double)(u->n_passes + u->n_draft_accepted) /
+                                                        u->n_passes
+                                                  : 0.0));
+    }
+    return t;
 }
 
 static const char *model_name(const struct fe_job *j)
