@@ -34,7 +34,7 @@ struct ereq {
     bool fresh;           /* admitted and no token sampled since: prefill timing runs */
     int32_t draft[ENGINE_MAX_DRAFT]; /* the window's drafts after hist[n_hist - 1] */
     uint32_t n_draft;
-    uint32_t spec_k; /* drafts to try next: grows while all are accepted, halves on none */
+    struct spec_adapt spec; /* drafts to try next (spec.h) */
     struct kv_seq dseq; /* the draft model's KV of hist (and drafts): a prefix of hist */
     uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
     /* shared */
@@ -348,7 +348,7 @@ static uint32_t drafts_for(const struct engine *e, struct ereq *r, uint32_t budg
 {
     if (!e->k_max || budget < 2) return 0;
     const uint32_t gen = r->n_hist - r->n_prompt, left = r->max_new - gen;
-    uint32_t k = r->spec_k;
+    uint32_t k = spec_adapt_want(&r->spec);
     if (k + 1 > left) k = left - 1;
     if (k + 1 > budget) k = budget - 1;
     if (r->n_hist + k > e->n_ctx) k = e->n_ctx > r->n_hist ? e->n_ctx - r->n_hist : 0;
@@ -518,7 +518,7 @@ static void apply(struct engine *e, int rv, uint32_t n_tok)
             r->tm.n_draft_accepted += acc;
             w->proposed += r->n_draft;
             w->accepted += acc;
-            r->spec_k = spec_adapt(r->spec_k, r->n_draft, acc, e->k_max);
+            spec_adapt_update(&r->spec, r->n_draft, acc);
         }
         if (it->from + 1 == r->n_hist - it->n_res) {
             e->st.decode_passes++;
@@ -824,7 +824,7 @@ static struct ereq *req_new(const struct engine *e, const struct engine_req *q)
     uint32_t room = e->n_ctx - q->n_prompt;
     r->max_new = q->max_tokens && q->max_tokens < room ? q->max_tokens : room;
     r->hist = malloc(((size_t)q->n_prompt + r->max_new) * sizeof *r->hist);
-    r->spec_k = e->k_max;
+    spec_adapt_init(&r->spec, e->k_max);
     if (!r->hist) {
         free(r);
         return NULL;

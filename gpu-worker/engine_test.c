@@ -406,7 +406,7 @@ START_TEST(a_draft_of_another_vocabulary_is_refused)
 }
 END_TEST
 
-/* spec_lookup and spec_adapt, the pure parts. */
+/* spec_lookup and the adaptive count. */
 START_TEST(lookup_and_adapt)
 {
     const int32_t h[] = {1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4};
@@ -422,11 +422,26 @@ START_TEST(lookup_and_adapt)
     const int32_t none[] = {1, 2, 3};
     ck_assert_uint_eq(spec_lookup(none, 3, 4, out), 0);
     ck_assert_uint_eq(spec_lookup(none, 1, 4, out), 0);
-    ck_assert_uint_eq(spec_adapt(4, 4, 4, 8), 5);
-    ck_assert_uint_eq(spec_adapt(8, 8, 8, 8), 8);
-    ck_assert_uint_eq(spec_adapt(4, 4, 0, 8), 2);
-    ck_assert_uint_eq(spec_adapt(1, 1, 0, 8), 1);
-    ck_assert_uint_eq(spec_adapt(4, 4, 2, 8), 4);
+    struct spec_adapt a;
+    spec_adapt_init(&a, 6);
+    ck_assert_uint_eq(spec_adapt_want(&a), 6);
+    spec_adapt_update(&a, 6, 6);
+    ck_assert_uint_eq(spec_adapt_want(&a), 6); /* at most max */
+    spec_adapt_update(&a, 6, 3);
+    ck_assert_uint_eq(spec_adapt_want(&a), 6);
+    spec_adapt_update(&a, 6, 0);
+    ck_assert_uint_eq(spec_adapt_want(&a), 3);
+    spec_adapt_update(&a, 3, 3);
+    ck_assert_uint_eq(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 0, 0); /* no drafts (nothing to look up): nothing learnt */
+    ck_assert_uint_eq(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 4, 0);
+    spec_adapt_update(&a, 2, 0);
+    ck_assert_uint_eq(spec_adapt_want(&a), 1);
+    spec_adapt_update(&a, 1, 0); /* one wasted draft: rest */
+    for (int i = 0; i < SPEC_REST; i++)
+        ck_assert_uint_eq(spec_adapt_want(&a), 0);
+    ck_assert_uint_eq(spec_adapt_want(&a), 1);
 }
 END_TEST
 

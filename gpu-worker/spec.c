@@ -20,12 +20,27 @@ uint32_t spec_lookup(const int32_t *h, uint32_t n, uint32_t k, int32_t *out)
     return 0;
 }
 
-uint32_t spec_adapt(uint32_t k, uint32_t proposed, uint32_t accepted, uint32_t max)
+void spec_adapt_init(struct spec_adapt *a, uint32_t max)
 {
-    if (!proposed) return k;
-    if (accepted == proposed) return k < max ? k + 1 : max;
-    if (accepted == 0) return k > 1 ? k / 2 : 1;
-    return k;
+    *a = (struct spec_adapt){.k = max, .max = max};
+}
+
+uint32_t spec_adapt_want(struct spec_adapt *a)
+{
+    if (!a->rest) return a->k;
+    a->rest--;
+    return 0;
+}
+
+void spec_adapt_update(struct spec_adapt *a, uint32_t proposed, uint32_t accepted)
+{
+    if (!proposed) return;
+    if (accepted == proposed)
+        a->k = a->k < a->max ? a->k + 1 : a->max;
+    else if (accepted == 0 && a->k > 1)
+        a->k /= 2;
+    else if (accepted == 0)
+        a->rest = SPEC_REST;
 }
 
 int spec_vocab_check(const struct model *target, const struct model *draft)
@@ -202,11 +217,11 @@ int spec_seq_pass(struct spec_seq *s, const int32_t *hist, uint32_t n, uint32_t 
 {
     struct kv_cache *kv = backend_kv(s->be);
     int rv;
-    if (s->n_drafts) s->k = spec_adapt(s->k, s->n_drafts, s->row, s->k_max);
+    spec_adapt_update(&s->ad, s->n_drafts, s->row);
     /* the last pass fed hist up to n - 2 correctly, then rejected drafts */
     if (s->seq->n_tokens > n - 1 && (rv = kv_seq_resize(kv, s->seq, n - 1)) != 0) return rv;
     if (s->sd) spec_draft_keep(s->sd, &s->dseq, n - 1);
-    uint32_t want = s->k;
+    uint32_t want = s->ad.max ? spec_adapt_want(&s->ad) : 0;
     if (want + 1 > left) want = left ? left - 1 : 0;
     if (n + want > n_ctx) want = n_ctx > n ? n_ctx - n : 0;
     if (want + 1 > max_pass) want = max_pass ? max_pass - 1 : 0;

@@ -7,8 +7,8 @@
  * match, so drafts change the speed, never the text. The draft model proposes greedily (argmax of
  * its logits, lowest id on a tie); its KV holds a sequence's history and the drafts it fed, and
  * after a verification spec_draft_keep drops the rejected ones.
- * Threads: a spec_draft belongs to one thread at a time (the decode thread); spec_lookup and
- * spec_adapt are pure.
+ * Threads: a spec_draft belongs to one thread at a time (the decode thread); spec_lookup is
+ * pure, a spec_adapt belongs to its sequence.
  */
 #ifndef STRATA_SPEC_H
 #define STRATA_SPEC_H
@@ -20,15 +20,29 @@
 #include "gpu-worker/kv.h"
 
 #define SPEC_MAX_DRAFT 8 /* drafts verified per sequence and window */
+#define SPEC_REST      8 /* decode steps without drafts after a single draft was rejected */
 
 /* spec_lookup drafts up to k tokens after hist[0..n) by prompt lookup: the most recent earlier
  * occurrence of the history's last 3 (else 2, else 1) tokens, and what followed it. Returns the
  * count written to out (0: no match). O(n) per call, beside a pass that reads every weight. */
 uint32_t spec_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
 
-/* spec_adapt: the draft count to try next after `accepted` of `proposed` drafts were accepted:
- * one more (up to max) when all were, half (at least 1) when none was, else the same. */
-uint32_t spec_adapt(uint32_t k, uint32_t proposed, uint32_t accepted, uint32_t max);
+/* The adaptive draft count of one sequence: one more (up to max) after a step whose drafts were
+ * all accepted, half after one whose drafts all were rejected; when a single draft is rejected
+ * the sequence rests SPEC_REST steps without drafts (a draft that is never right costs a wider
+ * pass each step), then tries one again. Zero it, then spec_adapt_init. */
+struct spec_adapt {
+    uint32_t k, max;
+    uint32_t rest; /* steps still to go without drafts */
+};
+
+void spec_adapt_init(struct spec_adapt *a, uint32_t max);
+
+/* spec_adapt_want: drafts to try this decode step (0 while resting: the step counts). */
+uint32_t spec_adapt_want(struct spec_adapt *a);
+
+/* spec_adapt_update: accepted of proposed drafts were accepted (proposed 0: nothing learnt). */
+void spec_adapt_update(struct spec_adapt *a, uint32_t proposed, uint32_t accepted);
 
 /* spec_vocab_check refuses a draft model whose vocabulary is not the target's: another size, or
  * (when both files carry tokenizer.ggml.tokens) another token at some id. STRATA_EINVAL with a
@@ -90,7 +104,7 @@ struct spec_seq {
     struct spec_draft *sd;  /* the draft model, or NULL: prompt lookup */
     struct kv_seq *seq;     /* the sequence in be's KV */
     struct kv_seq dseq;     /* its KV in the draft model's (zeroed at first) */
-    uint32_t k, k_max;      /* drafts to try next (adaptive), at most (0: plain decoding) */
+    struct spec_adapt ad;   /* drafts to try (spec_adapt_init; max 0: plain decoding) */
     int32_t drafts[SPEC_MAX_DRAFT];
     uint32_t n_drafts, row; /* the last pass's drafts; row: the logits row to sample next */
     uint64_t proposed, accepted, passes; /* totals */

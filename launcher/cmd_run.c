@@ -563,7 +563,8 @@ static int run(int argc, char **argv)
         /* With drafts: the pass after a sampled token feeds it and up to k drafts, a row of
          * logits each; the next positions are sampled from those rows while the drafts match
          * what was sampled (the same draws as one token a pass: the draw is keyed by position). */
-        ss = (struct spec_seq){.be = fw, .sd = sd, .seq = &seq, .k = k_max, .k_max = k_max};
+        ss = (struct spec_seq){.be = fw, .sd = sd, .seq = &seq};
+        spec_adapt_init(&ss.ad, k_max);
         for (uint32_t i = 0; i < o.n_predict; i++) {
             struct sample_result r;
             size_t w0 = hist.n > PENALTY_LAST_N ? hist.n - PENALTY_LAST_N : 0;

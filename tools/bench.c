@@ -181,7 +181,8 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         backend_get_stats(f, &ps);
         backend_reset_stats(f);
         /* the prefill's token, then gen more from decode passes (a draft model's time counts) */
-        struct spec_seq ss = {.be = f, .sd = sd, .seq = &s, .k = k_max, .k_max = k_max};
+        struct spec_seq ss = {.be = f, .sd = sd, .seq = &s};
+        spec_adapt_init(&ss.ad, k_max);
         uint32_t n = n_prompt;
         for (uint32_t i = 0;; i++) {
             ids.v[n++] = (int32_t)argmax(logits + (size_t)ss.row * V, V);
