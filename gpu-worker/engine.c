@@ -203,6 +203,8 @@ static void preempt(struct engine *e, struct ereq *r)
 {
     remove_running(e, r);
     kv_seq_fini(e->kv, &r->seq);
+    /* the draft model's pool holds the running sequences: this one catches up when it is back */
+    if (e->draft) spec_draft_release(e->draft, &r->dseq);
     r->n_pub = 0;
     r->pub_key = KV_PREFIX_ROOT;
     r->resv = r->plan_blocks = 0;
@@ -533,7 +535,7 @@ static void apply(struct engine *e, int rv, uint32_t n_tok)
         if (it->err && r->state == RQ_RUNNING) finish(e, r, ENGINE_FINISH_ERROR, it->err);
     }
     if (e->timing && e->k_max && !rv)
-        LOG_INFO("window %llu: %u tokens, %u decode steps sampled %u tokens (%.2f a pass), "
+        LOG_INFO("spec window %llu: %u tokens, %u decode steps sampled %u tokens (%.2f a pass), "
                  "drafts %u accepted of %u (%.0f%%), %.2f accepted a step",
                  (unsigned long long)e->st.windows, n_tok, w->passes, w->tokens,
                  w->passes ? (double)w->tokens / w->passes : 0.0, w->accepted, w->proposed,
