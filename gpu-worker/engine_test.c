@@ -379,6 +379,47 @@ START_TEST(a_draft_model_gives_the_same_ids)
 }
 END_TEST
 
+/* The bundled demo model (a trained one: its drafts are right as often as real text makes them):
+ * prompt lookup and the model drafting for itself give the plain loop's ids, greedy and sampled,
+ * six streams at once. */
+START_TEST(the_demo_model_with_drafts)
+{
+    const char *path = STRATA_SOURCE_DIR "/models/demo.gguf";
+    if (access(path, R_OK) != 0) {
+        printf("SKIP: %s is not there\n", path);
+        return;
+    }
+    struct env v;
+    env_open_path(&v, path);
+    static struct job jobs[6];
+    for (int mode = 0; mode < 2; mode++) {
+        for (uint32_t i = 0; i < 6; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "demo%u", i);
+            job_make(&jobs[i], id, 24 + i * 5, 40 + i, i % 2 ? 0.7f : 0.0f, 48);
+            for (uint32_t k = 0; k < jobs[i].n_prompt; k++) /* a repeated line of the vocabulary */
+                jobs[i].prompt[k] = (int32_t)(300 + (k % 9) * 37 + i);
+        }
+        struct engine_opts o = {.max_running = 6, .max_batch_tokens = 64};
+        if (mode == 0)
+            o.spec_lookup = 4;
+        else
+            o.draft = v.m;
+        struct engine *e = start(&v, &o);
+        run_all(e, &v, jobs, 6);
+        struct engine_status st;
+        engine_status(e, &st);
+        ck_assert_uint_gt(st.drafts_accepted, 0);
+        printf("demo, %s: %llu of %llu drafts accepted, %.2f tokens per decode pass\n",
+               mode ? "draft itself" : "lookup 4", (unsigned long long)st.drafts_accepted,
+               (unsigned long long)st.drafts_proposed,
+               (double)st.decode_tokens / (double)st.decode_passes);
+        engine_close(e);
+    }
+    env_close(&v);
+}
+END_TEST
+
 /* A draft model of another vocabulary is refused at start: one of another size with both sizes
  * in the message; fixtures of other architectures and seeds share the built-in one. */
 START_TEST(a_draft_of_another_vocabulary_is_refused)
@@ -824,6 +865,7 @@ int main(void)
     tcase_add_loop_test(tc, drafts_give_the_same_ids, 0, 2);
     tcase_add_loop_test(tc, a_draft_model_gives_the_same_ids, 0, 4);
     tcase_add_test(tc, a_draft_of_another_vocabulary_is_refused);
+    tcase_add_test(tc, the_demo_model_with_drafts);
     tcase_add_test(tc, lookup_and_adapt);
     tcase_add_test(tc, preemption_with_the_prefix_cache_keeps_the_ids);
     tcase_add_test(tc, a_follow_up_turn_prefills_only_its_new_tokens);
