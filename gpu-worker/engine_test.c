@@ -483,10 +483,17 @@ START_TEST(lookup_and_adapt)
     spec_adapt_update(&a, 4, 0);
     spec_adapt_update(&a, 2, 0);
     ck_assert_uint_eq(spec_adapt_want(&a), 1);
-    spec_adapt_update(&a, 1, 0); /* one wasted draft: rest */
-    for (int i = 0; i < SPEC_REST; i++)
-        ck_assert_uint_eq(spec_adapt_want(&a), 0);
-    ck_assert_uint_eq(spec_adapt_want(&a), 1);
+    /* one wasted draft: rest, twice as long each time in a row, until a draft is accepted */
+    const uint32_t rests[] = {SPEC_REST, 2 * SPEC_REST, 4 * SPEC_REST, SPEC_REST_MAX,
+                              SPEC_REST_MAX, SPEC_REST};
+    for (int r = 0; r < 6; r++) {
+        if (r == 5) spec_adapt_update(&a, 1, 1); /* accepted: k 2, the rest back to the first */
+        if (r == 5) spec_adapt_update(&a, 2, 0); /* k 1 */
+        spec_adapt_update(&a, 1, 0);
+        for (uint32_t i = 0; i < rests[r]; i++)
+            ck_assert_uint_eq(spec_adapt_want(&a), 0);
+        ck_assert_uint_eq(spec_adapt_want(&a), 1);
+    }
 }
 END_TEST
 

@@ -22,7 +22,7 @@ uint32_t spec_lookup(const int32_t *h, uint32_t n, uint32_t k, int32_t *out)
 
 void spec_adapt_init(struct spec_adapt *a, uint32_t max)
 {
-    *a = (struct spec_adapt){.k = max, .max = max};
+    *a = (struct spec_adapt){.k = max, .max = max, .next_rest = SPEC_REST};
 }
 
 uint32_t spec_adapt_want(struct spec_adapt *a)
@@ -35,12 +35,15 @@ uint32_t spec_adapt_want(struct spec_adapt *a)
 void spec_adapt_update(struct spec_adapt *a, uint32_t proposed, uint32_t accepted)
 {
     if (!proposed) return;
-    if (accepted == proposed)
+    if (accepted) a->next_rest = SPEC_REST;
+    if (accepted == proposed) {
         a->k = a->k < a->max ? a->k + 1 : a->max;
-    else if (accepted == 0 && a->k > 1)
+    } else if (accepted == 0 && a->k > 1) {
         a->k /= 2;
-    else if (accepted == 0)
-        a->rest = SPEC_REST;
+    } else if (accepted == 0) {
+        a->rest = a->next_rest;
+        if (a->next_rest < SPEC_REST_MAX) a->next_rest *= 2;
+    }
 }
 
 int spec_vocab_check(const struct model *target, const struct model *draft)

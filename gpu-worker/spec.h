@@ -20,7 +20,8 @@
 #include "gpu-worker/kv.h"
 
 #define SPEC_MAX_DRAFT 8 /* drafts verified per sequence and window */
-#define SPEC_REST      8 /* decode steps without drafts after a single draft was rejected */
+#define SPEC_REST      8 /* decode steps without drafts after a single draft was rejected, */
+#define SPEC_REST_MAX  64 /* doubled at each rest in a row, up to this */
 
 /* spec_lookup drafts up to k tokens after hist[0..n) by prompt lookup: the most recent earlier
  * occurrence of the history's last 3 (else 2, else 1) tokens, and what followed it. Returns the
@@ -30,10 +31,12 @@ uint32_t spec_lookup(const int32_t *hist, uint32_t n, uint32_t k, int32_t *out);
 /* The adaptive draft count of one sequence: one more (up to max) after a step whose drafts were
  * all accepted, half after one whose drafts all were rejected; when a single draft is rejected
  * the sequence rests SPEC_REST steps without drafts (a draft that is never right costs a wider
- * pass each step), then tries one again. Zero it, then spec_adapt_init. */
+ * pass each step, and a draft model its catching up), then tries one again; rests in a row
+ * double, up to SPEC_REST_MAX, until a draft is accepted. spec_adapt_init first. */
 struct spec_adapt {
     uint32_t k, max;
-    uint32_t rest; /* steps still to go without drafts */
+    uint32_t rest;     /* steps still to go without drafts */
+    uint32_t next_rest; /* the next rest's length */
 };
 
 void spec_adapt_init(struct spec_adapt *a, uint32_t max);
