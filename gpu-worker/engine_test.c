@@ -305,7 +305,7 @@ END_TEST
 
 /* A draft model: for each of the four architectures as the target, drafts from the model itself
  * (most accepted) and from a fixture of another architecture and seed sharing the vocabulary
- * (few accepted) give the plain loop's ids, greedy and sampled, eight streams at once, with the
+ * (few accepted) give the plain loop's ids, greedy and sampled, six streams at once, with the
  * expert cache smaller than the model and its async tier swapping; the rejected drafts' KV goes
  * in both models (a wrong draft KV would only lower acceptance, so the self-draft's acceptance
  * is checked too). */
@@ -323,28 +323,28 @@ START_TEST(a_draft_model_gives_the_same_ids)
     struct env v, d;
     env_open_path(&v, tpath);
     env_open_path(&d, dpath);
-    static struct job jobs[8];
+    static struct job jobs[6];
     for (int self = 1; self >= 0; self--) {
-        for (uint32_t i = 0; i < 8; i++) {
+        for (uint32_t i = 0; i < 6; i++) {
             char id[16];
             snprintf(id, sizeof id, "m%u", i);
-            job_make(&jobs[i], id, 5 + i * 4, i + 3 * _i, i % 2 ? 0.8f : 0.0f, 36);
+            job_make(&jobs[i], id, 5 + i * 4, i + 3 * _i, i % 2 ? 0.8f : 0.0f, 28);
         }
         const struct backend_opts cache = {
             .expert_cache = {CACHE_SLOTS, 5},
             .tier = {.every = 1, .swaps = 4, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f,
                      .async = true}};
-        struct engine_opts o = {.max_running = 8, .max_batch_tokens = 40, .spec_draft = 4,
+        struct engine_opts o = {.max_running = 6, .max_batch_tokens = 40, .spec_draft = 4,
                                 .draft = self ? v.m : d.m, .backend = cache};
         struct engine *e = start(&v, &o);
-        run_all(e, &v, jobs, 8);
+        run_all(e, &v, jobs, 6);
         struct engine_status st;
         engine_status(e, &st);
         ck_assert_str_eq(st.spec, "draft");
         ck_assert_uint_gt(st.drafts_proposed, 0);
         ck_assert_uint_gt(st.draft_passes, 0);
         uint32_t nd = 0, na = 0, gen = 0, passes = 0;
-        for (uint32_t i = 0; i < 8; i++) {
+        for (uint32_t i = 0; i < 6; i++) {
             nd += jobs[i].u.t.n_draft;
             na += jobs[i].u.t.n_draft_accepted;
             gen += jobs[i].n_got;
@@ -357,11 +357,11 @@ START_TEST(a_draft_model_gives_the_same_ids)
         /* a first token comes from a prefill pass, or from a decode-like pass when the prompt's
          * last chunk was one token */
         ck_assert_uint_ge(gen, st.decode_tokens);
-        ck_assert_uint_le(gen, st.decode_tokens + 8);
+        ck_assert_uint_le(gen, st.decode_tokens + 6);
         if (self) {
             /* greedy requests accept every draft of their own model */
             ck_assert_uint_gt(st.decode_tokens, 2 * st.decode_passes);
-            for (uint32_t i = 0; i < 8; i += 2)
+            for (uint32_t i = 0; i < 6; i += 2)
                 ck_assert_msg(jobs[i].u.t.n_draft_accepted == jobs[i].u.t.n_draft,
                               "%s: %u of %u drafts of the model itself accepted", jobs[i].id,
                               jobs[i].u.t.n_draft_accepted, jobs[i].u.t.n_draft);
@@ -865,7 +865,7 @@ int main(void)
     }
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("engine");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, 300); /* Debug + ASan builds on a loaded machine run ~20x slower */
     tcase_add_test(tc, sixteen_concurrent_requests_give_their_lone_ids);
     tcase_add_test(tc, preemption_under_a_tiny_pool_keeps_the_ids);
     tcase_add_test(tc, commands_run_between_windows);
