@@ -1,6 +1,7 @@
 /* spec — speculative decoding's drafters: prompt lookup (n-gram match in a sequence's own
  * history) and a draft model (a small model of the target's vocabulary on the CPU backend, with
- * its own KV cache), and the adaptive draft count both use.
+ * its own KV cache), the adaptive draft count both use, and spec_seq: one sequence decoded with
+ * drafts outside the engine (`strata run`, `strata bench`).
  *
  * The drafts of a window are verified by the target in one pass (engine.c, `strata run`, bench):
  * each position is sampled exactly as plain decoding samples it, and drafts count while they
