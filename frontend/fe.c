@@ -690,6 +690,11 @@ static void do_metrics(struct fe *f, struct http_req *r)
         {"strata_worker_expert_copy_gibps", "GiB/s of the cache's copies while copying."},
         {"strata_worker_adapt_wait_seconds_per_window", "Mean wait of a window for the tier."},
         {"strata_worker_expert_swaps_per_window", "Mean experts the tier moved in a window."},
+        {"strata_worker_drafts_total", "Speculative drafts the worker verified."},
+        {"strata_worker_drafts_accepted_total", "Of them, drafts accepted."},
+        {"strata_worker_draft_acceptance_ratio", "Drafts accepted over drafts verified."},
+        {"strata_worker_drafts_accepted_per_window", "Mean drafts accepted a verify step."},
+        {"strata_worker_tokens_per_decode_pass", "Mean tokens a decode step sampled."},
     };
     for (size_t k = 0; k < sizeof wnames / sizeof *wnames; k++) {
         mprintf(&b, &n, &cap, "# HELP %s %s\n# TYPE %s %s\n", wnames[k][0], wnames[k][1],
@@ -705,7 +710,11 @@ static void do_metrics(struct fe *f, struct http_req *r)
                 atomic_load(&w->requests), s->cache_hits, s->cache_misses, s->cache_resident,
                 s->cache_swaps,           s->cache_copy_gibs,
                 s->windows ? s->adapt_wait_s / (double)s->windows : 0.0,
-                s->windows ? (double)s->cache_swaps / (double)s->windows : 0.0};
+                s->windows ? (double)s->cache_swaps / (double)s->windows : 0.0,
+                s->drafts_proposed, s->drafts_accepted,
+                s->drafts_proposed ? (double)s->drafts_accepted / s->drafts_proposed : 0.0,
+                s->verify_passes ? (double)s->drafts_accepted / s->verify_passes : 0.0,
+                s->decode_passes ? (double)s->decode_tokens / s->decode_passes : 0.0};
             mprintf(&b, &n, &cap, "%s{worker=\"%s\"} %.3f\n", wnames[k][0], w->name, v[k]);
         }
         pthread_mutex_unlock(&f->mu);

@@ -178,7 +178,18 @@ static json_t *usage(const struct fe_job *j)
 
 static json_t *timings(const struct fe_job *j)
 {
-    return api_timings_json(&j->last, j->n_gen);
+    const struct wclient_update *u = &j->last;
+    json_t *t = api_timings_json(u, j->n_gen);
+    /* speculative decoding, llama-server's names; tokens per pass over the worker's passes */
+    if (t && u->n_draft) {
+        json_object_set_new(t, "draft_n", json_integer(u->n_draft));
+        json_object_set_new(t, "draft_n_accepted", json_integer(u->n_draft_accepted));
+        json_object_set_new(t, "tokens_per_pass",
+                            json_real(u->n_passes ? (double)(u->n_passes + u->n_draft_accepted) /
+                                                        u->n_passes
+                                                  : 0.0));
+    }
+    return t;
 }
 
 static const char *model_name(const struct fe_job *j)

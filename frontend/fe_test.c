@@ -148,6 +148,10 @@ static int f_next(void *h, const struct wclient_update **out)
     u->n_cached = s->n_cached;
     u->prefill_ms = 10;
     u->decode_ms = 1 + s->at;
+    /* a worker with speculative drafts: 6 verified, 4 accepted over 3 passes */
+    u->n_draft = 6;
+    u->n_draft_accepted = 4;
+    u->n_passes = 3;
     if (s->r.logprobs) {
         u->logprobs = s->lps;
         u->n_top = s->r.top_logprobs;
@@ -473,6 +477,12 @@ START_TEST(chat_whole)
     ck_assert_int_eq(int_at(j, "usage.prompt_tokens"), W0.n_last_prompt);
     ck_assert_int_eq(int_at(j, "usage.total_tokens"), W0.n_reply + W0.n_last_prompt);
     ck_assert_str_eq(str_at(j, "model"), "anything");
+    /* the worker's drafts in llama-server's timings; (3 passes + 4 accepted) / 3 passes */
+    ck_assert_int_eq(int_at(j, "timings.draft_n"), 6);
+    ck_assert_int_eq(int_at(j, "timings.draft_n_accepted"), 4);
+    ck_assert_double_eq_tol(
+        json_real_value(json_object_get(json_object_get(j, "timings"), "tokens_per_pass")),
+        7.0 / 3.0, 1e-4); /* as the JSON text rounds it */
     /* the prompt is the chatml rendering, special tokens parsed */
     struct tok_buf b = {0};
     ck_assert_int_eq(tok_decode(W0.tok, W0.last_prompt, W0.n_last_prompt, TOK_DECODE_SPECIAL, &b),

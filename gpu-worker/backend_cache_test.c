@@ -294,6 +294,62 @@ START_TEST(independent_of_the_cache_qwen2moe)
 }
 END_TEST
 
+/* The tier's counts (DESIGN 3.3): a decode step and the drafts it verifies (every token asking
+ * for logits) count each token's routed pairs, as one-token steps would; a prompt chunk counts
+ * each of its experts once. Read from the round's counts with no decay. */
+static float g_counts[64];
+
+static void keep_counts(void *ctx, const float *counts)
+{
+    memcpy(g_counts, counts, *(const uint32_t *)ctx * sizeof *g_counts);
+}
+
+START_TEST(verify_windows_count_per_token)
+{
+    struct env e;
+    env_open(&e, "qwen3moe");
+    const struct model_hparams *hp = &e.m->hp;
+    uint32_t cells = hp->n_layer * hp->n_expert;
+    ck_assert_uint_le(cells, 64);
+    struct backend_opts o = {.expert_cache = {CACHE_SLOTS, 2},
+                             .tier = {.every = 1, .swaps = 0, .decay = 1.0f, .min_count = 1e9f,
+                                      .lead = 1e9f},
+                             .on_round = keep_counts,
+                             .round_ctx = &cells};
+    struct backend *b = start(e.m, &o);
+    struct kv_seq seq;
+    kv_seq_init(&seq);
+    struct backend_token t[16];
+    float *logits = malloc((size_t)16 * e.V * sizeof *logits);
+    float before[64] = {0}; /* the counts do not decay: each window adds to them */
+    for (int verify = 0; verify < 2; verify++) {
+        for (uint32_t j = 0; j < 16; j++)
+            t[j] = (struct backend_token){&seq, (int32_t)((j * 37u + 5) % e.V), verify || j == 15};
+        ck_assert_int_eq(backend_eval(b, t, 16, logits), 0);
+        ck_assert_int_eq(backend_tick(b), 0);
+        for (uint32_t l = 0; l < hp->n_layer; l++) {
+            float sum = 0;
+            uint32_t used = 0;
+            for (uint32_t x = 0; x < hp->n_expert; x++) {
+                const float c = g_counts[l * hp->n_expert + x] - before[l * hp->n_expert + x];
+                sum += c;
+                used += c > 0;
+            }
+            if (verify)
+                ck_assert_float_eq(sum, 16.0f * hp->n_expert_used);
+            else
+                ck_assert_float_eq(sum, (float)used); /* each expert once */
+        }
+        memcpy(before, g_counts, sizeof before);
+        ck_assert_int_eq(kv_seq_resize(backend_kv(b), &seq, 0), 0);
+    }
+    free(logits);
+    kv_seq_fini(backend_kv(b), &seq);
+    backend_close(b);
+    env_close(&e);
+}
+END_TEST
+
 START_TEST(options_parse_and_refuse)
 {
     struct backend_opts o = backend_opts_default();
@@ -322,6 +378,7 @@ int main(void)
     TCase *tc = tcase_create("cache");
     tcase_set_timeout(tc, 300); /* Debug + ASan builds run ~10x slower */
     tcase_add_test(tc, options_parse_and_refuse);
+    tcase_add_test(tc, verify_windows_count_per_token);
     tcase_add_test(tc, async_fences_failures_and_a_removed_fence);
     tcase_add_test(tc, independent_of_the_cache_qwen3moe);
     tcase_add_test(tc, independent_of_the_cache_llama);

@@ -1145,18 +1145,22 @@ static int grow(struct fwd *f, const struct backend_token *toks, uint32_t n)
 }
 
 /* mark_chunks: for the tier's counting, each token's prompt chunk (the first batch index of its
- * sequence when the sequence has several tokens in the batch) or UINT32_MAX for a decode step.
+ * sequence when the sequence has several tokens in the batch, not all asking for logits) or
+ * UINT32_MAX for a decode step. A sequence's tokens that all ask for logits are a decode step and
+ * its drafts being verified: each counts, as decode tokens do (DESIGN 3.3).
  * O(n * sequences), as grow. */
 static void mark_chunks(struct fwd *f, const struct backend_token *toks, uint32_t n)
 {
     for (uint32_t t = 0; t < n; t++) {
         uint32_t first = t, count = 0;
+        bool all_logits = true;
         for (uint32_t u = 0; u < n; u++)
             if (toks[u].seq == toks[t].seq) {
                 if (!count) first = u;
                 count++;
+                all_logits &= toks[u].logits;
             }
-        f->chunk_of[t] = count > 1 ? first : UINT32_MAX;
+        f->chunk_of[t] = count > 1 && !all_logits ? first : UINT32_MAX;
         f->stamp[t] = 0;
     }
 }

@@ -36,7 +36,8 @@ struct ereq {
     bool fresh;           /* admitted and no token sampled since: prefill timing runs */
     int32_t draft[ENGINE_MAX_DRAFT]; /* the window's drafts after hist[n_hist - 1] */
     uint32_t n_draft;
-    uint32_t spec_k; /* drafts to try next: grows while all are accepted, halves on none */
+    struct spec_adapt spec; /* drafts to try next (spec.h) */
+    struct kv_seq dseq; /* the draft model's KV of hist (and drafts): a prefix of hist */
     uint32_t n_admit;     /* n_hist at admission: positions below it are prefill */
     struct grammar_matcher *gm;  /* its grammar's state after the generated tokens, or NULL
                                     (loop once queued) */
@@ -72,6 +73,10 @@ struct engine {
     struct engine_opts o;
     struct kv_cache *kv; /* backend_kv(be): the sequences' block tables */
     struct backend *be;
+    struct spec_draft *draft; /* the draft model's drafter, or NULL (loop) */
+    struct spec_draft_item *ditems; /* (max_running) a window's drafting, scratch */
+    uint32_t k_max;       /* drafts per request and window at most: spec_draft or spec_lookup */
+    bool timing;          /* STRATA_DECODE_TIMING=1: a line per window on drafts */
     struct sample *smp;   /* the loop's sampler */
     struct sample *check; /* a one-token sampler that validates parameters at submit (under mu) */
     uint32_t bt;          /* positions per KV block */
@@ -173,6 +178,7 @@ static void req_free(struct engine *e, struct ereq *r)
 {
     grammar_matcher_fini(r->gm);
     kv_seq_fini(e->kv, &r->seq);
+    if (e->draft) spec_draft_release(e->draft, &r->dseq);
     free(r->hist);
     free(r->out);
     free(r);
@@ -211,6 +217,7 @@ static void finish(struct engine *e, struct ereq *r, enum engine_finish why, int
     else
         remove_waiting(e, r);
     kv_seq_fini(e->kv, &r->seq);
+    if (e->draft) spec_draft_release(e->draft, &r->dseq);
     r->state = RQ_DONE;
     r->finish = why;
     r->t_last = now_ns();
@@ -228,6 +235,8 @@ static void preempt(struct engine *e, struct ereq *r)
 {
     remove_running(e, r);
     kv_seq_fini(e->kv, &r->seq);
+    /* the draft model's pool holds the running sequences: this one catches up when it is back */
+    if (e->draft) spec_draft_release(e->draft, &r->dseq);
     r->n_pub = 0;
     r->pub_key = KV_PREFIX_ROOT;
     r->resv = r->plan_blocks = 0;
@@ -366,35 +375,19 @@ static bool plan_one(struct engine *e, struct ereq *r, uint32_t n, uint32_t *bud
     return true;
 }
 
-/* propose drafts up to k tokens for r by prompt lookup: the most recent earlier occurrence of
- * the history's last 3 (else 2, else 1) tokens, and what followed it. O(history) per request and
- * window, beside a pass that reads every weight. */
-static uint32_t propose(const struct ereq *r, uint32_t k, int32_t *out)
-{
-    const int32_t *h = r->hist;
-    const uint32_t n = r->n_hist;
-    for (uint32_t g = n > 3 ? 3 : n - 1; g >= 1 && k; g--)
-        for (uint32_t i = n - g; i-- > 0;) {
-            if (memcmp(h + i, h + n - g, g * sizeof *h) != 0) continue;
-            uint32_t c = 0;
-            for (; c < k && i + g + c < n; c++)
-                out[c] = h[i + g + c];
-            if (c) return c;
-        }
-    return 0;
-}
-
 /* drafts_for: how many drafts r verifies this window: its adaptive count, within what it may
- * still generate (one token is sampled after the drafts), its context and the window. */
+ * still generate (one token is sampled after the drafts), its context and the window. Lookup
+ * drafts now; the draft model's come in compute (draft_window), as many as asked. */
 static uint32_t drafts_for(const struct engine *e, struct ereq *r, uint32_t budget)
 {
-    if (!e->o.spec_lookup || budget < 2) return 0;
+    if (!e->k_max || budget < 2) return 0;
     const uint32_t gen = r->n_hist - r->n_prompt, left = r->max_new - gen;
-    uint32_t k = r->spec_k;
+    uint32_t k = spec_adapt_want(&r->spec);
     if (k + 1 > left) k = left - 1;
     if (k + 1 > budget) k = budget - 1;
     if (r->n_hist + k > e->n_ctx) k = e->n_ctx > r->n_hist ? e->n_ctx - r->n_hist : 0;
-    return k ? propose(r, k, r->draft) : 0;
+    if (!k || e->draft) return k;
+    return spec_lookup(r->hist, r->n_hist, k, r->draft);
 }
 
 /* plan fills the window: a decode step for each request that has sampled its last token (with
@@ -582,11 +575,43 @@ static void masks_wait(struct engine *e)
     pthread_mutex_unlock(&e->gmu);
 }
 
+/* draft_window has the draft model draft for the window's decode steps, all at once. When it
+ * fails, the window goes without drafts (its answers are the same) and the drafter starts those
+ * sequences over. */
+static void draft_window(struct engine *e)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        struct ereq *r = e->items[i].r;
+        if (r->n_draft)
+            e->ditems[n++] = (struct spec_draft_item){
+                .seq = &r->dseq, .hist = r->hist, .n_hist = r->n_hist, .k = r->n_draft};
+    }
+    if (!n) return;
+    int rv = spec_draft_propose(e->draft, e->ditems, n);
+    if (rv) LOG_WARN("engine: the draft model failed, a window without drafts: %s",
+                     strata_errdetail());
+    n = 0;
+    for (uint32_t i = 0; i < e->n_items; i++) {
+        struct item *it = &e->items[i];
+        struct ereq *r = it->r;
+        if (!r->n_draft) continue;
+        if (!rv) {
+            memcpy(r->draft, e->ditems[n++].out, r->n_draft * sizeof *r->draft);
+            continue;
+        }
+        spec_draft_release(e->draft, &r->dseq);
+        it->n -= r->n_draft;
+        r->n_draft = 0;
+    }
+}
+
 /* compute runs the window's forward pass and samples (outside the lock). Returns the error of
  * the pass, which ends every request of the window. */
 static int compute(struct engine *e, uint32_t *n_tok)
 {
     uint32_t n = 0, rows = 0;
+    if (e->draft) draft_window(e);
     for (uint32_t i = 0; i < e->n_items; i++) {
         struct item *it = &e->items[i];
         struct ereq *r = it->r;
@@ -634,6 +659,8 @@ static int compute(struct engine *e, uint32_t *n_tok)
             /* the KV of rejected drafts goes: positions past the accepted ones */
             if (d && !it->err && r->seq.n_tokens > n0 + it->n_res - 1)
                 kv_seq_resize(e->kv, &r->seq, n0 + it->n_res - 1);
+            /* and the draft model's: it keeps the history and the accepted drafts */
+            if (d && e->draft) spec_draft_keep(e->draft, &r->dseq, n0 + it->n_res - 1);
         }
         /* Full blocks go to the prefix cache; a block is full once the window wrote it (and
          * every draft in it was accepted). */
@@ -650,10 +677,17 @@ static int compute(struct engine *e, uint32_t *n_tok)
 static void emit(struct engine *e, struct ereq *r, const struct sample_result *s, int64_t now,
                  uint32_t n_gen);
 
+/* A window's speculative decoding, for the STRATA_DECODE_TIMING line. */
+struct window_spec {
+    uint32_t proposed, accepted; /* drafts verified, accepted */
+    uint32_t passes, tokens;     /* decode steps and the tokens they sampled */
+};
+
 /* apply publishes the window's tokens and ends requests that stopped (under mu). */
 static void apply(struct engine *e, int rv, uint32_t n_tok)
 {
     const int64_t now = now_ns();
+    struct window_spec ws = {0}, *w = &ws;
     e->st.windows++;
     e->rate_tokens += n_tok;
     if (now - e->rate_t0 >= 1000000000) {
@@ -678,19 +712,32 @@ static void apply(struct engine *e, int rv, uint32_t n_tok)
             const uint32_t acc = it->n_res ? it->n_res - 1 : 0;
             e->st.drafts_proposed += r->n_draft;
             e->st.drafts_accepted += acc;
-            r->spec_k = acc == r->n_draft ? (r->spec_k < e->o.spec_lookup ? r->spec_k + 1 : r->spec_k)
-                        : acc == 0        ? (r->spec_k > 1 ? r->spec_k / 2 : 1)
-                                          : r->spec_k;
+            e->st.verify_passes++;
+            r->tm.n_draft += r->n_draft;
+            r->tm.n_draft_accepted += acc;
+            w->proposed += r->n_draft;
+            w->accepted += acc;
+            spec_adapt_update(&r->spec, r->n_draft, acc);
         }
         if (it->from + 1 == r->n_hist - it->n_res) {
             e->st.decode_passes++;
             e->st.decode_tokens += it->n_res;
+            r->tm.n_passes++;
+            w->passes++;
+            w->tokens += it->n_res;
         }
         /* the k-th token sits at hist[n_hist - n_res + k] */
         for (uint32_t k = 0; k < it->n_res && r->state == RQ_RUNNING; k++)
             emit(e, r, &it->res[k], now, r->n_hist - it->n_res + k + 1 - r->n_prompt);
         if (it->err && r->state == RQ_RUNNING) finish(e, r, ENGINE_FINISH_ERROR, it->err);
     }
+    if (e->timing && e->k_max && !rv)
+        LOG_INFO("spec window %llu: %u tokens, %u decode steps sampled %u tokens (%.2f a pass), "
+                 "drafts %u accepted of %u (%.0f%%), %.2f accepted a step",
+                 (unsigned long long)e->st.windows, n_tok, w->passes, w->tokens,
+                 w->passes ? (double)w->tokens / w->passes : 0.0, w->accepted, w->proposed,
+                 w->proposed ? 100.0 * w->accepted / w->proposed : 0.0,
+                 w->passes ? (double)w->accepted / w->passes : 0.0);
 }
 
 /* emit publishes one sampled token of r, its n_gen-th generated, and ends r at a stop token or
@@ -744,6 +791,7 @@ static void gauge(struct engine *e)
     e->st.kv_blocks_cached = kv_blocks_cached(e->kv);
     e->st.kv_blocks_used = e->st.kv_blocks_total - e->st.kv_blocks_free;
     if (e->be) backend_info(e->be, &e->info);
+    if (e->draft) e->st.draft_passes = spec_draft_passes(e->draft);
 }
 
 static void notify(struct engine *e)
@@ -880,14 +928,28 @@ int engine_start(const struct model *m, const struct engine_opts *o, struct engi
     e->items = calloc(e->o.max_running, sizeof *e->items);
     e->toks = calloc(e->o.max_batch_tokens, sizeof *e->toks);
     if (e->o.spec_lookup > ENGINE_MAX_DRAFT) e->o.spec_lookup = ENGINE_MAX_DRAFT;
+    if (!e->o.spec_draft) e->o.spec_draft = 4;
+    if (e->o.spec_draft > ENGINE_MAX_DRAFT) e->o.spec_draft = ENGINE_MAX_DRAFT;
+    e->k_max = o->draft ? e->o.spec_draft : e->o.spec_lookup;
+    e->st.spec = o->draft ? "draft" : e->k_max ? "lookup" : "off";
+    const char *tv = getenv("STRATA_DECODE_TIMING");
+    e->timing = tv && *tv && strcmp(tv, "0") != 0;
+    if (o->draft) {
+        const struct spec_draft_opts dopt = {.n_threads = e->o.n_threads,
+                                             .n_ctx = e->n_ctx,
+                                             .n_seq = e->o.max_running,
+                                             .max_pass_tokens = e->o.max_batch_tokens};
+        if ((rv = spec_draft_start(m, o->draft, &dopt, &e->draft)) != 0) goto fail;
+        e->ditems = calloc(e->o.max_running, sizeof *e->ditems);
+    }
     /* a row per sampled position: each decoding request's step and its drafts */
-    e->logits = malloc((size_t)e->o.max_running * (1 + e->o.spec_lookup) * m->hp.n_vocab *
+    e->logits = malloc((size_t)e->o.max_running * (1 + e->k_max) * m->hp.n_vocab *
                        sizeof *e->logits);
     e->allow = malloc(((size_t)m->hp.n_vocab + 31) / 32 * sizeof *e->allow);
     e->gmasks = malloc((size_t)e->o.max_running * ((m->hp.n_vocab + 31) / 32) * sizeof *e->gmasks);
     e->gerr = calloc(e->o.max_running, sizeof *e->gerr);
     if (!e->waiting || !e->running || !e->items || !e->toks || !e->logits || !e->allow ||
-        !e->gmasks || !e->gerr) {
+        !e->gmasks || !e->gerr || (o->draft && !e->ditems)) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for an engine of %u sequences",
                          e->o.max_running);
         goto fail;
@@ -930,6 +992,8 @@ void engine_close(struct engine *e)
         e->all = r->next;
         req_free(e, r);
     }
+    spec_draft_close(e->draft);
+    free(e->ditems);
     backend_close(e->be);
     sample_fini(e->smp);
     sample_fini(e->check);
@@ -998,7 +1062,7 @@ static struct ereq *req_new(const struct engine *e, const struct engine_req *q)
     uint32_t room = e->n_ctx - q->n_prompt;
     r->max_new = q->max_tokens && q->max_tokens < room ? q->max_tokens : room;
     r->hist = malloc(((size_t)q->n_prompt + r->max_new) * sizeof *r->hist);
-    r->spec_k = e->o.spec_lookup;
+    spec_adapt_init(&r->spec, e->k_max);
     if (!r->hist) {
         free(r);
         return NULL;

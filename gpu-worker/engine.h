@@ -23,11 +23,12 @@
 #include "common/arena/model.h"
 #include "gpu-worker/backend.h"
 #include "gpu-worker/sample.h"
+#include "gpu-worker/spec.h"
 
 #define ENGINE_ID_MAX         64 /* most bytes of a request id (without the NUL) */
 #define ENGINE_MAX_STOP       16 /* most stop token ids per request */
 #define ENGINE_PENALTY_WINDOW 64 /* penalties look at the last N generated tokens (llama.cpp's) */
-#define ENGINE_MAX_DRAFT      8  /* drafts verified per request and window */
+#define ENGINE_MAX_DRAFT      SPEC_MAX_DRAFT /* drafts verified per request and window */
 #define ENGINE_GRAMMAR_CACHE  16 /* grammars whose tables (states, masks) later requests share */
 #define ENGINE_GRAMMAR_BYTES  (64u << 20) /* a grammar's tables past this (or failed) start
                                               afresh, well before their state limit */
@@ -47,6 +48,11 @@ struct engine_opts {
     bool no_prefix_cache;       /* do not share blocks between requests */
     uint32_t spec_lookup;       /* prompt-lookup drafts a decoding request verifies per window
                                    (0 off, up to ENGINE_MAX_DRAFT); fewer while few are accepted */
+    const struct model *draft;  /* a draft model (spec.h: same vocabulary, run on the CPU backend
+                                   with its own KV), borrowed like m; NULL: none. With one, it
+                                   drafts instead of prompt lookup */
+    uint32_t spec_draft;        /* the draft model's drafts per request and window (1..
+                                   ENGINE_MAX_DRAFT; 0: 4); fewer while few are accepted */
     struct backend_opts backend; /* which backend, its KV type and expert cache; the sizes (threads,
                                     tokens per pass, context, sequences, blocks) are the fields
                                     above */
@@ -106,6 +112,10 @@ struct engine_timings {
                              after preemption counts again */
     uint32_t n_cached;    /* of them, positions taken from the prefix cache */
     uint32_t n_preempted; /* times the request was preempted */
+    uint32_t n_draft;     /* drafts verified (llama-server's draft_n) */
+    uint32_t n_draft_accepted; /* of them, accepted (draft_n_accepted) */
+    uint32_t n_passes;    /* decode passes that sampled its tokens: generated tokens per pass
+                             is n_generated / n_passes */
 };
 
 /* What engine_poll returns. The caller sets toks and cap; the rest is filled in. */
@@ -139,8 +149,13 @@ struct engine_status {
     uint64_t prefix_hits;      /* positions taken from the prefix cache */
     uint64_t preemptions;
     uint64_t lapsed; /* requests cancelled because their lease lapsed */
-    uint64_t drafts_proposed, drafts_accepted; /* speculative decoding (spec_lookup) */
-    uint64_t decode_passes, decode_tokens;     /* decode items and the tokens they sampled */
+    uint64_t drafts_proposed, drafts_accepted; /* speculative decoding: drafts verified, accepted */
+    uint64_t verify_passes; /* decode items that verified drafts: accepted per window is
+                               drafts_accepted / verify_passes */
+    uint64_t decode_passes, decode_tokens; /* decode items and the tokens they sampled: tokens
+                                              per pass is decode_tokens / decode_passes */
+    uint64_t draft_passes;                 /* forward passes of the draft model */
+    const char *spec;                      /* "off", "lookup" or "draft" */
     double window_s; /* wall time of the windows (forward pass and tier tick) since start */
 };
 

@@ -27,10 +27,15 @@ struct env {
     struct model *m;
 };
 
+static void env_open_path(struct env *v, const char *path)
+{
+    ck_assert_int_eq(gguf_open(path, &v->f), 0);
+    ck_assert_msg(model_load(v->f, &v->m) == 0, "%s", strata_errdetail());
+}
+
 static void env_open(struct env *v)
 {
-    ck_assert_int_eq(gguf_open(g_path, &v->f), 0);
-    ck_assert_msg(model_load(v->f, &v->m) == 0, "%s", strata_errdetail());
+    env_open_path(v, g_path);
 }
 
 static void env_close(struct env *v)
@@ -242,7 +247,10 @@ static void preemption_case(bool prefix_cache)
                             .kv_blocks = 8,
                             .max_batch_tokens = 64,
                             .reserve_pct = 1,
-                            .no_prefix_cache = !prefix_cache};
+                            .no_prefix_cache = !prefix_cache,
+                            /* with the prefix cache, drafts by the model itself too: preempted
+                             * requests drop their draft KV and catch up when readmitted */
+                            .draft = prefix_cache ? v.m : NULL};
     struct engine *e = start(&v, &o);
     run_all(e, &v, jobs, 6);
     struct engine_status st;
@@ -253,6 +261,7 @@ static void preemption_case(bool prefix_cache)
         preempted += jobs[i].u.t.n_preempted;
     ck_assert_uint_eq(preempted, st.preemptions);
     if (!prefix_cache) ck_assert_uint_eq(st.prefix_hits, 0);
+    if (prefix_cache) ck_assert_uint_gt(st.drafts_accepted, 0);
     engine_close(e);
     env_close(&v);
 }
@@ -291,6 +300,200 @@ START_TEST(drafts_give_the_same_ids)
            (double)st.decode_tokens / (double)st.decode_passes);
     engine_close(e);
     env_close(&v);
+}
+END_TEST
+
+/* A draft model: for each of the four architectures as the target, drafts from the model itself
+ * (most accepted) and from a fixture of another architecture and seed sharing the vocabulary
+ * (few accepted) give the plain loop's ids, greedy and sampled, six streams at once, with the
+ * expert cache smaller than the model and its async tier swapping; the rejected drafts' KV goes
+ * in both models (a wrong draft KV would only lower acceptance, so the self-draft's acceptance
+ * is checked too). */
+static const char *const g_archs[] = {"qwen3moe", "llama", "olmoe", "qwen2moe"};
+
+START_TEST(a_draft_model_gives_the_same_ids)
+{
+    char tpath[600], dpath[600];
+    snprintf(tpath, sizeof tpath, "%s/spec-target-%d.gguf", test_tmpdir(), _i);
+    snprintf(dpath, sizeof dpath, "%s/spec-draft-%d.gguf", test_tmpdir(), _i);
+    struct fixture_opts to = {.arch = g_archs[_i], .seed = 21 + _i};
+    struct fixture_opts dop = {.arch = g_archs[(_i + 1) % 4], .seed = 91 + _i};
+    ck_assert_msg(fixture_write(&to, tpath) == 0, "%s", strata_errdetail());
+    ck_assert_msg(fixture_write(&dop, dpath) == 0, "%s", strata_errdetail());
+    struct env v, d;
+    env_open_path(&v, tpath);
+    env_open_path(&d, dpath);
+    static struct job jobs[6];
+    for (int self = 1; self >= 0; self--) {
+        for (uint32_t i = 0; i < 6; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "m%u", i);
+            job_make(&jobs[i], id, 5 + i * 4, i + 3 * _i, i % 2 ? 0.8f : 0.0f, 28);
+        }
+        const struct backend_opts cache = {
+            .expert_cache = {CACHE_SLOTS, 5},
+            .tier = {.every = 1, .swaps = 4, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f,
+                     .async = true}};
+        struct engine_opts o = {.max_running = 6, .max_batch_tokens = 40, .spec_draft = 4,
+                                .draft = self ? v.m : d.m, .backend = cache};
+        struct engine *e = start(&v, &o);
+        run_all(e, &v, jobs, 6);
+        struct engine_status st;
+        engine_status(e, &st);
+        ck_assert_str_eq(st.spec, "draft");
+        ck_assert_uint_gt(st.drafts_proposed, 0);
+        ck_assert_uint_gt(st.draft_passes, 0);
+        uint32_t nd = 0, na = 0, gen = 0, passes = 0;
+        for (uint32_t i = 0; i < 6; i++) {
+            nd += jobs[i].u.t.n_draft;
+            na += jobs[i].u.t.n_draft_accepted;
+            gen += jobs[i].n_got;
+            passes += jobs[i].u.t.n_passes;
+        }
+        /* the requests' own counts add up to the engine's */
+        ck_assert_uint_eq(nd, st.drafts_proposed);
+        ck_assert_uint_eq(na, st.drafts_accepted);
+        ck_assert_uint_eq(passes, st.decode_passes);
+        /* a first token comes from a prefill pass, or from a decode-like pass when the prompt's
+         * last chunk was one token */
+        ck_assert_uint_ge(gen, st.decode_tokens);
+        ck_assert_uint_le(gen, st.decode_tokens + 6);
+        if (self) {
+            /* greedy requests accept every draft of their own model */
+            ck_assert_uint_gt(st.decode_tokens, 2 * st.decode_passes);
+            for (uint32_t i = 0; i < 6; i += 2)
+                ck_assert_msg(jobs[i].u.t.n_draft_accepted == jobs[i].u.t.n_draft,
+                              "%s: %u of %u drafts of the model itself accepted", jobs[i].id,
+                              jobs[i].u.t.n_draft_accepted, jobs[i].u.t.n_draft);
+        }
+        printf("%s, draft %s: %llu of %llu accepted, %.2f tokens per decode pass\n", g_archs[_i],
+               self ? "itself" : g_archs[(_i + 1) % 4], (unsigned long long)st.drafts_accepted,
+               (unsigned long long)st.drafts_proposed,
+               (double)st.decode_tokens / (double)st.decode_passes);
+        engine_close(e);
+    }
+    env_close(&d);
+    env_close(&v);
+    unlink(tpath);
+    unlink(dpath);
+}
+END_TEST
+
+/* The bundled demo model (a trained one: its drafts are right as often as real text makes them):
+ * prompt lookup and the model drafting for itself give the plain loop's ids, greedy and sampled,
+ * six streams at once. */
+START_TEST(the_demo_model_with_drafts)
+{
+    const char *path = STRATA_SOURCE_DIR "/models/demo.gguf";
+    if (access(path, R_OK) != 0) {
+        printf("SKIP: %s is not there\n", path);
+        return;
+    }
+    struct env v;
+    env_open_path(&v, path);
+    static struct job jobs[6];
+    for (int mode = 0; mode < 2; mode++) {
+        for (uint32_t i = 0; i < 6; i++) {
+            char id[16];
+            snprintf(id, sizeof id, "demo%u", i);
+            job_make(&jobs[i], id, 24 + i * 5, 40 + i, i % 2 ? 0.7f : 0.0f, 48);
+            for (uint32_t k = 0; k < jobs[i].n_prompt; k++) /* a repeated line of the vocabulary */
+                jobs[i].prompt[k] = (int32_t)(300 + (k % 9) * 37 + i);
+        }
+        struct engine_opts o = {.max_running = 6, .max_batch_tokens = 64};
+        if (mode == 0)
+            o.spec_lookup = 4;
+        else
+            o.draft = v.m;
+        struct engine *e = start(&v, &o);
+        run_all(e, &v, jobs, 6);
+        struct engine_status st;
+        engine_status(e, &st);
+        ck_assert_uint_gt(st.drafts_accepted, 0);
+        printf("demo, %s: %llu of %llu drafts accepted, %.2f tokens per decode pass\n",
+               mode ? "draft itself" : "lookup 4", (unsigned long long)st.drafts_accepted,
+               (unsigned long long)st.drafts_proposed,
+               (double)st.decode_tokens / (double)st.decode_passes);
+        engine_close(e);
+    }
+    env_close(&v);
+}
+END_TEST
+
+/* A draft model of another vocabulary is refused at start: one of another size with both sizes
+ * in the message; fixtures of other architectures and seeds share the built-in one. */
+START_TEST(a_draft_of_another_vocabulary_is_refused)
+{
+    char dpath[600];
+    snprintf(dpath, sizeof dpath, "%s/spec-vocab.gguf", test_tmpdir());
+    struct env v, d, o2;
+    env_open(&v);
+    struct fixture_opts dop = {.seed = 3, .vocab = STRATA_SOURCE_DIR "/models/demo-tokenizer.gguf"};
+    ck_assert_msg(fixture_write(&dop, dpath) == 0, "%s", strata_errdetail());
+    env_open_path(&d, dpath);
+    ck_assert_uint_ne(d.m->hp.n_vocab, v.m->hp.n_vocab);
+    char want[128];
+    snprintf(want, sizeof want, "a vocabulary of %u tokens, the model %u", d.m->hp.n_vocab,
+             v.m->hp.n_vocab);
+    struct engine_opts o = {.draft = d.m, .max_running = 2, .n_ctx = CTX};
+    struct engine *e = NULL;
+    ck_assert_int_eq(engine_start(v.m, &o, &e), STRATA_EINVAL);
+    ck_assert_msg(strstr(strata_errdetail(), want), "%s", strata_errdetail());
+    ck_assert_ptr_null(e);
+    struct fixture_opts oo = {.arch = "olmoe", .seed = 4};
+    ck_assert_int_eq(fixture_write(&oo, dpath), 0);
+    env_open_path(&o2, dpath);
+    ck_assert_int_eq(spec_vocab_check(v.m, o2.m), 0);
+    env_close(&o2);
+    env_close(&d);
+    env_close(&v);
+    unlink(dpath);
+}
+END_TEST
+
+/* spec_lookup and the adaptive count. */
+START_TEST(lookup_and_adapt)
+{
+    const int32_t h[] = {1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 8, 2, 3, 4};
+    int32_t out[8];
+    /* the last 3 (2 3 4) last seen at 6..8, followed by 7 8 2 3 4 */
+    ck_assert_uint_eq(spec_lookup(h, 14, 4, out), 4);
+    ck_assert_int_eq(out[0], 7);
+    ck_assert_int_eq(out[1], 8);
+    ck_assert_int_eq(out[3], 3);
+    const int32_t g[] = {5, 6, 7, 6};
+    ck_assert_uint_eq(spec_lookup(g, 4, 4, out), 2); /* a 1-gram: 6 at 1, then 7 6 */
+    ck_assert_int_eq(out[0], 7);
+    const int32_t none[] = {1, 2, 3};
+    ck_assert_uint_eq(spec_lookup(none, 3, 4, out), 0);
+    ck_assert_uint_eq(spec_lookup(none, 1, 4, out), 0);
+    struct spec_adapt a;
+    spec_adapt_init(&a, 6);
+    ck_assert_uint_eq(spec_adapt_want(&a), 6);
+    spec_adapt_update(&a, 6, 6);
+    ck_assert_uint_eq(spec_adapt_want(&a), 6); /* at most max */
+    spec_adapt_update(&a, 6, 3);
+    ck_assert_uint_eq(spec_adapt_want(&a), 6);
+    spec_adapt_update(&a, 6, 0);
+    ck_assert_uint_eq(spec_adapt_want(&a), 3);
+    spec_adapt_update(&a, 3, 3);
+    ck_assert_uint_eq(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 0, 0); /* no drafts (nothing to look up): nothing learnt */
+    ck_assert_uint_eq(spec_adapt_want(&a), 4);
+    spec_adapt_update(&a, 4, 0);
+    spec_adapt_update(&a, 2, 0);
+    ck_assert_uint_eq(spec_adapt_want(&a), 1);
+    /* one wasted draft: rest, twice as long each time in a row, until a draft is accepted */
+    const uint32_t rests[] = {SPEC_REST, 2 * SPEC_REST, 4 * SPEC_REST, SPEC_REST_MAX,
+                              SPEC_REST_MAX, SPEC_REST};
+    for (int r = 0; r < 6; r++) {
+        if (r == 5) spec_adapt_update(&a, 1, 1); /* accepted: k 2, the rest back to the first */
+        if (r == 5) spec_adapt_update(&a, 2, 0); /* k 1 */
+        spec_adapt_update(&a, 1, 0);
+        for (uint32_t i = 0; i < rests[r]; i++)
+            ck_assert_uint_eq(spec_adapt_want(&a), 0);
+        ck_assert_uint_eq(spec_adapt_want(&a), 1);
+    }
 }
 END_TEST
 
@@ -662,11 +865,15 @@ int main(void)
     }
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("engine");
-    tcase_set_timeout(tc, 120);
+    tcase_set_timeout(tc, 300); /* Debug + ASan builds on a loaded machine run ~20x slower */
     tcase_add_test(tc, sixteen_concurrent_requests_give_their_lone_ids);
     tcase_add_test(tc, preemption_under_a_tiny_pool_keeps_the_ids);
     tcase_add_test(tc, commands_run_between_windows);
     tcase_add_loop_test(tc, drafts_give_the_same_ids, 0, 2);
+    tcase_add_loop_test(tc, a_draft_model_gives_the_same_ids, 0, 4);
+    tcase_add_test(tc, a_draft_of_another_vocabulary_is_refused);
+    tcase_add_test(tc, the_demo_model_with_drafts);
+    tcase_add_test(tc, lookup_and_adapt);
     tcase_add_test(tc, preemption_with_the_prefix_cache_keeps_the_ids);
     tcase_add_test(tc, a_follow_up_turn_prefills_only_its_new_tokens);
     tcase_add_test(tc, a_resumed_request_continues_the_same_ids);

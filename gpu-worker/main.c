@@ -25,7 +25,13 @@ static const char usage_text[] =
     "  --max-seqs N         requests decoded at once (default 16)\n"
     "  --max-queue N        requests waiting before submit answers busy (default 64)\n"
     "  --ctx N              positions per request (default: the model's context length)\n"
-    "  --spec-lookup N      verify up to N (<= 8) prompt-lookup drafts per request and window\n"
+    "  --spec-lookup N      speculative decoding by prompt lookup: verify up to N (<= 8) drafts\n"
+    "                       from each request's own history per window (fewer while few are\n"
+    "                       accepted); answers are unchanged\n"
+    "  --draft FILE.gguf    speculative decoding with a draft model: a small model of the same\n"
+    "                       vocabulary (any architecture), run on the CPU beside this one,\n"
+    "                       drafts for every request; replaces --spec-lookup\n"
+    "  --draft-max N        the draft model's drafts per request and window (default 4, <= 8)\n"
     BACKEND_OPTS_USAGE
     "  --bit-exact          refuse to start unless answers depend only on the model and the\n"
     "                       token history (the CPU backend always can)\n"
@@ -81,6 +87,8 @@ int main(int argc, char **argv)
         {"pcie-frac", required_argument, NULL, 'B'},
         {"pcie-threshold", required_argument, NULL, 'B'},
         {"spec-lookup", required_argument, NULL, 'S'},
+        {"draft", required_argument, NULL, 'D'},
+        {"draft-max", required_argument, NULL, 'K'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     struct worker_config cfg = {.backend = backend_opts_default()};
@@ -120,6 +128,12 @@ int main(int argc, char **argv)
             break;
         case 'S':
             cfg.spec_lookup = num("spec-lookup", optarg);
+            break;
+        case 'D':
+            cfg.draft = optarg;
+            break;
+        case 'K':
+            cfg.draft_max = num("draft-max", optarg);
             break;
         case 'B': /* the backend's own options (backend.h) */
             if (backend_opt(&cfg.backend, longs[li].name, optarg) != 0) {

@@ -325,7 +325,7 @@ static void pack_update(struct msg_builder *b, struct service *s, const char *id
     uint32_t n_top = 0;
     for (uint32_t i = 0; i < u.n; i++)
         if (toks[i].n_top > n_top) n_top = toks[i].n_top;
-    uint32_t n_fields = 11 + (u.finish != ENGINE_FINISH_NONE) + (stop >= 0) +
+    uint32_t n_fields = 14 + (u.finish != ENGINE_FINISH_NONE) + (stop >= 0) +
                         2 * (u.finish == ENGINE_FINISH_ERROR) + (n_top ? 3 : 0);
     msg_pack_map(b, n_fields);
     msg_pack_str(b, "id");
@@ -354,6 +354,12 @@ static void pack_update(struct msg_builder *b, struct service *s, const char *id
     msg_pack_f64(b, u.t.prefill_ms);
     msg_pack_str(b, "decode_ms");
     msg_pack_f64(b, u.t.decode_ms);
+    msg_pack_str(b, "draft_n");
+    msg_pack_i64(b, u.t.n_draft);
+    msg_pack_str(b, "draft_n_accepted");
+    msg_pack_i64(b, u.t.n_draft_accepted);
+    msg_pack_str(b, "decode_passes");
+    msg_pack_i64(b, u.t.n_passes);
     if (u.finish != ENGINE_FINISH_NONE) {
         msg_pack_str(b, "finish");
         msg_pack_str(b, finish_names[u.finish]);
@@ -508,12 +514,22 @@ static int op_status(struct ipc_call *call, void *ctx)
     KEY_I("drafts_accepted", st.drafts_accepted);
     KEY_I("decode_passes", st.decode_passes);
     KEY_I("decode_tokens", st.decode_tokens);
+    KEY_I("verify_passes", st.verify_passes);
+    KEY_I("draft_passes", st.draft_passes);
     KEY_I("requests", atomic_load(&s->requests));
 #undef KEY_I
     msg_key(&b, "window_s");
     msg_pack_f64(&b, st.window_s);
     msg_key(&b, "monitor_s");
     msg_pack_f64(&b, (double)atomic_load(&s->monitor_ns) / 1e9);
+    msg_key(&b, "spec");
+    msg_pack_str(&b, st.spec ? st.spec : "off");
+    msg_key(&b, "draft_accept_rate");
+    msg_pack_f64(&b, st.drafts_proposed ? (double)st.drafts_accepted / st.drafts_proposed : 0.0);
+    msg_key(&b, "accepted_per_window");
+    msg_pack_f64(&b, st.verify_passes ? (double)st.drafts_accepted / st.verify_passes : 0.0);
+    msg_key(&b, "tokens_per_pass");
+    msg_pack_f64(&b, st.decode_passes ? (double)st.decode_tokens / st.decode_passes : 0.0);
     msg_key(&b, "tok_s");
     msg_pack_f64(&b, tok_s);
     msg_key(&b, "prefill_tok_s");

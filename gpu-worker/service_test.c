@@ -195,6 +195,8 @@ START_TEST(test_idempotent_status_vram)
     ck_assert_uint_eq(st.requests, 2);
     ck_assert_uint_eq(st.max_seqs, N_STREAMS);
     ck_assert_uint_gt(st.kv_blocks_total, 0);
+    ck_assert_str_eq(st.spec, "off"); /* no drafter: serve_test sees one at work */
+    ck_assert_uint_eq(st.drafts_proposed, 0);
     struct wclient_vram v;
     ck_assert_int_eq(wclient_vram(c, false, 0, &v), 0);
     ck_assert_str_eq(v.backend, "cpu");

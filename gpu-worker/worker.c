@@ -31,6 +31,8 @@ struct worker {
     struct gguf_file *f;       /* the arena's metadata or the model file */
     struct arena_layout *plan; /* --model: the layout an arena would have (its metadata) */
     struct model *m;
+    struct gguf_file *draft_f; /* --draft: the draft model's file */
+    struct model *draft;
     struct engine *e;
     struct service *svc;
     _Atomic int stop;
@@ -86,6 +88,15 @@ static int open_model(struct worker *w)
     return 0;
 }
 
+/* open_draft opens the --draft model (read from its file's mapping, computed on the CPU). */
+static int open_draft(struct worker *w)
+{
+    int rv = gguf_open(w->c.draft, &w->draft_f);
+    if (!rv) rv = model_load(w->draft_f, &w->draft);
+    if (rv) return strata_errf(rv, "--draft %s: %s", w->c.draft, strata_errdetail());
+    return 0;
+}
+
 /* meta_bytes: the GGUF metadata as an arena stores it. */
 static const void *meta_bytes(const struct worker *w, size_t *len)
 {
@@ -132,11 +143,16 @@ int worker_init(const struct worker_config *c, struct worker **out)
         c->ctx < 0)
         return strata_errf(STRATA_EINVAL, "threads, orphan timeout, max seqs, max queue and "
                                           "context must not be negative");
+    if (c->spec_lookup > ENGINE_MAX_DRAFT || c->draft_max > ENGINE_MAX_DRAFT)
+        return strata_errf(STRATA_EINVAL,
+                           "--spec-lookup %d, --draft-max %d: at most %d drafts a window",
+                           c->spec_lookup, c->draft_max, ENGINE_MAX_DRAFT);
     struct worker *w = calloc(1, sizeof *w);
     if (!w) return STRATA_ENOMEM;
     w->c = *c;
     w->slot = -1;
     int rv = c->arena ? attach_arena(w) : open_model(w);
+    if (rv == 0 && c->draft) rv = open_draft(w);
     if (rv != 0) goto fail;
     name_of(w);
     const struct model_hparams *hp = &w->m->hp;
@@ -174,6 +190,8 @@ int worker_init(const struct worker_config *c, struct worker **out)
         .route_ctx = w->state,
         .backend = c->backend,
         .spec_lookup = c->spec_lookup > 0 ? (uint32_t)c->spec_lookup : 0,
+        .draft = w->draft,
+        .spec_draft = c->draft_max > 0 ? (uint32_t)c->draft_max : 0,
     };
     /* The expert cache's first fill, hottest first: by the arena's decayed profile (the last
      * worker's tier), else by its heat totals. */
@@ -196,7 +214,10 @@ int worker_init(const struct worker_config *c, struct worker **out)
     free(heat);
     free(decayed);
     eo.backend.heat = NULL;
-    if (rv != 0) goto fail;
+    if (rv != 0) {
+        if (w->draft) rv = strata_errf(rv, "--draft %s: %s", c->draft, strata_errdetail());
+        goto fail;
+    }
     struct backend_info bi;
     engine_backend_info(w->e, &bi);
     if (c->bit_exact && !bi.bit_exact) {
@@ -252,6 +273,8 @@ void worker_fini(struct worker *w)
     service_fini(w->svc);
     model_fini(w->m);
     gguf_close(w->f);
+    model_fini(w->draft);
+    gguf_close(w->draft_f);
     arena_layout_fini(w->plan);
     arena_state_close(w->state);
     arena_close(w->arena);

@@ -34,6 +34,8 @@ struct worker_config {
     bool bit_exact;          /* worker_init refuses (STRATA_EUNSUPPORTED) a backend and options
                                 that cannot promise bit-exact answers (DESIGN 3.4) */
     int spec_lookup;             /* prompt-lookup drafts per window (engine_opts.spec_lookup) */
+    const char *draft;           /* --draft: a draft model's GGUF file (same vocabulary), or NULL */
+    int draft_max;               /* its drafts per window (engine_opts.spec_draft); 0: 4 */
     struct backend_opts backend; /* name, KV type, expert cache (backend_opt); sizes are ours */
     int watchdog_ms;         /* ipc watchdog period; 0: default */
 };

@@ -35,6 +35,10 @@ static void usage(FILE *out)
             "  --reps N      runs; the best of each phase is shown (default 3): other work on\n"
             "                the machine only slows a run down\n"
             "  --json        one JSON line: prefill_tok_s, decode_tok_s, the breakdowns, ...\n"
+            "  --prompt-text FILE  the prompt is FILE's text (tokenized), not --prompt ids\n"
+            "  --spec-lookup N     decode with up to N (<= 8) prompt-lookup drafts a pass\n"
+            "  --draft FILE.gguf   decode with this draft model's drafts (same vocabulary)\n"
+            "  --draft-max N       its drafts a pass (default 4, <= 8)\n"
             "  --llama       also run llama.cpp on the same file, threads and lengths through\n"
             "                node-llama-cpp, side by side\n"
             BACKEND_OPTS_USAGE
@@ -145,7 +149,7 @@ static void table(const char *model, const struct bench_opts *o, const struct be
     printf("\n");
     printf("\n  %-22s %16s %16s\n", "", "strata", asked ? "llama.cpp" : "");
     char a[64], b[64];
-    snprintf(a, sizeof a, "prefill (%u tokens)", o->prompt);
+    snprintf(a, sizeof a, "prefill (%u tokens)", r->prompt);
     printf("  %-22s %10.1f tok/s", a, r->prefill_tok_s);
     if (p->ok)
         printf(" %10.1f tok/s  (%.2fx)", p->prefill_tok_s, r->prefill_tok_s / p->prefill_tok_s);
@@ -153,6 +157,12 @@ static void table(const char *model, const struct bench_opts *o, const struct be
     printf("\n  %-22s %10.1f tok/s", b, r->decode_tok_s);
     if (p->ok) printf(" %10.1f tok/s  (%.2fx)", p->decode_tok_s, r->decode_tok_s / p->decode_tok_s);
     printf("\n");
+    if (o->draft || o->spec_lookup)
+        printf("  %-22s %u of %u accepted (%.0f%%), %.2f tokens a decode pass\n",
+               o->draft ? "draft-model drafts" : "prompt-lookup drafts",
+               (unsigned)r->drafts_accepted, (unsigned)r->drafts_proposed,
+               r->drafts_proposed ? 100.0 * r->drafts_accepted / r->drafts_proposed : 0.0,
+               r->decode_passes ? (double)o->gen / r->decode_passes : 0.0);
     if (asked && !p->ok) printf("  llama.cpp: %s\n", p->why);
     const struct backend_stats *P = &r->prefill, *D = &r->decode;
     printf("\n  %-22s %18s %18s\n", "where the time goes", "prefill", "decode");
@@ -339,6 +349,14 @@ static int run(int argc, char **argv)
             llama = true;
         } else if (!strcmp(a, "--nlc") && i + 1 < argc) {
             nlc = argv[++i];
+        } else if (!strcmp(a, "--prompt-text") && i + 1 < argc) {
+            o.prompt_text = argv[++i];
+        } else if (!strcmp(a, "--draft") && i + 1 < argc) {
+            o.draft = argv[++i];
+        } else if (!strcmp(a, "--spec-lookup") && i + 1 < argc) {
+            num = &o.spec_lookup;
+        } else if (!strcmp(a, "--draft-max") && i + 1 < argc) {
+            num = &o.draft_max;
         } else if (!strcmp(a, "--threads") && i + 1 < argc) {
             num = &o.threads;
         } else if (!strcmp(a, "--prompt") && i + 1 < argc) {
@@ -396,7 +414,7 @@ static int run(int argc, char **argv)
             fprintf(stderr, "round %u: strata prefill %.1f tok/s, decode %.1f tok/s (%.1f GB/s), load %.2f\n",
                     k + 1, rk.prefill_tok_s, rk.decode_tok_s, rk.decode_gbs, load_now());
         if (!llama) continue;
-        run_llama(model, nlc, rk.threads, o.prompt, o.gen, o.reps, &pk);
+        run_llama(model, nlc, rk.threads, rk.prompt, o.gen, o.reps, &pk);
         note_load(load);
         if (rounds > 1 && pk.ok)
             fprintf(stderr, "round %u: llama.cpp prefill %.1f tok/s, decode %.1f tok/s, load %.2f\n",
@@ -420,11 +438,16 @@ static int run(int argc, char **argv)
            "\"reps\": %u, "
            "\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"read_gbs\": %.2f, "
            "\"decode_gbs\": %.2f, \"load\": %.2f, \"load_max\": %.2f, \"rounds\": %u, ",
-           model, r.threads, r.isa, o.prompt, o.gen, o.reps, r.prefill_tok_s, r.decode_tok_s,
+           model, r.threads, r.isa, r.prompt, o.gen, o.reps, r.prefill_tok_s, r.decode_tok_s,
            r.read_gbs, r.decode_gbs, load[0], load[1], rounds);
     breakdown_json(stdout, "prefill", &r.prefill);
     printf(", ");
     breakdown_json(stdout, "decode", &r.decode);
+    printf(", \"spec\": \"%s\", \"draft_n\": %llu, \"draft_n_accepted\": %llu, "
+           "\"decode_passes\": %llu",
+           o.draft ? "draft" : o.spec_lookup ? "lookup" : "off",
+           (unsigned long long)r.drafts_proposed, (unsigned long long)r.drafts_accepted,
+           (unsigned long long)r.decode_passes);
     if (p.ok)
         printf(", \"llama\": {\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}", p.prefill_tok_s,
                p.decode_tok_s);

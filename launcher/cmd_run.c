@@ -17,6 +17,7 @@
 #include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 #include "gpu-worker/sample.h"
+#include "gpu-worker/spec.h"
 #include "launcher/cmd.h"
 #include "launcher/sup_svc.h"
 
@@ -63,6 +64,11 @@ static void usage(FILE *out)
             "  --ctx N               context length (default: the model's trained context)\n"
             "  --threads N           compute threads (default: the online CPUs)\n"
             "  --chunk N             prompt tokens per forward pass (default 256)\n"
+            "  --spec-lookup N       speculative decoding: verify up to N (<= 8) drafts a pass,\n"
+            "                        found in the prompt and output (prompt lookup); the text\n"
+            "                        is the same, greedy or sampled\n"
+            "  --draft FILE.gguf     draft with this small model of the same vocabulary instead\n"
+            "  --draft-max N         the draft model's drafts a pass (default 4, <= 8)\n"
             "  --bit-exact           refuse to run unless the backend promises bit-exact "
             "results\n" BACKEND_OPTS_USAGE
             "  --json                print one JSON line: prompt_ids, ids, text, top_logprobs,\n"
@@ -74,6 +80,8 @@ struct run_opts {
     const char *model, *prompt, *ids, *teacher;
     const char *name, *runtime_dir; /* --name: a running service generates (run_service) */
     uint32_t n_predict, ctx, threads, chunk;
+    uint32_t spec_lookup, draft_max; /* drafts a pass: prompt lookup, the draft model's */
+    const char *draft;               /* --draft: the draft model's file */
     bool json, ignore_eos, seed_given, bit_exact;
     struct sample_params sp;
     struct backend_opts backend;
@@ -137,7 +145,10 @@ enum {
     O_HELP,
     O_NAME,
     O_BACKEND,
-    O_RUNTIME
+    O_RUNTIME,
+    O_SPEC,
+    O_DRAFT,
+    O_DRAFTMAX
 };
 
 /* parse_args returns 0, or 2 for a usage error (message printed), or -1 after --help. */
@@ -165,6 +176,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"help", no_argument, NULL, O_HELP},
         {"name", required_argument, NULL, O_NAME},
         {"runtime-dir", required_argument, NULL, O_RUNTIME},
+        {"spec-lookup", required_argument, NULL, O_SPEC},
+        {"draft", required_argument, NULL, O_DRAFT},
+        {"draft-max", required_argument, NULL, O_DRAFTMAX},
         {"backend", required_argument, NULL, O_BACKEND},
         {"kv-type", required_argument, NULL, O_BACKEND},
         {"expert-cache", required_argument, NULL, O_BACKEND},
@@ -269,6 +283,21 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         case O_RUNTIME:
             o->runtime_dir = optarg;
             break;
+        case O_SPEC:
+            rv = strata_cmd_parse_u32(optarg, "--spec-lookup", 0, &o->spec_lookup);
+            if (!rv && o->spec_lookup > SPEC_MAX_DRAFT)
+                rv = strata_errf(STRATA_EINVAL, "--spec-lookup %u: at most %d", o->spec_lookup,
+                                 SPEC_MAX_DRAFT);
+            break;
+        case O_DRAFT:
+            o->draft = optarg;
+            break;
+        case O_DRAFTMAX:
+            rv = strata_cmd_parse_u32(optarg, "--draft-max", 1, &o->draft_max);
+            if (!rv && o->draft_max > SPEC_MAX_DRAFT)
+                rv = strata_errf(STRATA_EINVAL, "--draft-max %u: at most %d", o->draft_max,
+                                 SPEC_MAX_DRAFT);
+            break;
         case 'h':
         case O_HELP:
             usage(stdout);
@@ -286,6 +315,11 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         fprintf(stderr, "strata run: give one MODEL.gguf (or --name NAME, without --teacher) and "
                         "one of -p TEXT or --ids LIST\n");
         usage(stderr);
+        return 2;
+    }
+    if (o->name && (o->spec_lookup || o->draft)) {
+        fprintf(stderr, "strata run: with --name the service's workers decode: give them "
+                        "--spec-lookup or --draft (strata serve)\n");
         return 2;
     }
     o->model = o->name ? NULL : argv[optind];
@@ -400,7 +434,11 @@ static int run(int argc, char **argv)
     struct kv_cache *kv = NULL;
     struct backend *fw = NULL;
     struct sample *smp = NULL;
+    struct gguf_file *dgf = NULL; /* --draft */
+    struct model *dm = NULL;
+    struct spec_draft *sd = NULL;
     struct kv_seq seq;
+    struct spec_seq ss = {0};
     struct tok_ids hist = {0};
     struct tok_buf text = {0};
     json_t *lps = json_array();
@@ -465,7 +503,11 @@ static int run(int argc, char **argv)
     bo.max_pass_tokens = o.chunk < kc.n_ctx ? o.chunk : kc.n_ctx;
     bo.n_ctx = kc.n_ctx;
     bo.n_seq = 1;
-    logits = malloc((size_t)hp->n_vocab * sizeof *logits);
+    /* the pass's sequence is the token sampled and its drafts: a row of logits each */
+    const uint32_t k_max = o.teacher                    ? 0
+                           : o.draft                    ? (o.draft_max ? o.draft_max : 4)
+                           : o.spec_lookup;
+    logits = malloc((size_t)(1 + k_max) * hp->n_vocab * sizeof *logits);
     int32_t *grown = realloc(hist.v, (hist.n + o.n_predict) * sizeof *hist.v);
     if (grown) hist.v = grown;
     if (!logits || !grown) {
@@ -475,6 +517,15 @@ static int run(int argc, char **argv)
     if ((rv = backend_start(m, &bo, &fw)) != 0 ||
         (!o.teacher && (rv = sample_init(hp->n_vocab, &smp)) != 0))
         goto fail;
+    if (o.draft && !o.teacher) {
+        what = "--draft";
+        const struct spec_draft_opts dopt = {
+            .n_threads = o.threads, .n_ctx = kc.n_ctx, .n_seq = 1, .max_pass_tokens = bo.max_pass_tokens};
+        if ((rv = gguf_open(o.draft, &dgf)) != 0 || (rv = model_load(dgf, &dm)) != 0 ||
+            (rv = spec_draft_start(m, dm, &dopt, &sd)) != 0)
+            goto fail;
+        what = "setup";
+    }
     kv = backend_kv(fw);
     struct backend_info bi;
     backend_info(fw, &bi);
@@ -512,11 +563,16 @@ static int run(int argc, char **argv)
         struct tok_stream ts;
         if (tk) tok_stream_init(&ts, tk, 0);
         what = "generation";
+        /* With drafts: the pass after a sampled token feeds it and up to k drafts, a row of
+         * logits each; the next positions are sampled from those rows while the drafts match
+         * what was sampled (the same draws as one token a pass: the draw is keyed by position). */
+        ss = (struct spec_seq){.be = fw, .sd = sd, .seq = &seq};
+        spec_adapt_init(&ss.ad, k_max);
         for (uint32_t i = 0; i < o.n_predict; i++) {
             struct sample_result r;
             size_t w0 = hist.n > PENALTY_LAST_N ? hist.n - PENALTY_LAST_N : 0;
-            if ((rv = sample_token(smp, &o.sp, logits, hist.v + w0, (uint32_t)(hist.n - w0), hist.n,
-                                   &r)) != 0)
+            if ((rv = sample_token(smp, &o.sp, logits + (size_t)ss.row * hp->n_vocab,
+                                   hist.v + w0, (uint32_t)(hist.n - w0), hist.n, &r)) != 0)
                 goto fail;
             hist.v[hist.n++] = r.id;
             json_array_append_new(lps, logprob_json(&r));
@@ -537,13 +593,14 @@ static int run(int argc, char **argv)
                 break;
             }
             if (i + 1 == o.n_predict) break;
-            if (seq.n_tokens == kc.n_ctx) {
+            if (hist.n - 1 == kc.n_ctx) { /* every position but the last token's is fed */
                 fprintf(stderr, "strata run: the context of %u tokens is full; stopping (--ctx)\n",
                         kc.n_ctx);
                 break;
             }
-            struct backend_token ft = {&seq, r.id, true};
-            if ((rv = backend_eval(fw, &ft, 1, logits)) != 0 || (rv = backend_tick(fw)) != 0)
+            if (spec_seq_take(&ss, r.id)) continue; /* a draft was right: no pass */
+            if ((rv = spec_seq_pass(&ss, hist.v, (uint32_t)hist.n, o.n_predict - i - 1, kc.n_ctx,
+                                    bo.max_pass_tokens, logits)) != 0)
                 goto fail;
         }
         if (tk) {
@@ -566,6 +623,13 @@ static int run(int argc, char **argv)
                 "(%.1f tok/s), seed %llu\n",
                 n_prompt, t1 - t0, n_prompt / (t1 - t0), n_gen, t2 - t1,
                 n_gen > 1 ? (n_gen - 1) / (t2 - t1) : 0.0, (unsigned long long)o.sp.seed);
+        if (k_max)
+            fprintf(stderr,
+                    "strata run: %s drafts: %u of %u accepted (%.0f%%), %.2f tokens per decode "
+                    "pass\n",
+                    sd ? "draft-model" : "prompt-lookup", (unsigned)ss.accepted,
+                    (unsigned)ss.proposed, ss.proposed ? 100.0 * ss.accepted / ss.proposed : 0.0,
+                    ss.passes ? (double)(n_gen - 1) / ss.passes : 0.0);
     }
     status = 0;
 fail:
@@ -581,6 +645,10 @@ fail:
     sample_fini(smp);
     if (kv) kv_seq_fini(kv, &seq);
     backend_close(fw);
+    spec_seq_fini(&ss);
+    spec_draft_close(sd);
+    model_fini(dm);
+    gguf_close(dgf);
     tok_fini(tk);
     model_fini(m);
     gguf_close(gf);

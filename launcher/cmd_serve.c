@@ -63,6 +63,10 @@ static void usage(FILE *out)
         "  --max-seqs N         requests one worker decodes at once (default 16)\n"
         "  --max-queue N        requests waiting per worker before it answers busy\n"
         "  --orphan-timeout S   a worker cancels a request nobody polled for S seconds\n"
+        "  --spec-lookup N      speculative decoding: workers verify up to N (<= 8) drafts per\n"
+        "                       request and window by prompt lookup (answers unchanged)\n"
+        "  --draft FILE.gguf    speculative decoding with a draft model of the same vocabulary\n"
+        "                       (on the CPU, in every worker); --draft-max N drafts (default 4)\n"
         "  --api-key-file FILE  frontends require `Authorization: Bearer KEY`, KEY the first\n"
         "                       line of FILE (mode 600); $STRATA_API_KEY does the same, and\n"
         "                       --api-key KEY too, but every local user can read it in `ps`\n"
@@ -82,7 +86,8 @@ struct serve_opts {
     const char *gpus_list; /* --gpus; NULL: every GPU when there are, else the CPU */
     bool cpu, workers_set;
     int port, n_workers, n_frontends, threads, ctx, max_seqs, max_queue, orphan_timeout;
-    int backoff_max_s, stop_timeout_s;
+    int backoff_max_s, stop_timeout_s, spec_lookup, draft_max;
+    const char *draft;
     bool bit_exact, keep_arena;
     const char *worker_args[MAX_EXTRA], *frontend_args[MAX_EXTRA];
     int n_worker_args, n_frontend_args;
@@ -125,6 +130,9 @@ enum {
     O_KEEP,
     O_BACKOFF,
     O_STOPTO,
+    O_SPEC,
+    O_DRAFT,
+    O_DRAFTMAX,
     O_HELP
 };
 
@@ -168,6 +176,9 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
         {"keep-arena", no_argument, NULL, O_KEEP},
         {"backoff-max", required_argument, NULL, O_BACKOFF},
         {"stop-timeout", required_argument, NULL, O_STOPTO},
+        {"spec-lookup", required_argument, NULL, O_SPEC},
+        {"draft", required_argument, NULL, O_DRAFT},
+        {"draft-max", required_argument, NULL, O_DRAFTMAX},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -258,6 +269,18 @@ static int parse_args(int argc, char **argv, struct serve_opts *o)
             break;
         case O_STOPTO:
             rv = parse_int(optarg, "--stop-timeout", 1, 3600, &o->stop_timeout_s);
+            break;
+        case O_SPEC:
+            rv = parse_int(optarg, "--spec-lookup", 0, 8, &o->spec_lookup);
+            break;
+        case O_DRAFT: {
+            static char draft[PATH_MAX];
+            /* workers may start in another directory */
+            o->draft = realpath(optarg, draft) ? draft : optarg;
+            break;
+        }
+        case O_DRAFTMAX:
+            rv = parse_int(optarg, "--draft-max", 1, 8, &o->draft_max);
             break;
         case 'h':
         case O_HELP:
@@ -495,7 +518,7 @@ static int start_arena(struct serve *sv)
 
 static int start_worker(struct serve *sv, int i)
 {
-    char bin[PATH_MAX + 16], cname[32], num[6][16];
+    char bin[PATH_MAX + 16], cname[32], num[8][16];
     snprintf(bin, sizeof bin, "%s/strata-worker", sv->bindir);
     snprintf(cname, sizeof cname, "worker-%d", i);
     char *argv[ARGV_MAX];
@@ -511,7 +534,9 @@ static int start_worker(struct serve *sv, int i)
                 {"--ctx", sv->o.ctx},
                 {"--max-seqs", sv->o.max_seqs},
                 {"--max-queue", sv->o.max_queue},
-                {"--orphan-timeout", sv->o.orphan_timeout}};
+                {"--orphan-timeout", sv->o.orphan_timeout},
+                {"--spec-lookup", sv->o.spec_lookup},
+                {"--draft-max", sv->o.draft_max}};
     for (size_t k = 0; k < sizeof nums / sizeof nums[0]; k++) {
         if (!nums[k].v) continue;
         snprintf(num[k], sizeof num[k], "%d", nums[k].v);
@@ -523,6 +548,7 @@ static int start_worker(struct serve *sv, int i)
     char *env[] = {vis, "CUDA_DEVICE_ORDER=PCI_BUS_ID", NULL};
     argv_opt(argv, &n, "--backend", sv->n_gpus ? "cuda" : "cpu");
     if (sv->n_gpus) snprintf(vis, sizeof vis, "CUDA_VISIBLE_DEVICES=%d", sv->gpus[i]);
+    argv_opt(argv, &n, "--draft", sv->o.draft);
     for (int k = 0; k < sv->o.n_worker_args; k++)
         argv_push(argv, &n, sv->o.worker_args[k]);
     int rv = start_child(sv, cname, argv, sv->n_gpus ? env : NULL, 1, 0, &sv->workers[i]);

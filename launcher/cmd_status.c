@@ -118,6 +118,11 @@ static json_t *worker_json(const char *url)
     if (rv) return json_pack("{s:s, s:o}", "endpoint", url, "error", error_json(rv));
     json_t *w = fe_worker_json(&h, &s); /* the same fields as the frontend's GET /status */
     json_object_set_new(w, "endpoint", json_string(url));
+    json_object_update_new(
+        w, json_pack("{s:s, s:I, s:I, s:f}", "spec", s.spec[0] ? s.spec : "off", "drafts_proposed",
+                     (json_int_t)s.drafts_proposed, "drafts_accepted",
+                     (json_int_t)s.drafts_accepted, "tokens_per_pass",
+                     s.decode_passes ? (double)s.decode_tokens / (double)s.decode_passes : 0.0));
     return w;
 }
 
@@ -265,6 +270,16 @@ static void print_table(const json_t *svc)
                    (int)num(w, "pid"), be, run, q, kv,
                    num(w, "tok_s"), num(w, "prefill_tok_s"), (long long)num(w, "requests"), cache,
                    up, ep);
+            const char *spec = json_string_value(json_object_get(w, "spec"));
+            if (spec && strcmp(spec, "off") != 0)
+                printf("  %-8s drafts (%s): %lld of %lld accepted (%.0f%%), %.2f tokens a decode "
+                       "pass\n",
+                       "", spec, (long long)num(w, "drafts_accepted"),
+                       (long long)num(w, "drafts_proposed"),
+                       num(w, "drafts_proposed") > 0
+                           ? 100 * num(w, "drafts_accepted") / num(w, "drafts_proposed")
+                           : 0.0,
+                       num(w, "tokens_per_pass"));
         }
     } else {
         printf("  workers    none\n");

@@ -3,12 +3,15 @@
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "common/base/pool.h"
+#include "common/tok/tok.h"
+#include "gpu-worker/spec.h"
 #include "common/quant/qtype.h"
 #include "common/quant/quant.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/ref/ops.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -81,19 +84,48 @@ static uint32_t argmax(const float *x, uint32_t n)
     return best;
 }
 
+/* prompt_ids: the prompt, o->prompt synthetic ids or the tokens of o->prompt_text. */
+static int prompt_ids(const struct bench_opts *o, const struct gguf_file *gf, uint32_t V,
+                      struct tok_ids *ids)
+{
+    if (!o->prompt_text) {
+        if (!(ids->v = malloc((size_t)o->prompt * sizeof *ids->v)))
+            return strata_errf(STRATA_ENOMEM, "out of memory for %u prompt ids", o->prompt);
+        for (uint32_t i = 0; i < o->prompt; i++)
+            ids->v[i] = (int32_t)((i * 7919ull + 13) % V);
+        ids->n = ids->cap = o->prompt;
+        return 0;
+    }
+    struct tok *tk = NULL;
+    size_t len = 0;
+    char *text = NULL;
+    FILE *fp = fopen(o->prompt_text, "rb");
+    int rv = fp ? 0 : strata_errf(STRATA_ENOENT, "--prompt-text %s: cannot open it", o->prompt_text);
+    if (!rv && !(text = malloc(1 << 20))) rv = STRATA_ENOMEM;
+    if (!rv) len = fread(text, 1, (1 << 20) - 1, fp);
+    if (!rv) rv = tok_from_gguf(gf, NULL, &tk);
+    if (!rv) rv = tok_encode(tk, text, len, TOK_ADD_SPECIAL, ids);
+    if (!rv && !ids->n) rv = strata_errf(STRATA_EINVAL, "--prompt-text %s has no tokens", o->prompt_text);
+    if (fp) fclose(fp);
+    free(text);
+    tok_fini(tk);
+    return rv;
+}
+
 int bench_run(const struct bench_opts *o, struct bench_result *out)
 {
-    struct gguf_file *gf = NULL;
-    struct model *m = NULL;
+    struct gguf_file *gf = NULL, *dgf = NULL;
+    struct model *m = NULL, *dm = NULL;
     struct kv_cache *kv = NULL;
     struct backend *f = NULL;
+    struct spec_draft *sd = NULL;
     struct kv_seq s;
-    int32_t *ids = NULL;
+    struct tok_ids ids = {0};
     float *logits = NULL;
     int rv;
     kv_seq_init(&s);
     memset(out, 0, sizeof *out);
-    if (!o->prompt || !o->gen)
+    if ((!o->prompt && !o->prompt_text) || !o->gen)
         return strata_errf(STRATA_EINVAL, "a benchmark needs --prompt and --gen of 1 or more");
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     out->threads = o->threads ? o->threads : cpus > 0 ? (uint32_t)cpus : 1;
@@ -101,44 +133,68 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
     struct stat st;
     if (stat(o->model, &st) == 0) out->file_bytes = (uint64_t)st.st_size;
     if ((rv = gguf_open(o->model, &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
-    const uint32_t V = m->hp.n_vocab, n_ctx = o->prompt + o->gen + 1;
+    const uint32_t V = m->hp.n_vocab;
+    if ((rv = prompt_ids(o, gf, V, &ids)) != 0) goto fail;
+    const uint32_t n_prompt = (uint32_t)ids.n, n_ctx = n_prompt + o->gen + 1;
+    out->prompt = n_prompt;
     if (n_ctx > m->hp.n_ctx_train) {
         rv = strata_errf(STRATA_EINVAL,
-                         "--prompt %u + --gen %u is past the model's context of %u: ask for less",
-                         o->prompt, o->gen, m->hp.n_ctx_train);
+                         "a prompt of %u + --gen %u is past the model's context of %u: ask for less",
+                         n_prompt, o->gen, m->hp.n_ctx_train);
+        goto fail;
+    }
+    const uint32_t k_max = o->draft ? (o->draft_max ? o->draft_max : 4) : o->spec_lookup;
+    if (k_max > SPEC_MAX_DRAFT) {
+        rv = strata_errf(STRATA_EINVAL, "%u drafts a pass: at most %d", k_max, SPEC_MAX_DRAFT);
         goto fail;
     }
     struct backend_opts bo = o->backend;
     bo.n_threads = out->threads;
-    bo.max_pass_tokens = o->prompt;
+    bo.max_pass_tokens = n_prompt > k_max + 1 ? n_prompt : k_max + 1;
     bo.n_ctx = n_ctx;
     bo.n_seq = 1;
     if ((rv = backend_start(m, &bo, &f)) != 0) goto fail;
     kv = backend_kv(f);
-    ids = malloc((size_t)o->prompt * sizeof *ids);
-    logits = malloc((size_t)V * sizeof *logits);
-    if (!ids || !logits) {
-        rv = strata_errf(STRATA_ENOMEM, "out of memory for %u prompt ids", o->prompt);
+    if (o->draft) {
+        const struct spec_draft_opts dopt = {.n_threads = out->threads, .n_ctx = n_ctx,
+                                             .n_seq = 1, .max_pass_tokens = bo.max_pass_tokens};
+        if ((rv = gguf_open(o->draft, &dgf)) != 0 || (rv = model_load(dgf, &dm)) != 0 ||
+            (rv = spec_draft_start(m, dm, &dopt, &sd)) != 0)
+            goto fail;
+    }
+    int32_t *grown = realloc(ids.v, ((size_t)n_ctx + 1) * sizeof *ids.v);
+    logits = malloc((size_t)(1 + k_max) * V * sizeof *logits);
+    if (grown) ids.v = grown;
+    if (!grown || !logits) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory for %u logits", V);
         goto fail;
     }
-    for (uint32_t i = 0; i < o->prompt; i++)
-        ids[i] = (int32_t)((i * 7919ull + 13) % V);
     /* warm-up: page the weights in (most experts are hit by 64 tokens), then start over */
-    if ((rv = backend_prompt(f, &s, ids, o->prompt < 64 ? o->prompt : 64, 0, logits)) != 0) goto fail;
+    if ((rv = backend_prompt(f, &s, ids.v, n_prompt < 64 ? n_prompt : 64, 0, logits)) != 0) goto fail;
     for (uint32_t rep = 0; rep < (o->reps ? o->reps : 1); rep++) {
         if ((rv = kv_seq_resize(kv, &s, 0)) != 0) goto fail;
         struct backend_stats ps, ds;
         backend_reset_stats(f);
         double t0 = now_s();
-        if ((rv = backend_prompt(f, &s, ids, o->prompt, 0, logits)) != 0) goto fail;
+        if ((rv = backend_prompt(f, &s, ids.v, n_prompt, 0, logits)) != 0) goto fail;
         double t1 = now_s();
         backend_get_stats(f, &ps);
         backend_reset_stats(f);
-        for (uint32_t i = 0; i < o->gen; i++) {
-            struct backend_token t = {&s, (int32_t)argmax(logits, V), true};
-            if ((rv = backend_eval(f, &t, 1, logits)) != 0 || (rv = backend_tick(f)) != 0)
+        /* the prefill's token, then gen more from decode passes (a draft model's time counts) */
+        struct spec_seq ss = {.be = f, .sd = sd, .seq = &s};
+        spec_adapt_init(&ss.ad, k_max);
+        uint32_t n = n_prompt;
+        for (uint32_t i = 0;; i++) {
+            ids.v[n++] = (int32_t)argmax(logits + (size_t)ss.row * V, V);
+            if (i == o->gen) break;
+            if (spec_seq_take(&ss, ids.v[n - 1])) continue;
+            if ((rv = spec_seq_pass(&ss, ids.v, n, o->gen - i, n_ctx, bo.max_pass_tokens,
+                                    logits)) != 0) {
+                spec_seq_fini(&ss);
                 goto fail;
+            }
         }
+        spec_seq_fini(&ss);
         double t2 = now_s();
         backend_get_stats(f, &ds);
         if (rep == 0 || t1 - t0 < out->prefill_s) {
@@ -148,9 +204,12 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         if (rep == 0 || t2 - t1 < out->decode_s) {
             out->decode_s = t2 - t1;
             out->decode = ds;
+            out->drafts_proposed = ss.proposed;
+            out->drafts_accepted = ss.accepted;
+            out->decode_passes = ss.passes;
         }
     }
-    out->prefill_tok_s = o->prompt / out->prefill_s;
+    out->prefill_tok_s = n_prompt / out->prefill_s;
     out->decode_tok_s = o->gen / out->decode_s;
     out->decode_gbs = (double)out->decode.weight_bytes / out->decode_s / 1e9;
     backend_info(f, &out->info);
@@ -158,9 +217,12 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
 fail:
     if (kv) kv_seq_fini(kv, &s);
     backend_close(f);
+    spec_draft_close(sd);
+    model_fini(dm);
+    gguf_close(dgf);
     model_fini(m);
     gguf_close(gf);
-    free(ids);
+    free(ids.v);
     free(logits);
     return rv;
 }

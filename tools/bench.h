@@ -3,7 +3,7 @@
  * streaming-read bandwidth, and the same prompt/decode run through llama.cpp (node-llama-cpp) for
  * a side-by-side figure.
  * A run: a warm-up pass pages the weights in; then a `prompt`-token prompt in one chunk (prefill),
- * then `gen` greedy decode steps, one token per pass; `reps` runs, the best of each phase kept
+ * then `gen` greedy decode tokens, one a pass (or with drafts, as many as were accepted plus one); `reps` runs, the best of each phase kept
  * (other work on the machine only ever slows a run down). Prompt ids are (i * 7919 + 13) % n_vocab,
  * the rule tools/bench_llama.mjs uses too. Blocking; one run at a time per process.
  */
@@ -21,6 +21,11 @@ struct bench_opts {
     uint32_t prompt;   /* prompt tokens (>= 1) */
     uint32_t gen;      /* decode steps (>= 1) */
     uint32_t reps;     /* runs; 0 means 1 */
+    const char *prompt_text; /* a text file: the prompt is its tokens (BOS added), not `prompt`
+                                synthetic ids; NULL: synthetic */
+    uint32_t spec_lookup;    /* decode with up to N prompt-lookup drafts a pass (spec.h) */
+    const char *draft;       /* or with this draft model's (same vocabulary) */
+    uint32_t draft_max;      /* its drafts a pass; 0: 4 */
     struct backend_opts backend; /* name, KV type, expert cache; the sizes are the bench's */
 };
 
@@ -34,6 +39,8 @@ struct bench_result {
     double read_gbs;     /* streaming read bandwidth of this machine, same thread count */
     double decode_gbs;   /* weight bytes per second the decode steps streamed */
     uint64_t file_bytes; /* the GGUF's size */
+    uint32_t prompt;     /* prompt tokens run */
+    uint64_t drafts_proposed, drafts_accepted, decode_passes; /* the best decode run's */
 };
 
 /* bench_run runs o and fills *out. Errors: those of gguf_open, model_load, fwd_start, fwd_eval;

@@ -324,7 +324,10 @@ static int parse_update(struct msg *m, const msgpack_object *it, struct wclient_
         (rv = opt(get_u32(m, it, "n_cached", &u->n_cached))) != 0 ||
         (rv = opt(msg_get_f64(m, it, "queue_ms", 0, 1e15, &u->queue_ms))) != 0 ||
         (rv = opt(msg_get_f64(m, it, "prefill_ms", 0, 1e15, &u->prefill_ms))) != 0 ||
-        (rv = opt(msg_get_f64(m, it, "decode_ms", 0, 1e15, &u->decode_ms))) != 0)
+        (rv = opt(msg_get_f64(m, it, "decode_ms", 0, 1e15, &u->decode_ms))) != 0 ||
+        (rv = opt(get_u32(m, it, "draft_n", &u->n_draft))) != 0 ||
+        (rv = opt(get_u32(m, it, "draft_n_accepted", &u->n_draft_accepted))) != 0 ||
+        (rv = opt(get_u32(m, it, "decode_passes", &u->n_passes))) != 0)
         return rv;
     u->stop_token = (int32_t)stop;
     u->error_code = (int)ecode;
@@ -452,6 +455,14 @@ int wclient_status(struct wclient *c, struct wclient_status *out)
         (rv = opt(msg_get_u64(&m, NULL, "prompt_tokens", UINT64_MAX, &out->prompt_tokens))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "prefix_hits", UINT64_MAX, &out->prefix_hits))) != 0 ||
         (rv = opt(msg_get_u64(&m, NULL, "requests", UINT64_MAX, &out->requests))) != 0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "drafts_proposed", UINT64_MAX, &out->drafts_proposed))) !=
+            0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "drafts_accepted", UINT64_MAX, &out->drafts_accepted))) !=
+            0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "verify_passes", UINT64_MAX, &out->verify_passes))) != 0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "decode_passes", UINT64_MAX, &out->decode_passes))) != 0 ||
+        (rv = opt(msg_get_u64(&m, NULL, "decode_tokens", UINT64_MAX, &out->decode_tokens))) != 0 ||
+        (rv = opt(copy_str(&m, NULL, "spec", out->spec, sizeof out->spec))) != 0 ||
         (rv = opt(msg_get_f64(&m, NULL, "uptime_s", 0, 1e15, &out->uptime_s))) != 0 ||
         (rv = opt(msg_get_f64(&m, NULL, "window_s", 0, 1e15, &out->window_s))) != 0 ||
         (rv = opt(msg_get_f64(&m, NULL, "monitor_s", 0, 1e15, &out->monitor_s))) != 0 ||

@@ -166,6 +166,8 @@ struct wclient_update {
     uint32_t n_prompt;  /* the prompt as submitted */
     uint32_t n_cached;  /* prompt tokens served from the worker's prefix cache */
     double queue_ms, prefill_ms, decode_ms; /* timings so far */
+    uint32_t n_draft, n_draft_accepted; /* speculative drafts verified, accepted (this worker's) */
+    uint32_t n_passes;                  /* decode passes that sampled its tokens */
 };
 
 struct wclient_poll_result {
@@ -206,6 +208,10 @@ struct wclient_status {
     double cache_copy_gibs;            /* copy rate while copying */
     double adapt_wait_s;               /* windows' time spent waiting for the tier's copies */
     char backend[16], kv_type[8];      /* what computes; empty from an older worker */
+    char spec[8];                      /* speculative decoding: off, lookup or draft */
+    uint64_t drafts_proposed, drafts_accepted; /* drafts verified, accepted since start */
+    uint64_t verify_passes;            /* decode steps that verified drafts */
+    uint64_t decode_passes, decode_tokens; /* decode steps and the tokens they sampled */
     double uptime_s;
     double window_s;      /* wall time of its windows since start */
     double monitor_s;     /* time it spent answering status, heat and vram (a monitor's cost) */
