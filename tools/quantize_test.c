@@ -240,6 +240,29 @@ START_TEST(test_tensor_type_overrides)
 }
 END_TEST
 
+/* MXFP4_MOE (llama-quantize's): stacked experts MXFP4, their biases kept, other matrices Q8_0,
+ * routers and norms F32; the experts' bytes are quant_quantize(MXFP4)'s. */
+START_TEST(test_mxfp4_moe)
+{
+    struct quantize_opts o = {.type = QT_Q8_0, .mxfp4_moe = true};
+    const char *why;
+    struct gguf_tensor exps = {.name = "blk.0.ffn_up_exps.weight", .n_dims = 3,
+                               .ne = {2880, 64, 8, 1}, .type = QT_BF16};
+    ck_assert_uint_eq(quantize_choose(&exps, &o, &why), QT_MXFP4);
+    ck_assert_str_eq(why, "experts: mxfp4");
+    struct gguf_tensor bias = {.name = "blk.0.ffn_up_exps.bias", .n_dims = 2,
+                               .ne = {2880, 8, 1, 1}, .type = QT_F32};
+    ck_assert_uint_eq(quantize_choose(&bias, &o, &why), QT_F32);
+    struct gguf_tensor attn = {.name = "blk.0.attn_q.weight", .n_dims = 2, .ne = {2880, 64, 1, 1},
+                               .type = QT_BF16};
+    ck_assert_uint_eq(quantize_choose(&attn, &o, &why), QT_Q8_0);
+    struct gguf_tensor router = {.name = "blk.0.ffn_gate_inp.weight", .n_dims = 2,
+                                 .ne = {2880, 8, 1, 1}, .type = QT_BF16};
+    ck_assert_uint_eq(quantize_choose(&router, &o, &why), QT_F32);
+    ck_assert_uint_eq(quantize_ftype(QT_MXFP4), 38);
+}
+END_TEST
+
 /* COPY with --override-kv: the tensors byte for byte, a key replaced, one added, the file type
  * kept; bad overrides are refused with the form to use. */
 START_TEST(test_copy_edits_metadata_only)
@@ -321,6 +344,7 @@ static Suite *quantize_suite(void)
     tcase_add_test(tc, test_undequantizable_source);
     tcase_add_test(tc, test_copy_edits_metadata_only);
     tcase_add_test(tc, test_tensor_type_overrides);
+    tcase_add_test(tc, test_mxfp4_moe);
     suite_add_tcase(s, tc);
     return s;
 }
