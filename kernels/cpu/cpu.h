@@ -72,9 +72,12 @@ struct cpu_att_q {
     size_t out_tok, out_head;
     uint32_t n_tok, n_head; /* n_tok * n_head <= CPU_ATT_MAXQ */
     uint32_t n_keys0;       /* token t attends keys [0, n_keys0 + t); n_keys0 >= 1 */
+    uint32_t window;        /* > 0: token t attends only its last `window` of those keys */
+    const float *sinks;     /* per head h of the group: its sink logit (ops_attention_ex); NULL */
 };
 
-/* cpu_attention is ops_attention for every query of a (same bits, each query on its own): each
+/* cpu_attention is ops_attention for every query of a (ops_attention_ex with a window or sinks;
+ * same bits, each query on its own): each
  * block of OPS_ATTN_BLOCK keys is transposed once for all the queries, then each query's scores
  * come 8 keys per lane vector (a lane sums its key's dims in index order) and its values 8 dims
  * per lane. */

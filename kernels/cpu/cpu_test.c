@@ -19,7 +19,7 @@
 
 static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q4_0,
                                  QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K,   QT_Q3_K,
-                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
 /* Offsets of the fp16 scale fields in a block (-1: none), patched in raw random blocks. */
@@ -75,6 +75,9 @@ static void make_rows(uint32_t t, uint32_t n_out, uint32_t n_in, bool raw, bool 
         for (uint64_t i = 0; i < row_bytes; i++)
             row[i] = (uint8_t)next();
         const struct qtype_info *ti = qtype_get(t);
+        /* MXFP4: an E8M0 exponent byte per block, kept near 2^-8 so sums stay finite */
+        for (uint32_t b = 0; t == QT_MXFP4 && b < n_in / ti->blck; b++)
+            row[(size_t)b * ti->bytes] = (uint8_t)(112 + next() % 24);
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
             if (fields[f].type != t) continue;
             for (uint32_t b = 0; b < n_in / ti->blck; b++) {
@@ -198,7 +201,7 @@ START_TEST(attention_equals_reference)
                     for (uint32_t h = 0; h < nh; h++)
                         ops_attention(want + t * OT + h * OH, q + t * QT + h * QH, hd, hv, sc, &v,
                                       keys[ki] + t);
-                struct cpu_att_q a = {q, QT, QH, NULL, OT, OH, nt, nh, keys[ki]};
+                struct cpu_att_q a = {q, QT, QH, NULL, OT, OH, nt, nh, keys[ki], 0, NULL};
                 for (int k = 0; k < n_isa; k++) {
                     ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
                     for (int i = 0; i < NQ * OH; i++)
