@@ -79,6 +79,23 @@ static const struct shape shapes[] = {
       .rms_eps = 1e-6f,
       .rope_base = 1e6f},
      true},
+    /* gpt-oss-mini: gpt-oss's layer kind (head_dim 64, top-4, o200k vocabulary) at a size a
+     * small machine benchmarks in seconds */
+    {"gpt-oss-mini",
+     {.n_layer = 8,
+      .n_embd = 1024,
+      .n_head = 16,
+      .n_head_kv = 4,
+      .head_dim = 64,
+      .n_expert = 32,
+      .n_expert_used = 4,
+      .n_ff = 1024,
+      .n_ff_exp = 1024,
+      .n_vocab = 201088,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 150000.0f},
+     true},
     /* openai/gpt-oss-20b and -120b's config.json (n_ff as the expert width, head_dim 64) */
     {"gpt-oss-20b",
      {.n_layer = 24,

@@ -30,8 +30,8 @@ enum fixture_mode {
 /* Options; a zeroed struct is the default: qwen3moe, tiny, q4_k_m, seed 0, uniform routing. */
 struct fixture_opts {
     const char *arch;  /* "qwen3moe" (NULL), "llama", "olmoe", "qwen2moe", "gpt-oss" */
-    const char *shape; /* "tiny" (NULL), "qwen3-mini", "qwen3-30b-a3b", "gpt-oss-20b",
-                          "gpt-oss-120b" */
+    const char *shape; /* "tiny" (NULL), "qwen3-mini", "qwen3-30b-a3b", "gpt-oss-mini",
+                          "gpt-oss-20b", "gpt-oss-120b" */
     const char *type;  /* "q4_k_m" (NULL: llama.cpp's Q4_K_M mix), "mxfp4_moe" (llama.cpp's
                           MXFP4_MOE: expert tensors MXFP4, other matrices Q8_0) or a computable
                           type name, e.g. "f32", "q8_0", "q4_k": every weight matrix in it */
