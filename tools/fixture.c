@@ -935,7 +935,8 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     if (fx->blocks) {
         for (size_t i = 0; i < N_BLK_FIELDS; i++) {
             uint32_t t = blk_fields[i].type;
-            bool used = fx->mix         ? (t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0)
+            const bool k_mix = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
+            bool used = fx->mix         ? k_mix
                         : fx->mxfp4_moe ? (t == QT_MXFP4 || t == QT_Q8_0)
                                         : t == fx->type;
             if (used && (rv = calibrate(&blk_fields[i], &fx->cal[i])) != 0) return rv;

@@ -183,18 +183,15 @@ void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_d
                    const struct ops_kv_view *kv)
 {
     const enum cpu_isa isa = cpu_isa();
-    const bool ex = a->window || a->sinks;
-    if (!ex && isa != CPU_REF && head_dim <= CPU_ATT_MAXD && a->n_tok * a->n_head <= CPU_ATT_MAXQ) {
+    if (isa != CPU_REF && head_dim <= CPU_ATT_MAXD && a->n_tok * a->n_head <= CPU_ATT_MAXQ) {
         if (isa == CPU_AVX512)
             cpu_attention_avx512(a, head_dim, head_dim_v, scale, kv, cpu_vexp_ok());
         else
             cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
         return;
     }
-    /* sliding windows and sinks (gpt-oss) run the reference per query: a debt, the SIMD kernels
-     * above share key blocks across a run's queries, whose windows start at different keys */
     for (uint32_t t = 0; t < a->n_tok; t++) {
-        const uint32_t n = a->n_keys0 + t, lo = a->window && n > a->window ? n - a->window : 0;
+        const uint32_t n = a->n_keys0 + t, lo = cpu_att_lo(a, t);
         for (uint32_t h = 0; h < a->n_head; h++)
             ops_attention_ex(a->out + t * a->out_tok + h * a->out_head,
                              a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,

@@ -76,6 +76,13 @@ struct cpu_att_q {
     const float *sinks;     /* per head h of the group: its sink logit (ops_attention_ex); NULL */
 };
 
+/* cpu_att_lo: the first key token t of a attends (its window's start; 0 without one). */
+static inline uint32_t cpu_att_lo(const struct cpu_att_q *a, uint32_t t)
+{
+    const uint32_t n = a->n_keys0 + t;
+    return a->window && n > a->window ? n - a->window : 0;
+}
+
 /* cpu_attention is ops_attention for every query of a (ops_attention_ex with a window or sinks;
  * same bits, each query on its own): each
  * block of OPS_ATTN_BLOCK keys is transposed once for all the queries, then each query's scores

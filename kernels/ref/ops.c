@@ -151,6 +151,18 @@ void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_
     ops_attention_ex(out, q, head_dim, head_dim_v, scale, kv, 0, n_keys, -INFINITY);
 }
 
+void ops_attention_sink(float *out, uint32_t head_dim_v, float *m, float *l, float sink)
+{
+    if (!(sink > -INFINITY)) return;
+    /* the sink as a last key of score `sink` and no value: only the denominator grows */
+    const float mn = sink > *m ? sink : *m;
+    const float c = expf(*m - mn);
+    *l *= c;
+    for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= c;
+    *l += expf(sink - mn);
+    *m = mn;
+}
+
 void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v,
                       float scale, const struct ops_kv_view *kv, uint32_t key_lo, uint32_t n_keys,
                       float sink)
@@ -189,14 +201,7 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
         }
         m = mn;
     }
-    if (sink > -INFINITY) {
-        /* the sink as a last key of score `sink` and no value: only the denominator grows */
-        const float mn = sink > m ? sink : m;
-        const float c = expf(m - mn);
-        l *= c;
-        for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= c;
-        l += expf(sink - mn);
-    }
+    ops_attention_sink(out, head_dim_v, &m, &l, sink);
     const float inv = 1.0f / l;
     for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= inv;
 }

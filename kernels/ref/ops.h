@@ -106,4 +106,9 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
                       float scale, const struct ops_kv_view *kv, uint32_t key_lo, uint32_t n_keys,
                       float sink);
 
+/* ops_attention_sink is ops_attention_ex's last step, shared with the SIMD kernels: with the
+ * online softmax's running max *m and sum *l and the unnormalized output out (head_dim_v), the
+ * sink's update (none for -INFINITY). The caller then scales out by 1 / *l. */
+void ops_attention_sink(float *out, uint32_t head_dim_v, float *m, float *l, float sink);
+
 #endif

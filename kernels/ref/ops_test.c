@@ -290,8 +290,8 @@ START_TEST(rope_yarn_ramps_and_scales)
         const double w0 = x[i] * cos(a) * ms - x[i + 32] * sin(a) * ms;
         const double w1 = x[i] * sin(a) * ms + x[i + 32] * cos(a) * ms;
         /* float angles: pos * theta^(-2i/n) built by products carries a few ulps of 3000 */
-        ck_assert_msg(fabs(z[i] - w0) < 2e-3 && fabs(z[i + 32] - w1) < 2e-3, "pair %u: %g %g vs %g %g",
-                      i, z[i], z[i + 32], w0, w1);
+        ck_assert_msg(fabs(z[i] - w0) < 2e-3 && fabs(z[i + 32] - w1) < 2e-3,
+                      "pair %u: %g %g vs %g %g", i, z[i], z[i + 32], w0, w1);
     }
 }
 END_TEST
