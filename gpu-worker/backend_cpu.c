@@ -937,10 +937,10 @@ static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         }
         const bool neox = hp->rope == MODEL_ROPE_NEOX;
         if (hp->yarn_factor > 1.0f) {
-            /* YaRN (gpt-oss): the reference rotation, its angles mixed per pair */
-            ops_rope_yarn(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox,
+            /* YaRN (gpt-oss): the angles mixed per pair */
+            cpu_rope_yarn(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox,
                           &f->yarn);
-            ops_rope_yarn(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta,
+            cpu_rope_yarn(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta,
                           neox, &f->yarn);
         } else {
             cpu_rope(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);

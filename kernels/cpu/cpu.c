@@ -176,7 +176,16 @@ void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint
     if (cpu_isa() == CPU_REF)
         ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
     else
-        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox);
+        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox, NULL);
+}
+
+void cpu_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+                   float theta, bool neox, const struct ops_yarn *y)
+{
+    if (cpu_isa() == CPU_REF)
+        ops_rope_yarn(x, n_head, head_dim, n_rot, pos, theta, neox, y);
+    else
+        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox, y);
 }
 
 void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,

@@ -63,6 +63,10 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float e
 void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
               float theta, bool neox);
 
+/* cpu_rope_yarn is ops_rope_yarn, its angles computed once for all heads. */
+void cpu_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+                   float theta, bool neox, const struct ops_yarn *y);
+
 /* The queries of one cpu_attention call: n_tok consecutive positions of one sequence, n_head query
  * heads each (the heads of one GQA group), all over the same KV head. */
 struct cpu_att_q {

@@ -246,12 +246,24 @@ START_TEST(rope_and_norm_equal_reference)
                 float x0[5 * 128];
                 memcpy(x0, want, sizeof x0);
                 ops_rope(want, nh, hd, nr, positions[p], 1e6f, neox);
+                /* gpt-oss's YaRN: factor 32 over 4096 trained positions */
+                float yw[5 * 128];
+                struct ops_yarn y;
+                ops_yarn_init(&y, nr, 4096, 150000.0f, 32.0f);
+                memcpy(yw, x0, sizeof yw);
+                ops_rope_yarn(yw, nh, hd, nr, positions[p], 150000.0f, neox, &y);
                 for (int k = 0; k < n_isa; k++) {
                     ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
                     memcpy(got, x0, sizeof got);
                     cpu_rope(got, nh, hd, nr, positions[p], 1e6f, neox);
                     ck_assert_msg(memcmp(got, want, nh * hd * sizeof(float)) == 0,
                                   "%s rope %u heads of %u (%u rotated), neox %d, pos %u differs",
+                                  cpu_isa_name(isa[k]), nh, hd, nr, neox, positions[p]);
+                    memcpy(got, x0, sizeof got);
+                    cpu_rope_yarn(got, nh, hd, nr, positions[p], 150000.0f, neox, &y);
+                    ck_assert_msg(memcmp(got, yw, nh * hd * sizeof(float)) == 0,
+                                  "%s YaRN rope %u heads of %u (%u rotated), neox %d, pos %u "
+                                  "differs",
                                   cpu_isa_name(isa[k]), nh, hd, nr, neox, positions[p]);
                 }
             }

@@ -42,11 +42,14 @@ void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, fl
 #define ROPE_MAX_HALF 256 /* pairs per head the angle table holds; wider heads use ops_rope */
 
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-                   float theta, bool neox)
+                   float theta, bool neox, const struct ops_yarn *yarn)
 {
     const uint32_t half = n_rot / 2;
     if (half > ROPE_MAX_HALF) {
-        ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
+        if (yarn)
+            ops_rope_yarn(x, n_head, head_dim, n_rot, pos, theta, neox, yarn);
+        else
+            ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
         return;
     }
     /* Every head walks the same angles: take them once (ops_rope's sequence of t). */
@@ -54,8 +57,12 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
     const float theta_scale = powf(theta, -2.0f / (float)n_rot);
     float t = (float)pos;
     for (uint32_t i = 0; i < half; i++) {
-        c[i] = cosf(t);
-        s[i] = sinf(t);
+        if (yarn) {
+            ops_yarn_angle(yarn, t, i, &c[i], &s[i]);
+        } else {
+            c[i] = cosf(t);
+            s[i] = sinf(t);
+        }
         t *= theta_scale;
     }
     for (uint32_t h = 0; h < n_head; h++) {
@@ -274,9 +281,12 @@ void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, fl
     ops_rmsnorm(out, x, w, n, eps);
 }
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-                   float theta, bool neox)
+                   float theta, bool neox, const struct ops_yarn *yarn)
 {
-    ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
+    if (yarn)
+        ops_rope_yarn(x, n_head, head_dim, n_rot, pos, theta, neox, yarn);
+    else
+        ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                         float scale, const struct ops_kv_view *kv)

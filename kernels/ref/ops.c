@@ -50,6 +50,18 @@ void ops_yarn_init(struct ops_yarn *y, uint32_t n_rot, uint32_t n_ctx_orig, floa
     y->corr[1] = fminf((float)n_rot - 1, ceilf(hi));
 }
 
+void ops_yarn_angle(const struct ops_yarn *y, float t, uint32_t i, float *c, float *s)
+{
+    float a = y->freq_scale * t;
+    if (y->ext_factor != 0.0f) {
+        const float r = ((float)i - y->corr[0]) / fmaxf(0.001f, y->corr[1] - y->corr[0]);
+        const float mix = (1 - fminf(1, fmaxf(0, r))) * y->ext_factor;
+        a = a * (1 - mix) + t * mix;
+    }
+    *c = cosf(a) * y->mscale;
+    *s = sinf(a) * y->mscale;
+}
+
 void ops_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
                    float theta, bool neox, const struct ops_yarn *y)
 {
@@ -59,13 +71,8 @@ void ops_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
         float *v = x + (size_t)h * head_dim;
         float t = (float)pos;
         for (uint32_t i = 0; i < half; i++) {
-            float a = y->freq_scale * t, mscale = y->mscale;
-            if (y->ext_factor != 0.0f) {
-                const float r = ((float)i - y->corr[0]) / fmaxf(0.001f, y->corr[1] - y->corr[0]);
-                const float mix = (1 - fminf(1, fmaxf(0, r))) * y->ext_factor;
-                a = a * (1 - mix) + t * mix;
-            }
-            const float c = cosf(a) * mscale, s = sinf(a) * mscale;
+            float c, s;
+            ops_yarn_angle(y, t, i, &c, &s);
             const uint32_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
             const float x0 = v[ia], x1 = v[ib];
             v[ia] = x0 * c - x1 * s;

@@ -46,6 +46,10 @@ struct ops_yarn {
 void ops_yarn_init(struct ops_yarn *y, uint32_t n_rot, uint32_t n_ctx_orig, float theta,
                    float factor);
 
+/* ops_yarn_angle: pair i's cos and sin (times mscale) for the original angle t (ops_rope_yarn's
+ * step, shared with the SIMD RoPE). */
+void ops_yarn_angle(const struct ops_yarn *y, float t, uint32_t i, float *c, float *s);
+
 /* ops_rope_yarn is ops_rope with YaRN's angle mix and magnitude scale (ggml's rope_yarn, per pair
  * i: theta_extrap = pos * theta^(-2i/n_rot) built by repeated multiplication). */
 void ops_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
