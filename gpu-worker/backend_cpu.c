@@ -6,6 +6,10 @@
  * rows or heads: bit-exact by construction for each KV type. The routed experts of a layer run as
  * one cpu_moe_ffn step over every expert (the GPU backend runs the same step for its misses).
  * A backend owns its scratch, its K/V storage (kv_store) and a pool of n_threads-1 threads.
+ * gpt-oss's extras ride in the same steps, switched by the model's flags: q/k/v biases with the
+ * others, YaRN in the RoPE (cpu_rope_yarn), windows and sinks in cpu_attention's query table
+ * (att_items, sinks_of), the output and router biases (add_rows), and the expert biases and
+ * clamped SwiGLU inside the expert step (cpu_moe_set_oss), whose blobs carry the biases.
  */
 #include "gpu-worker/backend.h"
 #include "common/base/err.h"
