@@ -75,9 +75,11 @@ static void make_rows(uint32_t t, uint32_t n_out, uint32_t n_in, bool raw, bool 
         for (uint64_t i = 0; i < row_bytes; i++)
             row[i] = (uint8_t)next();
         const struct qtype_info *ti = qtype_get(t);
-        /* MXFP4: an E8M0 exponent byte per block, kept near 2^-8 so sums stay finite */
+        /* MXFP4: an E8M0 exponent byte per block, kept near 2^-8 so sums stay finite, and one
+         * block in 8 at the subnormal scales 0..2 (quant_e8m0_half's other branch) */
         for (uint32_t b = 0; t == QT_MXFP4 && b < n_in / ti->blck; b++)
-            row[(size_t)b * ti->bytes] = (uint8_t)(112 + next() % 24);
+            row[(size_t)b * ti->bytes] =
+                (uint8_t)(next() % 8 == 0 ? next() % 3 : 112 + next() % 24);
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
             if (fields[f].type != t) continue;
             for (uint32_t b = 0; b < n_in / ti->blck; b++) {
