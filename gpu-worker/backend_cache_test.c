@@ -350,6 +350,14 @@ START_TEST(verify_windows_count_per_token)
 }
 END_TEST
 
+/* gpt-oss: each blob holds its expert's three biases beside the matrices (six parts, their gaps:
+ * the file's slot copies take eleven extents), from the arena and from the file alike. */
+START_TEST(independent_of_the_cache_gpt_oss)
+{
+    independence("gpt-oss");
+}
+END_TEST
+
 START_TEST(options_parse_and_refuse)
 {
     struct backend_opts o = backend_opts_default();
@@ -384,6 +392,7 @@ int main(void)
     tcase_add_test(tc, independent_of_the_cache_llama);
     tcase_add_test(tc, independent_of_the_cache_olmoe);
     tcase_add_test(tc, independent_of_the_cache_qwen2moe);
+    tcase_add_test(tc, independent_of_the_cache_gpt_oss);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

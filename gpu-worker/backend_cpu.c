@@ -6,6 +6,10 @@
  * rows or heads: bit-exact by construction for each KV type. The routed experts of a layer run as
  * one cpu_moe_ffn step over every expert (the GPU backend runs the same step for its misses).
  * A backend owns its scratch, its K/V storage (kv_store) and a pool of n_threads-1 threads.
+ * gpt-oss's extras ride in the same steps, switched by the model's flags: q/k/v biases with the
+ * others, YaRN in the RoPE (cpu_rope_yarn), windows and sinks in cpu_attention's query table
+ * (att_items, sinks_of), the output and router biases (add_rows), and the expert biases and
+ * clamped SwiGLU inside the expert step (cpu_moe_set_oss), whose blobs carry the biases.
  */
 #include "gpu-worker/backend.h"
 #include "common/base/err.h"
@@ -70,6 +74,7 @@ struct fwd {
     uint8_t *att_scratch;   /* (n_threads, att_scratch_bytes) kv_store_view scratch */
     size_t att_scratch_bytes;
     const struct model *m;
+    struct ops_yarn yarn; /* the RoPE's YaRN terms (none unless hp.yarn_factor > 1) */
     struct kv_cache *kv;
     struct backend_opts o;
     struct pool *pool;
@@ -182,8 +187,13 @@ static int alloc_scratch(struct fwd *f)
     if (!(f->att_scratch = aligned_alloc(64, f->o.n_threads * f->att_scratch_bytes)))
         return strata_errf(STRATA_ENOMEM, "out of memory for attention scratch (%zu bytes)",
                            f->o.n_threads * f->att_scratch_bytes);
-    return cpu_moe_init((uint32_t)P, (uint32_t)E, hp->n_ff_exp, f->act_stride,
-                        hp->n_expert ? hp->n_expert : 1, &f->moe_w);
+    int rv = cpu_moe_init((uint32_t)P, (uint32_t)E, hp->n_ff_exp, f->act_stride,
+                          hp->n_expert ? hp->n_expert : 1, &f->moe_w);
+    if (rv) return rv;
+    /* gpt-oss: SwiGLU alpha and limit as llama.cpp's LLM_FFN_SWIGLU_OAI_MOE */
+    const struct cpu_moe_oss oss = {hp->exp_bias, hp->glu_oai, 1.702f, 7.0f};
+    cpu_moe_set_oss(f->moe_w, &oss);
+    return 0;
 }
 
 static void cpu_close(void *impl);
@@ -207,8 +217,14 @@ static uint32_t blob_extents(const struct fwd *f, uint32_t l, uint32_t e, struct
     }
     uint32_t n = 0;
     uint64_t at = 0;
-    for (int p = 0; p < MODEL_PART_COUNT; p++) {
-        const uint64_t off = L->blob.part_off[p], bytes = L->part[p].row_bytes * L->part[p].n_out;
+    /* blob order: each part, then its bias when the experts have them (gpt-oss) */
+    const bool bias = f->m->hp.exp_bias;
+    for (int i = 0; i < (bias ? MODEL_BLOB_PARTS : MODEL_PART_COUNT); i++) {
+        const int p = bias ? (i % 2 ? MODEL_PART_BIAS : 0) + i / 2 : i;
+        const struct model_mat *pm = &L->part[p % MODEL_PART_COUNT];
+        const uint64_t off = L->blob.part_off[p],
+                       bytes = p >= MODEL_PART_BIAS ? pm->n_out * sizeof(float)
+                                                    : pm->row_bytes * pm->n_out;
         if (off > at) x[n++] = (struct copy_extent){NULL, off - at, at};
         x[n++] =
             (struct copy_extent){model_expert_part(f->m, l, e, (enum model_part)p), bytes, off};
@@ -405,6 +421,7 @@ static int cpu_start(const struct model *m, const struct backend_opts *o, struct
     f->m = m;
     f->kv = kv;
     f->o = *o;
+    ops_yarn_init(&f->yarn, m->hp.n_rot, m->hp.yarn_orig_ctx, m->hp.rope_theta, m->hp.yarn_factor);
     if (f->o.n_threads == 0) f->o.n_threads = 1;
     int rv;
     if ((rv = kv_store_init(kv_config_of(kv), o->kv_type, &f->store)) != 0 ||
@@ -811,6 +828,15 @@ static int matmul(struct fwd *f, const struct model_mat *w, const float *x, size
     return 0;
 }
 
+/* add_rows adds bias b (width floats) to each of n rows of x (gpt-oss's output and router
+ * biases). */
+static void add_rows(float *x, const float *b, uint32_t n, size_t width)
+{
+    for (uint32_t t = 0; t < n; t++)
+        for (size_t i = 0; i < width; i++)
+            x[t * width + i] += b[i];
+}
+
 /* ---- attention ----------------------------------------------------------------------------- */
 
 /* Attention job: items are (run, KV head) pairs; a run is up to ATT_RUN consecutive tokens of
@@ -823,6 +849,12 @@ struct att_job {
     uint32_t layer;
     uint32_t n_runs;
 };
+
+/* sinks_of: the sink logits of query heads h.. of layer il (gpt-oss), NULL without sinks. */
+static const float *sinks_of(const struct model *m, uint32_t il, uint32_t h)
+{
+    return m->layers[il].sinks ? m->layers[il].sinks + h : NULL;
+}
 
 static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
@@ -847,7 +879,9 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
                                     hp->head_dim_v,
                                     nt,
                                     group,
-                                    f->pos[t0] + 1};
+                                    f->pos[t0] + 1,
+                                    f->m->layers[j->layer].swa ? hp->n_swa : 0,
+                                    sinks_of(f->m, j->layer, h)};
         cpu_attention(&a, hp->head_dim, hp->head_dim_v, scale, &view);
     }
 }
@@ -906,8 +940,16 @@ static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
             cpu_rmsnorm(k, k, L->k_norm, nk, hp->rms_eps);
         }
         const bool neox = hp->rope == MODEL_ROPE_NEOX;
-        cpu_rope(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
-        cpu_rope(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
+        if (hp->yarn_factor > 1.0f) {
+            /* YaRN (gpt-oss): the angles mixed per pair */
+            cpu_rope_yarn(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox,
+                          &f->yarn);
+            cpu_rope_yarn(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta,
+                          neox, &f->yarn);
+        } else {
+            cpu_rope(q, hp->n_head, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
+            cpu_rope(k, hp->n_head_kv, hp->head_dim, hp->n_rot, f->pos[t], hp->rope_theta, neox);
+        }
         kv_store_write(f->store, toks[t].seq, il, f->pos[t], k, v);
     }
 }
@@ -943,6 +985,7 @@ static int attention(struct fwd *f, const struct backend_token *toks, uint32_t n
     double t3 = now_s();
     if ((rv = matmul(f, &L->wo, f->att, (size_t)hp->n_head * hp->head_dim_v, n, f->tmp, E)))
         return rv;
+    if (L->bo) add_rows(f->tmp, L->bo, n, E);
     for (size_t i = 0; i < n * E; i++)
         f->x[i] += f->tmp[i];
     double t4 = now_s();
@@ -1106,6 +1149,7 @@ static int moe(struct fwd *f, uint32_t n, uint32_t il)
         cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, E, hp->rms_eps);
     double t1 = now_s();
     if ((rv = matmul(f, &L->router, f->xn, E, n, f->rlogit, hp->n_expert))) return rv;
+    if (L->router_b) add_rows(f->rlogit, L->router_b, n, hp->n_expert);
     route(f, n);
     double t2 = now_s();
     if ((rv = routed_experts(f, n, il))) return rv;

@@ -282,6 +282,19 @@ static int check_model(const struct model *m)
 {
     const struct model_hparams *hp = &m->hp;
     int rv;
+    /* gpt-oss's features have no CUDA kernels yet: refused by name, never run without them */
+    const char *oss = hp->attn_sinks           ? "attention sinks"
+                      : hp->n_swa              ? "sliding-window attention"
+                      : hp->attn_out_bias      ? "an attention output bias"
+                      : hp->router_bias        ? "a router bias"
+                      : hp->exp_bias           ? "expert biases"
+                      : hp->glu_oai            ? "the clamped SwiGLU"
+                      : hp->yarn_factor > 1.0f ? "YaRN RoPE"
+                                               : NULL;
+    if (oss)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "the CUDA backend has no kernels for %s (%s): use --backend cpu", oss,
+                           model_arch_name(hp->arch));
     if (hp->head_dim != hp->head_dim_v || hp->head_dim % 32 || hp->head_dim > 256)
         return strata_errf(STRATA_EUNSUPPORTED,
                            "the CUDA backend's attention takes key and value heads of one size, a "

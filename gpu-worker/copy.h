@@ -26,7 +26,7 @@ struct copy_extent {
     uint64_t dst_off;
 };
 
-#define COPY_MAX_EXTENTS 8 /* parts of one blob, with their gaps */
+#define COPY_MAX_EXTENTS 12 /* parts of one blob (gpt-oss: 3 matrices, 3 biases), with their gaps */
 
 struct copy_hooks {
     void *ctx;

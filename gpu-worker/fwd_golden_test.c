@@ -30,6 +30,8 @@ static const struct golden goldens[] = {
     {"olmoe", "f32", 0xf848cf063007dea8},       {"olmoe", "q8_0", 0x59470bc896a48aeb},
     {"olmoe", "q4_k_m", 0x85fe314f28514b9a},    {"qwen2moe", "f32", 0x6a3f94e63d387ae9},
     {"qwen2moe", "q8_0", 0x7d67e5d66626fa80},   {"qwen2moe", "q4_k_m", 0x7f43d99d7be97422},
+    /* gpt-oss, pinned when it was added (llama.cpp parity: tests/llamacpp) */
+    {"gpt-oss", "f32", 0x8f1711e3d989e8f1},     {"gpt-oss", "mxfp4_moe", 0x54d709a27bdb9b94},
 };
 #define N_GOLDEN (sizeof goldens / sizeof goldens[0])
 

@@ -23,6 +23,7 @@ static const struct {
     {"qwen2moe", "q5_0"}, /* shared expert; Q8_0 activations with an offset format */
     {"olmoe", "iq4_xs"},  /* signed levels; full-width q/k norms */
     {"llama", "bf16"},    /* float weights */
+    {"gpt-oss", "mxfp4_moe"}, /* MXFP4 experts with biases, sinks, sliding windows */
 };
 
 /* logits_of runs the prompt on the current ISA: (N_TOK, n_vocab) floats, caller frees. */

@@ -212,6 +212,16 @@ START_TEST(bit_exact_qwen2moe)
 }
 END_TEST
 
+/* gpt-oss: sliding windows of 8 keys on even layers (the history runs past a 32-key attention
+ * block, so windows start mid-block and past it), sinks, biases, YaRN. Backends without its
+ * kernels refuse it (backend_cuda_test); the bit-exact contract is the CPU's. */
+START_TEST(bit_exact_gpt_oss)
+{
+    if (strcmp(configs[_i].backend, "cpu") != 0) return;
+    bit_exact("gpt-oss", _i);
+}
+END_TEST
+
 START_TEST(context_is_refused_past_its_end)
 {
     struct env e;
@@ -257,6 +267,7 @@ int main(void)
                 configs[n_configs++] = (struct config){*b, (enum kv_type)t};
     tcase_add_loop_test(tc, bit_exact_qwen3moe, 0, n_configs);
     tcase_add_loop_test(tc, bit_exact_qwen2moe, 0, n_configs);
+    tcase_add_loop_test(tc, bit_exact_gpt_oss, 0, n_configs);
     tcase_add_loop_test(tc, context_is_refused_past_its_end, 0, n_configs);
     suite_add_tcase(s, tc);
     return test_run(s);

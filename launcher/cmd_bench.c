@@ -48,7 +48,8 @@ static void usage(FILE *out)
             "                every round is shown, with the load average over them (each\n"
             "                round's figures go to stderr as it ends)\n"
             "  --kernels     also time the quantized products alone (Q4_K, Q5_K, Q6_K, Q8_0,\n"
-            "                Q4_0, IQ4_XS; 1, 2, 4, 8 tokens) in GB/s against the read bandwidth\n"
+            "                Q4_0, IQ4_XS, MXFP4; 1, 2, 4, 8 tokens) in GB/s against the read\n"
+            "                bandwidth\n"
             "  --experts     also time the expert step of decode windows of 8, 16, 32, 64 tokens\n"
             "                routed over 128 experts (copies of the file's), in GB/s\n"
             "STRATA_CPU=ref|avx2|avx512 picks the kernels (default: the best this CPU has).\n");
@@ -204,16 +205,18 @@ static void table(const char *model, const struct bench_opts *o, const struct be
     }
 }
 
-static const uint32_t kernel_types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0, QT_Q4_0, QT_IQ4_XS};
+static const uint32_t kernel_types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0,
+                                        QT_Q4_0, QT_IQ4_XS, QT_MXFP4};
+#define N_KTYPES (sizeof kernel_types / sizeof kernel_types[0])
 static const uint32_t kernel_tokens[] = {1, 2, 4, 8};
 #define KERNEL_N_IN 2048 /* row length of the kernel table's matrices */
 
 /* kernels_table prints the quantized products' weight bandwidth against the read bandwidth. */
 static int kernels_table(uint32_t threads, bool json)
 {
-    double read = 0, g[6][4];
+    double read = 0, g[N_KTYPES][4];
     int rv = bench_read_gbs(threads, 256u << 20, &read);
-    for (size_t i = 0; !rv && i < 6; i++)
+    for (size_t i = 0; !rv && i < N_KTYPES; i++)
         for (size_t k = 0; !rv && k < 4; k++)
             rv = bench_matmul_gbs(kernel_types[i], KERNEL_N_IN, kernel_tokens[k], threads,
                                   256u << 20, &g[i][k]);
@@ -223,7 +226,7 @@ static int kernels_table(uint32_t threads, bool json)
     if (json) {
         printf("{\"kernels\": {\"threads\": %u, \"isa\": \"%s\", \"read_gbs\": %.2f, \"load\": %.2f",
                threads, cpu_isa_name(cpu_isa()), read, load[0]);
-        for (size_t i = 0; i < 6; i++)
+        for (size_t i = 0; i < N_KTYPES; i++)
             printf(", \"%s\": [%.2f, %.2f, %.2f, %.2f]", qtype_name(kernel_types[i]), g[i][0],
                    g[i][1], g[i][2], g[i][3]);
         printf("}}\n");
@@ -235,7 +238,7 @@ static int kernels_table(uint32_t threads, bool json)
     for (size_t k = 0; k < 4; k++)
         printf("   %u token%s    ", kernel_tokens[k], kernel_tokens[k] > 1 ? "s" : " ");
     printf("\n");
-    for (size_t i = 0; i < 6; i++) {
+    for (size_t i = 0; i < N_KTYPES; i++) {
         printf("  %-8s", qtype_name(kernel_types[i]));
         for (size_t k = 0; k < 4; k++)
             printf(" %6.1f (%3.0f%%)", g[i][k], 100 * g[i][k] / read);

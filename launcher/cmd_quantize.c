@@ -95,11 +95,14 @@ static int run(int argc, char **argv)
     }
     int type = qtype_parse(pos[2]);
     o.copy = strcasecmp(pos[2], "copy") == 0;
+    o.mxfp4_moe = strcasecmp(pos[2], "mxfp4_moe") == 0;
+    if (o.mxfp4_moe) type = QT_Q8_0;
     if (!o.copy && (type < 0 || !quant_can_quantize((uint32_t)type))) {
         fprintf(stderr,
                 "strata quantize: '%s' is not a type strata quantizes to; pick f32, f16, bf16, "
                 "q8_0, q4_0, "
-                "q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs (or copy)\n",
+                "q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, mxfp4, "
+                "mxfp4_moe (or copy)\n",
                 pos[2]);
         return 2;
     }

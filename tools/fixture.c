@@ -15,9 +15,10 @@
 #include <string.h>
 #include <unistd.h>
 
-enum arch { ARCH_QWEN3MOE, ARCH_LLAMA, ARCH_OLMOE, ARCH_QWEN2MOE, ARCH_COUNT };
+enum arch { ARCH_QWEN3MOE, ARCH_LLAMA, ARCH_OLMOE, ARCH_QWEN2MOE, ARCH_GPT_OSS, ARCH_COUNT };
 
-static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama", "olmoe", "qwen2moe"};
+static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama", "olmoe", "qwen2moe",
+                                                   "gpt-oss"};
 
 struct shape {
     const char *name;
@@ -78,6 +79,54 @@ static const struct shape shapes[] = {
       .rms_eps = 1e-6f,
       .rope_base = 1e6f},
      true},
+    /* gpt-oss-mini: gpt-oss's layer kind (head_dim 64, top-4, o200k vocabulary) at a size a
+     * small machine benchmarks in seconds */
+    {"gpt-oss-mini",
+     {.n_layer = 8,
+      .n_embd = 1024,
+      .n_head = 16,
+      .n_head_kv = 4,
+      .head_dim = 64,
+      .n_expert = 32,
+      .n_expert_used = 4,
+      .n_ff = 1024,
+      .n_ff_exp = 1024,
+      .n_vocab = 201088,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 150000.0f},
+     true},
+    /* openai/gpt-oss-20b and -120b's config.json (n_ff as the expert width, head_dim 64) */
+    {"gpt-oss-20b",
+     {.n_layer = 24,
+      .n_embd = 2880,
+      .n_head = 64,
+      .n_head_kv = 8,
+      .head_dim = 64,
+      .n_expert = 32,
+      .n_expert_used = 4,
+      .n_ff = 2880,
+      .n_ff_exp = 2880,
+      .n_vocab = 201088,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 150000.0f},
+     true},
+    {"gpt-oss-120b",
+     {.n_layer = 36,
+      .n_embd = 2880,
+      .n_head = 64,
+      .n_head_kv = 8,
+      .head_dim = 64,
+      .n_expert = 128,
+      .n_expert_used = 4,
+      .n_ff = 2880,
+      .n_ff_exp = 2880,
+      .n_vocab = 201088,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 150000.0f},
+     true},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -92,6 +141,7 @@ static const struct blk_fields blk_fields[] = {
     {QT_Q4_0, 0, -1}, {QT_Q4_1, 0, 2},    {QT_Q5_0, 0, -1},   {QT_Q5_1, 0, 2},
     {QT_Q8_0, 0, -1}, {QT_Q2_K, 80, 82},  {QT_Q3_K, 108, -1}, {QT_Q4_K, 0, 2},
     {QT_Q5_K, 0, 2},  {QT_Q6_K, 208, -1}, {QT_IQ4_NL, 0, -1}, {QT_IQ4_XS, 0, -1},
+    {QT_MXFP4, 0, -1}, /* its scale is an E8M0 byte, not an fp16 (put_scale) */
 };
 #define N_BLK_FIELDS (sizeof blk_fields / sizeof blk_fields[0])
 
@@ -141,6 +191,7 @@ struct fx {
     uint64_t seed;
     double zipf;
     bool old_layout, tied, no_bias;
+    bool mxfp4_moe; /* llama-quantize's MXFP4_MOE: 3-D expert tensors MXFP4, other matrices Q8_0 */
     uint32_t n_vocab;
     float *router_col0; /* [n_layer][n_expert] with zipf routing */
     struct blk_cal cal[N_BLK_FIELDS];
@@ -192,8 +243,8 @@ static int parse_arch(const char *name, enum arch *out)
         }
     }
     return strata_errf(STRATA_EINVAL,
-                       "unknown architecture '%s': use qwen3moe, llama, olmoe or "
-                       "qwen2moe",
+                       "unknown architecture '%s': use qwen3moe, llama, olmoe, qwen2moe or "
+                       "gpt-oss",
                        name);
 }
 
@@ -230,6 +281,11 @@ static void adapt(enum arch a, struct fixture_hparams *hp)
         break;
     case ARCH_QWEN2MOE:
         hp->head_dim = hp->n_embd / hp->n_head;
+        break;
+    case ARCH_GPT_OSS:
+        hp->n_ff = hp->n_ff_exp;
+        hp->rms_eps = 1e-5f;
+        hp->rope_base = 150000.0f;
         break;
     case ARCH_COUNT:
         break;
@@ -307,8 +363,12 @@ static int add(struct fx *fx, enum role role, int layer, const char *fmt, uint32
     t->layer = layer;
     t->key = name_key(fx->seed, t->name);
 
-    bool matrix = n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight");
-    t->type = !matrix ? QT_F32 : fx->mix ? mix_type(fx, t->name, layer) : fx->type;
+    bool matrix = n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight") &&
+                  !strstr(t->name, ".bias");
+    t->type = !matrix      ? QT_F32
+              : fx->mix    ? mix_type(fx, t->name, layer)
+              : fx->mxfp4_moe ? (n_dims == 3 ? QT_MXFP4 : QT_Q8_0)
+                              : fx->type;
     const struct qtype_info *qi = qtype_get(t->type);
     if (ne0 % qi->blck != 0)
         return strata_errf(STRATA_EINVAL,
@@ -424,7 +484,8 @@ static int plan(struct fx *fx)
             (rv = add(fx, ROLE_IN, il, "blk.%u.attn_k.weight", 2, E, KW, 1, l)) != 0 ||
             (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v.weight", 2, E, KW, 1, l)) != 0)
             return rv;
-        if (fx->arch == ARCH_QWEN2MOE && !fx->no_bias &&
+        const bool oss = fx->arch == ARCH_GPT_OSS;
+        if ((fx->arch == ARCH_QWEN2MOE || oss) && !fx->no_bias &&
             ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_q.bias", 1, QW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_k.bias", 1, KW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_v.bias", 1, KW, 1, 1, l)) != 0))
@@ -432,6 +493,11 @@ static int plan(struct fx *fx)
         if ((rv = add(fx, ROLE_RESID, il, "blk.%u.attn_output.weight", 2, QW, E, 1, l)) != 0)
             return rv;
         last(fx)->zero_row0 = sink;
+        /* gpt-oss: the output bias, one sink logit per head (spread 1: they matter) */
+        if (oss && ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_output.bias", 1, E, 1, 1, l)) != 0 ||
+                    (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_sinks.weight", 1, hp->n_head, 1, 1,
+                              l)) != 0))
+            return rv;
         if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_OLMOE) {
             /* qwen3moe normalizes each head; olmoe the whole projection */
             uint64_t qn = fx->arch == ARCH_OLMOE ? QW : hp->head_dim;
@@ -440,11 +506,16 @@ static int plan(struct fx *fx)
                 (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_k_norm.weight", 1, kn, 1, 1, l)) != 0)
                 return rv;
         }
-        if ((rv = add(fx, ROLE_NORM, il, "blk.%u.ffn_norm.weight", 1, E, 1, 1, l)) != 0) return rv;
+        if ((rv = add(fx, ROLE_NORM, il,
+                      oss ? "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight", 1, E, 1,
+                      1, l)) != 0)
+            return rv;
         if (sink) set_col0(last(fx), 1.0f);
         if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_inp.weight", 2, E, X, 1, l)) != 0)
             return rv;
         if (sink) last(fx)->col0 = COL0_ROUTER;
+        if (oss && (rv = add(fx, ROLE_BIAS, il, "blk.%u.ffn_gate_inp.bias", 1, X, 1, 1, l)) != 0)
+            return rv;
         if (fx->old_layout) {
             for (uint32_t e = 0; e < hp->n_expert; e++) {
                 if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate.%u.weight", 2, E, F, 1, l, e)) !=
@@ -462,6 +533,12 @@ static int plan(struct fx *fx)
                 (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down_exps.weight", 3, F, E, X, l)) != 0)
                 return rv;
             last(fx)->zero_row0 = sink;
+            /* gpt-oss's expert biases: 2-D, one row per expert (F32 in every converted file) */
+            if (oss &&
+                ((rv = add(fx, ROLE_BIAS, il, "blk.%u.ffn_gate_exps.bias", 2, F, X, 1, l)) != 0 ||
+                 (rv = add(fx, ROLE_BIAS, il, "blk.%u.ffn_up_exps.bias", 2, F, X, 1, l)) != 0 ||
+                 (rv = add(fx, ROLE_BIAS, il, "blk.%u.ffn_down_exps.bias", 2, E, X, 1, l)) != 0))
+                return rv;
         }
         if (fx->arch == ARCH_QWEN2MOE) {
             /* ffn_gate_inp_shexp has one output: llama.cpp creates it 1-D, {n_embd} */
@@ -493,8 +570,9 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
     snprintf(name, sizeof name, "strata fixture %s %s", a, fx->shape->name);
     if ((rv = gguf_w_str(w, "general.architecture", a)) != 0 ||
         (rv = gguf_w_str(w, "general.name", name)) != 0 ||
-        (rv = gguf_w_u32(w, "general.file_type", quantize_ftype(fx->mix ? QT_Q4_K : fx->type))) !=
-            0 ||
+        (rv = gguf_w_u32(w, "general.file_type",
+                         fx->mxfp4_moe ? 38 /* LLAMA_FTYPE_MOSTLY_MXFP4_MOE */
+                                       : quantize_ftype(fx->mix ? QT_Q4_K : fx->type))) != 0 ||
         (rv = gguf_w_u32(w, "general.quantization_version", 2)) != 0 ||
         (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer)) != 0 ||
         (rv = gguf_w_u32(w, KEY("context_length"), hp->n_ctx)) != 0 ||
@@ -509,14 +587,24 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
         return rv;
     /* convert_hf_to_gguf.py writes the head size when config.json has head_dim (Qwen3 always);
      * llama.cpp needs it whenever it is not n_embd/n_head */
-    if (fx->arch == ARCH_QWEN3MOE || hp->head_dim * hp->n_head != hp->n_embd) {
+    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_GPT_OSS ||
+        hp->head_dim * hp->n_head != hp->n_embd) {
         if ((rv = gguf_w_u32(w, KEY("attention.key_length"), hp->head_dim)) != 0 ||
             (rv = gguf_w_u32(w, KEY("attention.value_length"), hp->head_dim)) != 0)
             return rv;
     }
-    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE) {
+    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE || fx->arch == ARCH_GPT_OSS) {
         if ((rv = gguf_w_u32(w, KEY("expert_feed_forward_length"), hp->n_ff_exp)) != 0) return rv;
     }
+    /* gpt-oss: sliding windows (128 in the real files; the tiny shape's 8 makes them matter in a
+     * short test) and YaRN over the 4096 positions it was trained at */
+    if (fx->arch == ARCH_GPT_OSS &&
+        ((rv = gguf_w_u32(w, KEY("attention.sliding_window"),
+                          fx->shape->large ? 128 : 8)) != 0 ||
+         (rv = gguf_w_str(w, KEY("rope.scaling.type"), "yarn")) != 0 ||
+         (rv = gguf_w_f32(w, KEY("rope.scaling.factor"), 32.0f)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("rope.scaling.original_context_length"), 4096)) != 0))
+        return rv;
     if (fx->arch == ARCH_QWEN2MOE &&
         (rv = gguf_w_u32(w, KEY("expert_shared_feed_forward_length"), hp->n_ff_shexp)) != 0)
         return rv;
@@ -577,6 +665,18 @@ static void put_f16(uint8_t *p, float v)
     memcpy(p, &h, 2);
 }
 
+/* put_scale writes a block's scale field: fp16, or for MXFP4 the E8M0 byte of the power of two
+ * nearest v (its levels are multiplied by 2^(e - 128): v = 1 is e = 128). */
+static void put_scale(uint32_t type, uint8_t *p, float v)
+{
+    if (type != QT_MXFP4) {
+        put_f16(p, v);
+        return;
+    }
+    const long e = 128 + lrintf(log2f(v));
+    p[0] = (uint8_t)(e < 1 ? 1 : e > 254 ? 254 : e);
+}
+
 /* set_scales: every block's d (and min) for weights of spread std: d varies by +-25% between
  * blocks, as trained weights' scales do, and stays finite and bounded. */
 static void set_scales(const struct blk_cal *c, uint32_t bbytes, uint64_t key, uint64_t blk0,
@@ -585,7 +685,7 @@ static void set_scales(const struct blk_cal *c, uint32_t bbytes, uint64_t key, u
     float d0 = std / c->unit;
     for (size_t b = 0; b < n_blk; b++) {
         float d = d0 * (1.0f + 0.25f * rng_sym(key ^ 0x5ca1e5ull, blk0 + b));
-        put_f16(dst + b * bbytes + c->f->off_d, d);
+        put_scale(c->f->type, dst + b * bbytes + c->f->off_d, d);
         if (c->f->off_min >= 0) put_f16(dst + b * bbytes + c->f->off_min, d * c->min_ratio);
     }
 }
@@ -643,7 +743,7 @@ static int calibrate(const struct blk_fields *f, struct blk_cal *c)
         if (pass == 2 && f->off_min >= 0) min_field[2] = (float)(-mean[0] / (mean[1] - mean[0]));
         fill_random(0x0ddba11ull, 0, blk, (size_t)NB * qi->bytes);
         for (size_t b = 0; b < NB; b++) {
-            put_f16(blk + b * qi->bytes + f->off_d, 1.0f);
+            put_scale(f->type, blk + b * qi->bytes + f->off_d, 1.0f);
             if (f->off_min >= 0) put_f16(blk + b * qi->bytes + f->off_min, min_field[pass]);
         }
         if ((rv = quant_dequantize(f->type, blk, v, (int64_t)n)) != 0) goto fail;
@@ -798,12 +898,16 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     adapt(fx->arch, &fx->hp);
     const char *type = o->type ? o->type : "q4_k_m";
     fx->mix = strcmp(type, "q4_k_m") == 0;
-    if (!fx->mix) {
+    fx->mxfp4_moe = strcmp(type, "mxfp4_moe") == 0;
+    if (fx->mxfp4_moe) {
+        fx->type = QT_Q8_0;
+    } else if (!fx->mix) {
         int t = qtype_parse(type);
         if (t < 0 || !qtype_get((uint32_t)t)->computable || !quant_can_quantize((uint32_t)t))
             return strata_errf(STRATA_EINVAL,
-                               "type '%s' is not one strata computes with: use q4_k_m, f32, f16, "
-                               "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, iq4_nl or iq4_xs",
+                               "type '%s' is not one strata computes with: use q4_k_m, "
+                               "mxfp4_moe, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                               "q2_k..q6_k, iq4_nl, iq4_xs or mxfp4",
                                type);
         fx->type = (uint32_t)t;
     }
@@ -831,8 +935,10 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     if (fx->blocks) {
         for (size_t i = 0; i < N_BLK_FIELDS; i++) {
             uint32_t t = blk_fields[i].type;
-            bool used = fx->mix ? (t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0)
-                                : t == fx->type;
+            const bool k_mix = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
+            bool used = fx->mix         ? k_mix
+                        : fx->mxfp4_moe ? (t == QT_MXFP4 || t == QT_Q8_0)
+                                        : t == fx->type;
             if (used && (rv = calibrate(&blk_fields[i], &fx->cal[i])) != 0) return rv;
         }
     }

@@ -1,5 +1,6 @@
 /* fixture — GGUF MoE models with random weights and the real tensor names, shapes and metadata of
- * llama.cpp's qwen3moe, llama (Mixtral), olmoe and qwen2moe files, for tests and benchmarks.
+ * llama.cpp's qwen3moe, llama (Mixtral), olmoe, qwen2moe and gpt-oss files, for tests and
+ * benchmarks.
  *
  * A fixture is a pure function of its options: the bytes depend on (seed, tensor name, element)
  * through a counter-based RNG (splitmix64), so the thread count and chunking never change them.
@@ -28,10 +29,12 @@ enum fixture_mode {
 
 /* Options; a zeroed struct is the default: qwen3moe, tiny, q4_k_m, seed 0, uniform routing. */
 struct fixture_opts {
-    const char *arch;  /* "qwen3moe" (NULL), "llama", "olmoe", "qwen2moe" */
-    const char *shape; /* "tiny" (NULL), "qwen3-mini", "qwen3-30b-a3b" */
-    const char *type;  /* "q4_k_m" (NULL: llama.cpp's Q4_K_M mix) or a computable type name,
-                          e.g. "f32", "q8_0", "q4_k": every weight matrix in it */
+    const char *arch;  /* "qwen3moe" (NULL), "llama", "olmoe", "qwen2moe", "gpt-oss" */
+    const char *shape; /* "tiny" (NULL), "qwen3-mini", "qwen3-30b-a3b", "gpt-oss-mini",
+                          "gpt-oss-20b", "gpt-oss-120b" */
+    const char *type;  /* "q4_k_m" (NULL: llama.cpp's Q4_K_M mix), "mxfp4_moe" (llama.cpp's
+                          MXFP4_MOE: expert tensors MXFP4, other matrices Q8_0) or a computable
+                          type name, e.g. "f32", "q8_0", "q4_k": every weight matrix in it */
     uint64_t seed;
     double zipf;       /* 0: uniform routing; S > 0: expert popularity per layer ~ rank^-S */
     const char *vocab; /* a GGUF whose tokenizer.* keys are copied; NULL: the built-in BPE */

@@ -347,6 +347,107 @@ START_TEST(qwen3_mini_random_blocks)
 }
 END_TEST
 
+/* gpt-oss as llama.cpp's loader creates it (src/llama-model.cpp, LLM_ARCH_OPENAI_MOE) and
+ * llama-quantize's MXFP4_MOE types it: written here independently of tools/fixture.c. */
+static void check_gpt_oss(const struct gguf_file *f, const char *shape, bool mxfp4_moe)
+{
+    char k[160];
+#define K(suffix) (snprintf(k, sizeof k, "gpt-oss." suffix), k)
+    check_str(f, "general.architecture", "gpt-oss");
+    struct fixture_hparams hp;
+    ck_assert_int_eq(fixture_hparams("gpt-oss", shape, &hp), 0);
+    const uint32_t L = get_u32(f, K("block_count")), E = get_u32(f, K("embedding_length"));
+    const uint32_t H = get_u32(f, K("attention.head_count")),
+                   HKV = get_u32(f, K("attention.head_count_kv"));
+    const uint32_t X = get_u32(f, K("expert_count"));
+    const uint32_t F = get_u32(f, K("expert_feed_forward_length"));
+    const uint32_t hd = get_u32(f, K("attention.key_length"));
+    ck_assert_uint_eq(L, hp.n_layer);
+    ck_assert_uint_eq(X, hp.n_expert);
+    ck_assert_uint_eq(get_u32(f, K("attention.value_length")), hd);
+    ck_assert_uint_eq(get_u32(f, K("attention.sliding_window")), shape ? 128 : 8);
+    check_str(f, K("rope.scaling.type"), "yarn");
+    float factor = 0;
+    ck_assert_int_eq(gguf_get_f32(f, K("rope.scaling.factor"), &factor), 0);
+    ck_assert_float_eq(factor, 32.0f);
+    ck_assert_uint_eq(get_u32(f, K("rope.scaling.original_context_length")), 4096);
+    if (mxfp4_moe) ck_assert_uint_eq(get_u32(f, "general.file_type"), 38);
+#undef K
+    const struct gguf_value *toks;
+    ck_assert_int_eq(gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_STRING, &toks), 0);
+    const uint64_t V = toks->arr.n;
+    const uint32_t dense = mxfp4_moe ? QT_Q8_0 : QT_F32, exps = mxfp4_moe ? QT_MXFP4 : QT_F32;
+    uint64_t n = 0;
+    char nm[128];
+#define T(type, nd, a0, a1, a2, ...)                                                               \
+    (snprintf(nm, sizeof nm, __VA_ARGS__), n++, expect(f, nm, type, nd, a0, a1, a2))
+    T(dense, 2, E, V, 1, "token_embd.weight");
+    T(QT_F32, 1, E, 1, 1, "output_norm.weight");
+    T(dense, 2, E, V, 1, "output.weight");
+    for (uint32_t l = 0; l < L; l++) {
+        T(QT_F32, 1, E, 1, 1, "blk.%u.attn_norm.weight", l);
+        T(QT_F32, 1, E, 1, 1, "blk.%u.post_attention_norm.weight", l);
+        T(dense, 2, E, H * hd, 1, "blk.%u.attn_q.weight", l);
+        T(dense, 2, E, HKV * hd, 1, "blk.%u.attn_k.weight", l);
+        T(dense, 2, E, HKV * hd, 1, "blk.%u.attn_v.weight", l);
+        T(dense, 2, H * hd, E, 1, "blk.%u.attn_output.weight", l);
+        T(QT_F32, 1, H * hd, 1, 1, "blk.%u.attn_q.bias", l);
+        T(QT_F32, 1, HKV * hd, 1, 1, "blk.%u.attn_k.bias", l);
+        T(QT_F32, 1, HKV * hd, 1, 1, "blk.%u.attn_v.bias", l);
+        T(QT_F32, 1, E, 1, 1, "blk.%u.attn_output.bias", l);
+        T(QT_F32, 1, H, 1, 1, "blk.%u.attn_sinks.weight", l);
+        T(QT_F32, 2, E, X, 1, "blk.%u.ffn_gate_inp.weight", l);
+        T(QT_F32, 1, X, 1, 1, "blk.%u.ffn_gate_inp.bias", l);
+        T(exps, 3, E, F, X, "blk.%u.ffn_gate_exps.weight", l);
+        T(exps, 3, E, F, X, "blk.%u.ffn_up_exps.weight", l);
+        T(exps, 3, F, E, X, "blk.%u.ffn_down_exps.weight", l);
+        T(QT_F32, 2, F, X, 1, "blk.%u.ffn_gate_exps.bias", l);
+        T(QT_F32, 2, F, X, 1, "blk.%u.ffn_up_exps.bias", l);
+        T(QT_F32, 2, E, X, 1, "blk.%u.ffn_down_exps.bias", l);
+    }
+#undef T
+    ck_assert_uint_eq(f->n_tensors, n);
+}
+
+START_TEST(gpt_oss_tensors_keys_and_random_mxfp4)
+{
+    struct fixture_opts o = {.arch = "gpt-oss", .type = "f32", .seed = 7};
+    struct gguf_file *f = write_open(&o, "oss.gguf");
+    check_gpt_oss(f, NULL, false);
+    gguf_close(f);
+    o.type = "mxfp4_moe";
+    f = write_open(&o, "oss-mx.gguf");
+    check_gpt_oss(f, NULL, true);
+    gguf_close(f);
+    /* random MXFP4 blocks (the large shapes' path): E8M0 scales give the float path's spread */
+    o.mode = FIXTURE_BLOCKS;
+    f = write_open(&o, "oss-mx-blocks.gguf");
+    check_gpt_oss(f, NULL, true);
+    const struct gguf_tensor *t = gguf_tensor_find(f, "blk.1.ffn_up_exps.weight");
+    const uint64_t n = t->ne[0] * t->ne[1] * t->ne[2];
+    float *v = malloc(n * sizeof *v);
+    ck_assert_int_eq(quant_dequantize(t->type, t->data, v, (int64_t)n), 0);
+    double sum = 0, sq = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        ck_assert(isfinite(v[i]));
+        sum += v[i];
+        sq += (double)v[i] * v[i];
+    }
+    const double mean = sum / (double)n, std = sqrt(sq / (double)n - mean * mean);
+    const double want = 1.0 / sqrt((double)t->ne[0]);
+    printf("random mxfp4 blocks %s: mean %.5f std %.5f, float path std %.5f\n", t->name, mean, std,
+           want);
+    /* E8M0 scales are powers of two: the spread lands within a factor sqrt(2) of the aim */
+    ck_assert_msg(std > 0.6 * want && std < 1.5 * want, "std %g, want ~%g", std, want);
+    ck_assert_msg(fabs(mean) < 0.1 * std, "mean %g", mean);
+    free(v);
+    gguf_close(f);
+    unlink(tmp_path("oss.gguf"));
+    unlink(tmp_path("oss-mx.gguf"));
+    unlink(tmp_path("oss-mx-blocks.gguf"));
+}
+END_TEST
+
 /* ---- vocabulary ------------------------------------------------------------------------------ */
 
 static int64_t find_token(const struct gguf_value *toks, const char *s)
@@ -606,6 +707,7 @@ int main(void)
     tcase_add_test(tc, qwen3moe_types);
     tcase_add_test(tc, llama_layouts);
     tcase_add_test(tc, olmoe_and_qwen2moe);
+    tcase_add_test(tc, gpt_oss_tensors_keys_and_random_mxfp4);
     tcase_add_test(tc, bad_options_are_refused);
     suite_add_tcase(s, tc);
     tc = tcase_create("bytes");

@@ -83,6 +83,9 @@ uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts
          * experts run, so a quantized router changes the answer more than its bytes save */
         *reason = "router: kept";
         return t->type;
+    } else if (opts->mxfp4_moe && t->n_dims == 3) {
+        out = QT_MXFP4;
+        *reason = "experts: mxfp4";
     } else if (override_of(t->name, opts) >= 0) {
         out = opts->overrides[override_of(t->name, opts)].type;
         *reason = "--tensor-type";
@@ -133,6 +136,8 @@ uint32_t quantize_ftype(uint32_t type)
         return 25;
     case QT_IQ4_XS:
         return 30;
+    case QT_MXFP4:
+        return 38;
     default:
         return 32; /* BF16, the only other target quant_can_quantize accepts */
     }
@@ -305,7 +310,7 @@ static int copy_kv(struct gguf_writer *w, const struct gguf_file *f, const struc
             if (strncmp(key, "split.", 6) != 0 && strcmp(key, "general.alignment") != 0)
                 rv = gguf_w_value(w, key, &f->kv[i].val);
         } else if (strcmp(key, "general.file_type") == 0) {
-            rv = gguf_w_u32(w, key, quantize_ftype(type));
+            rv = gguf_w_u32(w, key, quantize_ftype(o->mxfp4_moe ? QT_MXFP4 : type));
             had_ftype = true;
         } else if (strcmp(key, "general.quantization_version") == 0) {
             rv = gguf_w_u32(w, key, 2);
@@ -315,7 +320,8 @@ static int copy_kv(struct gguf_writer *w, const struct gguf_file *f, const struc
         }
     }
     if (!rv && !had_qver) rv = gguf_w_u32(w, "general.quantization_version", 2);
-    if (!rv && !had_ftype) rv = gguf_w_u32(w, "general.file_type", quantize_ftype(type));
+    if (!rv && !had_ftype)
+        rv = gguf_w_u32(w, "general.file_type", quantize_ftype(o->mxfp4_moe ? QT_MXFP4 : type));
     for (int i = 0; i < o->n_kv && !rv; i++)
         if (!gguf_find(f, o->kv[i].key)) rv = gguf_w_value(w, o->kv[i].key, &o->kv[i].val);
     return rv;
@@ -407,7 +413,8 @@ int quantize_file(const char *in_path, const char *out_path, const struct quanti
             snprintf(to_what, sizeof to_what, "copied, metadata edited");
         else
             snprintf(to_what, sizeof to_what, "converted to %s (file type %u)",
-                     qtype_name(opts->type), quantize_ftype(opts->type));
+                     opts->mxfp4_moe ? "mxfp4_moe" : qtype_name(opts->type),
+                     quantize_ftype(opts->mxfp4_moe ? QT_MXFP4 : opts->type));
         fprintf(opts->report,
                 "%u tensors, %u %s on %d threads: %.2f MiB -> %.2f MiB (%.1f%%) in %.2f s\n",
                 tot.n_tensors, tot.n_converted, to_what, nthreads, (double)tot.bytes_in / 1048576,

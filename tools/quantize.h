@@ -41,6 +41,8 @@ struct quantize_opts {
     bool copy;     /* llama-quantize's COPY: every tensor byte for byte, general.file_type kept
                       (to edit metadata only) */
     bool pure;    /* no exceptions but 1-D tensors (and the block-size fallback, which is forced) */
+    bool mxfp4_moe; /* llama-quantize's MXFP4_MOE: 3-D weights (stacked experts) become MXFP4,
+                       the other matrices type (Q8_0 as llama.cpp; its rules above still apply) */
     int threads;  /* threads over rows; <= 0: the online CPUs */
     FILE *report; /* the per-tensor table and totals go here; NULL for none */
     int n_overrides;
@@ -71,13 +73,15 @@ struct quantize_totals {
  *   - a row length that is not a multiple of the target's block falls back as llama.cpp does:
  *     Q2_K, Q3_K, IQ4_XS -> IQ4_NL; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0; and a row that is
  *     not a multiple of 32 either -> F16;
+ *   - with mxfp4_moe, a 3-D weight (stacked experts) takes MXFP4 instead of the target;
  *   - a matrix already of the output type is copied (no second rounding). */
 uint32_t quantize_choose(const struct gguf_tensor *t, const struct quantize_opts *opts,
                          const char **reason);
 
 /* quantize_ftype returns llama.cpp's general.file_type (LLAMA_FTYPE_*) closest to a target type:
  * F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_0 8, Q5_1 9, Q2_K 10, Q3_K 12 (Q3_K_M), Q4_K 15
- * (Q4_K_M), Q5_K 17 (Q5_K_M), Q6_K 18, IQ4_NL 25, IQ4_XS 30, BF16 32. */
+ * (Q4_K_M), Q5_K 17 (Q5_K_M), Q6_K 18, IQ4_NL 25, IQ4_XS 30, BF16 32, MXFP4 38
+ * (MXFP4_MOE). */
 uint32_t quantize_ftype(uint32_t type);
 
 /* quantize_file writes out_path from in_path. Errors: those of gguf_open / the writer,

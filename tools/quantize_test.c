@@ -7,12 +7,14 @@
 #include "common/quant/quant.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
+#include "tools/fixture.h"
 #include "tools/quantize.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern const struct strata_cmd strata_cmd_quantize;
 
@@ -240,6 +242,70 @@ START_TEST(test_tensor_type_overrides)
 }
 END_TEST
 
+/* MXFP4_MOE (llama-quantize's): stacked experts MXFP4, their biases kept, other matrices Q8_0,
+ * routers and norms F32; the experts' bytes are quant_quantize(MXFP4)'s. */
+START_TEST(test_mxfp4_moe)
+{
+    struct quantize_opts o = {.type = QT_Q8_0, .mxfp4_moe = true};
+    const char *why;
+    struct gguf_tensor exps = {.name = "blk.0.ffn_up_exps.weight", .n_dims = 3,
+                               .ne = {2880, 64, 8, 1}, .type = QT_BF16};
+    ck_assert_uint_eq(quantize_choose(&exps, &o, &why), QT_MXFP4);
+    ck_assert_str_eq(why, "experts: mxfp4");
+    struct gguf_tensor bias = {.name = "blk.0.ffn_up_exps.bias", .n_dims = 2,
+                               .ne = {2880, 8, 1, 1}, .type = QT_F32};
+    ck_assert_uint_eq(quantize_choose(&bias, &o, &why), QT_F32);
+    struct gguf_tensor attn = {.name = "blk.0.attn_q.weight", .n_dims = 2, .ne = {2880, 64, 1, 1},
+                               .type = QT_BF16};
+    ck_assert_uint_eq(quantize_choose(&attn, &o, &why), QT_Q8_0);
+    struct gguf_tensor router = {.name = "blk.0.ffn_gate_inp.weight", .n_dims = 2,
+                                 .ne = {2880, 8, 1, 1}, .type = QT_BF16};
+    ck_assert_uint_eq(quantize_choose(&router, &o, &why), QT_F32);
+    ck_assert_uint_eq(quantize_ftype(QT_MXFP4), 38);
+}
+END_TEST
+
+/* strata quantize mxfp4_moe of an F32 gpt-oss model gives, tensor for tensor, the bytes of the
+ * same model generated as mxfp4_moe (the fixture quantizes its floats with quant_quantize): MXFP4
+ * experts, Q8_0 matrices, F32 routers, norms, biases and sinks. */
+START_TEST(mxfp4_moe_file_matches_the_fixture)
+{
+    char src[600], out[600], want[600];
+    snprintf(src, sizeof src, "%s/oss-f32.gguf", test_tmpdir());
+    snprintf(out, sizeof out, "%s/oss-q.gguf", test_tmpdir());
+    snprintf(want, sizeof want, "%s/oss-mx.gguf", test_tmpdir());
+    struct fixture_opts fo = {.arch = "gpt-oss", .type = "f32", .seed = 5};
+    ck_assert_msg(fixture_write(&fo, src) == 0, "%s", strata_errdetail());
+    fo.type = "mxfp4_moe";
+    ck_assert_msg(fixture_write(&fo, want) == 0, "%s", strata_errdetail());
+    struct quantize_opts o = {.type = QT_Q8_0, .mxfp4_moe = true, .threads = 2};
+    ck_assert_msg(quantize_file(src, out, &o, NULL) == 0, "%s", strata_errdetail());
+    struct gguf_file *a, *b;
+    ck_assert_int_eq(gguf_open(out, &a), 0);
+    ck_assert_int_eq(gguf_open(want, &b), 0);
+    ck_assert_uint_eq(a->n_tensors, b->n_tensors);
+    uint32_t n_mxfp4 = 0;
+    for (uint64_t i = 0; i < b->n_tensors; i++) {
+        const struct gguf_tensor *tb = &b->tensors[i], *ta = gguf_tensor_find(a, tb->name);
+        ck_assert_ptr_nonnull(ta);
+        ck_assert_msg(ta->type == tb->type, "%s: %s, want %s", tb->name, qtype_name(ta->type),
+                      qtype_name(tb->type));
+        ck_assert_uint_eq(ta->nbytes, tb->nbytes);
+        ck_assert_msg(memcmp(ta->data, tb->data, tb->nbytes) == 0, "%s: bytes differ", tb->name);
+        n_mxfp4 += tb->type == QT_MXFP4;
+    }
+    ck_assert_uint_eq(n_mxfp4, 3 * 2); /* gate, up, down of the tiny shape's 2 layers */
+    uint32_t ftype = 0;
+    ck_assert_int_eq(gguf_get_u32(a, "general.file_type", &ftype), 0);
+    ck_assert_uint_eq(ftype, 38);
+    gguf_close(a);
+    gguf_close(b);
+    unlink(src);
+    unlink(out);
+    unlink(want);
+}
+END_TEST
+
 /* COPY with --override-kv: the tensors byte for byte, a key replaced, one added, the file type
  * kept; bad overrides are refused with the form to use. */
 START_TEST(test_copy_edits_metadata_only)
@@ -321,6 +387,8 @@ static Suite *quantize_suite(void)
     tcase_add_test(tc, test_undequantizable_source);
     tcase_add_test(tc, test_copy_edits_metadata_only);
     tcase_add_test(tc, test_tensor_type_overrides);
+    tcase_add_test(tc, test_mxfp4_moe);
+    tcase_add_test(tc, mxfp4_moe_file_matches_the_fixture);
     suite_add_tcase(s, tc);
     return s;
 }

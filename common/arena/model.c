@@ -23,6 +23,7 @@ static const char *const arch_names[] = {
     [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
     [MODEL_ARCH_QWEN3MOE] = "qwen3moe",
     [MODEL_ARCH_OLMOE] = "olmoe",
+    [MODEL_ARCH_GPT_OSS] = "gpt-oss",
 };
 
 static const char *const part_names[MODEL_PART_COUNT] = {"gate", "up", "down"};
@@ -37,7 +38,7 @@ static const void *gguf_expert_part(void *ctx, uint32_t layer, uint32_t expert,
 {
     const struct model *m = ctx;
     const struct model_priv *p = m->priv_;
-    return p->exp_ptr[((size_t)layer * m->hp.n_expert + expert) * MODEL_PART_COUNT + part];
+    return p->exp_ptr[((size_t)layer * m->hp.n_expert + expert) * MODEL_BLOB_PARTS + part];
 }
 
 void model_set_expert_resolver(struct model *m, model_expert_fn fn, void *ctx)
@@ -205,7 +206,7 @@ static int parse_arch(const struct gguf_file *f, enum model_arch *out)
     }
     return strata_errf(STRATA_EUNSUPPORTED,
                        "architecture '%.*s' is not supported: strata runs llama (with experts), "
-                       "qwen2moe, qwen3moe and olmoe",
+                       "qwen2moe, qwen3moe, olmoe and gpt-oss",
                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
 }
 
@@ -271,7 +272,22 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
 
     snprintf(name, sizeof name, "%s.rope.scaling.type", a);
     struct gguf_str st;
-    if (gguf_get_str(f, name, &st) == 0 && !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
+    const bool yarn =
+        gguf_get_str(f, name, &st) == 0 && st.len == 4 && memcmp(st.ptr, "yarn", 4) == 0;
+    hp->yarn_factor = 1.0f;
+    if (yarn && hp->arch == MODEL_ARCH_GPT_OSS) {
+        float one = 1.0f;
+        if ((rv = arch_f32(f, a, "rope.scaling.factor", &one, &hp->yarn_factor)) != 0 ||
+            (rv = arch_u32(f, a, "rope.scaling.original_context_length", &hp->n_ctx_train,
+                           &hp->yarn_orig_ctx)) != 0)
+            return rv;
+        if (!(hp->yarn_factor >= 1.0f) || hp->yarn_orig_ctx == 0)
+            return strata_errf(STRATA_EFORMAT,
+                               "%s.rope.scaling.factor %g and original_context_length %u: YaRN "
+                               "needs a factor >= 1 and a positive context",
+                               a, hp->yarn_factor, hp->yarn_orig_ctx);
+    } else if (gguf_get_str(f, name, &st) == 0 &&
+               !(st.len == 4 && memcmp(st.ptr, "none", 4) == 0))
         return strata_errf(STRATA_EUNSUPPORTED,
                            "%s is '%.*s': RoPE scaling is not supported yet; use a file without "
                            "it (or --ctx within the unscaled context)",
@@ -306,6 +322,20 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
         hp->norm_topk = false;
         hp->qk_norm = MODEL_QK_NORM_FULL;
         break;
+    case MODEL_ARCH_GPT_OSS:
+        /* llama.cpp: NEOX RoPE, top-k of the biased router logits then a softmax over the k
+         * (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT), biases everywhere, sinks, the clamped
+         * SwiGLU, and sliding windows on every other layer from layer 0 (set_swa_pattern(2)) */
+        hp->rope = MODEL_ROPE_NEOX;
+        hp->gating = MODEL_GATING_TOPK_SOFTMAX;
+        hp->norm_topk = true;
+        hp->qk_norm = MODEL_QK_NORM_NONE;
+        hp->attn_out_bias = hp->attn_sinks = hp->router_bias = hp->exp_bias = true;
+        hp->glu_oai = true;
+        if ((rv = arch_u32(f, a, "attention.sliding_window", NULL, &hp->n_swa)) != 0) return rv;
+        if (hp->n_swa == 0)
+            return strata_errf(STRATA_EFORMAT, "%s.attention.sliding_window is 0", a);
+        break;
     }
     snprintf(name, sizeof name, "%s.expert_weights_norm", a);
     if (hp->gating == MODEL_GATING_SOFTMAX_TOPK && gguf_find(f, name) &&
@@ -333,6 +363,29 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
 
 /* ---- experts ------------------------------------------------------------------------------- */
 
+/* load_exp_bias points the default resolver at part's stacked F32 bias of layer il,
+ * blk.N.ffn_X_exps.bias of shape (n_expert, n_out). */
+static int load_exp_bias(const struct gguf_file *f, struct model *m, uint32_t il,
+                         enum model_part part, uint32_t n_out)
+{
+    struct model_priv *p = m->priv_;
+    char name[128];
+    const struct gguf_tensor *t;
+    int rv;
+    fmt_name(name, sizeof name, "blk.%u.ffn_%s_exps.bias", il, part_names[part]);
+    if ((rv = find(f, name, &t)) != 0) return rv;
+    if (t->type != QT_F32)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "tensor %s has type %s: expert biases must be f32 (as converted)", name,
+                           qtype_name(t->type));
+    if ((rv = check_shape(t, n_out, m->hp.n_expert, 1, "(n_expert, n_out)")) != 0) return rv;
+    const void **ptr = p->exp_ptr + (size_t)il * m->hp.n_expert * MODEL_BLOB_PARTS +
+                       MODEL_PART_BIAS + part;
+    for (uint32_t e = 0; t->data && e < m->hp.n_expert; e++)
+        ptr[(size_t)e * MODEL_BLOB_PARTS] = t->data + (size_t)e * n_out * sizeof(float);
+    return 0;
+}
+
 /* load_experts fills layer il's part table and the default resolver's pointers, from the stacked
  * blk.N.ffn_X_exps.weight tensors or, in older Mixtral files, blk.N.ffn_X.E.weight per expert. */
 static int load_experts(const struct gguf_file *f, struct model *m, uint32_t il)
@@ -346,7 +399,7 @@ static int load_experts(const struct gguf_file *f, struct model *m, uint32_t il)
         uint32_t n_in = part == MODEL_PART_DOWN ? hp->n_ff_exp : hp->n_embd;
         uint32_t n_out = part == MODEL_PART_DOWN ? hp->n_embd : hp->n_ff_exp;
         bool down = part == MODEL_PART_DOWN;
-        const void **ptr = p->exp_ptr + (size_t)il * hp->n_expert * MODEL_PART_COUNT + part;
+        const void **ptr = p->exp_ptr + (size_t)il * hp->n_expert * MODEL_BLOB_PARTS + part;
         const struct gguf_tensor *t = gguf_tensor_find(
             f, fmt_name(name, sizeof name, "blk.%u.ffn_%s_exps.weight", il, part_names[part]));
         if (t) {
@@ -359,7 +412,9 @@ static int load_experts(const struct gguf_file *f, struct model *m, uint32_t il)
             uint64_t bytes = L->part[part].row_bytes * n_out;
             /* arena metadata has no data: model_load_arena resolves experts from blobs */
             for (uint32_t e = 0; t->data && e < hp->n_expert; e++)
-                ptr[(size_t)e * MODEL_PART_COUNT] = t->data + e * bytes;
+                ptr[(size_t)e * MODEL_BLOB_PARTS] = t->data + e * bytes;
+            if (hp->exp_bias && (rv = load_exp_bias(f, m, il, (enum model_part)part, n_out)) != 0)
+                return rv;
             continue;
         }
         for (uint32_t e = 0; e < hp->n_expert; e++) {
@@ -382,30 +437,34 @@ static int load_experts(const struct gguf_file *f, struct model *m, uint32_t il)
                                    "experts of one layer must share a type",
                                    name, qtype_name(t->type), qtype_name(L->part[part].type));
             }
-            ptr[(size_t)e * MODEL_PART_COUNT] = t->data;
+            ptr[(size_t)e * MODEL_BLOB_PARTS] = t->data;
         }
     }
     return 0;
 }
 
 /* file_blob_layout packs layer L's parts as the arena does (arena_layout_plan): in part order,
- * each at the next multiple of ARENA_PART_ALIGN. */
-static void file_blob_layout(struct model_layer *L)
+ * each bias (bias true) right after its matrix, each at the next multiple of ARENA_PART_ALIGN. */
+static void file_blob_layout(struct model_layer *L, bool bias)
 {
     uint64_t off = 0;
     for (int part = 0; part < MODEL_PART_COUNT; part++) {
         off = (off + ARENA_PART_ALIGN - 1) / ARENA_PART_ALIGN * ARENA_PART_ALIGN;
         L->blob.part_off[part] = off;
         off += L->part[part].row_bytes * L->part[part].n_out;
+        if (!bias) continue;
+        off = (off + ARENA_PART_ALIGN - 1) / ARENA_PART_ALIGN * ARENA_PART_ALIGN;
+        L->blob.part_off[MODEL_PART_BIAS + part] = off;
+        off += (uint64_t)L->part[part].n_out * sizeof(float);
     }
     L->blob.bytes = off;
 }
 
 /* load_biases reads layer il's q, k and v biases: all three or none (the forward pass adds them
  * together), each optional as in llama.cpp. An output-projection bias, which llama.cpp also takes
- * for llama, is refused rather than ignored. */
+ * for llama, is refused rather than ignored unless bo (gpt-oss, which load_layer reads). */
 static int load_biases(const struct gguf_file *f, struct model_priv *p, uint32_t il, uint32_t nq,
-                       uint32_t nk, uint32_t nv, struct model_layer *L)
+                       uint32_t nk, uint32_t nv, bool bo, struct model_layer *L)
 {
     static const char *const which[3] = {"attn_q", "attn_k", "attn_v"};
     char n[3][128], o[128];
@@ -413,7 +472,7 @@ static int load_biases(const struct gguf_file *f, struct model_priv *p, uint32_t
     for (int i = 0; i < 3; i++)
         have += gguf_tensor_find(f, fmt_name(n[i], sizeof n[i], "blk.%u.%s.bias", il, which[i])) !=
                 NULL;
-    if (gguf_tensor_find(f, fmt_name(o, sizeof o, "blk.%u.attn_output.bias", il)))
+    if (!bo && gguf_tensor_find(f, fmt_name(o, sizeof o, "blk.%u.attn_output.bias", il)))
         return strata_errf(STRATA_EUNSUPPORTED,
                            "tensor %s (a bias on the attention output) is not supported yet", o);
     if (have == 0) return 0;
@@ -451,11 +510,22 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
                       &L->wv)) ||
         (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd, "(n_embd, n_head*head_dim_v)",
                       &L->wo)) ||
-        (rv = get_vec(f, p, NAME("ffn_norm.weight"), hp->n_embd, "(n_embd)", &L->ffn_norm)) ||
+        (rv = get_vec(f, p,
+                      hp->arch == MODEL_ARCH_GPT_OSS ? NAME("post_attention_norm.weight")
+                                                     : NAME("ffn_norm.weight"),
+                      hp->n_embd, "(n_embd)", &L->ffn_norm)) ||
         (rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
                       "(n_expert, n_embd)", &L->router)))
         return rv;
-    if ((rv = load_biases(f, p, il, nq, nk, nv, L)) != 0) return rv;
+    if ((rv = load_biases(f, p, il, nq, nk, nv, hp->attn_out_bias, L)) != 0) return rv;
+    if ((hp->attn_out_bias &&
+         (rv = get_vec(f, p, NAME("attn_output.bias"), hp->n_embd, "(n_embd)", &L->bo))) ||
+        (hp->attn_sinks &&
+         (rv = get_vec(f, p, NAME("attn_sinks.weight"), hp->n_head, "(n_head)", &L->sinks))) ||
+        (hp->router_bias &&
+         (rv = get_vec(f, p, NAME("ffn_gate_inp.bias"), hp->n_expert, "(n_expert)", &L->router_b))))
+        return rv;
+    L->swa = hp->n_swa && il % 2 == 0;
     if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
         ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
          (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))
@@ -492,7 +562,7 @@ int model_load(const struct gguf_file *f, struct model **out)
     if ((rv = parse_hparams(f, &m->hp)) != 0) goto fail;
     const struct model_hparams *hp = &m->hp;
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
-    p->exp_ptr = calloc((size_t)hp->n_layer * hp->n_expert * MODEL_PART_COUNT, sizeof *p->exp_ptr);
+    p->exp_ptr = calloc((size_t)hp->n_layer * hp->n_expert * MODEL_BLOB_PARTS, sizeof *p->exp_ptr);
     if (!m->layers || !p->exp_ptr) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for %u layers of %u experts", hp->n_layer,
                          hp->n_expert);
@@ -511,7 +581,7 @@ int model_load(const struct gguf_file *f, struct model **out)
     }
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         if ((rv = load_layer(f, m, il)) != 0) goto fail;
-        file_blob_layout(&m->layers[il]);
+        file_blob_layout(&m->layers[il], hp->exp_bias);
     }
     model_set_expert_resolver(m, gguf_expert_part, m);
     *out = m;
@@ -600,6 +670,20 @@ static int arena_parts(const struct arena *a, struct model *m, uint32_t il)
                                "experts: the arena is damaged or of another model, rebuild it",
                                stacked, (unsigned long long)bytes, il, m->hp.n_expert);
         m->layers[il].blob.part_off[part] = ap->offset;
+        if (!m->hp.exp_bias) continue;
+        char bname[96];
+        snprintf(bname, sizeof bname, "blk.%u.ffn_%s_exps.bias", il, part_names[part]);
+        const struct arena_part *bp = NULL;
+        for (uint32_t k = 0; al && k < al->n_parts; k++) {
+            const struct arena_part *c = &a->parts[al->part_first + k];
+            if (strcmp(arena_str(a, c->name_off), bname) == 0) bp = c;
+        }
+        if (!bp || bp->type != QT_F32 || bp->bytes != (uint64_t)L->part[part].n_out * sizeof(float))
+            return strata_errf(STRATA_EFORMAT,
+                               "arena has no blob part %s of %u floats for layer %u: the arena is "
+                               "damaged or of another model, rebuild it",
+                               bname, L->part[part].n_out, il);
+        m->layers[il].blob.part_off[MODEL_PART_BIAS + part] = bp->offset;
     }
     m->layers[il].blob.bytes = al->blob_bytes;
     return 0;

@@ -25,6 +25,7 @@ enum model_arch {
     MODEL_ARCH_QWEN2MOE, /* "qwen2moe" */
     MODEL_ARCH_QWEN3MOE, /* "qwen3moe" */
     MODEL_ARCH_OLMOE,    /* "olmoe" */
+    MODEL_ARCH_GPT_OSS,  /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
 };
 
 enum model_rope {
@@ -51,6 +52,12 @@ enum model_part {
     MODEL_PART_COUNT,
 };
 
+/* Expert biases (gpt-oss, hp.exp_bias): part p's bias, F32 (n_out of part p), is "part"
+ * MODEL_PART_BIAS + p of the resolver and of the blob. A blob packs each bias right after its
+ * matrix (gate, gate bias, up, up bias, down, down bias), as the arena orders them. */
+#define MODEL_PART_BIAS  MODEL_PART_COUNT
+#define MODEL_BLOB_PARTS (2 * MODEL_PART_COUNT)
+
 struct model_hparams {
     enum model_arch arch;
     uint32_t n_vocab;       /* rows of token_embd */
@@ -73,6 +80,16 @@ struct model_hparams {
     bool norm_topk; /* renormalize the k selected weights to sum 1 (SOFTMAX_TOPK only) */
     enum model_qk_norm qk_norm;
     bool qkv_bias; /* some layer's q, k, v projections have biases (optional, as in llama.cpp) */
+    /* gpt-oss (all false / 0 / 1 for the other architectures): */
+    bool attn_out_bias;     /* attn_output has a bias (bo) */
+    bool attn_sinks;        /* each layer has a sink logit per query head (attn_sinks) */
+    bool router_bias;       /* the router has a bias (ffn_gate_inp.bias) */
+    bool exp_bias;          /* each expert's gate, up and down have F32 biases (in its blob) */
+    bool glu_oai;           /* experts use the clamped SwiGLU (alpha 1.702, limit 7) */
+    uint32_t n_swa;         /* attention.sliding_window: an SWA layer's token sees its last n_swa
+                               keys (itself included); 0 without sliding windows */
+    float yarn_factor;      /* rope.scaling.factor under YaRN; 1: no scaling */
+    uint32_t yarn_orig_ctx; /* rope.scaling.original_context_length (YaRN) */
 };
 
 /* A 2-D weight read in place: n_out rows of n_in elements of type, row r at data + r*row_bytes. */
@@ -90,7 +107,7 @@ struct model_mat {
  * fills its slots in one layout either way. */
 struct model_blob_layout {
     uint64_t bytes;                      /* blob_bytes: what one copy of a blob moves */
-    uint64_t part_off[MODEL_PART_COUNT]; /* each part's first byte, from the blob's start */
+    uint64_t part_off[MODEL_BLOB_PARTS]; /* each part's (and bias's) first byte in the blob */
 };
 
 struct model_layer {
@@ -105,6 +122,11 @@ struct model_layer {
     struct model_mat router;      /* ffn_gate_inp: (n_expert, n_embd) */
     struct model_mat part[MODEL_PART_COUNT]; /* each expert's part: type and shape, data NULL */
     struct model_blob_layout blob;           /* the parts' places in one expert's blob */
+    /* gpt-oss, NULL for the other architectures: */
+    const float *bo;       /* (n_embd) attention output bias */
+    const float *sinks;    /* (n_head) attention sink logits */
+    const float *router_b; /* (n_expert) router bias */
+    bool swa;              /* this layer attends through the sliding window (hp.n_swa) */
     /* Shared expert (qwen2moe), all zero without one: */
     struct model_mat gate_shexp;     /* (n_ff_shexp, n_embd) */
     struct model_mat up_shexp;       /* (n_ff_shexp, n_embd) */
@@ -113,7 +135,8 @@ struct model_layer {
 };
 
 /* model_expert_fn returns the first byte of part of expert (layer, expert): rows of
- * layer.part[part], contiguous. Called from any thread; must not fail for valid arguments. */
+ * layer.part[part], contiguous, or for part MODEL_PART_BIAS + p (hp.exp_bias) part p's F32 bias.
+ * Called from any thread; must not fail for valid arguments. */
 typedef const void *(*model_expert_fn)(void *ctx, uint32_t layer, uint32_t expert,
                                        enum model_part part);
 
@@ -129,7 +152,7 @@ struct model {
     void *priv_;                  /* model.c's owned storage */
 };
 
-/* model_arch_name: "llama", "qwen2moe", ... */
+/* model_arch_name: "llama", "qwen2moe", ..., "gpt-oss" */
 const char *model_arch_name(enum model_arch a);
 
 /* model_load builds the model from f. Errors: STRATA_EUNSUPPORTED for an unsupported architecture,

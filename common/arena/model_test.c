@@ -296,6 +296,77 @@ START_TEST(bad_files_are_refused_by_name)
 }
 END_TEST
 
+/* gpt-oss: llama.cpp's behaviour (NEOX, top-k then softmax, sliding windows on even layers, YaRN),
+ * every bias and sink loaded, and each expert's biases as blob parts right after their matrices,
+ * reached through the resolver as the file's rows. */
+START_TEST(gpt_oss_loads_with_its_biases_in_the_blob)
+{
+    const char *path = fixture("gpt-oss", NULL, false);
+    struct gguf_file *f;
+    struct model *m;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_msg(model_load(f, &m) == 0, "%s", strata_errdetail());
+    const struct model_hparams *hp = &m->hp;
+    ck_assert_str_eq(model_arch_name(hp->arch), "gpt-oss");
+    ck_assert_int_eq(hp->rope, MODEL_ROPE_NEOX);
+    ck_assert_int_eq(hp->gating, MODEL_GATING_TOPK_SOFTMAX);
+    ck_assert(hp->qkv_bias && hp->attn_out_bias && hp->attn_sinks && hp->router_bias &&
+              hp->exp_bias && hp->glu_oai);
+    ck_assert_uint_eq(hp->n_swa, 8);
+    ck_assert_float_eq(hp->yarn_factor, 32.0f);
+    ck_assert_uint_eq(hp->yarn_orig_ctx, 4096);
+    for (uint32_t l = 0; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        ck_assert_int_eq(L->swa, l % 2 == 0);
+        ck_assert(L->bo && L->sinks && L->router_b && L->bq && L->ffn_norm);
+        uint64_t at = 0;
+        for (int i = 0; i < MODEL_BLOB_PARTS; i++) {
+            const int p = (i % 2 ? MODEL_PART_BIAS : 0) + i / 2;
+            const struct model_mat *pm = &L->part[p % MODEL_PART_COUNT];
+            const uint64_t bytes =
+                p >= MODEL_PART_BIAS ? pm->n_out * sizeof(float) : pm->row_bytes * pm->n_out;
+            ck_assert_uint_ge(L->blob.part_off[p], at);
+            ck_assert_uint_eq(L->blob.part_off[p] % 256, 0);
+            at = L->blob.part_off[p] + bytes;
+        }
+        ck_assert_uint_eq(L->blob.bytes, at);
+        static const char *const names[] = {"gate", "up", "down"};
+        for (int p = 0; p < MODEL_PART_COUNT; p++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%u.ffn_%s_exps.bias", l, names[p]);
+            const struct gguf_tensor *t = gguf_tensor_find(f, name);
+            ck_assert_ptr_nonnull(t);
+            const uint32_t e = hp->n_expert - 1, n = L->part[p].n_out;
+            ck_assert_mem_eq(model_expert_part(m, l, e, (enum model_part)(MODEL_PART_BIAS + p)),
+                             t->data + (size_t)e * n * sizeof(float), n * sizeof(float));
+        }
+    }
+    model_fini(m);
+    gguf_close(f);
+    char dst[600];
+    snprintf(dst, sizeof dst, "%s/bad-oss.gguf", test_tmpdir());
+    static const struct {
+        struct edit e;
+        int code;
+        const char *says;
+    } cases[] = {
+        {{.drop_tensor = "blk.1.attn_sinks.weight"}, STRATA_ENOENT, "blk.1.attn_sinks.weight"},
+        {{.drop_tensor = "blk.0.ffn_down_exps.bias"}, STRATA_ENOENT, "blk.0.ffn_down_exps.bias"},
+        {{.drop_tensor = "blk.0.attn_output.bias"}, STRATA_ENOENT, "blk.0.attn_output.bias"},
+        {{.drop_key = "gpt-oss.attention.sliding_window"}, STRATA_ENOENT, "sliding_window"},
+        {{.retype = "blk.1.ffn_up_exps.bias"}, STRATA_EUNSUPPORTED, "must be f32"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(path, dst, &cases[i].e);
+        ck_assert_int_eq(load_err(dst), cases[i].code);
+        ck_assert_msg(strstr(strata_errdetail(), cases[i].says), "case %zu: '%s' lacks '%s'", i,
+                      strata_errdetail(), cases[i].says);
+    }
+    unlink(path);
+    unlink(dst);
+}
+END_TEST
+
 /* A resolver that counts its calls and forwards to the GGUF one. */
 struct counting {
     model_expert_fn fn;
@@ -343,6 +414,7 @@ int main(void)
     tcase_add_test(tc, tied_output_and_every_type);
     tcase_add_test(tc, qwen2moe_without_biases_loads);
     tcase_add_test(tc, bad_files_are_refused_by_name);
+    tcase_add_test(tc, gpt_oss_loads_with_its_biases_in_the_blob);
     tcase_add_test(tc, experts_come_only_through_the_resolver);
     suite_add_tcase(s, tc);
     return test_run(s);

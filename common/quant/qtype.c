@@ -37,7 +37,7 @@ static const struct qtype_info table[QT_COUNT] = {
     [QT_BF16] = {"bf16", 1, 2, true},
     [QT_TQ1_0] = {"tq1_0", 256, 54, false},
     [QT_TQ2_0] = {"tq2_0", 256, 66, false},
-    [QT_MXFP4] = {"mxfp4", 32, 17, false},
+    [QT_MXFP4] = {"mxfp4", 32, 17, true},
 };
 
 const struct qtype_info *qtype_get(uint32_t type)

@@ -1,5 +1,6 @@
 /* quant — dispatch, fp16/bf16, the 32-element formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and the
- * activation formats. The K-quants live in quant_k.c, IQ4_NL/IQ4_XS in quant_iq.c.
+ * activation formats. The K-quants live in quant_k.c, IQ4_NL/IQ4_XS in quant_iq.c, MXFP4 in
+ * quant_mx.c.
  *
  * Bit-exactness with ggml depends on every float expression being evaluated as written: GCC in ISO
  * mode (-std=c11) does not contract a*b+c into an FMA; clang does unless told not to (below).
@@ -282,7 +283,7 @@ static int check_row(uint32_t type, int64_t n, const char *what, int64_t *nb)
         return strata_errf(
             STRATA_EUNSUPPORTED,
             "cannot %s tensor type %s: strata computes with f32, f16, bf16, q4_0, q4_1, "
-            "q5_0, q5_1, q8_0, q2_K..q6_K, iq4_nl and iq4_xs",
+            "q5_0, q5_1, q8_0, q2_K..q6_K, iq4_nl, iq4_xs and mxfp4",
             what, qtype_name(type));
     if (n < 0 || n % t->blck)
         return strata_errf(STRATA_EINVAL,
@@ -327,6 +328,9 @@ int quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
     case QT_IQ4_NL:
     case QT_IQ4_XS:
         quant_iq_dequantize(type, src, dst, nb);
+        break;
+    case QT_MXFP4:
+        quant_mxfp4_dequantize(src, dst, nb);
         break;
     default:
         quant_k_dequantize(type, src, dst, nb);
@@ -376,6 +380,9 @@ int quant_quantize(uint32_t type, const float *src, void *dst, int64_t n)
     case QT_IQ4_NL:
     case QT_IQ4_XS:
         quant_iq_quantize(type, src, dst, nb);
+        break;
+    case QT_MXFP4:
+        quant_mxfp4_quantize(src, dst, nb);
         break;
     default:
         quant_k_quantize(type, src, dst, nb);

@@ -2,7 +2,7 @@
  * quantizers (ggml's reference algorithm, no importance matrix), and activation quantization.
  *
  * Formats (qtype.h ids): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
- * Q6_K, IQ4_NL, IQ4_XS. Rows are n elements, n a multiple of the type's block size
+ * Q6_K, IQ4_NL, IQ4_XS, MXFP4. Rows are n elements, n a multiple of the type's block size
  * (qtype_get()->blck). All functions are pure and thread-safe. Block layouts:
  * common/quant/quant_blocks.h. The reference dot products live in kernels/ref/qdot.h.
  */
@@ -34,12 +34,16 @@ bool quant_can_quantize(uint32_t type);
  * 32-element formats, measured (+30%) for the K and IQ formats' least-squares searches:
  *   f16 2^-11, bf16 2^-8, q8_0 1/254 + 2^-11, q4_0 1/8 + 2^-11 (ggml clamps the top level),
  *   q4_1 1/15 + 3 * 2^-11, q5_0 1/16 + 2^-11, q5_1 1/31 + 3 * 2^-11,
- *   q2_K 0.45, q3_K 0.25, q4_K 0.12, q5_K 0.06, q6_K 0.025, iq4_nl 0.14, iq4_xs 0.13.
+ *   q2_K 0.45, q3_K 0.25, q4_K 0.12, q5_K 0.06, q6_K 0.025, iq4_nl 0.14, iq4_xs 0.13,
+ *   mxfp4 1/4 (amax is in [4, 8) times the scale and the top level 6: an element between 6 and
+ *   amax, or in the gap from 4 to 6, is off by at most amax / 4; no fp16 term, the scale is a
+ *   power of two).
  * quant_test.c checks them. */
 int quant_quantize(uint32_t type, const float *src, void *dst, int64_t n);
 
 /* quant_act_type is the type activations are quantized to for a dot product with a weight row of
- * wtype: QT_Q8_0 for 32-element block types, QT_Q8_K for 256-element (K and IQ4_XS) types, QT_F32
+ * wtype: QT_Q8_0 for 32-element block types (MXFP4 included), QT_Q8_K for 256-element (K and
+ * IQ4_XS) types, QT_F32
  * for F32/F16/BF16 weights (activations stay float). */
 uint32_t quant_act_type(uint32_t wtype);
 

@@ -8,8 +8,8 @@
  * is the activation layout for dot products with 256-element weight types (quant_activations).
  *
  * Also the family entry points that quant.c dispatches to (quant_k.c: the K-quants; quant_iq.c:
- * IQ4_NL and IQ4_XS): not for use outside common/quant*.c. They take a count of blocks, not of
- * elements, and cannot fail; quant.c checks types and lengths first.
+ * IQ4_NL and IQ4_XS; quant_mx.c: MXFP4): not for use outside common/quant*.c. They take a count
+ * of blocks, not of elements, and cannot fail; quant.c checks types and lengths first.
  */
 #ifndef STRATA_QUANT_BLOCKS_H
 #define STRATA_QUANT_BLOCKS_H
@@ -82,6 +82,13 @@ struct blk_iq4_nl {
     uint16_t d;     /* w = d * quant_iq4nl_values[q] */
     uint8_t qs[16]; /* as q4_0 */
 };
+/* MXFP4 (OCP microscaling): 32 e2m1 values sharing one power-of-two scale. The levels below are
+ * the e2m1 values doubled (integers), so w = 2^(e - 128) * quant_mxfp4_values[q]
+ * (quant_e8m0_half(e)): the integer form every kernel computes with. */
+struct blk_mxfp4 {
+    uint8_t e;      /* E8M0 scale exponent: the block's scale is 2^(e - 127) */
+    uint8_t qs[16]; /* 4-bit codes (sign bit 3, e2m1 magnitude bits 0-2), as q4_0 */
+};
 struct blk_iq4_xs {
     uint16_t d;
     uint16_t scales_h;   /* high 2 bits of the 8 6-bit scales */
@@ -102,9 +109,23 @@ _Static_assert(sizeof(struct blk_q6_K) == 210, "q6_K block");
 _Static_assert(sizeof(struct blk_q8_K) == 292, "q8_K block");
 _Static_assert(sizeof(struct blk_iq4_nl) == 18, "iq4_nl block");
 _Static_assert(sizeof(struct blk_iq4_xs) == 136, "iq4_xs block");
+_Static_assert(sizeof(struct blk_mxfp4) == 17, "mxfp4 block");
 
 /* The 16 levels of IQ4_NL / IQ4_XS (ggml's kvalues_iq4nl). */
 extern const int8_t quant_iq4nl_values[16];
+
+/* The 16 e2m1 codes of MXFP4 as doubled integers (ggml's kvalues_mxfp4): code 8 is -0. */
+extern const int8_t quant_mxfp4_values[16];
+
+/* quant_e8m0_half returns 2^(e - 128), half an E8M0 scale, exactly (ggml's
+ * GGML_E8M0_TO_FP32_HALF): subnormal floats for e < 2. */
+static inline float quant_e8m0_half(uint8_t e)
+{
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* quant_k4_scale_min unpacks the 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block. */
 static inline void quant_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
@@ -158,6 +179,8 @@ void quant_k_dequantize(uint32_t type, const void *src, float *dst, int64_t nb);
 void quant_k_quantize(uint32_t type, const float *src, void *dst, int64_t nb);
 void quant_iq_dequantize(uint32_t type, const void *src, float *dst, int64_t nb);
 void quant_iq_quantize(uint32_t type, const float *src, void *dst, int64_t nb);
+void quant_mxfp4_dequantize(const struct blk_mxfp4 *src, float *dst, int64_t nb);
+void quant_mxfp4_quantize(const float *src, struct blk_mxfp4 *dst, int64_t nb);
 /* quant_q8_K quantizes nb super-blocks of activations (ggml's quantize_row_q8_K_ref). */
 void quant_q8_K(const float *src, struct blk_q8_K *dst, int64_t nb);
 

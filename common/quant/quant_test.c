@@ -24,7 +24,8 @@
 
 /* The computable types, in the order of the golden files' list. */
 static const uint32_t types[] = {QT_F16,  QT_BF16, QT_Q8_0, QT_Q4_0, QT_Q4_1, QT_Q5_0,   QT_Q5_1,
-                                 QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+                                 QT_Q2_K, QT_Q3_K, QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS,
+                                 QT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
 static struct test_rng rng = {0x9E3779B97F4A7C15ull};
@@ -108,7 +109,7 @@ END_TEST
 START_TEST(test_unsupported_and_bad_lengths)
 {
     static const uint32_t bad[] = {QT_Q8_1,  QT_Q8_K,  QT_IQ2_XXS, QT_IQ1_S, QT_I32,
-                                   QT_TQ1_0, QT_MXFP4, 4,          99};
+                                   QT_TQ1_0, 4,        99};
     float f[256] = {0};
     unsigned char q[1024];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -250,6 +251,7 @@ static const struct {
     {QT_Q6_K, 0.025, 128 * 32, 0.025},
     {QT_IQ4_NL, 0.14, 127, 0.11},
     {QT_IQ4_XS, 0.13, 32 * 127, 0.1},
+    {QT_MXFP4, 0.25, 0, 0.16},
 };
 
 enum rowkind { ROW_GAUSS, ROW_ZERO, ROW_HUGE, ROW_MIXED, ROW_TINY, ROW_OFFSET, ROW_KINDS };

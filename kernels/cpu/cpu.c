@@ -176,7 +176,16 @@ void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint
     if (cpu_isa() == CPU_REF)
         ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
     else
-        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox);
+        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox, NULL);
+}
+
+void cpu_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+                   float theta, bool neox, const struct ops_yarn *y)
+{
+    if (cpu_isa() == CPU_REF)
+        ops_rope_yarn(x, n_head, head_dim, n_rot, pos, theta, neox, y);
+    else
+        cpu_rope_avx2(x, n_head, head_dim, n_rot, pos, theta, neox, y);
 }
 
 void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,
@@ -190,9 +199,11 @@ void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_d
             cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
         return;
     }
-    for (uint32_t t = 0; t < a->n_tok; t++)
+    for (uint32_t t = 0; t < a->n_tok; t++) {
+        const uint32_t n = a->n_keys0 + t, lo = cpu_att_lo(a, t);
         for (uint32_t h = 0; h < a->n_head; h++)
-            ops_attention(a->out + t * a->out_tok + h * a->out_head,
-                          a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
-                          a->n_keys0 + t);
+            ops_attention_ex(a->out + t * a->out_tok + h * a->out_head,
+                             a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
+                             lo, n, a->sinks ? a->sinks[h] : -INFINITY);
+    }
 }

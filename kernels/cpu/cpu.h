@@ -63,6 +63,10 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float e
 void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
               float theta, bool neox);
 
+/* cpu_rope_yarn is ops_rope_yarn, its angles computed once for all heads. */
+void cpu_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+                   float theta, bool neox, const struct ops_yarn *y);
+
 /* The queries of one cpu_attention call: n_tok consecutive positions of one sequence, n_head query
  * heads each (the heads of one GQA group), all over the same KV head. */
 struct cpu_att_q {
@@ -72,9 +76,19 @@ struct cpu_att_q {
     size_t out_tok, out_head;
     uint32_t n_tok, n_head; /* n_tok * n_head <= CPU_ATT_MAXQ */
     uint32_t n_keys0;       /* token t attends keys [0, n_keys0 + t); n_keys0 >= 1 */
+    uint32_t window;        /* > 0: token t attends only its last `window` of those keys */
+    const float *sinks;     /* per head h of the group: its sink logit (ops_attention_ex); NULL */
 };
 
-/* cpu_attention is ops_attention for every query of a (same bits, each query on its own): each
+/* cpu_att_lo: the first key token t of a attends (its window's start; 0 without one). */
+static inline uint32_t cpu_att_lo(const struct cpu_att_q *a, uint32_t t)
+{
+    const uint32_t n = a->n_keys0 + t;
+    return a->window && n > a->window ? n - a->window : 0;
+}
+
+/* cpu_attention is ops_attention for every query of a (ops_attention_ex with a window or sinks;
+ * same bits, each query on its own): each
  * block of OPS_ATTN_BLOCK keys is transposed once for all the queries, then each query's scores
  * come 8 keys per lane vector (a lane sums its key's dims in index order) and its values 8 dims
  * per lane. */

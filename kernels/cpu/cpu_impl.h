@@ -24,7 +24,7 @@ cpu_rows_fn cpu_rows_avx512(uint32_t wtype);
  * bound by a fixed-order double sum and by libm's sinf/cosf, where wider vectors buy nothing). */
 void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, float eps);
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-                   float theta, bool neox);
+                   float theta, bool neox, const struct ops_yarn *yarn);
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                         float scale, const struct ops_kv_view *kv);
 

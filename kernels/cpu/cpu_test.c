@@ -19,7 +19,7 @@
 
 static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q4_0,
                                  QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K,   QT_Q3_K,
-                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
 /* Offsets of the fp16 scale fields in a block (-1: none), patched in raw random blocks. */
@@ -75,6 +75,11 @@ static void make_rows(uint32_t t, uint32_t n_out, uint32_t n_in, bool raw, bool 
         for (uint64_t i = 0; i < row_bytes; i++)
             row[i] = (uint8_t)next();
         const struct qtype_info *ti = qtype_get(t);
+        /* MXFP4: an E8M0 exponent byte per block, kept near 2^-8 so sums stay finite, and one
+         * block in 8 at the subnormal scales 0..2 (quant_e8m0_half's other branch) */
+        for (uint32_t b = 0; t == QT_MXFP4 && b < n_in / ti->blck; b++)
+            row[(size_t)b * ti->bytes] =
+                (uint8_t)(next() % 8 == 0 ? next() % 3 : 112 + next() % 24);
         for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
             if (fields[f].type != t) continue;
             for (uint32_t b = 0; b < n_in / ti->blck; b++) {
@@ -182,36 +187,45 @@ START_TEST(attention_equals_reference)
         const uint32_t hd = dims[di][0], hv = dims[di][1];
         struct ops_kv_view v = {blocks, bt, hd + 3, (size_t)bt * row + hv + 1, row, row};
         /* (tokens, heads) of one call: decode of a GQA group, prompt runs; strided apart */
-        static const uint32_t shapes[][2] = {{1, 1}, {1, 4}, {3, 2}, {9, 4}, {16, 4}};
+        static const uint32_t shapes[][2] = {{1, 1}, {1, 4}, {3, 2}, {9, 4}, {16, 4}, {5, 3}};
         enum { QT = 4 * 130, QH = 130, OT = 4 * 131, OH = 131, NQ = 16 * 4 };
         static float q[NQ * QH], want[NQ * OH], got[NQ * OH];
         for (uint32_t d = 0; d < NQ * QH; d++)
             q[d] = gauss() * 2;
         const float sc = 1.0f / sqrtf((float)hd);
-        for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
-            for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
-                const uint32_t nt = shapes[sh][0], nh = shapes[sh][1];
-                if (keys[ki] + nt - 1 > n_blocks * bt) continue;
-                for (int i = 0; i < NQ * OH; i++)
-                    want[i] = GUARD_VALUE;
-                for (uint32_t t = 0; t < nt; t++)
-                    for (uint32_t h = 0; h < nh; h++)
-                        ops_attention(want + t * OT + h * OH, q + t * QT + h * QH, hd, hv, sc, &v,
-                                      keys[ki] + t);
-                struct cpu_att_q a = {q, QT, QH, NULL, OT, OH, nt, nh, keys[ki]};
-                for (int k = 0; k < n_isa; k++) {
-                    ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+        /* gpt-oss's sliding windows (none, shorter than a block, one block, across blocks) and
+         * sinks (one per head; large enough to matter) */
+        static const uint32_t windows[] = {0, 5, 32, 40};
+        static const float sink_vals[4] = {0.5f, -1.0f, 3.0f, 0.0f};
+        for (size_t wi = 0; wi < 2 * sizeof windows / sizeof windows[0]; wi++) {
+            for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
+                for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+                    const uint32_t nt = shapes[sh][0], nh = shapes[sh][1], win = windows[wi / 2];
+                    const float *sinks = wi % 2 ? sink_vals : NULL;
+                    if (keys[ki] + nt - 1 > n_blocks * bt) continue;
                     for (int i = 0; i < NQ * OH; i++)
-                        got[i] = GUARD_VALUE;
-                    a.out = got;
-                    cpu_attention(&a, hd, hv, sc, &v);
-                    /* every output equal, the floats between and after them untouched */
-                    ck_assert_msg(memcmp(got, want, sizeof got) == 0,
-                                  "%s attention head_dim %u/%u, %u keys, %u tokens x %u heads "
-                                  "differs",
-                                  cpu_isa_name(isa[k]), hd, hv, keys[ki], nt, nh);
+                        want[i] = GUARD_VALUE;
+                    struct cpu_att_q a = {q, QT, QH, NULL, OT, OH, nt, nh, keys[ki], win, sinks};
+                    for (uint32_t t = 0; t < nt; t++)
+                        for (uint32_t h = 0; h < nh; h++)
+                            ops_attention_ex(want + t * OT + h * OH, q + t * QT + h * QH, hd, hv,
+                                             sc, &v, cpu_att_lo(&a, t), keys[ki] + t,
+                                             sinks ? sinks[h] : -INFINITY);
+                    for (int k = 0; k < n_isa; k++) {
+                        ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                        for (int i = 0; i < NQ * OH; i++)
+                            got[i] = GUARD_VALUE;
+                        a.out = got;
+                        cpu_attention(&a, hd, hv, sc, &v);
+                        /* every output equal, the floats between and after them untouched */
+                        ck_assert_msg(memcmp(got, want, sizeof got) == 0,
+                                      "%s attention head_dim %u/%u, %u keys, %u tokens x %u heads, "
+                                      "window %u, %s differs",
+                                      cpu_isa_name(isa[k]), hd, hv, keys[ki], nt, nh, win,
+                                      sinks ? "sinks" : "no sinks");
+                    }
                 }
-            }
+        }
     }
     for (uint32_t b = 0; b < n_blocks; b++)
         free(blocks[b]);
@@ -234,12 +248,24 @@ START_TEST(rope_and_norm_equal_reference)
                 float x0[5 * 128];
                 memcpy(x0, want, sizeof x0);
                 ops_rope(want, nh, hd, nr, positions[p], 1e6f, neox);
+                /* gpt-oss's YaRN: factor 32 over 4096 trained positions */
+                float yw[5 * 128];
+                struct ops_yarn y;
+                ops_yarn_init(&y, nr, 4096, 150000.0f, 32.0f);
+                memcpy(yw, x0, sizeof yw);
+                ops_rope_yarn(yw, nh, hd, nr, positions[p], 150000.0f, neox, &y);
                 for (int k = 0; k < n_isa; k++) {
                     ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
                     memcpy(got, x0, sizeof got);
                     cpu_rope(got, nh, hd, nr, positions[p], 1e6f, neox);
                     ck_assert_msg(memcmp(got, want, nh * hd * sizeof(float)) == 0,
                                   "%s rope %u heads of %u (%u rotated), neox %d, pos %u differs",
+                                  cpu_isa_name(isa[k]), nh, hd, nr, neox, positions[p]);
+                    memcpy(got, x0, sizeof got);
+                    cpu_rope_yarn(got, nh, hd, nr, positions[p], 150000.0f, neox, &y);
+                    ck_assert_msg(memcmp(got, yw, nh * hd * sizeof(float)) == 0,
+                                  "%s YaRN rope %u heads of %u (%u rotated), neox %d, pos %u "
+                                  "differs",
                                   cpu_isa_name(isa[k]), nh, hd, nr, neox, positions[p]);
                 }
             }

@@ -13,12 +13,15 @@
 
 struct cpu_moe {
     uint32_t max_pairs, max_groups, n_embd, n_ff;
+    struct cpu_moe_oss oss;
     size_t act_stride;
     uint8_t *acts[2];          /* (max_pairs tokens, act_stride): x quantized for gate, for up */
     uint8_t *pacts[2];         /* (max_pairs, act_stride): gathered per pair in group order */
     uint8_t *hacts;            /* (max_pairs, act_stride): SwiGLU outputs quantized for down */
     float *g, *u;              /* (max_pairs, n_ff) gate and up outputs, then h in g */
     float *y;                  /* (max_pairs, n_embd) down outputs in group order */
+    uint32_t *row_grp;         /* (max_pairs) each group-order row's group */
+    const float **bias;        /* (3 * max_groups) each group's gate, up, down biases */
     struct cpu_mm_task *tasks; /* (2 * max_groups) */
     uint32_t *first;           /* (2 * max_groups + 1) */
 };
@@ -46,6 +49,8 @@ int cpu_moe_init(uint32_t max_pairs, uint32_t n_embd, uint32_t n_ff, size_t act_
         {(void **)&w->g, P * n_ff * sizeof(float)},
         {(void **)&w->u, P * n_ff * sizeof(float)},
         {(void **)&w->y, P * n_embd * sizeof(float)},
+        {(void **)&w->row_grp, P * sizeof(uint32_t)},
+        {(void **)&w->bias, 3 * (size_t)(max_groups ? max_groups : 1) * sizeof(float *)},
         {(void **)&w->tasks,
          2 * (size_t)(max_groups ? max_groups : 1) * sizeof(struct cpu_mm_task)},
         {(void **)&w->first, (2 * (size_t)max_groups + 1) * sizeof(uint32_t)},
@@ -62,11 +67,16 @@ int cpu_moe_init(uint32_t max_pairs, uint32_t n_embd, uint32_t n_ff, size_t act_
     return 0;
 }
 
+void cpu_moe_set_oss(struct cpu_moe *w, const struct cpu_moe_oss *o)
+{
+    w->oss = *o;
+}
+
 void cpu_moe_fini(struct cpu_moe *w)
 {
     if (!w) return;
-    void *bufs[] = {w->acts[0], w->acts[1], w->pacts[0], w->pacts[1], w->hacts,
-                    w->g,       w->u,       w->y,        w->tasks,    w->first};
+    void *bufs[] = {w->acts[0], w->acts[1], w->pacts[0], w->pacts[1], w->hacts,   w->g,
+                    w->u,       w->y,       w->tasks,    w->first,    w->row_grp, (void *)w->bias};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     free(w);
@@ -111,9 +121,22 @@ static void glu_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     struct job *j = ctx;
     struct cpu_moe *w = j->w;
+    const struct cpu_moe_oss *pt = &w->oss;
     const uint32_t F = j->parts->down.n_in;
-    for (uint32_t i = lo; i < hi; i++)
-        ops_swiglu(w->g + (size_t)i * F, w->g + (size_t)i * F, w->u + (size_t)i * F, F);
+    for (uint32_t i = lo; i < hi; i++) {
+        float *g = w->g + (size_t)i * F, *u = w->u + (size_t)i * F;
+        if (pt->bias) {
+            const float *bg = w->bias[3 * w->row_grp[i]], *bu = w->bias[3 * w->row_grp[i] + 1];
+            for (uint32_t c = 0; c < F; c++) {
+                g[c] += bg[c];
+                u[c] += bu[c];
+            }
+        }
+        if (pt->glu_oai)
+            ops_swiglu_oai(g, g, u, F, pt->alpha, pt->limit);
+        else
+            ops_swiglu(g, g, u, F);
+    }
     int rv = cpu_quantize_acts(j->parts->down.type, w->g + (size_t)lo * F, F, F, hi - lo,
                                w->hacts + lo * w->act_stride, w->act_stride);
     if (rv) atomic_store(&j->rv, rv);
@@ -128,6 +151,12 @@ static void scatter_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         const int32_t p = j->pair_idx[i];
         const float wt = j->pair_w[p], *y = j->w->y + (size_t)i * E;
         float *o = j->out + (size_t)p * E;
+        if (j->w->oss.bias) {
+            const float *b = j->w->bias[3 * j->w->row_grp[i] + 2];
+            for (size_t d = 0; d < E; d++)
+                o[d] = wt * (y[d] + b[d]);
+            continue;
+        }
         for (size_t d = 0; d < E; d++)
             o[d] = wt * y[d];
     }
@@ -189,6 +218,10 @@ int cpu_moe_ffn(struct cpu_moe *w, struct pool *pool, const struct cpu_moe_parts
         w->tasks[nt++] =
             mm(&parts->gate, part(ctx, e, 0), w->pacts[0] + i0 * s, s, c, w->g + i0 * F, F);
         w->tasks[nt++] = mm(&parts->up, part(ctx, e, 1), pu + i0 * s, s, c, w->u + i0 * F, F);
+        for (uint32_t i = i0; i < i0 + c; i++)
+            w->row_grp[i] = (uint32_t)g;
+        for (int b = 0; w->oss.bias && b < 3; b++)
+            w->bias[3 * g + b] = part(ctx, e, 3 + b);
     }
     bytes += cpu_mm_run(pool, w->tasks, nt, w->first);
     pool_for(pool, n_pairs, 8, glu_rows, &j);

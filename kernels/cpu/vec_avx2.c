@@ -42,11 +42,14 @@ void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, fl
 #define ROPE_MAX_HALF 256 /* pairs per head the angle table holds; wider heads use ops_rope */
 
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-                   float theta, bool neox)
+                   float theta, bool neox, const struct ops_yarn *yarn)
 {
     const uint32_t half = n_rot / 2;
     if (half > ROPE_MAX_HALF) {
-        ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
+        if (yarn)
+            ops_rope_yarn(x, n_head, head_dim, n_rot, pos, theta, neox, yarn);
+        else
+            ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
         return;
     }
     /* Every head walks the same angles: take them once (ops_rope's sequence of t). */
@@ -54,8 +57,12 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
     const float theta_scale = powf(theta, -2.0f / (float)n_rot);
     float t = (float)pos;
     for (uint32_t i = 0; i < half; i++) {
-        c[i] = cosf(t);
-        s[i] = sinf(t);
+        if (yarn) {
+            ops_yarn_angle(yarn, t, i, &c[i], &s[i]);
+        } else {
+            c[i] = cosf(t);
+            s[i] = sinf(t);
+        }
         t *= theta_scale;
     }
     for (uint32_t h = 0; h < n_head; h++) {
@@ -215,7 +222,8 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
             l[t * a->n_head + h] = 0.0f;
             memset(a->out + t * a->out_tok + h * a->out_head, 0, head_dim_v * sizeof(float));
         }
-    for (uint32_t j0 = 0; j0 < max_keys; j0 += KB) {
+    /* a window: blocks aligned to key 0 as ops_attention_ex's, from the first query's first */
+    for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         for (uint32_t j = 0; j < nbmax; j++) {
             const uint32_t key = j0 + j;
@@ -228,10 +236,13 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         transpose_block(krow, nbmax, head_dim, kt);
         for (uint32_t i = 0; i < nq; i++) {
             const uint32_t t = i / a->n_head, h = i % a->n_head, n_keys = a->n_keys0 + t;
-            if (n_keys <= j0) continue;
+            const uint32_t lo = cpu_att_lo(a, t);
+            if (n_keys <= j0 || j0 + KB <= lo) continue;
             const uint32_t nb = n_keys - j0 < KB ? n_keys - j0 : KB;
             float *o = a->out + t * a->out_tok + h * a->out_head;
             scores_block(a->q + t * a->q_tok + h * a->q_head, kt, head_dim, (nb + 7) / 8, scale, s);
+            for (uint32_t j = 0; j0 + j < lo; j++)
+                s[j] = -INFINITY; /* before the window: weight 0, as ops_attention_ex's */
             /* ops_attention's online softmax, step for step */
             float bm = -INFINITY;
             for (uint32_t j = 0; j < nb; j++)
@@ -249,6 +260,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
     }
     for (uint32_t i = 0; i < nq; i++) {
         float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;
+        if (a->sinks) ops_attention_sink(o, head_dim_v, &m[i], &l[i], a->sinks[i % a->n_head]);
         const float inv = 1.0f / l[i];
         const __m256 iv = _mm256_set1_ps(inv);
         uint32_t d = 0;
@@ -269,17 +281,21 @@ void cpu_rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, fl
     ops_rmsnorm(out, x, w, n, eps);
 }
 void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-                   float theta, bool neox)
+                   float theta, bool neox, const struct ops_yarn *yarn)
 {
-    ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
+    if (yarn)
+        ops_rope_yarn(x, n_head, head_dim, n_rot, pos, theta, neox, yarn);
+    else
+        ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                         float scale, const struct ops_kv_view *kv)
 {
     for (uint32_t t = 0; t < a->n_tok; t++)
         for (uint32_t h = 0; h < a->n_head; h++)
-            ops_attention(a->out + t * a->out_tok + h * a->out_head,
-                          a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
-                          a->n_keys0 + t);
+            ops_attention_ex(a->out + t * a->out_tok + h * a->out_head,
+                             a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
+                             cpu_att_lo(a, t), a->n_keys0 + t,
+                             a->sinks ? a->sinks[h] : -INFINITY);
 }
 #endif

@@ -263,7 +263,8 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
         memset(a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head, 0,
                head_dim_v * sizeof(float));
     }
-    for (uint32_t j0 = 0; j0 < max_keys; j0 += KB) {
+    /* a window: blocks aligned to key 0 as ops_attention_ex's, from the first query's first */
+    for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         for (uint32_t j = 0; j < nbmax; j++) {
             const uint32_t key = j0 + j;
@@ -274,27 +275,34 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
         }
         prefetch_block(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(krow, nbmax, head_dim, kt);
-        /* queries in order of token, so those past the block's keys come last */
+        /* queries two at a time; each takes the block only when it has keys in it (a key at
+         * or past j0, a window reaching j0 + KB): the pair's tokens may differ */
         for (uint32_t i = 0; i < nq; i += 2) {
-            const uint32_t t0 = i / a->n_head, h0 = i % a->n_head;
-            const uint32_t t1 = (i + 1) / a->n_head, h1 = (i + 1) % a->n_head;
-            const bool two = i + 1 < nq && a->n_keys0 + t1 > j0;
-            if (a->n_keys0 + t0 <= j0) continue;
-            scores2(a->q + t0 * a->q_tok + h0 * a->q_head,
-                    two ? a->q + t1 * a->q_tok + h1 * a->q_head : NULL, kt, head_dim, scale, s0,
-                    s1);
-            const uint32_t n0 = a->n_keys0 + t0 - j0;
-            softmax_step(a->out + t0 * a->out_tok + h0 * a->out_head, &m[i], &l[i], s0,
-                         n0 < KB ? n0 : KB, vrow, head_dim_v, vexp);
-            if (two) {
-                const uint32_t n1 = a->n_keys0 + t1 - j0;
-                softmax_step(a->out + t1 * a->out_tok + h1 * a->out_head, &m[i + 1], &l[i + 1], s1,
-                             n1 < KB ? n1 : KB, vrow, head_dim_v, vexp);
+            uint32_t qi[2], nq2 = 0;
+            for (uint32_t k = i; k < i + 2 && k < nq; k++) {
+                const uint32_t t = k / a->n_head;
+                if (a->n_keys0 + t > j0 && j0 + KB > cpu_att_lo(a, t)) qi[nq2++] = k;
+            }
+            if (!nq2) continue;
+            float *sc[2] = {s0, s1};
+            scores2(a->q + (qi[0] / a->n_head) * a->q_tok + (qi[0] % a->n_head) * a->q_head,
+                    nq2 > 1 ? a->q + (qi[1] / a->n_head) * a->q_tok +
+                                  (qi[1] % a->n_head) * a->q_head
+                            : NULL,
+                    kt, head_dim, scale, s0, s1);
+            for (uint32_t k = 0; k < nq2; k++) {
+                const uint32_t t = qi[k] / a->n_head, h = qi[k] % a->n_head;
+                const uint32_t n = a->n_keys0 + t - j0, lo = cpu_att_lo(a, t);
+                for (uint32_t j = 0; j0 + j < lo; j++)
+                    sc[k][j] = -INFINITY; /* before the window: weight 0 */
+                softmax_step(a->out + t * a->out_tok + h * a->out_head, &m[qi[k]], &l[qi[k]],
+                             sc[k], n < KB ? n : KB, vrow, head_dim_v, vexp);
             }
         }
     }
     for (uint32_t i = 0; i < nq; i++) {
         float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;
+        if (a->sinks) ops_attention_sink(o, head_dim_v, &m[i], &l[i], a->sinks[i % a->n_head]);
         const float inv = 1.0f / l[i];
         const __m512 iv = _mm512_set1_ps(inv);
         uint32_t d = 0;

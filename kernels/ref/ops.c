@@ -32,6 +32,56 @@ void ops_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint
     }
 }
 
+void ops_yarn_init(struct ops_yarn *y, uint32_t n_rot, uint32_t n_ctx_orig, float theta,
+                   float factor)
+{
+    *y = (struct ops_yarn){1.0f, 0.0f, 1.0f, {0.0f, 0.0f}};
+    if (!(factor > 1.0f)) return;
+    y->freq_scale = 1.0f / factor;
+    y->ext_factor = 1.0f;
+    y->mscale = 1.0f + 0.1f * logf(1.0f / y->freq_scale);
+    /* the pair index at which a rotation completes n_ctx_orig / (2 pi beta) turns */
+    const float beta_fast = 32.0f, beta_slow = 1.0f;
+    const float lo = (float)n_rot * logf((float)n_ctx_orig / (beta_fast * 2 * (float)M_PI)) /
+                     (2 * logf(theta));
+    const float hi = (float)n_rot * logf((float)n_ctx_orig / (beta_slow * 2 * (float)M_PI)) /
+                     (2 * logf(theta));
+    y->corr[0] = fmaxf(0.0f, floorf(lo));
+    y->corr[1] = fminf((float)n_rot - 1, ceilf(hi));
+}
+
+void ops_yarn_angle(const struct ops_yarn *y, float t, uint32_t i, float *c, float *s)
+{
+    float a = y->freq_scale * t;
+    if (y->ext_factor != 0.0f) {
+        const float r = ((float)i - y->corr[0]) / fmaxf(0.001f, y->corr[1] - y->corr[0]);
+        const float mix = (1 - fminf(1, fmaxf(0, r))) * y->ext_factor;
+        a = a * (1 - mix) + t * mix;
+    }
+    *c = cosf(a) * y->mscale;
+    *s = sinf(a) * y->mscale;
+}
+
+void ops_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+                   float theta, bool neox, const struct ops_yarn *y)
+{
+    const float theta_scale = powf(theta, -2.0f / (float)n_rot);
+    const uint32_t half = n_rot / 2;
+    for (uint32_t h = 0; h < n_head; h++) {
+        float *v = x + (size_t)h * head_dim;
+        float t = (float)pos;
+        for (uint32_t i = 0; i < half; i++) {
+            float c, s;
+            ops_yarn_angle(y, t, i, &c, &s);
+            const uint32_t ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+            const float x0 = v[ia], x1 = v[ib];
+            v[ia] = x0 * c - x1 * s;
+            v[ib] = x0 * s + x1 * c;
+            t *= theta_scale;
+        }
+    }
+}
+
 void ops_softmax(float *x, uint32_t n)
 {
     float max = -INFINITY;
@@ -70,6 +120,15 @@ void ops_swiglu(float *out, const float *gate, const float *up, uint32_t n)
     for (uint32_t i = 0; i < n; i++) out[i] = ops_silu(gate[i]) * up[i];
 }
 
+void ops_swiglu_oai(float *out, const float *gate, const float *up, uint32_t n, float alpha,
+                    float limit)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const float g = fminf(gate[i], limit), u = fmaxf(fminf(up[i], limit), -limit);
+        out[i] = g / (1.0f + expf(alpha * -g)) * (u + 1.0f);
+    }
+}
+
 int ops_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
                       uint32_t n_tok, void *dst, size_t act_stride)
 {
@@ -96,11 +155,31 @@ void ops_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
 void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
                    const struct ops_kv_view *kv, uint32_t n_keys)
 {
+    ops_attention_ex(out, q, head_dim, head_dim_v, scale, kv, 0, n_keys, -INFINITY);
+}
+
+void ops_attention_sink(float *out, uint32_t head_dim_v, float *m, float *l, float sink)
+{
+    if (!(sink > -INFINITY)) return;
+    /* the sink as a last key of score `sink` and no value: only the denominator grows */
+    const float mn = sink > *m ? sink : *m;
+    const float c = expf(*m - mn);
+    *l *= c;
+    for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= c;
+    *l += expf(sink - mn);
+    *m = mn;
+}
+
+void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v,
+                      float scale, const struct ops_kv_view *kv, uint32_t key_lo, uint32_t n_keys,
+                      float sink)
+{
     float s[OPS_ATTN_BLOCK];
     const float *vrow[OPS_ATTN_BLOCK];
     float m = -INFINITY, l = 0.0f;
     for (uint32_t d = 0; d < head_dim_v; d++) out[d] = 0.0f;
-    for (uint32_t j0 = 0; j0 < n_keys; j0 += OPS_ATTN_BLOCK) {
+    for (uint32_t j0 = key_lo / OPS_ATTN_BLOCK * OPS_ATTN_BLOCK; j0 < n_keys;
+         j0 += OPS_ATTN_BLOCK) {
         const uint32_t nb = n_keys - j0 < OPS_ATTN_BLOCK ? n_keys - j0 : OPS_ATTN_BLOCK;
         float bm = -INFINITY;
         for (uint32_t j = 0; j < nb; j++) {
@@ -109,6 +188,10 @@ void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_
             const uint32_t slot = key % kv->block_tokens;
             const float *k = base + kv->k_off + slot * kv->k_stride;
             vrow[j] = base + kv->v_off + slot * kv->v_stride;
+            if (key < key_lo) {
+                s[j] = -INFINITY; /* outside the window: weight expf(-inf) = 0 */
+                continue;
+            }
             float dot = 0.0f;
             for (uint32_t d = 0; d < head_dim; d++) dot += q[d] * k[d];
             s[j] = dot * scale;
@@ -125,6 +208,7 @@ void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_
         }
         m = mn;
     }
+    ops_attention_sink(out, head_dim_v, &m, &l, sink);
     const float inv = 1.0f / l;
     for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= inv;
 }

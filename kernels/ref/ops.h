@@ -30,6 +30,31 @@ void ops_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float e
 void ops_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
               float theta, bool neox);
 
+/* YaRN (llama.cpp's rope with ext_factor): each pair's angle mixes the interpolated angle
+ * freq_scale * t and the original t by a ramp over the pair index between corr[0] and corr[1];
+ * cos and sin are scaled by mscale. ops_yarn_none is plain RoPE (same bits as ops_rope). */
+struct ops_yarn {
+    float freq_scale; /* 1 / the context extension factor */
+    float ext_factor; /* 0: no ramp (linear scaling), 1: YaRN */
+    float mscale;     /* attention factor times 1 + 0.1 ln(1 / freq_scale) under YaRN */
+    float corr[2];    /* the pair range of the ramp (ggml_rope_yarn_corr_dims) */
+};
+
+/* ops_yarn_init fills y for n_rot rotated dims, a model trained at n_ctx_orig positions with base
+ * theta, extended by factor (> 1; 1 gives ops_yarn_none), with llama.cpp's defaults beta_fast 32,
+ * beta_slow 1, attention factor 1. */
+void ops_yarn_init(struct ops_yarn *y, uint32_t n_rot, uint32_t n_ctx_orig, float theta,
+                   float factor);
+
+/* ops_yarn_angle: pair i's cos and sin (times mscale) for the original angle t (ops_rope_yarn's
+ * step, shared with the SIMD RoPE). */
+void ops_yarn_angle(const struct ops_yarn *y, float t, uint32_t i, float *c, float *s);
+
+/* ops_rope_yarn is ops_rope with YaRN's angle mix and magnitude scale (ggml's rope_yarn, per pair
+ * i: theta_extrap = pos * theta^(-2i/n_rot) built by repeated multiplication). */
+void ops_rope_yarn(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+                   float theta, bool neox, const struct ops_yarn *y);
+
 /* ops_softmax: x = exp(x - max) / sum, in place. */
 void ops_softmax(float *x, uint32_t n);
 
@@ -42,6 +67,11 @@ float ops_silu(float x);
 
 /* ops_swiglu: out[i] = silu(gate[i]) * up[i]; out may alias gate or up. */
 void ops_swiglu(float *out, const float *gate, const float *up, uint32_t n);
+
+/* ops_swiglu_oai: gpt-oss's clamped SwiGLU (ggml's swiglu_oai): with g = min(gate, limit) and
+ * u = clamp(up, -limit, limit), out = g * sigmoid(alpha * g) * (u + 1). out may alias. */
+void ops_swiglu_oai(float *out, const float *gate, const float *up, uint32_t n, float alpha,
+                    float limit);
 
 /* ops_quantize_acts quantizes n_tok rows of n_in floats (row t at x + t*x_stride) for a matmul
  * with wtype weights: row t lands at dst + t*act_stride (act_stride >= quant_act_bytes(wtype,
@@ -69,5 +99,20 @@ struct ops_kv_view {
  * blocks of OPS_ATTN_BLOCK keys with an online softmax. n_keys >= 1. */
 void ops_attention(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v, float scale,
                    const struct ops_kv_view *kv, uint32_t n_keys);
+
+/* ops_attention_ex is ops_attention over keys [key_lo, n_keys) (a sliding window: key_lo < n_keys)
+ * with an attention sink: a logit `sink` (not scaled) that joins the softmax's denominator with
+ * no value (gpt-oss; -INFINITY for none). Blocks stay aligned to key 0 so a window's keys are
+ * reduced as the full pass reduces them: blocks wholly below key_lo are skipped, the keys below it
+ * in the first block weigh 0; the sink comes last, as one more online-softmax step. With key_lo 0
+ * and no sink it returns ops_attention's bits. */
+void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t head_dim_v,
+                      float scale, const struct ops_kv_view *kv, uint32_t key_lo, uint32_t n_keys,
+                      float sink);
+
+/* ops_attention_sink is ops_attention_ex's last step, shared with the SIMD kernels: with the
+ * online softmax's running max *m and sum *l and the unnormalized output out (head_dim_v), the
+ * sink's update (none for -INFINITY). The caller then scales out by 1 / *l. */
+void ops_attention_sink(float *out, uint32_t head_dim_v, float *m, float *l, float sink);
 
 #endif

@@ -130,9 +130,11 @@ START_TEST(matmul_is_one_row_dot_per_element)
 }
 END_TEST
 
-/* attention through a paged view of block_tokens positions per block, n_keys keys. */
-static void paged_attention(float *out, const float *q, const float *K, const float *V,
-                            uint32_t d, uint32_t dv, uint32_t n_keys, uint32_t bt)
+/* attention through a paged view of block_tokens positions per block, keys [key_lo, n_keys),
+ * with a sink logit (-INFINITY: none); plain ops_attention when key_lo is 0 and there is none. */
+static void paged_attention_ex(float *out, const float *q, const float *K, const float *V,
+                               uint32_t d, uint32_t dv, uint32_t key_lo, uint32_t n_keys,
+                               uint32_t bt, float sink)
 {
     uint32_t nb = (n_keys + bt - 1) / bt;
     float **blocks = malloc(nb * sizeof *blocks);
@@ -145,9 +147,18 @@ static void paged_attention(float *out, const float *q, const float *K, const fl
         }
     }
     struct ops_kv_view v = {blocks, bt, 0, (size_t)bt * d, d, dv};
-    ops_attention(out, q, d, dv, 1.0f / sqrtf((float)d), &v, n_keys);
+    if (key_lo == 0 && sink == -INFINITY)
+        ops_attention(out, q, d, dv, 1.0f / sqrtf((float)d), &v, n_keys);
+    else
+        ops_attention_ex(out, q, d, dv, 1.0f / sqrtf((float)d), &v, key_lo, n_keys, sink);
     for (uint32_t b = 0; b < nb; b++) free(blocks[b]);
     free(blocks);
+}
+
+static void paged_attention(float *out, const float *q, const float *K, const float *V,
+                            uint32_t d, uint32_t dv, uint32_t n_keys, uint32_t bt)
+{
+    paged_attention_ex(out, q, K, V, d, dv, 0, n_keys, bt, -INFINITY);
 }
 
 START_TEST(attention_is_softmax_in_fixed_blocks)
@@ -183,6 +194,108 @@ START_TEST(attention_is_softmax_in_fixed_blocks)
 }
 END_TEST
 
+/* gpt-oss's attention: keys [lo, n) of a sliding window and a sink that joins the denominator
+ * with no value, against the softmax written out in double. */
+START_TEST(attention_window_and_sink_match_the_softmax)
+{
+    const uint32_t d = 16, dv = 8, N = 100;
+    float *K = malloc(N * d * sizeof *K), *V = malloc(N * dv * sizeof *V), q[16];
+    for (uint32_t i = 0; i < N * d; i++) K[i] = frand() * 2;
+    for (uint32_t i = 0; i < N * dv; i++) V[i] = frand();
+    for (uint32_t i = 0; i < d; i++) q[i] = frand() * 2;
+    const struct {
+        uint32_t lo, n;
+        float sink;
+    } cases[] = {{0, 40, -INFINITY}, {5, 40, -INFINITY}, {31, 33, -INFINITY}, {32, 64, 0.5f},
+                 {0, 1, 3.0f},       {60, 100, -2.0f},   {99, 100, 40.0f},   {0, 100, 1.0f}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const uint32_t lo = cases[c].lo, n = cases[c].n;
+        const float sink = cases[c].sink;
+        float a[8], b[8];
+        paged_attention_ex(a, q, K, V, d, dv, lo, n, 32, sink);
+        paged_attention_ex(b, q, K, V, d, dv, lo, n, 7, sink);
+        ck_assert_mem_eq(a, b, sizeof a);
+        double sc[100], mx = sink, sum = 0;
+        for (uint32_t j = lo; j < n; j++) {
+            sc[j] = 0;
+            for (uint32_t i = 0; i < d; i++) sc[j] += (double)q[i] * K[j * d + i];
+            sc[j] /= sqrt((double)d);
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        for (uint32_t j = lo; j < n; j++) sum += exp(sc[j] - mx);
+        sum += exp((double)sink - mx);
+        for (uint32_t i = 0; i < dv; i++) {
+            double o = 0;
+            for (uint32_t j = lo; j < n; j++) o += exp(sc[j] - mx) / sum * V[j * dv + i];
+            ck_assert_msg(fabs(a[i] - o) <= 1e-5 + 1e-5 * fabs(o), "case %zu dim %u: %g vs %g", c,
+                          i, a[i], o);
+        }
+    }
+    /* no window and no sink: ops_attention's bits */
+    float a[8], b[8];
+    paged_attention(a, q, K, V, d, dv, 77, 32);
+    paged_attention_ex(b, q, K, V, d, dv, 0, 77, 32, -INFINITY);
+    ck_assert_mem_eq(a, b, sizeof a);
+    free(K);
+    free(V);
+}
+END_TEST
+
+/* The clamped SwiGLU: gate clamped above only, up on both sides, alpha in the sigmoid, up + 1. */
+START_TEST(swiglu_oai_clamps)
+{
+    const float g[] = {0.5f, -3.0f, 10.0f, -10.0f, 7.0f}, u[] = {0.25f, 2.0f, -10.0f, 9.0f, 0.0f};
+    float out[5];
+    ops_swiglu_oai(out, g, u, 5, 1.702f, 7.0f);
+    for (int i = 0; i < 5; i++) {
+        const double gc = g[i] < 7 ? g[i] : 7, uc = u[i] > 7 ? 7 : u[i] < -7 ? -7 : u[i];
+        const double want = gc / (1 + exp(-1.702 * gc)) * (uc + 1);
+        ck_assert_msg(fabs(out[i] - want) <= 1e-6 * (1 + fabs(want)), "%d: %g vs %g", i, out[i],
+                      want);
+    }
+    float in_place[2] = {10.0f, 1.0f}, up[2] = {100.0f, 1.0f};
+    ops_swiglu_oai(in_place, in_place, up, 2, 1.702f, 7.0f);
+    ck_assert_float_eq(in_place[0], out[4] * 8.0f); /* (7, 7): the (7, 0) case times 8 */
+}
+END_TEST
+
+/* YaRN: factor 1 is plain RoPE bit for bit; with a factor the low pairs (fast rotations) keep their
+ * angle, the high pairs (slow ones) are interpolated by 1/factor, the ramp between; cos and sin
+ * carry 1 + 0.1 ln(factor). Checked against the formulas in double. */
+START_TEST(rope_yarn_ramps_and_scales)
+{
+    const uint32_t hd = 64, nr = 64;
+    float x[64], y[64], z[64];
+    for (uint32_t i = 0; i < hd; i++) x[i] = frand();
+    struct ops_yarn none, yn;
+    ops_yarn_init(&none, nr, 4096, 150000.0f, 1.0f);
+    memcpy(y, x, sizeof x);
+    memcpy(z, x, sizeof x);
+    ops_rope(y, 1, hd, nr, 1234, 150000.0f, true);
+    ops_rope_yarn(z, 1, hd, nr, 1234, 150000.0f, true, &none);
+    ck_assert_mem_eq(y, z, sizeof y);
+    ops_yarn_init(&yn, nr, 4096, 150000.0f, 32.0f);
+    /* llama.cpp's corr dims for gpt-oss (n_rot 64, base 150000, 4096 positions): 8.09 -> 8,
+     * 17.4 -> 18 */
+    ck_assert_float_eq(yn.corr[0], 8.0f);
+    ck_assert_float_eq(yn.corr[1], 18.0f);
+    ck_assert_float_eq_tol(yn.mscale, 1.0 + 0.1 * log(32.0), 1e-6);
+    const uint32_t pos = 3000;
+    memcpy(z, x, sizeof x);
+    ops_rope_yarn(z, 1, hd, nr, pos, 150000.0f, true, &yn);
+    for (uint32_t i = 0; i < nr / 2; i++) {
+        const double te = pos * pow(150000.0, -2.0 * i / nr);
+        const double r = (i - 8.0) / 10.0, ramp = 1 - (r < 0 ? 0 : r > 1 ? 1 : r);
+        const double a = te / 32 * (1 - ramp) + te * ramp, ms = 1 + 0.1 * log(32.0);
+        const double w0 = x[i] * cos(a) * ms - x[i + 32] * sin(a) * ms;
+        const double w1 = x[i] * sin(a) * ms + x[i + 32] * cos(a) * ms;
+        /* float angles: pos * theta^(-2i/n) built by products carries a few ulps of 3000 */
+        ck_assert_msg(fabs(z[i] - w0) < 2e-3 && fabs(z[i + 32] - w1) < 2e-3,
+                      "pair %u: %g %g vs %g %g", i, z[i], z[i + 32], w0, w1);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops");
@@ -192,6 +305,9 @@ int main(void)
     tcase_add_test(tc, softmax_topk_silu);
     tcase_add_test(tc, matmul_is_one_row_dot_per_element);
     tcase_add_test(tc, attention_is_softmax_in_fixed_blocks);
+    tcase_add_test(tc, attention_window_and_sink_match_the_softmax);
+    tcase_add_test(tc, swiglu_oai_clamps);
+    tcase_add_test(tc, rope_yarn_ramps_and_scales);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

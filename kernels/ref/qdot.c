@@ -88,6 +88,14 @@ static void decode(uint32_t t, const uint8_t *p, struct wblock *b)
             b->q[j] = x->qs[j];
         return;
     }
+    case QT_MXFP4: {
+        const struct blk_mxfp4 *x = (const void *)p;
+        b->d = quant_e8m0_half(x->e);
+        nibbles32(x->qs, b->q);
+        for (int j = 0; j < 32; j++)
+            b->q[j] = quant_mxfp4_values[b->q[j]];
+        return;
+    }
     case QT_IQ4_NL: {
         const struct blk_iq4_nl *x = (const void *)p;
         b->d = F16(x->d);

@@ -13,7 +13,7 @@
 
 static const uint32_t types[] = {QT_F32,  QT_F16,  QT_BF16, QT_Q8_0,   QT_Q4_0,
                                  QT_Q4_1, QT_Q5_0, QT_Q5_1, QT_Q2_K,   QT_Q3_K,
-                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS};
+                                 QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_IQ4_NL, QT_IQ4_XS, QT_MXFP4};
 #define NTYPES ((int)(sizeof types / sizeof types[0]))
 
 static struct test_rng rng = {0x2545F4914F6CDD1Dull};

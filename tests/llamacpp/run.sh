@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh — parity with llama.cpp (docs/design.md §7), teacher-forced: for tiny fixtures of every
 # architecture (qwen3moe, llama with fused experts, olmoe, qwen2moe) in f32, q8_0, q4_k and the
-# q4_k_m mix, llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed prompt of
+# q4_k_m mix, and gpt-oss (sinks, sliding windows, biases, YaRN) in f32 and the mxfp4_moe mix (MXFP4
+# experts), llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed prompt of
 # token ids; `strata run --teacher` scores that continuation; check.mjs prints the table and fails
 # the stage when a step's token is neither strata's argmax nor within the stated tolerance of it.
 #
@@ -23,6 +24,9 @@ prompt=${LLAMACPP_PROMPT:-1,17,300,42,99,7,256,128}
 steps=${LLAMACPP_STEPS:-32}
 archs="qwen3moe llama olmoe qwen2moe"
 types="f32 q8_0 q4_k q4_k_m"
+cases=""
+for arch in $archs; do for type in $types; do cases="$cases $arch:$type"; done; done
+cases="$cases gpt-oss:f32 gpt-oss:mxfp4_moe"
 
 skip() { echo "SKIP llama.cpp parity: $*"; exit 0; }
 
@@ -50,8 +54,8 @@ cp "$here/greedy.mjs" "$here/check.mjs" "$node_dir/"
 
 rm -rf "$work" && mkdir -p "$work"
 models=()
-for arch in $archs; do
-  for type in $types; do
+for c in $cases; do
+    arch=${c%%:*} type=${c#*:}
     f=$work/$arch-$type
     if [ "$type" = q4_k_m ]; then qopt=(--mix q4_k_m); else qopt=(--type "$type"); fi
     "$strata" fixture --arch "$arch" "${qopt[@]}" -o "$f.gguf" >/dev/null
@@ -64,7 +68,6 @@ for arch in $archs; do
     rm -f "$f.gguf"
     [ "$arch:$type" = qwen3moe:q8_0 ] && ids_qwen3moe_q8_0=$ids
     models+=("$arch:$type")
-  done
 done
 node "$node_dir/check.mjs" "$work" "${models[@]}"
 
