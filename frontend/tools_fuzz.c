@@ -17,7 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (tools_parse((enum tools_family)f, text, size, "fuzz", &p) != 0) continue;
         if (p.content_len > size) abort();
         for (size_t i = 0; i < p.n_calls; i++) {
-            json_t *a = json_loads(p.calls[i].arguments, JSON_DECODE_ANY, NULL);
+            json_t *a = json_loads(p.calls[i].arguments, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
             if (!a || !p.calls[i].id[0]) abort();
             json_decref(a);
         }
