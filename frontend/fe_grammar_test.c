@@ -443,5 +443,5 @@ int main(void)
     tcase_add_test(tc, tool_calls_stream_as_deltas);
     tcase_add_test(tc, tool_errors_and_history);
     suite_add_tcase(s, tc);
-    return test_run(s);
+    return test_run_threads(s);
 }

@@ -99,15 +99,26 @@ const char *test_tmpdir(void)
     return dir;
 }
 
-int test_run(Suite *s)
+static int run_suite(Suite *s, bool fork)
 {
     make_root();
     SRunner *sr = srunner_create(s);
+    if (!fork) srunner_set_fork_status(sr, CK_NOFORK);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     keep_root |= failed != 0;
     return failed == 0 ? 0 : 1;
+}
+
+int test_run(Suite *s)
+{
+    return run_suite(s, true);
+}
+
+int test_run_threads(Suite *s)
+{
+    return run_suite(s, false);
 }
 
 double test_slowdown(void)

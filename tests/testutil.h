@@ -30,6 +30,12 @@ const char *test_tmpdir(void);
  * its path printed. */
 int test_run(Suite *s);
 
+/* test_run_threads is test_run without the fork per test, for a suite whose unchecked fixture
+ * starts threads (a server in the test process). A child forked while one of those threads is half
+ * way through building something holds that memory with no thread left to own it, which
+ * LeakSanitizer reports at the child's exit, and a lock that thread held stays held in the child. */
+int test_run_threads(Suite *s);
+
 /* test_slowdown is how much slower than an idle machine this run may be: STRATA_TEST_SLOWDOWN
  * (scripts/test.sh sets it, larger under sanitizers), at least 1, default 1. Tests that compare
  * times with a bound scale the bound (or the work they time against) by it; it never loosens what
