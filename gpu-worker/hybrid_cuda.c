@@ -63,7 +63,7 @@ struct hyb {
     pthread_t reg;
     bool reg_started, reg_stop;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv, fill_cv;
     uint32_t reg_new; /* registrations landed since the last publication of h_pcie */
     /* the split and the CPU twin */
     struct moe_group *groups, *hg, *pg, *mg;
@@ -92,6 +92,20 @@ struct hyb {
     cudaEvent_t bounce_ev[N_BOUNCE];
     int next_bounce;
     bool async_wait;
+    /* the start's fill, in the background: its own thread and stream copy the hottest experts
+     * into the slots it owns (free in the tables until landed); the decode thread lands what is
+     * done at each tick. The tier waits for it to end. */
+    int dev;
+    pthread_t fill_th;
+    bool fill_started, fill_stop, fill_done; /* fill_stop, fill_done: under mu */
+    cudaStream_t fs;
+    uint8_t *fbounce[N_BOUNCE];
+    cudaEvent_t fbev[N_BOUNCE];
+    uint32_t *forder, fill_total, fill_slots, fill_copies;
+    uint32_t *fland; /* (fill_slots * 3) landed (slot, layer, expert), under mu */
+    uint32_t n_fland, fill_landed, fill_failed, fill_refused;
+    uint64_t fill_bytes;
+    double fill_t0, fill_s;
     /* stats */
     uint64_t hits, misses, pcie_pairs, swaps, copies, copy_bytes, failed, verify_failures;
     uint64_t posted; /* copies posted: the fail hook's ticket */
@@ -192,7 +206,7 @@ static int publish(struct hyb *h)
 static void *reg_main(void *arg)
 {
     struct hyb *h = arg;
-    cudaSetDevice(0);
+    cudaSetDevice(h->dev);
     pthread_mutex_lock(&h->mu);
     for (;;) {
         uint32_t b;
@@ -449,34 +463,208 @@ static int post_round(struct hyb *h)
     return 0;
 }
 
-/* fill: the start's first fill, hottest first, in rounds of the flights there are */
+/* fill_copy posts copies of experts[0..n) (layer * NE + expert) into slots[0..n) on the fill's
+ * stream: from registered memory, else through the fill's bounce buffers; fail[i] the test hook's
+ * verdict. Then waits for them, lets the test hooks see the bytes, and verifies when asked:
+ * ok[i] says which copies are good. */
+static void fill_copy(struct hyb *h, const uint32_t *slots, const uint32_t *experts, uint32_t n,
+                      uint8_t *ok)
+{
+    const struct copy_hooks *hk = h->o.copy_hooks;
+    const double t0 = now_s();
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t l = experts[i] / h->NE, e = experts[i] % h->NE;
+        const struct model_layer *Lr = &h->m->layers[l];
+        uint8_t *dst = slot_ptr(h, slots[i]);
+        ok[i] = 1;
+        if (hk && hk->fail && hk->fail(hk->ctx, slots[i], h->posted++)) {
+            ok[i] = 0;
+            continue;
+        }
+        const uint8_t *blob = model_expert_blob(h->m, l, e);
+        cudaError_t ce;
+        if (blob && pinned(h, l, e)) {
+            ce = cudaMemcpyAsync(dst, blob, Lr->blob.bytes, cudaMemcpyHostToDevice, h->fs);
+        } else {
+            const int b = (int)(i % N_BOUNCE);
+            ce = cudaEventSynchronize(h->fbev[b]);
+            uint8_t *bb = h->fbounce[b];
+            if (blob) {
+                memcpy(bb, blob, Lr->blob.bytes);
+            } else {
+                memset(bb, 0, Lr->blob.bytes);
+                for (int p = 0; p < MODEL_PART_COUNT; p++)
+                    memcpy(bb + Lr->blob.part_off[p],
+                           model_expert_part(h->m, l, e, (enum model_part)p),
+                           Lr->part[p].n_out * Lr->part[p].row_bytes);
+            }
+            if (ce == cudaSuccess)
+                ce = cudaMemcpyAsync(dst, bb, Lr->blob.bytes, cudaMemcpyHostToDevice, h->fs);
+            if (ce == cudaSuccess) ce = cudaEventRecord(h->fbev[b], h->fs);
+            want_pin(h, l, e);
+        }
+        if (ce != cudaSuccess) {
+            cudaGetLastError();
+            ok[i] = 0;
+        }
+        h->fill_bytes += Lr->blob.bytes;
+    }
+    if (cudaStreamSynchronize(h->fs) != cudaSuccess) {
+        cudaGetLastError();
+        memset(ok, 0, n);
+    }
+    if (hk && hk->hold_ms) {
+        const double until = t0 + hk->hold_ms * 1e-3;
+        while (now_s() < until)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!ok[i]) continue;
+        const uint32_t l = experts[i] / h->NE, e = experts[i] % h->NE;
+        const uint64_t bytes = h->m->layers[l].blob.bytes;
+        if (hk && hk->after_copy) {
+            uint8_t *tmp = malloc(bytes);
+            if (!tmp || cudaMemcpy(tmp, slot_ptr(h, slots[i]), bytes, cudaMemcpyDeviceToHost)) {
+                ok[i] = 0;
+            } else {
+                hk->after_copy(hk->ctx, slots[i], tmp, bytes);
+                if (cudaMemcpy(slot_ptr(h, slots[i]), tmp, bytes, cudaMemcpyHostToDevice)) ok[i] = 0;
+            }
+            free(tmp);
+        }
+        if (ok[i] && h->o.cache_verify) {
+            struct flight f = {.mv = {l, e, slots[i], -2}};
+            if (verify(h, &f)) {
+                ok[i] = 0;
+                h->fill_refused++;
+            }
+        }
+    }
+}
+
+/* fill_main: the start's fill, hottest first: slots [0, fill_slots) get the first experts of
+ * the order; a slot whose copy fails (or is refused) is poisoned and tries the next expert. */
+static void *fill_main(void *arg)
+{
+    struct hyb *h = arg;
+    cudaSetDevice(h->dev);
+    const uint32_t batch = 64;
+    uint32_t *free_slots = malloc((h->fill_slots + 1) * sizeof *free_slots);
+    uint32_t slots[64], ex[64];
+    uint8_t ok[64];
+    uint32_t n_free = 0, next = 0;
+    for (uint32_t s = h->fill_slots; free_slots && s-- > 0;)
+        free_slots[n_free++] = s;
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        const bool stop = h->fill_stop;
+        pthread_mutex_unlock(&h->mu);
+        if (stop || !free_slots || !n_free || next >= h->fill_total) break;
+        uint32_t n = 0;
+        while (n < batch && n_free && next < h->fill_total) {
+            slots[n] = free_slots[--n_free];
+            ex[n++] = h->forder[next++];
+        }
+        fill_copy(h, slots, ex, n, ok);
+        pthread_mutex_lock(&h->mu);
+        for (uint32_t i = 0; i < n; i++) {
+            if (ok[i]) {
+                uint32_t *q = h->fland + 3 * h->n_fland++;
+                q[0] = slots[i], q[1] = ex[i] / h->NE, q[2] = ex[i] % h->NE;
+                h->fill_copies++;
+            } else {
+                /* poisoned: a window that read it anyway would show in the logits */
+                cudaMemsetAsync(slot_ptr(h, slots[i]), 0xa5, h->slot_bytes, h->fs);
+                free_slots[n_free++] = slots[i];
+                h->fill_failed++;
+            }
+        }
+        pthread_mutex_unlock(&h->mu);
+    }
+    cudaStreamSynchronize(h->fs);
+    free(free_slots);
+    pthread_mutex_lock(&h->mu);
+    h->fill_done = true;
+    h->fill_s = now_s() - h->fill_t0;
+    pthread_cond_broadcast(&h->fill_cv);
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* fill_joined: the fill's thread has ended and is joined: its counts join the cache's, logged */
+static void fill_joined(struct hyb *h)
+{
+    pthread_join(h->fill_th, NULL);
+    h->fill_started = false;
+    h->copy_bytes += h->fill_bytes;
+    h->verify_failures += h->fill_refused;
+    h->failed += h->fill_failed - h->fill_refused;
+    LOG_INFO("expert cache: the start's fill ended: %u experts in VRAM slots in %.3f s (%.2f "
+             "GiB/s) while serving, %u copies failed or refused%s",
+             h->fill_copies, h->fill_s, h->fill_s > 0 ? gib(h->fill_bytes) / h->fill_s : 0.0,
+             h->fill_failed, h->fill_stop ? "; stopped early (the slot pool changed)" : "");
+}
+
+/* fill_land: the decode thread turns what the fill has copied resident in the working table
+ * (the caller publishes); joins the fill's thread once it has ended. Returns the count landed. */
+static uint32_t fill_land(struct hyb *h)
+{
+    if (!h->fill_started) return 0;
+    pthread_mutex_lock(&h->mu);
+    const uint32_t n = h->n_fland;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t *q = h->fland + 3 * i;
+        hyb_land(h->cache, q[0], q[1], q[2], true);
+    }
+    h->n_fland = 0;
+    h->fill_landed += n;
+    const bool ended = h->fill_done;
+    pthread_mutex_unlock(&h->mu);
+    if (ended) fill_joined(h);
+    return n;
+}
+
+/* fill_end: a fence for whatever changes the slot pool: the fill stops, what it copied lands,
+ * the rest of its slots stay free (the tier fills them), published. */
+static int fill_end(struct hyb *h)
+{
+    if (!h->fill_started) return 0;
+    pthread_mutex_lock(&h->mu);
+    h->fill_stop = true;
+    while (!h->fill_done)
+        pthread_cond_wait(&h->fill_cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    fill_land(h);
+    return publish(h);
+}
+
+/* fill: starts the start's fill on its thread (STRATA_HYBRID_FILL=wait: waits for it, the
+ * first window then sees every slot filled) */
 static int fill(struct hyb *h)
 {
     const uint32_t total = h->L * h->NE;
-    uint32_t *order = malloc(total * sizeof *order);
-    if (!order) return strata_errf(STRATA_ENOMEM, "out of memory for the fill order");
-    int rv = cache_fill_order(h->L, h->NE, h->o.heat, order);
-    const uint32_t batch = h->o.tier.swaps > 0 ? h->o.tier.swaps : 64;
-    for (uint32_t i = 0; !rv && i < total && cache_free_slot(h->cache) != CACHE_NONE;) {
-        h->n_fl = 0;
-        for (; i < total && h->n_fl < batch; i++) {
-            const int32_t s = cache_free_slot(h->cache);
-            if (s == CACHE_NONE) break;
-            /* the slot is taken in the working table while its copy runs, so the next pick
-             * does not hand it out again; a failed copy frees it below */
-            struct flight *f = &h->fl[h->n_fl++];
-            f->mv = (struct tier_move){order[i] / h->NE, order[i] % h->NE, (uint32_t)s, -2};
-            cache_assign(h->cache, (uint32_t)s, order[i] / h->NE, order[i] % h->NE);
-        }
-        if ((rv = post_round(h))) break;
-        land_all(h, true); /* a bad copy's slot goes back to the working table's free ones */
-        h->n_fl = h->n_fl_posted = 0;
+    if (!(h->forder = malloc(total * sizeof *h->forder)) ||
+        !(h->fland = malloc(((size_t)h->cache->n_slots + 1) * 3 * sizeof *h->fland)))
+        return strata_errf(STRATA_ENOMEM, "out of memory for the fill order");
+    int rv = cache_fill_order(h->L, h->NE, h->o.heat, h->forder);
+    if (rv) return rv;
+    h->fill_total = total;
+    h->fill_slots = h->cache->n_slots;
+    h->fill_t0 = now_s();
+    if (!h->fill_slots) return 0;
+    int err = pthread_create(&h->fill_th, NULL, fill_main, h);
+    if (err) return strata_errf(strata_errno(err), "cannot start the fill thread");
+    h->fill_started = true;
+    const char *w = getenv("STRATA_HYBRID_FILL");
+    if (w && strcmp(w, "wait") == 0) {
+        pthread_mutex_lock(&h->mu);
+        while (!h->fill_done)
+            pthread_cond_wait(&h->fill_cv, &h->mu);
+        pthread_mutex_unlock(&h->mu);
+        fill_land(h);
+        return publish(h);
     }
-    /* the fill is not the tier's swaps */
-    h->swaps = 0;
-    h->copies = 0;
-    free(order);
-    return rv ? rv : publish(h);
+    return 0;
 }
 
 /* ---- open / close -----------------------------------------------------------------------------
@@ -574,6 +762,7 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->T = o->max_pass_tokens, h->P = h->T * h->K;
     h->slot_bytes = slot_bytes;
     h->pin = (enum hyb_pin)o->pin;
+    h->dev = (int)o->gpu;
     const char *pm = getenv("STRATA_PCIE_MODE");
     h->stage = pm && strcmp(pm, "stage") == 0;
     h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->stage ? N_STAGE : 0};
@@ -583,6 +772,7 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->async_wait = !aw || !*aw || atoi(aw) != 0;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
+    pthread_cond_init(&h->fill_cv, NULL);
     const uint64_t LE = (uint64_t)h->L * h->NE, P = h->P, E = hp->n_embd;
     const uint32_t swaps = o->tier.swaps > 64 ? o->tier.swaps : 64;
     int rv, attr = 0;
@@ -650,6 +840,10 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->bounce[1], slot_bytes},
         {(void **)&h->bounce[2], slot_bytes},
         {(void **)&h->bounce[3], slot_bytes},
+        {(void **)&h->fbounce[0], slot_bytes},
+        {(void **)&h->fbounce[1], slot_bytes},
+        {(void **)&h->fbounce[2], slot_bytes},
+        {(void **)&h->fbounce[3], slot_bytes},
     };
     for (size_t i = 0; i < sizeof pinb / sizeof pinb[0]; i++) {
         if ((rv = ck(cudaMallocHost(pinb[i].p, pinb[i].bytes ? pinb[i].bytes : 1),
@@ -673,12 +867,14 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
     if ((rv = ck(cudaStreamCreateWithFlags(&h->cs, cudaStreamNonBlocking), "copy stream")) ||
+        (rv = ck(cudaStreamCreateWithFlags(&h->fs, cudaStreamNonBlocking), "fill stream")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->win_ev, cudaEventDisableTiming), "event")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[1], cudaEventDisableTiming), "event")))
         goto fail;
     for (int i = 0; i < N_BOUNCE; i++)
-        if ((rv = ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")))
+        if ((rv = ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")) ||
+            (rv = ck(cudaEventCreateWithFlags(&h->fbev[i], cudaEventDisableTiming), "event")))
             goto fail;
     for (uint32_t i = 0; i < swaps; i++)
         if ((rv = ck(cudaEventCreateWithFlags(&h->fl[i].done, cudaEventDisableTiming), "event")))
@@ -688,7 +884,7 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
             (rv = ck(cudaEventCreate(&h->ev_b[l]), "event")))
             goto fail;
     /* registration: read-only where the device takes it (the arena is mapped read-only) */
-    cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, 0);
+    cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, h->dev);
     h->ro_flag = attr != 0;
     h->can_map = true; /* mapped registrations: the PCIe share reads them through the slot table */
     if (h->pin != HYB_PIN_NONE && model_expert_blob(m, 0, 0)) {
@@ -719,13 +915,16 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         n_slots = keep;
         if ((rv = cache_resize(h->cache, n_slots)) || (rv = pool_to(h, n_slots))) goto fail;
     }
+    measure_pcie(h); /* before the fill's copies share the bus */
     if ((rv = publish(h)) || (rv = fill(h))) goto fail;
-    measure_pcie(h);
     if (h->rule.threshold == BACKEND_PCIE_AUTO) h->rule.threshold = auto_threshold(h);
-    LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident, the "
-             "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
+    LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident%s, "
+             "the rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u "
+             "(%s)",
              n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
-             cache_resident(h->cache), (uint32_t)LE, o->n_threads ? o->n_threads : 1,
+             cache_resident(h->cache), (uint32_t)LE,
+             h->fill_started ? " (the fill runs in the background)" : "",
+             o->n_threads ? o->n_threads : 1,
              !h->tier        ? "static"
              : o->tier.async ? "adaptive, async"
                              : "adaptive, blocking",
@@ -743,6 +942,14 @@ void hyb_close(struct hyb *h)
     if (!h) return;
     if (h->s) cudaStreamSynchronize(h->s);
     if (h->cs) cudaStreamSynchronize(h->cs);
+    if (h->fill_started) {
+        pthread_mutex_lock(&h->mu);
+        h->fill_stop = true;
+        while (!h->fill_done)
+            pthread_cond_wait(&h->fill_cv, &h->mu);
+        pthread_mutex_unlock(&h->mu);
+        fill_joined(h);
+    }
     if (h->reg_started) {
         pthread_mutex_lock(&h->mu);
         h->reg_stop = true;
@@ -767,7 +974,8 @@ void hyb_close(struct hyb *h)
         cudaFree(dev[i]);
     void *pin[] = {h->h_tab[0],  h->h_tab[1],  h->h_pcie,    h->h_groups, h->h_idx,
                    h->h_rows,    h->h_xn,      h->h_selw,    h->h_pack,   h->h_stab,
-                   h->bounce[0], h->bounce[1], h->bounce[2], h->bounce[3]};
+                   h->bounce[0], h->bounce[1], h->bounce[2], h->bounce[3],
+                   h->fbounce[0], h->fbounce[1], h->fbounce[2], h->fbounce[3]};
     for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
         cudaFreeHost(pin[i]);
     const uint32_t swaps = h->o.tier.swaps > 64 ? h->o.tier.swaps : 64;
@@ -777,11 +985,15 @@ void hyb_close(struct hyb *h)
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],   h->bounce_ev[0],
-                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3]};
+    cudaEvent_t evs[] = {h->win_ev,         h->tab_ev[0],    h->tab_ev[1],    h->bounce_ev[0],
+                         h->bounce_ev[1],   h->bounce_ev[2], h->bounce_ev[3], h->fbev[0],
+                         h->fbev[1],        h->fbev[2],      h->fbev[3]};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i]) cudaEventDestroy(evs[i]);
     if (h->cs) cudaStreamDestroy(h->cs);
+    if (h->fs) cudaStreamDestroy(h->fs);
+    free(h->forder);
+    free(h->fland);
     void *hostb[] = {h->groups, h->hg,    h->pg,       h->mg,    h->pidx, h->hi,      h->ppi,
                      h->mi,     h->h_out, h->chunk_of, h->stamp, h->rtok, h->host_ok, h->pin_ptr,
                      h->moves,  h->fl,    h->ev_used,  h->ev_a,  h->ev_b};
@@ -794,6 +1006,7 @@ void hyb_close(struct hyb *h)
     hyb_pinset_fini(&h->pins);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
+    pthread_cond_destroy(&h->fill_cv);
     free(h);
 }
 
@@ -1028,10 +1241,12 @@ static int async_tick(struct hyb *h)
 int hyb_tick(struct hyb *h)
 {
     h->window++;
-    int rv = pcie_news(h) ? publish(h) : 0;
+    const bool landed = fill_land(h) > 0;
+    int rv = pcie_news(h) || landed ? publish(h) : 0;
     const double w0 = h->adapt_wait_s;
     const uint64_t sw0 = h->swaps;
-    if (!rv && h->tier)
+    /* the tier starts once the start's fill has ended (its slots are the fill's until then) */
+    if (!rv && h->tier && !h->fill_started)
         rv = h->o.tier.async ? async_tick(h) : tier_window(h->tier) ? round_blocking(h) : 0;
     if (!h->first_done && h->w_hits + h->w_misses) {
         h->first_hit_rate = (double)h->w_hits / (double)(h->w_hits + h->w_misses);
@@ -1064,6 +1279,8 @@ int hyb_tick(struct hyb *h)
 
 int hyb_quiesce(struct hyb *h)
 {
+    /* what the fill has copied lands; the fill itself goes on (a request does not wait for it) */
+    if (fill_land(h) && !h->n_fl_posted) return publish(h);
     if (h->n_fl_posted) {
         land_all(h, true);
         h->n_fl = h->n_fl_posted = 0;
@@ -1076,7 +1293,7 @@ int hyb_quiesce(struct hyb *h)
 int hyb_resize(struct hyb *h, uint64_t bytes)
 {
     int rv;
-    if ((rv = hyb_quiesce(h))) return rv;
+    if ((rv = fill_end(h)) || (rv = hyb_quiesce(h))) return rv;
     const uint32_t total = h->L * h->NE;
     uint64_t n = bytes / h->slot_bytes;
     if (n > total) n = total;
@@ -1109,4 +1326,18 @@ void hyb_info(const struct hyb *h, struct backend_info *out)
     out->verify_failures = h->verify_failures;
     out->pcie_pairs = h->pcie_pairs;
     out->pcie_gbs = h->pcie_gbs;
+    pthread_mutex_lock((pthread_mutex_t *)&h->mu);
+    out->fill_left = h->fill_started ? h->fill_slots - h->fill_copies : 0;
+    pthread_mutex_unlock((pthread_mutex_t *)&h->mu);
+}
+
+uint64_t hyb_vram_bytes(const struct hyb *h)
+{
+    return (uint64_t)h->n_chunks * hyb_chunk_bytes(h->slot_bytes, HYB_CHUNK_SLOTS) +
+           (h->stage ? N_STAGE * h->slot_bytes : 0);
+}
+
+uint32_t hyb_slots(const struct hyb *h)
+{
+    return h->cache->n_slots;
 }
