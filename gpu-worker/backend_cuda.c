@@ -449,7 +449,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     c->dev = (int)o->gpu;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess) n_dev = 0;
     cudaGetLastError();
-    if (c->dev >= n_dev) {
+    if (n_dev > 0 && c->dev >= n_dev) {
         rv = strata_errf(STRATA_EINVAL, "--gpu %d: CUDA sees %d device%s here (0 to %d)", c->dev,
                          n_dev, n_dev == 1 ? "" : "s", n_dev - 1);
         goto fail;
