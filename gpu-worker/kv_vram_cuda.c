@@ -29,6 +29,8 @@ struct kv_vram {
     CUdeviceptr base;
     uint32_t granules; /* mapped per region */
     CUmemGenericAllocationHandle *handles;
+    CUdeviceptr *at;  /* (n_handles) where each is mapped */
+    uint64_t *bytes; /* (n_handles) how much */
     uint32_t n_handles, cap_handles;
     CUmemAllocationProp prop;
 };
@@ -101,13 +103,15 @@ void kv_vram_close(struct kv_vram *k)
 {
     if (!k) return;
     if (k->base) {
-        for (uint32_t r = 0; r < k->n_regions && k->granules; r++)
-            k->f.unmap(k->base + r * k->stride, (size_t)k->granules * k->granule);
-        for (uint32_t i = 0; i < k->n_handles; i++)
+        for (uint32_t i = 0; i < k->n_handles; i++) {
+            k->f.unmap(k->at[i], k->bytes[i]);
             k->f.release(k->handles[i]);
+        }
         k->f.free_va(k->base, k->stride * k->n_regions);
     }
     free(k->handles);
+    free(k->at);
+    free(k->bytes);
     free(k);
 }
 
@@ -150,34 +154,47 @@ int kv_vram_grow(struct kv_vram *k, uint32_t blocks)
     const uint32_t want = (uint32_t)hyb_kv_granules(k->block_bytes, k->granule, blocks);
     if (want <= k->granules) return 0;
     const uint64_t dg = (uint64_t)(want - k->granules) * k->granule;
-    if (k->n_handles == k->cap_handles) {
-        const uint32_t cap = k->cap_handles ? 2 * k->cap_handles : 16;
+    if (k->n_handles + k->n_regions > k->cap_handles) {
+        const uint32_t cap = 2 * (k->n_handles + k->n_regions);
         CUmemGenericAllocationHandle *h = realloc(k->handles, cap * sizeof *h);
-        if (!h) return strata_errf(STRATA_ENOMEM, "out of memory for the K/V mappings");
-        k->handles = h, k->cap_handles = cap;
+        if (h) k->handles = h;
+        CUdeviceptr *a = h ? realloc(k->at, cap * sizeof *a) : NULL;
+        if (a) k->at = a;
+        uint64_t *b = a ? realloc(k->bytes, cap * sizeof *b) : NULL;
+        if (b) k->bytes = b;
+        if (!b) return strata_errf(STRATA_ENOMEM, "out of memory for the K/V mappings");
+        k->cap_handles = cap;
     }
-    /* one allocation for the growth of every region, mapped piece by piece */
-    CUmemGenericAllocationHandle hd;
-    int rv = cu(k->f.create(&hd, dg * k->n_regions, &k->prop, 0), "K/V growth");
-    if (rv) return rv;
+    /* an allocation per region (cuMemMap maps a handle from its offset 0 only) */
     const CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, k->dev},
                                  CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    int rv = 0;
     uint32_t r = 0;
-    for (; r < k->n_regions && !rv; r++) {
+    for (; r < k->n_regions; r++) {
         const CUdeviceptr at = k->base + r * k->stride + (uint64_t)k->granules * k->granule;
-        if ((rv = cu(k->f.map(at, dg, r * dg, hd, 0), "K/V map"))) break;
-        if ((rv = cu(k->f.access(at, dg, &acc, 1), "K/V access"))) {
-            k->f.unmap(at, dg);
+        CUmemGenericAllocationHandle hd;
+        if ((rv = cu(k->f.create(&hd, dg, &k->prop, 0), "K/V growth"))) break;
+        if ((rv = cu(k->f.map(at, dg, 0, hd, 0), "K/V map"))) {
+            k->f.release(hd);
             break;
         }
+        if ((rv = cu(k->f.access(at, dg, &acc, 1), "K/V access"))) {
+            k->f.unmap(at, dg);
+            k->f.release(hd);
+            break;
+        }
+        k->handles[k->n_handles + r] = hd;
+        k->at[k->n_handles + r] = at;
+        k->bytes[k->n_handles + r] = dg;
     }
     if (rv) {
-        for (uint32_t i = 0; i < r; i++)
+        for (uint32_t i = 0; i < r; i++) {
             k->f.unmap(k->base + i * k->stride + (uint64_t)k->granules * k->granule, dg);
-        k->f.release(hd);
+            k->f.release(k->handles[k->n_handles + i]);
+        }
         return rv;
     }
-    k->handles[k->n_handles++] = hd;
+    k->n_handles += k->n_regions;
     k->granules = want;
     return 0;
 }
