@@ -208,8 +208,8 @@ void backend_reset_stats(struct backend *b);
     "  --kv-type T          K/V storage: f32 (default; f16 with --backend cuda) or f16 (half the\n" \
     "                       memory)\n"                                                             \
     "  --vram-reserve-mib N VRAM a GPU backend leaves to others (default 700)\n"                   \
-    "  --vram-mib N         the most VRAM a GPU backend takes, K/V and slots (default: all)\n"    \
-    "  --gpu N              the CUDA device (default 0)\n"                                        \
+    "  --vram-mib N         the most VRAM a GPU backend takes, K/V and slots (default: all)\n"     \
+    "  --gpu N              the CUDA device (default 0)\n"                                         \
     "  --expert-cache C     fast-tier slots: auto (CPU: none), N slots or a size (12GiB)\n"        \
     "  --adapt-every N      windows between adaptive-tier rounds (default 4; 0: static cache)\n"   \
     "  --adapt-swaps N      most experts moved in a round (default 96)\n"                          \

@@ -160,7 +160,7 @@ struct cuda_be {
     int dev;
     struct kv_vram *kvv; /* NULL: the whole K/V pool allocated at start */
     uint64_t budget;     /* --vram-mib, or all that was free after the reserve */
-    uint64_t fixed;      /* weights, scratch and the hybrid's buffers: what is neither K/V nor slots */
+    uint64_t fixed; /* weights, scratch and the hybrid's buffers: what is neither K/V nor slots */
     uint64_t kv_grows;
     uint32_t kv_took; /* slots K/V growth took back */
 };

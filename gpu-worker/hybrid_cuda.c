@@ -528,7 +528,8 @@ static void fill_copy(struct hyb *h, const uint32_t *slots, const uint32_t *expe
                 ok[i] = 0;
             } else {
                 hk->after_copy(hk->ctx, slots[i], tmp, bytes);
-                if (cudaMemcpy(slot_ptr(h, slots[i]), tmp, bytes, cudaMemcpyHostToDevice)) ok[i] = 0;
+                if (cudaMemcpy(slot_ptr(h, slots[i]), tmp, bytes, cudaMemcpyHostToDevice))
+                    ok[i] = 0;
             }
             free(tmp);
         }
@@ -602,7 +603,8 @@ static void fill_joined(struct hyb *h)
     LOG_INFO("expert cache: the start's fill ended: %u experts in VRAM slots in %.3f s (%.2f "
              "GiB/s) while serving, %u copies failed or refused%s",
              h->fill_copies, h->fill_s, h->fill_s > 0 ? gib(h->fill_bytes) / h->fill_s : 0.0,
-             h->fill_failed, h->fill_stop ? "; stopped early (the slot pool changed)" : "");
+             h->fill_failed,
+             h->fill_stop ? "; stopped before its end (a resize, a K/V growth or close)" : "");
 }
 
 /* fill_land: the decode thread turns what the fill has copied resident in the working table
@@ -873,7 +875,8 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[1], cudaEventDisableTiming), "event")))
         goto fail;
     for (int i = 0; i < N_BOUNCE; i++)
-        if ((rv = ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")) ||
+        if ((rv =
+                 ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")) ||
             (rv = ck(cudaEventCreateWithFlags(&h->fbev[i], cudaEventDisableTiming), "event")))
             goto fail;
     for (uint32_t i = 0; i < swaps; i++)
@@ -972,10 +975,10 @@ void hyb_close(struct hyb *h)
                    h->d_rows,   h->d_yy,     h->d_stab,   h->d_stage};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cudaFree(dev[i]);
-    void *pin[] = {h->h_tab[0],  h->h_tab[1],  h->h_pcie,    h->h_groups, h->h_idx,
-                   h->h_rows,    h->h_xn,      h->h_selw,    h->h_pack,   h->h_stab,
-                   h->bounce[0], h->bounce[1], h->bounce[2], h->bounce[3],
-                   h->fbounce[0], h->fbounce[1], h->fbounce[2], h->fbounce[3]};
+    void *pin[] = {h->h_tab[0],   h->h_tab[1],   h->h_pcie,    h->h_groups,  h->h_idx,
+                   h->h_rows,     h->h_xn,       h->h_selw,    h->h_pack,    h->h_stab,
+                   h->bounce[0],  h->bounce[1],  h->bounce[2], h->bounce[3], h->fbounce[0],
+                   h->fbounce[1], h->fbounce[2], h->fbounce[3]};
     for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
         cudaFreeHost(pin[i]);
     const uint32_t swaps = h->o.tier.swaps > 64 ? h->o.tier.swaps : 64;
@@ -985,9 +988,9 @@ void hyb_close(struct hyb *h)
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    cudaEvent_t evs[] = {h->win_ev,         h->tab_ev[0],    h->tab_ev[1],    h->bounce_ev[0],
-                         h->bounce_ev[1],   h->bounce_ev[2], h->bounce_ev[3], h->fbev[0],
-                         h->fbev[1],        h->fbev[2],      h->fbev[3]};
+    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],    h->bounce_ev[0],
+                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3], h->fbev[0],
+                         h->fbev[1],      h->fbev[2],      h->fbev[3]};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i]) cudaEventDestroy(evs[i]);
     if (h->cs) cudaStreamDestroy(h->cs);

@@ -116,10 +116,10 @@ static void build_arena(struct env *e)
     ck_assert_msg(model_load_arena(e->a, e->meta, &e->ma) == 0, "%s", strata_errdetail());
 }
 
-static void env_open(struct env *e, const char *arch, const char *type)
+static void env_open_shape(struct env *e, const char *arch, const char *type, const char *shape)
 {
     snprintf(e->path, sizeof e->path, "%s/hyb-%s.gguf", test_tmpdir(), arch);
-    struct fixture_opts fo = {.arch = arch, .type = type, .seed = 21, .zipf = 1.1};
+    struct fixture_opts fo = {.arch = arch, .type = type, .shape = shape, .seed = 21, .zipf = 1.1};
     ck_assert_msg(fixture_write(&fo, e->path) == 0, "%s", strata_errdetail());
     ck_assert_int_eq(gguf_open(e->path, &e->f), 0);
     ck_assert_msg(model_load(e->f, &e->m) == 0, "%s", strata_errdetail());
@@ -138,6 +138,11 @@ static void env_open(struct env *e, const char *arch, const char *type)
     script(e, b, e->base, 0, 0, 0);
     backend_close(b);
     build_arena(e);
+}
+
+static void env_open(struct env *e, const char *arch, const char *type)
+{
+    env_open_shape(e, arch, type, NULL);
 }
 
 static void env_close(struct env *e)
@@ -405,8 +410,8 @@ static size_t long_script(struct env *e, struct backend *b, float *out, uint32_t
     for (uint32_t p = 0; p < n_tokens; p += 32) {
         const uint32_t n = n_tokens - p < 32 ? n_tokens - p : 32;
         for (uint32_t j = 0; j < n; j++)
-            t[j] = (struct backend_token){&seq, (int32_t)(((p + j) * 2654435761u) % e->V),
-                                          j == n - 1};
+            t[j] =
+                (struct backend_token){&seq, (int32_t)(((p + j) * 2654435761u) % e->V), j == n - 1};
         ck_assert_msg(backend_eval(b, t, n, out + rows * e->V) == 0, "%s", strata_errdetail());
         ck_assert_int_eq(backend_tick(b), 0);
         rows++;
@@ -440,14 +445,15 @@ static size_t long_script(struct env *e, struct backend *b, float *out, uint32_t
 
 /* K/V growth takes slots through the fence, on real streams: a hybrid whose VRAM budget is full
  * at start (--vram-mib: what it holds then) runs a prompt long enough to need two granules of
- * K/V a region; the growth gives back whole chunks of slots (the tier's round in flight lands,
- * the table is republished, the windows on the old one finish, then the memory is reused), and
- * the logits equal the all-resident ones; the vram op then gives slots back and takes them
- * again with K/V kept. Static, blocking and async tiers. */
+ * K/V a region (the qwen3-mini shape: 16 regions, 512 experts of about 1 MiB, so a growth of 32
+ * MiB takes a few of its chunks of 16 slots); the growth gives back whole chunks of slots (the
+ * tier's round in flight lands, the table is republished, the windows on the old one finish, then
+ * the memory is reused), and the logits equal the all-resident ones; the vram op then gives slots
+ * back and takes them again with K/V kept. Static, blocking and async tiers. */
 START_TEST(kv_growth_takes_slots_on_streams)
 {
     struct env e;
-    env_open(&e, "qwen3moe", NULL);
+    env_open_shape(&e, "qwen3moe", NULL, "qwen3-mini");
     struct backend_opts base_o = {0};
     base_o.name = "cuda";
     base_o.n_threads = 2;
@@ -464,7 +470,8 @@ START_TEST(kv_growth_takes_slots_on_streams)
     uint32_t n_tok = (uint32_t)(2 * (2u << 20) / region_pos) + 40;
     if (n_tok > 30000) n_tok = 30000;
     const size_t max_rows = n_tok / 32 + 10;
-    float *want = malloc(max_rows * e.V * sizeof(float)), *got = malloc(max_rows * e.V * sizeof(float));
+    float *want = malloc(max_rows * e.V * sizeof(float)),
+          *got = malloc(max_rows * e.V * sizeof(float));
     const size_t rows = long_script(&e, b, want, n_tok, 0, 0);
     backend_close(b);
     printf("kv growth: %u positions (%llu bytes each a region)\n", n_tok,
@@ -548,11 +555,12 @@ START_TEST(two_backends_one_arena)
     setenv("STRATA_CUDA_HYBRID", "1", 1);
     const struct tier_opts async = {
         .every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f, .async = true};
-    struct backend_opts o1 = {.expert_cache = {CACHE_SLOTS, e.total / 4}, .tier = async,
-                              .pin = 1, .gpu = 0};
+    struct backend_opts o1 = {
+        .expert_cache = {CACHE_SLOTS, e.total / 4}, .tier = async, .pin = 1, .gpu = 0};
     struct backend_opts o2 = {.expert_cache = {CACHE_SLOTS, e.total / 2}, .gpu = 0};
     struct backend *b1 = start(e.ma, &o1), *b2 = start(e.ma, &o2);
-    float *g1 = malloc(e.n_rows * e.V * sizeof(float)), *g2 = malloc(e.n_rows * e.V * sizeof(float));
+    float *g1 = malloc(e.n_rows * e.V * sizeof(float)),
+          *g2 = malloc(e.n_rows * e.V * sizeof(float));
     struct kv_seq s1[N_SEQ], s2[N_SEQ];
     for (int q = 0; q < N_SEQ; q++)
         kv_seq_init(&s1[q]), kv_seq_init(&s2[q]);

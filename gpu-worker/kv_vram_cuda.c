@@ -17,7 +17,8 @@ struct vmm {
     CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
     CUresult (*unmap)(CUdeviceptr, size_t);
     CUresult (*access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-    CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+    CUresult (*granularity)(size_t *, const CUmemAllocationProp *,
+                            CUmemAllocationGranularity_flags);
     CUresult (*attr)(int *, CUdevice_attribute, CUdevice);
 };
 
@@ -29,7 +30,7 @@ struct kv_vram {
     CUdeviceptr base;
     uint32_t granules; /* mapped per region */
     CUmemGenericAllocationHandle *handles;
-    CUdeviceptr *at;  /* (n_handles) where each is mapped */
+    CUdeviceptr *at; /* (n_handles) where each is mapped */
     uint64_t *bytes; /* (n_handles) how much */
     uint32_t n_handles, cap_handles;
     CUmemAllocationProp prop;
