@@ -88,6 +88,15 @@ struct hyb {
     uint32_t n_fl, n_fl_posted;
     uint64_t window, posted_at;
     cudaEvent_t win_ev; /* recorded on s at each tick: the window just finished */
+    /* the async tier's pick on its own thread (STRATA_ADAPT_PICK_INLINE=0) and its copies posted
+     * a batch a tick (STRATA_ADAPT_ASYNC_BATCH=N; 0: the round at once) */
+    uint32_t async_batch;
+    pthread_t picker;
+    bool picker_started, picker_stop;
+    pthread_mutex_t pmu;
+    pthread_cond_t pcv;
+    enum { PICK_IDLE, PICK_ASKED, PICK_READY } pick;
+    uint32_t n_picked;
     uint8_t *bounce[N_BOUNCE];
     cudaEvent_t bounce_ev[N_BOUNCE];
     int next_bounce;
@@ -434,30 +443,33 @@ static uint32_t land_all(struct hyb *h, bool wait)
     }
     if (wait) h->adapt_wait_s += now_s() - t0;
     h->copy_s += now_s() - t0;
-    if (!out) h->n_fl = h->n_fl_posted = 0;
+    if (!out && h->n_fl_posted == h->n_fl) h->n_fl = h->n_fl_posted = 0;
     return out;
 }
 
-/* post_round: the moves' victims leave the table, which is republished, then the copies go,
- * fenced on the window just finished (the last that may read the victims' slots). */
-static int post_round(struct hyb *h)
+/* post_round posts the round's next moves (fl[n_fl_posted..), at most `batch` of them, 0: all):
+ * their victims leave the table, which is republished, then the copies go, fenced on the window
+ * just finished (the last that may read the victims' slots). */
+static int post_round(struct hyb *h, uint32_t batch)
 {
     int rv;
+    const uint32_t from = h->n_fl_posted,
+                   end = batch && h->n_fl - from > batch ? from + batch : h->n_fl;
     const bool unfenced = h->o.copy_hooks && h->o.copy_hooks->unfenced;
     if (!unfenced) {
-        for (uint32_t i = 0; i < h->n_fl; i++)
+        for (uint32_t i = from; i < end; i++)
             if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
         if ((rv = publish(h))) return rv;
     }
     if ((rv = ck(cudaEventRecord(h->win_ev, h->s), "window event"))) return rv;
-    for (uint32_t i = 0; i < h->n_fl; i++)
+    for (uint32_t i = from; i < end; i++)
         if ((rv = post(h, &h->fl[i]))) return rv;
-    h->n_fl_posted = h->n_fl;
+    h->n_fl_posted = end;
     h->posted_at = h->window;
     if (unfenced) {
         /* the removed fence (a test hook): the copies land while the old table is still read */
         cudaStreamSynchronize(h->cs);
-        for (uint32_t i = 0; i < h->n_fl; i++)
+        for (uint32_t i = from; i < end; i++)
             if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
     }
     return 0;
@@ -673,6 +685,8 @@ static int fill(struct hyb *h)
  */
 
 static const void *host_part(void *ctx, uint32_t expert, int part);
+static void *picker_main(void *arg);
+static void pick_settle(struct hyb *h, bool drop);
 
 /* twin_parts: a layer's expert parts as cpu_moe_ffn takes them */
 static struct cpu_moe_parts twin_parts(const struct model_layer *Lr)
@@ -772,6 +786,11 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->timing = t && atoi(t);
     const char *aw = getenv("STRATA_ADAPT_ASYNC_WAIT");
     h->async_wait = !aw || !*aw || atoi(aw) != 0;
+    const char *ab = getenv("STRATA_ADAPT_ASYNC_BATCH"), *pi = getenv("STRATA_ADAPT_PICK_INLINE");
+    h->async_batch = ab && *ab ? (uint32_t)atoi(ab) : 0;
+    const bool pick_thread = pi && *pi && atoi(pi) == 0; /* on CUDA the pick is inline unless =0 */
+    pthread_mutex_init(&h->pmu, NULL);
+    pthread_cond_init(&h->pcv, NULL);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     pthread_cond_init(&h->fill_cv, NULL);
@@ -793,6 +812,14 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         (rv = cpu_moe_init(h->P, (uint32_t)E, hp->n_ff_exp, act, h->NE, &h->twin)))
         goto fail;
     if (o->tier.every && (rv = tier_init(h->L, h->NE, &o->tier, &h->tier))) goto fail;
+    if (h->tier && o->tier.async && pick_thread) {
+        int err = pthread_create(&h->picker, NULL, picker_main, h);
+        if (err) {
+            rv = strata_errf(strata_errno(err), "cannot start the adaptive tier's thread");
+            goto fail;
+        }
+        h->picker_started = true;
+    }
     struct {
         void **p;
         size_t bytes;
@@ -945,6 +972,15 @@ void hyb_close(struct hyb *h)
     if (!h) return;
     if (h->s) cudaStreamSynchronize(h->s);
     if (h->cs) cudaStreamSynchronize(h->cs);
+    if (h->picker_started) {
+        pick_settle(h, true);
+        pthread_mutex_lock(&h->pmu);
+        h->picker_stop = true;
+        pthread_cond_broadcast(&h->pcv);
+        pthread_mutex_unlock(&h->pmu);
+        pthread_join(h->picker, NULL);
+        h->picker_started = false;
+    }
     if (h->fill_started) {
         pthread_mutex_lock(&h->mu);
         h->fill_stop = true;
@@ -1010,6 +1046,8 @@ void hyb_close(struct hyb *h)
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
     pthread_cond_destroy(&h->fill_cv);
+    pthread_mutex_destroy(&h->pmu);
+    pthread_cond_destroy(&h->pcv);
     free(h);
 }
 
@@ -1210,11 +1248,54 @@ static int round_blocking(struct hyb *h)
     if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
     if (!n) return 0;
     h->n_fl = n;
+    h->n_fl_posted = 0;
     for (uint32_t i = 0; i < n; i++)
         h->fl[i].mv = h->moves[i];
-    int rv = post_round(h);
+    int rv = post_round(h, 0);
     land_all(h, true);
     return rv ? rv : publish(h);
+}
+
+/* the picker thread (STRATA_ADAPT_PICK_INLINE=0): tier_pick reads only the working table, which
+ * the decode thread leaves alone while a pick is asked (nothing of the tier is in flight then,
+ * and the fill has ended), and the counts' snapshot; windows go on counting meanwhile */
+static void *picker_main(void *arg)
+{
+    struct hyb *h = arg;
+    pthread_mutex_lock(&h->pmu);
+    for (;;) {
+        while (h->pick != PICK_ASKED && !h->picker_stop)
+            pthread_cond_wait(&h->pcv, &h->pmu);
+        if (h->picker_stop) break;
+        pthread_mutex_unlock(&h->pmu);
+        const uint32_t n = tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps);
+        pthread_mutex_lock(&h->pmu);
+        h->n_picked = n;
+        h->pick = PICK_READY;
+        pthread_cond_broadcast(&h->pcv);
+    }
+    pthread_mutex_unlock(&h->pmu);
+    return NULL;
+}
+
+/* pick_settle waits until no pick is running; drop: a ready pick is thrown away (a fence) */
+static void pick_settle(struct hyb *h, bool drop)
+{
+    if (!h->picker_started) return;
+    pthread_mutex_lock(&h->pmu);
+    while (h->pick == PICK_ASKED)
+        pthread_cond_wait(&h->pcv, &h->pmu);
+    if (drop) h->pick = PICK_IDLE;
+    pthread_mutex_unlock(&h->pmu);
+}
+
+/* take: the round's moves become the flights to post */
+static void take(struct hyb *h, uint32_t n)
+{
+    h->n_fl = n;
+    h->n_fl_posted = 0;
+    for (uint32_t i = 0; i < n; i++)
+        h->fl[i].mv = h->moves[i];
 }
 
 static int async_tick(struct hyb *h)
@@ -1223,20 +1304,42 @@ static int async_tick(struct hyb *h)
     if (h->n_fl_posted) {
         const bool wait = h->async_wait && h->window > h->posted_at;
         land_all(h, wait);
-        if (!h->n_fl && (rv = publish(h))) return rv;
-        if (h->n_fl) {
-            /* what landed turns resident now; the rest at a later tick */
-            if ((rv = publish(h))) return rv;
-            return 0;
+        /* what landed turns resident now; the rest at a later tick */
+        if ((rv = publish(h))) return rv;
+        /* the round goes on: its next batch (STRATA_ADAPT_ASYNC_BATCH), or its copies landing */
+        if (h->n_fl) return h->n_fl_posted < h->n_fl ? post_round(h, h->async_batch) : 0;
+    }
+    if (h->picker_started) {
+        /* with ASYNC_WAIT the tick after a pick was asked waits for it: the window a round is
+         * posted in does not depend on the picker's timing */
+        if (h->async_wait) {
+            const double t0 = now_s();
+            pick_settle(h, false);
+            h->adapt_wait_s += now_s() - t0;
         }
+        pthread_mutex_lock(&h->pmu);
+        if (h->pick == PICK_READY) {
+            take(h, h->n_picked);
+            h->pick = PICK_IDLE;
+        }
+        const bool idle = h->pick == PICK_IDLE;
+        pthread_mutex_unlock(&h->pmu);
+        if (h->n_fl) return post_round(h, h->async_batch);
+        if (idle && tier_window(h->tier)) {
+            tier_decay(h->tier);
+            if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
+            pthread_mutex_lock(&h->pmu);
+            h->pick = PICK_ASKED;
+            pthread_cond_broadcast(&h->pcv);
+            pthread_mutex_unlock(&h->pmu);
+        }
+        return 0;
     }
     if (tier_window(h->tier)) {
         tier_decay(h->tier);
         if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
-        h->n_fl = tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps);
-        for (uint32_t i = 0; i < h->n_fl; i++)
-            h->fl[i].mv = h->moves[i];
-        if (h->n_fl) rv = post_round(h);
+        take(h, tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps));
+        if (h->n_fl) rv = post_round(h, h->async_batch);
     }
     return rv;
 }
@@ -1282,6 +1385,7 @@ int hyb_tick(struct hyb *h)
 
 int hyb_quiesce(struct hyb *h)
 {
+    pick_settle(h, true); /* a pick in progress ends; its moves are dropped */
     /* what the fill has copied lands; the fill itself goes on (a request does not wait for it) */
     if (fill_land(h) && !h->n_fl_posted) return publish(h);
     if (h->n_fl_posted) {

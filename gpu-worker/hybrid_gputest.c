@@ -282,7 +282,8 @@ START_TEST(independent_of_the_cache_qwen2moe)
 END_TEST
 
 /* The copy engine's races on real streams: held copies across a resize, failing copies, a flipped
- * byte, and the removed fence, which must be seen. */
+ * byte, the pick on its own thread with the round posted in batches, and the removed fence, which
+ * must be seen. */
 START_TEST(copy_races_on_streams)
 {
     struct env e;
@@ -307,6 +308,18 @@ START_TEST(copy_races_on_streams)
     bi = run(&e, e.ma, &oc, 0, true, "corrupted copies, verified");
     ck_assert_uint_eq(bi.verify_failures, e.total); /* each expert tried once, all refused */
     ck_assert_uint_eq(bi.hits, 0);
+    /* the pick on its own thread, the round's copies posted 2 a tick, resized mid-stream */
+    setenv("STRATA_ADAPT_PICK_INLINE", "0", 1);
+    setenv("STRATA_ADAPT_ASYNC_BATCH", "2", 1);
+    o.copy_hooks = NULL;
+    bi = run(&e, e.ma, &o, 4, true, "async, the pick on its thread, 2 copies a tick");
+    ck_assert_uint_gt(bi.swaps, 0);
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "1", 1);
+    bi = run(&e, e.m, &o, 0, true, "async, the pick on its thread, 2 copies a tick, waited");
+    ck_assert_uint_gt(bi.swaps, 0);
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "0", 1);
+    unsetenv("STRATA_ADAPT_PICK_INLINE");
+    unsetenv("STRATA_ADAPT_ASYNC_BATCH");
     const struct copy_hooks unfenced = {.unfenced = true};
     o.copy_hooks = &unfenced;
     run(&e, e.m, &o, 0, false, "async without its fence");
