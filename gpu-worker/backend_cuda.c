@@ -585,11 +585,12 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     if (want_hybrid && !(kg && strcmp(kg, "0") == 0)) {
         const uint64_t block_bytes = (uint64_t)kc->block_tokens * kc->k_dim * elem;
         rv = kv_vram_open(c->dev, 2 * hp->n_layer, block_bytes, c->pool_blocks, 1, &c->kvv);
-        if (rv == STRATA_EUNSUPPORTED) {
+        if (rv) {
+            /* no virtual memory management here (or the driver refuses a mapping): the pool
+             * as without the hybrid */
             LOG_WARN("cuda: %s: the K/V pool is allocated whole at start", strata_errdetail());
+            c->kvv = NULL;
             rv = 0;
-        } else if (rv) {
-            goto fail;
         } else {
             c->kv_layer_bytes = kv_vram_stride(c->kvv);
             c->kv_bytes = kv_vram_bytes(c->kvv);
