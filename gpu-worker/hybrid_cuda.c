@@ -65,6 +65,7 @@ struct hyb {
     pthread_mutex_t mu;
     pthread_cond_t cv, fill_cv;
     uint32_t reg_new; /* registrations landed since the last publication of h_pcie */
+    bool reg_pending; /* the registration thread is to start at the next tick */
     /* the split and the CPU twin */
     struct moe_group *groups, *hg, *pg, *mg;
     int32_t *pidx, *hi, *ppi, *mi;
@@ -921,12 +922,9 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         if (h->pin == HYB_PIN_WHOLE)
             for (uint32_t i = 0; i < LE; i++)
                 hyb_pinset_want(&h->pins, i);
-        int err = pthread_create(&h->reg, NULL, reg_main, h);
-        if (err) {
-            rv = strata_errf(strata_errno(err), "cannot start the registration thread");
-            goto fail;
-        }
-        h->reg_started = true;
+        /* the thread starts after the first window (reg_begin): cudaHostRegister holds the
+         * driver while it pins, which would stall the start's allocations and first pass */
+        h->reg_pending = true;
     }
     /* the slots, then the re-check: what the allocations really took may leave less than the
      * reserve (the context, rounding): whole chunks go back */
@@ -1344,9 +1342,25 @@ static int async_tick(struct hyb *h)
     return rv;
 }
 
+/* reg_begin starts the registration thread (after the first window, so that the first token
+ * never waits for the pinning); a thread that cannot start leaves every copy on bounce buffers */
+static void reg_begin(struct hyb *h)
+{
+    h->reg_pending = false;
+    int err = pthread_create(&h->reg, NULL, reg_main, h);
+    if (err) {
+        LOG_WARN("expert cache: cannot start the registration thread (%s): every copy goes "
+                 "through pinned bounce buffers",
+                 strerror(err));
+        return;
+    }
+    h->reg_started = true;
+}
+
 int hyb_tick(struct hyb *h)
 {
     h->window++;
+    if (h->reg_pending) reg_begin(h);
     const bool landed = fill_land(h) > 0;
     int rv = pcie_news(h) || landed ? publish(h) : 0;
     const double w0 = h->adapt_wait_s;
