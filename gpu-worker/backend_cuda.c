@@ -7,7 +7,9 @@
  * uploaded once, every expert blob is copied into its own VRAM slot (the arena's blob layout, parts
  * at model_blob_layout's offsets, so the hybrid's expert cache can later reuse the slots), and the
  * K/V storage is one device pool per layer indexed by block id in attn.h's layout (f16 or f32;
- * the bookkeeping is kv.h's, shared with the CPU). A VRAM plan (weights, KV, experts, scratch,
+ * the bookkeeping is kv.h's, shared with the CPU); with the hybrid it is mapped on demand
+ * (kv_vram_cuda.h) inside one VRAM budget with the expert slots, a growth past the budget taking
+ * slots back through the hybrid's fence. A VRAM plan (weights, KV, experts, scratch,
  * free after --vram-reserve-mib) is logged; a plan that does not fit, a dense tensor or expert part
  * of a type the kernels lack, or a model shape they do not take is refused by name at start.
  * A pass follows backend_cpu.c's order of operations layer by layer. Products run on cu_matvec in
@@ -26,7 +28,8 @@
  * go up at a fixed stride (max_bt) so the captured launches read them in place.
  * Stats: passes, tokens, total_s, weight_bytes; with STRATA_DECODE_TIMING=1 (graphs then off) CUDA
  * events between the phases give attention_s, dense_s, experts_s and output_s, and each tick logs
- * its window's times. Threads: the decode thread only; device 0, one stream.
+ * its window's times. Threads: the decode thread only (each entry point sets the device, --gpu),
+ * one stream.
  */
 #include "gpu-worker/backend.h"
 #include "gpu-worker/hybrid_cuda.h"
