@@ -261,6 +261,8 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
         {"adapt-lead", 1, offsetof(struct backend_opts, tier.lead), 0, 1e9},
         {"pcie-frac", 1, offsetof(struct backend_opts, pcie_frac), 0, 1},
         {"pcie-threshold", 0, offsetof(struct backend_opts, pcie_threshold), 0, 1e6},
+        {"vram-mib", 0, offsetof(struct backend_opts, vram_mib), 0, 1 << 24},
+        {"gpu", 0, offsetof(struct backend_opts, gpu), 0, 1023},
     };
     if (strcmp(name, "cache-verify") == 0 || strcmp(name, "adapt-async") == 0) {
         if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)

@@ -37,6 +37,10 @@ struct backend_opts {
     enum kv_type kv_type;     /* K/V storage type (f32 default on the CPU) */
     bool kv_type_set;         /* --kv-type was given: otherwise --backend cuda picks f16 */
     uint32_t vram_reserve_mib; /* VRAM a GPU backend leaves unplanned; 0: 700 */
+    uint32_t vram_mib;         /* --vram-mib: the most VRAM a GPU backend takes (its budget, for
+                                  K/V and expert slots together); 0: all that is free */
+    uint32_t gpu;              /* --gpu: the CUDA device index (of those CUDA_VISIBLE_DEVICES
+                                  shows) */
     /* The expert cache and its adaptive tier (cache.h, tier.h): */
     struct cache_spec expert_cache; /* --expert-cache: auto (0 slots on the CPU backend), N, XGiB */
     struct tier_opts tier;          /* --adapt-*: every 0 is a static cache */
@@ -106,6 +110,11 @@ struct backend_info {
     double pcie_gbs;          /* host-to-GPU copy rate measured at start (GB/s), 0: not measured */
     uint64_t graph_replays;   /* passes replayed from a captured CUDA graph (cuda) */
     double mem_gbs;           /* device memory copy bandwidth measured at start (GPU), else 0 */
+    uint64_t vram_bytes;      /* VRAM the backend holds now (GPU), else 0 */
+    uint64_t vram_budget;     /* the most it may hold: K/V and slots share it (GPU), else 0 */
+    uint32_t fill_left;       /* experts the start's background fill has still to copy */
+    uint64_t kv_grows;        /* K/V growths on demand (GPU hybrid) */
+    uint32_t kv_took_slots;   /* slots K/V growth took back from the expert cache */
 };
 
 /* backend_route_fn: the tokens a pass routes to one expert of one layer. tokens[0..n_tokens) are
@@ -199,6 +208,8 @@ void backend_reset_stats(struct backend *b);
     "  --kv-type T          K/V storage: f32 (default; f16 with --backend cuda) or f16 (half the\n" \
     "                       memory)\n"                                                             \
     "  --vram-reserve-mib N VRAM a GPU backend leaves to others (default 700)\n"                   \
+    "  --vram-mib N         the most VRAM a GPU backend takes, K/V and slots (default: all)\n"     \
+    "  --gpu N              the CUDA device (default 0)\n"                                         \
     "  --expert-cache C     fast-tier slots: auto (CPU: none), N slots or a size (12GiB)\n"        \
     "  --adapt-every N      windows between adaptive-tier rounds (default 4; 0: static cache)\n"   \
     "  --adapt-swaps N      most experts moved in a round (default 96)\n"                          \

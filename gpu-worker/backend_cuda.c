@@ -7,7 +7,9 @@
  * uploaded once, every expert blob is copied into its own VRAM slot (the arena's blob layout, parts
  * at model_blob_layout's offsets, so the hybrid's expert cache can later reuse the slots), and the
  * K/V storage is one device pool per layer indexed by block id in attn.h's layout (f16 or f32;
- * the bookkeeping is kv.h's, shared with the CPU). A VRAM plan (weights, KV, experts, scratch,
+ * the bookkeeping is kv.h's, shared with the CPU); with the hybrid it is mapped on demand
+ * (kv_vram_cuda.h) inside one VRAM budget with the expert slots, a growth past the budget taking
+ * slots back through the hybrid's fence. A VRAM plan (weights, KV, experts, scratch,
  * free after --vram-reserve-mib) is logged; a plan that does not fit, a dense tensor or expert part
  * of a type the kernels lack, or a model shape they do not take is refused by name at start.
  * A pass follows backend_cpu.c's order of operations layer by layer. Products run on cu_matvec in
@@ -26,11 +28,13 @@
  * go up at a fixed stride (max_bt) so the captured launches read them in place.
  * Stats: passes, tokens, total_s, weight_bytes; with STRATA_DECODE_TIMING=1 (graphs then off) CUDA
  * events between the phases give attention_s, dense_s, experts_s and output_s, and each tick logs
- * its window's times. Threads: the decode thread only; device 0, one stream.
+ * its window's times. Threads: the decode thread only (each entry point sets the device, --gpu),
+ * one stream.
  */
 #include "gpu-worker/backend.h"
 #include "gpu-worker/hybrid_cuda.h"
 #include "gpu-worker/hybrid_plan.h"
+#include "gpu-worker/kv_vram_cuda.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/quant/qtype.h"
@@ -154,6 +158,14 @@ struct cuda_be {
     uint32_t *chunk_of;         /* (T) a token's prompt chunk (its sequence), or UINT32_MAX */
     uint32_t n_slots;
     bool force_hybrid; /* STRATA_CUDA_HYBRID=1 */
+    /* the device (--gpu), and one VRAM budget for K/V and the slots: with the hybrid, K/V is
+     * mapped on demand (kv_vram_cuda.h) and a growth past the budget takes slots back */
+    int dev;
+    struct kv_vram *kvv; /* NULL: the whole K/V pool allocated at start */
+    uint64_t budget;     /* --vram-mib, or all that was free after the reserve */
+    uint64_t fixed; /* weights, scratch and the hybrid's buffers: what is neither K/V nor slots */
+    uint64_t kv_grows;
+    uint32_t kv_took; /* slots K/V growth took back */
 };
 
 /* The packed per-pass inputs (d_in / h_in), in units of T int32: ids, positions, KV slots, each
@@ -436,11 +448,21 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     const uint32_t T = o->max_pass_tokens, K = hp->n_expert_used, E = hp->n_embd;
     const struct kv_config *kc = kv_config_of(kv);
     struct cudaDeviceProp prop;
-    if ((rv = ck(cudaSetDevice(0), "cudaSetDevice")) ||
-        (rv = ck(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties")) ||
+    int n_dev = 0;
+    c->dev = (int)o->gpu;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess) n_dev = 0;
+    cudaGetLastError();
+    if (n_dev > 0 && c->dev >= n_dev) {
+        rv = strata_errf(STRATA_EINVAL, "--gpu %d: CUDA sees %d device%s here (0 to %d)", c->dev,
+                         n_dev, n_dev == 1 ? "" : "s", n_dev - 1);
+        goto fail;
+    }
+    if ((rv = ck(cudaSetDevice(c->dev), "cudaSetDevice")) ||
+        (rv = ck(cudaGetDeviceProperties(&prop, c->dev), "cudaGetDeviceProperties")) ||
         (rv = ck(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), "cudaStreamCreate")))
         goto fail;
-    snprintf(c->device, sizeof c->device, "%.48s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    snprintf(c->device, sizeof c->device, "%.40s (sm_%d%d, gpu %d)", prop.name, prop.major,
+             prop.minor, c->dev);
     /* SiLU's expf must be the host libm's for the CPU's bits: 2M floats, a few ms */
     uint64_t expf_bad;
     float expf_x = 0;
@@ -546,15 +568,40 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     const uint64_t reserve =
         (uint64_t)(o->vram_reserve_mib ? o->vram_reserve_mib : VRAM_RESERVE_MIB) << 20;
     uint64_t need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes;
-    const uint64_t avail = vfree > reserve ? vfree - reserve : 0;
+    uint64_t avail = vfree > reserve ? vfree - reserve : 0;
+    if (o->vram_mib && ((uint64_t)o->vram_mib << 20) < avail) avail = (uint64_t)o->vram_mib << 20;
+    c->budget = avail;
+    /* STRATA_CUDA_HYBRID=1: the hybrid's path even with every expert in a slot (tests: its hits
+     * against the all-resident path) */
+    const char *force = getenv("STRATA_CUDA_HYBRID");
+    c->force_hybrid = force && atoi(force) != 0;
     /* The expert cache: every expert resident when --expert-cache asks for all (or auto and they
      * fit); otherwise the hybrid takes the slots there are and the CPU computes the rest. */
     c->n_slots = o->expert_cache.kind == CACHE_AUTO && need <= avail
                      ? n_total
                      : cache_spec_slots(&o->expert_cache, slot_bytes, n_total, n_total);
-    if (o->expert_cache.kind == CACHE_AUTO && need > avail) {
+    const bool want_hybrid = (o->expert_cache.kind == CACHE_AUTO && need > avail) ||
+                             c->n_slots < n_total || c->force_hybrid;
+    /* With the hybrid, K/V starts at one granule a region and grows on demand inside the same
+     * budget as the slots (STRATA_KV_GROW=0: the whole pool at start, as without the hybrid) */
+    const char *kg = getenv("STRATA_KV_GROW");
+    if (want_hybrid && !(kg && strcmp(kg, "0") == 0)) {
+        const uint64_t block_bytes = (uint64_t)kc->block_tokens * kc->k_dim * elem;
+        rv = kv_vram_open(c->dev, 2 * hp->n_layer, block_bytes, c->pool_blocks, 1, &c->kvv);
+        if (rv) {
+            /* no virtual memory management here (or the driver refuses a mapping): the pool
+             * as without the hybrid */
+            LOG_WARN("cuda: %s: the K/V pool is allocated whole at start", strata_errdetail());
+            c->kvv = NULL;
+            rv = 0;
+        } else {
+            c->kv_layer_bytes = kv_vram_stride(c->kvv);
+            c->kv_bytes = kv_vram_bytes(c->kvv);
+        }
+    }
+    if (o->expert_cache.kind == CACHE_AUTO && want_hybrid) {
         const uint64_t fixed = dense + c->kv_bytes + c->scratch_bytes + hyb_device_bytes(m, T);
-        const struct hyb_budget bud = {.vram_free = vfree,
+        const struct hyb_budget bud = {.vram_free = avail + reserve,
                                        .reserve = reserve,
                                        .fixed = fixed,
                                        .slot_bytes = slot_bytes,
@@ -562,17 +609,17 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
                                        .chunk_slots = HYB_CHUNK_SLOTS};
         c->n_slots = hyb_auto_slots(&bud);
     }
-    /* STRATA_CUDA_HYBRID=1: the hybrid's path even with every expert in a slot (tests: its hits
-     * against the all-resident path) */
-    const char *force = getenv("STRATA_CUDA_HYBRID");
-    c->force_hybrid = force && atoi(force) != 0;
-    if (c->n_slots < n_total || c->force_hybrid) {
+    c->fixed = dense + c->scratch_bytes;
+    if (want_hybrid) {
         const uint32_t nch = (c->n_slots + HYB_CHUNK_SLOTS - 1) / HYB_CHUNK_SLOTS;
         c->expert_bytes = nch * hyb_chunk_bytes(slot_bytes, HYB_CHUNK_SLOTS);
-        need = dense + c->kv_bytes + c->expert_bytes + c->scratch_bytes + hyb_device_bytes(m, T);
+        c->fixed += hyb_device_bytes(m, T);
+        need = c->fixed + c->kv_bytes + c->expert_bytes;
         LOG_INFO("cuda: expert cache of %u of %u experts in VRAM (%.2f GiB), the rest computed "
-                 "on the CPU from host memory",
-                 c->n_slots, n_total, gib(c->expert_bytes));
+                 "on the CPU from host memory; K/V %s",
+                 c->n_slots, n_total, gib(c->expert_bytes),
+                 c->kvv ? "grows on demand, taking slots back when the budget is full"
+                        : "allocated whole");
     }
     LOG_INFO("cuda: %s, %.1f GiB free of %.1f: weights %.2f GiB, KV %.2f GiB (%u blocks of %u "
              "positions, %s), experts %.2f GiB (%u x %u experts, slots of %.2f MiB), scratch "
@@ -617,9 +664,12 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
             (rv = upload_mat(c, &L->gate_inp_shexp, &D->gate_inp_sh)))
             goto fail;
     }
-    const bool hybrid = c->n_slots < n_total || c->force_hybrid;
+    const bool hybrid = want_hybrid;
     if (!hybrid && (rv = upload_experts(c, slot_bytes))) goto fail;
-    if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool))) goto fail;
+    if (c->kvv)
+        c->kv_pool = kv_vram_base(c->kvv);
+    else if ((rv = dalloc(c, c->kv_bytes, (void **)&c->kv_pool)))
+        goto fail;
     for (size_t i = 0; i < n_bufs; i++)
         if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
     if (hybrid) {
@@ -662,8 +712,10 @@ static void cuda_close(void *impl)
 {
     struct cuda_be *c = impl;
     if (!c) return;
+    cudaSetDevice(c->dev);
     if (c->s) cudaStreamSynchronize(c->s);
     hyb_close(c->hyb);
+    kv_vram_close(c->kvv);
     free(c->parts);
     free(c->chunk_of);
     for (uint32_t i = 0; i < c->n_allocs; i++)
@@ -1016,8 +1068,52 @@ static int moe_hybrid(struct cuda_be *c, uint32_t n, uint32_t il)
     return cu_add(c->x, c->moe, (int64_t)n * E, c->s);
 }
 
+static uint64_t kv_vram_bytes_of(const struct cuda_be *c)
+{
+    return c->kvv ? kv_vram_bytes(c->kvv) : c->kv_bytes;
+}
+
+/* vram_held: the VRAM the backend holds now, K/V and slots included */
+static uint64_t vram_held(const struct cuda_be *c)
+{
+    return c->fixed + (c->kvv ? kv_vram_bytes(c->kvv) : c->kv_bytes) +
+           (c->hyb ? hyb_vram_bytes(c->hyb) : c->expert_bytes);
+}
+
+/* kv_need: K/V storage for block ids below `blocks`: mapped now if it is not, inside the budget;
+ * when the budget is full the expert cache gives back whole chunks of slots first, through its
+ * fence (the round in flight lands, the slots leave the table, which is republished, the windows
+ * that read the old one finish, then the memory is freed) */
+static int kv_need(struct cuda_be *c, uint32_t blocks)
+{
+    const uint64_t grow = kv_vram_grow_bytes(c->kvv, blocks);
+    if (!grow) return 0;
+    uint64_t shortfall = 0;
+    const uint32_t slots = c->hyb ? hyb_slots(c->hyb) : 0;
+    const uint32_t keep = hyb_kv_take(c->budget, vram_held(c), grow, slots, c->slot_bytes,
+                                      HYB_CHUNK_SLOTS, &shortfall);
+    if (shortfall)
+        return strata_errf(STRATA_ENOSPC,
+                           "K/V needs %.2f GiB more VRAM and the %.2f GiB budget has no room with "
+                           "every expert slot given back: lower --ctx or --max-seqs, or raise "
+                           "--vram-mib",
+                           gib(grow), gib(c->budget));
+    int rv;
+    if (keep < slots) {
+        if ((rv = hyb_resize(c->hyb, (uint64_t)keep * c->slot_bytes))) return rv;
+        c->kv_took += slots - keep;
+        LOG_INFO("cuda: K/V grows by %.2f GiB for %u blocks: the expert cache gives back %u slots "
+                 "(%u left)",
+                 gib(grow), blocks, slots - keep, keep);
+    }
+    if ((rv = kv_vram_grow(c->kvv, blocks))) return rv;
+    c->kv_bytes = kv_vram_bytes(c->kvv);
+    c->kv_grows++;
+    return 0;
+}
+
 /* grow assigns positions and grows each sequence of the batch; on error it restores them all.
- * The device pool holds every block id the bookkeeping hands out (max_blocks), so no reserve. */
+ * K/V storage covers every block id handed out: the whole pool, or mapped on demand (kv_need). */
 static int grow(struct cuda_be *c, const struct backend_token *toks, uint32_t n, uint32_t *n_seen)
 {
     int rv = 0;
@@ -1035,6 +1131,7 @@ static int grow(struct cuda_be *c, const struct backend_token *toks, uint32_t n,
         c->pos[t] = toks[t].seq->n_tokens;
         if ((rv = kv_seq_resize(c->kv, toks[t].seq, c->pos[t] + 1)) != 0) break;
     }
+    if (!rv && c->kvv) rv = kv_need(c, kv_blocks_used_ever(c->kv));
     if (rv)
         for (uint32_t s = 0; s < *n_seen; s++)
             kv_seq_resize(c->kv, c->seen[s], c->seen_len[s]);
@@ -1102,6 +1199,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     const uint32_t T = c->o.max_pass_tokens, bs = c->block_tokens, BT = c->max_bt;
     uint32_t n_seen;
     int rv;
+    cudaSetDevice(c->dev);
     if ((rv = grow(c, toks, n, &n_seen)) != 0) return rv;
     const double t0 = now_s();
     int32_t *in = c->h_in;
@@ -1190,6 +1288,7 @@ static void cuda_set_route(void *impl, backend_route_fn fn, void *ctx)
 static int cuda_tick(void *impl)
 {
     struct cuda_be *c = impl;
+    cudaSetDevice(c->dev);
     c->window++;
     if (c->timing) {
         const struct backend_stats *st = &c->st, *p = &c->tick_st;
@@ -1209,6 +1308,7 @@ static int cuda_tick(void *impl)
 static int cuda_quiesce(void *impl)
 {
     struct cuda_be *c = impl;
+    cudaSetDevice(c->dev);
     int rv = c->hyb ? hyb_quiesce(c->hyb) : 0;
     if (!rv) rv = ck(cudaStreamSynchronize(c->s), "quiesce");
     return rv;
@@ -1217,7 +1317,20 @@ static int cuda_quiesce(void *impl)
 static int cuda_resize(void *impl, uint64_t bytes)
 {
     struct cuda_be *c = impl;
-    if (c->hyb) return hyb_resize(c->hyb, bytes);
+    cudaSetDevice(c->dev);
+    if (c->hyb) {
+        /* the slots get what the budget leaves beside K/V and the rest (K/V is kept) */
+        const uint64_t other = vram_held(c) - hyb_vram_bytes(c->hyb);
+        const uint32_t fit = hyb_slots_within(c->budget > other ? c->budget - other : 0,
+                                              c->slot_bytes, HYB_CHUNK_SLOTS, UINT32_MAX);
+        if (bytes / c->slot_bytes > fit) {
+            LOG_INFO("cuda: the vram op asks for %.2f GiB of slots; the %.2f GiB budget holds %u "
+                     "slots beside K/V's %.2f GiB",
+                     gib(bytes), gib(c->budget), fit, gib(kv_vram_bytes_of(c)));
+            bytes = (uint64_t)fit * c->slot_bytes;
+        }
+        return hyb_resize(c->hyb, bytes);
+    }
     return strata_errf(STRATA_EUNSUPPORTED,
                        "this CUDA backend holds every expert resident: start it with "
                        "--expert-cache N (fewer than all experts) to have a cache to resize");
@@ -1241,6 +1354,11 @@ static void cuda_info(const void *impl, struct backend_info *out)
         .mem_gbs = c->mem_gbs,
     };
     snprintf(out->device, sizeof out->device, "%s", c->device);
+    out->kv_bytes = kv_vram_bytes_of(c);
+    out->vram_bytes = vram_held(c);
+    out->vram_budget = c->budget;
+    out->kv_grows = c->kv_grows;
+    out->kv_took_slots = c->kv_took;
     if (c->hyb) hyb_info(c->hyb, out);
 }
 

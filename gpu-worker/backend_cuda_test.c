@@ -53,6 +53,31 @@ START_TEST(vram_reserve_is_parsed)
 }
 END_TEST
 
+/* --gpu (the device) and --vram-mib (the budget K/V and slots share): whole numbers, named when
+ * refused; the usage text every command prints lists them */
+START_TEST(gpu_and_vram_budget_are_parsed)
+{
+    struct backend_opts o = backend_opts_default();
+    ck_assert_uint_eq(o.gpu, 0);
+    ck_assert_uint_eq(o.vram_mib, 0); /* 0: all that is free */
+    ck_assert_int_eq(backend_opt(&o, "gpu", "3"), 0);
+    ck_assert_int_eq(backend_opt(&o, "vram-mib", "65536"), 0);
+    ck_assert_uint_eq(o.gpu, 3);
+    ck_assert_uint_eq(o.vram_mib, 65536);
+    const char *bad[] = {"", "-1", "x", "2.5", "5000"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(backend_opt(&o, "gpu", bad[i]), STRATA_EINVAL);
+        ck_assert_ptr_nonnull(strstr(strata_errdetail(), "--gpu"));
+    }
+    ck_assert_int_eq(backend_opt(&o, "vram-mib", "lots"), STRATA_EINVAL);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "--vram-mib"));
+    ck_assert_uint_eq(o.gpu, 3);
+    ck_assert_uint_eq(o.vram_mib, 65536);
+    ck_assert_ptr_nonnull(strstr(BACKEND_OPTS_USAGE, "--gpu N"));
+    ck_assert_ptr_nonnull(strstr(BACKEND_OPTS_USAGE, "--vram-mib N"));
+}
+END_TEST
+
 /* Without a GPU (CI), asking for the CUDA backend is refused by name with what to do instead. */
 START_TEST(no_gpu_is_refused_by_name)
 {
@@ -120,6 +145,7 @@ int main(void)
     TCase *tc = tcase_create("host");
     tcase_add_test(tc, options_pick_the_gpu_defaults);
     tcase_add_test(tc, vram_reserve_is_parsed);
+    tcase_add_test(tc, gpu_and_vram_budget_are_parsed);
     tcase_add_test(tc, no_gpu_is_refused_by_name);
     tcase_add_test(tc, gpt_oss_is_refused_by_name);
     suite_add_tcase(s, tc);

@@ -63,8 +63,9 @@ struct hyb {
     pthread_t reg;
     bool reg_started, reg_stop;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv, fill_cv;
     uint32_t reg_new; /* registrations landed since the last publication of h_pcie */
+    bool reg_pending; /* the registration thread is to start at the next tick */
     /* the split and the CPU twin */
     struct moe_group *groups, *hg, *pg, *mg;
     int32_t *pidx, *hi, *ppi, *mi;
@@ -88,10 +89,33 @@ struct hyb {
     uint32_t n_fl, n_fl_posted;
     uint64_t window, posted_at;
     cudaEvent_t win_ev; /* recorded on s at each tick: the window just finished */
+    /* the async tier's pick on its own thread (STRATA_ADAPT_PICK_INLINE=0) and its copies posted
+     * a batch a tick (STRATA_ADAPT_ASYNC_BATCH=N; 0: the round at once) */
+    uint32_t async_batch;
+    pthread_t picker;
+    bool picker_started, picker_stop;
+    pthread_mutex_t pmu;
+    pthread_cond_t pcv;
+    enum { PICK_IDLE, PICK_ASKED, PICK_READY } pick;
+    uint32_t n_picked;
     uint8_t *bounce[N_BOUNCE];
     cudaEvent_t bounce_ev[N_BOUNCE];
     int next_bounce;
     bool async_wait;
+    /* the start's fill, in the background: its own thread and stream copy the hottest experts
+     * into the slots it owns (free in the tables until landed); the decode thread lands what is
+     * done at each tick. The tier waits for it to end. */
+    int dev;
+    pthread_t fill_th;
+    bool fill_started, fill_stop, fill_done; /* fill_stop, fill_done: under mu */
+    cudaStream_t fs;
+    uint8_t *fbounce[N_BOUNCE];
+    cudaEvent_t fbev[N_BOUNCE];
+    uint32_t *forder, fill_total, fill_slots, fill_copies;
+    uint32_t *fland; /* (fill_slots * 3) landed (slot, layer, expert), under mu */
+    uint32_t n_fland, fill_landed, fill_failed, fill_refused;
+    uint64_t fill_bytes;
+    double fill_t0, fill_s;
     /* stats */
     uint64_t hits, misses, pcie_pairs, swaps, copies, copy_bytes, failed, verify_failures;
     uint64_t posted; /* copies posted: the fail hook's ticket */
@@ -192,7 +216,7 @@ static int publish(struct hyb *h)
 static void *reg_main(void *arg)
 {
     struct hyb *h = arg;
-    cudaSetDevice(0);
+    cudaSetDevice(h->dev);
     pthread_mutex_lock(&h->mu);
     for (;;) {
         uint32_t b;
@@ -420,69 +444,250 @@ static uint32_t land_all(struct hyb *h, bool wait)
     }
     if (wait) h->adapt_wait_s += now_s() - t0;
     h->copy_s += now_s() - t0;
-    if (!out) h->n_fl = h->n_fl_posted = 0;
+    if (!out && h->n_fl_posted == h->n_fl) h->n_fl = h->n_fl_posted = 0;
     return out;
 }
 
-/* post_round: the moves' victims leave the table, which is republished, then the copies go,
- * fenced on the window just finished (the last that may read the victims' slots). */
-static int post_round(struct hyb *h)
+/* post_round posts the round's next moves (fl[n_fl_posted..), at most `batch` of them, 0: all):
+ * their victims leave the table, which is republished, then the copies go, fenced on the window
+ * just finished (the last that may read the victims' slots). */
+static int post_round(struct hyb *h, uint32_t batch)
 {
     int rv;
+    const uint32_t from = h->n_fl_posted,
+                   end = batch && h->n_fl - from > batch ? from + batch : h->n_fl;
     const bool unfenced = h->o.copy_hooks && h->o.copy_hooks->unfenced;
     if (!unfenced) {
-        for (uint32_t i = 0; i < h->n_fl; i++)
+        for (uint32_t i = from; i < end; i++)
             if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
         if ((rv = publish(h))) return rv;
     }
     if ((rv = ck(cudaEventRecord(h->win_ev, h->s), "window event"))) return rv;
-    for (uint32_t i = 0; i < h->n_fl; i++)
+    for (uint32_t i = from; i < end; i++)
         if ((rv = post(h, &h->fl[i]))) return rv;
-    h->n_fl_posted = h->n_fl;
+    h->n_fl_posted = end;
     h->posted_at = h->window;
     if (unfenced) {
         /* the removed fence (a test hook): the copies land while the old table is still read */
         cudaStreamSynchronize(h->cs);
-        for (uint32_t i = 0; i < h->n_fl; i++)
+        for (uint32_t i = from; i < end; i++)
             if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
     }
     return 0;
 }
 
-/* fill: the start's first fill, hottest first, in rounds of the flights there are */
+/* fill_copy posts copies of experts[0..n) (layer * NE + expert) into slots[0..n) on the fill's
+ * stream: from registered memory, else through the fill's bounce buffers; fail[i] the test hook's
+ * verdict. Then waits for them, lets the test hooks see the bytes, and verifies when asked:
+ * ok[i] says which copies are good. */
+static void fill_copy(struct hyb *h, const uint32_t *slots, const uint32_t *experts, uint32_t n,
+                      uint8_t *ok)
+{
+    const struct copy_hooks *hk = h->o.copy_hooks;
+    const double t0 = now_s();
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t l = experts[i] / h->NE, e = experts[i] % h->NE;
+        const struct model_layer *Lr = &h->m->layers[l];
+        uint8_t *dst = slot_ptr(h, slots[i]);
+        ok[i] = 1;
+        if (hk && hk->fail && hk->fail(hk->ctx, slots[i], h->posted++)) {
+            ok[i] = 0;
+            continue;
+        }
+        const uint8_t *blob = model_expert_blob(h->m, l, e);
+        cudaError_t ce;
+        if (blob && pinned(h, l, e)) {
+            ce = cudaMemcpyAsync(dst, blob, Lr->blob.bytes, cudaMemcpyHostToDevice, h->fs);
+        } else {
+            const int b = (int)(i % N_BOUNCE);
+            ce = cudaEventSynchronize(h->fbev[b]);
+            uint8_t *bb = h->fbounce[b];
+            if (blob) {
+                memcpy(bb, blob, Lr->blob.bytes);
+            } else {
+                memset(bb, 0, Lr->blob.bytes);
+                for (int p = 0; p < MODEL_PART_COUNT; p++)
+                    memcpy(bb + Lr->blob.part_off[p],
+                           model_expert_part(h->m, l, e, (enum model_part)p),
+                           Lr->part[p].n_out * Lr->part[p].row_bytes);
+            }
+            if (ce == cudaSuccess)
+                ce = cudaMemcpyAsync(dst, bb, Lr->blob.bytes, cudaMemcpyHostToDevice, h->fs);
+            if (ce == cudaSuccess) ce = cudaEventRecord(h->fbev[b], h->fs);
+            want_pin(h, l, e);
+        }
+        if (ce != cudaSuccess) {
+            cudaGetLastError();
+            ok[i] = 0;
+        }
+        h->fill_bytes += Lr->blob.bytes;
+    }
+    if (cudaStreamSynchronize(h->fs) != cudaSuccess) {
+        cudaGetLastError();
+        memset(ok, 0, n);
+    }
+    if (hk && hk->hold_ms) {
+        const double until = t0 + hk->hold_ms * 1e-3;
+        while (now_s() < until)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!ok[i]) continue;
+        const uint32_t l = experts[i] / h->NE, e = experts[i] % h->NE;
+        const uint64_t bytes = h->m->layers[l].blob.bytes;
+        if (hk && hk->after_copy) {
+            uint8_t *tmp = malloc(bytes);
+            if (!tmp || cudaMemcpy(tmp, slot_ptr(h, slots[i]), bytes, cudaMemcpyDeviceToHost)) {
+                ok[i] = 0;
+            } else {
+                hk->after_copy(hk->ctx, slots[i], tmp, bytes);
+                if (cudaMemcpy(slot_ptr(h, slots[i]), tmp, bytes, cudaMemcpyHostToDevice))
+                    ok[i] = 0;
+            }
+            free(tmp);
+        }
+        if (ok[i] && h->o.cache_verify) {
+            struct flight f = {.mv = {l, e, slots[i], -2}};
+            if (verify(h, &f)) {
+                ok[i] = 0;
+                h->fill_refused++;
+            }
+        }
+    }
+}
+
+/* fill_main: the start's fill, hottest first: slots [0, fill_slots) get the first experts of
+ * the order; a slot whose copy fails (or is refused) is poisoned and tries the next expert. */
+static void *fill_main(void *arg)
+{
+    struct hyb *h = arg;
+    cudaSetDevice(h->dev);
+    const uint32_t batch = 64;
+    uint32_t *free_slots = malloc((h->fill_slots + 1) * sizeof *free_slots);
+    uint32_t slots[64], ex[64];
+    uint8_t ok[64];
+    uint32_t n_free = 0, next = 0;
+    for (uint32_t s = h->fill_slots; free_slots && s-- > 0;)
+        free_slots[n_free++] = s;
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        const bool stop = h->fill_stop;
+        pthread_mutex_unlock(&h->mu);
+        if (stop || !free_slots || !n_free || next >= h->fill_total) break;
+        uint32_t n = 0;
+        while (n < batch && n_free && next < h->fill_total) {
+            slots[n] = free_slots[--n_free];
+            ex[n++] = h->forder[next++];
+        }
+        fill_copy(h, slots, ex, n, ok);
+        pthread_mutex_lock(&h->mu);
+        for (uint32_t i = 0; i < n; i++) {
+            if (ok[i]) {
+                uint32_t *q = h->fland + 3 * h->n_fland++;
+                q[0] = slots[i], q[1] = ex[i] / h->NE, q[2] = ex[i] % h->NE;
+                h->fill_copies++;
+            } else {
+                /* poisoned: a window that read it anyway would show in the logits */
+                cudaMemsetAsync(slot_ptr(h, slots[i]), 0xa5, h->slot_bytes, h->fs);
+                free_slots[n_free++] = slots[i];
+                h->fill_failed++;
+            }
+        }
+        pthread_mutex_unlock(&h->mu);
+    }
+    cudaStreamSynchronize(h->fs);
+    free(free_slots);
+    pthread_mutex_lock(&h->mu);
+    h->fill_done = true;
+    h->fill_s = now_s() - h->fill_t0;
+    pthread_cond_broadcast(&h->fill_cv);
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* fill_joined: the fill's thread has ended and is joined: its counts join the cache's, logged */
+static void fill_joined(struct hyb *h)
+{
+    pthread_join(h->fill_th, NULL);
+    h->fill_started = false;
+    h->copy_bytes += h->fill_bytes;
+    h->verify_failures += h->fill_refused;
+    h->failed += h->fill_failed - h->fill_refused;
+    LOG_INFO("expert cache: the start's fill ended: %u experts in VRAM slots in %.3f s (%.2f "
+             "GiB/s) while serving, %u copies failed or refused%s",
+             h->fill_copies, h->fill_s, h->fill_s > 0 ? gib(h->fill_bytes) / h->fill_s : 0.0,
+             h->fill_failed,
+             h->fill_stop ? "; stopped before its end (a resize, a K/V growth or close)" : "");
+}
+
+/* fill_land: the decode thread turns what the fill has copied resident in the working table
+ * (the caller publishes); joins the fill's thread once it has ended. Returns the count landed. */
+static uint32_t fill_land(struct hyb *h)
+{
+    if (!h->fill_started) return 0;
+    pthread_mutex_lock(&h->mu);
+    const uint32_t n = h->n_fland;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t *q = h->fland + 3 * i;
+        hyb_land(h->cache, q[0], q[1], q[2], true);
+    }
+    h->n_fland = 0;
+    h->fill_landed += n;
+    const bool ended = h->fill_done;
+    pthread_mutex_unlock(&h->mu);
+    if (ended) fill_joined(h);
+    return n;
+}
+
+/* fill_end: a fence for whatever changes the slot pool: the fill stops, what it copied lands,
+ * the rest of its slots stay free (the tier fills them), published. */
+static int fill_end(struct hyb *h)
+{
+    if (!h->fill_started) return 0;
+    pthread_mutex_lock(&h->mu);
+    h->fill_stop = true;
+    while (!h->fill_done)
+        pthread_cond_wait(&h->fill_cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    fill_land(h);
+    return publish(h);
+}
+
+/* fill: starts the start's fill on its thread (STRATA_HYBRID_FILL=wait: waits for it, the
+ * first window then sees every slot filled) */
 static int fill(struct hyb *h)
 {
     const uint32_t total = h->L * h->NE;
-    uint32_t *order = malloc(total * sizeof *order);
-    if (!order) return strata_errf(STRATA_ENOMEM, "out of memory for the fill order");
-    int rv = cache_fill_order(h->L, h->NE, h->o.heat, order);
-    const uint32_t batch = h->o.tier.swaps > 0 ? h->o.tier.swaps : 64;
-    for (uint32_t i = 0; !rv && i < total && cache_free_slot(h->cache) != CACHE_NONE;) {
-        h->n_fl = 0;
-        for (; i < total && h->n_fl < batch; i++) {
-            const int32_t s = cache_free_slot(h->cache);
-            if (s == CACHE_NONE) break;
-            /* the slot is taken in the working table while its copy runs, so the next pick
-             * does not hand it out again; a failed copy frees it below */
-            struct flight *f = &h->fl[h->n_fl++];
-            f->mv = (struct tier_move){order[i] / h->NE, order[i] % h->NE, (uint32_t)s, -2};
-            cache_assign(h->cache, (uint32_t)s, order[i] / h->NE, order[i] % h->NE);
-        }
-        if ((rv = post_round(h))) break;
-        land_all(h, true); /* a bad copy's slot goes back to the working table's free ones */
-        h->n_fl = h->n_fl_posted = 0;
+    if (!(h->forder = malloc(total * sizeof *h->forder)) ||
+        !(h->fland = malloc(((size_t)h->cache->n_slots + 1) * 3 * sizeof *h->fland)))
+        return strata_errf(STRATA_ENOMEM, "out of memory for the fill order");
+    int rv = cache_fill_order(h->L, h->NE, h->o.heat, h->forder);
+    if (rv) return rv;
+    h->fill_total = total;
+    h->fill_slots = h->cache->n_slots;
+    h->fill_t0 = now_s();
+    if (!h->fill_slots) return 0;
+    int err = pthread_create(&h->fill_th, NULL, fill_main, h);
+    if (err) return strata_errf(strata_errno(err), "cannot start the fill thread");
+    h->fill_started = true;
+    const char *w = getenv("STRATA_HYBRID_FILL");
+    if (w && strcmp(w, "wait") == 0) {
+        pthread_mutex_lock(&h->mu);
+        while (!h->fill_done)
+            pthread_cond_wait(&h->fill_cv, &h->mu);
+        pthread_mutex_unlock(&h->mu);
+        fill_land(h);
+        return publish(h);
     }
-    /* the fill is not the tier's swaps */
-    h->swaps = 0;
-    h->copies = 0;
-    free(order);
-    return rv ? rv : publish(h);
+    return 0;
 }
 
 /* ---- open / close -----------------------------------------------------------------------------
  */
 
 static const void *host_part(void *ctx, uint32_t expert, int part);
+static void *picker_main(void *arg);
+static void pick_settle(struct hyb *h, bool drop);
 
 /* twin_parts: a layer's expert parts as cpu_moe_ffn takes them */
 static struct cpu_moe_parts twin_parts(const struct model_layer *Lr)
@@ -574,6 +779,7 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->T = o->max_pass_tokens, h->P = h->T * h->K;
     h->slot_bytes = slot_bytes;
     h->pin = (enum hyb_pin)o->pin;
+    h->dev = (int)o->gpu;
     const char *pm = getenv("STRATA_PCIE_MODE");
     h->stage = pm && strcmp(pm, "stage") == 0;
     h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->stage ? N_STAGE : 0};
@@ -581,8 +787,14 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->timing = t && atoi(t);
     const char *aw = getenv("STRATA_ADAPT_ASYNC_WAIT");
     h->async_wait = !aw || !*aw || atoi(aw) != 0;
+    const char *ab = getenv("STRATA_ADAPT_ASYNC_BATCH"), *pi = getenv("STRATA_ADAPT_PICK_INLINE");
+    h->async_batch = ab && *ab ? (uint32_t)atoi(ab) : 0;
+    const bool pick_thread = pi && *pi && atoi(pi) == 0; /* on CUDA the pick is inline unless =0 */
+    pthread_mutex_init(&h->pmu, NULL);
+    pthread_cond_init(&h->pcv, NULL);
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
+    pthread_cond_init(&h->fill_cv, NULL);
     const uint64_t LE = (uint64_t)h->L * h->NE, P = h->P, E = hp->n_embd;
     const uint32_t swaps = o->tier.swaps > 64 ? o->tier.swaps : 64;
     int rv, attr = 0;
@@ -601,6 +813,14 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         (rv = cpu_moe_init(h->P, (uint32_t)E, hp->n_ff_exp, act, h->NE, &h->twin)))
         goto fail;
     if (o->tier.every && (rv = tier_init(h->L, h->NE, &o->tier, &h->tier))) goto fail;
+    if (h->tier && o->tier.async && pick_thread) {
+        int err = pthread_create(&h->picker, NULL, picker_main, h);
+        if (err) {
+            rv = strata_errf(strata_errno(err), "cannot start the adaptive tier's thread");
+            goto fail;
+        }
+        h->picker_started = true;
+    }
     struct {
         void **p;
         size_t bytes;
@@ -650,6 +870,10 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->bounce[1], slot_bytes},
         {(void **)&h->bounce[2], slot_bytes},
         {(void **)&h->bounce[3], slot_bytes},
+        {(void **)&h->fbounce[0], slot_bytes},
+        {(void **)&h->fbounce[1], slot_bytes},
+        {(void **)&h->fbounce[2], slot_bytes},
+        {(void **)&h->fbounce[3], slot_bytes},
     };
     for (size_t i = 0; i < sizeof pinb / sizeof pinb[0]; i++) {
         if ((rv = ck(cudaMallocHost(pinb[i].p, pinb[i].bytes ? pinb[i].bytes : 1),
@@ -673,12 +897,15 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
     if ((rv = ck(cudaStreamCreateWithFlags(&h->cs, cudaStreamNonBlocking), "copy stream")) ||
+        (rv = ck(cudaStreamCreateWithFlags(&h->fs, cudaStreamNonBlocking), "fill stream")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->win_ev, cudaEventDisableTiming), "event")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[1], cudaEventDisableTiming), "event")))
         goto fail;
     for (int i = 0; i < N_BOUNCE; i++)
-        if ((rv = ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")))
+        if ((rv =
+                 ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")) ||
+            (rv = ck(cudaEventCreateWithFlags(&h->fbev[i], cudaEventDisableTiming), "event")))
             goto fail;
     for (uint32_t i = 0; i < swaps; i++)
         if ((rv = ck(cudaEventCreateWithFlags(&h->fl[i].done, cudaEventDisableTiming), "event")))
@@ -688,19 +915,16 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
             (rv = ck(cudaEventCreate(&h->ev_b[l]), "event")))
             goto fail;
     /* registration: read-only where the device takes it (the arena is mapped read-only) */
-    cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, 0);
+    cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, h->dev);
     h->ro_flag = attr != 0;
     h->can_map = true; /* mapped registrations: the PCIe share reads them through the slot table */
     if (h->pin != HYB_PIN_NONE && model_expert_blob(m, 0, 0)) {
         if (h->pin == HYB_PIN_WHOLE)
             for (uint32_t i = 0; i < LE; i++)
                 hyb_pinset_want(&h->pins, i);
-        int err = pthread_create(&h->reg, NULL, reg_main, h);
-        if (err) {
-            rv = strata_errf(strata_errno(err), "cannot start the registration thread");
-            goto fail;
-        }
-        h->reg_started = true;
+        /* the thread starts after the first window (reg_begin): cudaHostRegister holds the
+         * driver while it pins, which would stall the start's allocations and first pass */
+        h->reg_pending = true;
     }
     /* the slots, then the re-check: what the allocations really took may leave less than the
      * reserve (the context, rounding): whole chunks go back */
@@ -719,13 +943,16 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         n_slots = keep;
         if ((rv = cache_resize(h->cache, n_slots)) || (rv = pool_to(h, n_slots))) goto fail;
     }
+    measure_pcie(h); /* before the fill's copies share the bus */
     if ((rv = publish(h)) || (rv = fill(h))) goto fail;
-    measure_pcie(h);
     if (h->rule.threshold == BACKEND_PCIE_AUTO) h->rule.threshold = auto_threshold(h);
-    LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident, the "
-             "rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u (%s)",
+    LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident%s, "
+             "the rest on the CPU (%u threads); tier %s; pin %s; pcie share %.2f, threshold %u "
+             "(%s)",
              n_slots, (double)slot_bytes / (1 << 20), gib(slot_bytes * n_slots),
-             cache_resident(h->cache), (uint32_t)LE, o->n_threads ? o->n_threads : 1,
+             cache_resident(h->cache), (uint32_t)LE,
+             h->fill_started ? " (the fill runs in the background)" : "",
+             o->n_threads ? o->n_threads : 1,
              !h->tier        ? "static"
              : o->tier.async ? "adaptive, async"
                              : "adaptive, blocking",
@@ -743,6 +970,23 @@ void hyb_close(struct hyb *h)
     if (!h) return;
     if (h->s) cudaStreamSynchronize(h->s);
     if (h->cs) cudaStreamSynchronize(h->cs);
+    if (h->picker_started) {
+        pick_settle(h, true);
+        pthread_mutex_lock(&h->pmu);
+        h->picker_stop = true;
+        pthread_cond_broadcast(&h->pcv);
+        pthread_mutex_unlock(&h->pmu);
+        pthread_join(h->picker, NULL);
+        h->picker_started = false;
+    }
+    if (h->fill_started) {
+        pthread_mutex_lock(&h->mu);
+        h->fill_stop = true;
+        while (!h->fill_done)
+            pthread_cond_wait(&h->fill_cv, &h->mu);
+        pthread_mutex_unlock(&h->mu);
+        fill_joined(h);
+    }
     if (h->reg_started) {
         pthread_mutex_lock(&h->mu);
         h->reg_stop = true;
@@ -765,9 +1009,10 @@ void hyb_close(struct hyb *h)
                    h->d_rows,   h->d_yy,     h->d_stab,   h->d_stage};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cudaFree(dev[i]);
-    void *pin[] = {h->h_tab[0],  h->h_tab[1],  h->h_pcie,    h->h_groups, h->h_idx,
-                   h->h_rows,    h->h_xn,      h->h_selw,    h->h_pack,   h->h_stab,
-                   h->bounce[0], h->bounce[1], h->bounce[2], h->bounce[3]};
+    void *pin[] = {h->h_tab[0],   h->h_tab[1],   h->h_pcie,    h->h_groups,  h->h_idx,
+                   h->h_rows,     h->h_xn,       h->h_selw,    h->h_pack,    h->h_stab,
+                   h->bounce[0],  h->bounce[1],  h->bounce[2], h->bounce[3], h->fbounce[0],
+                   h->fbounce[1], h->fbounce[2], h->fbounce[3]};
     for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
         cudaFreeHost(pin[i]);
     const uint32_t swaps = h->o.tier.swaps > 64 ? h->o.tier.swaps : 64;
@@ -777,11 +1022,15 @@ void hyb_close(struct hyb *h)
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],   h->bounce_ev[0],
-                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3]};
+    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],    h->bounce_ev[0],
+                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3], h->fbev[0],
+                         h->fbev[1],      h->fbev[2],      h->fbev[3]};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i]) cudaEventDestroy(evs[i]);
     if (h->cs) cudaStreamDestroy(h->cs);
+    if (h->fs) cudaStreamDestroy(h->fs);
+    free(h->forder);
+    free(h->fland);
     void *hostb[] = {h->groups, h->hg,    h->pg,       h->mg,    h->pidx, h->hi,      h->ppi,
                      h->mi,     h->h_out, h->chunk_of, h->stamp, h->rtok, h->host_ok, h->pin_ptr,
                      h->moves,  h->fl,    h->ev_used,  h->ev_a,  h->ev_b};
@@ -794,6 +1043,9 @@ void hyb_close(struct hyb *h)
     hyb_pinset_fini(&h->pins);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
+    pthread_cond_destroy(&h->fill_cv);
+    pthread_mutex_destroy(&h->pmu);
+    pthread_cond_destroy(&h->pcv);
     free(h);
 }
 
@@ -994,11 +1246,54 @@ static int round_blocking(struct hyb *h)
     if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
     if (!n) return 0;
     h->n_fl = n;
+    h->n_fl_posted = 0;
     for (uint32_t i = 0; i < n; i++)
         h->fl[i].mv = h->moves[i];
-    int rv = post_round(h);
+    int rv = post_round(h, 0);
     land_all(h, true);
     return rv ? rv : publish(h);
+}
+
+/* the picker thread (STRATA_ADAPT_PICK_INLINE=0): tier_pick reads only the working table, which
+ * the decode thread leaves alone while a pick is asked (nothing of the tier is in flight then,
+ * and the fill has ended), and the counts' snapshot; windows go on counting meanwhile */
+static void *picker_main(void *arg)
+{
+    struct hyb *h = arg;
+    pthread_mutex_lock(&h->pmu);
+    for (;;) {
+        while (h->pick != PICK_ASKED && !h->picker_stop)
+            pthread_cond_wait(&h->pcv, &h->pmu);
+        if (h->picker_stop) break;
+        pthread_mutex_unlock(&h->pmu);
+        const uint32_t n = tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps);
+        pthread_mutex_lock(&h->pmu);
+        h->n_picked = n;
+        h->pick = PICK_READY;
+        pthread_cond_broadcast(&h->pcv);
+    }
+    pthread_mutex_unlock(&h->pmu);
+    return NULL;
+}
+
+/* pick_settle waits until no pick is running; drop: a ready pick is thrown away (a fence) */
+static void pick_settle(struct hyb *h, bool drop)
+{
+    if (!h->picker_started) return;
+    pthread_mutex_lock(&h->pmu);
+    while (h->pick == PICK_ASKED)
+        pthread_cond_wait(&h->pcv, &h->pmu);
+    if (drop) h->pick = PICK_IDLE;
+    pthread_mutex_unlock(&h->pmu);
+}
+
+/* take: the round's moves become the flights to post */
+static void take(struct hyb *h, uint32_t n)
+{
+    h->n_fl = n;
+    h->n_fl_posted = 0;
+    for (uint32_t i = 0; i < n; i++)
+        h->fl[i].mv = h->moves[i];
 }
 
 static int async_tick(struct hyb *h)
@@ -1007,31 +1302,71 @@ static int async_tick(struct hyb *h)
     if (h->n_fl_posted) {
         const bool wait = h->async_wait && h->window > h->posted_at;
         land_all(h, wait);
-        if (!h->n_fl && (rv = publish(h))) return rv;
-        if (h->n_fl) {
-            /* what landed turns resident now; the rest at a later tick */
-            if ((rv = publish(h))) return rv;
-            return 0;
+        /* what landed turns resident now; the rest at a later tick */
+        if ((rv = publish(h))) return rv;
+        /* the round goes on: its next batch (STRATA_ADAPT_ASYNC_BATCH), or its copies landing */
+        if (h->n_fl) return h->n_fl_posted < h->n_fl ? post_round(h, h->async_batch) : 0;
+    }
+    if (h->picker_started) {
+        /* with ASYNC_WAIT the tick after a pick was asked waits for it: the window a round is
+         * posted in does not depend on the picker's timing */
+        if (h->async_wait) {
+            const double t0 = now_s();
+            pick_settle(h, false);
+            h->adapt_wait_s += now_s() - t0;
         }
+        pthread_mutex_lock(&h->pmu);
+        if (h->pick == PICK_READY) {
+            take(h, h->n_picked);
+            h->pick = PICK_IDLE;
+        }
+        const bool idle = h->pick == PICK_IDLE;
+        pthread_mutex_unlock(&h->pmu);
+        if (h->n_fl) return post_round(h, h->async_batch);
+        if (idle && tier_window(h->tier)) {
+            tier_decay(h->tier);
+            if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
+            pthread_mutex_lock(&h->pmu);
+            h->pick = PICK_ASKED;
+            pthread_cond_broadcast(&h->pcv);
+            pthread_mutex_unlock(&h->pmu);
+        }
+        return 0;
     }
     if (tier_window(h->tier)) {
         tier_decay(h->tier);
         if (h->o.on_round) h->o.on_round(h->o.round_ctx, tier_snapshot(h->tier));
-        h->n_fl = tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps);
-        for (uint32_t i = 0; i < h->n_fl; i++)
-            h->fl[i].mv = h->moves[i];
-        if (h->n_fl) rv = post_round(h);
+        take(h, tier_pick(h->tier, h->cache, h->moves, h->o.tier.swaps));
+        if (h->n_fl) rv = post_round(h, h->async_batch);
     }
     return rv;
+}
+
+/* reg_begin starts the registration thread (after the first window, so that the first token
+ * never waits for the pinning); a thread that cannot start leaves every copy on bounce buffers */
+static void reg_begin(struct hyb *h)
+{
+    h->reg_pending = false;
+    int err = pthread_create(&h->reg, NULL, reg_main, h);
+    if (err) {
+        LOG_WARN("expert cache: cannot start the registration thread (%s): every copy goes "
+                 "through pinned bounce buffers",
+                 strerror(err));
+        return;
+    }
+    h->reg_started = true;
 }
 
 int hyb_tick(struct hyb *h)
 {
     h->window++;
-    int rv = pcie_news(h) ? publish(h) : 0;
+    if (h->reg_pending) reg_begin(h);
+    const bool landed = fill_land(h) > 0;
+    int rv = pcie_news(h) || landed ? publish(h) : 0;
     const double w0 = h->adapt_wait_s;
     const uint64_t sw0 = h->swaps;
-    if (!rv && h->tier)
+    /* the tier starts once the start's fill has ended (its slots are the fill's until then) */
+    if (!rv && h->tier && !h->fill_started)
         rv = h->o.tier.async ? async_tick(h) : tier_window(h->tier) ? round_blocking(h) : 0;
     if (!h->first_done && h->w_hits + h->w_misses) {
         h->first_hit_rate = (double)h->w_hits / (double)(h->w_hits + h->w_misses);
@@ -1064,6 +1399,9 @@ int hyb_tick(struct hyb *h)
 
 int hyb_quiesce(struct hyb *h)
 {
+    pick_settle(h, true); /* a pick in progress ends; its moves are dropped */
+    /* what the fill has copied lands; the fill itself goes on (a request does not wait for it) */
+    if (fill_land(h) && !h->n_fl_posted) return publish(h);
     if (h->n_fl_posted) {
         land_all(h, true);
         h->n_fl = h->n_fl_posted = 0;
@@ -1076,7 +1414,7 @@ int hyb_quiesce(struct hyb *h)
 int hyb_resize(struct hyb *h, uint64_t bytes)
 {
     int rv;
-    if ((rv = hyb_quiesce(h))) return rv;
+    if ((rv = fill_end(h)) || (rv = hyb_quiesce(h))) return rv;
     const uint32_t total = h->L * h->NE;
     uint64_t n = bytes / h->slot_bytes;
     if (n > total) n = total;
@@ -1109,4 +1447,18 @@ void hyb_info(const struct hyb *h, struct backend_info *out)
     out->verify_failures = h->verify_failures;
     out->pcie_pairs = h->pcie_pairs;
     out->pcie_gbs = h->pcie_gbs;
+    pthread_mutex_lock((pthread_mutex_t *)&h->mu);
+    out->fill_left = h->fill_started ? h->fill_slots - h->fill_copies : 0;
+    pthread_mutex_unlock((pthread_mutex_t *)&h->mu);
+}
+
+uint64_t hyb_vram_bytes(const struct hyb *h)
+{
+    return (uint64_t)h->n_chunks * hyb_chunk_bytes(h->slot_bytes, HYB_CHUNK_SLOTS) +
+           (h->stage ? N_STAGE * h->slot_bytes : 0);
+}
+
+uint32_t hyb_slots(const struct hyb *h)
+{
+    return h->cache->n_slots;
 }

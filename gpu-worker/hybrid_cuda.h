@@ -18,7 +18,11 @@
  * rounds land at the tick, async ones (--adapt-async 1) the tick after (STRATA_ADAPT_ASYNC_WAIT=1)
  * or when their events say so. Copies come from registered host memory (--pin) or through pinned
  * bounce buffers, never from pageable memory.
- * Threads: the decode thread; with --pin need|whole a registration thread (cudaHostRegister).
+ * The start's fill runs in the background (its own thread and stream): the first window is served
+ * at once, every miss on the CPU, and the slots turn resident tick by tick as their copies land
+ * (STRATA_HYBRID_FILL=wait: the start waits for it); the tier starts once the fill has ended.
+ * Threads: the decode thread; the fill's thread while it runs; with --pin need|whole a
+ * registration thread (cudaHostRegister). Device o->gpu in every thread.
  */
 #ifndef STRATA_HYBRID_CUDA_H
 #define STRATA_HYBRID_CUDA_H
@@ -81,5 +85,10 @@ int hyb_tick(struct hyb *h);
 int hyb_quiesce(struct hyb *h);
 int hyb_resize(struct hyb *h, uint64_t bytes);
 void hyb_info(const struct hyb *h, struct backend_info *out);
+
+/* hyb_vram_bytes: the VRAM the slot pool holds now (whole chunks, staging slots); hyb_slots: its
+ * slot count. */
+uint64_t hyb_vram_bytes(const struct hyb *h);
+uint32_t hyb_slots(const struct hyb *h);
 
 #endif

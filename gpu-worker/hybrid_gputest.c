@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -115,10 +116,10 @@ static void build_arena(struct env *e)
     ck_assert_msg(model_load_arena(e->a, e->meta, &e->ma) == 0, "%s", strata_errdetail());
 }
 
-static void env_open(struct env *e, const char *arch, const char *type)
+static void env_open_shape(struct env *e, const char *arch, const char *type, const char *shape)
 {
     snprintf(e->path, sizeof e->path, "%s/hyb-%s.gguf", test_tmpdir(), arch);
-    struct fixture_opts fo = {.arch = arch, .type = type, .seed = 21, .zipf = 1.1};
+    struct fixture_opts fo = {.arch = arch, .type = type, .shape = shape, .seed = 21, .zipf = 1.1};
     ck_assert_msg(fixture_write(&fo, e->path) == 0, "%s", strata_errdetail());
     ck_assert_int_eq(gguf_open(e->path, &e->f), 0);
     ck_assert_msg(model_load(e->f, &e->m) == 0, "%s", strata_errdetail());
@@ -137,6 +138,11 @@ static void env_open(struct env *e, const char *arch, const char *type)
     script(e, b, e->base, 0, 0, 0);
     backend_close(b);
     build_arena(e);
+}
+
+static void env_open(struct env *e, const char *arch, const char *type)
+{
+    env_open_shape(e, arch, type, NULL);
 }
 
 static void env_close(struct env *e)
@@ -220,6 +226,7 @@ static void independence(const char *arch, const char *type)
     const struct copy_hooks stretch = {.hold_ms = 2};
     static const char *const modes[] = {"static", "blocking", "async", "async, held"};
     const uint32_t sizes[] = {0, (e.total + 9) / 10, e.total / 2, e.total};
+    setenv("STRATA_HYBRID_FILL", "wait", 1); /* the counts below are of a filled cache */
     for (int model = 0; model < 2; model++) {
         const struct model *m = model ? e.ma : e.m;
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
@@ -246,6 +253,7 @@ static void independence(const char *arch, const char *type)
             }
     }
     unsetenv("STRATA_CUDA_HYBRID");
+    unsetenv("STRATA_HYBRID_FILL");
     env_close(&e);
 }
 
@@ -274,12 +282,14 @@ START_TEST(independent_of_the_cache_qwen2moe)
 END_TEST
 
 /* The copy engine's races on real streams: held copies across a resize, failing copies, a flipped
- * byte, and the removed fence, which must be seen. */
+ * byte, the pick on its own thread with the round posted in batches, and the removed fence, which
+ * must be seen. */
 START_TEST(copy_races_on_streams)
 {
     struct env e;
     env_open(&e, "qwen3moe", NULL);
     setenv("STRATA_ADAPT_ASYNC_WAIT", "0", 1);
+    setenv("STRATA_HYBRID_FILL", "wait", 1);
     const struct tier_opts async = {
         .every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f, .async = true};
     const uint32_t n = (e.total + 3) / 4;
@@ -298,10 +308,23 @@ START_TEST(copy_races_on_streams)
     bi = run(&e, e.ma, &oc, 0, true, "corrupted copies, verified");
     ck_assert_uint_eq(bi.verify_failures, e.total); /* each expert tried once, all refused */
     ck_assert_uint_eq(bi.hits, 0);
+    /* the pick on its own thread, the round's copies posted 2 a tick, resized mid-stream */
+    setenv("STRATA_ADAPT_PICK_INLINE", "0", 1);
+    setenv("STRATA_ADAPT_ASYNC_BATCH", "2", 1);
+    o.copy_hooks = NULL;
+    bi = run(&e, e.ma, &o, 4, true, "async, the pick on its thread, 2 copies a tick");
+    ck_assert_uint_gt(bi.swaps, 0);
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "1", 1);
+    bi = run(&e, e.m, &o, 0, true, "async, the pick on its thread, 2 copies a tick, waited");
+    ck_assert_uint_gt(bi.swaps, 0);
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "0", 1);
+    unsetenv("STRATA_ADAPT_PICK_INLINE");
+    unsetenv("STRATA_ADAPT_ASYNC_BATCH");
     const struct copy_hooks unfenced = {.unfenced = true};
     o.copy_hooks = &unfenced;
     run(&e, e.m, &o, 0, false, "async without its fence");
     unsetenv("STRATA_ADAPT_ASYNC_WAIT");
+    unsetenv("STRATA_HYBRID_FILL");
     env_close(&e);
 }
 END_TEST
@@ -333,6 +356,277 @@ START_TEST(pcie_share_same_bits)
 }
 END_TEST
 
+/* rows_differ: the rows of got that are not byte for byte those of want */
+static size_t rows_differ(const struct env *e, const float *got, const float *want, size_t rows)
+{
+    size_t differ = 0;
+    for (size_t r = 0; r < rows; r++)
+        differ += memcmp(got + r * e->V, want + r * e->V, e->V * sizeof(float)) != 0;
+    return differ;
+}
+
+/* The start's fill in the background: the start returns before any slot is filled, the first
+ * window computes every pair on the CPU, the slots turn resident tick by tick, the logits equal
+ * the all-resident ones throughout. The fill's copies are held 100 ms a batch (the test hook), so
+ * the first windows certainly run before it lands. */
+START_TEST(background_fill)
+{
+    struct env e;
+    env_open(&e, "qwen3moe", NULL);
+    setenv("STRATA_CUDA_HYBRID", "1", 1);
+    unsetenv("STRATA_HYBRID_FILL");
+    const struct copy_hooks held = {.hold_ms = 100};
+    struct backend_opts o = {.expert_cache = {CACHE_SLOTS, e.total / 2}, .copy_hooks = &held};
+    float *got = malloc(e.n_rows * e.V * sizeof(float));
+    struct backend *b = start(e.ma, &o);
+    struct backend_info bi;
+    backend_info(b, &bi);
+    printf("background fill: at start %u of %u slots resident, %u to fill\n", bi.resident,
+           bi.cache_slots, bi.fill_left);
+    ck_assert_uint_eq(bi.resident, 0);
+    ck_assert_uint_eq(bi.fill_left, e.total / 2);
+    script(&e, b, got, 0, 0, 0);
+    backend_info(b, &bi);
+    ck_assert_msg(bi.first_hit_rate == 0, "the first window had %.3f of its pairs from slots",
+                  bi.first_hit_rate);
+    ck_assert_uint_eq(rows_differ(&e, got, e.base, e.n_rows), 0);
+    for (int i = 0; i < 500 && (bi.fill_left || bi.resident < e.total / 2); i++) {
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+        ck_assert_int_eq(backend_tick(b), 0);
+        backend_info(b, &bi);
+    }
+    printf("background fill: after it %u of %u slots resident\n", bi.resident, bi.cache_slots);
+    ck_assert_uint_eq(bi.fill_left, 0);
+    ck_assert_uint_eq(bi.resident, e.total / 2);
+    const uint64_t hits0 = bi.hits;
+    script(&e, b, got, 0, 0, 0);
+    backend_info(b, &bi);
+    ck_assert_uint_gt(bi.hits - hits0, 0);
+    ck_assert_uint_eq(rows_differ(&e, got, e.base, e.n_rows), 0);
+    backend_close(b);
+    free(got);
+    unsetenv("STRATA_CUDA_HYBRID");
+    env_close(&e);
+}
+END_TEST
+
+/* a long prompt (chunks of 32, the last token's logits each) then 8 decode steps: n_tokens
+ * positions of one sequence; resize_to (0: none): the vram op to that many slots and back to as
+ * many as fit, between the prompt and the decode steps */
+static size_t long_script(struct env *e, struct backend *b, float *out, uint32_t n_tokens,
+                          uint64_t slot_bytes, uint32_t resize_to)
+{
+    struct kv_seq seq;
+    kv_seq_init(&seq);
+    struct backend_token t[32];
+    size_t rows = 0;
+    for (uint32_t p = 0; p < n_tokens; p += 32) {
+        const uint32_t n = n_tokens - p < 32 ? n_tokens - p : 32;
+        for (uint32_t j = 0; j < n; j++)
+            t[j] =
+                (struct backend_token){&seq, (int32_t)(((p + j) * 2654435761u) % e->V), j == n - 1};
+        ck_assert_msg(backend_eval(b, t, n, out + rows * e->V) == 0, "%s", strata_errdetail());
+        ck_assert_int_eq(backend_tick(b), 0);
+        rows++;
+    }
+    if (resize_to) {
+        struct backend_info bi, bj;
+        backend_info(b, &bi);
+        ck_assert_msg(backend_resize(b, resize_to * slot_bytes) == 0, "%s", strata_errdetail());
+        backend_info(b, &bj);
+        ck_assert_uint_eq(bj.cache_slots, resize_to);
+        ck_assert_uint_eq(bj.kv_bytes, bi.kv_bytes); /* K/V kept */
+        /* more than the budget holds: as many as fit beside K/V */
+        ck_assert_msg(backend_resize(b, (uint64_t)e->total * slot_bytes) == 0, "%s",
+                      strata_errdetail());
+        backend_info(b, &bj);
+        ck_assert_uint_eq(bj.kv_bytes, bi.kv_bytes);
+        ck_assert_uint_ge(bj.cache_slots, resize_to);
+        ck_assert_uint_le(bj.vram_bytes, bj.vram_budget);
+        printf("kv growth: the vram op to %u slots and back: %u slots beside %.1f MiB of K/V\n",
+               resize_to, bj.cache_slots, (double)bj.kv_bytes / (1 << 20));
+    }
+    for (uint32_t s = 0; s < 8; s++) {
+        t[0] = (struct backend_token){&seq, (int32_t)((s * 977u + 5) % e->V), true};
+        ck_assert_msg(backend_eval(b, t, 1, out + rows * e->V) == 0, "%s", strata_errdetail());
+        ck_assert_int_eq(backend_tick(b), 0);
+        rows++;
+    }
+    kv_seq_fini(backend_kv(b), &seq);
+    return rows;
+}
+
+/* K/V growth takes slots through the fence, on real streams: a hybrid whose VRAM budget is full
+ * at start (--vram-mib: what it holds then) runs a prompt long enough to need two granules of
+ * K/V a region (the qwen3-mini shape: 16 regions, 512 experts of about 1 MiB, so a growth of 32
+ * MiB takes a few of its chunks of 16 slots); the growth gives back whole chunks of slots (the
+ * tier's round in flight lands, the table is republished, the windows on the old one finish, then
+ * the memory is reused), and the logits equal the all-resident ones; the vram op then gives slots
+ * back and takes them again with K/V kept. Static, blocking and async tiers. */
+START_TEST(kv_growth_takes_slots_on_streams)
+{
+    struct env e;
+    env_open_shape(&e, "qwen3moe", NULL, "qwen3-mini");
+    struct backend_opts base_o = {0};
+    base_o.name = "cuda";
+    base_o.n_threads = 2;
+    base_o.max_pass_tokens = 32;
+    base_o.n_ctx = 32768;
+    base_o.n_seq = 1;
+    unsetenv("STRATA_CUDA_HYBRID");
+    struct backend *b;
+    ck_assert_msg(backend_start(e.m, &base_o, &b) == 0, "%s", strata_errdetail());
+    struct backend_info bi;
+    backend_info(b, &bi);
+    /* two granules (2 MiB) of one region's positions, and a little more */
+    const uint64_t region_pos = bi.kv_pos_bytes / (2 * e.m->hp.n_layer);
+    uint32_t n_tok = (uint32_t)(2 * (2u << 20) / region_pos) + 40;
+    if (n_tok > 30000) n_tok = 30000;
+    const size_t max_rows = n_tok / 32 + 10;
+    float *want = malloc(max_rows * e.V * sizeof(float)),
+          *got = malloc(max_rows * e.V * sizeof(float));
+    const size_t rows = long_script(&e, b, want, n_tok, 0, 0);
+    backend_close(b);
+    printf("kv growth: %u positions (%llu bytes each a region)\n", n_tok,
+           (unsigned long long)region_pos);
+    const struct tier_opts none = {0}, busy = {.every = 1,
+                                               .swaps = 8,
+                                               .decay = 0.9f,
+                                               .min_count = 0.5f,
+                                               .lead = 0.25f};
+    struct tier_opts async = busy;
+    async.async = true;
+    const struct tier_opts *tiers[] = {&none, &busy, &async};
+    static const char *const names[] = {"static", "blocking", "async"};
+    setenv("STRATA_HYBRID_FILL", "wait", 1);
+    for (int k = 0; k < 3; k++) {
+        struct backend_opts o = base_o;
+        o.expert_cache = (struct cache_spec){CACHE_SLOTS, e.total / 2};
+        o.tier = *tiers[k];
+        ck_assert_msg(backend_start(e.m, &o, &b) == 0, "%s", strata_errdetail());
+        backend_info(b, &bi);
+        backend_close(b);
+        /* the same start with a budget of what it held: no room for K/V to grow */
+        o.vram_mib = (uint32_t)((bi.vram_bytes + (1u << 20) - 1) >> 20);
+        ck_assert_msg(backend_start(e.m, &o, &b) == 0, "%s", strata_errdetail());
+        struct backend_info b0;
+        backend_info(b, &b0);
+        ck_assert_uint_eq(b0.cache_slots, e.total / 2);
+        ck_assert_uint_le(b0.vram_bytes, b0.vram_budget);
+        ck_assert_uint_eq(long_script(&e, b, got, n_tok, b0.slot_bytes, 2), rows);
+        backend_info(b, &bi);
+        const size_t differ = rows_differ(&e, got, want, rows);
+        printf("kv growth, %s tier: K/V %.1f -> %.1f MiB in %llu growths, %u slots taken back, "
+               "%llu swaps: %zu of %zu rows differ\n",
+               names[k], (double)b0.kv_bytes / (1 << 20), (double)bi.kv_bytes / (1 << 20),
+               (unsigned long long)bi.kv_grows, bi.kv_took_slots, (unsigned long long)bi.swaps,
+               differ, rows);
+        fflush(stdout);
+        ck_assert_uint_ge(bi.kv_grows, 1);
+        ck_assert_uint_gt(bi.kv_bytes, b0.kv_bytes);
+        ck_assert_uint_gt(bi.kv_took_slots, 0);
+        ck_assert_uint_eq(differ, 0);
+        backend_close(b);
+    }
+    /* past the budget with every slot given back: refused by name, the sequence unchanged */
+    struct backend_opts o = base_o;
+    o.expert_cache = (struct cache_spec){CACHE_SLOTS, 0};
+    ck_assert_msg(backend_start(e.m, &o, &b) == 0, "%s", strata_errdetail());
+    backend_info(b, &bi);
+    backend_close(b);
+    o.vram_mib = (uint32_t)((bi.vram_bytes + (1u << 20) - 1) >> 20);
+    ck_assert_msg(backend_start(e.m, &o, &b) == 0, "%s", strata_errdetail());
+    struct kv_seq seq;
+    kv_seq_init(&seq);
+    int rv = 0;
+    uint32_t p = 0;
+    struct backend_token t[32];
+    for (; p < n_tok && !rv; p += 32) {
+        for (uint32_t j = 0; j < 32; j++)
+            t[j] = (struct backend_token){&seq, (int32_t)((p + j) % e.V), false};
+        rv = backend_eval(b, t, 32, NULL);
+    }
+    printf("kv growth without slots to give: %s\n", rv ? strata_errdetail() : "no refusal");
+    ck_assert_int_eq(rv, STRATA_ENOSPC);
+    ck_assert_uint_eq(seq.n_tokens, p - 32);
+    kv_seq_fini(backend_kv(b), &seq);
+    backend_close(b);
+    unsetenv("STRATA_HYBRID_FILL");
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* Two workers' backends on one arena and one GPU, each its own cache (an async tier on a quarter
+ * of the experts, a static half), stepped in turn: both give the all-resident logits. A device
+ * that is not there is refused by name. (Two GPUs were not available to this test.) */
+START_TEST(two_backends_one_arena)
+{
+    struct env e;
+    env_open(&e, "qwen3moe", NULL);
+    setenv("STRATA_CUDA_HYBRID", "1", 1);
+    const struct tier_opts async = {
+        .every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f, .lead = 0.25f, .async = true};
+    struct backend_opts o1 = {
+        .expert_cache = {CACHE_SLOTS, e.total / 4}, .tier = async, .pin = 1, .gpu = 0};
+    struct backend_opts o2 = {.expert_cache = {CACHE_SLOTS, e.total / 2}, .gpu = 0};
+    struct backend *b1 = start(e.ma, &o1), *b2 = start(e.ma, &o2);
+    float *g1 = malloc(e.n_rows * e.V * sizeof(float)),
+          *g2 = malloc(e.n_rows * e.V * sizeof(float));
+    struct kv_seq s1[N_SEQ], s2[N_SEQ];
+    for (int q = 0; q < N_SEQ; q++)
+        kv_seq_init(&s1[q]), kv_seq_init(&s2[q]);
+    struct backend_token t1[64], t2[64];
+    size_t rows = 0;
+    for (uint32_t s = 0; s < N_STEP; s++) {
+        uint32_t n = 0;
+        for (int q = 0; q < N_SEQ; q++) {
+            const uint32_t c = s < 3 ? (q + s) % 4 + 1 : 1;
+            for (uint32_t j = 0; j < c; j++, n++) {
+                const int32_t id = (int32_t)((s * 131u + q * 977u + j * 31u + 7) % e.V);
+                t1[n] = (struct backend_token){&s1[q], id, true};
+                t2[n] = (struct backend_token){&s2[q], id, true};
+            }
+        }
+        ck_assert_msg(backend_eval(b1, t1, n, g1 + rows * e.V) == 0, "%s", strata_errdetail());
+        ck_assert_msg(backend_eval(b2, t2, n, g2 + rows * e.V) == 0, "%s", strata_errdetail());
+        ck_assert_int_eq(backend_tick(b1), 0);
+        ck_assert_int_eq(backend_tick(b2), 0);
+        rows += n;
+    }
+    ck_assert_uint_eq(rows, e.n_rows);
+    struct backend_info i1, i2;
+    backend_info(b1, &i1);
+    backend_info(b2, &i2);
+    const size_t d1 = rows_differ(&e, g1, e.base, rows), d2 = rows_differ(&e, g2, e.base, rows);
+    printf("two backends on one arena: %u slots (%llu hits, %llu swaps) and %u slots (%llu hits): "
+           "%zu and %zu of %zu rows differ\n",
+           i1.cache_slots, (unsigned long long)i1.hits, (unsigned long long)i1.swaps,
+           i2.cache_slots, (unsigned long long)i2.hits, d1, d2, rows);
+    ck_assert_uint_eq(d1, 0);
+    ck_assert_uint_eq(d2, 0);
+    ck_assert_uint_gt(i1.hits, 0);
+    ck_assert_uint_gt(i2.hits, 0);
+    for (int q = 0; q < N_SEQ; q++)
+        kv_seq_fini(backend_kv(b1), &s1[q]), kv_seq_fini(backend_kv(b2), &s2[q]);
+    backend_close(b1);
+    backend_close(b2);
+    struct backend_opts bad = {.expert_cache = {CACHE_SLOTS, 4}, .gpu = 99};
+    bad.name = "cuda";
+    bad.max_pass_tokens = 32;
+    bad.n_ctx = 64;
+    struct backend *bb = NULL;
+    ck_assert_int_eq(backend_start(e.ma, &bad, &bb), STRATA_EINVAL);
+    printf("--gpu 99: %s\n", strata_errdetail());
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "--gpu 99"));
+    free(g1);
+    free(g2);
+    unsetenv("STRATA_CUDA_HYBRID");
+    env_close(&e);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hybrid");
@@ -341,6 +635,9 @@ int main(void)
     tcase_add_test(tc, independent_of_the_cache_qwen3moe);
     tcase_add_test(tc, copy_races_on_streams);
     tcase_add_test(tc, pcie_share_same_bits);
+    tcase_add_test(tc, background_fill);
+    tcase_add_test(tc, kv_growth_takes_slots_on_streams);
+    tcase_add_test(tc, two_backends_one_arena);
     tcase_add_test(tc, independent_of_the_cache_llama);
     tcase_add_test(tc, independent_of_the_cache_olmoe);
     tcase_add_test(tc, independent_of_the_cache_qwen2moe);

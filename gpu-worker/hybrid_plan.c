@@ -54,6 +54,39 @@ uint32_t hyb_shrink_to(uint32_t n_slots, uint64_t vram_free_now, const struct hy
     return n;
 }
 
+uint64_t hyb_kv_granules(uint64_t block_bytes, uint64_t granule, uint32_t blocks)
+{
+    if (!granule) return 0;
+    return ((uint64_t)blocks * block_bytes + granule - 1) / granule;
+}
+
+uint32_t hyb_kv_take(uint64_t budget, uint64_t held, uint64_t grow, uint32_t n_slots,
+                     uint64_t slot_bytes, uint32_t chunk_slots, uint64_t *shortfall)
+{
+    const uint32_t c = chunk_slots ? chunk_slots : 1;
+    const uint64_t cb = hyb_chunk_bytes(slot_bytes, c);
+    *shortfall = 0;
+    if (held + grow <= budget) return n_slots;
+    const uint64_t need = held + grow - budget;
+    uint64_t freed = 0;
+    uint32_t chunks = (n_slots + c - 1) / c;
+    while (chunks && freed < need) {
+        chunks--;
+        freed += cb;
+    }
+    if (freed < need) *shortfall = need - freed;
+    const uint64_t keep = (uint64_t)chunks * c;
+    return keep < n_slots ? (uint32_t)keep : n_slots;
+}
+
+uint32_t hyb_slots_within(uint64_t room, uint64_t slot_bytes, uint32_t chunk_slots, uint32_t cap)
+{
+    const uint32_t c = chunk_slots ? chunk_slots : 1;
+    const uint64_t cb = hyb_chunk_bytes(slot_bytes, c);
+    uint64_t n = cb ? room / cb * c : 0;
+    return n < cap ? (uint32_t)n : cap;
+}
+
 /* ---- the split --------------------------------------------------------------------------------
  */
 

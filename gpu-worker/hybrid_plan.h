@@ -47,6 +47,24 @@ uint32_t hyb_shrink_to(uint32_t n_slots, uint64_t vram_free_now, const struct hy
 /* hyb_chunk_bytes: VRAM one allocation of `slots` slots takes (rounded to 2 MiB). */
 uint64_t hyb_chunk_bytes(uint64_t slot_bytes, uint32_t slots);
 
+/* ---- one VRAM budget for K/V and the slots --------------------------------------------------
+ * K/V is mapped on demand (kv_vram_cuda.h) in granules of each region; when it must grow and the
+ * budget is full, the slot pool gives back whole chunks from its tail (each allocated whole). */
+
+/* hyb_kv_granules: granules of `granule` bytes that `blocks` blocks of block_bytes take. */
+uint64_t hyb_kv_granules(uint64_t block_bytes, uint64_t granule, uint32_t blocks);
+
+/* hyb_kv_take: K/V must grow by `grow` bytes; the backend holds `held` bytes now (everything: K/V,
+ * slots, weights, scratch) of `budget`, the slot pool n_slots in chunks of chunk_slots slots of
+ * slot_bytes, each chunk allocated whole. Returns the slot count to keep: n_slots when the
+ * budget has room, else n_slots less the fewest whole tail chunks that make room; *shortfall is
+ * the bytes still missing with every slot given back (0 when the growth fits). */
+uint32_t hyb_kv_take(uint64_t budget, uint64_t held, uint64_t grow, uint32_t n_slots,
+                     uint64_t slot_bytes, uint32_t chunk_slots, uint64_t *shortfall);
+
+/* hyb_slots_within: the most slots (a whole-chunk pool) that fit in `room` bytes, capped at cap. */
+uint32_t hyb_slots_within(uint64_t room, uint64_t slot_bytes, uint32_t chunk_slots, uint32_t cap);
+
 /* One layer's split. Arrays of n_tok * k entries (groups: at most n_tok * k each side). */
 struct hyb_split {
     struct moe_group *hit_groups, *pcie_groups, *miss_groups;

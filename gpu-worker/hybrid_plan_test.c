@@ -255,6 +255,41 @@ START_TEST(landing_gives_bad_copies_slots_back)
 }
 END_TEST
 
+/* One VRAM budget: K/V grows in granules; when the budget is full the slot pool gives back the
+ * fewest whole tail chunks that make room, and says how much is missing with none left. */
+START_TEST(kv_growth_takes_slots)
+{
+    /* 32 KiB blocks in 2 MiB granules: 64 blocks a granule */
+    ck_assert_uint_eq(hyb_kv_granules(32 << 10, 2 * MIB, 0), 0);
+    ck_assert_uint_eq(hyb_kv_granules(32 << 10, 2 * MIB, 1), 1);
+    ck_assert_uint_eq(hyb_kv_granules(32 << 10, 2 * MIB, 64), 1);
+    ck_assert_uint_eq(hyb_kv_granules(32 << 10, 2 * MIB, 65), 2);
+    ck_assert_uint_eq(hyb_kv_granules(3 << 10, 2 * MIB, 1000), 2); /* 3000 KiB: 2 granules */
+    uint64_t sh = 1;
+    /* slots of 3 MiB in chunks of 16: each chunk 48 MiB. 1000 MiB budget, 900 held */
+    const uint64_t cb = hyb_chunk_bytes(3 * MIB, 16);
+    ck_assert_uint_eq(cb, 48 * MIB);
+    /* a growth that fits takes nothing */
+    ck_assert_uint_eq(hyb_kv_take(1000 * MIB, 900 * MIB, 100 * MIB, 40, 3 * MIB, 16, &sh), 40);
+    ck_assert_uint_eq(sh, 0);
+    /* 1 byte over: the tail chunk goes (40 slots in 3 chunks: 32 kept) */
+    ck_assert_uint_eq(hyb_kv_take(1000 * MIB, 900 * MIB, 100 * MIB + 1, 40, 3 * MIB, 16, &sh), 32);
+    ck_assert_uint_eq(sh, 0);
+    /* 49 MiB over: two chunks */
+    ck_assert_uint_eq(hyb_kv_take(1000 * MIB, 900 * MIB, 149 * MIB, 40, 3 * MIB, 16, &sh), 16);
+    /* more than every chunk frees: none kept, the shortfall named */
+    ck_assert_uint_eq(hyb_kv_take(1000 * MIB, 900 * MIB, 300 * MIB, 40, 3 * MIB, 16, &sh), 0);
+    ck_assert_uint_eq(sh, 200 * MIB - 3 * 48 * MIB);
+    /* no slots at all: the whole growth past the budget is short */
+    ck_assert_uint_eq(hyb_kv_take(1000 * MIB, 990 * MIB, 20 * MIB, 0, 3 * MIB, 16, &sh), 0);
+    ck_assert_uint_eq(sh, 10 * MIB);
+    /* a pool of whole chunks within a room: 100 MiB holds 2 chunks of 48 MiB */
+    ck_assert_uint_eq(hyb_slots_within(100 * MIB, 3 * MIB, 16, 1000), 32);
+    ck_assert_uint_eq(hyb_slots_within(100 * MIB, 3 * MIB, 16, 20), 20);
+    ck_assert_uint_eq(hyb_slots_within(47 * MIB, 3 * MIB, 16, 1000), 0);
+}
+END_TEST
+
 START_TEST(options_parse)
 {
     struct backend_opts o = backend_opts_default();
@@ -271,6 +306,14 @@ START_TEST(options_parse)
     ck_assert_uint_eq(o.pcie_threshold, 8);
     ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "-1"), STRATA_EINVAL);
     ck_assert_int_eq(backend_opt(&o, "pcie-threshold", "auto"), 0);
+    ck_assert_uint_eq(o.gpu, 0);
+    ck_assert_int_eq(backend_opt(&o, "gpu", "1"), 0);
+    ck_assert_uint_eq(o.gpu, 1);
+    ck_assert_int_eq(backend_opt(&o, "gpu", "-1"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "gpu", "x"), STRATA_EINVAL);
+    ck_assert_int_eq(backend_opt(&o, "vram-mib", "20480"), 0);
+    ck_assert_uint_eq(o.vram_mib, 20480);
+    ck_assert_int_eq(backend_opt(&o, "vram-mib", "1.5"), STRATA_EINVAL);
     ck_assert_uint_eq(o.pcie_threshold, BACKEND_PCIE_AUTO);
 }
 END_TEST
@@ -284,6 +327,7 @@ int main(void)
     tcase_add_test(tc, pcie_share_choice);
     tcase_add_test(tc, registration_set_only_grows);
     tcase_add_test(tc, landing_gives_bad_copies_slots_back);
+    tcase_add_test(tc, kv_growth_takes_slots);
     tcase_add_test(tc, options_parse);
     suite_add_tcase(s, tc);
     return test_run(s);

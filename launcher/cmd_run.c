@@ -191,6 +191,9 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"pin", required_argument, NULL, O_BACKEND},
         {"pcie-frac", required_argument, NULL, O_BACKEND},
         {"pcie-threshold", required_argument, NULL, O_BACKEND},
+        {"vram-mib", required_argument, NULL, O_BACKEND},
+        {"gpu", required_argument, NULL, O_BACKEND},
+        {"vram-reserve-mib", required_argument, NULL, O_BACKEND},
         {"adapt-async", required_argument, NULL, O_BACKEND},
         {NULL, 0, NULL, 0},
     };
