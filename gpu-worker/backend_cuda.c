@@ -104,6 +104,8 @@ struct cuda_be {
     bool expf_exact;     /* the GPU's expf gave libm's bits on the start-up sweep */
     bool unfused;        /* STRATA_CUDA_FUSE=0: the MoE layer's separate launches (a diagnostic) */
     bool matvec_chunks;  /* STRATA_CUDA_MATMUL_Q=0: prompt chunks as 16-row matvecs (a diagnostic) */
+    bool pdl; /* all-resident passes launch with programmatic dependent launch (sm_90 and later;
+               * STRATA_CUDA_PDL=0: off, a diagnostic) */
     void **allocs;       /* every cudaMalloc, freed at close */
     uint32_t n_allocs, cap_allocs;
     struct dlayer *L;
@@ -441,6 +443,8 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         (rv = ck(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), "cudaStreamCreate")))
         goto fail;
     snprintf(c->device, sizeof c->device, "%.48s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    const char *pd = getenv("STRATA_CUDA_PDL");
+    c->pdl = prop.major >= 9 && !(pd && strcmp(pd, "0") == 0);
     /* SiLU's expf must be the host libm's for the CPU's bits: 2M floats, a few ms */
     uint64_t expf_bad;
     float expf_x = 0;
@@ -1101,6 +1105,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     const struct model_hparams *hp = &c->m->hp;
     const uint32_t T = c->o.max_pass_tokens, bs = c->block_tokens, BT = c->max_bt;
     uint32_t n_seen;
+    bool pdl_was = false;
     int rv;
     if ((rv = grow(c, toks, n, &n_seen)) != 0) return rv;
     const double t0 = now_s();
@@ -1126,6 +1131,8 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     if ((rv =
              ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s), "inputs up")))
         goto fail;
+    /* an all-resident pass's launches overlap each one's start with the tail of the one ahead */
+    pdl_was = cu_set_pdl(c->pdl && c->dev_grouped);
     if (graph && !c->graph[n].exec && c->graph[n].seen) capture(c, n);
     if (graph) c->graph[n].seen = true;
     if (graph && c->graph[n].exec) {
@@ -1135,6 +1142,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     } else if ((rv = issue_pass(c, n, n_out))) {
         goto fail;
     }
+    cu_set_pdl(pdl_was);
     if (c->dev_grouped && (rv = ck(cudaMemcpyAsync(c->h_ng, c->d_ng, hp->n_layer * sizeof *c->h_ng,
                                                    cudaMemcpyDeviceToHost, c->s),
                                    "group counts down")))
@@ -1156,6 +1164,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     c->st.total_s += now_s() - t0;
     return 0;
 fail:
+    cu_set_pdl(pdl_was);
     cudaStreamSynchronize(c->s);
     c->n_ev = 0;
     for (uint32_t t = n; t-- > 0;)

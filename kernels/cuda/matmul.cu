@@ -18,6 +18,7 @@ __global__ void __launch_bounds__(128)
     matmul_kernel(const uint8_t *w, int64_t row_bytes, int64_t ncols, int64_t nrows,
                   const float *x, int64_t n_tok, float *y)
 {
+    pdl_enter();
     __shared__ __align__(32) half xs[MM_TILE][MM_LD];
     __shared__ __align__(32) half ws[MM_TILE][MM_LD];
     __shared__ __align__(32) float cs[4][16 * 16];
@@ -82,7 +83,8 @@ static void launch(const void *w, int64_t ncols, int64_t nrows, const float *x, 
 {
     int64_t row_bytes = ncols / qt<T>::blck * qt<T>::bytes;
     dim3 grid((unsigned)((nrows + MM_TILE - 1) / MM_TILE), (unsigned)((n_tok + MM_TILE - 1) / MM_TILE));
-    matmul_kernel<T><<<grid, 128, 0, s>>>((const uint8_t *)w, row_bytes, ncols, nrows, x, n_tok, y);
+    cu_launch(matmul_kernel<T>, grid, 128, 0, s, (const uint8_t *)w, row_bytes, ncols, nrows, x,
+              n_tok, y);
 }
 
 extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nrows, const float *x,
@@ -138,6 +140,7 @@ __global__ void __launch_bounds__(128)
     matmul_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
              float *y)
 {
+    pdl_enter();
     using D = qdec<T>;
     constexpr int BLK = qt<T>::blck, BYTES = qt<T>::bytes, SUB = D::SUB, NSUB = BLK / SUB;
     constexpr int LD = BLK + 16; /* row pitch in bytes: the fragment loads fall on distinct banks */
@@ -260,7 +263,8 @@ template <int T>
 static void launch_q(dim3 grid, const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb,
                      int n_tok, float *y, cudaStream_t s)
 {
-    if constexpr (qt<T>::blck > 1) matmul_q<T><<<grid, 128, 0, s>>>(w, nb, nrows, act, arb, n_tok, y);
+    if constexpr (qt<T>::blck > 1)
+        cu_launch(matmul_q<T>, grid, 128, 0, s, w, nb, nrows, act, arb, n_tok, y);
 }
 
 extern "C" int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t nrows,

@@ -48,6 +48,7 @@ __device__ __forceinline__ int mf_groups(const struct mf_task &t)
 template <int T>
 __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 {
+    pdl_enter();
     const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
     if (r >= t.nrows || (int)blockIdx.y >= mf_groups(t)) return;
     const int lane = threadIdx.x & (WARP - 1);
@@ -91,6 +92,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 template <int T, int B, bool GU>
 __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
 {
+    pdl_enter();
     const int n_groups = mf_groups(t);
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
@@ -210,6 +212,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
 __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_idx, int n_ff,
                            float *h, const float *up, const int32_t *n_groups, int n_groups_host)
 {
+    pdl_enter();
     if ((int)blockIdx.x >= (n_groups ? *n_groups : n_groups_host)) return;
     const struct moe_group g = groups[blockIdx.x];
     for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
@@ -227,6 +230,7 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
     moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
                 const float *norm_w, float eps, float *xn)
 {
+    pdl_enter();
     __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t t = blockIdx.x;
     int order[16];
@@ -285,7 +289,7 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
 {
     if (qtype_get(type)->blck == 1) {
         dim3 grid((unsigned)((t.nrows + MF_WARPS - 1) / MF_WARPS), (unsigned)n_groups);
-#define F(T) moe_part_f<T><<<grid, MF_WARPS * WARP, 0, s>>>(t)
+#define F(T) cu_launch(moe_part_f<T>, grid, MF_WARPS *WARP, 0, s, t)
         CU_TYPE_SWITCH(type, F)
 #undef F
         return;
@@ -297,8 +301,10 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
                   ctas = (items + MF_WARPS - 1) / MF_WARPS;
     const unsigned grid = (unsigned)(ctas < 132 * 8 ? ctas : 132 * 8);
 #define Q(T, B)                                                                                    \
-    if (gu) moe_part_q<T, B, true><<<grid, MF_WARPS * WARP, 0, s>>>(t);                            \
-    else moe_part_q<T, B, false><<<grid, MF_WARPS * WARP, 0, s>>>(t);
+    if (gu)                                                                                        \
+        cu_launch(moe_part_q<T, B, true>, grid, MF_WARPS *WARP, 0, s, t);                          \
+    else                                                                                           \
+        cu_launch(moe_part_q<T, B, false>, grid, MF_WARPS *WARP, 0, s, t);
 #define QB(T)                                                                                      \
     if (n_tok == 1) {                                                                              \
         Q(T, 1)                                                                                    \
@@ -381,8 +387,8 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
         t.off = parts->off[CU_PART_UP], t.act = xu;
         t.arb = (int64_t)cu_act_row_bytes(tu, parts->n_embd), t.out = up;
         run_part(tu, t, n_groups, n_tok, false, s);
-        moe_swiglu<<<(unsigned)n_groups, 256, 0, s>>>(groups, pair_idx, (int)parts->n_ff, h, up,
-                                                       d_n_groups, n_groups);
+        cu_launch(moe_swiglu, (unsigned)n_groups, 256, 0, s, groups, pair_idx, (int)parts->n_ff, h,
+                  up, d_n_groups, n_groups);
     }
     /* down: h by pair, quantized for its type (floats pass through), scaled by the route weight */
     const void *hd = h;
@@ -421,8 +427,8 @@ extern "C" int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_to
                               int64_t n_embd, float *y, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine: top-%d", k);
-    moe_combine<false, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        out, ids, k, n_embd, y, NULL, 0.0f, NULL);
+    cu_launch(moe_combine<false, false>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+              out, ids, k, n_embd, y, nullptr, 0.0f, nullptr);
     return cu_launch_check();
 }
 
@@ -430,8 +436,8 @@ extern "C" int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t 
                                   int64_t n_embd, float *x, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine_add: top-%d", k);
-    moe_combine<true, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        out, ids, k, n_embd, x, NULL, 0.0f, NULL);
+    cu_launch(moe_combine<true, false>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+              out, ids, k, n_embd, x, nullptr, 0.0f, nullptr);
     return cu_launch_check();
 }
 
@@ -442,7 +448,7 @@ extern "C" int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int
     if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN)
         return strata_errf(STRATA_EINVAL, "cu_moe_combine_add_norm: top-%d, rows of %lld (%d or more)",
                            k, (long long)n_embd, ROW_NORM_MIN);
-    moe_combine<true, true><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        out, ids, k, n_embd, x, norm_w, eps, xn);
+    cu_launch(moe_combine<true, true>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+              out, ids, k, n_embd, x, norm_w, eps, xn);
     return cu_launch_check();
 }

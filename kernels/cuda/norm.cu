@@ -7,6 +7,7 @@
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t rows,
                                int64_t width, float eps)
 {
+    pdl_enter();
     int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
     int lane = threadIdx.x & (WARP - 1);
     if (r >= rows) return;
@@ -27,6 +28,7 @@ template <bool ADD>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
     rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps)
 {
+    pdl_enter();
     __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
@@ -46,6 +48,7 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
 __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out,
                                    int64_t rows, int64_t width, float eps)
 {
+    pdl_enter();
     int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
     int lane = threadIdx.x & (WARP - 1);
     if (r >= rows) return;
@@ -65,12 +68,13 @@ extern "C" int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows
 {
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_rmsnorm: empty shape");
     if (width >= ROW_NORM_MIN) {
-        rmsnorm_wide<false><<<(unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-            (float *)x, NULL, w, y, width, eps);
+        cu_launch(rmsnorm_wide<false>, (unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+                  (float *)x, nullptr, w, y, width, eps);
         return cu_launch_check();
     }
     dim3 grid((unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS));
-    rmsnorm_kernel<<<grid, NORM_WARPS * WARP, 0, (cudaStream_t)stream>>>(x, w, y, rows, width, eps);
+    cu_launch(rmsnorm_kernel, grid, NORM_WARPS * WARP, 0, (cudaStream_t)stream, x, w, y, rows,
+              width, eps);
     return cu_launch_check();
 }
 
@@ -80,10 +84,11 @@ extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *o
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_add_rmsnorm: empty shape");
     cudaStream_t s = (cudaStream_t)stream;
     if (width >= ROW_NORM_MIN)
-        rmsnorm_wide<true><<<(unsigned)rows, ROW_NORM_THREADS, 0, s>>>(x, y, w, out, width, eps);
+        cu_launch(rmsnorm_wide<true>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out, width,
+                  eps);
     else
-        add_rmsnorm_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * WARP, 0,
-                             s>>>(x, y, w, out, rows, width, eps);
+        cu_launch(add_rmsnorm_kernel, (unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
+                  NORM_WARPS * WARP, 0, s, x, y, w, out, rows, width, eps);
     return cu_launch_check();
 }
 
@@ -91,6 +96,7 @@ extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *o
 __global__ void rope_kernel(float *x, const int32_t *pos, int n_head, int head_dim, int n_rot,
                             float step, int neox)
 {
+    pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x; /* pair index < n_rot / 2 */
     if (i >= n_rot / 2) return;
     int h = blockIdx.y;
@@ -116,7 +122,8 @@ extern "C" int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, 
     /* The step is computed by the host's powf, the one the CPU reference uses: a 1-ulp difference
      * in it grows to 4e-3 rad at position 40K. */
     const float step = powf(base, -2.0f / (float)n_rot);
-    rope_kernel<<<grid, 64, 0, (cudaStream_t)stream>>>(x, pos, n_head, head_dim, n_rot, step, neox);
+    cu_launch(rope_kernel, grid, 64, 0, (cudaStream_t)stream, x, pos, n_head, head_dim, n_rot, step,
+              neox);
     return cu_launch_check();
 }
 
@@ -139,6 +146,7 @@ __global__ void __launch_bounds__(NORM_WARPS *WARP)
                   const int32_t *pos, const int32_t *slot, int64_t n_tok, int n_head, int n_kv,
                   int hd, int n_rot, float step, int neox, float eps, int block_size, E *kp, E *vp)
 {
+    pdl_enter();
     const int rows = n_head + 2 * n_kv;
     const int64_t w = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
     if (w >= n_tok * rows) return;
@@ -193,12 +201,12 @@ extern "C" int cu_qk_rope_store(float *q, float *k, const float *v, const float 
     const float step = powf(base, -2.0f / (float)n_rot); /* as cu_rope: the host's powf */
     cudaStream_t s = (cudaStream_t)stream;
     if (f16)
-        qk_rope_store<__half><<<grid, NORM_WARPS * WARP, 0, s>>>(
-            q, k, v, q_norm, k_norm, pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step,
-            neox, eps, block_size, (__half *)k_pool, (__half *)v_pool);
+        cu_launch(qk_rope_store<__half>, grid, NORM_WARPS * WARP, 0, s, q, k, v, q_norm, k_norm,
+                  pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step, neox, eps, block_size,
+                  (__half *)k_pool, (__half *)v_pool);
     else
-        qk_rope_store<float><<<grid, NORM_WARPS * WARP, 0, s>>>(
-            q, k, v, q_norm, k_norm, pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step,
-            neox, eps, block_size, (float *)k_pool, (float *)v_pool);
+        cu_launch(qk_rope_store<float>, grid, NORM_WARPS * WARP, 0, s, q, k, v, q_norm, k_norm, pos,
+                  slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step, neox, eps, block_size,
+                  (float *)k_pool, (float *)v_pool);
     return cu_launch_check();
 }

@@ -11,6 +11,7 @@
  * the reciprocal, as common/quant/quant.c's q8_0_quantize; d is stored as its fp16 value widened. */
 __global__ void qact_q8_0(const float *x, int64_t n, int64_t n_blocks, size_t arb, uint8_t *act)
 {
+    pdl_enter();
     const int64_t blk = (int64_t)blockIdx.x * 4 + threadIdx.x / WARP;
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & (WARP - 1);
@@ -35,6 +36,7 @@ __global__ void qact_q8_0(const float *x, int64_t n, int64_t n_blocks, size_t ar
  * all zeros. */
 __global__ void qact_q8_K(const float *x, int64_t n, int64_t n_blocks, size_t arb, uint8_t *act)
 {
+    pdl_enter();
     const int64_t blk = (int64_t)blockIdx.x * 4 + threadIdx.x / WARP;
     if (blk >= n_blocks) return;
     const int lane = threadIdx.x & (WARP - 1);
@@ -101,8 +103,8 @@ extern "C" int cu_quantize_acts(uint32_t wtype, const float *x, int64_t n, int n
     const int64_t nblk = n / (at == QT_Q8_0 ? 32 : 256) * n_act;
     const unsigned grid = (unsigned)((nblk + 3) / 4);
     if (at == QT_Q8_0)
-        qact_q8_0<<<grid, 4 * WARP, 0, s>>>(x, n, nblk, arb, (uint8_t *)act);
+        cu_launch(qact_q8_0, grid, 4 * WARP, 0, s, x, n, nblk, arb, (uint8_t *)act);
     else
-        qact_q8_K<<<grid, 4 * WARP, 0, s>>>(x, n, nblk, arb, (uint8_t *)act);
+        cu_launch(qact_q8_K, grid, 4 * WARP, 0, s, x, n, nblk, arb, (uint8_t *)act);
     return cu_launch_check();
 }
