@@ -110,24 +110,6 @@ extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nr
 #define MQ_BN 32 /* tokens of a tile: 4 MMA n-tiles of 8 per warp */
 #define MQ_NT (MQ_BN / 8)
 
-/* mma_k32 / mma_k16: c = a (16 x 32 or 16 x 16, rows) * b (32 or 16 x 8, columns), int8 in,
- * exact int32 out (PTX's fragment layouts: a row g = lane / 4 and g + 8, b column g). */
-__device__ __forceinline__ void mma_k32(const uint32_t a[4], const uint32_t b[2], int c[4])
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%10,%10,%10,%10};\n"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
-}
-
-__device__ __forceinline__ void mma_k16(const uint32_t a[2], uint32_t b, int c[4])
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-                 "{%7,%7,%7,%7};\n"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
-}
-
 /* One CTA: rows r0.. r0 + 63 x tokens t0 .. t0 + 31, block after block of the row. Per block:
  * the 64 rows' blocks decoded to int8 (qdec), their scales, mins, d and dmin, and the 32 tokens'
  * activation blocks, into shared memory; each warp's 16 rows x 32 tokens take one MMA per

@@ -1,5 +1,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/qact.cuh"
+#include "kernels/cuda/qact.h"
+#include "common/quant/quant.h"
 #include "kernels/cuda/rowsum.cuh"
 
 #define NORM_WARPS 4
@@ -23,10 +26,12 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 /* Wide rows (the hidden state): a CTA of ROW_NORM_THREADS threads per row, so one decode row is
  * not one warp's chain of dependent loads. The sum: each thread's elements in order, then cta_sum
  * (fixed by the width alone: the same bits for any row count). With y, x += y first (the residual
- * add, __fadd_rn as cu_add) and the sum is of the new x. */
-template <bool ADD>
+ * add, __fadd_rn as cu_add) and the sum is of the new x. With QA (QT_Q8_0 or QT_Q8_K), the
+ * normed row is then quantized into act (rows arb bytes apart) as cu_quantize_acts does. */
+template <bool ADD, int QA>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
-    rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps)
+    rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps,
+                 uint8_t *act, size_t arb)
 {
     pdl_enter();
     __shared__ float red[ROW_NORM_THREADS / WARP];
@@ -42,6 +47,11 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
     const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
     float *yr = out + r * width;
     for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) yr[i] = xr[i] * scale * w[i];
+    if (QA) {
+        __syncthreads(); /* the row, written by the whole CTA, is read back by its warps */
+        qact_row(yr, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
+                 act + r * arb);
+    }
 }
 
 /* Narrow rows with the residual add: rmsnorm_kernel's expressions after x += y. */
@@ -68,8 +78,8 @@ extern "C" int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows
 {
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_rmsnorm: empty shape");
     if (width >= ROW_NORM_MIN) {
-        cu_launch(rmsnorm_wide<false>, (unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
-                  (float *)x, nullptr, w, y, width, eps);
+        cu_launch(rmsnorm_wide<false, 0>, (unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+                  (float *)x, nullptr, w, y, width, eps, nullptr, (size_t)0);
         return cu_launch_check();
     }
     dim3 grid((unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS));
@@ -84,11 +94,30 @@ extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *o
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_add_rmsnorm: empty shape");
     cudaStream_t s = (cudaStream_t)stream;
     if (width >= ROW_NORM_MIN)
-        cu_launch(rmsnorm_wide<true>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out, width,
-                  eps);
+        cu_launch(rmsnorm_wide<true, 0>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
+                  width, eps, nullptr, (size_t)0);
     else
         cu_launch(add_rmsnorm_kernel, (unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
                   NORM_WARPS * WARP, 0, s, x, y, w, out, rows, width, eps);
+    return cu_launch_check();
+}
+
+extern "C" int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float *out, int64_t rows,
+                                int64_t width, float eps, uint32_t wtype, void *act, void *stream)
+{
+    const uint32_t at = quant_act_type(wtype);
+    const size_t arb = cu_act_row_bytes(wtype, width);
+    if (rows <= 0 || width < ROW_NORM_MIN || arb == 0 || (at != QT_Q8_0 && at != QT_Q8_K))
+        return strata_errf(STRATA_EINVAL,
+                           "cu_add_rmsnorm_q: %lld rows of %lld (%d or more) for %s activations",
+                           (long long)rows, (long long)width, ROW_NORM_MIN, qtype_name(wtype));
+    cudaStream_t s = (cudaStream_t)stream;
+    if (at == QT_Q8_0)
+        cu_launch(rmsnorm_wide<true, QT_Q8_0>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
+                  width, eps, (uint8_t *)act, arb);
+    else
+        cu_launch(rmsnorm_wide<true, QT_Q8_K>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
+                  width, eps, (uint8_t *)act, arb);
     return cu_launch_check();
 }
 
