@@ -854,7 +854,8 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     c->xn_ready = true;
     const uint32_t tg = D->parts.type[CU_PART_GATE];
     if (c->dev_grouped && E >= CU_ROW_NORM_MIN && qtype_get(tg)->blck > 1 &&
-        quant_act_type(D->parts.type[CU_PART_UP]) == quant_act_type(tg)) {
+        quant_act_type(D->parts.type[CU_PART_UP]) == quant_act_type(tg) &&
+        cu_act_row_bytes(tg, E) <= c->act_stride) {
         c->xn_moe_q = true;
         return cu_add_rmsnorm_q(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, tg, c->acts[1],
                                 c->s);
