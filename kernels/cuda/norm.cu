@@ -33,23 +33,68 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
     rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps,
                  uint8_t *act, size_t arb)
 {
-    pdl_enter();
+    pdl_trigger();
     __shared__ float red[ROW_NORM_THREADS / WARP];
+    __shared__ __align__(16) float row[QA ? ROW_MAXV * ROW_NORM_THREADS : 1];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
-    float *xr = x + r * width;
+    float *xr = x + r * width, *yr = out + r * width;
+    if (width > ROW_MAXV * ROW_NORM_THREADS) { /* wider rows: element by element */
+        pdl_wait();
+        float s = 0.0f;
+        for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
+            float v = xr[i];
+            if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
+            s += v * v;
+        }
+        const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
+        for (int64_t i = tid; i < width; i += ROW_NORM_THREADS)
+            yr[i] = xr[i] * scale * w[i];
+        if (QA) { /* the row, written by the whole CTA, read back by its warps */
+            __syncthreads();
+            qact_row(yr, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
+                     act + r * arb);
+        }
+        return;
+    }
+    /* a thread's elements (at most ROW_MAXV) loaded at once, so the row costs one memory latency,
+     * not one per element; the norm's weights before the wait (the pass's constants). The same
+     * expressions in the same order as the loop above. */
+    float wv[ROW_MAXV], v[ROW_MAXV], a[ROW_MAXV];
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        wv[m] = i < width ? w[i] : 0.0f;
+    }
+    pdl_wait();
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        v[m] = i < width ? xr[i] : 0.0f;
+        a[m] = ADD && i < width ? y[r * width + i] : 0.0f;
+    }
     float s = 0.0f;
-    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
-        float v = xr[i];
-        if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
-        s += v * v;
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        if (i < width) {
+            if (ADD) xr[i] = v[m] = __fadd_rn(v[m], a[m]);
+            s += v[m] * v[m];
+        }
     }
     const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
-    float *yr = out + r * width;
-    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) yr[i] = xr[i] * scale * w[i];
-    if (QA) {
-        __syncthreads(); /* the row, written by the whole CTA, is read back by its warps */
-        qact_row(yr, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        if (i < width) {
+            const float o = v[m] * scale * wv[m];
+            yr[i] = o;
+            if (QA) row[i] = o;
+        }
+    }
+    if (QA) { /* the normed row, staged in shared memory, quantized by the CTA's warps */
+        __syncthreads();
+        qact_row(row, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
                  act + r * arb);
     }
 }
