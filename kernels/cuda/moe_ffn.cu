@@ -423,92 +423,33 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
     moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
                 const float *norm_w, float eps, float *xn, uint8_t *act, size_t arb)
 {
-    pdl_trigger();
+    pdl_enter();
     __shared__ float red[ROW_NORM_THREADS / WARP];
-    __shared__ __align__(16) float row[QA ? ROW_MAXV * ROW_NORM_THREADS : 1];
     const int64_t t = blockIdx.x;
-    const int tid = threadIdx.x;
-    const bool regs = n_embd <= ROW_MAXV * ROW_NORM_THREADS;
-    float wv[ROW_MAXV]; /* the norm's weights, the pass's constants: read before the wait */
-#pragma unroll
-    for (int m = 0; m < ROW_MAXV; m++) {
-        const int64_t d = tid + (int64_t)m * ROW_NORM_THREADS;
-        wv[m] = NORM && regs && d < n_embd ? norm_w[d] : 0.0f;
-    }
-    pdl_wait();
-    int id[16], order[16];
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-        id[j] = j < k ? ids[t * k + j] : 0, order[j] = j;
+    int order[16];
+    for (int j = 0; j < k; j++) order[j] = j;
     for (int a = 1; a < k; a++) /* insertion sort by expert id: k <= 16 */
-        for (int b = a; b > 0 && id[order[b]] < id[order[b - 1]]; b--) {
+        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; b--) {
             int tmp = order[b];
             order[b] = order[b - 1], order[b - 1] = tmp;
         }
     float ss = 0.0f;
-    if (!regs) { /* wide rows: element by element */
-        for (int64_t d = tid; d < n_embd; d += ROW_NORM_THREADS) {
-            float s = 0.0f;
-            for (int j = 0; j < k; j++)
-                s += out[(t * k + order[j]) * n_embd + d];
-            const float v = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
-            y[t * n_embd + d] = v;
-            if (NORM) ss += v * v;
-        }
-        if (NORM) {
-            const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(ss, red), n_embd, eps);
-            for (int64_t d = tid; d < n_embd; d += ROW_NORM_THREADS)
-                xn[t * n_embd + d] = y[t * n_embd + d] * scale * norm_w[d];
-        }
-        if (QA) { /* the normed row quantized for the next product (qact.cuh) */
-            __syncthreads();
-            qact_row(xn + t * n_embd, n_embd, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP,
-                     tid % WARP, act + t * arb);
-        }
-        return;
-    }
-    /* a thread's dims in registers, the k outputs' loads of all its dims issued together (one
-     * memory latency an output, not one per (output, dim)): the same sums in the same order */
-    float sum[ROW_MAXV], v[ROW_MAXV];
-#pragma unroll
-    for (int m = 0; m < ROW_MAXV; m++) {
-        const int64_t d = tid + (int64_t)m * ROW_NORM_THREADS;
-        sum[m] = 0.0f;
-        v[m] = ADD && d < n_embd ? y[t * n_embd + d] : 0.0f;
-    }
-    for (int j = 0; j < k; j++) {
-        const float *o = out + (t * k + order[j]) * n_embd;
-#pragma unroll
-        for (int m = 0; m < ROW_MAXV; m++) {
-            const int64_t d = tid + (int64_t)m * ROW_NORM_THREADS;
-            if (d < n_embd) sum[m] += o[d];
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < ROW_MAXV; m++) {
-        const int64_t d = tid + (int64_t)m * ROW_NORM_THREADS;
-        if (d < n_embd) {
-            v[m] = ADD ? __fadd_rn(v[m], sum[m]) : sum[m];
-            y[t * n_embd + d] = v[m];
-            if (NORM) ss += v[m] * v[m];
-        }
+    for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS) {
+        float s = 0.0f;
+        for (int j = 0; j < k; j++) s += out[(t * k + order[j]) * n_embd + d];
+        const float v = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
+        y[t * n_embd + d] = v;
+        if (NORM) ss += v * v;
     }
     if (NORM) {
         const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(ss, red), n_embd, eps);
-#pragma unroll
-        for (int m = 0; m < ROW_MAXV; m++) {
-            const int64_t d = tid + (int64_t)m * ROW_NORM_THREADS;
-            if (d < n_embd) {
-                const float o = v[m] * scale * wv[m];
-                xn[t * n_embd + d] = o;
-                if (QA) row[d] = o;
-            }
-        }
+        for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS)
+            xn[t * n_embd + d] = y[t * n_embd + d] * scale * norm_w[d];
     }
-    if (QA) { /* the normed row, staged in shared memory, quantized by the CTA's warps */
+    if (QA) { /* the normed row quantized for the next product, as cu_quantize_acts (qact.cuh) */
         __syncthreads();
-        qact_row(row, n_embd, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
-                 act + t * arb);
+        qact_row(xn + t * n_embd, n_embd, (uint32_t)QA, threadIdx.x / WARP, ROW_NORM_THREADS / WARP,
+                 threadIdx.x % WARP, act + t * arb);
     }
 }
 
