@@ -37,6 +37,7 @@
 #include "gpu-worker/kv_vram_cuda.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/quant/quant.h"
 #include "common/quant/qtype.h"
 #include "kernels/cuda/attn.h"
 #include "kernels/cuda/attn_plain.h"
@@ -108,6 +109,8 @@ struct cuda_be {
     bool expf_exact;     /* the GPU's expf gave libm's bits on the start-up sweep */
     bool unfused;        /* STRATA_CUDA_FUSE=0: the MoE layer's separate launches (a diagnostic) */
     bool matvec_chunks;  /* STRATA_CUDA_MATMUL_Q=0: prompt chunks as 16-row matvecs (a diagnostic) */
+    bool pdl; /* all-resident passes launch with programmatic dependent launch (sm_90 and later;
+               * STRATA_CUDA_PDL=0: off, a diagnostic) */
     void **allocs;       /* every cudaMalloc, freed at close */
     uint32_t n_allocs, cap_allocs;
     struct dlayer *L;
@@ -134,6 +137,8 @@ struct cuda_be {
     int32_t *d_ng;
     bool dev_grouped; /* this pass grouped every layer on the device (no route hook) */
     bool xn_ready;    /* xn already holds the norm the next step takes (a fused add made it) */
+    bool xn_q;        /* acts[0] holds xn quantized for the next layer's wq (the combine made it) */
+    bool xn_moe_q;    /* acts[1] holds xn quantized for the experts' gate (the norm after wo) */
     /* attention: the split records of CU_ATTN_MAX_ROWS rows, and the longest row (n_ctx) */
     void *attn_ws;
     int64_t attn_max_len;
@@ -463,6 +468,8 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         goto fail;
     snprintf(c->device, sizeof c->device, "%.40s (sm_%d%d, gpu %d)", prop.name, prop.major,
              prop.minor, c->dev);
+    const char *pd = getenv("STRATA_CUDA_PDL");
+    c->pdl = prop.major >= 9 && !(pd && strcmp(pd, "0") == 0);
     /* SiLU's expf must be the host libm's for the CPU's bits: 2M floats, a few ms */
     uint64_t expf_bad;
     float expf_x = 0;
@@ -810,18 +817,25 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     if (!c->xn_ready && (rv = cu_rmsnorm(c->x, D->attn_norm, c->xn, n, E, hp->rms_eps, c->s)))
         return rv;
     c->xn_ready = false;
+    /* the previous layer's combine quantized xn for wq (q/k/v) in its launch */
+    const bool q_ready = c->xn_q;
+    c->xn_q = false;
     mark(c, PH_DENSE);
     float *q = c->q, *k = c->k, *v = c->v;
     if (n == 1 && D->n_cat) {
         /* one token: q, k (and v) rows in one launch, the same row dots */
         q = c->qkv1, k = q + NQ;
-        if ((rv = mm(c, &D->qkv, c->xn, 1, q, c->acts[0], NULL))) return rv;
+        if ((rv = mm(c, &D->qkv, c->xn, 1, q, c->acts[0], q_ready ? &D->qkv : NULL))) return rv;
+        /* v of another type quantizes alike (Q4_K and Q6_K: Q8_K): q's activations serve it */
+        const bool va = qtype_get(D->wv.type)->blck > 1 &&
+                        quant_act_type(D->wv.type) == quant_act_type(D->qkv.type);
         if (D->n_cat == 3)
             v = k + NK;
-        else if ((rv = mm(c, &D->wv, c->xn, 1, v, c->acts[1], NULL)))
+        else if ((rv = mm(c, &D->wv, c->xn, 1, v, va ? c->acts[0] : c->acts[1],
+                          va ? &D->qkv : NULL)))
             return rv;
     } else {
-        if ((rv = mm(c, &D->wq, c->xn, n, q, c->acts[0], NULL))) return rv;
+        if ((rv = mm(c, &D->wq, c->xn, n, q, c->acts[0], q_ready ? &D->wq : NULL))) return rv;
         /* k and v reuse q's activations when they quantize alike (acts[0] is still x's) */
         const bool kq = D->wk.type == D->wq.type, vq = D->wv.type == D->wq.type,
                    vk = D->wv.type == D->wk.type;
@@ -887,8 +901,17 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     mark(c, PH_DENSE);
     if ((rv = mm(c, &D->wo, c->att, n, c->tmp, c->acts[0], NULL))) return rv;
     if (c->unfused) return cu_add(c->x, c->tmp, (int64_t)n * E, c->s);
-    /* the residual add and the MoE step's norm in one launch (the same bits) */
+    /* the residual add and the MoE step's norm in one launch (the same bits); with the experts
+     * grouped on the device, the normed rows quantized for their gate in it too */
     c->xn_ready = true;
+    const uint32_t tg = D->parts.type[CU_PART_GATE];
+    if (c->dev_grouped && E >= CU_ROW_NORM_MIN && qtype_get(tg)->blck > 1 &&
+        quant_act_type(D->parts.type[CU_PART_UP]) == quant_act_type(tg) &&
+        cu_act_row_bytes(tg, E) <= c->act_stride) {
+        c->xn_moe_q = true;
+        return cu_add_rmsnorm_q(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, tg, c->acts[1],
+                                c->s);
+    }
     return cu_add_rmsnorm(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s);
 }
 
@@ -944,14 +967,21 @@ static int moe_dev_groups(struct cuda_be *c, uint32_t n, uint32_t il, bool group
     const struct model_hparams *hp = &c->m->hp;
     const struct dlayer *D = &c->L[il];
     const int K = (int)hp->n_expert_used;
-    const int64_t max_groups = cu_moe_max_groups((int64_t)n * K, hp->n_expert, CU_MOE_MAX_PAIRS);
+    /* a prompt chunk's groups (up to 32 pairs) on the int8 tensor cores, the same bits */
+    const bool mma = !grouped && !c->unfused && !c->matvec_chunks && cu_moe_mma_ok(&D->parts);
+    const uint32_t mp = mma ? CU_MOE_MMA_PAIRS : CU_MOE_MAX_PAIRS;
+    const int64_t max_groups = cu_moe_max_groups((int64_t)n * K, hp->n_expert, mp);
     int rv;
-    if ((!grouped && (rv = cu_moe_group(c->sel, n, K, hp->n_expert, NULL, CU_MOE_MAX_PAIRS,
-                                        c->d_groups, c->d_pair_idx, c->d_ng + il, c->s))) ||
+    if ((!grouped && (rv = cu_moe_group(c->sel, n, K, hp->n_expert, NULL, mp, c->d_groups,
+                                        c->d_pair_idx, c->d_ng + il, c->s))) ||
         (rv = cu_moe_ffn_dev(&D->parts, D->slots, c->d_groups, c->d_ng + il, (int)max_groups,
-                             c->d_pair_idx, c->selw, n, K, c->xn, c->h, c->moe_ws, c->y,
-                             CU_MOE_EVERY_PAIR | (c->unfused ? CU_MOE_UNFUSED : 0), c->s)))
+                             c->d_pair_idx, c->selw, n, K,
+                             c->xn_moe_q ? (const float *)c->acts[1] : c->xn, c->h, c->moe_ws, c->y,
+                             CU_MOE_EVERY_PAIR | (c->unfused ? CU_MOE_UNFUSED : 0) |
+                                 (c->xn_moe_q ? CU_MOE_X_QUANTIZED : 0) | (mma ? CU_MOE_MMA : 0),
+                             c->s)))
         return rv;
+    c->xn_moe_q = false;
     return 0;
 }
 
@@ -988,6 +1018,14 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
     if (!hp->n_ff_shexp && !c->unfused && E >= CU_ROW_NORM_MIN) {
         const float *next = il + 1 < hp->n_layer ? c->L[il + 1].attn_norm : c->output_norm;
         c->xn_ready = true;
+        /* the next layer's q/k/v activations made in the same launch */
+        const uint32_t tq = il + 1 < hp->n_layer ? c->L[il + 1].wq.type : QT_F32;
+        const uint32_t aq = quant_act_type(tq);
+        if (il + 1 < hp->n_layer && (aq == QT_Q8_0 || aq == QT_Q8_K)) {
+            c->xn_q = true;
+            return cu_moe_combine_add_norm_q(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
+                                             tq, c->acts[0], c->s);
+        }
         return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn, c->s);
     }
     if (!hp->n_ff_shexp && !c->unfused)
@@ -1146,7 +1184,7 @@ static int issue_pass(struct cuda_be *c, uint32_t n, uint32_t n_out)
     const struct model_hparams *hp = &c->m->hp;
     const uint32_t T = c->o.max_pass_tokens, E = hp->n_embd;
     int rv;
-    c->xn_ready = false;
+    c->xn_ready = c->xn_q = c->xn_moe_q = false;
     mark(c, PH_ATTN);
     if ((rv = cu_embed_rows(c->embd.type, c->embd.d, c->embd.row_bytes, c->d_in + IN_IDS * T, n, E,
                             c->x, c->s)))
@@ -1198,6 +1236,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     const struct model_hparams *hp = &c->m->hp;
     const uint32_t T = c->o.max_pass_tokens, bs = c->block_tokens, BT = c->max_bt;
     uint32_t n_seen;
+    bool pdl_was = false;
     int rv;
     cudaSetDevice(c->dev);
     if ((rv = grow(c, toks, n, &n_seen)) != 0) return rv;
@@ -1224,6 +1263,8 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     if ((rv =
              ck(cudaMemcpyAsync(c->d_in, in, in_bytes, cudaMemcpyHostToDevice, c->s), "inputs up")))
         goto fail;
+    /* an all-resident pass's launches overlap each one's start with the tail of the one ahead */
+    pdl_was = cu_set_pdl(c->pdl && c->dev_grouped);
     if (graph && !c->graph[n].exec && c->graph[n].seen) capture(c, n);
     if (graph) c->graph[n].seen = true;
     if (graph && c->graph[n].exec) {
@@ -1233,6 +1274,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     } else if ((rv = issue_pass(c, n, n_out))) {
         goto fail;
     }
+    cu_set_pdl(pdl_was);
     if (c->dev_grouped && (rv = ck(cudaMemcpyAsync(c->h_ng, c->d_ng, hp->n_layer * sizeof *c->h_ng,
                                                    cudaMemcpyDeviceToHost, c->s),
                                    "group counts down")))
@@ -1254,6 +1296,7 @@ static int cuda_eval(void *impl, const struct backend_token *toks, uint32_t n, f
     c->st.total_s += now_s() - t0;
     return 0;
 fail:
+    cu_set_pdl(pdl_was);
     cudaStreamSynchronize(c->s);
     c->n_ev = 0;
     for (uint32_t t = n; t-- > 0;)

@@ -257,20 +257,31 @@ static void decode_steps(struct env *e, enum kv_type kt, float *out, uint64_t *r
 }
 
 /* A decode step replayed from its CUDA graph gives the uncaptured step's logits, bit for bit
- * (STRATA_CUDA_GRAPH=0 turns graphs off), for steps of 1, 3 and 4 tokens and both KV types. */
+ * (STRATA_CUDA_GRAPH=0 turns graphs off), for steps of 1, 3 and 4 tokens and both KV types; and
+ * launches with programmatic dependent launch (on by default on sm_90, captured or not) give the
+ * bits of plain stream order (STRATA_CUDA_PDL=0). */
 START_TEST(graph_replay_equals_uncaptured)
 {
     struct env e;
     env_open(&e, _i < 2 ? "qwen3moe" : "qwen2moe", NULL); /* qwen2moe: the shared expert too */
     const enum kv_type kt = _i % 2 ? KV_F16 : KV_F32;
     const size_t bytes = (size_t)N_STEPS * 4 * e.V * sizeof(float);
-    float *plain = malloc(bytes), *graph = malloc(bytes);
-    uint64_t r_plain, r_graph;
+    float *plain = malloc(bytes), *graph = malloc(bytes), *pdl = malloc(bytes);
+    uint64_t r_plain, r_graph, r_pdl;
     setenv("STRATA_CUDA_GRAPH", "0", 1);
+    setenv("STRATA_CUDA_PDL", "0", 1);
     decode_steps(&e, kt, plain, &r_plain);
+    unsetenv("STRATA_CUDA_PDL");
+    decode_steps(&e, kt, pdl, &r_pdl);
     unsetenv("STRATA_CUDA_GRAPH");
     decode_steps(&e, kt, graph, &r_graph);
     ck_assert_uint_eq(r_plain, 0);
+    ck_assert_uint_eq(r_pdl, 0);
+    for (int step = 0; step < N_STEPS; step++)
+        ck_assert_msg(memcmp(plain + (size_t)step * 4 * e.V, pdl + (size_t)step * 4 * e.V,
+                             4 * e.V * sizeof(float)) == 0,
+                      "%s kv %s: step %d's logits with dependent launches differ from plain order",
+                      _i < 2 ? "qwen3moe" : "qwen2moe", kv_type_name(kt), step);
     /* three shapes (4, 1, 3 tokens), each run once uncaptured before its capture */
     ck_assert_msg(r_graph == N_STEPS - 3, "%llu of %d steps replayed a graph",
                   (unsigned long long)r_graph, N_STEPS);
@@ -284,6 +295,7 @@ START_TEST(graph_replay_equals_uncaptured)
            N_STEPS);
     free(plain);
     free(graph);
+    free(pdl);
     env_close(&e);
 }
 END_TEST

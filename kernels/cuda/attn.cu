@@ -115,6 +115,7 @@ template <int GT, int ND>
 __global__ void __launch_bounds__(AT_WARPS *WARP, GT *ND <= 32 ? 4 : 2)
     attn_partial(struct at_args a)
 {
+    pdl_enter();
     constexpr int HD = ND * WARP, VW = ND % 4 == 0 ? 4 : ND % 2 == 0 ? 2 : 1, NV = ND / VW;
     constexpr int R = AT_TILE * GT;          /* (key, head) scores of a step */
     constexpr int PW = GT < 4 ? GT : 4;      /* vector width reading GT weights */
@@ -317,6 +318,7 @@ __global__ void __launch_bounds__(AT_CWARPS *WARP)
     attn_combine(int hd, int n_split_all, const float *ws, float *out, const int32_t *kv_len,
                  int n_head, int chunk)
 {
+    pdl_enter();
     __shared__ float sacc[AT_CWARPS][AT_MAXHD], sl[AT_CWARPS], smax[AT_CWARPS];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int64_t rh = blockIdx.x, n_rec = (int64_t)gridDim.x * n_split_all;
@@ -410,7 +412,7 @@ static int attn_launch(const struct at_args *a, int64_t n_q, int n_split, cudaSt
              attn_partial<GT, ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem))) != 0)
         return rv;
     dim3 grid((unsigned)(n_q * a->kv.n_kv_head * ngrp), (unsigned)n_split);
-    attn_partial<GT, ND><<<grid, AT_WARPS * WARP, smem, s>>>(*a);
+    cu_launch(attn_partial<GT, ND>, grid, AT_WARPS * WARP, smem, s, *a);
     return 0;
 }
 
@@ -448,8 +450,8 @@ extern "C" int cu_attention(const float *q, int64_t n_q, int n_head, const struc
                       : attn_launch_hd<8>(&a, n_q, n_split, s);
     if (rv != 0) return rv;
     if (n_split > 1)
-        attn_combine<<<(unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s>>>(
-            kv->head_dim, n_split, (const float *)workspace, out, kv_len, n_head, 0);
+        cu_launch(attn_combine, (unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s, kv->head_dim,
+                  n_split, (const float *)workspace, out, kv_len, n_head, 0);
     return cu_launch_check();
 }
 
@@ -492,7 +494,7 @@ extern "C" int cu_attention_rows(const float *q, int64_t n_q, int n_head, const 
                        : attn_launch_hd<8>(&a, n_q, (int)gy, s);
     if (rv != 0) return rv;
     if (mc > 1)
-        attn_combine<<<(unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s>>>(
-            kv->head_dim, mc, (const float *)workspace, out, kv_len, n_head, CU_ATTN_ROW_CHUNK);
+        cu_launch(attn_combine, (unsigned)(n_q * n_head), AT_CWARPS * WARP, 0, s, kv->head_dim, mc,
+                  (const float *)workspace, out, kv_len, n_head, CU_ATTN_ROW_CHUNK);
     return cu_launch_check();
 }

@@ -157,6 +157,7 @@ template <int VPL> __device__ __forceinline__ void ldv(const float *p, float *v)
 template <typename E, int VPL>
 __global__ void __launch_bounds__(AP_THREADS) attn_chunks(struct ap_args a)
 {
+    pdl_enter();
     constexpr int HD = VPL * WARP;
     static_assert(CU_ATTN_CHUNK == AP_THREADS, "a thread per key of a chunk");
     __shared__ __align__(16) float qs[HD];
@@ -291,7 +292,7 @@ extern "C" int cu_attention_plain(const float *q, int64_t n_q, int n_head, const
     if (mc > 1)
         a.cnt = (unsigned *)((float *)workspace +
                              (int64_t)CU_ATTN_MAX_ROWS * n_head * mc * (head_dim + 2));
-#define AC(E, V) attn_chunks<E, V><<<grid, AP_THREADS, 0, s>>>(a)
+#define AC(E, V) cu_launch(attn_chunks<E, V>, grid, AP_THREADS, 0, s, a)
 #define AC_HD(E)                                                                                   \
     switch (head_dim / WARP) {                                                                     \
     case 1:                                                                                        \

@@ -31,6 +31,52 @@ static inline int cu_launch_check(void)
     return cu_err(cudaGetLastError());
 }
 
+/* Programmatic dependent launch (sm_90). With cu_set_pdl on (glue.h), cu_launch puts a kernel on
+ * the stream allowed to start before the kernel ahead of it ends: its CTAs may be resident early,
+ * and pdl_enter, the first step of every kernel here, lets the next kernel launch as well
+ * (launch_dependents) and then waits until the kernel ahead has finished and its writes are
+ * visible (griddepcontrol.wait). So each kernel still sees everything written before it, and its
+ * own launch and CTA start overlap the previous kernel's tail; a kernel may read data no earlier
+ * kernel of the pass writes (weights) before waiting (pdl_trigger at the top, pdl_wait after), and
+ * must write nothing before it waits. Without the launch attribute both are no-ops. */
+__device__ __forceinline__ void pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_enter(void)
+{
+    pdl_trigger();
+    pdl_wait();
+}
+
+/* cu_pdl_on: this thread's launches go out with programmatic dependent launch (cu_set_pdl). */
+extern thread_local bool cu_pdl_on;
+
+/* cu_launch: kernel k on stream s, as k<<<grid, block, smem, s>>>(args...), with programmatic
+ * stream serialization while cu_pdl_on. Errors reach cudaGetLastError (cu_launch_check). */
+template <typename... P, typename... A>
+static inline void cu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                             A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s;
+    cfg.attrs = at, cfg.numAttrs = cu_pdl_on ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

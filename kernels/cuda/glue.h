@@ -13,11 +13,19 @@
 #ifndef STRATA_CUDA_GLUE_H
 #define STRATA_CUDA_GLUE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* cu_set_pdl: whether this thread's later kernel launches (every cu_* launcher of kernels/cuda)
+ * go out with programmatic dependent launch (Hopper and later: a kernel's launch and CTA start
+ * overlap the end of the kernel ahead of it on the stream; each kernel still waits for that one
+ * to finish before it reads what it wrote, so the results are the same bits). Off by default;
+ * the CUDA backend turns it on for its all-resident passes. Returns the previous setting. */
+bool cu_set_pdl(bool on);
 
 /* cu_embed_rows: out[t] = dequantized row ids[t] of table (rows of row_bytes, type wtype, n_embd
  * elements, a multiple of 8), t < n_tok. Reads n_tok rows, writes n_tok * n_embd floats.

@@ -818,6 +818,50 @@ START_TEST(moe_ffn_matches_reference)
                                   "cu_moe_ffn", (int)mi, n_tok, flags[fi]);
                     free(out2);
                 }
+                if (cu_moe_mma_ok(&parts)) {
+                    /* prompt chunks: groups of up to 32 pairs on the tensor cores, with x given
+                     * as floats and given quantized, the same bits again */
+                    const int64_t mg3 =
+                        cu_moe_max_groups(n_pairs, (uint32_t)n_exp, CU_MOE_MMA_PAIRS);
+                    struct moe_group *dg3;
+                    int32_t *dpi3, *dng3;
+                    void *dxq;
+                    ck_assert_int_eq(cudaMalloc((void **)&dg3, sizeof(struct moe_group) * mg3),
+                                     cudaSuccess);
+                    ck_assert_int_eq(cudaMalloc((void **)&dpi3, 4 * n_pairs), cudaSuccess);
+                    ck_assert_int_eq(cudaMalloc((void **)&dng3, 4), cudaSuccess);
+                    ck_assert_int_eq(
+                        cudaMalloc(&dxq, cu_act_row_bytes(parts.type[0], n_embd) * n_tok),
+                        cudaSuccess);
+                    ck_assert_int_eq(cu_quantize_acts(parts.type[0], dx, n_embd, n_tok, dxq, NULL),
+                                     0);
+                    ck_assert_int_eq(cu_moe_group(dids, n_tok, k, (uint32_t)n_exp, dres,
+                                                  CU_MOE_MMA_PAIRS, dg3, dpi3, dng3, NULL),
+                                     0);
+                    for (int fi = 0; fi < 2; fi++) {
+                        ck_assert_int_eq(cudaMemcpy(dout2, dout, sizeof(float) * n_pairs * n_embd,
+                                                    cudaMemcpyDeviceToDevice),
+                                         cudaSuccess);
+                        ck_assert_int_eq(cudaMemset(dh, 0, sizeof(float) * n_pairs * n_ff),
+                                         cudaSuccess);
+                        ck_assert_int_eq(
+                            cu_moe_ffn_dev(&parts, dslot, dg3, dng3, (int)mg3, dpi3, dpw, n_tok, k,
+                                           fi ? (const float *)dxq : dx, dh, ws, dout2,
+                                           CU_MOE_MMA | (fi ? CU_MOE_X_QUANTIZED : 0), NULL),
+                            0);
+                        float *out3 = fetch(dout2, (size_t)n_pairs * n_embd);
+                        ck_assert_msg(memcmp(out, out3, sizeof(float) * n_pairs * n_embd) == 0,
+                                      "moe mix %d, %d tokens: the tensor-core groups (x %s) differ "
+                                      "from cu_moe_ffn",
+                                      (int)mi, n_tok, fi ? "quantized" : "floats");
+                        free(out3);
+                    }
+                    cudaFree(dg3), cudaFree(dpi3), cudaFree(dng3), cudaFree(dxq);
+                } else {
+                    ck_assert_int_eq(cu_moe_ffn_dev(&parts, dslot, dg2, dng, (int)mg, dpi2, dpw,
+                                                    n_tok, k, dx, dh, ws, dout2, CU_MOE_MMA, NULL),
+                                     STRATA_EINVAL);
+                }
                 cudaFree(dout2), cudaFree(dres), cudaFree(dg2), cudaFree(dpi2), cudaFree(dng);
             }
             for (int pi = 0; pi < n_pairs; pi++) {
@@ -1008,6 +1052,86 @@ START_TEST(moe_combine_add_norm_matches_its_steps)
 }
 END_TEST
 
+/* The fused quantizations: cu_add_rmsnorm_q against cu_add_rmsnorm then cu_quantize_acts, and
+ * cu_moe_combine_add_norm_q against cu_moe_combine_add_norm then cu_quantize_acts, byte for byte
+ * (x, the normed rows, every activation byte and the guard after them), for Q8_K (Q4_K weights)
+ * and Q8_0 (Q8_0 weights) activations, 1, 3 and 16 rows (row 0 all zeros: the all-zero blocks) of
+ * 2048 and 4096; narrow rows and float weights refused. */
+START_TEST(fused_quantize_matches_its_steps)
+{
+    const int64_t widths[] = {2048, 4096};
+    const int rows_of[] = {1, 3, 16}, k = 8;
+    const uint32_t wtypes[] = {QT_Q4_K, QT_Q8_0};
+    for (int wi = 0; wi < 2; wi++)
+        for (int ri = 0; ri < 3; ri++)
+            for (int ti = 0; ti < 2; ti++) {
+                const int64_t E = widths[wi];
+                const int n = rows_of[ri];
+                const uint32_t wt = wtypes[ti];
+                const size_t arb = cu_act_row_bytes(wt, E), af = arb * n / sizeof(float);
+                float *x = malloc(sizeof(float) * n * E), *r = malloc(sizeof(float) * n * k * E);
+                float *w = malloc(sizeof(float) * E);
+                int32_t ids[16 * 8];
+                for (int i = 0; i < n * k; i++)
+                    ids[i] = (i * 37 + 11) % 128;
+                for (int64_t i = 0; i < n * E; i++)
+                    x[i] = i < E ? 0.0f : 2.0f * frand();
+                for (int64_t i = 0; i < n * k * E; i++)
+                    r[i] = i < k * E ? 0.0f : 0.2f * frand();
+                for (int64_t i = 0; i < E; i++)
+                    w[i] = 1.0f + 0.3f * frand();
+                float *dw = dev_upload(w, sizeof(float) * E);
+                float *dr = dev_upload(r, sizeof(float) * n * k * E);
+                int32_t *dids = dev_upload(ids, sizeof(int32_t) * n * k);
+                for (int op = 0; op < 2; op++) {
+                    float *dx1 = dev_upload(x, sizeof(float) * n * E);
+                    float *dx2 = dev_upload(x, sizeof(float) * n * E);
+                    float *dy1 = dev_out((size_t)n * E), *dy2 = dev_out((size_t)n * E);
+                    float *da1 = dev_out(af), *da2 = dev_out(af);
+                    if (op == 0) {
+                        ck_assert_int_eq(cu_add_rmsnorm(dx1, dr, dw, dy1, n, E, 1e-6f, NULL), 0);
+                        ck_assert_int_eq(
+                            cu_add_rmsnorm_q(dx2, dr, dw, dy2, n, E, 1e-6f, wt, da2, NULL), 0);
+                    } else {
+                        ck_assert_int_eq(
+                            cu_moe_combine_add_norm(dr, dids, n, k, E, dx1, dw, 1e-6f, dy1, NULL),
+                            0);
+                        ck_assert_int_eq(cu_moe_combine_add_norm_q(dr, dids, n, k, E, dx2, dw,
+                                                                   1e-6f, dy2, wt, da2, NULL),
+                                         0);
+                    }
+                    ck_assert_int_eq(cu_quantize_acts(wt, dy1, E, n, da1, NULL), 0);
+                    float *y1 = fetch(dy1, (size_t)n * E), *y2 = fetch(dy2, (size_t)n * E);
+                    float *a1 = fetch(da1, af), *a2 = fetch(da2, af);
+                    float *x1 = malloc(sizeof(float) * n * E), *x2 = malloc(sizeof(float) * n * E);
+                    cudaMemcpy(x1, dx1, sizeof(float) * n * E, cudaMemcpyDeviceToHost);
+                    cudaMemcpy(x2, dx2, sizeof(float) * n * E, cudaMemcpyDeviceToHost);
+                    const char *what = op == 0 ? "add_rmsnorm_q" : "combine_add_norm_q";
+                    ck_assert_msg(memcmp(x1, x2, sizeof(float) * n * E) == 0 &&
+                                      memcmp(y1, y2, sizeof(float) * n * E) == 0,
+                                  "%s %s %d x %lld: x or the norm differs", what, qtype_name(wt), n,
+                                  (long long)E);
+                    ck_assert_msg(memcmp(a1, a2, arb * n) == 0,
+                                  "%s %s %d x %lld: the activations differ from cu_quantize_acts'",
+                                  what, qtype_name(wt), n, (long long)E);
+                    free(y1), free(y2), free(a1), free(a2), free(x1), free(x2);
+                    cudaFree(dx1), cudaFree(dx2), cudaFree(dy1), cudaFree(dy2), cudaFree(da1),
+                        cudaFree(da2);
+                }
+                free(x), free(r), free(w);
+                cudaFree(dw), cudaFree(dr), cudaFree(dids);
+            }
+    ck_assert_int_eq(cu_add_rmsnorm_q(NULL, NULL, NULL, NULL, 1, 512, 1e-6f, QT_Q4_K, NULL, NULL),
+                     STRATA_EINVAL);
+    ck_assert_int_eq(cu_add_rmsnorm_q(NULL, NULL, NULL, NULL, 1, 2048, 1e-6f, QT_F16, NULL, NULL),
+                     STRATA_EINVAL);
+    ck_assert_int_eq(cu_moe_combine_add_norm_q(NULL, NULL, 1, 8, 2048, NULL, NULL, 1e-6f, NULL,
+                                               QT_F32, NULL, NULL),
+                     STRATA_EINVAL);
+    printf("fused quantize: 24 cases byte-equal to their two steps\n");
+}
+END_TEST
+
 /* cu_router_group against cu_router_topk then cu_moe_group, bit for bit: ids, weights, groups,
  * pair_idx and the count, both router modes, 1..32 tokens, 128 experts top-8 and 64 top-4 (some
  * logits tied so ties go to the lower id in both). */
@@ -1103,17 +1227,25 @@ int main(void)
     tcase_add_test(tc, router_matches_reference);
     tcase_add_test(tc, attention_matches_reference);
     tcase_add_test(tc, attention_rows_match_reference);
-    tcase_add_loop_test(tc, moe_ffn_matches_reference, 0, N_FIRST_MIXES);
     tcase_add_test(tc, moe_ffn_refuses_bad_parts);
     tcase_add_test(tc, moe_combine_add_norm_matches_its_steps);
     tcase_add_test(tc, moe_group_matches_moe_group);
     tcase_add_test(tc, router_group_matches_its_steps);
     tcase_add_loop_test(tc, matvec_matches_reference, N_FIRST_TYPES, N_FIRST_TYPES + 1); /* Q5_K */
     tcase_add_loop_test(tc, matmul_matches_reference, N_FIRST_TYPES, N_FIRST_TYPES + 1);
-    /* after Q5_K, as they were added: Q2_K, Q3_K, IQ4_XS, IQ4_NL; then the exact MoE mixes */
+    /* after Q5_K, as they were added: Q2_K, Q3_K, IQ4_XS, IQ4_NL */
     tcase_add_loop_test(tc, matvec_matches_reference, N_FIRST_TYPES + 1, N_GPU_TYPES);
     tcase_add_loop_test(tc, matmul_matches_reference, N_FIRST_TYPES + 1, N_GPU_TYPES);
-    tcase_add_loop_test(tc, moe_ffn_matches_reference, N_FIRST_MIXES, N_MIXES);
     suite_add_tcase(s, tc);
+    /* cases of their own, so CK_RUN_CASE=moe or fused runs one alone: the MoE mixes (the first
+     * five, then those added with Q2_K .. IQ4_NL), the fused quantizations */
+    TCase *tm = tcase_create("moe");
+    tcase_set_timeout(tm, 300);
+    tcase_add_loop_test(tm, moe_ffn_matches_reference, 0, N_MIXES);
+    suite_add_tcase(s, tm);
+    TCase *tf = tcase_create("fused");
+    tcase_set_timeout(tf, 60);
+    tcase_add_test(tf, fused_quantize_matches_its_steps);
+    suite_add_tcase(s, tf);
     return test_run(s);
 }

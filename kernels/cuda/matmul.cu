@@ -18,6 +18,7 @@ __global__ void __launch_bounds__(128)
     matmul_kernel(const uint8_t *w, int64_t row_bytes, int64_t ncols, int64_t nrows,
                   const float *x, int64_t n_tok, float *y)
 {
+    pdl_enter();
     __shared__ __align__(32) half xs[MM_TILE][MM_LD];
     __shared__ __align__(32) half ws[MM_TILE][MM_LD];
     __shared__ __align__(32) float cs[4][16 * 16];
@@ -82,7 +83,8 @@ static void launch(const void *w, int64_t ncols, int64_t nrows, const float *x, 
 {
     int64_t row_bytes = ncols / qt<T>::blck * qt<T>::bytes;
     dim3 grid((unsigned)((nrows + MM_TILE - 1) / MM_TILE), (unsigned)((n_tok + MM_TILE - 1) / MM_TILE));
-    matmul_kernel<T><<<grid, 128, 0, s>>>((const uint8_t *)w, row_bytes, ncols, nrows, x, n_tok, y);
+    cu_launch(matmul_kernel<T>, grid, 128, 0, s, (const uint8_t *)w, row_bytes, ncols, nrows, x,
+              n_tok, y);
 }
 
 extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nrows, const float *x,
@@ -108,24 +110,6 @@ extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nr
 #define MQ_BN 32 /* tokens of a tile: 4 MMA n-tiles of 8 per warp */
 #define MQ_NT (MQ_BN / 8)
 
-/* mma_k32 / mma_k16: c = a (16 x 32 or 16 x 16, rows) * b (32 or 16 x 8, columns), int8 in,
- * exact int32 out (PTX's fragment layouts: a row g = lane / 4 and g + 8, b column g). */
-__device__ __forceinline__ void mma_k32(const uint32_t a[4], const uint32_t b[2], int c[4])
-{
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%10,%10,%10,%10};\n"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
-}
-
-__device__ __forceinline__ void mma_k16(const uint32_t a[2], uint32_t b, int c[4])
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-                 "{%7,%7,%7,%7};\n"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
-}
-
 /* One CTA: rows r0.. r0 + 63 x tokens t0 .. t0 + 31, block after block of the row. Per block:
  * the 64 rows' blocks decoded to int8 (qdec), their scales, mins, d and dmin, and the 32 tokens'
  * activation blocks, into shared memory; each warp's 16 rows x 32 tokens take one MMA per
@@ -138,6 +122,7 @@ __global__ void __launch_bounds__(128)
     matmul_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
              float *y)
 {
+    pdl_enter();
     using D = qdec<T>;
     constexpr int BLK = qt<T>::blck, BYTES = qt<T>::bytes, SUB = D::SUB, NSUB = BLK / SUB;
     constexpr int LD = BLK + 16; /* row pitch in bytes: the fragment loads fall on distinct banks */
@@ -260,7 +245,8 @@ template <int T>
 static void launch_q(dim3 grid, const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb,
                      int n_tok, float *y, cudaStream_t s)
 {
-    if constexpr (qt<T>::blck > 1) matmul_q<T><<<grid, 128, 0, s>>>(w, nb, nrows, act, arb, n_tok, y);
+    if constexpr (qt<T>::blck > 1)
+        cu_launch(matmul_q<T>, grid, 128, 0, s, w, nb, nrows, act, arb, n_tok, y);
 }
 
 extern "C" int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t nrows,

@@ -16,6 +16,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP)
     matvec_f(const uint8_t *w, int64_t row_bytes, int64_t ncols, int64_t nrows, const float *x,
              int n_act, float *y)
 {
+    pdl_enter();
     const int64_t row = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x / WARP);
     if (row >= nrows) return;
     const uint8_t *wrow = w + row * row_bytes;
@@ -85,6 +86,8 @@ __global__ void __launch_bounds__(MV_WARPS *WARP, B == 1 ? mvq<T>::MINB : 1)
     matvec_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int arb, int n_act, float *y,
              int R, int RI)
 {
+    pdl_trigger(); /* the weights are the pass's constants: their first chunks are copied in
+                    * before the wait for the kernel ahead (which makes the activations) */
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB;
     constexpr int CB = B == 1 ? P::CB1 : P::CB, RMAX = B == 1 ? 4 : 1;
@@ -188,6 +191,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP, B == 1 ? mvq<T>::MINB : 1)
         };
         issue();
         issue();
+        pdl_wait();
         for (int batch = first, r = 0, slot = 0; batch * R + r < nrows;) {
             issue(); /* into the slot of the previous item, decoded before the last __syncwarp */
             asm volatile("cp.async.wait_group 2;\n" ::);
@@ -221,6 +225,7 @@ __global__ void __launch_bounds__(MV_WARPS *WARP, B == 1 ? mvq<T>::MINB : 1)
         };
         issue();
         issue();
+        pdl_wait();
         mv_cursor at = {first, 0, 0}; /* the item decoded next */
         for (int slot = 0; at.row(R) < nrows;) {
             issue();
@@ -255,8 +260,8 @@ static void launch_f(const uint8_t *w, int64_t ncols, int64_t nrows, const float
                      float *y, cudaStream_t s)
 {
     const unsigned grid = (unsigned)((nrows + MV_WARPS - 1) / MV_WARPS);
-    matvec_f<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, ncols / qt<T>::blck * qt<T>::bytes, ncols,
-                                                    nrows, x, n_act, y);
+    cu_launch(matvec_f<T, B>, grid, MV_WARPS * WARP, 0, s, w, ncols / qt<T>::blck * qt<T>::bytes,
+              ncols, nrows, x, n_act, y);
 }
 
 /* launch_q: one wave of persistent CTAs (as many as fit on the device at once), fewer when
@@ -283,9 +288,8 @@ static void launch_q(const uint8_t *w, int64_t ncols, int64_t nrows, const uint8
     const int R = B == 1 && nrows >= 4 * MV_WARPS * (int64_t)wave ? 4 : RI;
     const int64_t ctas = (nrows + R * MV_WARPS - 1) / (R * MV_WARPS);
     const unsigned grid = (unsigned)(ctas < wave ? ctas : wave);
-    matvec_q<T, B><<<grid, MV_WARPS * WARP, 0, s>>>(w, (int)nb, (int)nrows, act,
-                                                     (int)cu_act_row_bytes(T, ncols), n_act, y, R,
-                                                     RI);
+    cu_launch(matvec_q<T, B>, grid, MV_WARPS * WARP, 0, s, w, (int)nb, (int)nrows, act,
+              (int)cu_act_row_bytes(T, ncols), n_act, y, R, RI);
 }
 
 template <int T>

@@ -5,6 +5,8 @@
 #include "kernels/cuda/moe_ffn.h"
 #include "kernels/cuda/mvq.cuh"
 #include "kernels/cuda/qact.h"
+#include "kernels/cuda/qact.cuh"
+#include "kernels/cuda/qdec.cuh"
 #include "kernels/cuda/rowsum.cuh"
 
 /* 4 warps per block; tuned on an H200 at Qwen3-30B-A3B's expert shapes (2048 x 768). */
@@ -48,6 +50,7 @@ __device__ __forceinline__ int mf_groups(const struct mf_task &t)
 template <int T>
 __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 {
+    pdl_enter();
     const int64_t r = (int64_t)blockIdx.x * MF_WARPS + threadIdx.x / WARP;
     if (r >= t.nrows || (int)blockIdx.y >= mf_groups(t)) return;
     const int lane = threadIdx.x & (WARP - 1);
@@ -91,6 +94,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 template <int T, int B, bool GU>
 __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
 {
+    pdl_enter();
     const int n_groups = mf_groups(t);
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
@@ -205,11 +209,203 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
+/* ---- prompt chunks: the groups on the int8 tensor cores (CU_MOE_MMA) ------------------------ *
+ *
+ * cu_matmul_q's tile (matmul.cu) over a group: CTA (x, y) takes rows 64x .. 64x + 63 of the part
+ * for group y's pairs (at most CU_MOE_MMA_PAIRS, one MMA column each, their activation rows found
+ * through pair_idx). Per weight block: the rows decoded to their integers (qdec.cuh), one MMA per
+ * (sub-block, 8 pairs), the exact integer sums scaled in integers, and each block's float term
+ * (dx * d) * isum - (dx * dmin) * msum added to the (row, pair) sum block after block: qdot_ref's
+ * arithmetic, so the same bits as moe_part_q. GU: the gate's tile and then the up's, with
+ * mf_swiglu in the epilogue; otherwise out[p * ld + r], times scale[p] when set. */
+#define MM_BM 64
+#define MM_BN CU_MOE_MMA_PAIRS
+#define MM_NT (MM_BN / 8)
+
+template <int T, bool GU> __global__ void __launch_bounds__(128) moe_mma(struct mf_task t)
+{
+    pdl_enter();
+    if ((int)blockIdx.y >= mf_groups(t)) return;
+    using D = qdec<T>;
+    constexpr int BLK = qt<T>::blck, BYTES = qt<T>::bytes, SUB = D::SUB, NSUB = BLK / SUB;
+    constexpr int LD = BLK + 16, NP = GU ? 2 : 1;
+    __shared__ __align__(16) int8_t wq[MM_BM][LD];
+    __shared__ __align__(16) int8_t xq[MM_BN][LD];
+    __shared__ int wsc[MM_BM][NSUB], wmn[MM_BM][NSUB], xs[MM_BN][NSUB];
+    __shared__ float wd[MM_BM], wdm[MM_BM], xd[MM_BN];
+    __shared__ int pair[MM_BN];
+
+    const struct moe_group grp = t.groups[blockIdx.y];
+    const int count = grp.count;
+    if (threadIdx.x < MM_BN)
+        pair[threadIdx.x] = threadIdx.x < count ? t.pair_idx[grp.first + threadIdx.x] : 0;
+    const uint8_t *blob = t.slot_ptr[grp.expert];
+    const int nb = t.ncols / BLK, ncols = t.ncols, nrows = t.nrows, r0 = blockIdx.x * MM_BM;
+    const int64_t row_bytes = (int64_t)nb * BYTES;
+    const uint8_t *act = (const uint8_t *)t.act;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
+    const int wr = warp * 16;
+    float acc[NP][MM_NT][4];
+#pragma unroll
+    for (int q = 0; q < NP; q++)
+#pragma unroll
+        for (int n = 0; n < MM_NT; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[q][n][i] = 0.0f;
+
+#pragma unroll
+    for (int q = 0; q < NP; q++) {
+        const uint8_t *w = blob + (q ? t.off_up : t.off);
+        for (int kb = 0; kb < nb; kb++) {
+            __syncthreads(); /* the previous block's tiles are read (and pair[] is written) */
+            for (int i = threadIdx.x; i < MM_BM * (BLK / 4); i += blockDim.x) {
+                const int r = i / (BLK / 4), e = i % (BLK / 4) * 4;
+                uint32_t v = 0;
+                if (r0 + r < nrows) {
+                    const uint8_t *b = w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES;
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        v |= (uint32_t)(uint8_t)D::q(b, e + j) << (8 * j);
+                }
+                *(uint32_t *)&wq[r][e] = v;
+            }
+            for (int i = threadIdx.x; i < MM_BM * NSUB; i += blockDim.x) {
+                const int r = i / NSUB, sb = i % NSUB;
+                int sc = 0, mn = 0;
+                if (r0 + r < nrows)
+                    D::scales(w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES, sb, &sc,
+                              &mn);
+                wsc[r][sb] = sc, wmn[r][sb] = mn;
+            }
+            for (int r = threadIdx.x; r < MM_BM; r += blockDim.x) {
+                float d = 0.0f, dmin = 0.0f;
+                if (r0 + r < nrows)
+                    D::head(w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES, &d, &dmin);
+                wd[r] = d, wdm[r] = dmin;
+            }
+            for (int i = threadIdx.x; i < MM_BN * (BLK / 16); i += blockDim.x) {
+                const int j = i / (BLK / 16), c = i % (BLK / 16);
+                uint4 v = make_uint4(0, 0, 0, 0);
+                if (j < count)
+                    v = __ldg((const uint4 *)(act + (int64_t)(pair[j] / t.act_div) * t.arb +
+                                              (int64_t)kb * BLK) +
+                              c);
+                *(uint4 *)&xq[j][16 * c] = v;
+            }
+            for (int i = threadIdx.x; i < MM_BN * NSUB; i += blockDim.x) {
+                const int j = i / NSUB, sb = i % NSUB;
+                int sum = 0;
+                float dx = 0.0f;
+                if (j < count) {
+                    const uint8_t *a = act + (int64_t)(pair[j] / t.act_div) * t.arb;
+                    const int16_t *as =
+                        (const int16_t *)(a + ncols) + kb * (BLK / 16) + sb * (SUB / 16);
+                    for (int u = 0; u < SUB / 16; u++)
+                        sum += as[u];
+                    dx = ((const float *)(a + ncols + ncols / 8))[kb];
+                }
+                xs[j][sb] = sum;
+                if (sb == 0) xd[j] = dx;
+            }
+            __syncthreads();
+
+            int isum[MM_NT][4];
+#pragma unroll
+            for (int n = 0; n < MM_NT; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    isum[n][i] = 0;
+#pragma unroll
+            for (int sb = 0; sb < NSUB; sb++) {
+                const int k0 = sb * SUB + 4 * tq;
+                const int sc0 = wsc[wr + g][sb], sc1 = wsc[wr + g + 8][sb];
+                uint32_t a[4];
+                a[0] = *(const uint32_t *)&wq[wr + g][k0];
+                a[1] = *(const uint32_t *)&wq[wr + g + 8][k0];
+                if constexpr (SUB == 32) {
+                    a[2] = *(const uint32_t *)&wq[wr + g][k0 + 16];
+                    a[3] = *(const uint32_t *)&wq[wr + g + 8][k0 + 16];
+                }
+#pragma unroll
+                for (int n = 0; n < MM_NT; n++) {
+                    int c[4];
+                    const int8_t *xr = xq[8 * n + g];
+                    if constexpr (SUB == 32) {
+                        const uint32_t b[2] = {*(const uint32_t *)(xr + k0),
+                                               *(const uint32_t *)(xr + k0 + 16)};
+                        mma_k32(a, b, c);
+                    } else {
+                        mma_k16(a, *(const uint32_t *)(xr + k0), c);
+                    }
+                    isum[n][0] += sc0 * c[0], isum[n][1] += sc0 * c[1];
+                    isum[n][2] += sc1 * c[2], isum[n][3] += sc1 * c[3];
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < MM_NT; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int r = wr + g + (i >> 1) * 8, j = 8 * n + 2 * tq + (i & 1);
+                    int msum = 0;
+                    if constexpr (D::MINS)
+#pragma unroll
+                        for (int sb = 0; sb < NSUB; sb++)
+                            msum += wmn[r][sb] * xs[j][sb];
+                    const float dx = xd[j];
+                    const float term = __fsub_rn(__fmul_rn(__fmul_rn(dx, wd[r]), (float)isum[n][i]),
+                                                 __fmul_rn(__fmul_rn(dx, wdm[r]), (float)msum));
+                    acc[q][n][i] = __fadd_rn(acc[q][n][i], term);
+                }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < MM_NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + wr + g + (i >> 1) * 8, j = 8 * n + 2 * tq + (i & 1);
+            if (r >= nrows || j >= count) continue;
+            const int p = pair[j];
+            if (GU)
+                t.out[p * t.ld + r] = mf_swiglu(acc[0][n][i], acc[NP - 1][n][i]);
+            else
+                t.out[p * t.ld + r] = t.scale ? __fmul_rn(t.scale[p], acc[0][n][i]) : acc[0][n][i];
+        }
+}
+
+template <int T> static void launch_mma(dim3 grid, const struct mf_task &t, bool gu, cudaStream_t s)
+{
+    if constexpr (qt<T>::blck > 1) {
+        if (gu)
+            cu_launch(moe_mma<T, true>, grid, 128, 0, s, t);
+        else
+            cu_launch(moe_mma<T, false>, grid, 128, 0, s, t);
+    }
+}
+
+/* run_mma: one part (or gate and up, gu) of every group on moe_mma; max_groups CTAs deep. */
+static void run_mma(uint32_t type, struct mf_task t, int max_groups, bool gu, cudaStream_t s)
+{
+    const dim3 grid((unsigned)((t.nrows + MM_BM - 1) / MM_BM), (unsigned)max_groups);
+#define M(T) launch_mma<T>(grid, t, gu, s)
+    CU_TYPE_SWITCH(type, M)
+#undef M
+}
+
+extern "C" bool cu_moe_mma_ok(const struct cu_moe_parts *parts)
+{
+    for (int i = 0; i < 3; i++)
+        if (!cu_type_supported(parts->type[i]) || qtype_get(parts->type[i])->blck == 1)
+            return false;
+    return parts->type[CU_PART_GATE] == parts->type[CU_PART_UP];
+}
+
 /* h = silu(gate) * up for every pair of every group, as ops_swiglu (one IEEE step each; expf is
  * glibc's, expf.cuh). */
 __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_idx, int n_ff,
                            float *h, const float *up, const int32_t *n_groups, int n_groups_host)
 {
+    pdl_enter();
     if ((int)blockIdx.x >= (n_groups ? *n_groups : n_groups_host)) return;
     const struct moe_group g = groups[blockIdx.x];
     for (int i = threadIdx.x; i < g.count * n_ff; i += blockDim.x) {
@@ -222,11 +418,12 @@ __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_i
  * residual add fused: the same two IEEE steps as a combine then cu_add); with norm_w, xn[t] =
  * RMSNorm(y[t]) as cu_rmsnorm computes a row of ROW_NORM_MIN or more (the same thread order and
  * cta_sum: 256 threads a token). */
-template <bool ADD, bool NORM>
+template <bool ADD, bool NORM, int QA = 0>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
     moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
-                const float *norm_w, float eps, float *xn)
+                const float *norm_w, float eps, float *xn, uint8_t *act, size_t arb)
 {
+    pdl_enter();
     __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t t = blockIdx.x;
     int order[16];
@@ -248,6 +445,11 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
         const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(ss, red), n_embd, eps);
         for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS)
             xn[t * n_embd + d] = y[t * n_embd + d] * scale * norm_w[d];
+    }
+    if (QA) { /* the normed row quantized for the next product, as cu_quantize_acts (qact.cuh) */
+        __syncthreads();
+        qact_row(xn + t * n_embd, n_embd, (uint32_t)QA, threadIdx.x / WARP, ROW_NORM_THREADS / WARP,
+                 threadIdx.x % WARP, act + t * arb);
     }
 }
 
@@ -285,7 +487,7 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
 {
     if (qtype_get(type)->blck == 1) {
         dim3 grid((unsigned)((t.nrows + MF_WARPS - 1) / MF_WARPS), (unsigned)n_groups);
-#define F(T) moe_part_f<T><<<grid, MF_WARPS * WARP, 0, s>>>(t)
+#define F(T) cu_launch(moe_part_f<T>, grid, MF_WARPS *WARP, 0, s, t)
         CU_TYPE_SWITCH(type, F)
 #undef F
         return;
@@ -297,8 +499,10 @@ static void run_part(uint32_t type, struct mf_task t, int n_groups, int64_t n_to
                   ctas = (items + MF_WARPS - 1) / MF_WARPS;
     const unsigned grid = (unsigned)(ctas < 132 * 8 ? ctas : 132 * 8);
 #define Q(T, B)                                                                                    \
-    if (gu) moe_part_q<T, B, true><<<grid, MF_WARPS * WARP, 0, s>>>(t);                            \
-    else moe_part_q<T, B, false><<<grid, MF_WARPS * WARP, 0, s>>>(t);
+    if (gu)                                                                                        \
+        cu_launch(moe_part_q<T, B, true>, grid, MF_WARPS *WARP, 0, s, t);                          \
+    else                                                                                           \
+        cu_launch(moe_part_q<T, B, false>, grid, MF_WARPS *WARP, 0, s, t);
 #define QB(T)                                                                                      \
     if (n_tok == 1) {                                                                              \
         Q(T, 1)                                                                                    \
@@ -342,6 +546,12 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
     }
     if (n_tok < 1 || k < 1 || n_tok * k > INT32_MAX / parts->n_ff)
         return strata_errf(STRATA_EINVAL, "cu_moe_ffn: %lld tokens top-%d", (long long)n_tok, k);
+    if ((flags & CU_MOE_MMA) && !cu_moe_mma_ok(parts))
+        return strata_errf(STRATA_EINVAL,
+                           "cu_moe_ffn_dev: CU_MOE_MMA needs quantized parts and "
+                           "gate and up of one type (%s, %s, %s)",
+                           qtype_name(parts->type[0]), qtype_name(parts->type[1]),
+                           qtype_name(parts->type[2]));
     if (n_groups == 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     const struct mf_layout l = mf_layout(parts, n_tok, k);
@@ -355,9 +565,15 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
     if (!(flags & CU_MOE_EVERY_PAIR) &&
         (rv = cu_err(cudaMemsetAsync(h, 0, sizeof(float) * n_pairs * parts->n_ff, s))) != 0)
         return rv;
-    /* gate and up: x quantized once per activation layout (floats pass through) */
+    /* gate and up: x quantized once per activation layout (floats pass through), or given so */
     const void *xg = x, *xu = x;
-    if (qtype_get(tg)->blck > 1) {
+    if (flags & CU_MOE_X_QUANTIZED) {
+        if (qtype_get(tg)->blck == 1 || quant_act_type(tu) != quant_act_type(tg))
+            return strata_errf(STRATA_EINVAL,
+                               "cu_moe_ffn_dev: activations given quantized for "
+                               "%s gate and %s up parts",
+                               qtype_name(tg), qtype_name(tu));
+    } else if (qtype_get(tg)->blck > 1) {
         if ((rv = cu_quantize_acts(tg, x, parts->n_embd, (int)n_tok, w + l.xg, s)) != 0) return rv;
         xg = w + l.xg;
     }
@@ -373,6 +589,16 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
     struct mf_task t = {slot_ptr, groups, pair_idx, parts->off[CU_PART_GATE], (int)parts->n_ff,
                         (int)parts->n_embd, xg, (int64_t)cu_act_row_bytes(tg, parts->n_embd), k,
                         h, parts->n_ff, NULL, parts->off[CU_PART_UP], d_n_groups, n_groups};
+    if (flags & CU_MOE_MMA) {
+        /* prompt chunks: gate and up with SwiGLU, then down, on the tensor cores */
+        run_mma(tg, t, n_groups, true, s);
+        if ((rv = cu_quantize_acts(td, h, parts->n_ff, (int)n_pairs, w + l.hd, s)) != 0) return rv;
+        t.off = parts->off[CU_PART_DOWN], t.nrows = (int)parts->n_embd, t.ncols = (int)parts->n_ff;
+        t.act = w + l.hd, t.arb = (int64_t)cu_act_row_bytes(td, parts->n_ff), t.act_div = 1;
+        t.out = out, t.ld = parts->n_embd, t.scale = pair_w;
+        run_mma(td, t, n_groups, false, s);
+        return cu_launch_check();
+    }
     if (tg == tu && qtype_get(tg)->blck > 1 && !(flags & CU_MOE_UNFUSED)) {
         /* one launch: gate and up rows side by side, SwiGLU in its epilogue */
         run_part(tg, t, n_groups, n_tok, true, s);
@@ -381,8 +607,8 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
         t.off = parts->off[CU_PART_UP], t.act = xu;
         t.arb = (int64_t)cu_act_row_bytes(tu, parts->n_embd), t.out = up;
         run_part(tu, t, n_groups, n_tok, false, s);
-        moe_swiglu<<<(unsigned)n_groups, 256, 0, s>>>(groups, pair_idx, (int)parts->n_ff, h, up,
-                                                       d_n_groups, n_groups);
+        cu_launch(moe_swiglu, (unsigned)n_groups, 256, 0, s, groups, pair_idx, (int)parts->n_ff, h,
+                  up, d_n_groups, n_groups);
     }
     /* down: h by pair, quantized for its type (floats pass through), scaled by the route weight */
     const void *hd = h;
@@ -421,8 +647,8 @@ extern "C" int cu_moe_combine(const float *out, const int32_t *ids, int64_t n_to
                               int64_t n_embd, float *y, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine: top-%d", k);
-    moe_combine<false, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        out, ids, k, n_embd, y, NULL, 0.0f, NULL);
+    cu_launch(moe_combine<false, false>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+              out, ids, k, n_embd, y, nullptr, 0.0f, nullptr, nullptr, (size_t)0);
     return cu_launch_check();
 }
 
@@ -430,8 +656,8 @@ extern "C" int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t 
                                   int64_t n_embd, float *x, void *stream)
 {
     if (k < 1 || k > 16) return strata_errf(STRATA_EINVAL, "cu_moe_combine_add: top-%d", k);
-    moe_combine<true, false><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        out, ids, k, n_embd, x, NULL, 0.0f, NULL);
+    cu_launch(moe_combine<true, false>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+              out, ids, k, n_embd, x, nullptr, 0.0f, nullptr, nullptr, (size_t)0);
     return cu_launch_check();
 }
 
@@ -442,7 +668,28 @@ extern "C" int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int
     if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN)
         return strata_errf(STRATA_EINVAL, "cu_moe_combine_add_norm: top-%d, rows of %lld (%d or more)",
                            k, (long long)n_embd, ROW_NORM_MIN);
-    moe_combine<true, true><<<(unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-        out, ids, k, n_embd, x, norm_w, eps, xn);
+    cu_launch(moe_combine<true, true>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+              out, ids, k, n_embd, x, norm_w, eps, xn, nullptr, (size_t)0);
+    return cu_launch_check();
+}
+
+extern "C" int cu_moe_combine_add_norm_q(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                                         int64_t n_embd, float *x, const float *norm_w, float eps,
+                                         float *xn, uint32_t wtype, void *act, void *stream)
+{
+    const uint32_t at = quant_act_type(wtype);
+    const size_t arb = cu_act_row_bytes(wtype, n_embd);
+    if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN || arb == 0 || (at != QT_Q8_0 && at != QT_Q8_K))
+        return strata_errf(STRATA_EINVAL,
+                           "cu_moe_combine_add_norm_q: top-%d, rows of %lld (%d or more), %s "
+                           "activations",
+                           k, (long long)n_embd, ROW_NORM_MIN, qtype_name(wtype));
+    cudaStream_t s = (cudaStream_t)stream;
+    if (at == QT_Q8_0)
+        cu_launch(moe_combine<true, true, QT_Q8_0>, (unsigned)n_tok, ROW_NORM_THREADS, 0, s, out,
+                  ids, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb);
+    else
+        cu_launch(moe_combine<true, true, QT_Q8_K>, (unsigned)n_tok, ROW_NORM_THREADS, 0, s, out,
+                  ids, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb);
     return cu_launch_check();
 }

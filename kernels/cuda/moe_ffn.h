@@ -17,6 +17,7 @@
 #define STRATA_CUDA_MOE_FFN_H
 
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/ref/moe.h"
@@ -53,9 +54,19 @@ int cu_moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_ptr,
 
 /* Flags of cu_moe_ffn_dev. */
 enum {
-    CU_MOE_EVERY_PAIR = 1, /* every pair is in a group (no mask): h needs no zeroing first */
-    CU_MOE_UNFUSED = 2,    /* gate, up and SwiGLU as three launches (cu_moe_ffn's; a diagnostic) */
+    CU_MOE_EVERY_PAIR = 1,  /* every pair is in a group (no mask): h needs no zeroing first */
+    CU_MOE_UNFUSED = 2,     /* gate, up and SwiGLU as three launches (cu_moe_ffn's; a diagnostic) */
+    CU_MOE_X_QUANTIZED = 4, /* x is already the gate's activations (cu_quantize_acts rows for the
+                             * gate type; up's quantize alike): none are made here */
+    CU_MOE_MMA = 8,         /* prompt chunks: groups of up to CU_MOE_MMA_PAIRS pairs on the int8
+                             * tensor cores (cu_moe_mma_ok parts only; the same bits) */
 };
+
+#define CU_MOE_MMA_PAIRS 32 /* pairs of a group with CU_MOE_MMA: one MMA tile's columns */
+
+/* cu_moe_mma_ok: whether CU_MOE_MMA computes these parts (all three quantized, gate and up of one
+ * type). */
+bool cu_moe_mma_ok(const struct cu_moe_parts *parts);
 
 /* cu_moe_ffn_dev: cu_moe_ffn with the group count in device memory (*n_groups, as cu_moe_group
  * leaves it), at most max_groups (cu_moe_max_groups): every launch has the worst-case grid and its
@@ -84,6 +95,13 @@ int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t n_tok, int 
 int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
                             int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
                             void *stream);
+
+/* cu_moe_combine_add_norm_q: cu_moe_combine_add_norm, then xn's rows quantized into act for wtype
+ * weights (the next product's), the bytes cu_quantize_acts writes, in the same launch. Weights
+ * whose activations are Q8_0 or Q8_K only (else STRATA_EINVAL). */
+int cu_moe_combine_add_norm_q(const float *out, const int32_t *ids, int64_t n_tok, int k,
+                              int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
+                              uint32_t wtype, void *act, void *stream);
 
 #ifdef __cplusplus
 }

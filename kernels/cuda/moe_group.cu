@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(MG_THREADS)
     moe_group_k(const int32_t *ids, int n, int n_expert, const uint8_t *mask, int max_pairs,
                 struct moe_group *groups, int32_t *pair_idx, int32_t *n_groups)
 {
+    pdl_enter();
     group_body(ids, n, n_expert, mask, max_pairs, groups, pair_idx, n_groups);
 }
 
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(MG_THREADS)
                   int32_t *ids, float *weights, const uint8_t *mask, int max_pairs,
                   struct moe_group *groups, int32_t *pair_idx, int32_t *n_groups)
 {
+    pdl_enter();
     const int w = threadIdx.x / WARP;
     if (w < n_tok) router_token(logits, w, n_exp, k, mode, renorm, ids, weights);
     __syncthreads(); /* the picks, in global memory, are the block's to read */
@@ -119,8 +121,8 @@ extern "C" int cu_moe_group(const int32_t *ids, int64_t n_tok, int k, uint32_t n
     const int n = (int)(n_tok * k);
     /* runs as long as every pair are no cap (moe_group's UINT32_MAX) and keep the sums in int */
     const int mp = max_pairs >= (uint32_t)n ? (n > 0 ? n : 1) : (int)max_pairs;
-    moe_group_k<<<1, MG_THREADS, 0, (cudaStream_t)stream>>>(ids, n, (int)n_expert, mask, mp, groups,
-                                                            pair_idx, n_groups);
+    cu_launch(moe_group_k, 1, MG_THREADS, 0, (cudaStream_t)stream, ids, n, (int)n_expert, mask, mp,
+              groups, pair_idx, n_groups);
     return cu_launch_check();
 }
 
@@ -136,8 +138,7 @@ extern "C" int cu_router_group(const float *logits, int64_t n_tok, int n_exp, in
                            (long long)n_tok, CU_ROUTE_GROUP_MAX_TOKENS, n_exp, k);
     const int n = (int)(n_tok * k);
     const int mp = max_pairs >= (uint32_t)n ? n : (int)max_pairs;
-    route_group_k<<<1, MG_THREADS, 0, (cudaStream_t)stream>>>(logits, (int)n_tok, n_exp, k,
-                                                              (int)mode, renorm, ids, weights, mask,
-                                                              mp, groups, pair_idx, n_groups);
+    cu_launch(route_group_k, 1, MG_THREADS, 0, (cudaStream_t)stream, logits, (int)n_tok, n_exp, k,
+              (int)mode, renorm, ids, weights, mask, mp, groups, pair_idx, n_groups);
     return cu_launch_check();
 }

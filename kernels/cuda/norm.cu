@@ -1,5 +1,8 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/norm.h"
+#include "kernels/cuda/qact.cuh"
+#include "kernels/cuda/qact.h"
+#include "common/quant/quant.h"
 #include "kernels/cuda/rowsum.cuh"
 
 #define NORM_WARPS 4
@@ -7,6 +10,7 @@
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t rows,
                                int64_t width, float eps)
 {
+    pdl_enter();
     int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
     int lane = threadIdx.x & (WARP - 1);
     if (r >= rows) return;
@@ -22,30 +26,84 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 /* Wide rows (the hidden state): a CTA of ROW_NORM_THREADS threads per row, so one decode row is
  * not one warp's chain of dependent loads. The sum: each thread's elements in order, then cta_sum
  * (fixed by the width alone: the same bits for any row count). With y, x += y first (the residual
- * add, __fadd_rn as cu_add) and the sum is of the new x. */
-template <bool ADD>
+ * add, __fadd_rn as cu_add) and the sum is of the new x. With QA (QT_Q8_0 or QT_Q8_K), the
+ * normed row is then quantized into act (rows arb bytes apart) as cu_quantize_acts does. */
+template <bool ADD, int QA>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
-    rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps)
+    rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps,
+                 uint8_t *act, size_t arb)
 {
+    pdl_trigger();
     __shared__ float red[ROW_NORM_THREADS / WARP];
+    __shared__ __align__(16) float row[QA ? ROW_MAXV * ROW_NORM_THREADS : 1];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
-    float *xr = x + r * width;
+    float *xr = x + r * width, *yr = out + r * width;
+    if (width > ROW_MAXV * ROW_NORM_THREADS) { /* wider rows: element by element */
+        pdl_wait();
+        float s = 0.0f;
+        for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
+            float v = xr[i];
+            if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
+            s += v * v;
+        }
+        const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
+        for (int64_t i = tid; i < width; i += ROW_NORM_THREADS)
+            yr[i] = xr[i] * scale * w[i];
+        if (QA) { /* the row, written by the whole CTA, read back by its warps */
+            __syncthreads();
+            qact_row(yr, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
+                     act + r * arb);
+        }
+        return;
+    }
+    /* a thread's elements (at most ROW_MAXV) loaded at once, so the row costs one memory latency,
+     * not one per element; the norm's weights before the wait (the pass's constants). The same
+     * expressions in the same order as the loop above. */
+    float wv[ROW_MAXV], v[ROW_MAXV], a[ROW_MAXV];
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        wv[m] = i < width ? w[i] : 0.0f;
+    }
+    pdl_wait();
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        v[m] = i < width ? xr[i] : 0.0f;
+        a[m] = ADD && i < width ? y[r * width + i] : 0.0f;
+    }
     float s = 0.0f;
-    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
-        float v = xr[i];
-        if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
-        s += v * v;
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        if (i < width) {
+            if (ADD) xr[i] = v[m] = __fadd_rn(v[m], a[m]);
+            s += v[m] * v[m];
+        }
     }
     const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
-    float *yr = out + r * width;
-    for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) yr[i] = xr[i] * scale * w[i];
+#pragma unroll
+    for (int m = 0; m < ROW_MAXV; m++) {
+        const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
+        if (i < width) {
+            const float o = v[m] * scale * wv[m];
+            yr[i] = o;
+            if (QA) row[i] = o;
+        }
+    }
+    if (QA) { /* the normed row, staged in shared memory, quantized by the CTA's warps */
+        __syncthreads();
+        qact_row(row, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
+                 act + r * arb);
+    }
 }
 
 /* Narrow rows with the residual add: rmsnorm_kernel's expressions after x += y. */
 __global__ void add_rmsnorm_kernel(float *x, const float *y, const float *w, float *out,
                                    int64_t rows, int64_t width, float eps)
 {
+    pdl_enter();
     int64_t r = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
     int lane = threadIdx.x & (WARP - 1);
     if (r >= rows) return;
@@ -65,12 +123,13 @@ extern "C" int cu_rmsnorm(const float *x, const float *w, float *y, int64_t rows
 {
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_rmsnorm: empty shape");
     if (width >= ROW_NORM_MIN) {
-        rmsnorm_wide<false><<<(unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream>>>(
-            (float *)x, NULL, w, y, width, eps);
+        cu_launch(rmsnorm_wide<false, 0>, (unsigned)rows, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
+                  (float *)x, nullptr, w, y, width, eps, nullptr, (size_t)0);
         return cu_launch_check();
     }
     dim3 grid((unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS));
-    rmsnorm_kernel<<<grid, NORM_WARPS * WARP, 0, (cudaStream_t)stream>>>(x, w, y, rows, width, eps);
+    cu_launch(rmsnorm_kernel, grid, NORM_WARPS * WARP, 0, (cudaStream_t)stream, x, w, y, rows,
+              width, eps);
     return cu_launch_check();
 }
 
@@ -80,10 +139,30 @@ extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *o
     if (rows <= 0 || width <= 0) return strata_errf(STRATA_EINVAL, "cu_add_rmsnorm: empty shape");
     cudaStream_t s = (cudaStream_t)stream;
     if (width >= ROW_NORM_MIN)
-        rmsnorm_wide<true><<<(unsigned)rows, ROW_NORM_THREADS, 0, s>>>(x, y, w, out, width, eps);
+        cu_launch(rmsnorm_wide<true, 0>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
+                  width, eps, nullptr, (size_t)0);
     else
-        add_rmsnorm_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * WARP, 0,
-                             s>>>(x, y, w, out, rows, width, eps);
+        cu_launch(add_rmsnorm_kernel, (unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
+                  NORM_WARPS * WARP, 0, s, x, y, w, out, rows, width, eps);
+    return cu_launch_check();
+}
+
+extern "C" int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float *out, int64_t rows,
+                                int64_t width, float eps, uint32_t wtype, void *act, void *stream)
+{
+    const uint32_t at = quant_act_type(wtype);
+    const size_t arb = cu_act_row_bytes(wtype, width);
+    if (rows <= 0 || width < ROW_NORM_MIN || arb == 0 || (at != QT_Q8_0 && at != QT_Q8_K))
+        return strata_errf(STRATA_EINVAL,
+                           "cu_add_rmsnorm_q: %lld rows of %lld (%d or more) for %s activations",
+                           (long long)rows, (long long)width, ROW_NORM_MIN, qtype_name(wtype));
+    cudaStream_t s = (cudaStream_t)stream;
+    if (at == QT_Q8_0)
+        cu_launch(rmsnorm_wide<true, QT_Q8_0>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
+                  width, eps, (uint8_t *)act, arb);
+    else
+        cu_launch(rmsnorm_wide<true, QT_Q8_K>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
+                  width, eps, (uint8_t *)act, arb);
     return cu_launch_check();
 }
 
@@ -91,6 +170,7 @@ extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *o
 __global__ void rope_kernel(float *x, const int32_t *pos, int n_head, int head_dim, int n_rot,
                             float step, int neox)
 {
+    pdl_enter();
     int i = blockIdx.x * blockDim.x + threadIdx.x; /* pair index < n_rot / 2 */
     if (i >= n_rot / 2) return;
     int h = blockIdx.y;
@@ -116,7 +196,8 @@ extern "C" int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, 
     /* The step is computed by the host's powf, the one the CPU reference uses: a 1-ulp difference
      * in it grows to 4e-3 rad at position 40K. */
     const float step = powf(base, -2.0f / (float)n_rot);
-    rope_kernel<<<grid, 64, 0, (cudaStream_t)stream>>>(x, pos, n_head, head_dim, n_rot, step, neox);
+    cu_launch(rope_kernel, grid, 64, 0, (cudaStream_t)stream, x, pos, n_head, head_dim, n_rot, step,
+              neox);
     return cu_launch_check();
 }
 
@@ -139,6 +220,7 @@ __global__ void __launch_bounds__(NORM_WARPS *WARP)
                   const int32_t *pos, const int32_t *slot, int64_t n_tok, int n_head, int n_kv,
                   int hd, int n_rot, float step, int neox, float eps, int block_size, E *kp, E *vp)
 {
+    pdl_enter();
     const int rows = n_head + 2 * n_kv;
     const int64_t w = (int64_t)blockIdx.x * NORM_WARPS + threadIdx.x / WARP;
     if (w >= n_tok * rows) return;
@@ -193,12 +275,12 @@ extern "C" int cu_qk_rope_store(float *q, float *k, const float *v, const float 
     const float step = powf(base, -2.0f / (float)n_rot); /* as cu_rope: the host's powf */
     cudaStream_t s = (cudaStream_t)stream;
     if (f16)
-        qk_rope_store<__half><<<grid, NORM_WARPS * WARP, 0, s>>>(
-            q, k, v, q_norm, k_norm, pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step,
-            neox, eps, block_size, (__half *)k_pool, (__half *)v_pool);
+        cu_launch(qk_rope_store<__half>, grid, NORM_WARPS * WARP, 0, s, q, k, v, q_norm, k_norm,
+                  pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step, neox, eps, block_size,
+                  (__half *)k_pool, (__half *)v_pool);
     else
-        qk_rope_store<float><<<grid, NORM_WARPS * WARP, 0, s>>>(
-            q, k, v, q_norm, k_norm, pos, slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step,
-            neox, eps, block_size, (float *)k_pool, (float *)v_pool);
+        cu_launch(qk_rope_store<float>, grid, NORM_WARPS * WARP, 0, s, q, k, v, q_norm, k_norm, pos,
+                  slot, n_tok, n_head, n_kv_head, head_dim, n_rot, step, neox, eps, block_size,
+                  (float *)k_pool, (float *)v_pool);
     return cu_launch_check();
 }

@@ -29,6 +29,13 @@ int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, int head_di
 int cu_add_rmsnorm(float *x, const float *y, const float *w, float *out, int64_t rows,
                    int64_t width, float eps, void *stream);
 
+/* cu_add_rmsnorm_q: cu_add_rmsnorm, then out's rows quantized into act for wtype weights, the bytes
+ * cu_quantize_acts(wtype, out, width, rows, act) writes (rows cu_act_row_bytes apart), in the same
+ * launch. Rows of CU_ROW_NORM_MIN or more, weights whose activations are Q8_0 or Q8_K; else
+ * STRATA_EINVAL. */
+int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float *out, int64_t rows,
+                     int64_t width, float eps, uint32_t wtype, void *act, void *stream);
+
 /* cu_qk_rope_store: per head row of each token, in one launch: q and k normed per head (q_norm,
  * k_norm: head_dim weights each, or NULL for none) and rotated as cu_rmsnorm and cu_rope do, then
  * k and v written into the paged pools as cu_kv_store writes them (f16: round to nearest even).

@@ -167,4 +167,22 @@ template <> struct qdec<QT_IQ4_XS> {
     }
 };
 
+/* mma_k32 / mma_k16: c = a (16 x 32 or 16 x 16, rows) * b (32 or 16 x 8, columns), int8 in,
+ * exact int32 out (PTX's fragment layouts: a row g = lane / 4 and g + 8, b column g). */
+__device__ __forceinline__ void mma_k32(const uint32_t a[4], const uint32_t b[2], int c[4])
+{
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%10,%10,%10,%10};\n"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+}
+
+__device__ __forceinline__ void mma_k16(const uint32_t a[2], uint32_t b, int c[4])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+                 "{%7,%7,%7,%7};\n"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
+}
+
 #endif

@@ -13,6 +13,7 @@
 
 #define ROW_NORM_THREADS 256             /* threads of a wide row's CTA */
 #define ROW_NORM_MIN     CU_ROW_NORM_MIN /* rows at least this wide are normed by a CTA */
+#define ROW_MAXV         16 /* a thread's elements kept in registers: rows up to 4096 wide */
 
 template <int NT> __device__ __forceinline__ float cta_sum(float s, float *red)
 {
