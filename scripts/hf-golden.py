@@ -129,14 +129,14 @@ def golden(torch, tf, name, kv, ts, a):
               num_experts_per_tok=K, sliding_window=swa, rms_norm_eps=eps, attention_bias=True,
               tie_word_embeddings=False, max_position_embeddings=int(orig * factor),
               layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)],
-              attention_dropout=0.0, router_aux_loss_coef=0.0, output_router_logits=False)
+              attention_dropout=0.0, router_aux_loss_coef=0.0, output_router_logits=False,
+              attn_implementation="eager")
     params = inspect.signature(tf.GptOssConfig.__init__).parameters
     if "rope_parameters" in params:
         kw["rope_parameters"] = dict(rope, rope_theta=float(theta))
     else:
         kw["rope_theta"], kw["rope_scaling"] = float(theta), rope
     cfg = tf.GptOssConfig(**kw)
-    cfg._attn_implementation = "eager"
     model = tf.GptOssForCausalLM(cfg).float().eval()
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")

@@ -62,8 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--eval-every", type=int, default=40, help="steps between held-out evaluations")
     p.add_argument("--eval-tokens", type=int, default=8192, help="held-out tokens an evaluation scores")
     p.add_argument("--trace-tokens", type=int, default=16384, help="held-out tokens traced")
-    p.add_argument("--experts-impl", default="grouped_mm",
-                   help="transformers 5's experts implementation to try first (eager fallback)")
+    p.add_argument("--experts-impl", default="auto",
+                   help="transformers 5's experts implementation: grouped_mm, eager, or auto (the "
+                        "faster of the two over a few timed steps)")
     p.add_argument("--seed", type=int, default=1234)
     a = p.parse_args(argv)
     a.tie = False
@@ -115,9 +116,10 @@ def record_routing(torch, model, ids, ctx, k, dev, batch=32):
         for i in range(0, len(x_all), batch):
             x = x_all[i:i + batch].to(dev)
             rl = model(input_ids=x, use_cache=False, output_router_logits=True).router_logits
-            # each: (batch * ctx, n_expert), probabilities (transformers 5) or logits (4.x): the
-            # same order either way
-            picks = [r.float().topk(k, dim=-1).indices.sort(dim=-1).values.cpu() for r in rl]
+            # each: (batch * ctx, n_expert) (or (batch, ctx, n_expert)), probabilities
+            # (transformers 5) or logits (4.x): the same order either way
+            picks = [r.float().reshape(-1, r.shape[-1]).topk(k, dim=-1).indices.sort(dim=-1).values.cpu()
+                     for r in rl]
             stacked = torch.stack(picks, dim=1)  # (batch * ctx, n_layer, k)
             rows.extend(stacked.tolist())
     return rows
@@ -164,7 +166,9 @@ def main():
     log(f"{len(ids)} ids: {len(train)} train, {n_held} held out (the last 10%)")
 
     model = Qwen3MoeForCausalLM(td.make_config(a)).to(dev)
-    impl = set_experts_impl(model, a.experts_impl)
+    impl = set_experts_impl(model, "grouped_mm" if a.experts_impl == "auto" else a.experts_impl)
+    # auto: steps 2-4 timed with grouped_mm, 6-8 with eager (1 and 5 warm up), then the faster
+    trial = {} if a.experts_impl == "auto" and impl != "eager" and cuda else None
     td.add_dropout(torch, model, a.dropout)
     n_params = sum(p.numel() for p in model.parameters())
     per_expert = 3 * a.hidden * a.expert_ff
@@ -207,11 +211,25 @@ def main():
             if step or impl == "eager":
                 raise
             log(f"experts implementation {impl} failed in training ({type(e).__name__}: {e}); eager")
-            impl = set_experts_impl(model, "eager")
+            impl, trial = set_experts_impl(model, "eager"), None
             opt.zero_grad(set_to_none=True)
             ce, aux = step_once(lr)
         step += 1
         run_ce, run_aux, run_n = run_ce + ce.item(), run_aux + aux.detach().item(), run_n + 1
+        if trial is not None:
+            now = time.time()  # .item() above waited for the step
+            if step in (1, 5):
+                trial["t0"] = now
+            elif step in (4, 8):
+                trial[impl] = (now - trial["t0"]) / 3
+                if step == 4:
+                    impl = set_experts_impl(model, "eager")
+                else:
+                    impl = min(("grouped_mm", "eager"), key=lambda k: trial[k])
+                    set_experts_impl(model, impl)
+                    log("seconds a step: " + ", ".join(f"{k} {trial[k]:.3f}" for k in
+                        ("grouped_mm", "eager")) + f"; training on with {impl}")
+                    trial = None
         last = time.time() >= deadline
         if step % a.eval_every and not last:
             continue
