@@ -48,7 +48,8 @@ static void golden(const struct variant *var)
     struct stat st;
     if (stat(js, &st) != 0 || stat(bin, &st) != 0) {
         printf("SKIP hf golden gpt-oss %s: tests/golden/gpt-oss-%s.{json,logits.f32} absent "
-               "(scripts/hf-golden.py makes them)\n", var->name, var->name);
+               "(scripts/hf-golden.py makes them)\n",
+               var->name, var->name);
         return;
     }
     snprintf(f32, sizeof f32, "%s/gpt-oss-f32.gguf", test_tmpdir());
@@ -79,8 +80,8 @@ static void golden(const struct variant *var)
     ck_assert_uint_eq(m->hp.n_vocab, V);
     struct backend *fw;
     struct kv_seq s;
-    struct backend_opts bo = {.n_threads = 2, .max_pass_tokens = 8, .n_ctx = (uint32_t)n,
-                              .n_seq = 1};
+    struct backend_opts bo = {
+        .n_threads = 2, .max_pass_tokens = 8, .n_ctx = (uint32_t)n, .n_seq = 1};
     ck_assert_int_eq(backend_start(m, &bo, &fw), 0);
     kv_seq_init(&s);
     float *l = malloc(n * V * sizeof *l);
@@ -100,13 +101,16 @@ static void golden(const struct variant *var)
         const float *r = ref + p * V, *x = l + p * V;
         uint32_t best = 0, ref1 = 0, ref2 = r[0] >= r[1] ? 1 : 0;
         float lo = r[0], hi = r[0];
-        for (uint32_t v = 0; v < V; v++) lo = r[v] < lo ? r[v] : lo, hi = r[v] > hi ? r[v] : hi;
+        for (uint32_t v = 0; v < V; v++)
+            lo = r[v] < lo ? r[v] : lo, hi = r[v] > hi ? r[v] : hi;
         const float tol = var->tol_frac * (hi - lo);
         for (uint32_t v = 0; v < V; v++) {
             const float d = fabsf(x[v] - r[v]);
             worst = d / (hi - lo) > worst ? d / (hi - lo) : worst;
-            ck_assert_msg(d <= tol, "gpt-oss %s position %zu token %u: strata %g, transformers %g "
-                          "(tolerance %g)", var->name, p, v, x[v], r[v], tol);
+            ck_assert_msg(d <= tol,
+                          "gpt-oss %s position %zu token %u: strata %g, transformers %g "
+                          "(tolerance %g)",
+                          var->name, p, v, x[v], r[v], tol);
             if (x[v] > x[best]) best = v;
             if (r[v] > r[ref1]) ref1 = v;
         }
@@ -114,12 +118,14 @@ static void golden(const struct variant *var)
             if (v != ref1 && r[v] > r[ref2]) ref2 = v;
         agree += best == ref1;
         if (!var->mxfp4 || r[ref1] - r[ref2] > tol)
-            ck_assert_msg(best == ref1, "gpt-oss %s position %zu: strata's argmax %u, "
-                          "transformers' %u", var->name, p, best, ref1);
+            ck_assert_msg(best == ref1,
+                          "gpt-oss %s position %zu: strata's argmax %u, "
+                          "transformers' %u",
+                          var->name, p, best, ref1);
     }
     printf("hf golden gpt-oss %s: %zu positions, largest logit difference %.3g of the logit "
-           "range (tolerance %g), top-1 equal at %u of %zu\n", var->name, n, worst,
-           var->tol_frac, agree, n);
+           "range (tolerance %g), top-1 equal at %u of %zu\n",
+           var->name, n, worst, var->tol_frac, agree, n);
     free(l);
     free(ref);
     kv_seq_fini(backend_kv(fw), &s);

@@ -268,7 +268,8 @@ static int report(const struct trace *t, uint32_t ctx, bool json, const struct r
         printf("%5s  %22s  %36s  ", "all", "", "");
         for (size_t c = 0; c < N_CACHE; c++)
             printf("  %11.1f%%", all_acc[c] ? 100.0 * (double)all_hits[c] / (double)all_acc[c] : 0);
-        printf("\n\nreuse distance, tokens since the layer last picked the expert (share of reuses)\n");
+        printf("\n\nreuse distance, tokens since the layer last picked the expert (share of "
+               "reuses)\n");
         printf("%-26s", "from");
         for (int b = 0; b < TRACE_REUSE_BUCKETS; b++)
             printf(" %6llu%s", 1ull << b, b + 1 < TRACE_REUSE_BUCKETS ? "" : "+");

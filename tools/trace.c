@@ -62,7 +62,7 @@ int trace_push(struct trace *t, const uint16_t *sel)
 
 static const char trace_magic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'T', 'R'};
 #define TRACE_VERSION 1u
-#define TRACE_HEADER 36 /* magic, version, n_layer, n_expert, n_used, ctx, n_tokens */
+#define TRACE_HEADER  36 /* magic, version, n_layer, n_expert, n_used, ctx, n_tokens */
 
 static void put_le(unsigned char *p, uint64_t v, int bytes)
 {
@@ -114,8 +114,8 @@ int trace_load(const char *path, struct trace *t, uint32_t *ctx)
     if (!f) return strata_errf(strata_errno(errno), "%s: %s", path, strerror(errno));
     if (fread(h, 1, sizeof h, f) != sizeof h || memcmp(h, trace_magic, 8) != 0 ||
         get_le(h + 8, 4) != TRACE_VERSION) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: not a strata trace (version %u)", path,
-                         TRACE_VERSION);
+        rv =
+            strata_errf(STRATA_EFORMAT, "%s: not a strata trace (version %u)", path, TRACE_VERSION);
         goto out;
     }
     const uint32_t L = (uint32_t)get_le(h + 12, 4), E = (uint32_t)get_le(h + 16, 4),
@@ -306,7 +306,8 @@ void trace_reuse(const struct trace *t, uint32_t layer, uint64_t hist[TRACE_REUS
         const double q = 1.0 - (double)last[e] / (double)t->n_tokens;
         for (int b = 0; b < TRACE_REUSE_BUCKETS; b++) {
             const double a = (double)(1ull << b), z = (double)(2ull << b) - 1;
-            const double share = b + 1 < TRACE_REUSE_BUCKETS ? pow(q, a - 1) - pow(q, z) : pow(q, a - 1);
+            const double share =
+                b + 1 < TRACE_REUSE_BUCKETS ? pow(q, a - 1) - pow(q, z) : pow(q, a - 1);
             iid[b] += (double)(last[e] - 1) * share;
         }
     }

@@ -462,18 +462,20 @@ START_TEST(test_save_load)
     ck_assert_uint_eq(len, 36 + 50 * 12 * 2);
     struct trace u;
     struct {
-        size_t keep;        /* bytes written */
-        size_t at;          /* a byte changed, or SIZE_MAX */
-        unsigned char was;  /* its new value */
-    } bad[] = {{len, 0, 'X'}, {len - 1, SIZE_MAX, 0}, {20, SIZE_MAX, 0}, {len + 1, SIZE_MAX, 0},
+        size_t keep;       /* bytes written */
+        size_t at;         /* a byte changed, or SIZE_MAX */
+        unsigned char was; /* its new value */
+    } bad[] = {{len, 0, 'X'},
+               {len - 1, SIZE_MAX, 0},
+               {20, SIZE_MAX, 0},
+               {len + 1, SIZE_MAX, 0},
                {len, 36 + 2, 0}}; /* the second id of the first row drops below the first */
     for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
         FILE *f = fopen(tmp_path("bad.trace"), "wb");
         for (size_t i = 0; i < bad[b].keep; i++)
             fputc(i == bad[b].at ? bad[b].was : i < len ? (unsigned char)raw[i] : 0, f);
         fclose(f);
-        ck_assert_msg(trace_load(tmp_path("bad.trace"), &u, NULL) == STRATA_EFORMAT, "case %zu",
-                      b);
+        ck_assert_msg(trace_load(tmp_path("bad.trace"), &u, NULL) == STRATA_EFORMAT, "case %zu", b);
         ck_assert_ptr_null(u.sel);
     }
     ck_assert_int_ne(trace_load(tmp_path("absent.trace"), &u, NULL), 0);
@@ -499,7 +501,7 @@ START_TEST(test_reuse_known)
         sum += iid[b];
     ck_assert_double_eq_tol(sum, 3.0, 1e-9); /* every gap somewhere, the last bucket open */
     ck_assert_double_eq_tol(iid[0], 2 * 0.5 + 1.0 / 3, 1e-9);
-    ck_assert_double_eq_tol(iid[1], 2 * (0.5 - 0.125) + (2.0 / 3 - 8.0 / 27) , 1e-9);
+    ck_assert_double_eq_tol(iid[1], 2 * (0.5 - 0.125) + (2.0 / 3 - 8.0 / 27), 1e-9);
     trace_fini(&t);
     /* A stream that repeats each token's expert (locality beyond popularity): more reuse at 1
      * than independent picks of the same popularity would give. */
