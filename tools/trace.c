@@ -103,56 +103,54 @@ int trace_save(const struct trace *t, uint32_t ctx, const char *path)
     return ok ? 0 : strata_errf(STRATA_EIO, "%s: writing the trace failed", path);
 }
 
-int trace_load(const char *path, struct trace *t, uint32_t *ctx)
+int trace_read(FILE *f, const char *name, struct trace *t, uint32_t *ctx)
 {
     memset(t, 0, sizeof *t);
     unsigned char h[TRACE_HEADER];
     uint16_t *sel = NULL;
     unsigned char *raw = NULL;
     int rv = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return strata_errf(strata_errno(errno), "%s: %s", path, strerror(errno));
     if (fread(h, 1, sizeof h, f) != sizeof h || memcmp(h, trace_magic, 8) != 0 ||
         get_le(h + 8, 4) != TRACE_VERSION) {
-        rv =
-            strata_errf(STRATA_EFORMAT, "%s: not a strata trace (version %u)", path, TRACE_VERSION);
+        rv = strata_errf(STRATA_EFORMAT, "%s: not a strata trace (version %u)", name,
+                         TRACE_VERSION);
         goto out;
     }
     const uint32_t L = (uint32_t)get_le(h + 12, 4), E = (uint32_t)get_le(h + 16, 4),
                    U = (uint32_t)get_le(h + 20, 4);
     const uint64_t n_tok = get_le(h + 28, 8);
+    if ((uint64_t)L * U > TRACE_MAX_PER_TOKEN) {
+        rv = strata_errf(STRATA_EFORMAT, "%s: %u layers of %u picks a token: more than a model has",
+                         name, L, U);
+        goto out;
+    }
     if ((rv = trace_init(t, L, E, U)) != 0) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: %s", path, strata_errdetail());
+        rv = strata_errf(STRATA_EFORMAT, "%s: %s", name, strata_errdetail());
         goto out;
     }
     const size_t per = (size_t)L * U, w = E <= 256 ? 1 : 2;
-    if (n_tok > (1ull << 32)) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: %llu tokens is more than a trace holds", path,
-                         (unsigned long long)n_tok);
-        goto out;
-    }
     sel = malloc(per * sizeof *sel);
     raw = malloc(per * w);
     if (!sel || !raw) {
-        rv = strata_errf(STRATA_ENOMEM, "out of memory reading %s", path);
+        rv = strata_errf(STRATA_ENOMEM, "out of memory reading %s", name);
         goto out;
     }
     for (uint64_t k = 0; k < n_tok; k++) {
         if (fread(raw, w, per, f) != per) {
-            rv = strata_errf(STRATA_EFORMAT, "%s: cut short at token %llu of %llu", path,
+            rv = strata_errf(STRATA_EFORMAT, "%s: cut short at token %llu of %llu", name,
                              (unsigned long long)k, (unsigned long long)n_tok);
             goto out;
         }
         for (size_t i = 0; i < per; i++)
             sel[i] = (uint16_t)get_le(raw + i * w, (int)w);
         if ((rv = trace_push(t, sel)) != 0) {
-            rv = strata_errf(rv == STRATA_EINVAL ? STRATA_EFORMAT : rv, "%s: %s", path,
+            rv = strata_errf(rv == STRATA_EINVAL ? STRATA_EFORMAT : rv, "%s: %s", name,
                              strata_errdetail());
             goto out;
         }
     }
     if (fgetc(f) != EOF) {
-        rv = strata_errf(STRATA_EFORMAT, "%s: bytes after the %llu tokens its header names", path,
+        rv = strata_errf(STRATA_EFORMAT, "%s: bytes after the %llu tokens its header names", name,
                          (unsigned long long)n_tok);
         goto out;
     }
@@ -161,6 +159,15 @@ out:
     if (rv) trace_fini(t);
     free(sel);
     free(raw);
+    return rv;
+}
+
+int trace_load(const char *path, struct trace *t, uint32_t *ctx)
+{
+    memset(t, 0, sizeof *t);
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_errf(strata_errno(errno), "%s: %s", path, strerror(errno));
+    const int rv = trace_read(f, path, t, ctx);
     fclose(f);
     return rv;
 }

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/arena/model.h"
 #include "gpu-worker/tier.h"
@@ -63,10 +64,16 @@ int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t c
 int trace_save(const struct trace *t, uint32_t ctx, const char *path);
 
 /* trace_load reads path into t (fresh; trace_fini frees it) and its window into *ctx (may be
- * NULL). STRATA_EIO, STRATA_EFORMAT for a file that is no trace, is cut short or has bytes
- * after its ids, or holds a (token, layer) whose ids are out of range or not ascending (the
- * detail says where), STRATA_ENOMEM. */
+ * NULL). STRATA_EIO, STRATA_EFORMAT for a file that is no trace, names more than
+ * TRACE_MAX_PER_TOKEN ids a token, is cut short or has bytes after its ids, or holds a (token,
+ * layer) whose ids are out of range or not ascending (the detail says where), STRATA_ENOMEM. */
 int trace_load(const char *path, struct trace *t, uint32_t *ctx);
+
+/* trace_read is trace_load on an open stream (read to its end; name is for messages). */
+int trace_read(FILE *f, const char *name, struct trace *t, uint32_t *ctx);
+
+/* n_layer * n_used a trace file may name: 4096 layers of 256 picks */
+#define TRACE_MAX_PER_TOKEN (1u << 20)
 
 /* Reuse distances: for each access of a (layer, expert) after its first, the tokens since that
  * layer last picked that expert (1: the token before), in TRACE_REUSE_BUCKETS power-of-two
