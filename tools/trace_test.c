@@ -631,8 +631,12 @@ int main(void)
     tcase_add_test(tc, test_record);
     tcase_add_test(tc, test_save_load);
     tcase_add_test(tc, test_reuse_known);
-    tcase_add_test(tc, test_replay_learned);
     tcase_add_test(tc, test_command);
     suite_add_tcase(s, tc);
+    /* 16,384 tokens through every policy at three sizes: seconds here, more under ASan */
+    TCase *learned = tcase_create("learned");
+    tcase_set_timeout(learned, 240);
+    tcase_add_test(learned, test_replay_learned);
+    suite_add_tcase(s, learned);
     return test_run(s);
 }
