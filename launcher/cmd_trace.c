@@ -30,16 +30,20 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: strata trace MODEL.gguf FILE [--json] [--ids] [--vocab TOK.gguf] [--ctx N]\n"
-            "                    [--max-tokens N] [--threads N] [--sizes P,P,..] [--window N]\n"
-            "                    [--lag N] [--adapt-every N] [--adapt-swaps N] [--adapt-decay F]\n"
-            "                    [--adapt-min F] [--adapt-lead F] [--chunk-rule once|share]\n"
+            "                    [--max-tokens N] [--threads N] [--save TRACE] [--sizes P,P,..]\n"
+            "                    [--window N] [--lag N] [--adapt-every N] [--adapt-swaps N]\n"
+            "                    [--adapt-decay F] [--adapt-min F] [--adapt-lead F]\n"
+            "                    [--chunk-rule once|share]\n"
+            "       strata trace --replay TRACE [the same analysis options]\n"
             "\n"
             "Runs FILE through the model on the CPU in windows of --ctx tokens, records which experts\n"
             "each layer routes every token to, and prints per layer: the entropy of the expert\n"
             "popularity (bits; log2(experts) is perfectly even), the most used experts and their\n"
             "share, and the hit rate of an LRU cache holding 25%% and 50%% of the layer's experts\n"
             "that replays the accesses in order, starting empty (even random routing gives about\n"
-            "25%% and 50%%; more means locality a cache can use).\n"
+            "25%% and 50%%; more means locality a cache can use), and the reuse distances (tokens\n"
+            "since the layer last picked the expert) beside those of a stream with the same\n"
+            "popularity and no temporal order.\n"
             "Then it replays the trace per window through one pool of slots over all layers, as the\n"
             "worker runs its cache: rounds every --adapt-every windows of at most --adapt-swaps\n"
             "moves, a move picked after window W usable from window W+1+lag, under each policy:\n"
@@ -50,6 +54,9 @@ static void usage(FILE *out)
             "  --vocab FILE    take the tokenizer from this GGUF rather than from MODEL\n"
             "  --ctx N         tokens per window, each from an empty context (default 256)\n"
             "  --max-tokens N  trace only the first N tokens\n"
+            "  --save TRACE    also write the routing to TRACE (the trace file of tools/trace.h)\n"
+            "  --replay TRACE  analyse a saved trace (strata trace --save, scripts/train-moe.py)\n"
+            "                  instead of recording one: no model, no text\n"
             "  --threads N     compute threads (default: the online CPUs)\n"
             "  --sizes P,..    cache sizes in %% of all (layer, expert)s (default 10,25,50)\n"
             "  --window N      tokens a replayed window: 1 decode steps (default), more prompt\n"
@@ -218,8 +225,30 @@ static int report(const struct trace *t, uint32_t ctx, bool json, const struct r
             printf("  %11.1f%%", 100.0 * rate[c]);
         printf("\n");
     }
+    uint64_t hist[TRACE_REUSE_BUCKETS] = {0};
+    double iid[TRACE_REUSE_BUCKETS] = {0}, reused = 0;
+    for (uint32_t l = 0; l < t->n_layer; l++)
+        trace_reuse(t, l, hist, iid);
+    for (int b = 0; b < TRACE_REUSE_BUCKETS; b++)
+        reused += (double)hist[b];
     int rv = 0;
     if (json) {
+        json_t *rj = json_object(), *bj = json_array(), *tj = json_array(), *ij = json_array();
+        for (int b = 0; b < TRACE_REUSE_BUCKETS && bj && tj && ij; b++) {
+            json_array_append_new(bj, json_integer((json_int_t)1 << b));
+            json_array_append_new(tj, json_real(reused > 0 ? (double)hist[b] / reused : 0));
+            json_array_append_new(ij, json_real(reused > 0 ? iid[b] / reused : 0));
+        }
+        if (rj) {
+            json_object_set_new(rj, "from", bj);
+            json_object_set_new(rj, "trace", tj);
+            json_object_set_new(rj, "iid", ij);
+            json_object_set_new(root, "reuse", rj);
+        } else {
+            json_decref(bj);
+            json_decref(tj);
+            json_decref(ij);
+        }
         for (size_t c = 0; c < N_CACHE; c++) {
             char key[32];
             snprintf(key, sizeof key, "lru_%u", cache_pct[c]);
@@ -239,6 +268,17 @@ static int report(const struct trace *t, uint32_t ctx, bool json, const struct r
         printf("%5s  %22s  %36s  ", "all", "", "");
         for (size_t c = 0; c < N_CACHE; c++)
             printf("  %11.1f%%", all_acc[c] ? 100.0 * (double)all_hits[c] / (double)all_acc[c] : 0);
+        printf("\n\nreuse distance, tokens since the layer last picked the expert (share of "
+               "reuses)\n");
+        printf("%-26s", "from");
+        for (int b = 0; b < TRACE_REUSE_BUCKETS; b++)
+            printf(" %6llu%s", 1ull << b, b + 1 < TRACE_REUSE_BUCKETS ? "" : "+");
+        printf("\n%-26s", "this trace");
+        for (int b = 0; b < TRACE_REUSE_BUCKETS; b++)
+            printf(" %6.1f%%", reused > 0 ? 100.0 * (double)hist[b] / reused : 0);
+        printf("\n%-26s", "same popularity, no order");
+        for (int b = 0; b < TRACE_REUSE_BUCKETS; b++)
+            printf(" %6.1f%%", reused > 0 ? 100.0 * iid[b] / reused : 0);
         printf("\n");
         rv = replay(t, cfg, NULL);
     }
@@ -266,7 +306,7 @@ static int parse_sizes(const char *s, struct replay_cfg *cfg)
 
 static int run(int argc, char **argv)
 {
-    const char *pos[2], *vocab = NULL;
+    const char *pos[2], *vocab = NULL, *save = NULL, *load = NULL;
     int npos = 0;
     bool raw_ids = false, json = false;
     uint32_t ctx = 256, max_tokens = 0;
@@ -288,6 +328,10 @@ static int run(int argc, char **argv)
             json = true;
         } else if (!strcmp(a, "--vocab") && i + 1 < argc) {
             vocab = argv[++i];
+        } else if (!strcmp(a, "--save") && i + 1 < argc) {
+            save = argv[++i];
+        } else if (!strcmp(a, "--replay") && i + 1 < argc) {
+            load = argv[++i];
         } else if (!strcmp(a, "--ctx") && i + 1 < argc) {
             num = &ctx;
         } else if (!strcmp(a, "--max-tokens") && i + 1 < argc) {
@@ -331,7 +375,8 @@ static int run(int argc, char **argv)
             return 2;
         }
     }
-    if (npos != 2) {
+    if (npos != (load ? 0 : 2) || (load && save)) {
+        if (load) fprintf(stderr, "strata trace: --replay takes no model, text or --save\n");
         usage(stderr);
         return 2;
     }
@@ -342,8 +387,12 @@ static int run(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n = 0;
     struct trace t = {0};
-    int status = 1, rv;
-    const char *what = pos[0];
+    int status, rv;
+    const char *what = load ? load : pos[0];
+    if (load) {
+        if ((rv = trace_load(load, &t, &ctx)) == 0) rv = report(&t, ctx, json, &cfg);
+        goto fail;
+    }
     if ((rv = gguf_open(pos[0], &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
     if (!raw_ids) {
         what = vocab ? vocab : pos[0];
@@ -355,11 +404,14 @@ static int run(int argc, char **argv)
     if (max_tokens && n > max_tokens) n = max_tokens;
     what = "tracing";
     if ((rv = trace_init(&t, m->hp.n_layer, m->hp.n_expert, m->hp.n_expert_used)) != 0 ||
-        (rv = trace_record(m, ids, n, ctx, threads, &t)) != 0 || (rv = report(&t, ctx, json, &cfg)) != 0)
+        (rv = trace_record(m, ids, n, ctx, threads, &t)) != 0)
         goto fail;
-    status = 0;
+    what = save;
+    if (save && (rv = trace_save(&t, ctx, save)) != 0) goto fail;
+    what = "tracing";
+    rv = report(&t, ctx, json, &cfg);
 fail:
-    if (rv) status = strata_cmd_fail("trace", what, rv);
+    status = rv ? strata_cmd_fail("trace", what, rv) : 0;
     trace_fini(&t);
     free(ids);
     tok_fini(tk);

@@ -4,7 +4,9 @@
 #include "gpu-worker/backend.h"
 #include "gpu-worker/kv.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +55,121 @@ int trace_push(struct trace *t, const uint16_t *sel)
     memcpy(t->sel + t->n_tokens * per, sel, per * sizeof *sel);
     t->n_tokens++;
     return 0;
+}
+
+/* ---- the trace file --------------------------------------------------------------------------
+ */
+
+static const char trace_magic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'T', 'R'};
+#define TRACE_VERSION 1u
+#define TRACE_HEADER  36 /* magic, version, n_layer, n_expert, n_used, ctx, n_tokens */
+
+static void put_le(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+int trace_save(const struct trace *t, uint32_t ctx, const char *path)
+{
+    unsigned char h[TRACE_HEADER], buf[4096];
+    memcpy(h, trace_magic, 8);
+    put_le(h + 8, TRACE_VERSION, 4);
+    put_le(h + 12, t->n_layer, 4);
+    put_le(h + 16, t->n_expert, 4);
+    put_le(h + 20, t->n_used, 4);
+    put_le(h + 24, ctx, 4);
+    put_le(h + 28, t->n_tokens, 8);
+    FILE *f = fopen(path, "wb");
+    if (!f) return strata_errf(strata_errno(errno), "%s: %s", path, strerror(errno));
+    const int w = t->n_expert <= 256 ? 1 : 2;
+    const uint64_t n = t->n_tokens * t->n_layer * t->n_used;
+    bool ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    for (uint64_t i = 0; ok && i < n;) {
+        size_t k = 0;
+        for (; k + (size_t)w <= sizeof buf && i < n; k += (size_t)w, i++)
+            put_le(buf + k, t->sel[i], w);
+        ok = fwrite(buf, 1, k, f) == k;
+    }
+    if (fclose(f) != 0) ok = false;
+    return ok ? 0 : strata_errf(STRATA_EIO, "%s: writing the trace failed", path);
+}
+
+int trace_read(FILE *f, const char *name, struct trace *t, uint32_t *ctx)
+{
+    memset(t, 0, sizeof *t);
+    unsigned char h[TRACE_HEADER];
+    uint16_t *sel = NULL;
+    unsigned char *raw = NULL;
+    int rv = 0;
+    if (fread(h, 1, sizeof h, f) != sizeof h || memcmp(h, trace_magic, 8) != 0 ||
+        get_le(h + 8, 4) != TRACE_VERSION) {
+        rv = strata_errf(STRATA_EFORMAT, "%s: not a strata trace (version %u)", name,
+                         TRACE_VERSION);
+        goto out;
+    }
+    const uint32_t L = (uint32_t)get_le(h + 12, 4), E = (uint32_t)get_le(h + 16, 4),
+                   U = (uint32_t)get_le(h + 20, 4);
+    const uint64_t n_tok = get_le(h + 28, 8);
+    if ((uint64_t)L * U > TRACE_MAX_PER_TOKEN) {
+        rv = strata_errf(STRATA_EFORMAT, "%s: %u layers of %u picks a token: more than a model has",
+                         name, L, U);
+        goto out;
+    }
+    if ((rv = trace_init(t, L, E, U)) != 0) {
+        rv = strata_errf(STRATA_EFORMAT, "%s: %s", name, strata_errdetail());
+        goto out;
+    }
+    const size_t per = (size_t)L * U, w = E <= 256 ? 1 : 2;
+    sel = malloc(per * sizeof *sel);
+    raw = malloc(per * w);
+    if (!sel || !raw) {
+        rv = strata_errf(STRATA_ENOMEM, "out of memory reading %s", name);
+        goto out;
+    }
+    for (uint64_t k = 0; k < n_tok; k++) {
+        if (fread(raw, w, per, f) != per) {
+            rv = strata_errf(STRATA_EFORMAT, "%s: cut short at token %llu of %llu", name,
+                             (unsigned long long)k, (unsigned long long)n_tok);
+            goto out;
+        }
+        for (size_t i = 0; i < per; i++)
+            sel[i] = (uint16_t)get_le(raw + i * w, (int)w);
+        if ((rv = trace_push(t, sel)) != 0) {
+            rv = strata_errf(rv == STRATA_EINVAL ? STRATA_EFORMAT : rv, "%s: %s", name,
+                             strata_errdetail());
+            goto out;
+        }
+    }
+    if (fgetc(f) != EOF) {
+        rv = strata_errf(STRATA_EFORMAT, "%s: bytes after the %llu tokens its header names", name,
+                         (unsigned long long)n_tok);
+        goto out;
+    }
+    if (ctx) *ctx = (uint32_t)get_le(h + 24, 4);
+out:
+    if (rv) trace_fini(t);
+    free(sel);
+    free(raw);
+    return rv;
+}
+
+int trace_load(const char *path, struct trace *t, uint32_t *ctx)
+{
+    memset(t, 0, sizeof *t);
+    FILE *f = fopen(path, "rb");
+    if (!f) return strata_errf(strata_errno(errno), "%s: %s", path, strerror(errno));
+    const int rv = trace_read(f, path, t, ctx);
+    fclose(f);
+    return rv;
 }
 
 /* ---- recording --------------------------------------------------------------------------------
@@ -169,6 +286,39 @@ double trace_entropy(const struct trace *t, uint32_t layer)
         if (c[e]) h -= (double)c[e] / total * log2((double)c[e] / total);
     free(c);
     return h;
+}
+
+void trace_reuse(const struct trace *t, uint32_t layer, uint64_t hist[TRACE_REUSE_BUCKETS],
+                 double iid[TRACE_REUSE_BUCKETS])
+{
+    /* last[e]: 1 + the token that last picked e, 0 before its first pick */
+    uint64_t *last = calloc(t->n_expert, sizeof *last);
+    if (!last) return;
+    const size_t per = (size_t)t->n_layer * t->n_used;
+    for (uint64_t k = 0; k < t->n_tokens; k++)
+        for (uint32_t i = 0; i < t->n_used; i++) {
+            const uint16_t e = t->sel[k * per + (size_t)layer * t->n_used + i];
+            if (last[e]) {
+                const uint64_t d = k + 1 - last[e];
+                int b = 0;
+                while (b + 1 < TRACE_REUSE_BUCKETS && d >= (2ull << b))
+                    b++;
+                hist[b]++;
+            }
+            last[e] = k + 1;
+        }
+    trace_counts(t, layer, last);
+    for (uint32_t e = 0; e < t->n_expert; e++) {
+        if (last[e] < 2) continue;
+        const double q = 1.0 - (double)last[e] / (double)t->n_tokens;
+        for (int b = 0; b < TRACE_REUSE_BUCKETS; b++) {
+            const double a = (double)(1ull << b), z = (double)(2ull << b) - 1;
+            const double share =
+                b + 1 < TRACE_REUSE_BUCKETS ? pow(q, a - 1) - pow(q, z) : pow(q, a - 1);
+            iid[b] += (double)(last[e] - 1) * share;
+        }
+    }
+    free(last);
 }
 
 uint64_t trace_lru(const struct trace *t, uint32_t layer, uint32_t slots, uint64_t *accesses)

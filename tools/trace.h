@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/arena/model.h"
 #include "gpu-worker/tier.h"
@@ -52,6 +53,40 @@ int trace_push(struct trace *t, const uint16_t *sel);
  * layer for a token, STRATA_ENOMEM, forward-pass errors. */
 int trace_record(const struct model *m, const int32_t *ids, size_t n, uint32_t ctx,
                  uint32_t n_threads, struct trace *t);
+
+/* The trace file (`strata trace --save`, scripts/train-moe.py; read by `strata trace --replay`),
+ * little endian: the 8 bytes "STRATATR", u32 version (1), u32 n_layer, n_expert, n_used, ctx
+ * (the tokens of each recording window, each from an empty context; 0 unknown), u64 n_tokens,
+ * then the n_tokens * n_layer * n_used expert ids in trace order, one byte each when n_expert
+ * <= 256, else u16. */
+
+/* trace_save writes t, recorded in windows of ctx tokens, to path. STRATA_EIO with the path. */
+int trace_save(const struct trace *t, uint32_t ctx, const char *path);
+
+/* trace_load reads path into t (fresh; trace_fini frees it) and its window into *ctx (may be
+ * NULL). STRATA_EIO, STRATA_EFORMAT for a file that is no trace, names more than
+ * TRACE_MAX_PER_TOKEN ids a token, is cut short or has bytes after its ids, or holds a (token,
+ * layer) whose ids are out of range or not ascending (the detail says where), STRATA_ENOMEM. */
+int trace_load(const char *path, struct trace *t, uint32_t *ctx);
+
+/* trace_read is trace_load on an open stream (read to its end; name is for messages). */
+int trace_read(FILE *f, const char *name, struct trace *t, uint32_t *ctx);
+
+/* n_layer * n_used a trace file may name: 4096 layers of 256 picks */
+#define TRACE_MAX_PER_TOKEN (1u << 20)
+
+/* Reuse distances: for each access of a (layer, expert) after its first, the tokens since that
+ * layer last picked that expert (1: the token before), in TRACE_REUSE_BUCKETS power-of-two
+ * buckets [1], [2, 3], [4, 7], ..., the last open-ended. */
+#define TRACE_REUSE_BUCKETS 8
+
+/* trace_reuse adds layer's reuse distances to hist (counts) and to iid what a stream with the
+ * same popularity but no temporal order would give in expectation: each token picking expert e
+ * independently with probability p_e = count_e / n_tokens, so its count_e - 1 gaps are geometric
+ * (the bucket [a, b] holds (1 - p)^(a-1) - (1 - p)^b of them). More mass at short distances than
+ * iid is temporal locality beyond popularity, which only a policy that adapts can use. */
+void trace_reuse(const struct trace *t, uint32_t layer, uint64_t hist[TRACE_REUSE_BUCKETS],
+                 double iid[TRACE_REUSE_BUCKETS]);
 
 /* trace_counts writes how many tokens picked each expert of layer (n_expert counts) to out. */
 void trace_counts(const struct trace *t, uint32_t layer, uint64_t *out);

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern const struct strata_cmd strata_cmd_trace;
 
@@ -431,6 +432,138 @@ START_TEST(test_record)
 }
 END_TEST
 
+START_TEST(test_save_load)
+{
+    /* Round trips at one byte an id (64 experts) and two (300), the window kept; then files that
+     * are not traces: another magic, cut short, a byte too many, an id out of order. */
+    const uint32_t sizes[2] = {64, 300};
+    for (int k = 0; k < 2; k++) {
+        struct trace t, u;
+        ck_assert_int_eq(trace_init(&t, 3, sizes[k], 4), 0);
+        for (uint32_t i = 0; i < 50; i++) {
+            uint16_t sel[12];
+            for (uint32_t l = 0; l < 3; l++)
+                for (uint32_t j = 0; j < 4; j++)
+                    sel[l * 4 + j] = (uint16_t)((i * 7 + l * 3) % (sizes[k] - 4) + j * 1);
+            ck_assert_int_eq(trace_push(&t, sel), 0);
+        }
+        ck_assert_int_eq(trace_save(&t, 37, tmp_path("rt.trace")), 0);
+        uint32_t ctx = 0;
+        ck_assert_int_eq(trace_load(tmp_path("rt.trace"), &u, &ctx), 0);
+        ck_assert_uint_eq(ctx, 37);
+        ck_assert(u.n_layer == 3 && u.n_expert == sizes[k] && u.n_used == 4 && u.n_tokens == 50);
+        ck_assert(memcmp(t.sel, u.sel, 50 * 12 * sizeof *t.sel) == 0);
+        trace_fini(&u);
+        trace_fini(&t);
+    }
+    size_t len;
+    char *raw = test_read_file(tmp_path("rt.trace"), &len); /* 300 experts: u16 ids */
+    ck_assert_ptr_nonnull(raw);
+    ck_assert_uint_eq(len, 36 + 50 * 12 * 2);
+    struct trace u;
+    struct {
+        size_t keep;       /* bytes written */
+        size_t at;         /* a byte changed, or SIZE_MAX */
+        unsigned char was; /* its new value */
+    } bad[] = {{len, 0, 'X'},
+               {len - 1, SIZE_MAX, 0},
+               {20, SIZE_MAX, 0},
+               {len + 1, SIZE_MAX, 0},
+               {len, 36 + 2, 0}}; /* the second id of the first row drops below the first */
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        FILE *f = fopen(tmp_path("bad.trace"), "wb");
+        for (size_t i = 0; i < bad[b].keep; i++)
+            fputc(i == bad[b].at ? bad[b].was : i < len ? (unsigned char)raw[i] : 0, f);
+        fclose(f);
+        ck_assert_msg(trace_load(tmp_path("bad.trace"), &u, NULL) == STRATA_EFORMAT, "case %zu", b);
+        ck_assert_ptr_null(u.sel);
+    }
+    ck_assert_int_ne(trace_load(tmp_path("absent.trace"), &u, NULL), 0);
+    free(raw);
+}
+END_TEST
+
+START_TEST(test_reuse_known)
+{
+    /* A B A A C B (one layer, top-1): A is reused after 2 tokens and after 1, B after 4.
+     * Independent picks with A's 3/6, B's 2/6: A's 2 gaps fall at 1 with probability 1/2, in
+     * [2, 3] with 1/2 - 1/8, B's one gap at 1 with 1/3. */
+    struct trace t;
+    const uint16_t seq[] = {0, 1, 0, 0, 2, 1};
+    one_layer(&t, 4, 1, seq, 6);
+    uint64_t h[TRACE_REUSE_BUCKETS] = {0};
+    double iid[TRACE_REUSE_BUCKETS] = {0}, sum = 0;
+    trace_reuse(&t, 0, h, iid);
+    ck_assert(h[0] == 1 && h[1] == 1 && h[2] == 1);
+    for (int b = 3; b < TRACE_REUSE_BUCKETS; b++)
+        ck_assert_uint_eq(h[b], 0);
+    for (int b = 0; b < TRACE_REUSE_BUCKETS; b++)
+        sum += iid[b];
+    ck_assert_double_eq_tol(sum, 3.0, 1e-9); /* every gap somewhere, the last bucket open */
+    ck_assert_double_eq_tol(iid[0], 2 * 0.5 + 1.0 / 3, 1e-9);
+    ck_assert_double_eq_tol(iid[1], 2 * (0.5 - 0.125) + (2.0 / 3 - 8.0 / 27), 1e-9);
+    trace_fini(&t);
+    /* A stream that repeats each token's expert (locality beyond popularity): more reuse at 1
+     * than independent picks of the same popularity would give. */
+    uint16_t rep[64];
+    for (int i = 0; i < 64; i++)
+        rep[i] = (uint16_t)((i / 4) % 8);
+    one_layer(&t, 8, 1, rep, 64);
+    memset(h, 0, sizeof h);
+    memset(iid, 0, sizeof iid);
+    trace_reuse(&t, 0, h, iid);
+    ck_assert_uint_eq(h[0], 48);
+    ck_assert(iid[0] < 10.0);
+    trace_fini(&t);
+}
+END_TEST
+
+START_TEST(test_replay_learned)
+{
+    /* The benchmark MoE's routing (docs/benchmark-moe.md: 8 layers of 64 experts, top-8,
+     * trained; scripts/train-moe.py traced 16,384 held-out tokens), replayed at 10/25/50% with
+     * the defaults: Belady bounds every policy; the figures are printed (docs/cache.md's table). */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/traces/benchmark-moe.trace", STRATA_SOURCE_DIR);
+    struct trace t;
+    uint32_t ctx;
+    if (access(path, R_OK) != 0) {
+        printf("SKIP learned routing: %s absent (scripts/train-moe-run makes it)\n", path);
+        return;
+    }
+    ck_assert_msg(trace_load(path, &t, &ctx) == 0, "%s", strata_errdetail());
+    ck_assert(t.n_layer == 8 && t.n_expert == 64 && t.n_used == 8 && t.n_tokens >= 4096);
+    const struct trace_replay_opts o = {.window = 1, .lag = 1, .tier = TIER_OPTS_DEFAULT};
+    const uint32_t N = t.n_layer * t.n_expert, pct[3] = {10, 25, 50};
+    for (int k = 0; k < 3; k++) {
+        const uint32_t slots = (N * pct[k] + 50) / 100;
+        uint64_t h[TRACE_N_POLICY];
+        printf("learned routing, %u%% (%u slots):", pct[k], slots);
+        for (int p = 0; p < TRACE_N_POLICY; p++) {
+            h[p] = replay(&t, (enum trace_policy)p, slots, &o);
+            printf(" %s %.1f%%", trace_policy_name((enum trace_policy)p),
+                   100.0 * (double)h[p] / (double)(t.n_tokens * t.n_layer * t.n_used));
+        }
+        printf("\n");
+        for (int p = 0; p < TRACE_N_POLICY; p++)
+            ck_assert_msg(h[TRACE_BELADY] >= h[p], "%u%%: %s %llu > belady %llu", pct[k],
+                          trace_policy_name((enum trace_policy)p), (unsigned long long)h[p],
+                          (unsigned long long)h[TRACE_BELADY]);
+    }
+    /* temporal locality beyond popularity: the next token reuses a layer's expert more often
+     * than independent picks of the same popularity would (docs/cache.md: 19.3% against 15.8%) */
+    uint64_t hist[TRACE_REUSE_BUCKETS] = {0};
+    double iid[TRACE_REUSE_BUCKETS] = {0};
+    for (uint32_t l = 0; l < t.n_layer; l++)
+        trace_reuse(&t, l, hist, iid);
+    ck_assert_msg((double)hist[0] > 1.1 * iid[0], "reuse at 1 token: %llu, independent %.0f",
+                  (unsigned long long)hist[0], iid[0]);
+    const char *cmd[] = {"trace", "--replay", path, "--json", "--sizes", "25"};
+    ck_assert_int_eq(strata_cmd_trace.run(6, (char **)cmd), 0);
+    trace_fini(&t);
+}
+END_TEST
+
 START_TEST(test_command)
 {
     struct fixture_opts o = {.type = "f32", .threads = 1};
@@ -459,6 +592,24 @@ START_TEST(test_command)
     ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_sizes), 2);
     const char *bad_decay[] = {"trace", model, text, "--adapt-decay", "2"};
     ck_assert_int_eq(strata_cmd_trace.run(5, (char **)bad_decay), 2);
+    /* --save, then --replay: the same report; --replay takes no model or text */
+    const char *sv[] = {"trace", model, text, "--save", tmp_path("cmd.trace"), "--ctx", "8"};
+    ck_assert_int_eq(strata_cmd_trace.run(7, (char **)sv), 0);
+    struct trace t;
+    uint32_t ctx;
+    ck_assert_int_eq(trace_load(tmp_path("cmd.trace"), &t, &ctx), 0);
+    ck_assert(ctx == 8 && t.n_tokens > 5);
+    trace_fini(&t);
+    char saved[1024];
+    snprintf(saved, sizeof saved, "%s", tmp_path("cmd.trace"));
+    const char *rp[] = {"trace", "--replay", saved, "--sizes", "25"};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)rp), 0);
+    const char *rp_model[] = {"trace", model, "--replay", saved};
+    ck_assert_int_eq(strata_cmd_trace.run(4, (char **)rp_model), 2);
+    const char *rp_save[] = {"trace", "--replay", saved, "--save", saved};
+    ck_assert_int_eq(strata_cmd_trace.run(5, (char **)rp_save), 2);
+    const char *rp_bad[] = {"trace", "--replay", text}; /* not a trace */
+    ck_assert_int_eq(strata_cmd_trace.run(3, (char **)rp_bad), 1);
     const char *help[] = {"trace", "--help"};
     ck_assert_int_eq(strata_cmd_trace.run(2, (char **)help), 0);
 }
@@ -478,7 +629,14 @@ int main(void)
     tcase_add_test(tc, test_popularity);
     tcase_add_test(tc, test_push_checks);
     tcase_add_test(tc, test_record);
+    tcase_add_test(tc, test_save_load);
+    tcase_add_test(tc, test_reuse_known);
     tcase_add_test(tc, test_command);
     suite_add_tcase(s, tc);
+    /* 16,384 tokens through every policy at three sizes: seconds here, more under ASan */
+    TCase *learned = tcase_create("learned");
+    tcase_set_timeout(learned, 240);
+    tcase_add_test(learned, test_replay_learned);
+    suite_add_tcase(s, learned);
     return test_run(s);
 }
