@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *text = (const char *)data;
     for (int f = TOOLS_HERMES; f <= TOOLS_HARMONY; f++) {
         struct tools_parsed p;
-        if (tools_parse((enum tools_family)f, text, size, "fuzz", &p) != 0) continue;
+        if (tools_parse((enum tools_family)f, NULL, text, size, "fuzz", &p) != 0) continue;
         if (p.content_len > size) abort();
         for (size_t i = 0; i < p.n_calls; i++) {
             json_t *a = json_loads(p.calls[i].arguments, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);

@@ -754,8 +754,7 @@ static int parse_trigger(struct parser *ps, struct grammar *g)
     const bool start = wl == 13 && memcmp(w, "trigger-start", 13) == 0;
     if (!start && !(wl == 7 && memcmp(w, "trigger", 7) == 0))
         return fail(ps, "unknown directive: %trigger and %trigger-start are known");
-    if (g->n_trig == GRAMMAR_MAX_TRIGGERS)
-        return fail(ps, "too many triggers (at most 16)");
+    if (g->n_trig == GRAMMAR_MAX_TRIGGERS) return fail(ps, "too many triggers (at most 16)");
     struct grammar_trigger *t = &g->trig[g->n_trig];
     memset(t, 0, sizeof *t);
     t->start = start;

@@ -307,11 +307,13 @@ START_TEST(token_references_match_control_tokens_only)
 }
 END_TEST
 
-/* ---- lazy grammars ---------------------------------------------------------------------------- */
+/* ---- lazy grammars ----------------------------------------------------------------------------
+ */
 
-static const char LAZY[] = "%trigger \"{\\\"\"\n"
-                           "%trigger-start \"[\"\n"
-                           "root ::= \"{\\\"\" [a-z]+ \"\\\": \" [0-9]+ \"}\" | \"[\" [0-9]+ \"]\"\n";
+static const char LAZY[] =
+    "%trigger \"{\\\"\"\n"
+    "%trigger-start \"[\"\n"
+    "root ::= \"{\\\"\" [a-z]+ \"\\\": \" [0-9]+ \"}\" | \"[\" [0-9]+ \"]\"\n";
 
 /* lazy_trigger_at: where LAZY's first trigger starts in s[0..n), n when none does. */
 static size_t lazy_trigger_at(const char *s, size_t n)
@@ -338,7 +340,7 @@ START_TEST(lazy_grammars_are_free_until_a_trigger)
     ck_assert_int_eq(grammar_matcher_feed(m, free_text, strlen(free_text)), 0);
     ck_assert(grammar_matcher_pending(m));
     ck_assert_int_eq(grammar_matcher_feed(m, "\"1", 2), STRATA_EINVAL); /* {"1 is no call */
-    ck_assert(grammar_matcher_pending(m));                             /* left as it was */
+    ck_assert(grammar_matcher_pending(m));                              /* left as it was */
     ck_assert_int_eq(grammar_matcher_feed(m, "\"ab", 3), 0);
     ck_assert(!grammar_matcher_pending(m) && !grammar_matcher_accepting(m));
     ck_assert_int_eq(grammar_matcher_feed(m, "\": 12}", 6), 0);
@@ -380,8 +382,8 @@ START_TEST(lazy_grammars_are_free_until_a_trigger)
                     bool ok = grammar_matcher_feed(c, out, n) == 0 && vc.len[t] &&
                               grammar_matcher_feed(c, vc.tok[t], vc.len[t]) == 0;
                     grammar_matcher_fini(c);
-                    ck_assert_msg(ok == bit(mask, t), "after '%.*s' token '%.*s': mask %d",
-                                  (int)n, out, (int)vc.len[t], vc.tok[t], bit(mask, t));
+                    ck_assert_msg(ok == bit(mask, t), "after '%.*s' token '%.*s': mask %d", (int)n,
+                                  out, (int)vc.len[t], vc.tok[t], bit(mask, t));
                 }
                 if (bit(mask, t)) allowed[na++] = t;
             }

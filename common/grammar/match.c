@@ -192,7 +192,7 @@ struct automaton {
         uint32_t n_tail;
         bool blank;
         uint32_t *mask;
-    } *lm;
+    } * lm;
     uint32_t n_lm;
 };
 
@@ -658,7 +658,9 @@ static int lazy_feed(struct grammar_matcher *mt, const uint8_t *p, size_t n)
     const int rv = m->err;
     pthread_mutex_unlock(&m->mu);
     if (rv) return rv;
-    if (!q) return strata_errf(STRATA_EINVAL, "the text after the trigger does not continue the grammar");
+    if (!q)
+        return strata_errf(STRATA_EINVAL,
+                           "the text after the trigger does not continue the grammar");
     mt->pending = false;
     mt->cur = q;
     return 0;
