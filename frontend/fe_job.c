@@ -57,7 +57,9 @@ struct fe_job {
     struct tok_stream ts;
     struct tok_buf text; /* this update's new text */
     struct fe_stop stop;
-    bool split; /* reasoning markup is split out */
+    bool split;   /* reasoning markup is split out */
+    bool hreason; /* gpt-oss with tools: the text stays whole (its calls are in the channel
+                     headers) and its analysis channel is the reasoning, through rs too */
     struct tmpl_reason_stream rs;
     struct tmpl_reason_out ro;
     struct tok_buf content, reasoning; /* a whole answer (not streamed) */
@@ -327,13 +329,15 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
     const char *content = text, *reasoning = "";
     size_t cn = n, rn = 0;
     int rv = 0;
-    if (j->split) {
+    if (j->split || j->hreason) {
         j->ro.content_len = j->ro.reasoning_len = 0;
         if ((rv = tmpl_reason_feed(&j->rs, text, n, &j->ro)) != 0 ||
             (finish && (rv = tmpl_reason_finish(&j->rs, &j->ro)) != 0))
             goto out;
-        content = j->ro.content ? j->ro.content : "";
-        cn = j->ro.content_len;
+        if (j->split) {
+            content = j->ro.content ? j->ro.content : "";
+            cn = j->ro.content_len;
+        }
         reasoning = j->ro.reasoning ? j->ro.reasoning : "";
         rn = j->ro.reasoning_len;
     }
@@ -447,7 +451,7 @@ static json_t *whole_choice(struct fe_job *j, const char *finish)
                 finish = "tool_calls";
             }
         }
-        if (j->split && j->reasoning.n)
+        if (j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning.p, j->reasoning.n));
         return json_pack("{s:i, s:o, s:o, s:s}", "index", (int)j->index, "message", msg, "logprobs",
@@ -488,7 +492,7 @@ static void job_free(struct fe_job *j)
 {
     api_params_free(&j->p);
     fe_stop_fini(&j->stop);
-    if (j->split) {
+    if (j->split || j->hreason) {
         tmpl_reason_finish(&j->rs, &j->ro);
         tmpl_reason_out_free(&j->ro);
     }
@@ -971,16 +975,20 @@ static int job_setup(struct fe_job *j, bool opens)
     size_t n_stops = j->p.n_stop;
     memcpy(stops, j->p.stop, n_stops * sizeof *stops);
     /* (under a grammar the grammar says where the answer ends: a model's own stop text, such as
-     * the demo's blank line, could cut a JSON answer in its whitespace) */
+     * the demo's blank line, could cut a JSON answer in its whitespace; a lazy grammar's free
+     * text keeps them) */
     for (uint32_t i = 0; api_is_chat(kind) && (!j->p.grammar || j->tlazy) && i < m->n_stop_strs;
          i++)
         stops[n_stops++] = m->stop_strs[i];
     if (fe_stop_init(&j->stop, stops, n_stops) != 0) return STRATA_ENOMEM;
     /* a grammar holds the answer from its first token (no think tags, no channel headers): there
-     * is no reasoning to split out, and a prompt that opens one must not take the answer */
+     * is no reasoning to split out, and a prompt that opens one must not take the answer; a lazy
+     * grammar (tool_choice auto) holds only a call, after the text */
     j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE && (!j->p.grammar || j->tlazy) &&
                !(j->tools_on && j->tfam == TOOLS_HARMONY); /* its calls are in the headers */
-    if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
+    j->hreason = api_is_chat(kind) && m->reason == TMPL_REASON_CHANNEL && j->tools_on &&
+                 j->tfam == TOOLS_HARMONY && (!j->p.grammar || j->tlazy);
+    if (j->split || j->hreason) tmpl_reason_init(&j->rs, m->reason, opens);
     /* the calls of some families start with a control token ([TOOL_CALLS]) */
     const bool special_calls =
         j->tools_on && (j->tfam == TOOLS_MISTRAL || j->tfam == TOOLS_MISTRAL_V3 ||

@@ -48,9 +48,9 @@ struct fake {
     /* a prefix cache: a prompt equal to the one started before it has all but its last token
      * cached (the worker computes at least the last position) */
     atomic_bool prefix_cache;
-    char kv_type[8];     /* what its hello says: a stream fails over only to the same ("" too) */
-    atomic_uint routed;  /* its heat: every (layer, expert) of a 2 x 4 grid has this many tokens
-                            times (1 + expert) */
+    char kv_type[8];    /* what its hello says: a stream fails over only to the same ("" too) */
+    atomic_uint routed; /* its heat: every (layer, expert) of a 2 x 4 grid has this many tokens
+                           times (1 + expert) */
     pthread_mutex_t mu;
     int32_t last_prompt[512];
     uint32_t n_last_prompt;
@@ -234,9 +234,9 @@ static void f_heat_free(struct wclient_heat *h)
     h->counts = NULL;
 }
 
-static const struct fe_backend fake_ops = {
-    f_hello, f_meta,  f_meta_free, f_status, f_start, f_next,     f_cancel,
-    f_free,  f_close, f_move,      f_vram,   f_heat,  f_heat_free};
+static const struct fe_backend fake_ops = {f_hello, f_meta,   f_meta_free, f_status, f_start,
+                                           f_next,  f_cancel, f_free,      f_close,  f_move,
+                                           f_vram,  f_heat,   f_heat_free};
 
 /* ---- fixture: a vocabulary GGUF and a frontend on a free port ----------------------------------
  */
@@ -268,6 +268,17 @@ static void fake_init(struct fake *w, uint64_t fp)
     ck_assert_int_eq(tok_load(vocab_path, NULL, &w->tok), 0);
     struct tok_ids ids = {0};
     ck_assert_int_eq(tok_encode(w->tok, REPLY, strlen(REPLY), 0, &ids), 0);
+    ck_assert_uint_lt(ids.n, 256);
+    memcpy(w->reply, ids.v, ids.n * sizeof *ids.v);
+    w->n_reply = (uint32_t)ids.n;
+    free(ids.v);
+}
+
+/* fake_reply makes text w's reply. */
+static void fake_reply(struct fake *w, const char *text)
+{
+    struct tok_ids ids = {0};
+    ck_assert_int_eq(tok_encode(w->tok, text, strlen(text), 0, &ids), 0);
     ck_assert_uint_lt(ids.n, 256);
     memcpy(w->reply, ids.v, ids.n * sizeof *ids.v);
     w->n_reply = (uint32_t)ids.n;
@@ -1185,8 +1196,10 @@ START_TEST(endpoints)
     ck_assert_ptr_nonnull(
         strstr(r.body, "strata_worker_decode_tokens_per_second{worker=\"fake0\"} 100.000"));
     /* the expert cache's figures: hits and misses apart, swaps and adapt wait per window */
-    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_expert_hits_total{worker=\"fake0\"} 300.000"));
-    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_expert_misses_total{worker=\"fake0\"} 100.000"));
+    ck_assert_ptr_nonnull(
+        strstr(r.body, "strata_worker_expert_hits_total{worker=\"fake0\"} 300.000"));
+    ck_assert_ptr_nonnull(
+        strstr(r.body, "strata_worker_expert_misses_total{worker=\"fake0\"} 100.000"));
     ck_assert_ptr_nonnull(
         strstr(r.body, "strata_worker_expert_swaps_per_window{worker=\"fake0\"} 0.500"));
     ck_assert_ptr_nonnull(
@@ -1302,6 +1315,119 @@ START_TEST(reasoning)
     ck_assert_ptr_nonnull(strstr(b.p, "effort=low"));
     free(b.p);
     json_decref(j);
+    teardown();
+}
+END_TEST
+
+START_TEST(harmony_reasoning_with_and_without_tools)
+{
+    /* a gpt-oss-style template: the analysis channel is the reasoning whether or not the request
+     * has tools (whose calls are in the commentary channel's headers), in every API shape, whole
+     * and streamed */
+    char path[512];
+    snprintf(path, sizeof path, "%s/harmony.jinja", test_tmpdir());
+    FILE *fp = fopen(path, "w");
+    fputs("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}{% for c in "
+          "m.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ "
+          "c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson "
+          "}}<|call|>{% endfor %}<|end|>{% endfor %}<|start|>assistant",
+          fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50, .max_tokens = 250};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    static const char CALL[] =
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+        "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}"
+        "<|call|>";
+    static const char FINAL[] = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>"
+                                "assistant<|channel|>final<|message|>It is sunny.";
+    static const char PARAMS[] =
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}";
+    char tools[512], extra[1024], body[2048];
+    snprintf(tools, sizeof tools,
+             "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":%s}}]",
+             PARAMS);
+    fake_reply(&W0, CALL);
+    snprintf(extra, sizeof extra, ",\"tools\":%s", tools);
+    json_t *j = chat(extra, 200);
+    ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Need the weather.");
+    ck_assert_str_eq(str_at(j, "choices.0.message.tool_calls.0.function.name"), "get_weather");
+    ck_assert_str_eq(str_at(j, "choices.0.message.tool_calls.0.function.arguments"),
+                     "{\"city\":\"Oslo\"}");
+    ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "tool_calls");
+    json_decref(j);
+    struct resp r;
+    snprintf(extra, sizeof extra, ",\"stream\":true,\"tools\":%s", tools);
+    snprintf(body, sizeof body, chat_body, extra);
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    int n;
+    json_t *last = NULL;
+    ck_assert_str_eq(sse_collect(r.body, "reasoning_content", NULL, &n), "Need the weather.");
+    ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), "");
+    ck_assert_ptr_nonnull(strstr(r.body, "\"tool_calls\":[{"));
+    sse_collect(r.body, "finish_reason", &last, &n);
+    json_decref(last);
+    free(r.body);
+    /* Messages: a thinking block, then the tool_use block */
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":250,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+             "\"tools\":[{\"name\":\"get_weather\",\"input_schema\":%s}]%s}",
+             PARAMS, "");
+    j = post_json("/v1/messages", body, 200);
+    ck_assert_str_eq(str_at(j, "content.0.type"), "thinking");
+    ck_assert_str_eq(str_at(j, "content.0.thinking"), "Need the weather.");
+    ck_assert_str_eq(str_at(j, "content.1.type"), "tool_use");
+    ck_assert_str_eq(str_at(j, "content.1.name"), "get_weather");
+    ck_assert_str_eq(str_at(j, "stop_reason"), "tool_use");
+    json_decref(j);
+    snprintf(body, sizeof body,
+             "{\"max_tokens\":250,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"hi\"}],\"tools\":[{\"name\":\"get_weather\",\"input_schema\":%s}]}",
+             PARAMS);
+    request("POST", "/v1/messages", body, NULL, &r);
+    json_t *ev = named_events(r.body);
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "thinking"), "Need the weather.");
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "partial_json"), "{\"city\":\"Oslo\"}");
+    json_decref(ev);
+    free(r.body);
+    /* Responses: a reasoning item, then the function_call item */
+    snprintf(body, sizeof body,
+             "{\"input\":\"hi\",\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\","
+             "\"parameters\":%s}]%s}",
+             PARAMS, "");
+    j = post_json("/v1/responses", body, 200);
+    ck_assert_str_eq(str_at(j, "output.0.type"), "reasoning");
+    ck_assert_str_eq(str_at(j, "output.0.content.0.text"), "Need the weather.");
+    ck_assert_str_eq(str_at(j, "output.1.type"), "function_call");
+    ck_assert_str_eq(str_at(j, "output.1.name"), "get_weather");
+    json_decref(j);
+    snprintf(body, sizeof body,
+             "{\"input\":\"hi\",\"stream\":true,\"tools\":[{\"type\":\"function\",\"name\":"
+             "\"get_weather\",\"parameters\":%s}]}",
+             PARAMS);
+    request("POST", "/v1/responses", body, NULL, &r);
+    ev = named_events(r.body);
+    ck_assert_str_eq(deltas(ev, "response.reasoning_text.delta", "delta"), "Need the weather.");
+    json_decref(ev);
+    free(r.body);
+    /* a final answer, with tools and without: reasoning and content */
+    fake_reply(&W0, FINAL);
+    for (int with = 0; with < 2; with++) {
+        snprintf(extra, sizeof extra, "%s%s", with ? ",\"tools\":" : "", with ? tools : "");
+        j = chat(extra, 200);
+        ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Need the weather.");
+        ck_assert_str_eq(str_at(j, "choices.0.message.content"), "It is sunny.");
+        ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "stop");
+        json_decref(j);
+        snprintf(extra, sizeof extra, ",\"stream\":true%s%s", with ? ",\"tools\":" : "",
+                 with ? tools : "");
+        snprintf(body, sizeof body, chat_body, extra);
+        request("POST", "/v1/chat/completions", body, NULL, &r);
+        ck_assert_str_eq(sse_collect(r.body, "reasoning_content", NULL, &n), "Need the weather.");
+        ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), "It is sunny.");
+        free(r.body);
+    }
     teardown();
 }
 END_TEST
@@ -1828,12 +1954,10 @@ START_TEST(web_pages)
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
     struct resp r;
     /* the pages load without the key (they ask for it), with a CSP that forbids inline script */
-    static const char *const pages[][2] = {{"/", "<title>strata chat</title>"},
-                                           {"/monitor", "<title>strata monitor</title>"},
-                                           {"/web/chat.js", "reasoning_content"},
-                                           {"/web/common.js", "textContent"},
-                                           {"/web/monitor.js", "/status"},
-                                           {"/web/app.css", "--accent"}};
+    static const char *const pages[][2] = {
+        {"/", "<title>strata chat</title>"},   {"/monitor", "<title>strata monitor</title>"},
+        {"/web/chat.js", "reasoning_content"}, {"/web/common.js", "textContent"},
+        {"/web/monitor.js", "/status"},        {"/web/app.css", "--accent"}};
     size_t total = 0;
     for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
         request("GET", pages[i][0], NULL, NULL, &r);
@@ -1842,8 +1966,9 @@ START_TEST(web_pages)
         ck_assert_ptr_nonnull(strcasestr(r.head, "Content-Security-Policy: default-src 'none'; "
                                                  "script-src 'self'"));
         ck_assert_ptr_nonnull(strcasestr(r.head, "X-Content-Type-Options: nosniff"));
-        ck_assert_ptr_nonnull(strcasestr(r.head, i < 2 ? "text/html" : i < 5 ? "text/javascript"
-                                                                             : "text/css"));
+        ck_assert_ptr_nonnull(strcasestr(r.head, i < 2   ? "text/html"
+                                                 : i < 5 ? "text/javascript"
+                                                         : "text/css"));
         total += r.len;
         /* the ETag is the file's hash: a revalidation gets 304 */
         char etag[128], extra[200];
@@ -2009,6 +2134,7 @@ static Suite *suite(void)
     tcase_add_test(own, api_key);
     tcase_add_test(own, reasoning);
     tcase_add_test(own, thinking_blocks);
+    tcase_add_test(own, harmony_reasoning_with_and_without_tools);
     tcase_add_test(own, template_sees_tools);
     tcase_add_test(own, n_counts_against_max_active);
     tcase_add_test(own, routing_and_refusal);
