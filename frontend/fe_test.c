@@ -1274,22 +1274,31 @@ START_TEST(api_key)
 }
 END_TEST
 
+/* start_templated starts a frontend of one fake worker whose chat template is src. */
+static void start_templated(const char *name, const char *src, uint32_t max_tokens)
+{
+    static char path[512]; /* the frontend keeps the option's pointer */
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
+    FILE *fp = fopen(path, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs(src, fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50, .max_tokens = max_tokens};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+}
+
 START_TEST(reasoning)
 {
     /* a think-style template: the answer's <think> part becomes reasoning_content, and
      * chat_template_kwargs reach the template */
-    char path[512];
-    snprintf(path, sizeof path, "%s/think.jinja", test_tmpdir());
-    FILE *fp = fopen(path, "w");
-    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-          "<think>\n\n</think>\n\n{% endif %}{% if reasoning_effort is defined %}effort={{ "
-          "reasoning_effort }}{% endif %}",
-          fp);
-    fclose(fp);
-    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
-    start_fe(&o, 1);
-    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    start_templated(
+        "think.jinja",
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% "
+        "endfor %}<|im_start|>assistant\n{% if enable_thinking is defined and not "
+        "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% if reasoning_effort is "
+        "defined %}effort={{ reasoning_effort }}{% endif %}",
+        0);
     json_t *j = chat("", 200);
     ck_assert_str_eq(str_at(j, "choices.0.message.content"), "Hello world. The answer is 42.");
     ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Let me see.");
@@ -1324,18 +1333,13 @@ START_TEST(harmony_reasoning_with_and_without_tools)
     /* a gpt-oss-style template: the analysis channel is the reasoning whether or not the request
      * has tools (whose calls are in the commentary channel's headers), in every API shape, whole
      * and streamed */
-    char path[512];
-    snprintf(path, sizeof path, "%s/harmony.jinja", test_tmpdir());
-    FILE *fp = fopen(path, "w");
-    fputs("{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}{% for c in "
-          "m.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ "
-          "c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson "
-          "}}<|call|>{% endfor %}<|end|>{% endfor %}<|start|>assistant",
-          fp);
-    fclose(fp);
-    struct fe_opts o = {.chat_template = path, .monitor_ms = 50, .max_tokens = 250};
-    start_fe(&o, 1);
-    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    start_templated(
+        "harmony.jinja",
+        "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}{% for c "
+        "in m.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ "
+        "c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | "
+        "tojson }}<|call|>{% endfor %}<|end|>{% endfor %}<|start|>assistant",
+        250);
     static const char CALL[] =
         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
         "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}"
@@ -1370,10 +1374,12 @@ START_TEST(harmony_reasoning_with_and_without_tools)
     json_decref(last);
     free(r.body);
     /* Messages: a thinking block, then the tool_use block */
-    snprintf(body, sizeof body,
-             "{\"max_tokens\":250,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-             "\"tools\":[{\"name\":\"get_weather\",\"input_schema\":%s}]%s}",
-             PARAMS, "");
+    static const char MSG[] =
+        "{\"max_tokens\":250%s,\"messages\":[{\"role\":\"user\",\"content\":"
+        "\"hi\"}],\"tools\":[{\"name\":\"get_weather\",\"input_schema\":%s}]}";
+    static const char RSP[] = "{\"input\":\"hi\"%s,\"tools\":[{\"type\":\"function\",\"name\":"
+                              "\"get_weather\",\"parameters\":%s}]}";
+    snprintf(body, sizeof body, MSG, "", PARAMS);
     j = post_json("/v1/messages", body, 200);
     ck_assert_str_eq(str_at(j, "content.0.type"), "thinking");
     ck_assert_str_eq(str_at(j, "content.0.thinking"), "Need the weather.");
@@ -1381,10 +1387,7 @@ START_TEST(harmony_reasoning_with_and_without_tools)
     ck_assert_str_eq(str_at(j, "content.1.name"), "get_weather");
     ck_assert_str_eq(str_at(j, "stop_reason"), "tool_use");
     json_decref(j);
-    snprintf(body, sizeof body,
-             "{\"max_tokens\":250,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":"
-             "\"hi\"}],\"tools\":[{\"name\":\"get_weather\",\"input_schema\":%s}]}",
-             PARAMS);
+    snprintf(body, sizeof body, MSG, ",\"stream\":true", PARAMS);
     request("POST", "/v1/messages", body, NULL, &r);
     json_t *ev = named_events(r.body);
     ck_assert_str_eq(deltas(ev, "content_block_delta", "thinking"), "Need the weather.");
@@ -1392,20 +1395,14 @@ START_TEST(harmony_reasoning_with_and_without_tools)
     json_decref(ev);
     free(r.body);
     /* Responses: a reasoning item, then the function_call item */
-    snprintf(body, sizeof body,
-             "{\"input\":\"hi\",\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\","
-             "\"parameters\":%s}]%s}",
-             PARAMS, "");
+    snprintf(body, sizeof body, RSP, "", PARAMS);
     j = post_json("/v1/responses", body, 200);
     ck_assert_str_eq(str_at(j, "output.0.type"), "reasoning");
     ck_assert_str_eq(str_at(j, "output.0.content.0.text"), "Need the weather.");
     ck_assert_str_eq(str_at(j, "output.1.type"), "function_call");
     ck_assert_str_eq(str_at(j, "output.1.name"), "get_weather");
     json_decref(j);
-    snprintf(body, sizeof body,
-             "{\"input\":\"hi\",\"stream\":true,\"tools\":[{\"type\":\"function\",\"name\":"
-             "\"get_weather\",\"parameters\":%s}]}",
-             PARAMS);
+    snprintf(body, sizeof body, RSP, ",\"stream\":true", PARAMS);
     request("POST", "/v1/responses", body, NULL, &r);
     ev = named_events(r.body);
     ck_assert_str_eq(deltas(ev, "response.reasoning_text.delta", "delta"), "Need the weather.");
@@ -1437,17 +1434,12 @@ START_TEST(thinking_blocks)
     /* a think-style template: the reasoning becomes Messages' thinking blocks and a Responses
      * reasoning item, whole and streamed; thinking {"type": "disabled"} reaches the template as
      * enable_thinking = false */
-    char path[512];
-    snprintf(path, sizeof path, "%s/think.jinja", test_tmpdir());
-    FILE *fp = fopen(path, "w");
-    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-          "<think>\n\n</think>\n\n{% endif %}",
-          fp);
-    fclose(fp);
-    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
-    start_fe(&o, 1);
-    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    start_templated(
+        "think.jinja",
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% "
+        "endfor %}<|im_start|>assistant\n{% if enable_thinking is defined and not "
+        "enable_thinking %}<think>\n\n</think>\n\n{% endif %}",
+        0);
     json_t *j = messages("", 200);
     ck_assert_str_eq(str_at(j, "content.0.type"), "thinking");
     ck_assert_str_eq(str_at(j, "content.0.thinking"), "Let me see.");

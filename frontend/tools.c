@@ -232,6 +232,23 @@ static size_t xml_arg(const json_t *ps, const char *s, size_t n, size_t v, const
     return e;
 }
 
+/* xml_param adds the parameter named s[k..k_end) to args, its value at s[v..) ending at close,
+ * typed by the parameter's schema in function s[name..name_end); returns where close is, n when
+ * it is not there. */
+static size_t xml_param(const struct parse *p, const char *s, size_t n, size_t name,
+                        size_t name_end, size_t k, size_t k_end, size_t v, const char *close,
+                        bool strip_nl, json_t *args)
+{
+    char *key = strndup(s + k, k_end - k);
+    json_t *val = NULL;
+    const size_t e = key ? xml_arg(param_schema(p, s + name, name_end - name, key), s, n, v, close,
+                                   strip_nl, &val)
+                         : n;
+    if (e < n) json_object_set_new(args, key, val);
+    free(key);
+    return e;
+}
+
 /* Each family's parser takes the calls from pos (at the first marker) and returns where they
  * end, or (size_t)-1 when a call is not complete. */
 typedef size_t (*parse_fn)(struct parse *p, const char *s, size_t n, size_t pos);
@@ -262,18 +279,13 @@ static size_t parse_qwen_xml(struct parse *p, const char *s, size_t n, size_t po
         while (at(s, n, pos, "<parameter=")) {
             size_t k = pos + 11, k_end = find(s, n, k, ">");
             size_t v = k_end + 1 < n && s[k_end + 1] == '\n' ? k_end + 2 : k_end + 1;
-            char *key = k_end < n ? strndup(s + k, k_end - k) : NULL;
-            json_t *val = NULL;
-            size_t v_end = key ? xml_arg(param_schema(p, s + name, name_end - name, key), s, n, v,
-                                         "</parameter>", true, &val)
-                               : n;
+            size_t v_end = k_end < n ? xml_param(p, s, n, name, name_end, k, k_end, v,
+                                                 "</parameter>", true, args)
+                                     : n;
             if (v_end == n) {
-                free(key);
                 json_decref(args);
                 return (size_t)-1;
             }
-            json_object_set_new(args, key, val);
-            free(key);
             pos = skip_ws(s, n, v_end + 12);
         }
         if (!at(s, n, pos, "</function>")) {
@@ -304,17 +316,9 @@ static size_t parse_glm(struct parse *p, const char *s, size_t n, size_t pos)
             size_t v = skip_ws(s, n, k_end + 10);
             if (k_end == n || !at(s, n, v, "<arg_value>")) break;
             v += 11;
-            char *key = strndup(s + k, k_end - k);
-            json_t *val = NULL;
-            size_t v_end = key ? xml_arg(param_schema(p, s + name, name_end - name, key), s, n, v,
-                                         "</arg_value>", false, &val)
-                               : n;
-            if (v_end == n) {
-                free(key);
-                break;
-            }
-            json_object_set_new(args, key, val);
-            free(key);
+            size_t v_end =
+                xml_param(p, s, n, name, name_end, k, k_end, v, "</arg_value>", false, args);
+            if (v_end == n) break;
             pos = skip_ws(s, n, v_end + 12);
         }
         if (!at(s, n, pos, "</tool_call>") || name_end == name) {

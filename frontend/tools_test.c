@@ -380,21 +380,60 @@ static bool grammar_walk(struct grammar_matcher *m, const struct wvocab *w, stru
     return grammar_matcher_accepting(m) && !grammar_matcher_pending(m);
 }
 
+/* A forcing grammar of TYPED and a matcher of it over the walks' vocabulary. */
+struct walker {
+    json_t *tools;
+    char *gbnf;
+    struct grammar *g;
+    struct wvocab w;
+    struct grammar_matcher *proto;
+};
+
+static void walker_init(struct walker *k, enum tools_family f, bool lazy)
+{
+    k->tools = json_loads(TYPED, 0, NULL);
+    ck_assert_int_eq(tools_grammar(f, k->tools, NULL, true, lazy, NULL, &k->gbnf), 0);
+    ck_assert_msg(grammar_parse(k->gbnf, strlen(k->gbnf), &k->g) == 0, "%s\n%s", strata_errdetail(),
+                  k->gbnf);
+    wvocab_make(&k->w);
+    ck_assert_int_eq(grammar_matcher_init(k->g, k->w.v, &k->proto), 0);
+}
+
+static void walker_fini(struct walker *k)
+{
+    grammar_matcher_fini(k->proto);
+    wvocab_free(&k->w);
+    grammar_fini(k->g);
+    free(k->gbnf);
+    json_decref(k->tools);
+}
+
+/* walk_calls: the calls parsed from out (a walk of seed), each valid; how many call `plan`. */
+static int walk_calls(enum tools_family f, const json_t *tools, const char *out, int seed,
+                      struct tools_parsed *p)
+{
+    int plans = 0;
+    ck_assert_int_eq(tools_parse(f, tools, out, strlen(out), "s", p), 0);
+    ck_assert_msg(!p->unclosed && p->n_calls >= 1, "seed %d: no call in\n%s", seed, out);
+    for (size_t i = 0; i < p->n_calls; i++) {
+        ck_assert_msg(typed_valid(p->calls[i].name, p->calls[i].arguments),
+                      "seed %d: %s(%s) from\n%s", seed, p->calls[i].name, p->calls[i].arguments,
+                      out);
+        plans += !strcmp(p->calls[i].name, "plan");
+    }
+    return plans;
+}
+
 /* typed_xml_calls_validate: over seeds, every forced Qwen3-Coder or GLM call parses into
  * arguments that validate against the function's parameters (types, enums, nested JSON,
  * required ones present). */
 START_TEST(typed_xml_calls_validate)
 {
     const enum tools_family f = _i ? TOOLS_GLM : TOOLS_QWEN_XML;
-    json_t *tools = json_loads(TYPED, 0, NULL);
-    char *gbnf;
-    ck_assert_int_eq(tools_grammar(f, tools, NULL, true, false, NULL, &gbnf), 0);
-    struct grammar *g;
-    ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s\n%s", strata_errdetail(), gbnf);
-    struct wvocab w;
-    wvocab_make(&w);
-    struct grammar_matcher *proto;
-    ck_assert_int_eq(grammar_matcher_init(g, w.v, &proto), 0);
+    struct walker k;
+    walker_init(&k, f, false);
+    json_t *tools = k.tools;
+    struct grammar_matcher *proto = k.proto;
     int ended = 0, plans = 0;
     static char out[1 << 16];
     for (uint64_t seed = 1; seed <= 24; seed++) {
@@ -402,19 +441,12 @@ START_TEST(typed_xml_calls_validate)
         struct grammar_matcher *m;
         ck_assert_int_eq(grammar_matcher_fork(proto, &m), 0);
         out[0] = 0;
-        const bool done = grammar_walk(m, &w, &r, out, sizeof out, 3000);
+        const bool done = grammar_walk(m, &k.w, &r, out, sizeof out, 3000);
         grammar_matcher_fini(m);
         if (!done) continue;
         ended++;
         struct tools_parsed p;
-        ck_assert_int_eq(tools_parse(f, tools, out, strlen(out), "s", &p), 0);
-        ck_assert_msg(!p.unclosed && p.n_calls >= 1, "seed %d: no call in\n%s", (int)seed, out);
-        for (size_t i = 0; i < p.n_calls; i++) {
-            ck_assert_msg(typed_valid(p.calls[i].name, p.calls[i].arguments),
-                          "seed %d: %s(%s) from\n%s", (int)seed, p.calls[i].name,
-                          p.calls[i].arguments, out);
-            plans += !strcmp(p.calls[i].name, "plan");
-        }
+        plans += walk_calls(f, tools, out, (int)seed, &p);
         tools_parsed_free(&p);
     }
     ck_assert_int_ge(ended, 16);
@@ -442,11 +474,7 @@ START_TEST(typed_xml_calls_validate)
                               "<arg_key>days</arg_key><arg_value>three";
     ck_assert_int_eq(grammar_matcher_feed(m, s, strlen(s)), STRATA_EINVAL);
     grammar_matcher_fini(m);
-    grammar_matcher_fini(proto);
-    wvocab_free(&w);
-    grammar_fini(g);
-    free(gbnf);
-    json_decref(tools);
+    walker_fini(&k);
 }
 END_TEST
 
@@ -466,15 +494,10 @@ START_TEST(lazy_grammars_hold_calls_once_begun)
         [TOOLS_HARMONY] = "<|channel|>commentary to=",
     };
     const enum tools_family f = (enum tools_family)_i;
-    json_t *tools = json_loads(TYPED, 0, NULL);
-    char *gbnf;
-    ck_assert_int_eq(tools_grammar(f, tools, NULL, true, true, NULL, &gbnf), 0);
-    struct grammar *g;
-    ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s\n%s", strata_errdetail(), gbnf);
-    struct wvocab w;
-    wvocab_make(&w);
-    struct grammar_matcher *proto;
-    ck_assert_int_eq(grammar_matcher_init(g, w.v, &proto), 0);
+    struct walker k;
+    walker_init(&k, f, true);
+    json_t *tools = k.tools;
+    struct grammar_matcher *proto = k.proto;
     static char out[1 << 16];
     int ended = 0;
     for (uint64_t seed = 1; seed <= 12; seed++) {
@@ -488,16 +511,12 @@ START_TEST(lazy_grammars_hold_calls_once_begun)
         snprintf(out, sizeof out, "%s%s", text, lead[f]);
         ck_assert_int_eq(grammar_matcher_feed(m, lead[f], strlen(lead[f])), 0);
         ck_assert(!grammar_matcher_pending(m));
-        const bool done = grammar_walk(m, &w, &r, out, sizeof out, 3000);
+        const bool done = grammar_walk(m, &k.w, &r, out, sizeof out, 3000);
         grammar_matcher_fini(m);
         if (!done) continue;
         ended++;
         struct tools_parsed p;
-        ck_assert_int_eq(tools_parse(f, tools, out, strlen(out), "s", &p), 0);
-        ck_assert_msg(!p.unclosed && p.n_calls >= 1, "seed %d: no call in\n%s", (int)seed, out);
-        for (size_t i = 0; i < p.n_calls; i++)
-            ck_assert_msg(typed_valid(p.calls[i].name, p.calls[i].arguments), "seed %d: %s(%s)",
-                          (int)seed, p.calls[i].name, p.calls[i].arguments);
+        walk_calls(f, tools, out, (int)seed, &p);
         if (f != TOOLS_HARMONY)
             ck_assert_str_eq(p.content, seed % 2 && f != TOOLS_LLAMA3 ? "Let me see." : "");
         tools_parsed_free(&p);
@@ -511,11 +530,7 @@ START_TEST(lazy_grammars_hold_calls_once_begun)
     ck_assert_int_eq(grammar_matcher_feed(m, bad, strlen(bad)), STRATA_EINVAL);
     ck_assert(grammar_matcher_pending(m));
     grammar_matcher_fini(m);
-    grammar_matcher_fini(proto);
-    wvocab_free(&w);
-    grammar_fini(g);
-    free(gbnf);
-    json_decref(tools);
+    walker_fini(&k);
 }
 END_TEST
 
