@@ -429,6 +429,16 @@ static int finish_text(struct fe_job *j, const char *finish)
     return emit(j, rel, rel_len, NULL, finish);
 }
 
+/* whole_calls parses a whole answer's content for calls into j->tp: true when j->tp's content
+ * takes the place of the answer's (it had calls, or it is gpt-oss's final channel). */
+static bool whole_calls(struct fe_job *j)
+{
+    return j->tools_on &&
+           tools_parse(j->tfam, j->p.tools, j->content.p ? j->content.p : "", j->content.n, j->id,
+                       &j->tp) == 0 &&
+           (j->tp.n_calls || j->tfam == TOOLS_HARMONY);
+}
+
 /* whole_choice is j's choice of a whole chat or completion answer. */
 static json_t *whole_choice(struct fe_job *j, const char *finish)
 {
@@ -438,10 +448,7 @@ static json_t *whole_choice(struct fe_job *j, const char *finish)
     if (j->p.kind == API_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                                 j->content.p ? j->content.p : "", j->content.n);
-        if (j->tools_on &&
-            tools_parse(j->tfam, j->p.tools, j->content.p ? j->content.p : "", j->content.n, j->id,
-                        &j->tp) == 0 &&
-            (j->tp.n_calls || j->tfam == TOOLS_HARMONY)) {
+        if (whole_calls(j)) {
             json_object_set_new(msg, "content",
                                 j->tp.content_len || !j->tp.n_calls
                                     ? json_stringn(j->tp.content, j->tp.content_len)
@@ -474,10 +481,7 @@ static json_t *whole_object(const struct fe_job *j, json_t *choices, json_t *usa
 static json_t *whole_answer(struct fe_job *j, const char *finish)
 {
     if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
-        const bool parsed = j->tools_on &&
-                            tools_parse(j->tfam, j->p.tools, j->content.p ? j->content.p : "",
-                                        j->content.n, j->id, &j->tp) == 0 &&
-                            (j->tp.n_calls || j->tfam == TOOLS_HARMONY);
+        const bool parsed = whole_calls(j);
         struct api_answer a = answer(j, finish);
         if (parsed) { /* the text around the calls */
             a.content = j->tp.content;
