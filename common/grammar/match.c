@@ -688,7 +688,15 @@ static const uint32_t *lazy_mask_of(struct automaton *m, const struct grammar_ma
     for (uint32_t id = 0; id < v->n_vocab; id++) {
         const uint64_t len = v->off[id + 1] - v->off[id];
         if (!len || len > MAX_TOKEN_BYTES) continue;
-        const struct scan s = {mt->tail, mt->n_tail, (const uint8_t *)v->blob + v->off[id], len};
+        const uint8_t *tb = (const uint8_t *)v->blob + v->off[id];
+        bool may = false; /* a trigger can only complete on its last byte, in the token */
+        for (uint32_t k = 0; k < m->g->n_trig && !may; k++)
+            may = memchr(tb, m->g->trig[k].b[m->g->trig[k].len - 1], len) != NULL;
+        if (!may) {
+            mask[id >> 5] |= 1u << (id & 31);
+            continue;
+        }
+        const struct scan s = {mt->tail, mt->n_tail, tb, len};
         const size_t st = lazy_find(m->g, &s, mt->blank);
         if (st != SIZE_MAX && !lazy_start(m, &s, st)) {
             if (m->err) {
