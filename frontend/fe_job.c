@@ -187,10 +187,10 @@ static json_t *timings(const struct fe_job *j)
     if (t && u->n_draft) {
         json_object_set_new(t, "draft_n", json_integer(u->n_draft));
         json_object_set_new(t, "draft_n_accepted", json_integer(u->n_draft_accepted));
-        json_object_set_new(
-            t, "tokens_per_pass",
-            json_real(u->n_passes ? (double)(u->n_passes + u->n_draft_accepted) / u->n_passes
-                                  : 0.0));
+        json_object_set_new(t, "tokens_per_pass",
+                            json_real(u->n_passes ? (double)(u->n_passes + u->n_draft_accepted) /
+                                                        u->n_passes
+                                                  : 0.0));
     }
     return t;
 }
@@ -289,9 +289,9 @@ static json_t *calls_json(const struct tools_parsed *tp, bool index)
 {
     json_t *a = json_array();
     for (size_t i = 0; a && i < tp->n_calls; i++) {
-        json_t *c =
-            json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", tp->calls[i].id, "type", "function",
-                      "function", "name", tp->calls[i].name, "arguments", tp->calls[i].arguments);
+        json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", tp->calls[i].id, "type",
+                              "function", "function", "name", tp->calls[i].name, "arguments",
+                              tp->calls[i].arguments);
         if (c && index) json_object_set_new(c, "index", json_integer((json_int_t)i));
         json_array_append_new(a, c);
     }

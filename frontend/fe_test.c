@@ -48,9 +48,9 @@ struct fake {
     /* a prefix cache: a prompt equal to the one started before it has all but its last token
      * cached (the worker computes at least the last position) */
     atomic_bool prefix_cache;
-    char kv_type[8];    /* what its hello says: a stream fails over only to the same ("" too) */
-    atomic_uint routed; /* its heat: every (layer, expert) of a 2 x 4 grid has this many tokens
-                           times (1 + expert) */
+    char kv_type[8];     /* what its hello says: a stream fails over only to the same ("" too) */
+    atomic_uint routed;  /* its heat: every (layer, expert) of a 2 x 4 grid has this many tokens
+                            times (1 + expert) */
     pthread_mutex_t mu;
     int32_t last_prompt[512];
     uint32_t n_last_prompt;
@@ -234,9 +234,9 @@ static void f_heat_free(struct wclient_heat *h)
     h->counts = NULL;
 }
 
-static const struct fe_backend fake_ops = {f_hello, f_meta,   f_meta_free, f_status, f_start,
-                                           f_next,  f_cancel, f_free,      f_close,  f_move,
-                                           f_vram,  f_heat,   f_heat_free};
+static const struct fe_backend fake_ops = {
+    f_hello, f_meta,  f_meta_free, f_status, f_start, f_next,     f_cancel,
+    f_free,  f_close, f_move,      f_vram,   f_heat,  f_heat_free};
 
 /* ---- fixture: a vocabulary GGUF and a frontend on a free port ----------------------------------
  */
@@ -1196,10 +1196,8 @@ START_TEST(endpoints)
     ck_assert_ptr_nonnull(
         strstr(r.body, "strata_worker_decode_tokens_per_second{worker=\"fake0\"} 100.000"));
     /* the expert cache's figures: hits and misses apart, swaps and adapt wait per window */
-    ck_assert_ptr_nonnull(
-        strstr(r.body, "strata_worker_expert_hits_total{worker=\"fake0\"} 300.000"));
-    ck_assert_ptr_nonnull(
-        strstr(r.body, "strata_worker_expert_misses_total{worker=\"fake0\"} 100.000"));
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_expert_hits_total{worker=\"fake0\"} 300.000"));
+    ck_assert_ptr_nonnull(strstr(r.body, "strata_worker_expert_misses_total{worker=\"fake0\"} 100.000"));
     ck_assert_ptr_nonnull(
         strstr(r.body, "strata_worker_expert_swaps_per_window{worker=\"fake0\"} 0.500"));
     ck_assert_ptr_nonnull(
@@ -1946,10 +1944,12 @@ START_TEST(web_pages)
     ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
     struct resp r;
     /* the pages load without the key (they ask for it), with a CSP that forbids inline script */
-    static const char *const pages[][2] = {
-        {"/", "<title>strata chat</title>"},   {"/monitor", "<title>strata monitor</title>"},
-        {"/web/chat.js", "reasoning_content"}, {"/web/common.js", "textContent"},
-        {"/web/monitor.js", "/status"},        {"/web/app.css", "--accent"}};
+    static const char *const pages[][2] = {{"/", "<title>strata chat</title>"},
+                                           {"/monitor", "<title>strata monitor</title>"},
+                                           {"/web/chat.js", "reasoning_content"},
+                                           {"/web/common.js", "textContent"},
+                                           {"/web/monitor.js", "/status"},
+                                           {"/web/app.css", "--accent"}};
     size_t total = 0;
     for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
         request("GET", pages[i][0], NULL, NULL, &r);
@@ -1958,9 +1958,8 @@ START_TEST(web_pages)
         ck_assert_ptr_nonnull(strcasestr(r.head, "Content-Security-Policy: default-src 'none'; "
                                                  "script-src 'self'"));
         ck_assert_ptr_nonnull(strcasestr(r.head, "X-Content-Type-Options: nosniff"));
-        ck_assert_ptr_nonnull(strcasestr(r.head, i < 2   ? "text/html"
-                                                 : i < 5 ? "text/javascript"
-                                                         : "text/css"));
+        ck_assert_ptr_nonnull(strcasestr(r.head, i < 2 ? "text/html" : i < 5 ? "text/javascript"
+                                                                             : "text/css"));
         total += r.len;
         /* the ETag is the file's hash: a revalidation gets 304 */
         char etag[128], extra[200];

@@ -136,7 +136,7 @@ size_t grammar_matcher_bytes(struct grammar_matcher *m);
 struct grammar_stats {
     uint32_t states;      /* automaton states interned */
     uint32_t stacks;      /* distinct stack nodes */
-    uint64_t masks_built; /* trie walks */
+    uint64_t masks_built; /* trie walks (and a lazy grammar's vocabulary scans) */
     uint64_t mask_hits;   /* masks answered from the cache */
 };
 void grammar_matcher_stats(const struct grammar_matcher *m, struct grammar_stats *out);

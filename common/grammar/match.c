@@ -186,7 +186,8 @@ struct automaton {
     int err; /* the first table failure (ENOMEM, ELIMIT); the matcher is unusable after */
     uint32_t n_masks;
     uint32_t *walk; /* (max_depth + 1) states along the trie path */
-    /* a lazy grammar's masks before its trigger, by where the free text stands (lazy_key) */
+    /* a lazy grammar's masks before its trigger, by where the free text stands (a matcher's
+     * tail and blank) */
     struct lazy_mask {
         uint8_t tail[GRAMMAR_MAX_TRIGGER];
         uint32_t n_tail;
@@ -669,14 +670,16 @@ static int lazy_feed(struct grammar_matcher *mt, const uint8_t *p, size_t n)
 /* lazy_mask_of: the mask of a pending matcher: every token with bytes, but for those that would
  * complete a trigger and go on in a way the grammar refuses; cached per free-text state (under
  * mu). */
-static const uint32_t *lazy_mask_of(struct automaton *m, const struct grammar_matcher *mt)
+static const uint32_t *lazy_mask_of(struct automaton *m, struct grammar_matcher *mt)
 {
     const struct grammar_vocab *v = m->v;
     if (m->err || !v) return NULL;
     for (uint32_t i = 0; i < m->n_lm; i++)
         if (m->lm[i].n_tail == mt->n_tail && m->lm[i].blank == mt->blank &&
-            memcmp(m->lm[i].tail, mt->tail, mt->n_tail) == 0)
+            memcmp(m->lm[i].tail, mt->tail, mt->n_tail) == 0) {
+            mt->mask_hits++;
             return m->lm[i].mask;
+        }
     if (m->n_lm == MAX_LAZY_MASKS) {
         for (uint32_t i = 0; i < m->n_lm; i++)
             free(m->lm[i].mask);
@@ -712,6 +715,7 @@ static const uint32_t *lazy_mask_of(struct automaton *m, const struct grammar_ma
     e->n_tail = mt->n_tail;
     e->blank = mt->blank;
     e->mask = mask;
+    mt->masks_built++;
     return mask;
 }
 
