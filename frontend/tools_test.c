@@ -98,7 +98,9 @@ START_TEST(rendered_calls_parse_back)
     const char *reply = strstr(turn, "sunny");
     ck_assert_ptr_nonnull(reply);
     struct tools_parsed p;
-    ck_assert_int_eq(tools_parse(f, NULL, turn, (size_t)(reply - turn), "seed", &p), 0);
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    /* typed by the tools' parameters as a request's answer is */
+    ck_assert_int_eq(tools_parse(f, tools, turn, (size_t)(reply - turn), "seed", &p), 0);
     ck_assert_msg(!p.unclosed && p.n_calls == (size_t)CASES[_i].n_calls,
                   "%s: %zu calls (unclosed %d) from:\n%.*s", CASES[_i].file, p.n_calls, p.unclosed,
                   (int)(reply - turn), turn);
@@ -114,12 +116,24 @@ START_TEST(rendered_calls_parse_back)
     }
     /* the grammar that forces calls compiles and, for the JSON syntaxes written as the grammar
      * writes them, accepts the template's own rendering of the first call */
-    json_t *tools = json_loads(TOOLS, 0, NULL);
     char *gbnf;
     ck_assert_int_eq(tools_grammar(f, tools, NULL, true, false, NULL, &gbnf), 0);
     struct grammar *g;
     ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s: %s\n%s", CASES[_i].file,
                   strata_errdetail(), gbnf);
+    if (f == TOOLS_QWEN_XML ||
+        f == TOOLS_GLM) { /* the XML-like calls as the template writes them */
+        const char *a = strstr(turn, "<tool_call>"), *b = a;
+        for (const char *c; (c = strstr(b, "</tool_call>")) && c < reply;)
+            b = c + strlen("</tool_call>");
+        struct grammar_matcher *m;
+        ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+        ck_assert_msg(grammar_matcher_feed(m, a, (size_t)(b - a)) == 0 &&
+                          grammar_matcher_accepting(m),
+                      "%s: the grammar refuses the template's calls:\n%.*s\n%s", CASES[_i].file,
+                      (int)(b - a), a, gbnf);
+        grammar_matcher_fini(m);
+    }
     grammar_fini(g);
     free(gbnf);
     json_decref(tools);
