@@ -318,16 +318,7 @@ unsigned api_anthropic_translate(json_t *in, json_t **out, struct api_error *e)
 unsigned api_anthropic_parse(const char *body, size_t len, uint32_t n_vocab, struct api_params *p,
                              struct api_error *e)
 {
-    json_t *in, *chat = NULL;
-    unsigned st = api_load(body, len, &in, e);
-    if (st == 0) st = api_anthropic_translate(in, &chat, e);
-    json_decref(in);
-    if (st != 0) {
-        memset(p, 0, sizeof *p);
-        p->root = chat;
-        return st;
-    }
-    return api_parse_root(API_MESSAGES, chat, n_vocab, p, e);
+    return api_parse_translated(API_MESSAGES, api_anthropic_translate, body, len, n_vocab, p, e);
 }
 
 char *api_anthropic_error_json(const struct api_error *e)

@@ -3,6 +3,7 @@
  * whole message and the stream's events in order, for every stop reason. */
 #include "frontend/api_anthropic.h"
 
+#include "frontend/api_test.h"
 #include "tests/testutil.h"
 
 #include <stdlib.h>
@@ -11,30 +12,7 @@
 /* translate runs the translation of body and returns the chat body (the test frees it). */
 static json_t *translate(const char *body, unsigned want, const char *param)
 {
-    json_error_t je;
-    json_t *in = json_loads(body, 0, &je), *out = NULL;
-    ck_assert_msg(in != NULL, "bad test JSON: %s", je.text);
-    struct api_error e = {0};
-    unsigned st = api_anthropic_translate(in, &out, &e);
-    ck_assert_msg(st == want, "status %u, want %u: %s", st, want, e.message);
-    if (param) ck_assert_str_eq(e.param, param);
-    json_decref(in);
-    if (st != 0) {
-        json_decref(out);
-        return NULL;
-    }
-    return out;
-}
-
-static void assert_json(json_t *got, const char *want)
-{
-    json_error_t je;
-    json_t *w = json_loads(want, 0, &je);
-    ck_assert_msg(w != NULL, "bad expected JSON: %s", je.text);
-    char *g = json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS);
-    ck_assert_msg(json_equal(got, w), "got %s", g);
-    free(g);
-    json_decref(w);
+    return api_test_translate(api_anthropic_translate, body, want, param);
 }
 
 START_TEST(translate_conversation)
@@ -58,7 +36,7 @@ START_TEST(translate_conversation)
         "\"input_schema\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}],"
         "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true}}",
         0, NULL);
-    assert_json(
+    api_test_json_eq(
         o, "{\"model\":\"m\",\"max_tokens\":64,\"temperature\":0.5,\"top_k\":3,\"stream\":true,"
            "\"stop\":[\"END\"],\"chat_template_kwargs\":{\"enable_thinking\":true},"
            "\"messages\":["
@@ -78,9 +56,9 @@ START_TEST(translate_conversation)
     o = translate("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":"
                   "\"tool\",\"name\":\"weather\"},\"thinking\":{\"type\":\"disabled\"}}",
                   0, NULL);
-    assert_json(json_object_get(o, "tool_choice"),
-                "{\"type\":\"function\",\"function\":{\"name\":\"weather\"}}");
-    assert_json(json_object_get(o, "chat_template_kwargs"), "{\"enable_thinking\":false}");
+    api_test_json_eq(json_object_get(o, "tool_choice"),
+                     "{\"type\":\"function\",\"function\":{\"name\":\"weather\"}}");
+    api_test_json_eq(json_object_get(o, "chat_template_kwargs"), "{\"enable_thinking\":false}");
     json_decref(o);
 }
 END_TEST
@@ -186,18 +164,7 @@ static struct api_tool_call CALLS[] = {
 
 static struct api_answer an_answer(const struct api_params *p, enum api_finish finish)
 {
-    return (struct api_answer){.id = "msg_1",
-                               .model = "m",
-                               .created = 7,
-                               .p = p,
-                               .n_prompt = 20,
-                               .n_cached = 16,
-                               .n_gen = 5,
-                               .content = "Hello.",
-                               .content_len = 6,
-                               .reasoning = "Think.",
-                               .reasoning_len = 6,
-                               .finish = finish};
+    return api_test_answer("msg_1", p, finish);
 }
 
 START_TEST(whole_message)
@@ -207,16 +174,16 @@ START_TEST(whole_message)
     a.tool_calls = CALLS;
     a.n_tool_calls = 2;
     json_t *m = api_anthropic_message(&a);
-    assert_json(m,
-                "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\","
-                "\"content\":[{\"type\":\"thinking\",\"thinking\":\"Think.\",\"signature\":\"\"},"
-                "{\"type\":\"text\",\"text\":\"Hello.\"},"
-                "{\"type\":\"tool_use\",\"id\":\"toolu_a\",\"name\":\"weather\",\"input\":"
-                "{\"city\":\"Paris\"}},"
-                "{\"type\":\"tool_use\",\"id\":\"toolu_b\",\"name\":\"time\",\"input\":{}}],"
-                "\"stop_reason\":\"tool_use\",\"stop_sequence\":null,"
-                "\"usage\":{\"input_tokens\":4,\"output_tokens\":5,\"cache_read_input_tokens\":16,"
-                "\"cache_creation_input_tokens\":0}}");
+    api_test_json_eq(
+        m, "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\","
+           "\"content\":[{\"type\":\"thinking\",\"thinking\":\"Think.\",\"signature\":\"\"},"
+           "{\"type\":\"text\",\"text\":\"Hello.\"},"
+           "{\"type\":\"tool_use\",\"id\":\"toolu_a\",\"name\":\"weather\",\"input\":"
+           "{\"city\":\"Paris\"}},"
+           "{\"type\":\"tool_use\",\"id\":\"toolu_b\",\"name\":\"time\",\"input\":{}}],"
+           "\"stop_reason\":\"tool_use\",\"stop_sequence\":null,"
+           "\"usage\":{\"input_tokens\":4,\"output_tokens\":5,\"cache_read_input_tokens\":16,"
+           "\"cache_creation_input_tokens\":0}}");
     json_decref(m);
     static const struct {
         enum api_finish f;
@@ -242,7 +209,7 @@ START_TEST(whole_message)
     a = an_answer(&p, API_FINISH_STOP);
     a.content_len = a.reasoning_len = 0;
     m = api_anthropic_message(&a);
-    assert_json(json_object_get(m, "content"), "[{\"type\":\"text\",\"text\":\"\"}]");
+    api_test_json_eq(json_object_get(m, "content"), "[{\"type\":\"text\",\"text\":\"\"}]");
     json_decref(m);
 }
 END_TEST
@@ -250,21 +217,7 @@ END_TEST
 /* events splits an SSE buffer into its events, checking "event: NAME" equals data.type. */
 static json_t *events(const struct api_sse *b)
 {
-    json_t *list = json_array();
-    for (const char *p = b->p; p && *p;) {
-        ck_assert_msg(strncmp(p, "event: ", 7) == 0, "not an event: %.40s", p);
-        const char *nl = strchr(p, '\n');
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)(nl - p - 7), p + 7);
-        ck_assert(strncmp(nl + 1, "data: ", 6) == 0);
-        const char *end = strstr(nl, "\n\n");
-        json_t *d = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, NULL);
-        ck_assert_ptr_nonnull(d);
-        ck_assert_str_eq(json_string_value(json_object_get(d, "type")), name);
-        json_array_append_new(list, d);
-        p = end + 2;
-    }
-    return list;
+    return api_test_events(b, false);
 }
 
 START_TEST(stream_events)
@@ -293,26 +246,28 @@ START_TEST(stream_events)
     for (size_t i = 0; i < json_array_size(ev); i++)
         ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, i), "type")),
                          want[i]);
-    assert_json(json_object_get(json_object_get(json_array_get(ev, 0), "message"), "usage"),
-                "{\"input_tokens\":4,\"output_tokens\":0,\"cache_read_input_tokens\":16,"
-                "\"cache_creation_input_tokens\":0}");
-    assert_json(json_array_get(ev, 2),
-                "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
-                "\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}");
-    assert_json(json_array_get(ev, 4), "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":"
-                                       "{\"type\":\"thinking_delta\",\"thinking\":\"nk.\"}}");
-    assert_json(json_array_get(ev, 8), "{\"type\":\"content_block_delta\",\"index\":1,\"delta\":"
-                                       "{\"type\":\"text_delta\",\"text\":\"lo.\"}}");
-    assert_json(json_array_get(ev, 10),
-                "{\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":"
-                "\"tool_use\",\"id\":\"toolu_a\",\"name\":\"weather\",\"input\":{}}}");
-    assert_json(json_array_get(ev, 11),
-                "{\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":"
-                "\"input_json_delta\",\"partial_json\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}");
-    assert_json(json_array_get(ev, 13),
-                "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\","
-                "\"stop_sequence\":null},\"usage\":{\"input_tokens\":4,\"output_tokens\":5,"
-                "\"cache_read_input_tokens\":16,\"cache_creation_input_tokens\":0}}");
+    api_test_json_eq(json_object_get(json_object_get(json_array_get(ev, 0), "message"), "usage"),
+                     "{\"input_tokens\":4,\"output_tokens\":0,\"cache_read_input_tokens\":16,"
+                     "\"cache_creation_input_tokens\":0}");
+    api_test_json_eq(json_array_get(ev, 2),
+                     "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
+                     "\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}");
+    api_test_json_eq(json_array_get(ev, 4),
+                     "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":"
+                     "{\"type\":\"thinking_delta\",\"thinking\":\"nk.\"}}");
+    api_test_json_eq(json_array_get(ev, 8),
+                     "{\"type\":\"content_block_delta\",\"index\":1,\"delta\":"
+                     "{\"type\":\"text_delta\",\"text\":\"lo.\"}}");
+    api_test_json_eq(json_array_get(ev, 10),
+                     "{\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":"
+                     "\"tool_use\",\"id\":\"toolu_a\",\"name\":\"weather\",\"input\":{}}}");
+    api_test_json_eq(json_array_get(ev, 11),
+                     "{\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":"
+                     "\"input_json_delta\",\"partial_json\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}");
+    api_test_json_eq(json_array_get(ev, 13),
+                     "{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\","
+                     "\"stop_sequence\":null},\"usage\":{\"input_tokens\":4,\"output_tokens\":5,"
+                     "\"cache_read_input_tokens\":16,\"cache_creation_input_tokens\":0}}");
     json_decref(ev);
     /* an answer with no text still opens and closes the message; an error is one event */
     b.n = 0;

@@ -1,10 +1,26 @@
-/* api_out — named server-sent events for the translated APIs. */
+/* api_out — the translated APIs' parse entry and named server-sent events. */
 #include "frontend/api_out.h"
 
 #include "common/base/err.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+unsigned api_parse_translated(enum api_kind kind, api_translate_fn translate, const char *body,
+                              size_t len, uint32_t n_vocab, struct api_params *p,
+                              struct api_error *e)
+{
+    json_t *in, *chat = NULL;
+    unsigned st = api_load(body, len, &in, e);
+    if (st == 0) st = translate(in, &chat, e);
+    json_decref(in);
+    if (st != 0) {
+        memset(p, 0, sizeof *p);
+        p->root = chat;
+        return st;
+    }
+    return api_parse_root(kind, chat, n_vocab, p, e);
+}
 
 static int put(struct api_sse *b, const char *s, size_t n)
 {

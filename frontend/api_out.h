@@ -1,4 +1,5 @@
-/* api_out — what the translated APIs (Anthropic's Messages, OpenAI's Responses) render an answer
+/* api_out — what the translated APIs (Anthropic's Messages, OpenAI's Responses) share: their
+ * parse entry (a body translated into a chat body, parsed as one), what they render an answer
  * from, and the server-sent events they write.
  *
  * The generation (fe_job.c) fills a struct api_answer with the text so far, the counts and, at the
@@ -14,6 +15,16 @@
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* An API's translation of a body (in, borrowed) into an OpenAI chat body (*out, new; set or NULL
+ * also on failure): 0, or the HTTP status with e filled. */
+typedef unsigned (*api_translate_fn)(json_t *in, json_t **out, struct api_error *e);
+
+/* api_parse_translated parses body as kind's (API_MESSAGES, API_RESPONSES) through translate,
+ * then as the chat body it becomes; as api_parse: free p with api_params_free either way. */
+unsigned api_parse_translated(enum api_kind kind, api_translate_fn translate, const char *body,
+                              size_t len, uint32_t n_vocab, struct api_params *p,
+                              struct api_error *e);
 
 /* Why an answer ended, in the chat API's words. */
 enum api_finish {

@@ -336,16 +336,7 @@ unsigned api_responses_translate(json_t *in, json_t **out, struct api_error *e)
 unsigned api_responses_parse(const char *body, size_t len, uint32_t n_vocab, struct api_params *p,
                              struct api_error *e)
 {
-    json_t *in, *chat = NULL;
-    unsigned st = api_load(body, len, &in, e);
-    if (st == 0) st = api_responses_translate(in, &chat, e);
-    json_decref(in);
-    if (st != 0) {
-        memset(p, 0, sizeof *p);
-        p->root = chat;
-        return st;
-    }
-    return api_parse_root(API_RESPONSES, chat, n_vocab, p, e);
+    return api_parse_translated(API_RESPONSES, api_responses_translate, body, len, n_vocab, p, e);
 }
 
 /* ---- answers ----------------------------------------------------------------------------------

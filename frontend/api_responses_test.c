@@ -3,38 +3,20 @@
  * answers rendered back: the whole response and the stream's events with their sequence numbers. */
 #include "frontend/api_responses.h"
 
+#include "frontend/api_test.h"
 #include "tests/testutil.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* translate runs the translation of body; the chat body comes without its echo of the request
+ * (checked apart). */
 static json_t *translate(const char *body, unsigned want, const char *param)
 {
-    json_error_t je;
-    json_t *in = json_loads(body, 0, &je), *out = NULL;
-    ck_assert_msg(in != NULL, "bad test JSON: %s", je.text);
-    struct api_error e = {0};
-    unsigned st = api_responses_translate(in, &out, &e);
-    ck_assert_msg(st == want, "status %u, want %u: %s", st, want, e.message);
-    if (param) ck_assert_str_eq(e.param, param);
-    json_decref(in);
-    if (st != 0) {
-        json_decref(out);
-        return NULL;
-    }
-    json_object_del(out, "x-strata-responses"); /* the echo of the request, checked below */
+    json_t *out = api_test_translate(api_responses_translate, body, want, param);
+    if (out)
+        json_object_del(out, "x-strata-responses"); /* the echo of the request, checked below */
     return out;
-}
-
-static void assert_json(json_t *got, const char *want)
-{
-    json_error_t je;
-    json_t *w = json_loads(want, 0, &je);
-    ck_assert_msg(w != NULL, "bad expected JSON: %s", je.text);
-    char *g = json_dumps(got, JSON_COMPACT | JSON_SORT_KEYS);
-    ck_assert_msg(json_equal(got, w), "got %s", g);
-    free(g);
-    json_decref(w);
 }
 
 START_TEST(translate_items)
@@ -63,7 +45,7 @@ START_TEST(translate_items)
         "\"tool_choice\":{\"type\":\"function\",\"name\":\"weather\"},"
         "\"parallel_tool_calls\":false}",
         0, NULL);
-    assert_json(
+    api_test_json_eq(
         o,
         "{\"model\":\"m\",\"max_tokens\":50,\"temperature\":0.2,\"stream\":true,"
         "\"reasoning_effort\":\"low\",\"logprobs\":true,\"top_logprobs\":2,"
@@ -87,8 +69,8 @@ START_TEST(translate_items)
     json_decref(o);
     o = translate("{\"input\":\"Hi\",\"tools\":[],\"tool_choice\":\"none\"}", 0, NULL);
     /* no tools is no 'tools' (the chat API refuses an empty list) */
-    assert_json(o, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
-                   "\"tool_choice\":\"none\"}");
+    api_test_json_eq(o, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                        "\"tool_choice\":\"none\"}");
     json_decref(o);
 }
 END_TEST
@@ -136,18 +118,7 @@ static void with_request(const char *body, struct api_params *p)
 
 static struct api_answer an_answer(const struct api_params *p, enum api_finish finish)
 {
-    return (struct api_answer){.id = "resp_r1",
-                               .model = "m",
-                               .created = 7,
-                               .p = p,
-                               .n_prompt = 20,
-                               .n_cached = 16,
-                               .n_gen = 5,
-                               .content = "Hello.",
-                               .content_len = 6,
-                               .reasoning = "Think.",
-                               .reasoning_len = 6,
-                               .finish = finish};
+    return api_test_answer("resp_r1", p, finish);
 }
 
 START_TEST(whole_response)
@@ -160,19 +131,20 @@ START_TEST(whole_response)
     a.tool_calls = CALLS;
     a.n_tool_calls = 1;
     json_t *r = api_responses_object(&a);
-    assert_json(json_object_get(r, "output"),
-                "[{\"id\":\"rs_r1_0\",\"type\":\"reasoning\",\"summary\":[],\"status\":"
-                "\"completed\",\"content\":[{\"type\":\"reasoning_text\",\"text\":\"Think.\"}]},"
-                "{\"id\":\"msg_r1_0\",\"type\":\"message\",\"status\":\"completed\",\"role\":"
-                "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hello.\","
-                "\"annotations\":[],\"logprobs\":[]}]},"
-                "{\"id\":\"fc_r1_0\",\"type\":\"function_call\",\"status\":\"completed\","
-                "\"call_id\":\"call_a\",\"name\":\"weather\",\"arguments\":"
-                "\"{\\\"city\\\":\\\"Paris\\\"}\"}]");
-    assert_json(json_object_get(r, "usage"),
-                "{\"input_tokens\":20,\"input_tokens_details\":{\"cached_tokens\":16},"
-                "\"output_tokens\":5,\"output_tokens_details\":{\"reasoning_tokens\":0},"
-                "\"total_tokens\":25}");
+    api_test_json_eq(
+        json_object_get(r, "output"),
+        "[{\"id\":\"rs_r1_0\",\"type\":\"reasoning\",\"summary\":[],\"status\":"
+        "\"completed\",\"content\":[{\"type\":\"reasoning_text\",\"text\":\"Think.\"}]},"
+        "{\"id\":\"msg_r1_0\",\"type\":\"message\",\"status\":\"completed\",\"role\":"
+        "\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"Hello.\","
+        "\"annotations\":[],\"logprobs\":[]}]},"
+        "{\"id\":\"fc_r1_0\",\"type\":\"function_call\",\"status\":\"completed\","
+        "\"call_id\":\"call_a\",\"name\":\"weather\",\"arguments\":"
+        "\"{\\\"city\\\":\\\"Paris\\\"}\"}]");
+    api_test_json_eq(json_object_get(r, "usage"),
+                     "{\"input_tokens\":20,\"input_tokens_details\":{\"cached_tokens\":16},"
+                     "\"output_tokens\":5,\"output_tokens_details\":{\"reasoning_tokens\":0},"
+                     "\"total_tokens\":25}");
     ck_assert_str_eq(json_string_value(json_object_get(r, "object")), "response");
     ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "completed");
     ck_assert_str_eq(json_string_value(json_object_get(r, "instructions")), "I");
@@ -186,7 +158,8 @@ START_TEST(whole_response)
     a.reasoning_len = 0;
     r = api_responses_object(&a);
     ck_assert_str_eq(json_string_value(json_object_get(r, "status")), "incomplete");
-    assert_json(json_object_get(r, "incomplete_details"), "{\"reason\":\"max_output_tokens\"}");
+    api_test_json_eq(json_object_get(r, "incomplete_details"),
+                     "{\"reason\":\"max_output_tokens\"}");
     ck_assert_int_eq(json_array_size(json_object_get(r, "output")), 1);
     json_decref(r);
     api_params_free(&p);
@@ -197,22 +170,7 @@ END_TEST
  * numbers count from 0 without a gap. */
 static json_t *events(const struct api_sse *b)
 {
-    json_t *list = json_array();
-    for (const char *p = b->p; p && *p;) {
-        ck_assert_msg(strncmp(p, "event: ", 7) == 0, "not an event: %.40s", p);
-        const char *nl = strchr(p, '\n');
-        char name[64];
-        snprintf(name, sizeof name, "%.*s", (int)(nl - p - 7), p + 7);
-        const char *end = strstr(nl, "\n\n");
-        json_t *d = json_loadb(nl + 7, (size_t)(end - nl - 7), 0, NULL);
-        ck_assert_ptr_nonnull(d);
-        ck_assert_str_eq(json_string_value(json_object_get(d, "type")), name);
-        ck_assert_int_eq(json_integer_value(json_object_get(d, "sequence_number")),
-                         json_array_size(list));
-        json_array_append_new(list, d);
-        p = end + 2;
-    }
-    return list;
+    return api_test_events(b, true);
 }
 
 static const char *type_at(json_t *ev, size_t i)
@@ -264,10 +222,10 @@ START_TEST(stream_events)
     json_t *created = json_object_get(json_array_get(ev, 0), "response");
     ck_assert_str_eq(json_string_value(json_object_get(created, "status")), "in_progress");
     ck_assert(json_is_null(json_object_get(created, "usage")));
-    assert_json(json_array_get(ev, 12),
-                "{\"type\":\"response.output_text.delta\",\"sequence_number\":12,\"item_id\":"
-                "\"msg_r1_0\",\"output_index\":1,\"content_index\":0,\"delta\":\"lo.\","
-                "\"logprobs\":[]}");
+    api_test_json_eq(json_array_get(ev, 12),
+                     "{\"type\":\"response.output_text.delta\",\"sequence_number\":12,\"item_id\":"
+                     "\"msg_r1_0\",\"output_index\":1,\"content_index\":0,\"delta\":\"lo.\","
+                     "\"logprobs\":[]}");
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, 13), "text")), "Hello.");
     ck_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, 6), "text")), "Think.");
     ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(ev, 17), "output_index")),

@@ -3,6 +3,7 @@
  * strata-frontend over HTTP in front of it. Over many seeds an answer that finishes with `stop`
  * validates against its schema and one cut by `length` is a prefix of the grammar's language. */
 #include "common/base/err.h"
+#include "common/gguf/gguf.h"
 #include "common/grammar/grammar.h"
 #include "frontend/fe.h"
 #include "gpu-worker/worker.h"
@@ -104,6 +105,56 @@ static const char *choice_str(json_t *j, const char *a, const char *b)
     return json_string_value(b ? json_object_get(v, b) : v);
 }
 
+/* Pieces of Hermes calls, as GPT-2 byte-level token text (Ġ a space, Ċ a newline): the fixture's
+ * vocabulary gets them in place of some of its unused [PAD] tokens, so that a random model begins
+ * calls by itself now and then (tool_choice auto) and sometimes in ways the grammar refuses. */
+static const char *const CALL_PIECES[] = {
+    "<tool_call>",  "<tool_call>Ċ",  "<tool_call>Ċ{\"", "<tool_call>Ċ{\"name\":",
+    "Ġ<tool_call>", ".<tool_call>Ċ", "<tool_call>x",    "<tool_call>Ċ{\"name\":Ġ\"ping\"",
+    "</tool_call>", "Ċ</tool_call>", "}}Ċ</tool_call>", "<tool_call>ĊĊ",
+};
+#define N_CALL_PIECES (sizeof CALL_PIECES / sizeof *CALL_PIECES)
+
+/* call_vocab writes to path the tokenizer of the fixture at base with CALL_PIECES as the last
+ * tokens (NORMAL ones). */
+static void call_vocab(const char *base, const char *path)
+{
+    struct gguf_file *f;
+    struct gguf_writer *w;
+    ck_assert_int_eq(gguf_open(base, &f), 0);
+    ck_assert_int_eq(gguf_writer_open(path, 0, &w), 0);
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const struct gguf_kv *kv = &f->kv[i];
+        if (strncmp(kv->key, "tokenizer.", 10) != 0) continue;
+        if (!strcmp(kv->key, "tokenizer.ggml.tokens")) {
+            const uint64_t n = kv->val.arr.n;
+            char **toks = calloc(n, sizeof *toks);
+            for (uint64_t t = 0; t < n; t++) {
+                const struct gguf_str *st = &kv->val.arr.items[t].str;
+                toks[t] = t >= n - N_CALL_PIECES ? strdup(CALL_PIECES[t - (n - N_CALL_PIECES)])
+                                                 : strndup(st->ptr, st->len);
+            }
+            ck_assert_int_eq(gguf_w_arr_str(w, kv->key, n, (const char *const *)toks, NULL), 0);
+            for (uint64_t t = 0; t < n; t++)
+                free(toks[t]);
+            free(toks);
+        } else if (!strcmp(kv->key, "tokenizer.ggml.token_type")) {
+            const uint64_t n = kv->val.arr.n;
+            int32_t *types = malloc(n * sizeof *types);
+            memcpy(types, kv->val.arr.raw, n * sizeof *types);
+            for (uint64_t t = n - N_CALL_PIECES; t < n; t++)
+                types[t] = 1; /* NORMAL */
+            ck_assert_int_eq(gguf_w_arr(w, kv->key, GGUF_INT32, n, types), 0);
+            free(types);
+        } else {
+            ck_assert_int_eq(gguf_w_value(w, kv->key, &kv->val), 0);
+        }
+    }
+    ck_assert_int_eq(gguf_writer_begin(w), 0);
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+    gguf_close(f);
+}
+
 static void setup(void)
 {
     const char *tmp = test_tmpdir();
@@ -112,7 +163,13 @@ static void setup(void)
     snprintf(model, sizeof model, "%s/gram.gguf", tmp);
     snprintf(run, sizeof run, "%s/run-gram", tmp);
     mkdir(run, 0700);
+    static char base[600], vocab[600];
+    snprintf(base, sizeof base, "%s/gram-base.gguf", tmp);
+    snprintf(vocab, sizeof vocab, "%s/gram-vocab.gguf", tmp);
     struct fixture_opts fo = {.seed = 5, .threads = 1};
+    ck_assert_int_eq(fixture_write(&fo, base), 0);
+    call_vocab(base, vocab);
+    fo.vocab = vocab;
     ck_assert_int_eq(fixture_write(&fo, model), 0);
     struct worker_config c = {.model = model,
                               .runtime_dir = run,
@@ -395,6 +452,73 @@ START_TEST(tool_calls_stream_as_deltas)
 }
 END_TEST
 
+/* auto_calls_validate_over_seeds: under tool_choice auto the text is free until the model begins
+ * a call, and every call it makes parses and its arguments validate (the lazy grammar holds a
+ * call once begun); streamed answers carry the same calls as deltas. */
+START_TEST(auto_calls_validate_over_seeds)
+{
+    int calls = 0, texts = 0;
+    for (int seed = 0; seed < 24; seed++) {
+        char body[4096];
+        const bool stream = seed % 4 == 3;
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather?\"}], \"seed\": "
+                 "%d, \"max_tokens\": 100, \"tools\": %s%s%s}",
+                 seed, TOOLS, seed % 2 ? ", \"tool_choice\": \"auto\"" : "",
+                 stream ? ", \"stream\": true" : "");
+        json_t *tc = NULL;
+        const char *finish = NULL;
+        char content[8192] = "";
+        json_t *j = NULL;
+        struct resp r = {0};
+        if (!stream) {
+            j = post_json(body, 200);
+            json_t *msg =
+                json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+            tc = json_incref(json_object_get(msg, "tool_calls"));
+            finish = choice_str(j, "finish_reason", NULL);
+            snprintf(content, sizeof content, "%s",
+                     json_string_value(json_object_get(msg, "content")) ?: "");
+        } else {
+            post("/v1/chat/completions", body, &r);
+            ck_assert_int_eq(r.status, 200);
+            tc = json_array();
+            static char last[32];
+            for (char *p = r.body; (p = strstr(p, "data: ")) != NULL; p += 6) {
+                json_t *c = json_loads(p + 6, JSON_DISABLE_EOF_CHECK, NULL);
+                json_t *delta =
+                    json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta");
+                json_array_extend(tc, json_object_get(delta, "tool_calls"));
+                const char *d = json_string_value(json_object_get(delta, "content"));
+                if (d) strncat(content, d, sizeof content - strlen(content) - 1);
+                const char *fr = json_string_value(json_object_get(
+                    json_array_get(json_object_get(c, "choices"), 0), "finish_reason"));
+                if (fr) snprintf(last, sizeof last, "%s", fr);
+                json_decref(c);
+            }
+            finish = last;
+        }
+        if (json_array_size(tc)) {
+            ck_assert_str_eq(finish, "tool_calls");
+            for (size_t i = 0; i < json_array_size(tc); i++)
+                ck_assert_msg(call_valid(json_array_get(tc, i), NULL), "seed %d: %s", seed,
+                              json_dumps(tc, 0));
+            calls++;
+        } else {
+            /* no call: free text, or a call cut by the length (left as text) */
+            ck_assert_msg(!strstr(content, "<tool_call>") || !strcmp(finish, "length"),
+                          "seed %d: finish %s with a call in the text: %s", seed, finish, content);
+            texts++;
+        }
+        json_decref(tc);
+        json_decref(j);
+        free(r.body);
+    }
+    ck_assert_int_gt(calls, 0);
+    ck_assert_int_gt(texts, 0);
+}
+END_TEST
+
 START_TEST(tool_errors_and_history)
 {
     char body[4096];
@@ -441,6 +565,7 @@ int main(void)
     tcase_add_test(tc, bad_schemas_and_grammars_are_400);
     tcase_add_test(tc, forced_tool_calls_validate);
     tcase_add_test(tc, tool_calls_stream_as_deltas);
+    tcase_add_test(tc, auto_calls_validate_over_seeds);
     tcase_add_test(tc, tool_errors_and_history);
     suite_add_tcase(s, tc);
     return test_run_threads(s);

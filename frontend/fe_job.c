@@ -57,7 +57,9 @@ struct fe_job {
     struct tok_stream ts;
     struct tok_buf text; /* this update's new text */
     struct fe_stop stop;
-    bool split; /* reasoning markup is split out */
+    bool split;   /* reasoning markup is split out */
+    bool hreason; /* gpt-oss with tools: the text stays whole (its calls are in the channel
+                     headers) and its analysis channel is the reasoning, through rs too */
     struct tmpl_reason_stream rs;
     struct tmpl_reason_out ro;
     struct tok_buf content, reasoning; /* a whole answer (not streamed) */
@@ -77,6 +79,7 @@ struct fe_job {
     int32_t *req_ids; /* req's prompt (owned) */
     /* tool calls: the answer's content is parsed for calls in the template's syntax */
     bool tools_on;
+    bool tlazy; /* tool_choice auto: p.grammar is lazy (free text until a call begins) */
     enum tools_family tfam;
     struct tok_buf tcontent; /* stream: the content so far */
     size_t tsent;            /* of it, bytes sent as content deltas */
@@ -308,7 +311,7 @@ static int tools_stream(struct fe_job *j, const char **content, size_t *cn, cons
     *content = all + j->tsent;
     *cn = end > j->tsent ? end - j->tsent : 0;
     if (finish) {
-        if ((rv = tools_parse(j->tfam, all, n, j->id, &j->tp)) != 0) return rv;
+        if ((rv = tools_parse(j->tfam, j->p.tools, all, n, j->id, &j->tp)) != 0) return rv;
         if (j->tp.n_calls || j->tfam == TOOLS_HARMONY) { /* gpt-oss: its final channel */
             *content = j->tp.content + (j->tp.content_len > j->tsent ? j->tsent : 0);
             *cn = j->tp.content_len > j->tsent ? j->tp.content_len - j->tsent : 0;
@@ -326,13 +329,15 @@ static int emit(struct fe_job *j, const char *text, size_t n, json_t *lp, const 
     const char *content = text, *reasoning = "";
     size_t cn = n, rn = 0;
     int rv = 0;
-    if (j->split) {
+    if (j->split || j->hreason) {
         j->ro.content_len = j->ro.reasoning_len = 0;
         if ((rv = tmpl_reason_feed(&j->rs, text, n, &j->ro)) != 0 ||
             (finish && (rv = tmpl_reason_finish(&j->rs, &j->ro)) != 0))
             goto out;
-        content = j->ro.content ? j->ro.content : "";
-        cn = j->ro.content_len;
+        if (j->split) {
+            content = j->ro.content ? j->ro.content : "";
+            cn = j->ro.content_len;
+        }
         reasoning = j->ro.reasoning ? j->ro.reasoning : "";
         rn = j->ro.reasoning_len;
     }
@@ -424,6 +429,16 @@ static int finish_text(struct fe_job *j, const char *finish)
     return emit(j, rel, rel_len, NULL, finish);
 }
 
+/* whole_calls parses a whole answer's content for calls into j->tp: true when j->tp's content
+ * takes the place of the answer's (it had calls, or it is gpt-oss's final channel). */
+static bool whole_calls(struct fe_job *j)
+{
+    return j->tools_on &&
+           tools_parse(j->tfam, j->p.tools, j->content.p ? j->content.p : "", j->content.n, j->id,
+                       &j->tp) == 0 &&
+           (j->tp.n_calls || j->tfam == TOOLS_HARMONY);
+}
+
 /* whole_choice is j's choice of a whole chat or completion answer. */
 static json_t *whole_choice(struct fe_job *j, const char *finish)
 {
@@ -433,10 +448,7 @@ static json_t *whole_choice(struct fe_job *j, const char *finish)
     if (j->p.kind == API_CHAT) {
         json_t *msg = json_pack("{s:s, s:s%}", "role", "assistant", "content",
                                 j->content.p ? j->content.p : "", j->content.n);
-        if (j->tools_on &&
-            tools_parse(j->tfam, j->content.p ? j->content.p : "", j->content.n, j->id,
-                        &j->tp) == 0 &&
-            (j->tp.n_calls || j->tfam == TOOLS_HARMONY)) {
+        if (whole_calls(j)) {
             json_object_set_new(msg, "content",
                                 j->tp.content_len || !j->tp.n_calls
                                     ? json_stringn(j->tp.content, j->tp.content_len)
@@ -446,7 +458,7 @@ static json_t *whole_choice(struct fe_job *j, const char *finish)
                 finish = "tool_calls";
             }
         }
-        if (j->split && j->reasoning.n)
+        if (j->reasoning.n)
             json_object_set_new(msg, "reasoning_content",
                                 json_stringn(j->reasoning.p, j->reasoning.n));
         return json_pack("{s:i, s:o, s:o, s:s}", "index", (int)j->index, "message", msg, "logprobs",
@@ -469,10 +481,7 @@ static json_t *whole_object(const struct fe_job *j, json_t *choices, json_t *usa
 static json_t *whole_answer(struct fe_job *j, const char *finish)
 {
     if (j->p.kind == API_MESSAGES || j->p.kind == API_RESPONSES) {
-        const bool parsed = j->tools_on &&
-                            tools_parse(j->tfam, j->content.p ? j->content.p : "", j->content.n,
-                                        j->id, &j->tp) == 0 &&
-                            (j->tp.n_calls || j->tfam == TOOLS_HARMONY);
+        const bool parsed = whole_calls(j);
         struct api_answer a = answer(j, finish);
         if (parsed) { /* the text around the calls */
             a.content = j->tp.content;
@@ -487,7 +496,7 @@ static void job_free(struct fe_job *j)
 {
     api_params_free(&j->p);
     fe_stop_fini(&j->stop);
-    if (j->split) {
+    if (j->split || j->hreason) {
         tmpl_reason_finish(&j->rs, &j->ro);
         tmpl_reason_out_free(&j->ro);
     }
@@ -875,7 +884,8 @@ static void *job_main(void *arg)
 }
 
 /* tools_setup: with tools (and tool_choice other than "none") the answer is parsed for calls in
- * the template's syntax; "required" or a named function forces a call by a grammar. */
+ * the template's syntax; "required" or a named function forces a call by a grammar, "auto" (or
+ * none given) holds a call to the grammar once the model begins one (a lazy grammar). */
 static unsigned tools_setup(struct fe *f, struct fe_job *j, struct api_error *e)
 {
     const char *choice = json_string_value(j->p.tool_choice);
@@ -883,20 +893,26 @@ static unsigned tools_setup(struct fe *f, struct fe_job *j, struct api_error *e)
     const struct fe_model *m = &f->model;
     j->tools_on = true;
     j->tfam = tools_detect(m->tmpl, m->bos_text, m->eos_text);
-    if (choice && strcmp(choice, "required") != 0) return 0; /* "auto" */
-    if (!choice && !j->p.tool_choice) return 0;            /* absent: auto */
+    const bool lazy = !j->p.tool_choice || (choice && !strcmp(choice, "auto"));
+    if (lazy && j->p.grammar) return 0; /* the request's own grammar or response_format holds */
     const char *only = choice ? NULL
                               : json_string_value(json_object_get(
                                     json_object_get(j->p.tool_choice, "function"), "name"));
     char *gbnf;
-    int rv = tools_grammar(j->tfam, j->p.tools, only, j->p.parallel_tool_calls, m->tok, &gbnf);
+    int rv =
+        tools_grammar(j->tfam, j->p.tools, only, j->p.parallel_tool_calls, lazy, m->tok, &gbnf);
     if (rv == STRATA_ENOMEM) return api_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rv && lazy) { /* a schema past the grammar's reach: calls are parsed, not held */
+        LOG_DEBUG("frontend: tool calls without a grammar: %s", strata_errdetail());
+        return 0;
+    }
     if (rv)
         return api_fail(e, 400, "invalid_request_error", "tools", "invalid_schema",
                         "the forced tool call cannot be expressed as a grammar: %s",
                         strata_errdetail());
     free(j->p.grammar);
     j->p.grammar = gbnf;
+    j->tlazy = lazy;
     return 0;
 }
 
@@ -963,23 +979,27 @@ static int job_setup(struct fe_job *j, bool opens)
     size_t n_stops = j->p.n_stop;
     memcpy(stops, j->p.stop, n_stops * sizeof *stops);
     /* (under a grammar the grammar says where the answer ends: a model's own stop text, such as
-     * the demo's blank line, could cut a JSON answer in its whitespace) */
-    for (uint32_t i = 0; api_is_chat(kind) && !j->p.grammar && i < m->n_stop_strs; i++)
+     * the demo's blank line, could cut a JSON answer in its whitespace; a lazy grammar's free
+     * text keeps them) */
+    for (uint32_t i = 0; api_is_chat(kind) && (!j->p.grammar || j->tlazy) && i < m->n_stop_strs;
+         i++)
         stops[n_stops++] = m->stop_strs[i];
     if (fe_stop_init(&j->stop, stops, n_stops) != 0) return STRATA_ENOMEM;
     /* a grammar holds the answer from its first token (no think tags, no channel headers): there
-     * is no reasoning to split out, and a prompt that opens one must not take the answer */
-    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE && !j->p.grammar &&
+     * is no reasoning to split out, and a prompt that opens one must not take the answer; a lazy
+     * grammar (tool_choice auto) holds only a call, after the text */
+    j->split = api_is_chat(kind) && m->reason != TMPL_REASON_NONE && (!j->p.grammar || j->tlazy) &&
                !(j->tools_on && j->tfam == TOOLS_HARMONY); /* its calls are in the headers */
-    if (j->split) tmpl_reason_init(&j->rs, m->reason, opens);
+    j->hreason = api_is_chat(kind) && m->reason == TMPL_REASON_CHANNEL && j->tools_on &&
+                 j->tfam == TOOLS_HARMONY && (!j->p.grammar || j->tlazy);
+    if (j->split || j->hreason) tmpl_reason_init(&j->rs, m->reason, opens);
     /* the calls of some families start with a control token ([TOOL_CALLS]) */
     const bool special_calls =
         j->tools_on && (j->tfam == TOOLS_MISTRAL || j->tfam == TOOLS_MISTRAL_V3 ||
                         j->tfam == TOOLS_DEEPSEEK || j->tfam == TOOLS_HARMONY);
-    tok_stream_init(&j->ts, m->tok,
-                    (m->reason == TMPL_REASON_CHANNEL && j->split) || special_calls
-                        ? TOK_DECODE_SPECIAL
-                        : 0);
+    tok_stream_init(
+        &j->ts, m->tok,
+        (m->reason == TMPL_REASON_CHANNEL && j->split) || special_calls ? TOK_DECODE_SPECIAL : 0);
     if (!j->p.stream) j->lp = new_logprobs(j);
     return 0;
 }
@@ -1058,8 +1078,7 @@ void fe_job_http(struct fe *f, struct http_req *r, enum api_kind kind)
     unsigned st = kind == API_MESSAGES    ? api_anthropic_parse(body, len, m->n_vocab, &j->p, &e)
                   : kind == API_RESPONSES ? api_responses_parse(body, len, m->n_vocab, &j->p, &e)
                                           : api_parse(kind, body, len, m->n_vocab, &j->p, &e);
-    if (st != 0 || tools_setup(f, j, &e) != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0)
-        goto fail;
+    if (st != 0 || tools_setup(f, j, &e) != 0 || prompt_ids(f, j, &ids, &opens, &e) != 0) goto fail;
     j->n_prompt = (uint32_t)ids.n;
     n = j->p.n ? j->p.n : 1;
     uint32_t limit = f->o.max_tokens ? f->o.max_tokens : m->n_ctx;

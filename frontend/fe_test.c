@@ -274,6 +274,17 @@ static void fake_init(struct fake *w, uint64_t fp)
     free(ids.v);
 }
 
+/* fake_reply makes text w's reply. */
+static void fake_reply(struct fake *w, const char *text)
+{
+    struct tok_ids ids = {0};
+    ck_assert_int_eq(tok_encode(w->tok, text, strlen(text), 0, &ids), 0);
+    ck_assert_uint_lt(ids.n, 256);
+    memcpy(w->reply, ids.v, ids.n * sizeof *ids.v);
+    w->n_reply = (uint32_t)ids.n;
+    free(ids.v);
+}
+
 static void fake_fini(struct fake *w)
 {
     tok_fini(w->tok);
@@ -1261,22 +1272,31 @@ START_TEST(api_key)
 }
 END_TEST
 
+/* start_templated starts a frontend of one fake worker whose chat template is src. */
+static void start_templated(const char *name, const char *src, uint32_t max_tokens)
+{
+    static char path[512]; /* the frontend keeps the option's pointer */
+    snprintf(path, sizeof path, "%s/%s", test_tmpdir(), name);
+    FILE *fp = fopen(path, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs(src, fp);
+    fclose(fp);
+    struct fe_opts o = {.chat_template = path, .monitor_ms = 50, .max_tokens = max_tokens};
+    start_fe(&o, 1);
+    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+}
+
 START_TEST(reasoning)
 {
     /* a think-style template: the answer's <think> part becomes reasoning_content, and
      * chat_template_kwargs reach the template */
-    char path[512];
-    snprintf(path, sizeof path, "%s/think.jinja", test_tmpdir());
-    FILE *fp = fopen(path, "w");
-    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-          "<think>\n\n</think>\n\n{% endif %}{% if reasoning_effort is defined %}effort={{ "
-          "reasoning_effort }}{% endif %}",
-          fp);
-    fclose(fp);
-    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
-    start_fe(&o, 1);
-    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    start_templated(
+        "think.jinja",
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% "
+        "endfor %}<|im_start|>assistant\n{% if enable_thinking is defined and not "
+        "enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% if reasoning_effort is "
+        "defined %}effort={{ reasoning_effort }}{% endif %}",
+        0);
     json_t *j = chat("", 200);
     ck_assert_str_eq(str_at(j, "choices.0.message.content"), "Hello world. The answer is 42.");
     ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Let me see.");
@@ -1306,22 +1326,118 @@ START_TEST(reasoning)
 }
 END_TEST
 
+START_TEST(harmony_reasoning_with_and_without_tools)
+{
+    /* a gpt-oss-style template: the analysis channel is the reasoning whether or not the request
+     * has tools (whose calls are in the commentary channel's headers), in every API shape, whole
+     * and streamed */
+    start_templated(
+        "harmony.jinja",
+        "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}{% for c "
+        "in m.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ "
+        "c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | "
+        "tojson }}<|call|>{% endfor %}<|end|>{% endfor %}<|start|>assistant",
+        250);
+    static const char CALL[] =
+        "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+        "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}"
+        "<|call|>";
+    static const char FINAL[] = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>"
+                                "assistant<|channel|>final<|message|>It is sunny.";
+    static const char PARAMS[] =
+        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}";
+    char tools[512], extra[1024], body[2048];
+    snprintf(tools, sizeof tools,
+             "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":%s}}]",
+             PARAMS);
+    fake_reply(&W0, CALL);
+    snprintf(extra, sizeof extra, ",\"tools\":%s", tools);
+    json_t *j = chat(extra, 200);
+    ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Need the weather.");
+    ck_assert_str_eq(str_at(j, "choices.0.message.tool_calls.0.function.name"), "get_weather");
+    ck_assert_str_eq(str_at(j, "choices.0.message.tool_calls.0.function.arguments"),
+                     "{\"city\":\"Oslo\"}");
+    ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "tool_calls");
+    json_decref(j);
+    struct resp r;
+    snprintf(extra, sizeof extra, ",\"stream\":true,\"tools\":%s", tools);
+    snprintf(body, sizeof body, chat_body, extra);
+    request("POST", "/v1/chat/completions", body, NULL, &r);
+    int n;
+    json_t *last = NULL;
+    ck_assert_str_eq(sse_collect(r.body, "reasoning_content", NULL, &n), "Need the weather.");
+    ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), "");
+    ck_assert_ptr_nonnull(strstr(r.body, "\"tool_calls\":[{"));
+    sse_collect(r.body, "finish_reason", &last, &n);
+    json_decref(last);
+    free(r.body);
+    /* Messages: a thinking block, then the tool_use block */
+    static const char MSG[] =
+        "{\"max_tokens\":250%s,\"messages\":[{\"role\":\"user\",\"content\":"
+        "\"hi\"}],\"tools\":[{\"name\":\"get_weather\",\"input_schema\":%s}]}";
+    static const char RSP[] = "{\"input\":\"hi\"%s,\"tools\":[{\"type\":\"function\",\"name\":"
+                              "\"get_weather\",\"parameters\":%s}]}";
+    snprintf(body, sizeof body, MSG, "", PARAMS);
+    j = post_json("/v1/messages", body, 200);
+    ck_assert_str_eq(str_at(j, "content.0.type"), "thinking");
+    ck_assert_str_eq(str_at(j, "content.0.thinking"), "Need the weather.");
+    ck_assert_str_eq(str_at(j, "content.1.type"), "tool_use");
+    ck_assert_str_eq(str_at(j, "content.1.name"), "get_weather");
+    ck_assert_str_eq(str_at(j, "stop_reason"), "tool_use");
+    json_decref(j);
+    snprintf(body, sizeof body, MSG, ",\"stream\":true", PARAMS);
+    request("POST", "/v1/messages", body, NULL, &r);
+    json_t *ev = named_events(r.body);
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "thinking"), "Need the weather.");
+    ck_assert_str_eq(deltas(ev, "content_block_delta", "partial_json"), "{\"city\":\"Oslo\"}");
+    json_decref(ev);
+    free(r.body);
+    /* Responses: a reasoning item, then the function_call item */
+    snprintf(body, sizeof body, RSP, "", PARAMS);
+    j = post_json("/v1/responses", body, 200);
+    ck_assert_str_eq(str_at(j, "output.0.type"), "reasoning");
+    ck_assert_str_eq(str_at(j, "output.0.content.0.text"), "Need the weather.");
+    ck_assert_str_eq(str_at(j, "output.1.type"), "function_call");
+    ck_assert_str_eq(str_at(j, "output.1.name"), "get_weather");
+    json_decref(j);
+    snprintf(body, sizeof body, RSP, ",\"stream\":true", PARAMS);
+    request("POST", "/v1/responses", body, NULL, &r);
+    ev = named_events(r.body);
+    ck_assert_str_eq(deltas(ev, "response.reasoning_text.delta", "delta"), "Need the weather.");
+    json_decref(ev);
+    free(r.body);
+    /* a final answer, with tools and without: reasoning and content */
+    fake_reply(&W0, FINAL);
+    for (int with = 0; with < 2; with++) {
+        snprintf(extra, sizeof extra, "%s%s", with ? ",\"tools\":" : "", with ? tools : "");
+        j = chat(extra, 200);
+        ck_assert_str_eq(str_at(j, "choices.0.message.reasoning_content"), "Need the weather.");
+        ck_assert_str_eq(str_at(j, "choices.0.message.content"), "It is sunny.");
+        ck_assert_str_eq(str_at(j, "choices.0.finish_reason"), "stop");
+        json_decref(j);
+        snprintf(extra, sizeof extra, ",\"stream\":true%s%s", with ? ",\"tools\":" : "",
+                 with ? tools : "");
+        snprintf(body, sizeof body, chat_body, extra);
+        request("POST", "/v1/chat/completions", body, NULL, &r);
+        ck_assert_str_eq(sse_collect(r.body, "reasoning_content", NULL, &n), "Need the weather.");
+        ck_assert_str_eq(sse_collect(r.body, "content", NULL, &n), "It is sunny.");
+        free(r.body);
+    }
+    teardown();
+}
+END_TEST
+
 START_TEST(thinking_blocks)
 {
     /* a think-style template: the reasoning becomes Messages' thinking blocks and a Responses
      * reasoning item, whole and streamed; thinking {"type": "disabled"} reaches the template as
      * enable_thinking = false */
-    char path[512];
-    snprintf(path, sizeof path, "%s/think.jinja", test_tmpdir());
-    FILE *fp = fopen(path, "w");
-    fputs("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-          "<think>\n\n</think>\n\n{% endif %}",
-          fp);
-    fclose(fp);
-    struct fe_opts o = {.chat_template = path, .monitor_ms = 50};
-    start_fe(&o, 1);
-    ck_assert_int_eq(fe_wait_ready(F, 5000), 0);
+    start_templated(
+        "think.jinja",
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% "
+        "endfor %}<|im_start|>assistant\n{% if enable_thinking is defined and not "
+        "enable_thinking %}<think>\n\n</think>\n\n{% endif %}",
+        0);
     json_t *j = messages("", 200);
     ck_assert_str_eq(str_at(j, "content.0.type"), "thinking");
     ck_assert_str_eq(str_at(j, "content.0.thinking"), "Let me see.");
@@ -2009,6 +2125,7 @@ static Suite *suite(void)
     tcase_add_test(own, api_key);
     tcase_add_test(own, reasoning);
     tcase_add_test(own, thinking_blocks);
+    tcase_add_test(own, harmony_reasoning_with_and_without_tools);
     tcase_add_test(own, template_sees_tools);
     tcase_add_test(own, n_counts_against_max_active);
     tcase_add_test(own, routing_and_refusal);

@@ -101,6 +101,7 @@ static json_t *json_at(const char *s, size_t n, size_t pos, size_t *end)
 
 struct parse {
     enum tools_family f;
+    const json_t *tools; /* the request's, for the types of XML-like arguments; may be NULL */
     const char *seed;
     struct tools_parsed *out;
     size_t cap;
@@ -179,11 +180,73 @@ static bool call_object(struct parse *p, json_t *v)
     return true;
 }
 
-/* value_of reads an XML-style parameter value: JSON when it is JSON, else the text. */
-static json_t *value_of(const char *s, size_t n)
+/* param_schema: the schema of parameter key of function name[0..nl) in p's tools, or NULL. */
+static const json_t *param_schema(const struct parse *p, const char *name, size_t nl,
+                                  const char *key)
 {
+    size_t i;
+    const json_t *t;
+    json_array_foreach(p->tools, i, t)
+    {
+        const json_t *fn = json_object_get(t, "function");
+        const char *n = json_string_value(json_object_get(fn, "name"));
+        if (n && strlen(n) == nl && memcmp(n, name, nl) == 0)
+            return json_object_get(json_object_get(json_object_get(fn, "parameters"), "properties"),
+                                   key);
+    }
+    return NULL;
+}
+
+/* value_of reads an XML-style parameter value: the text for a string parameter (ps, NULL when
+ * unknown), else JSON when it is JSON (Python's True and False as booleans), else the text. */
+static json_t *value_of(const json_t *ps, const char *s, size_t n)
+{
+    if (ps && tools_string_param(ps)) return json_stringn(s, n);
     json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
+    if (!v && n == 4 && memcmp(s, "True", 4) == 0) v = json_true();
+    if (!v && n == 5 && memcmp(s, "False", 5) == 0) v = json_false();
     return v ? v : json_stringn(s, n);
+}
+
+/* xml_arg reads one XML-style parameter value at s[v..) that ends at close, into *val, and
+ * returns where close is (n when it is not there). A typed parameter's JSON is read as JSON
+ * first: its strings may hold the closing marker. strip_nl: a newline before close is not the
+ * value's (Qwen3-Coder writes one). */
+static size_t xml_arg(const json_t *ps, const char *s, size_t n, size_t v, const char *close,
+                      bool strip_nl, json_t **val)
+{
+    if (ps && !tools_string_param(ps)) {
+        size_t end;
+        json_t *j = json_at(s, n, skip_ws(s, n, v), &end);
+        if (j && at(s, n, (end = skip_ws(s, n, end)), close)) {
+            *val = j;
+            return end;
+        }
+        json_decref(j);
+    }
+    const size_t e = find(s, n, v, close);
+    if (e == n) return n;
+    size_t vl = e - v;
+    if (strip_nl && vl && s[v + vl - 1] == '\n') vl--;
+    *val = value_of(ps, s + v, vl);
+    return e;
+}
+
+/* xml_param adds the parameter named s[k..k_end) to args, its value at s[v..) ending at close,
+ * typed by the parameter's schema in function s[name..name_end); returns where close is, n when
+ * it is not there. */
+static size_t xml_param(const struct parse *p, const char *s, size_t n, size_t name,
+                        size_t name_end, size_t k, size_t k_end, size_t v, const char *close,
+                        bool strip_nl, json_t *args)
+{
+    char *key = strndup(s + k, k_end - k);
+    json_t *val = NULL;
+    const size_t e = key ? xml_arg(param_schema(p, s + name, name_end - name, key), s, n, v, close,
+                                   strip_nl, &val)
+                         : n;
+    if (e < n) json_object_set_new(args, key, val);
+    free(key);
+    return e;
 }
 
 /* Each family's parser takes the calls from pos (at the first marker) and returns where they
@@ -216,16 +279,13 @@ static size_t parse_qwen_xml(struct parse *p, const char *s, size_t n, size_t po
         while (at(s, n, pos, "<parameter=")) {
             size_t k = pos + 11, k_end = find(s, n, k, ">");
             size_t v = k_end + 1 < n && s[k_end + 1] == '\n' ? k_end + 2 : k_end + 1;
-            size_t v_end = find(s, n, v, "</parameter>");
-            if (k_end == n || v_end == n) {
+            size_t v_end = k_end < n ? xml_param(p, s, n, name, name_end, k, k_end, v,
+                                                 "</parameter>", true, args)
+                                     : n;
+            if (v_end == n) {
                 json_decref(args);
                 return (size_t)-1;
             }
-            size_t vl = v_end - v;
-            if (vl && s[v + vl - 1] == '\n') vl--;
-            char *key = strndup(s + k, k_end - k);
-            if (key) json_object_set_new(args, key, value_of(s + v, vl));
-            free(key);
             pos = skip_ws(s, n, v_end + 12);
         }
         if (!at(s, n, pos, "</function>")) {
@@ -256,11 +316,9 @@ static size_t parse_glm(struct parse *p, const char *s, size_t n, size_t pos)
             size_t v = skip_ws(s, n, k_end + 10);
             if (k_end == n || !at(s, n, v, "<arg_value>")) break;
             v += 11;
-            size_t v_end = find(s, n, v, "</arg_value>");
+            size_t v_end =
+                xml_param(p, s, n, name, name_end, k, k_end, v, "</arg_value>", false, args);
             if (v_end == n) break;
-            char *key = strndup(s + k, k_end - k);
-            if (key) json_object_set_new(args, key, value_of(s + v, v_end - v));
-            free(key);
             pos = skip_ws(s, n, v_end + 12);
         }
         if (!at(s, n, pos, "</tool_call>") || name_end == name) {
@@ -437,11 +495,11 @@ static int harmony_content(const char *s, size_t n, struct tools_parsed *out)
     return 0;
 }
 
-int tools_parse(enum tools_family f, const char *text, size_t n, const char *id_seed,
-                struct tools_parsed *out)
+int tools_parse(enum tools_family f, const json_t *tools, const char *text, size_t n,
+                const char *id_seed, struct tools_parsed *out)
 {
     memset(out, 0, sizeof *out);
-    struct parse p = {.f = f, .seed = id_seed ? id_seed : "", .out = out};
+    struct parse p = {.f = f, .tools = tools, .seed = id_seed ? id_seed : "", .out = out};
     size_t start = first_marker(f, text, n), end = n;
     if (start < n) end = FAMILIES[f].parse(&p, text, n, start);
     if (p.err) {
@@ -591,24 +649,99 @@ static void token_refs(struct gb *b, const struct tok *tok)
     }
 }
 
+/* gb_lit writes s as a GBNF literal. */
+static void gb_lit(struct gb *b, const char *s)
+{
+    gb_printf(b, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        if (*c == '"' || *c == '\\')
+            gb_printf(b, "\\%c", *c);
+        else if (*c == '\n')
+            gb_printf(b, "\\n");
+        else if (*c < 0x20 || *c == 0x7f)
+            gb_printf(b, "\\x%02x", *c);
+        else
+            gb_printf(b, "%c", *c);
+    gb_printf(b, "\"");
+}
+
+/* The triggers of a lazy grammar (tool_choice auto): where each family's calls begin. */
+static const char *const TRIGGER[] = {
+    [TOOLS_HERMES] = "%trigger \"<tool_call>\"",
+    [TOOLS_QWEN_XML] = "%trigger \"<tool_call>\"",
+    [TOOLS_GLM] = "%trigger \"<tool_call>\"",
+    [TOOLS_MISTRAL] = "%trigger \"[TOOL_CALLS]\"",
+    [TOOLS_MISTRAL_V3] = "%trigger \"[TOOL_CALLS]\"",
+    [TOOLS_LLAMA3] = "%trigger-start \"{\"",
+    [TOOLS_DEEPSEEK] = "%trigger \"" DS_CALLS_BEGIN "\"",
+    [TOOLS_HARMONY] = "%trigger \"<|channel|>commentary to=\"",
+};
+
+/* xml_value writes the GBNF of one parameter's value in the XML-like syntaxes: a string's text as
+ * it is (an enum's or const's strings as alternatives), anything else as JSON of its schema
+ * (rule `rule`, added to the schemas compiled). */
+static void xml_value(struct gb *b, const json_t *ps, const char *rule)
+{
+    const json_t *en = json_object_get(ps, "enum"), *cn = json_object_get(ps, "const"), *v;
+    size_t i;
+    if (!tools_string_param(ps)) {
+        gb_printf(b, "%s", rule);
+        return;
+    }
+    if (json_is_string(cn)) {
+        gb_lit(b, json_string_value(cn));
+        return;
+    }
+    if (json_array_size(en)) {
+        gb_printf(b, "(");
+        json_array_foreach(en, i, v)
+        {
+            gb_printf(b, "%s", i ? " | " : "");
+            gb_lit(b, json_string_value(v));
+        }
+        gb_printf(b, ")");
+        return;
+    }
+    gb_printf(b, "xml-text");
+}
+
+bool tools_string_param(const json_t *ps)
+{
+    const json_t *type = json_object_get(ps, "type"), *en = json_object_get(ps, "enum"), *v;
+    size_t i;
+    if (json_is_string(json_object_get(ps, "const"))) return true;
+    if (json_array_size(en)) {
+        json_array_foreach(en, i, v) if (!json_is_string(v)) return false;
+        return true;
+    }
+    return json_is_string(type) && strcmp(json_string_value(type), "string") == 0;
+}
+
 int tools_grammar(enum tools_family f, const json_t *tools, const char *only, bool parallel,
-                  const struct tok *tok, char **gbnf)
+                  bool lazy, const struct tok *tok, char **gbnf)
 {
     *gbnf = NULL;
     const struct syntax *sx = &SYNTAX[f];
     const size_t n = json_array_size(tools);
-    const json_t **schemas = calloc(n ? n : 1, sizeof *schemas);
-    char(*names)[24] = calloc(n ? n : 1, sizeof *names);
-    const char **np = calloc(n ? n : 1, sizeof *np);
+    size_t cap = n + 1; /* schemas: one per function, or one per typed parameter */
+    for (size_t i = 0; i < n; i++)
+        cap += json_object_size(json_object_get(
+            json_object_get(json_object_get(json_array_get(tools, i), "function"), "parameters"),
+            "properties"));
+    const json_t **schemas = calloc(cap, sizeof *schemas);
+    char(*names)[32] = calloc(cap, sizeof *names);
+    const char **np = calloc(cap, sizeof *np);
     json_t *any_object = json_pack("{s:s}", "type", "object");
-    struct gb b = {0};
+    struct gb b = {0}, xa = {0}; /* the grammar, and the XML syntaxes' argument rules */
     char *args = NULL;
     int rv = 0;
-    size_t k = 0;
+    size_t k = 0, ns = 0;
+    bool generic = false; /* some function takes any XML arguments */
     if (!schemas || !names || !np || !any_object) {
         rv = STRATA_ENOMEM;
         goto out;
     }
+    if (lazy) gb_printf(&b, "%s\n", TRIGGER[f]);
     if (parallel && sx->parallel)
         gb_printf(&b, "root ::= %s call (%s call)* %s\n", sx->open, sx->sep, sx->close);
     else
@@ -619,35 +752,74 @@ int tools_grammar(enum tools_family f, const json_t *tools, const char *only, bo
         const char *name = json_string_value(json_object_get(fn, "name"));
         if (only && strcmp(name, only) != 0) continue;
         const json_t *params = json_object_get(fn, "parameters");
-        snprintf(names[k], sizeof names[k], "args-%zu", k);
-        np[k] = names[k];
-        schemas[k] = params && !json_is_null(params) ? params : any_object;
+        char args_rule[32];
+        if (sx->json_args) {
+            snprintf(names[ns], sizeof names[ns], "args-%zu", k);
+            np[ns] = names[ns];
+            schemas[ns++] = params && !json_is_null(params) ? params : any_object;
+            snprintf(args_rule, sizeof args_rule, "args-%zu", k);
+        } else if (!json_is_object(json_object_get(params, "properties"))) {
+            snprintf(args_rule, sizeof args_rule, "xml-args");
+            generic = true;
+        } else { /* each parameter by its schema, the required ones present */
+            snprintf(args_rule, sizeof args_rule, "xargs-%zu", k);
+            const json_t *props = json_object_get(params, "properties"), *req, *ps;
+            const char *key;
+            size_t j = 0;
+            gb_printf(&xa, "%s ::=", args_rule);
+            json_object_foreach((json_t *)props, key, ps)
+            {
+                bool required = false;
+                size_t r;
+                json_t *rk;
+                req = json_object_get(params, "required");
+                json_array_foreach(req, r, rk) required |= !strcmp(json_string_value(rk), key);
+                const char *rule = names[ns];
+                snprintf(names[ns], sizeof names[ns], "xv-%zu-%zu", k, j++);
+                if (!tools_string_param(ps)) { /* JSON: its schema's rule */
+                    np[ns] = names[ns];
+                    schemas[ns++] = ps;
+                }
+                gb_printf(&xa, " (");
+                gb_printf(&xa, f == TOOLS_QWEN_XML ? "\"<parameter=\" " : "\"<arg_key>\" ");
+                gb_lit(&xa, key);
+                gb_printf(&xa, f == TOOLS_QWEN_XML ? " \">\\n\" " : " \"</arg_key><arg_value>\" ");
+                xml_value(&xa, ps, rule);
+                gb_printf(&xa,
+                          f == TOOLS_QWEN_XML ? " \"\\n</parameter>\\n\")" : " \"</arg_value>\")");
+                if (!required) gb_printf(&xa, "?");
+            }
+            gb_printf(&xa, "\n");
+        }
         gb_printf(&b, "%s %s%s%s %s %s", k ? " |" : "", sx->before_name, name, sx->after_name,
-                  sx->json_args ? names[k] : "xml-args", sx->after_args);
+                  args_rule, sx->after_args);
         k++;
     }
     gb_printf(&b, "\n");
+    if (xa.n) gb_printf(&b, "%s", xa.p);
     token_refs(&b, tok);
     if (k == 0) {
         rv = strata_errf(STRATA_EINVAL, "no tool named '%s'", only ? only : "");
         goto out;
     }
-    if (sx->json_args) {
-        if ((rv = grammar_from_schemas(schemas, np, k, &args)) != 0) goto out;
+    if (ns) {
+        if ((rv = grammar_from_schemas(schemas, np, ns, &args)) != 0) goto out;
         gb_printf(&b, "%s", args);
-    } else if (f == TOOLS_QWEN_XML) {
+    }
+    if (!sx->json_args) gb_printf(&b, "xml-text ::= [^<]*\n");
+    if (generic && f == TOOLS_QWEN_XML)
         gb_printf(&b, "xml-args ::= (\"<parameter=\" [a-zA-Z0-9_.-]+ \">\\n\" [^<]* "
                       "\"</parameter>\\n\")*\n");
-    } else {
+    else if (generic)
         gb_printf(&b, "xml-args ::= (\"<arg_key>\" [a-zA-Z0-9_.-]+ \"</arg_key><arg_value>\" "
                       "[^<]* \"</arg_value>\")*\n");
-    }
-    if (b.oom) rv = STRATA_ENOMEM;
+    if (b.oom || xa.oom) rv = STRATA_ENOMEM;
 out:
     free(args);
     free(schemas);
     free(names);
     free(np);
+    free(xa.p);
     json_decref(any_object);
     if (rv) {
         free(b.p);

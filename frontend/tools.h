@@ -52,9 +52,11 @@ struct tools_parsed {
 
 /* tools_parse splits text[0..n) into content and calls; ids are made from id_seed and the
  * call's index (9 characters for Mistral, whose templates require it, "call_..." otherwise).
- * Arguments come out as compact JSON objects. STRATA_ENOMEM only. */
-int tools_parse(enum tools_family f, const char *text, size_t n, const char *id_seed,
-                struct tools_parsed *out);
+ * Arguments come out as compact JSON objects; the XML-like syntaxes' values are typed by the
+ * parameters' schemas in tools (the request's; NULL: JSON when a value reads as JSON).
+ * STRATA_ENOMEM only. */
+int tools_parse(enum tools_family f, const json_t *tools, const char *text, size_t n,
+                const char *id_seed, struct tools_parsed *out);
 void tools_parsed_free(struct tools_parsed *p);
 
 /* tools_content_end: how many bytes of text[0..n) are surely content: up to the first call
@@ -63,11 +65,19 @@ void tools_parsed_free(struct tools_parsed *p);
 size_t tools_content_end(enum tools_family f, const char *text, size_t n);
 
 /* tools_grammar writes GBNF (malloc'd) that forces f's call syntax for one of tools (or only the
- * one named `only`), arguments held to each function's parameters where the syntax is JSON;
- * several calls when parallel. Markers that are control tokens of tok ([TOOL_CALLS], gpt-oss's
+ * one named `only`), arguments held to each function's parameters: JSON by the schema, or in the
+ * XML-like syntaxes (Qwen3-Coder, GLM) each parameter's value by its schema (a string's text as
+ * it is, an enum's strings, anything else JSON), the required ones present, in the order of
+ * `properties`; several calls when parallel. lazy (tool_choice auto): a lazy grammar whose
+ * trigger is the family's call marker, so text before a call is free and a call once begun is
+ * held to the grammar. Markers that are control tokens of tok ([TOOL_CALLS], gpt-oss's
  * <|channel|>) become token references <[id]> (tok NULL: all text). STRATA_EINVAL for a schema
  * the grammar cannot express (the detail names the tool), STRATA_ENOMEM. */
 int tools_grammar(enum tools_family f, const json_t *tools, const char *only, bool parallel,
-                  const struct tok *tok, char **gbnf);
+                  bool lazy, const struct tok *tok, char **gbnf);
+
+/* tools_string_param: a parameter schema whose values are strings (type string, or an enum or
+ * const of strings): the XML-like syntaxes write them as bare text. */
+bool tools_string_param(const json_t *ps);
 
 #endif

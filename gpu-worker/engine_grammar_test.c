@@ -1,7 +1,8 @@
 /* engine_grammar_test — grammar-constrained generation in the engine on a random-weight fixture:
  * outputs that stop are sentences of the grammar (JSON checked by jansson against the schema's
  * shape), outputs cut by length are prefixes, a resumed request continues the same ids with its
- * grammar state rebuilt, drafts change nothing, and a bad grammar is refused at submit. */
+ * grammar state rebuilt, drafts change nothing, a lazy grammar holds the text from its trigger
+ * on, and a bad grammar is refused at submit. */
 #include "common/base/err.h"
 #include "common/grammar/grammar.h"
 #include "common/tok/tok.h"
@@ -191,6 +192,120 @@ START_TEST(a_resumed_request_and_drafts_keep_the_ids)
 }
 END_TEST
 
+/* a_lazy_grammar_holds_the_text_from_its_trigger: over seeds, the text before a lazy grammar's
+ * trigger is free and from the trigger on it is held to the grammar (a sentence when it stops by
+ * the grammar); a resumed request (before or after the trigger) and drafts give the same ids. The
+ * trigger is a piece the model writes often, so calls begin. */
+START_TEST(a_lazy_grammar_holds_the_text_from_its_trigger)
+{
+    struct engine *e = start(0), *d = start(4);
+    /* the alphabetic piece most runs write, past their first pieces (text comes first), in the
+     * free text of a lazy grammar whose trigger never comes */
+    static uint32_t count[1 << 16];
+    static bool first[1 << 16];
+    memset(count, 0, sizeof count);
+    memset(first, 0, sizeof first);
+    for (int seed = 0; seed < 16; seed++) {
+        char id[32];
+        struct run r;
+        snprintf(id, sizeof id, "free%d", seed);
+        submit(e, id, PROMPT, N_PROMPT, 0, 60, 200 + (uint64_t)seed, seed % 5 == 4 ? 0.0f : 1.0f,
+               "%trigger \"\\x01\"\nroot ::= \"\\x01\"\n");
+        drain(e, id, &r);
+        static bool seen[1 << 16];
+        memset(seen, 0, sizeof seen);
+        for (uint32_t i = 0; i < r.n; i++) {
+            if (r.ids[i] < 0 || r.ids[i] >= (1 << 16)) continue;
+            if (i < 2)
+                first[r.ids[i]] = true;
+            else if (!seen[r.ids[i]])
+                count[r.ids[i]]++;
+            seen[r.ids[i]] = true;
+        }
+    }
+    char trig[64] = "";
+    uint32_t best = 0;
+    for (int32_t t = 0; t < (1 << 16); t++) {
+        if (count[t] <= best || t == g_eos || first[t]) continue;
+        struct tok_buf b = {0};
+        if (tok_piece(g_tok, t, 0, &b) != 0 || !b.n || b.n >= sizeof trig) {
+            free(b.p);
+            continue;
+        }
+        bool alpha = false, ok = true;
+        for (size_t i = 0; i < b.n; i++) {
+            const char c = b.p[i];
+            ok &= (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == ' ';
+            alpha |= c != ' ';
+        }
+        if (ok && alpha) {
+            best = count[t];
+            memcpy(trig, b.p, b.n);
+            trig[b.n] = 0;
+        }
+        free(b.p);
+    }
+    ck_assert_msg(best > 0, "no alphabetic piece generated");
+    char strict[256], lazy[512];
+    snprintf(strict, sizeof strict,
+             "root ::= \"%s\" \"[\" item (\", \" item)* \"]\"\nitem ::= [a-z]{1,6} | [0-9]+\n",
+             trig);
+    snprintf(lazy, sizeof lazy, "%%trigger \"%s\"\n%s", trig, strict);
+    struct grammar *g;
+    ck_assert_int_eq(grammar_parse(strict, strlen(strict), &g), 0);
+    int triggered = 0, ended = 0, free_text = 0;
+    for (int seed = 0; seed < 16; seed++) {
+        char id[32];
+        struct run whole, tail, drafted;
+        const float temp = seed % 5 == 4 ? 0.0f : 1.0f;
+        snprintf(id, sizeof id, "lazy%d", seed);
+        submit(e, id, PROMPT, N_PROMPT, 0, 60, 200 + (uint64_t)seed, temp, lazy);
+        drain(e, id, &whole);
+        ck_assert_msg(whole.finish == ENGINE_FINISH_STOP || whole.finish == ENGINE_FINISH_LENGTH,
+                      "seed %d: finish %d: %s", seed, whole.finish, whole.error);
+        const char *at = strstr(whole.text, trig);
+        if (at) {
+            struct grammar_matcher *m;
+            ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+            ck_assert_msg(grammar_matcher_feed(m, at, strlen(at)) == 0,
+                          "seed %d: after the trigger '%s': %s", seed, trig, at);
+            if (whole.grammar_end) {
+                ck_assert(grammar_matcher_done(m));
+                ended++;
+            }
+            grammar_matcher_fini(m);
+            triggered++;
+            free_text += at > whole.text;
+        } else {
+            ck_assert(!whole.grammar_end);
+        }
+        submit(d, id, PROMPT, N_PROMPT, 0, 60, 200 + (uint64_t)seed, temp, lazy);
+        drain(d, id, &drafted);
+        ck_assert_uint_eq(drafted.n, whole.n);
+        ck_assert_mem_eq(drafted.ids, whole.ids, whole.n * sizeof *whole.ids);
+        if (whole.n < 2) continue;
+        /* resume at a point before, and one after, where the trigger began */
+        for (uint32_t k = whole.n / 3; k < whole.n; k += whole.n / 3 ? whole.n / 3 : 1) {
+            int32_t prompt[N_PROMPT + MAX_GEN];
+            memcpy(prompt, PROMPT, sizeof PROMPT);
+            memcpy(prompt + N_PROMPT, whole.ids, k * sizeof *prompt);
+            snprintf(id, sizeof id, "lr%d-%u", seed, k);
+            submit(e, id, prompt, N_PROMPT + k, k, 60 - k, 200 + (uint64_t)seed, temp, lazy);
+            drain(e, id, &tail);
+            ck_assert_uint_eq(tail.n, whole.n - k);
+            ck_assert_mem_eq(tail.ids, whole.ids + k, tail.n * sizeof *tail.ids);
+            ck_assert_int_eq(tail.finish, whole.finish);
+        }
+    }
+    ck_assert_msg(triggered >= 4, "%d of 16 triggered ('%s')", triggered, trig);
+    ck_assert_int_gt(ended, 0);
+    ck_assert_int_gt(free_text, 0);
+    grammar_fini(g);
+    engine_close(d);
+    engine_close(e);
+}
+END_TEST
+
 START_TEST(bad_grammars_are_refused_at_submit)
 {
     struct engine *e = start(0);
@@ -250,6 +365,7 @@ int main(void)
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, stops_are_sentences_and_lengths_prefixes);
     tcase_add_test(tc, a_resumed_request_and_drafts_keep_the_ids);
+    tcase_add_test(tc, a_lazy_grammar_holds_the_text_from_its_trigger);
     tcase_add_test(tc, bad_grammars_are_refused_at_submit);
     suite_add_tcase(s, tc);
     int rv = test_run(s);

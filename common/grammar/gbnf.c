@@ -743,6 +743,62 @@ static int compile(struct parser *ps, uint32_t root, struct grammar *g)
     return 0;
 }
 
+/* parse_trigger reads a directive line after its '%': `trigger` or `trigger-start`, then literals
+ * and token references <[id]> whose bytes, joined, are one trigger of a lazy grammar. */
+static int parse_trigger(struct parser *ps, struct grammar *g)
+{
+    const char *w = ps->p;
+    while (ps->p < ps->end && word_char(*ps->p))
+        ps->p++;
+    const size_t wl = (size_t)(ps->p - w);
+    const bool start = wl == 13 && memcmp(w, "trigger-start", 13) == 0;
+    if (!start && !(wl == 7 && memcmp(w, "trigger", 7) == 0))
+        return fail(ps, "unknown directive: %trigger and %trigger-start are known");
+    if (g->n_trig == GRAMMAR_MAX_TRIGGERS) return fail(ps, "too many triggers (at most 16)");
+    struct grammar_trigger *t = &g->trig[g->n_trig];
+    memset(t, 0, sizeof *t);
+    t->start = start;
+    skip_space(ps, false);
+    int rv = 0;
+    while (rv == 0 && ps->p < ps->end && *ps->p != '\n' && *ps->p != '\r') {
+        uint8_t b[GRAMMAR_TOKEN_BYTES];
+        int n = 0;
+        if (*ps->p == '"') {
+            ps->p++;
+            for (;;) {
+                if (ps->p >= ps->end) return fail(ps, "a literal is not closed: add '\"'");
+                if (*ps->p == '"') {
+                    ps->p++;
+                    break;
+                }
+                uint32_t cp;
+                if ((rv = read_char(ps, &cp)) != 0) return rv;
+                n = utf8_encode(cp, b);
+                if (t->len + (uint32_t)n > GRAMMAR_MAX_TRIGGER)
+                    return fail(ps, "a trigger of more than 128 bytes");
+                memcpy(t->b + t->len, b, (size_t)n);
+                t->len += (uint32_t)n;
+            }
+        } else if (*ps->p == '<' && ps->end - ps->p > 1 && ps->p[1] == '[') {
+            uint64_t id;
+            ps->p += 2;
+            if ((rv = parse_count(ps, &id)) != 0) return rv;
+            if (ps->end - ps->p < 2 || memcmp(ps->p, "]>", 2) != 0 || id >= GRAMMAR_MAX_TOKEN_ID)
+                return fail(ps, "a token reference is <[id]> with an id below 2^21");
+            ps->p += 2;
+            if (t->len + GRAMMAR_TOKEN_BYTES > GRAMMAR_MAX_TRIGGER)
+                return fail(ps, "a trigger of more than 128 bytes");
+            grammar_token_bytes((int32_t)id, (char *)t->b + t->len);
+            t->len += GRAMMAR_TOKEN_BYTES;
+        } else
+            return fail(ps, "a trigger is literals and token references <[id]>");
+        skip_space(ps, false);
+    }
+    if (!t->len) return fail(ps, "an empty trigger");
+    g->n_trig++;
+    return 0;
+}
+
 int grammar_parse(const char *text, size_t len, struct grammar **out)
 {
     *out = NULL;
@@ -763,6 +819,12 @@ int grammar_parse(const char *text, size_t len, struct grammar **out)
     if (rv) goto out;
     skip_space(&ps, true);
     while (ps.p < ps.end) {
+        if (*ps.p == '%') { /* a lazy grammar's trigger */
+            ps.p++;
+            if ((rv = parse_trigger(&ps, g)) != 0) goto out;
+            skip_space(&ps, true);
+            continue;
+        }
         const char *w = ps.p;
         while (ps.p < ps.end && word_char(*ps.p))
             ps.p++;

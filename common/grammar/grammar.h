@@ -96,6 +96,17 @@ int grammar_matcher_feed(struct grammar_matcher *m, const void *p, size_t n);
  * length 0 is refused (STRATA_EINVAL). */
 int grammar_matcher_accept_token(struct grammar_matcher *m, int32_t id);
 
+/* A lazy grammar (llama-server's grammar_lazy) begins with directive lines naming its triggers:
+ *     %trigger "<tool_call>"          a text (literals and token references <[id]>, joined)
+ *     %trigger-start "{"              the same, only where every byte before it is a blank
+ * Its matcher starts pending: the text is free (every token with bytes is allowed, and the end)
+ * until a trigger appears in it; the grammar then holds the text from the trigger's first byte
+ * on, so `root` begins with the trigger. While pending, a token that would complete a trigger and
+ * go on with bytes the grammar refuses is masked out, so the text after a trigger always
+ * continues the grammar. The pending state is a function of the bytes, like the rest.
+ * grammar_matcher_pending: no trigger yet. */
+bool grammar_matcher_pending(const struct grammar_matcher *m);
+
 /* grammar_matcher_accepting: the bytes so far are a sentence of the grammar. */
 bool grammar_matcher_accepting(const struct grammar_matcher *m);
 
@@ -125,7 +136,7 @@ size_t grammar_matcher_bytes(struct grammar_matcher *m);
 struct grammar_stats {
     uint32_t states;      /* automaton states interned */
     uint32_t stacks;      /* distinct stack nodes */
-    uint64_t masks_built; /* trie walks */
+    uint64_t masks_built; /* trie walks (and a lazy grammar's vocabulary scans) */
     uint64_t mask_hits;   /* masks answered from the cache */
 };
 void grammar_matcher_stats(const struct grammar_matcher *m, struct grammar_stats *out);

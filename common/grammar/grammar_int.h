@@ -16,7 +16,21 @@
 #define SYM_VAL(s)       ((s)&0x3fffffffu)
 #define GRAMMAR_MAX_SYMS (1u << 22) /* symbols after expanding repetitions */
 
+/* A lazy grammar's trigger: bytes whose first appearance in the output turns the grammar on,
+ * matched from the trigger's first byte (%trigger), or only where every byte before it is a blank
+ * (%trigger-start). */
+#define GRAMMAR_MAX_TRIGGER  128 /* bytes of one trigger */
+#define GRAMMAR_MAX_TRIGGERS 16
+
+struct grammar_trigger {
+    uint8_t b[GRAMMAR_MAX_TRIGGER];
+    uint32_t len;
+    bool start;
+};
+
 struct grammar {
+    struct grammar_trigger trig[GRAMMAR_MAX_TRIGGERS];
+    uint32_t n_trig; /* 0: not lazy */
     uint32_t *sym;
     uint32_t n_sym;
     uint32_t *alt_pos;  /* (n_alt) */

@@ -307,6 +307,132 @@ START_TEST(token_references_match_control_tokens_only)
 }
 END_TEST
 
+/* ---- lazy grammars ----------------------------------------------------------------------------
+ */
+
+static const char LAZY[] =
+    "%trigger \"{\\\"\"\n"
+    "%trigger-start \"[\"\n"
+    "root ::= \"{\\\"\" [a-z]+ \"\\\": \" [0-9]+ \"}\" | \"[\" [0-9]+ \"]\"\n";
+
+/* lazy_trigger_at: where LAZY's first trigger starts in s[0..n), n when none does. */
+static size_t lazy_trigger_at(const char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n && (s[i] == ' ' || s[i] == '\n'))
+        i++;
+    if (i < n && s[i] == '[') return i;
+    for (size_t k = 0; k + 1 < n; k++)
+        if (s[k] == '{' && s[k + 1] == '"') return k;
+    return n;
+}
+
+START_TEST(lazy_grammars_are_free_until_a_trigger)
+{
+    struct grammar *g = parse_ok(LAZY);
+    /* the same rules without the triggers: what the text from a trigger on must match */
+    struct grammar *strict = parse_ok(strchr(strchr(LAZY, '\n') + 1, '\n') + 1);
+    struct grammar_matcher *m;
+    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+    ck_assert(grammar_matcher_pending(m) && grammar_matcher_accepting(m));
+    ck_assert(!grammar_matcher_done(m));
+    const char *free_text = "any text [1] {x} \"{";
+    ck_assert_int_eq(grammar_matcher_feed(m, free_text, strlen(free_text)), 0);
+    ck_assert(grammar_matcher_pending(m));
+    ck_assert_int_eq(grammar_matcher_feed(m, "\"1", 2), STRATA_EINVAL); /* {"1 is no call */
+    ck_assert(grammar_matcher_pending(m));                              /* left as it was */
+    ck_assert_int_eq(grammar_matcher_feed(m, "\"ab", 3), 0);
+    ck_assert(!grammar_matcher_pending(m) && !grammar_matcher_accepting(m));
+    ck_assert_int_eq(grammar_matcher_feed(m, "\": 12}", 6), 0);
+    ck_assert(grammar_matcher_done(m));
+    grammar_matcher_fini(m);
+    /* %trigger-start: only after blanks */
+    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+    ck_assert_int_eq(grammar_matcher_feed(m, " \n[3", 4), 0);
+    ck_assert(!grammar_matcher_pending(m));
+    ck_assert_int_eq(grammar_matcher_feed(m, "x", 1), STRATA_EINVAL);
+    grammar_matcher_fini(m);
+    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
+    ck_assert_int_eq(grammar_matcher_feed(m, "a [x", 4), 0);
+    ck_assert(grammar_matcher_pending(m));
+    grammar_matcher_fini(m);
+
+    /* random walks over a vocabulary: every mask is what feeding each token says, and the text
+     * from the first trigger on is always a prefix of the grammar's language */
+    struct vocab vc;
+    vocab_make(&vc, 3);
+    struct grammar_matcher *proto;
+    ck_assert_int_eq(grammar_matcher_init(g, vc.v, &proto), 0);
+    struct test_rng r = {5};
+    static char out[1 << 14];
+    int32_t ids[512];
+    int triggered = 0, done = 0, free_before = 0;
+    for (int w = 0; w < 40; w++) {
+        ck_assert_int_eq(grammar_matcher_fork(proto, &m), 0);
+        size_t n = 0;
+        uint32_t n_ids = 0;
+        for (uint32_t step = 0; step < 300 && !grammar_matcher_done(m); step++) {
+            uint32_t mask[16], allowed[512], na = 0;
+            ck_assert_int_eq(grammar_matcher_mask_into(m, mask), 0);
+            const bool check = step < 4 || (n && (out[n - 1] == '{' || out[n - 1] == ' '));
+            for (uint32_t t = 0; t < vc.n; t++) {
+                if (check) {
+                    struct grammar_matcher *c;
+                    ck_assert_int_eq(grammar_matcher_fork(proto, &c), 0);
+                    bool ok = grammar_matcher_feed(c, out, n) == 0 && vc.len[t] &&
+                              grammar_matcher_feed(c, vc.tok[t], vc.len[t]) == 0;
+                    grammar_matcher_fini(c);
+                    ck_assert_msg(ok == bit(mask, t), "after '%.*s' token '%.*s': mask %d", (int)n,
+                                  out, (int)vc.len[t], vc.tok[t], bit(mask, t));
+                }
+                if (bit(mask, t)) allowed[na++] = t;
+            }
+            ck_assert_uint_gt(na, 0);
+            const uint32_t t = allowed[(size_t)(test_unif(&r) * na)];
+            ck_assert_int_eq(grammar_matcher_accept_token(m, (int32_t)t), 0);
+            memcpy(out + n, vc.tok[t], vc.len[t]);
+            n += vc.len[t];
+            ids[n_ids++] = (int32_t)t;
+        }
+        const size_t at = lazy_trigger_at(out, n);
+        ck_assert_int_eq(at < n, !grammar_matcher_pending(m));
+        if (at < n) {
+            struct grammar_matcher *c;
+            ck_assert_int_eq(grammar_matcher_init(strict, NULL, &c), 0);
+            ck_assert_msg(grammar_matcher_feed(c, out + at, n - at) == 0, "not a call: '%.*s'",
+                          (int)(n - at), out + at);
+            ck_assert_int_eq(grammar_matcher_done(c), grammar_matcher_done(m));
+            grammar_matcher_fini(c);
+            triggered++;
+            free_before += at > 0;
+            done += grammar_matcher_done(m);
+        }
+        /* rebuilt from its tokens, a matcher is in the same state */
+        struct grammar_matcher *b;
+        ck_assert_int_eq(grammar_matcher_fork(proto, &b), 0);
+        for (uint32_t j = 0; j < n_ids; j++)
+            ck_assert_int_eq(grammar_matcher_accept_token(b, ids[j]), 0);
+        uint32_t ma[16], mb[16];
+        ck_assert_int_eq(grammar_matcher_mask_into(m, ma), 0);
+        ck_assert_int_eq(grammar_matcher_mask_into(b, mb), 0);
+        ck_assert_mem_eq(ma, mb, (vc.n + 31) / 32 * 4);
+        ck_assert_int_eq(grammar_matcher_pending(b), grammar_matcher_pending(m));
+        grammar_matcher_fini(b);
+        grammar_matcher_fini(m);
+    }
+    ck_assert_int_gt(triggered, 3);
+    ck_assert_int_gt(free_before, 0);
+    ck_assert_int_gt(done, 0);
+    grammar_matcher_fini(proto);
+    vocab_free(&vc);
+    grammar_fini(strict);
+    grammar_fini(g);
+    parse_fails("%bogus \"x\"\nroot ::= \"x\"\n", "unknown directive");
+    parse_fails("%trigger\nroot ::= \"x\"\n", "an empty trigger");
+    parse_fails("%trigger x\nroot ::= \"x\"\n", "literals and token references");
+}
+END_TEST
+
 /* ---- JSON Schema: an independent validator ----------------------------------------------------
  */
 
@@ -511,6 +637,7 @@ int main(void)
     tcase_add_test(tc, gbnf_errors_say_where);
     tcase_add_test(tc, masks_equal_feeding_each_token);
     tcase_add_test(tc, token_references_match_control_tokens_only);
+    tcase_add_test(tc, lazy_grammars_are_free_until_a_trigger);
     tcase_add_loop_test(tc, schema_outputs_validate, 0, (int)(sizeof schemas / sizeof *schemas));
     tcase_add_test(tc, schema_accepts_and_refuses);
     tcase_add_test(tc, schema_errors_name_the_path);

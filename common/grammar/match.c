@@ -186,13 +186,31 @@ struct automaton {
     int err; /* the first table failure (ENOMEM, ELIMIT); the matcher is unusable after */
     uint32_t n_masks;
     uint32_t *walk; /* (max_depth + 1) states along the trie path */
+    /* a lazy grammar's masks before its trigger, by where the free text stands (a matcher's
+     * tail and blank) */
+    struct lazy_mask {
+        uint8_t tail[GRAMMAR_MAX_TRIGGER];
+        uint32_t n_tail;
+        bool blank;
+        uint32_t *mask;
+    } * lm;
+    uint32_t n_lm;
 };
 
+/* A matcher of a lazy grammar starts pending: the text is free until a trigger appears in it, and
+ * the state of the free text is its tail (the longest suffix that may begin a trigger) and whether
+ * every byte before that tail is a blank (for %trigger-start). */
 struct grammar_matcher {
     struct automaton *a;
     uint32_t cur; /* the current state */
     uint64_t masks_built, mask_hits;
+    bool pending;
+    bool blank;
+    uint32_t n_tail;
+    uint8_t tail[GRAMMAR_MAX_TRIGGER];
 };
+
+#define MAX_LAZY_MASKS 64
 
 static uint64_t mix(uint64_t h)
 {
@@ -438,6 +456,9 @@ static void automaton_release(struct automaton *m)
     free(m->out);
     free(m->work);
     free(m->walk);
+    for (uint32_t i = 0; i < m->n_lm; i++)
+        free(m->lm[i].mask);
+    free(m->lm);
     grammar_fini(m->owned);
     pthread_mutex_destroy(&m->mu);
     free(m);
@@ -483,6 +504,8 @@ int grammar_matcher_init(const struct grammar *g, const struct grammar_vocab *v,
         return rv;
     }
     mt->cur = m->start;
+    mt->pending = g->n_trig > 0;
+    mt->blank = true;
     *out = mt;
     return 0;
 }
@@ -498,6 +521,8 @@ int grammar_matcher_fork(struct grammar_matcher *proto, struct grammar_matcher *
     pthread_mutex_unlock(&m->mu);
     mt->a = m;
     mt->cur = m->start;
+    mt->pending = m->g->n_trig > 0;
+    mt->blank = true;
     *out = mt;
     return 0;
 }
@@ -520,7 +545,7 @@ size_t grammar_matcher_bytes(struct grammar_matcher *mt)
                (size_t)(m->node_tab_cap + m->state_tab_cap) * 4;
     for (uint32_t i = 0; i < m->n_states; i++)
         n += m->states[i].trans ? 1024 : 0;
-    if (m->v) n += (size_t)m->n_masks * ((m->v->n_vocab + 31) / 32) * 4;
+    if (m->v) n += (size_t)(m->n_masks + m->n_lm) * ((m->v->n_vocab + 31) / 32) * 4;
     pthread_mutex_unlock(&m->mu);
     return n;
 }
@@ -532,8 +557,176 @@ void grammar_matcher_fini(struct grammar_matcher *m)
     free(m);
 }
 
+/* ---- lazy grammars: free text until a trigger ------------------------------------------------ */
+
+/* The bytes scanned: a matcher's tail, then new bytes. */
+struct scan {
+    const uint8_t *tail;
+    uint32_t n_tail;
+    const uint8_t *p;
+    size_t n;
+};
+
+static inline uint8_t cat(const struct scan *s, size_t i)
+{
+    return i < s->n_tail ? s->tail[i] : s->p[i - s->n_tail];
+}
+
+static bool is_blank(uint8_t c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+/* lazy_find: where the first trigger to complete in s starts (the earliest start of those that
+ * complete at the same byte), SIZE_MAX when none does. blank: every byte before s is a blank. */
+static size_t lazy_find(const struct grammar *g, const struct scan *s, bool blank)
+{
+    const size_t total = s->n_tail + s->n;
+    size_t first_nb = SIZE_MAX; /* the first byte of s that is not a blank */
+    for (size_t i = 0; i < total; i++) {
+        const uint8_t c = cat(s, i);
+        if (first_nb == SIZE_MAX && !is_blank(c)) first_nb = i;
+        size_t best = SIZE_MAX;
+        for (uint32_t k = 0; k < g->n_trig; k++) {
+            const struct grammar_trigger *t = &g->trig[k];
+            if (c != t->b[t->len - 1] || i + 1 < t->len) continue;
+            const size_t st = i + 1 - t->len;
+            if (t->start && !(blank && (first_nb == SIZE_MAX || first_nb >= st))) continue;
+            uint32_t j = 0;
+            while (j + 1 < t->len && cat(s, st + j) == t->b[j])
+                j++;
+            if (j + 1 == t->len && st < best) best = st;
+        }
+        if (best != SIZE_MAX) return best;
+    }
+    return SIZE_MAX;
+}
+
+/* lazy_tail moves mt's free-text state past s (in which no trigger completed). */
+static void lazy_tail(struct grammar_matcher *mt, const struct grammar *g, const struct scan *s)
+{
+    const size_t total = s->n_tail + s->n;
+    uint32_t keep = 0;
+    for (uint32_t k = 0; k < g->n_trig; k++) /* a tail shorter than the longest trigger */
+        if (g->trig[k].len - 1 > keep) keep = g->trig[k].len - 1;
+    if (keep > total) keep = (uint32_t)total;
+    for (; keep; keep--) {
+        const size_t from = total - keep;
+        bool prefix = false;
+        for (uint32_t k = 0; k < g->n_trig && !prefix; k++) {
+            const struct grammar_trigger *t = &g->trig[k];
+            if (keep >= t->len) continue;
+            uint32_t j = 0;
+            while (j < keep && cat(s, from + j) == t->b[j])
+                j++;
+            prefix = j == keep;
+        }
+        if (prefix) break;
+    }
+    const size_t from = total - keep;
+    for (size_t i = 0; i < from && mt->blank; i++)
+        mt->blank = is_blank(cat(s, i));
+    uint8_t t[GRAMMAR_MAX_TRIGGER];
+    for (uint32_t j = 0; j < keep; j++)
+        t[j] = cat(s, from + j);
+    memcpy(mt->tail, t, keep);
+    mt->n_tail = keep;
+}
+
+/* lazy_start: the state after s[from..) from the grammar's start, 0 when it does not continue it
+ * (under mu). */
+static uint32_t lazy_start(struct automaton *m, const struct scan *s, size_t from)
+{
+    const size_t total = s->n_tail + s->n;
+    uint32_t q = m->err ? 0 : m->start;
+    for (size_t i = from; i < total && q; i++)
+        q = step(m, q, cat(s, i));
+    return q;
+}
+
+/* lazy_feed: the free text goes on with p[0..n); a trigger turns the grammar on, fed from it. */
+static int lazy_feed(struct grammar_matcher *mt, const uint8_t *p, size_t n)
+{
+    struct automaton *m = mt->a;
+    const struct scan s = {mt->tail, mt->n_tail, p, n};
+    const size_t st = lazy_find(m->g, &s, mt->blank);
+    if (st == SIZE_MAX) {
+        lazy_tail(mt, m->g, &s);
+        return 0;
+    }
+    pthread_mutex_lock(&m->mu);
+    const uint32_t q = lazy_start(m, &s, st);
+    const int rv = m->err;
+    pthread_mutex_unlock(&m->mu);
+    if (rv) return rv;
+    if (!q)
+        return strata_errf(STRATA_EINVAL,
+                           "the text after the trigger does not continue the grammar");
+    mt->pending = false;
+    mt->cur = q;
+    return 0;
+}
+
+/* lazy_mask_of: the mask of a pending matcher: every token with bytes, but for those that would
+ * complete a trigger and go on in a way the grammar refuses; cached per free-text state (under
+ * mu). */
+static const uint32_t *lazy_mask_of(struct automaton *m, struct grammar_matcher *mt)
+{
+    const struct grammar_vocab *v = m->v;
+    if (m->err || !v) return NULL;
+    for (uint32_t i = 0; i < m->n_lm; i++)
+        if (m->lm[i].n_tail == mt->n_tail && m->lm[i].blank == mt->blank &&
+            memcmp(m->lm[i].tail, mt->tail, mt->n_tail) == 0) {
+            mt->mask_hits++;
+            return m->lm[i].mask;
+        }
+    if (m->n_lm == MAX_LAZY_MASKS) {
+        for (uint32_t i = 0; i < m->n_lm; i++)
+            free(m->lm[i].mask);
+        m->n_lm = 0;
+    }
+    if (!m->lm && !(m->lm = calloc(MAX_LAZY_MASKS, sizeof *m->lm))) return NULL;
+    uint32_t *mask = calloc((v->n_vocab + 31) / 32, sizeof *mask);
+    if (!mask) return NULL;
+    for (uint32_t id = 0; id < v->n_vocab; id++) {
+        const uint64_t len = v->off[id + 1] - v->off[id];
+        if (!len || len > MAX_TOKEN_BYTES) continue;
+        const uint8_t *tb = (const uint8_t *)v->blob + v->off[id];
+        bool may = false; /* a trigger can only complete on its last byte, in the token */
+        for (uint32_t k = 0; k < m->g->n_trig && !may; k++)
+            may = memchr(tb, m->g->trig[k].b[m->g->trig[k].len - 1], len) != NULL;
+        if (!may) {
+            mask[id >> 5] |= 1u << (id & 31);
+            continue;
+        }
+        const struct scan s = {mt->tail, mt->n_tail, tb, len};
+        const size_t st = lazy_find(m->g, &s, mt->blank);
+        if (st != SIZE_MAX && !lazy_start(m, &s, st)) {
+            if (m->err) {
+                free(mask);
+                return NULL;
+            }
+            continue;
+        }
+        mask[id >> 5] |= 1u << (id & 31);
+    }
+    struct lazy_mask *e = &m->lm[m->n_lm++];
+    memcpy(e->tail, mt->tail, mt->n_tail);
+    e->n_tail = mt->n_tail;
+    e->blank = mt->blank;
+    e->mask = mask;
+    mt->masks_built++;
+    return mask;
+}
+
+bool grammar_matcher_pending(const struct grammar_matcher *m)
+{
+    return m->pending;
+}
+
 int grammar_matcher_feed(struct grammar_matcher *mt, const void *p, size_t n)
 {
+    if (mt->pending) return lazy_feed(mt, p, n);
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
     uint32_t s = m->err ? 0 : mt->cur;
@@ -563,6 +756,7 @@ int grammar_matcher_accept_token(struct grammar_matcher *mt, int32_t id)
  * array may move when another matcher adds one, so it is read under the lock. */
 bool grammar_matcher_accepting(const struct grammar_matcher *mt)
 {
+    if (mt->pending) return true; /* free text may end anywhere */
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
     bool r = m->states[mt->cur].accept;
@@ -572,6 +766,7 @@ bool grammar_matcher_accepting(const struct grammar_matcher *mt)
 
 bool grammar_matcher_done(const struct grammar_matcher *mt)
 {
+    if (mt->pending) return false;
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
     bool r = m->states[mt->cur].accept && m->states[mt->cur].n == 0;
@@ -625,7 +820,7 @@ int grammar_matcher_mask_into(struct grammar_matcher *mt, uint32_t *dst)
 {
     struct automaton *m = mt->a;
     pthread_mutex_lock(&m->mu);
-    const uint32_t *mask = mask_of(m, mt->cur, mt);
+    const uint32_t *mask = mt->pending ? lazy_mask_of(m, mt) : mask_of(m, mt->cur, mt);
     if (mask) memcpy(dst, mask, ((size_t)m->v->n_vocab + 31) / 32 * sizeof *mask);
     int rv = mask ? 0 : m->err ? m->err : STRATA_ENOMEM;
     pthread_mutex_unlock(&m->mu);
