@@ -23,7 +23,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: strata bench MODEL.gguf [--threads N] [--prompt N] [--gen N] [--reps N]\n"
             "                    [--json] [--llama] [--nlc DIR] [--rounds N] [--kernels]\n"
-            "                    [--experts]\n"
+            "                    [--experts] [--sweep]\n"
             "       strata bench --kernels [--threads N]\n"
             "\n"
             "Times a prompt of --prompt tokens in one chunk (prefill) and --gen greedy decode\n"
@@ -48,10 +48,12 @@ static void usage(FILE *out)
             "                every round is shown, with the load average over them (each\n"
             "                round's figures go to stderr as it ends)\n"
             "  --kernels     also time the quantized products alone (Q4_K, Q5_K, Q6_K, Q8_0,\n"
-            "                Q4_0, IQ4_XS, MXFP4; 1, 2, 4, 8 tokens) in GB/s against the read\n"
+            "                Q4_0, IQ4_XS, MXFP4; 1, 2, 4, 8, 16 tokens) in GB/s against the read\n"
             "                bandwidth\n"
             "  --experts     also time the expert step of decode windows of 8, 16, 32, 64 tokens\n"
             "                routed over 128 experts (copies of the file's), in GB/s\n"
+            "  --sweep       also decode at 1, 2 and all threads: weight MiB a token, GB/s and\n"
+            "                the share of the read bandwidth of the same threads, with the load\n"
             "STRATA_CPU=ref|avx2|avx512 picks the kernels (default: the best this CPU has).\n");
 }
 
@@ -208,16 +210,17 @@ static void table(const char *model, const struct bench_opts *o, const struct be
 static const uint32_t kernel_types[] = {QT_Q4_K, QT_Q5_K, QT_Q6_K, QT_Q8_0,
                                         QT_Q4_0, QT_IQ4_XS, QT_MXFP4};
 #define N_KTYPES (sizeof kernel_types / sizeof kernel_types[0])
-static const uint32_t kernel_tokens[] = {1, 2, 4, 8};
+static const uint32_t kernel_tokens[] = {1, 2, 4, 8, 16};
+#define N_KTOKENS (sizeof kernel_tokens / sizeof kernel_tokens[0])
 #define KERNEL_N_IN 2048 /* row length of the kernel table's matrices */
 
 /* kernels_table prints the quantized products' weight bandwidth against the read bandwidth. */
 static int kernels_table(uint32_t threads, bool json)
 {
-    double read = 0, g[N_KTYPES][4];
+    double read = 0, g[N_KTYPES][N_KTOKENS];
     int rv = bench_read_gbs(threads, 256u << 20, &read);
     for (size_t i = 0; !rv && i < N_KTYPES; i++)
-        for (size_t k = 0; !rv && k < 4; k++)
+        for (size_t k = 0; !rv && k < N_KTOKENS; k++)
             rv = bench_matmul_gbs(kernel_types[i], KERNEL_N_IN, kernel_tokens[k], threads,
                                   256u << 20, &g[i][k]);
     if (rv) return rv;
@@ -226,21 +229,24 @@ static int kernels_table(uint32_t threads, bool json)
     if (json) {
         printf("{\"kernels\": {\"threads\": %u, \"isa\": \"%s\", \"read_gbs\": %.2f, \"load\": %.2f",
                threads, cpu_isa_name(cpu_isa()), read, load[0]);
-        for (size_t i = 0; i < N_KTYPES; i++)
-            printf(", \"%s\": [%.2f, %.2f, %.2f, %.2f]", qtype_name(kernel_types[i]), g[i][0],
-                   g[i][1], g[i][2], g[i][3]);
+        for (size_t i = 0; i < N_KTYPES; i++) {
+            printf(", \"%s\": [", qtype_name(kernel_types[i]));
+            for (size_t k = 0; k < N_KTOKENS; k++)
+                printf("%s%.2f", k ? ", " : "", g[i][k]);
+            printf("]");
+        }
         printf("}}\n");
         return 0;
     }
     printf("\nquantized products alone: 256 MiB matrices, rows of %u, %u threads, %s kernels, load "
            "average %.2f\n  weight GB/s (%% of the %.1f GB/s this machine reads)\n\n  %-8s",
            KERNEL_N_IN, threads, cpu_isa_name(cpu_isa()), load[0], read, "type");
-    for (size_t k = 0; k < 4; k++)
+    for (size_t k = 0; k < N_KTOKENS; k++)
         printf("   %u token%s    ", kernel_tokens[k], kernel_tokens[k] > 1 ? "s" : " ");
     printf("\n");
     for (size_t i = 0; i < N_KTYPES; i++) {
         printf("  %-8s", qtype_name(kernel_types[i]));
-        for (size_t k = 0; k < 4; k++)
+        for (size_t k = 0; k < N_KTOKENS; k++)
             printf(" %6.1f (%3.0f%%)", g[i][k], 100 * g[i][k] / read);
         printf("\n");
     }
@@ -317,11 +323,53 @@ static void keep_best(struct bench_result *best, const struct bench_result *r)
     if (r->read_gbs > best->read_gbs) best->read_gbs = r->read_gbs;
 }
 
-/* extra_tables: --kernels and --experts after the model's figures; 0, or 1 when one failed. */
+/* sweep_table prints decode at 1, 2 and all (cpus) threads against the read bandwidth of the
+ * same threads, each row with the load average it ran under. */
+static int sweep_table(const struct bench_opts *o, uint32_t cpus, bool json)
+{
+    const uint32_t want[3] = {1, 2, cpus};
+    uint32_t n = 0, th[3];
+    for (int i = 0; i < 3; i++)
+        if (want[i] <= cpus && (!n || want[i] > th[n - 1])) th[n++] = want[i];
+    if (!json)
+        printf("\ndecode by threads (%s kernels; %u prompt tokens, %u steps, best of %u)\n\n"
+               "  %-8s %6s %10s %12s %9s %10s %8s\n",
+               cpu_isa_name(cpu_isa()), o->prompt, o->gen, o->reps ? o->reps : 1, "threads", "load",
+               "decode", "MiB/token", "GB/s", "read GB/s", "share");
+    else
+        printf("{\"sweep\": [");
+    for (uint32_t i = 0; i < n; i++) {
+        struct bench_opts so = *o;
+        struct bench_result r;
+        so.threads = th[i];
+        const double l0 = load_now();
+        int rv = bench_run(&so, &r);
+        if (rv) return rv;
+        const double l = (l0 + load_now()) / 2;
+        const double mib = r.decode.tokens ? (double)r.decode.weight_bytes / r.decode.tokens / (1 << 20) : 0;
+        if (json)
+            printf("%s{\"threads\": %u, \"load\": %.2f, \"decode_tok_s\": %.2f, \"mib_per_token\": "
+                   "%.2f, \"decode_gbs\": %.2f, \"read_gbs\": %.2f}",
+                   i ? ", " : "", th[i], l, r.decode_tok_s, mib, r.decode_gbs, r.read_gbs);
+        else
+            printf("  %-8u %6.2f %6.1f tok/s %12.1f %9.1f %10.1f %7.0f%%\n", th[i], l, r.decode_tok_s,
+                   mib, r.decode_gbs, r.read_gbs, 100 * r.decode_gbs / r.read_gbs);
+    }
+    if (json) printf("]}\n");
+    return 0;
+}
+
+/* extra_tables: --kernels, --experts and --sweep after the model's figures; 0, or 1 when one
+ * failed. */
 static int extra_tables(const struct bench_opts *o, uint32_t threads, bool kernels, bool experts,
-                        bool json)
+                        bool sweep, bool json)
 {
     int rv;
+    if (sweep) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        if ((rv = sweep_table(o, cpus > 0 ? (uint32_t)cpus : 1, json)) != 0)
+            return strata_cmd_fail("bench", o->model, rv);
+    }
     if (kernels && (rv = kernels_table(threads, json)) != 0)
         return strata_cmd_fail("bench", "kernels", rv);
     if (experts && (rv = experts_table(o, threads, json)) != 0)
@@ -332,7 +380,7 @@ static int extra_tables(const struct bench_opts *o, uint32_t threads, bool kerne
 static int run(int argc, char **argv)
 {
     const char *model = NULL, *nlc = NULL;
-    bool json = false, llama = false, kernels = false, experts = false;
+    bool json = false, llama = false, kernels = false, experts = false, sweep = false;
     int rv;
     uint32_t rounds = 1;
     struct bench_opts o = {.prompt = 512, .gen = 64, .reps = 3, .backend = backend_opts_default()};
@@ -348,6 +396,8 @@ static int run(int argc, char **argv)
             kernels = true;
         } else if (!strcmp(a, "--experts")) {
             experts = true;
+        } else if (!strcmp(a, "--sweep")) {
+            sweep = true;
         } else if (!strcmp(a, "--llama")) {
             llama = true;
         } else if (!strcmp(a, "--nlc") && i + 1 < argc) {
@@ -435,7 +485,7 @@ static int run(int argc, char **argv)
     }
     if (!json) {
         table(model, &o, &r, &p, llama, load, rounds);
-        return extra_tables(&o, threads, kernels, experts, false);
+        return extra_tables(&o, threads, kernels, experts, sweep, false);
     }
     printf("{\"model\": \"%s\", \"threads\": %u, \"isa\": \"%s\", \"prompt\": %u, \"gen\": %u, "
            "\"reps\": %u, "
@@ -455,7 +505,7 @@ static int run(int argc, char **argv)
         printf(", \"llama\": {\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}", p.prefill_tok_s,
                p.decode_tok_s);
     printf("}\n");
-    return extra_tables(&o, threads, kernels, experts, true);
+    return extra_tables(&o, threads, kernels, experts, sweep, true);
 }
 
 const struct strata_cmd strata_cmd_bench = {

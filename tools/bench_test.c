@@ -1,6 +1,6 @@
 /* bench_test — strata bench's measurements on a tiny fixture: positive speeds, a breakdown that
  * fits inside the total, the weight bytes decode streams, a read bandwidth; bad lengths refused;
- * the kernel and expert-step benchmarks; the command's table, JSON line and --rounds. */
+ * the kernel and expert-step benchmarks; the command's table, JSON line, --rounds and --sweep. */
 #include "common/base/err.h"
 #include "common/quant/qtype.h"
 #include "launcher/cmd.h"
@@ -130,6 +130,20 @@ START_TEST(command_prints_table_and_json)
     ck_assert_int_eq(run_cmd(table, 11, &out), 0);
     ck_assert_ptr_nonnull(strstr(out, "where the time goes"));
     ck_assert_ptr_nonnull(strstr(out, "node"));
+    free(out);
+    /* --sweep: decode at 1, 2 and all threads, each row with its load and share of the read
+     * bandwidth; in JSON one object per thread count */
+    char *sweep[] = {"bench", path, "--prompt", "8", "--gen", "2", "--reps", "1", "--sweep"};
+    ck_assert_int_eq(run_cmd(sweep, 9, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "decode by threads"));
+    ck_assert_ptr_nonnull(strstr(out, "MiB/token"));
+    ck_assert_ptr_nonnull(strstr(out, "\n  1 "));
+    free(out);
+    char *sweep_json[] = {"bench", path, "--prompt", "8",      "--gen",  "2",
+                          "--reps", "1",  "--json",  "--sweep", "--threads", "1"};
+    ck_assert_int_eq(run_cmd(sweep_json, 12, &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "{\"sweep\": [{\"threads\": 1, \"load\": "));
+    ck_assert_ptr_nonnull(strstr(out, "\"mib_per_token\": "));
     free(out);
     char *help[] = {"bench", "--help"};
     ck_assert_int_eq(run_cmd(help, 2, &out), 0);

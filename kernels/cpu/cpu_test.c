@@ -1,6 +1,6 @@
 /* cpu_test — every fast kernel against its plain-C reference, compared with memcmp: matmul of
  * every weight type (quantized rows and raw random blocks that reach every level and scale the
- * format allows), on odd shapes (rows not a multiple of 8, 1..9 tokens around the direct path's
+ * format allows), on odd shapes (rows not a multiple of 8, 1..17 tokens around the direct path's
  * limit, token counts across the token tile, row sub-ranges, strided outputs, guard floats after
  * the output), attention over a paged cache
  * with odd head sizes, RoPE of both styles and RMSNorm, on each ISA this CPU has. */
@@ -156,12 +156,15 @@ START_TEST(matmul_equals_reference)
         check_matmul(t, 13, n_in, 1, 0, 13, raw);       /* decode: one token, a partial row group */
         check_matmul(t, 21, n_in, 37, 3, 20, raw);      /* prompt chunk across the token tile */
         check_matmul(t, 8, k ? 256 : 32, 5, 0, 8, raw); /* one block per row */
-        /* the direct path (AVX2, 1..8 tokens: decode, an expert's share of a decode window) and
+        /* the direct path (AVX2, 1..16 tokens: decode, an expert's share of a decode window) and
          * the first count past it, on ranges that start and end inside a row group */
-        for (uint32_t nt = 1; nt <= 9; nt++) {
+        for (uint32_t nt = 1; nt <= 17; nt++) {
             check_matmul(t, 29, n_in, nt, 5, 27, raw);
             check_matmul(t, 3, k ? 256 : 32, nt, 0, 3, raw);
         }
+        /* 9..16 tokens go in two passes over chunks of 64 rows: ranges across chunk edges */
+        check_matmul(t, 150, k ? 256 : 64, 9, 3, 147, raw);
+        check_matmul(t, 150, k ? 256 : 64, 16, 61, 150, raw);
         check_matmul(t, 40, k ? 2560 : 1056, 1, 0, 40, raw); /* longer rows, 5 groups */
     }
     if (t == QT_F32) check_matmul(t, 9, 77, 3, 0, 9, false); /* float rows of any length */
