@@ -45,6 +45,9 @@ struct fwd {
     uint32_t *chunk_of;      /* (T) a prompt chunk's first batch index, or UINT32_MAX: decode */
     uint32_t *stamp;         /* (T) per chunk, the last (layer, expert) it was counted for */
     uint64_t window;          /* windows ticked */
+    /* One budget (--slot-kv 1): the KV store's segments are slots lent to it (cache_lend). */
+    uint32_t *seg_slot;       /* (segments the KV pool may need) the slot of each segment */
+    uint64_t kv_grows;        /* slots the KV cache took */
     /* The async tier (--adapt-async 1): the round in flight and the thread that picks it. */
     struct tier_move *flight; /* (swaps) the round's moves */
     uint64_t *ticket;         /* (swaps) the copy of each posted move */
@@ -62,6 +65,9 @@ struct fwd {
     uint32_t n_picked;
     double adapt_wait_s;      /* decode-thread time spent waiting for copies */
     double window_wait_s;     /* of it, in the window just ticked (STRATA_DECODE_TIMING) */
+    double window_join_s;     /* of that, waiting for the tier's thread to finish a pick */
+    double combine_s;         /* adding each token's experts (STRATA_DECODE_TIMING) */
+    double tick_combine_s;
     uint64_t window_swaps;    /* swaps landed at the last tick */
     bool timing;              /* STRATA_DECODE_TIMING=1 */
     struct backend_stats tick_st; /* the counters at the last tick, for the per-window line */
@@ -200,8 +206,11 @@ static void cpu_close(void *impl);
 
 /* ---- slot mode: the expert cache on the host ------------------------------------------------ */
 
+#define SLOT_POISON 0xa5 /* the bytes of a slot no expert holds: a window reading it shows */
+
 static int async_start(struct fwd *f);
 static void async_stop(struct fwd *f);
+static int async_quiesce(struct fwd *f);
 static int env_flag(const char *name, int dflt);
 
 /* blob_extents: the copy of expert (l, e) into a slot: the arena's blob as one extent of exactly
@@ -262,9 +271,16 @@ static uint64_t blob_hash(const struct fwd *f, uint32_t l, uint32_t e)
 static void finish(struct fwd *f, int rv, uint32_t slot, uint32_t l, uint32_t e)
 {
     uint8_t *s = f->slots + (uint64_t)slot * f->cache->slot_bytes;
+    if (f->cache->owner[slot] == CACHE_LENT) {
+        /* only with the KV-grow fence removed (copy_hooks.kv_unfenced): the slot is KV now */
+        LOG_ERROR("expert cache: the copy of layer %u expert %u landed in slot %u, lent to the "
+                  "KV cache: it stays on the host tier",
+                  l, e, slot);
+        return;
+    }
     if (rv) {
         /* a free slot holds poison: a window that read it anyway would show in the logits */
-        memset(s, 0xa5, f->cache->slot_bytes);
+        memset(s, SLOT_POISON, f->cache->slot_bytes);
         LOG_WARN("expert cache: the copy of layer %u expert %u into slot %u failed (%s): it "
                  "stays on the host tier",
                  l, e, slot, strata_strerror(rv));
@@ -278,7 +294,7 @@ static void finish(struct fwd *f, int rv, uint32_t slot, uint32_t l, uint32_t e)
                      "source has %016llx: the copy is refused and the expert stays on the host "
                      "tier",
                      slot, l, e, (unsigned long long)got, (unsigned long long)want);
-            memset(s, 0xa5, f->cache->slot_bytes);
+            memset(s, SLOT_POISON, f->cache->slot_bytes);
             return;
         }
     }
@@ -312,28 +328,107 @@ static int fill_slots(struct fwd *f, const uint32_t *order, uint32_t n)
     return 0;
 }
 
-/* slot_pool (re)makes the pool for n slots, keeping the first min(n, old) slots' bytes, and
- * restarts the copy engine over it. Nothing may be in flight (between windows, quiesced). */
-static int slot_pool(struct fwd *f, uint32_t n)
+/* slot_pool (re)makes the pool for n slots, keeping the first `keep` slots' bytes (the rest
+ * poisoned), moves the KV segments lent from it, and restarts the copy engine over it. Nothing may
+ * be in flight (between windows, quiesced). */
+static int slot_pool(struct fwd *f, uint32_t n, uint32_t keep)
 {
     const uint64_t sb = f->cache->slot_bytes;
     uint8_t *p = aligned_alloc(4096, (n ? n : 1) * sb);
     if (!p)
         return strata_errf(STRATA_ENOMEM, "out of memory for %u expert slots of %.1f MiB", n,
                            (double)sb / (1 << 20));
-    if (f->slots) {
-        const uint32_t keep = n < f->cache->n_slots ? n : f->cache->n_slots;
-        memcpy(p, f->slots, keep * sb);
-    }
+    if (!f->slots) keep = 0;
+    if (keep > n) keep = n;
+    if (keep) memcpy(p, f->slots, keep * sb);
+    if (n > keep) memset(p + keep * sb, SLOT_POISON, (n - keep) * sb);
     copy_close(f->copy);
     f->copy = NULL;
     free(f->slots);
     f->slots = p;
+    if (f->seg_slot)
+        for (uint32_t i = 0; i < kv_store_segments(f->store); i++)
+            kv_store_set_segment(f->store, i, p + (uint64_t)f->seg_slot[i] * sb);
     return copy_start(p, sb, n, f->o.copy_hooks, &f->copy);
 }
 
+static uint8_t *slot_mem(const struct fwd *f, uint32_t s)
+{
+    return f->slots + (uint64_t)s * f->cache->slot_bytes;
+}
+
+/* verify_resident checks every resident slot's xxHash against its expert's (--cache-verify, after
+ * a KV grow took a slot: no KV row may have landed in a slot a window reads); a mismatch leaves
+ * the expert on the host tier. The caller publishes. */
+static void verify_resident(struct fwd *f)
+{
+    const uint32_t NE = f->m->hp.n_expert;
+    for (uint32_t s = 0; s < f->cache->n_slots; s++) {
+        const int32_t x = f->cache->owner[s];
+        if (x < 0) continue;
+        const uint32_t l = (uint32_t)x / NE, e = (uint32_t)x % NE;
+        if (XXH3_64bits(slot_mem(f, s), f->m->layers[l].blob.bytes) == blob_hash(f, l, e))
+            continue;
+        f->verify_failures++;
+        LOG_WARN("expert cache: slot %u (layer %u expert %u) changed while resident: the expert "
+                 "goes back to the host tier",
+                 s, l, e);
+        cache_evict(f->cache, s);
+        memset(slot_mem(f, s), SLOT_POISON, f->cache->slot_bytes);
+    }
+}
+
+/* kv_take_slots: with one budget, the slots the KV blocks handed out so far need (a KV grow),
+ * taken through the fence: the round in flight lands first, then each slot taken leaves the
+ * working table (the least-used resident, or a free slot) and the table is republished, and only
+ * then does the pass write K/V rows into it. */
+static int kv_take_slots(struct fwd *f)
+{
+    const uint32_t need = kv_store_segments_for(f->store, kv_blocks_used_ever(f->kv));
+    uint32_t have = kv_store_segments(f->store);
+    if (need <= have) return 0;
+    if (!(f->o.copy_hooks && f->o.copy_hooks->kv_unfenced)) {
+        const double t0 = now_s();
+        async_quiesce(f);
+        f->window_wait_s += now_s() - t0;
+    }
+    for (; have < need; have++) {
+        const int32_t s = cache_lend(f->cache, f->tier ? tier_counts(f->tier) : NULL,
+                                     f->cache->n_slots);
+        if (s == CACHE_NONE)
+            return strata_errf(STRATA_ENOSPC,
+                               "the KV cache needs %u slots of the budget, which has %u", need,
+                               f->cache->n_slots);
+        f->seg_slot[have] = (uint32_t)s;
+        kv_store_set_segment(f->store, have, slot_mem(f, (uint32_t)s));
+        f->kv_grows++;
+    }
+    cache_publish(f->cache);
+    if (f->o.cache_verify) {
+        verify_resident(f);
+        cache_publish(f->cache);
+    }
+    LOG_DEBUG("expert cache: the KV cache holds %u slots of %u", f->cache->n_lent,
+              f->cache->n_slots);
+    return 0;
+}
+
+/* kv_budget: with one budget, the KV pool is what n slots hold (within the pool configured). */
+static int kv_budget(struct fwd *f, uint32_t n)
+{
+    const uint32_t cap = kv_blocks_cap(f->kv), in = kv_store_blocks_in(f->store, n);
+    if (!in)
+        return strata_errf(STRATA_ENOSPC,
+                           "--slot-kv: a budget of %u slots holds no KV block of %llu bytes", n,
+                           (unsigned long long)(kv_pos_bytes(kv_config_of(f->kv),
+                                                             kv_store_type(f->store)) *
+                                                kv_config_of(f->kv)->block_tokens));
+    return kv_set_max_blocks(f->kv, in < cap ? in : cap);
+}
+
 /* cache_open sizes the cache (slots of the largest blob), makes the pool and fills it
- * hottest-first from o->heat (cache_fill_order's rule). */
+ * hottest-first from o->heat (cache_fill_order's rule). With --slot-kv the slots are the whole
+ * budget: the KV blocks take their memory from it (kv_take_slots). */
 static int cache_open(struct fwd *f)
 {
     const struct model_hparams *hp = &f->m->hp;
@@ -342,21 +437,33 @@ static int cache_open(struct fwd *f)
         if (f->m->layers[l].blob.bytes > sb) sb = f->m->layers[l].blob.bytes;
     sb = (sb + 4095) & ~(uint64_t)4095;
     const uint32_t total = hp->n_layer * hp->n_expert;
-    /* auto is 0 on the CPU: its host tier already is RAM; slots are for testing the tier */
-    const uint32_t n = cache_spec_slots(&f->o.expert_cache, sb, 0, total);
-    if (!n || !total) return 0;
     int rv;
+    uint32_t max_seg = 0;
+    if (f->o.slot_kv) {
+        if ((rv = kv_store_use_segments(f->store, sb)) != 0) return rv;
+        max_seg = kv_store_segments_for(f->store, kv_blocks_cap(f->kv));
+    }
+    /* auto is 0 on the CPU: its host tier already is RAM; slots are for testing the tier */
+    const uint32_t n = cache_spec_slots(&f->o.expert_cache, sb, 0, total + max_seg);
+    if (!n || !total) {
+        if (f->o.slot_kv)
+            return strata_errf(STRATA_EINVAL,
+                               "--slot-kv 1 puts the KV cache in the expert cache's budget: "
+                               "give the budget with --expert-cache N or a size");
+        return 0;
+    }
     uint32_t *order = malloc(total * sizeof *order);
     const uint32_t swaps = f->o.tier.swaps ? f->o.tier.swaps : 1;
     const size_t T = f->o.max_pass_tokens;
     if (!order || !(f->moves = malloc(swaps * sizeof *f->moves)) ||
         !(f->chunk_of = malloc(T * sizeof *f->chunk_of)) ||
-        !(f->stamp = malloc(T * sizeof *f->stamp))) {
+        !(f->stamp = malloc(T * sizeof *f->stamp)) ||
+        (max_seg && !(f->seg_slot = malloc(max_seg * sizeof *f->seg_slot)))) {
         free(order);
         return strata_errf(STRATA_ENOMEM, "out of memory for the expert cache");
     }
     if ((rv = cache_init(hp->n_layer, hp->n_expert, n, sb, &f->cache)) != 0 ||
-        (rv = slot_pool(f, n)) != 0 ||
+        (rv = slot_pool(f, n, 0)) != 0 || (f->o.slot_kv && (rv = kv_budget(f, n)) != 0) ||
         (f->o.tier.every && (rv = tier_init(hp->n_layer, hp->n_expert, &f->o.tier, &f->tier))) ||
         (f->tier && f->o.tier.async && (rv = async_start(f)) != 0) ||
         (rv = cache_fill_order(hp->n_layer, hp->n_expert, f->o.heat, order)) != 0 ||
@@ -367,9 +474,10 @@ static int cache_open(struct fwd *f)
     free(order);
     f->timing = env_flag("STRATA_DECODE_TIMING", 0) != 0;
     LOG_INFO("expert cache: %u slots of %.2f MiB on the host (slot mode), %u of %u experts "
-             "resident, tier %s",
+             "resident, tier %s%s",
              n, (double)sb / (1 << 20), cache_resident(f->cache), total,
-             !f->tier ? "static" : f->o.tier.async ? "adaptive, async" : "adaptive, blocking");
+             !f->tier ? "static" : f->o.tier.async ? "adaptive, async" : "adaptive, blocking",
+             f->o.slot_kv ? "; one budget with the KV cache" : "");
     return 0;
 }
 
@@ -386,6 +494,7 @@ static void cache_close(struct fwd *f)
     free(f->landed);
     free(f->chunk_of);
     free(f->stamp);
+    free(f->seg_slot);
 }
 
 /* round runs one blocking tier round: each move's victim leaves the working table, the copy is
@@ -635,7 +744,7 @@ static int async_tick(struct fwd *f)
     if (f->async_wait) {
         const double t0 = now_s();
         pick_settle(f);
-        f->window_wait_s += now_s() - t0;
+        f->window_join_s += now_s() - t0;
     }
     pthread_mutex_lock(&f->pmu);
     const bool ready = f->pick == PICK_READY;
@@ -679,28 +788,33 @@ static int cpu_tick(void *impl)
     if (!f->cache) return 0;
     copy_window_done(f->copy, f->window);
     const uint64_t swaps0 = f->swaps;
-    f->window_wait_s = 0;
     int rv = !f->tier                ? 0
              : f->o.tier.async       ? async_tick(f)
              : tier_window(f->tier) ? round_blocking(f)
                                      : 0;
-    f->adapt_wait_s += f->window_wait_s;
+    /* the window's waits: its KV grow's fence (in the pass), then this tick's */
+    f->adapt_wait_s += f->window_wait_s + f->window_join_s;
     f->window_swaps = f->swaps - swaps0;
     if (f->timing) {
-        /* this window's share: the counters less those at the last tick */
+        /* this window's share: the counters less those at the last tick. The CPU computes hits
+         * and misses in one expert step (one side: no idle) */
         const struct backend_stats *st = &f->st, *p = &f->tick_st;
-        LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, output %.2f), "
-                 "%llu hits %llu misses, adapt wait %.3f ms, %llu swaps/window",
+        LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, combine %.2f, "
+                 "output %.2f), %llu hits %llu misses, adapt wait %.3f join %.3f ms, %llu "
+                 "swaps/window",
                  (unsigned long long)f->window, 1e3 * (st->total_s - p->total_s),
                  1e3 * (st->attention_s - p->attention_s), 1e3 * (st->dense_s - p->dense_s),
-                 1e3 * (st->experts_s - p->experts_s), 1e3 * (st->output_s - p->output_s),
+                 1e3 * (st->experts_s - p->experts_s), 1e3 * (f->combine_s - f->tick_combine_s),
+                 1e3 * (st->output_s - p->output_s),
                  (unsigned long long)(f->hits - f->tick_hits),
                  (unsigned long long)(f->misses - f->tick_misses), 1e3 * f->window_wait_s,
-                 (unsigned long long)f->window_swaps);
+                 1e3 * f->window_join_s, (unsigned long long)f->window_swaps);
         f->tick_st = *st;
         f->tick_hits = f->hits;
         f->tick_misses = f->misses;
+        f->tick_combine_s = f->combine_s;
     }
+    f->window_wait_s = f->window_join_s = 0;
     return rv;
 }
 
@@ -710,8 +824,37 @@ static int cpu_quiesce(void *impl)
     return f->cache ? async_quiesce(f) : 0;
 }
 
+/* kv_fit: with one budget shrinking to n slots, the KV pool becomes what n slots hold (refused,
+ * STRATA_EBUSY, while a sequence holds a block past it), the segments it no longer needs go back
+ * to the slots (poisoned), and the segments in slots at or past n move below n (their bytes
+ * copied, into a free slot or the least-used resident's). Fenced, between windows. */
+static int kv_fit(struct fwd *f, uint32_t n)
+{
+    int rv = kv_budget(f, n);
+    if (rv) return rv;
+    const uint32_t need = kv_store_segments_for(f->store, kv_blocks_used_ever(f->kv));
+    for (uint32_t i = need; i < kv_store_segments(f->store); i++) {
+        cache_unlend(f->cache, f->seg_slot[i]);
+        memset(slot_mem(f, f->seg_slot[i]), SLOT_POISON, f->cache->slot_bytes);
+    }
+    kv_store_drop_segments(f->store, need);
+    for (uint32_t i = 0; i < need; i++) {
+        if (f->seg_slot[i] < n) continue;
+        const int32_t s = cache_lend(f->cache, f->tier ? tier_counts(f->tier) : NULL, n);
+        if (s == CACHE_NONE) /* cannot happen: need segments fit in n slots */
+            return strata_errf(STRATA_ENOSPC, "no slot below %u for KV segment %u", n, i);
+        memcpy(slot_mem(f, (uint32_t)s), slot_mem(f, f->seg_slot[i]), f->cache->slot_bytes);
+        cache_unlend(f->cache, f->seg_slot[i]);
+        f->seg_slot[i] = (uint32_t)s;
+        kv_store_set_segment(f->store, i, slot_mem(f, (uint32_t)s));
+    }
+    return 0;
+}
+
 /* cpu_resize changes slot mode's pool to bytes / slot_bytes slots, between windows: the slots
- * kept keep their experts; new ones are filled by the tier's next rounds. */
+ * kept keep their experts; new ones are filled by the tier's next rounds. With one budget
+ * (--slot-kv) it is the budget that changes: the KV cache keeps its blocks (kv_fit) and its pool
+ * grows or shrinks with the budget. */
 static int cpu_resize(void *impl, uint64_t bytes)
 {
     struct fwd *f = impl;
@@ -720,17 +863,26 @@ static int cpu_resize(void *impl, uint64_t bytes)
         return strata_errf(STRATA_EUNSUPPORTED,
                            "this CPU backend runs without an expert cache: start it with "
                            "--expert-cache N to resize one");
-    const uint32_t total = f->m->hp.n_layer * f->m->hp.n_expert;
+    uint64_t total = f->m->hp.n_layer * f->m->hp.n_expert;
+    if (f->seg_slot) total += kv_store_segments_for(f->store, kv_blocks_cap(f->kv));
     uint64_t n = bytes / f->cache->slot_bytes;
     if (n > total) n = total;
+    const uint32_t old = f->cache->n_slots;
     int rv;
-    if ((uint32_t)n < f->cache->n_slots) {
-        cache_resize(f->cache, (uint32_t)n); /* evicts first: no window reads the slots freed */
+    if ((uint32_t)n < old) {
+        if (f->seg_slot && (rv = kv_fit(f, (uint32_t)n)) != 0) {
+            cache_publish(f->cache);
+            return rv;
+        }
+        /* evicts first: no window reads the slots freed */
+        if ((rv = cache_resize(f->cache, (uint32_t)n)) != 0) return rv;
         cache_publish(f->cache);
-        return slot_pool(f, (uint32_t)n);
+        return slot_pool(f, (uint32_t)n, (uint32_t)n);
     }
-    if ((rv = slot_pool(f, (uint32_t)n)) != 0) return rv;
-    return cache_resize(f->cache, (uint32_t)n);
+    if ((rv = slot_pool(f, (uint32_t)n, old)) != 0 ||
+        (rv = cache_resize(f->cache, (uint32_t)n)) != 0)
+        return rv;
+    return f->seg_slot ? kv_budget(f, (uint32_t)n) : 0;
 }
 
 static void cpu_info(const void *impl, struct backend_info *out)
@@ -759,6 +911,7 @@ static void cpu_info(const void *impl, struct backend_info *out)
     out->copy_gibs = cs.busy_s > 0 ? (double)cs.bytes / cs.busy_s / (1 << 30) : 0;
     out->verify_failures = f->verify_failures;
     out->adapt_wait_s = f->adapt_wait_s;
+    out->kv_slots = f->cache->n_lent;
 }
 
 /* ---- matmuls ------------------------------------------------------------------------------ */
@@ -1109,7 +1262,9 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
                          f->selw, n, K, f->xn, hp->n_embd, f->y, &bytes);
     if (rv) return rv;
     f->st.weight_bytes += bytes;
+    const double t0 = f->timing ? now_s() : 0;
     pool_for(f->pool, n, 4, combine_rows, f);
+    if (f->timing) f->combine_s += now_s() - t0;
     return 0;
 }
 
@@ -1181,6 +1336,7 @@ static int grow(struct fwd *f, const struct backend_token *toks, uint32_t n)
         f->pos[t] = toks[t].seq->n_tokens;
         if ((rv = kv_seq_resize(f->kv, toks[t].seq, f->pos[t] + 1)) != 0) break;
     }
+    if (!rv && f->seg_slot) rv = kv_take_slots(f);
     if (!rv) rv = kv_store_reserve(f->store, kv_blocks_used_ever(f->kv));
     if (rv)
         for (uint32_t s = 0; s < n_seen; s++)

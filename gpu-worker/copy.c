@@ -27,6 +27,7 @@ struct copy_engine {
     uint64_t completed;      /* tickets below or equal completed */
     int *result;             /* ring of results by ticket, RESULTS deep */
     uint64_t window_done;
+    uint64_t released; /* hooks.defer: tickets up to it may start (waited for) */
     bool stop;
     struct copy_stats st;
 };
@@ -46,7 +47,7 @@ static void *run(void *arg)
     pthread_mutex_lock(&ce->mu);
     for (;;) {
         struct job *j = ce->head;
-        if (!j || j->after > ce->window_done) {
+        if (!j || j->after > ce->window_done || (ce->hooks.defer && j->ticket > ce->released)) {
             if (ce->stop && !j) break;
             pthread_cond_wait(&ce->cv, &ce->mu);
             continue;
@@ -128,6 +129,7 @@ void copy_close(struct copy_engine *ce)
     pthread_mutex_lock(&ce->mu);
     ce->stop = true;
     ce->window_done = UINT64_MAX; /* nothing reads slots any more: release every fence */
+    ce->released = UINT64_MAX;
     pthread_cond_signal(&ce->cv);
     pthread_mutex_unlock(&ce->mu);
     pthread_join(ce->th, NULL);
@@ -185,6 +187,16 @@ bool copy_done(struct copy_engine *ce, uint64_t ticket, int *rv)
 int copy_wait(struct copy_engine *ce, uint64_t ticket)
 {
     pthread_mutex_lock(&ce->mu);
+    if (ticket > ce->completed && ce->hooks.on_wait) {
+        /* the test's hook sees a copy in flight across the wait (and may not call back in) */
+        pthread_mutex_unlock(&ce->mu);
+        ce->hooks.on_wait(ce->hooks.ctx, ticket);
+        pthread_mutex_lock(&ce->mu);
+    }
+    if (ticket > ce->released) {
+        ce->released = ticket;
+        pthread_cond_signal(&ce->cv);
+    }
     while (ticket > ce->completed)
         pthread_cond_wait(&ce->done_cv, &ce->mu);
     int rv = ce->result[ticket % RESULTS];
