@@ -472,7 +472,6 @@ static int cache_open(struct fwd *f)
         return rv;
     }
     free(order);
-    f->timing = env_flag("STRATA_DECODE_TIMING", 0) != 0;
     LOG_INFO("expert cache: %u slots of %.2f MiB on the host (slot mode), %u of %u experts "
              "resident, tier %s%s",
              n, (double)sb / (1 << 20), cache_resident(f->cache), total,
@@ -532,6 +531,7 @@ static int cpu_start(const struct model *m, const struct backend_opts *o, struct
     f->o = *o;
     ops_yarn_init(&f->yarn, m->hp.n_rot, m->hp.yarn_orig_ctx, m->hp.rope_theta, m->hp.yarn_factor);
     if (f->o.n_threads == 0) f->o.n_threads = 1;
+    f->timing = env_flag("STRATA_DECODE_TIMING", 0) != 0;
     int rv;
     if ((rv = kv_store_init(kv_config_of(kv), o->kv_type, &f->store)) != 0 ||
         (rv = alloc_scratch(f)) != 0 || (rv = pool_start(f->o.n_threads, &f->pool)) != 0 ||
@@ -685,7 +685,13 @@ static int post_flight(struct fwd *f)
         struct copy_extent x[COPY_MAX_EXTENTS];
         int rv = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
                            f->window, &f->ticket[i]);
-        if (rv) return rv;
+        if (rv) {
+            /* a failed round: the copies posted land, the moves not posted are dropped (their
+             * slots stay free), and the error goes to the caller */
+            f->n_posted = i;
+            async_quiesce(f);
+            return rv;
+        }
         f->landed[i] = 0;
         /* the test hook that removes the fence: the copy lands before the next window, which
          * still reads the victim's slot from the old table */
@@ -784,28 +790,32 @@ static int async_tick(struct fwd *f)
 static int cpu_tick(void *impl)
 {
     struct fwd *f = impl;
+    const double t0 = now_s();
     f->window++;
-    if (!f->cache) return 0;
-    copy_window_done(f->copy, f->window);
+    int rv = 0;
     const uint64_t swaps0 = f->swaps;
-    int rv = !f->tier                ? 0
+    if (f->cache) {
+        copy_window_done(f->copy, f->window);
+        rv = !f->tier                ? 0
              : f->o.tier.async       ? async_tick(f)
              : tier_window(f->tier) ? round_blocking(f)
                                      : 0;
+    }
     /* the window's waits: its KV grow's fence (in the pass), then this tick's */
     f->adapt_wait_s += f->window_wait_s + f->window_join_s;
     f->window_swaps = f->swaps - swaps0;
     if (f->timing) {
         /* this window's share: the counters less those at the last tick. The CPU computes hits
-         * and misses in one expert step (one side: no idle) */
+         * and misses in one expert step (one side: no idle); tick: this call, the tier's work
+         * between windows (a blocking round's copies, the async tier's landing and posting) */
         const struct backend_stats *st = &f->st, *p = &f->tick_st;
         LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, combine %.2f, "
-                 "output %.2f), %llu hits %llu misses, adapt wait %.3f join %.3f ms, %llu "
-                 "swaps/window",
+                 "output %.2f), tick %.3f ms, %llu hits %llu misses, adapt wait %.3f join %.3f "
+                 "ms, %llu swaps/window",
                  (unsigned long long)f->window, 1e3 * (st->total_s - p->total_s),
                  1e3 * (st->attention_s - p->attention_s), 1e3 * (st->dense_s - p->dense_s),
                  1e3 * (st->experts_s - p->experts_s), 1e3 * (f->combine_s - f->tick_combine_s),
-                 1e3 * (st->output_s - p->output_s),
+                 1e3 * (st->output_s - p->output_s), 1e3 * (now_s() - t0),
                  (unsigned long long)(f->hits - f->tick_hits),
                  (unsigned long long)(f->misses - f->tick_misses), 1e3 * f->window_wait_s,
                  1e3 * f->window_join_s, (unsigned long long)f->window_swaps);
@@ -844,6 +854,8 @@ static int kv_fit(struct fwd *f, uint32_t n)
         if (s == CACHE_NONE) /* cannot happen: need segments fit in n slots */
             return strata_errf(STRATA_ENOSPC, "no slot below %u for KV segment %u", n, i);
         memcpy(slot_mem(f, (uint32_t)s), slot_mem(f, f->seg_slot[i]), f->cache->slot_bytes);
+        LOG_INFO("expert cache: the KV cache's segment %u moves from slot %u to slot %d", i,
+                 f->seg_slot[i], s);
         cache_unlend(f->cache, f->seg_slot[i]);
         f->seg_slot[i] = (uint32_t)s;
         kv_store_set_segment(f->store, i, slot_mem(f, (uint32_t)s));

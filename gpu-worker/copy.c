@@ -152,6 +152,8 @@ int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x
                                "copy extent of %llu bytes at %llu falls outside a slot of %llu",
                                (unsigned long long)x[i].bytes, (unsigned long long)x[i].dst_off,
                                (unsigned long long)ce->slot_bytes);
+    int rv = ce->hooks.refuse ? ce->hooks.refuse(ce->hooks.ctx, slot) : 0;
+    if (rv) return strata_errf(rv, "the copy into slot %u was refused (a test hook)", slot);
     struct job *j = calloc(1, sizeof *j);
     if (!j) return strata_errf(STRATA_ENOMEM, "out of memory for a copy");
     j->slot = slot;

@@ -48,6 +48,8 @@ struct copy_hooks {
     /* kv_unfenced: with one budget (--slot-kv 1), a KV grow takes a slot without landing the
      * round in flight first (the KV-grow fence removed, for the test that must then fail). */
     bool kv_unfenced;
+    /* refuse: a nonzero return makes copy_post fail with it (a round that cannot be posted). */
+    int (*refuse)(void *ctx, uint32_t slot);
     /* fail: a nonzero return fails the copy (its slot is not filled). */
     int (*fail)(void *ctx, uint32_t slot, uint64_t ticket);
     /* after_copy: runs on the copy thread once the bytes are in the slot, before completion:
