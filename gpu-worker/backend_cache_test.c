@@ -381,7 +381,26 @@ START_TEST(async_fences_failures_and_a_removed_fence)
     o.copy_hooks = &unfenced;
     o.cache_verify = false;
     run(&e, e.m, &o, 0, false, "async without its fence, inline pick");
+    /* the tier's thread posts while a window runs: window_sync makes each pass wait for that
+     * posting before it reads a slot, so the copies are posted across a running window, fenced
+     * on it: exact with the fence, with and without a waiting tick... */
     unsetenv("STRATA_ADAPT_PICK_INLINE");
+    const struct copy_hooks sync = {.window_sync = true};
+    o.copy_hooks = &sync;
+    o.cache_verify = true;
+    for (int wait = 0; wait < 2; wait++) {
+        setenv("STRATA_ADAPT_ASYNC_WAIT", wait ? "1" : "0", 1);
+        bi = run(&e, e.m, &o, 0, true, "async, posted by the tier's thread across a window");
+        ck_assert_uint_gt(bi.swaps, 0);
+    }
+    /* ...and wrong when a copy does not wait for that window (the window wait removed), or is
+     * posted before its victim leaves the table (the fence removed) */
+    o.cache_verify = false;
+    const struct copy_hooks no_wait = {.window_sync = true, .no_window_wait = true};
+    o.copy_hooks = &no_wait;
+    run(&e, e.m, &o, 0, false, "async without the window wait, the tier's thread");
+    const struct copy_hooks unfenced_sync = {.window_sync = true, .unfenced = true};
+    o.copy_hooks = &unfenced_sync;
     run(&e, e.m, &o, 0, false, "async without its fence, the tier's thread");
     env_close(&e);
 }
@@ -702,6 +721,9 @@ START_TEST(options_parse_and_refuse)
     ck_assert_int_eq(backend_opt(&o, "adapt-swaps", "1.5"), STRATA_EINVAL);
     ck_assert_int_eq(backend_opt(&o, "cache-verify", "yes"), STRATA_EINVAL);
     ck_assert_int_eq(backend_opt(&o, "adapt-async", "1"), 0);
+    ck_assert_int_eq(backend_opt(&o, "slot-kv", "1"), 0);
+    ck_assert(o.slot_kv);
+    ck_assert_int_eq(backend_opt(&o, "slot-kv", "2"), STRATA_EINVAL);
     ck_assert(o.tier.async);
     ck_assert_int_eq(backend_opt(&o, "kv-type", "f16"), 0);
     ck_assert_int_eq(backend_opt(&o, "backend", "tpu"), STRATA_EINVAL);

@@ -54,6 +54,7 @@ struct fwd {
     uint8_t *landed;          /* (swaps) moves whose copy has landed */
     uint32_t n_flight, n_posted, n_landed;
     uint64_t posted_at;       /* the window after which the last batch was posted */
+    uint64_t asked_at;        /* the tick that asked the tier thread for its round */
     bool async_wait;          /* STRATA_ADAPT_ASYNC_WAIT (1): the tick after posting lands all */
     bool pick_inline;         /* STRATA_ADAPT_PICK_INLINE (0): pick on the decode thread */
     uint32_t async_batch;     /* STRATA_ADAPT_ASYNC_BATCH (0: all): copies posted per tick */
@@ -62,11 +63,15 @@ struct fwd {
     pthread_mutex_t pmu;
     pthread_cond_t pcv;
     enum { PICK_IDLE, PICK_ASKED, PICK_READY } pick;
-    uint32_t n_picked;
+    uint32_t n_picked;        /* the tier thread's round: its moves, */
+    uint32_t thread_posted;   /* the first of them it posted */
+    int post_err;             /* and why it stopped posting (0: it posted them all) */
+    bool evict_pending;       /* victims left the working table: publish at the next tick */
     double adapt_wait_s;      /* decode-thread time spent waiting for copies */
     double window_wait_s;     /* of it, in the window just ticked (STRATA_DECODE_TIMING) */
     double window_join_s;     /* of that, waiting for the tier's thread to finish a pick */
     double combine_s;         /* adding each token's experts (STRATA_DECODE_TIMING) */
+    double window_fence_s;    /* the fences (quiesce) called since the last tick */
     double tick_combine_s;
     uint64_t window_swaps;    /* swaps landed at the last tick */
     bool timing;              /* STRATA_DECODE_TIMING=1 */
@@ -583,10 +588,55 @@ static void cpu_reset_stats(void *impl)
 
 /* ---- the async tier ----------------------------------------------------------------------
  * DESIGN 3.3's order: a move's victim leaves the working table and the table is republished
- * before its copy is posted; the copy waits for the last window that may still read the slot
- * (copy_post's after_window); the expert turns resident only once its copy has landed. The pick
- * runs on the picker thread while windows go on; posting and landing run at ticks, between
- * windows, where the tables may change. */
+ * before its copy may write the slot; the copy waits for the last window that may still read the
+ * slot (copy_post's after_window); the expert turns resident only once its copy has landed.
+ * The tier's thread picks and posts while a window runs: it takes the victims out of the working
+ * table (the window reads the published one, which still holds them), posts the copies fenced
+ * on that running window, and the tick at the window's end publishes the table: so a copy
+ * really waits for a window in progress, on the CPU too. Landing, and posting a round's later
+ * batches (STRATA_ADAPT_ASYNC_BATCH) or an inline pick (STRATA_ADAPT_PICK_INLINE), run at ticks.
+ * Under pmu: pick, n_picked, thread_posted, post_err, evict_pending and f->window, and every
+ * change of the working table or of the published one while the thread may run. */
+
+/* thread_post runs on the tier's thread: moves [0, end) of the round leave the table (their
+ * victims out of the working table, published at the next tick) and their copies go, fenced on
+ * the window running now. Returns the count posted; *err why it stopped. The test hooks:
+ * unfenced posts and lands each copy before its victim leaves the table; no_window_wait posts
+ * them fenced on no window. */
+static uint32_t thread_post(struct fwd *f, uint32_t end, int *err)
+{
+    const struct copy_hooks *h = f->o.copy_hooks;
+    const bool unfenced = h && h->unfenced, no_wait = h && h->no_window_wait;
+    pthread_mutex_lock(&f->pmu);
+    if (!unfenced) {
+        for (uint32_t i = 0; i < end; i++)
+            if (f->flight[i].victim != CACHE_NONE) cache_evict(f->cache, f->flight[i].slot);
+        f->evict_pending = end > 0;
+    }
+    /* the running window may still read the victims' slots: it ends at tick f->window + 1,
+     * which publishes the table without them */
+    const uint64_t after = unfenced || no_wait ? 0 : f->window + 1;
+    pthread_mutex_unlock(&f->pmu);
+    *err = 0;
+    uint32_t i = 0;
+    for (; i < end; i++) {
+        const struct tier_move *mv = &f->flight[i];
+        struct copy_extent x[COPY_MAX_EXTENTS];
+        if ((*err = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
+                              after, &f->ticket[i])) != 0)
+            break;
+        f->landed[i] = 0;
+        if (unfenced) copy_wait(f->copy, f->ticket[i]);
+    }
+    if (unfenced) {
+        pthread_mutex_lock(&f->pmu);
+        for (uint32_t k = 0; k < i; k++)
+            if (f->flight[k].victim != CACHE_NONE) cache_evict(f->cache, f->flight[k].slot);
+        f->evict_pending = i > 0;
+        pthread_mutex_unlock(&f->pmu);
+    }
+    return i;
+}
 
 static void *picker_main(void *arg)
 {
@@ -598,8 +648,13 @@ static void *picker_main(void *arg)
         if (f->picker_stop) break;
         pthread_mutex_unlock(&f->pmu);
         const uint32_t n = tier_pick(f->tier, f->cache, f->flight, f->o.tier.swaps);
+        const uint32_t end = f->async_batch && n > f->async_batch ? f->async_batch : n;
+        int err;
+        const uint32_t posted = thread_post(f, end, &err);
         pthread_mutex_lock(&f->pmu);
         f->n_picked = n;
+        f->thread_posted = posted;
+        f->post_err = err;
         f->pick = PICK_READY;
         pthread_cond_broadcast(&f->pcv);
     }
@@ -638,6 +693,25 @@ static void pick_settle(struct fwd *f)
     while (f->pick == PICK_ASKED)
         pthread_cond_wait(&f->pcv, &f->pmu);
     pthread_mutex_unlock(&f->pmu);
+}
+
+/* adopt takes over the tier thread's round once it is ready (no thread running): its posted
+ * copies are the round in flight, its unposted moves the later batches. Returns the thread's
+ * posting error (its unposted moves are then dropped). */
+static int adopt(struct fwd *f)
+{
+    pthread_mutex_lock(&f->pmu);
+    int err = 0;
+    if (f->pick == PICK_READY) {
+        err = f->post_err;
+        f->n_flight = err ? f->thread_posted : f->n_picked;
+        f->n_posted = f->thread_posted;
+        f->n_landed = 0;
+        f->posted_at = f->asked_at;
+        f->pick = PICK_IDLE;
+    }
+    pthread_mutex_unlock(&f->pmu);
+    return err;
 }
 
 /* land_flight lands the posted copies that are done (all of them when wait): each good copy's
@@ -712,9 +786,14 @@ static int async_quiesce(struct fwd *f)
 {
     if (!f->flight) return 0;
     pick_settle(f);
-    pthread_mutex_lock(&f->pmu);
-    f->pick = PICK_IDLE;
-    pthread_mutex_unlock(&f->pmu);
+    adopt(f);
+    if (f->evict_pending) {
+        cache_publish(f->cache);
+        f->evict_pending = false;
+    }
+    /* between windows, or before the next one reads a slot: with the victims published out,
+     * nothing reads them any more, so the copies fenced on that window may run now */
+    copy_window_done(f->copy, f->window + 1);
     land_flight(f, true);
     f->n_flight = f->n_posted = f->n_landed = 0;
     cache_publish(f->cache);
@@ -736,30 +815,21 @@ static void async_stop(struct fwd *f)
     pthread_cond_destroy(&f->pcv);
 }
 
-/* async_tick: land what has landed (everything, the tick after posting, with ASYNC_WAIT), post
- * the next batch of a picked round, and start a pick when a round is due. */
+/* async_tick (cpu_tick has published the victims the tier thread took out during the window):
+ * adopt the thread's round, land what has landed (everything, the tick after the round was
+ * asked, with ASYNC_WAIT), post the next batch of a round, and start a pick when one is due. */
 static int async_tick(struct fwd *f)
 {
-    int rv = 0;
+    int rv = adopt(f);
+    if (rv) {
+        /* a failed round: what the thread posted lands, the rest is dropped */
+        async_quiesce(f);
+        return rv;
+    }
     bool changed = false;
     if (f->n_posted)
         changed = land_flight(f, f->async_wait && f->window > f->posted_at) > 0 ||
                   f->n_flight == 0;
-    /* with ASYNC_WAIT the tick after a pick was asked waits for it too: the window a round is
-     * posted in, and so the one its experts turn resident in, does not depend on timing */
-    if (f->async_wait) {
-        const double t0 = now_s();
-        pick_settle(f);
-        f->window_join_s += now_s() - t0;
-    }
-    pthread_mutex_lock(&f->pmu);
-    const bool ready = f->pick == PICK_READY;
-    if (ready) {
-        f->n_flight = f->n_picked;
-        f->n_posted = f->n_landed = 0;
-        f->pick = PICK_IDLE;
-    }
-    pthread_mutex_unlock(&f->pmu);
     if (f->n_flight > f->n_posted) {
         if (changed) cache_publish(f->cache);
         changed = false;
@@ -779,6 +849,7 @@ static int async_tick(struct fwd *f)
             if (f->n_flight) rv = post_flight(f);
         } else {
             pthread_mutex_lock(&f->pmu);
+            f->asked_at = f->window;
             f->pick = PICK_ASKED;
             pthread_cond_broadcast(&f->pcv);
             pthread_mutex_unlock(&f->pmu);
@@ -787,11 +858,49 @@ static int async_tick(struct fwd *f)
     return rv;
 }
 
+/* async_join: the tick waits for the round the last tick asked (ASYNC_WAIT): its victims then
+ * left the table during that window, fenced on it, so the window in which its experts turn
+ * resident does not depend on timing. */
+static void async_join(struct fwd *f)
+{
+    const double t0 = now_s();
+    pick_settle(f);
+    f->window_join_s += now_s() - t0;
+}
+
+/* window_sync (the test hook of that name), at the start of a pass before it reads a slot: wait
+ * for the tier thread's posting and, with the window wait or the fence removed, for those copies'
+ * bytes, so that a copy the fence would hold is written while this window may read its slot. */
+static void window_sync(struct fwd *f)
+{
+    pick_settle(f);
+    const struct copy_hooks *h = f->o.copy_hooks;
+    pthread_mutex_lock(&f->pmu);
+    const uint32_t n = f->pick == PICK_READY ? f->thread_posted : 0;
+    pthread_mutex_unlock(&f->pmu);
+    if (h->no_window_wait)
+        for (uint32_t i = 0; i < n; i++)
+            copy_wait(f->copy, f->ticket[i]);
+}
+
 static int cpu_tick(void *impl)
 {
     struct fwd *f = impl;
     const double t0 = now_s();
-    f->window++;
+    if (f->flight && f->async_wait) async_join(f);
+    if (f->flight) {
+        /* the victims the tier thread took out during the window are published out: the copies
+         * fenced on it (copy_window_done below) write slots no later window reads */
+        pthread_mutex_lock(&f->pmu);
+        f->window++;
+        if (f->evict_pending) {
+            cache_publish(f->cache);
+            f->evict_pending = false;
+        }
+        pthread_mutex_unlock(&f->pmu);
+    } else {
+        f->window++;
+    }
     int rv = 0;
     const uint64_t swaps0 = f->swaps;
     if (f->cache) {
@@ -810,12 +919,13 @@ static int cpu_tick(void *impl)
          * between windows (a blocking round's copies, the async tier's landing and posting) */
         const struct backend_stats *st = &f->st, *p = &f->tick_st;
         LOG_INFO("window %llu: %.2f ms (attention %.2f, dense %.2f, experts %.2f, combine %.2f, "
-                 "output %.2f), tick %.3f ms, %llu hits %llu misses, adapt wait %.3f join %.3f "
-                 "ms, %llu swaps/window",
+                 "output %.2f), tick %.3f ms, fence %.3f ms, %llu hits %llu misses, adapt wait "
+                 "%.3f join %.3f ms, %llu swaps/window",
                  (unsigned long long)f->window, 1e3 * (st->total_s - p->total_s),
                  1e3 * (st->attention_s - p->attention_s), 1e3 * (st->dense_s - p->dense_s),
                  1e3 * (st->experts_s - p->experts_s), 1e3 * (f->combine_s - f->tick_combine_s),
                  1e3 * (st->output_s - p->output_s), 1e3 * (now_s() - t0),
+                 1e3 * f->window_fence_s,
                  (unsigned long long)(f->hits - f->tick_hits),
                  (unsigned long long)(f->misses - f->tick_misses), 1e3 * f->window_wait_s,
                  1e3 * f->window_join_s, (unsigned long long)f->window_swaps);
@@ -824,14 +934,18 @@ static int cpu_tick(void *impl)
         f->tick_misses = f->misses;
         f->tick_combine_s = f->combine_s;
     }
-    f->window_wait_s = f->window_join_s = 0;
+    f->window_wait_s = f->window_join_s = f->window_fence_s = 0;
     return rv;
 }
 
 static int cpu_quiesce(void *impl)
 {
     struct fwd *f = impl;
-    return f->cache ? async_quiesce(f) : 0;
+    if (!f->cache) return 0;
+    const double t0 = now_s();
+    const int rv = async_quiesce(f);
+    f->window_fence_s += now_s() - t0;
+    return rv;
 }
 
 /* kv_fit: with one budget shrinking to n slots, the KV pool becomes what n slots hold (refused,
@@ -1386,6 +1500,7 @@ static int cpu_eval(void *impl, const struct backend_token *toks, uint32_t n, fl
     const size_t E = hp->n_embd;
     int rv;
     if ((rv = grow(f, toks, n)) != 0) return rv;
+    if (f->picker_started && f->o.copy_hooks && f->o.copy_hooks->window_sync) window_sync(f);
     const double t0 = now_s();
     const uint64_t hits0 = f->hits, misses0 = f->misses;
     if (f->tier) mark_chunks(f, toks, n);

@@ -10,8 +10,8 @@
  * window that may still read the slot's previous expert. Tickets complete in posting order.
  * Test hooks (struct copy_hooks) hold a copy's completion, stretch a window, fail a copy or change
  * the bytes it wrote, so tests can make every race and every bad copy happen.
- * Threads: one thread (the decode thread) posts, marks windows and waits; the copy thread writes
- * slots. copy_close waits for copies in flight (deferred ones run then).
+ * Threads: any thread may post, mark windows and wait (the decode thread, the tier's thread),
+ * under the engine's lock; the copy thread writes slots. copy_close waits for copies in flight (deferred ones run then).
  */
 #ifndef STRATA_COPY_H
 #define STRATA_COPY_H
@@ -45,6 +45,14 @@ struct copy_hooks {
     /* unfenced: the backend posts a move's copy before it takes the victim out of the table a
      * window reads (a removed fence, for the test that must then fail). */
     bool unfenced;
+    /* no_window_wait: the tier's thread posts a move's copy fenced on no window, not on the
+     * window running while it posts, which may still read the victim's slot (the window wait
+     * removed, for the test that must then fail). */
+    bool no_window_wait;
+    /* window_sync: a pass waits, before it reads a slot, for the tier thread's round asked at
+     * the last tick to be posted (and, with no_window_wait, for those copies to land), so the
+     * windows a round runs across do not depend on the threads' timing. */
+    bool window_sync;
     /* kv_unfenced: with one budget (--slot-kv 1), a KV grow takes a slot without landing the
      * round in flight first (the KV-grow fence removed, for the test that must then fail). */
     bool kv_unfenced;
