@@ -357,7 +357,9 @@ START_TEST(async_fences_failures_and_a_removed_fence)
     o.copy_hooks = &held;
     bi = run(&e, e.m, &o, 4, true, "async, held copies across a resize");
     ck_assert_uint_gt(bi.swaps, 0);
-    /* failed copies leave their experts on the host tier (slots poisoned), logits exact */
+    /* failed copies leave their experts on the host tier (slots poisoned), logits exact; the
+     * tick after a round lands it (ASYNC_WAIT), so which copies fail does not depend on timing */
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "1", 1);
     const struct copy_hooks failing = {.fail = fail_every_third};
     o.copy_hooks = &failing;
     bi = run(&e, e.m, &o, 0, true, "async, every third copy failing");
@@ -375,8 +377,7 @@ START_TEST(async_fences_failures_and_a_removed_fence)
     ck_assert_uint_gt(bi.swaps, 0);
     /* the suite sees a removed fence: a copy that overwrites a slot the next window still reads.
      * Deterministic: the tick after posting lands the round (ASYNC_WAIT=1) and the pick is at a
-     * fixed tick, inline or waited for on the tier's thread */
-    setenv("STRATA_ADAPT_ASYNC_WAIT", "1", 1);
+     * fixed tick */
     const struct copy_hooks unfenced = {.unfenced = true};
     o.copy_hooks = &unfenced;
     o.cache_verify = false;
@@ -618,6 +619,75 @@ START_TEST(one_budget_llama_olmoe_qwen2moe_gpt_oss)
 }
 END_TEST
 
+/* STRATA_DECODE_TIMING=1: one line per window, with or without a cache: its parts, the tick and
+ * fences, hits and misses (every routed pair of the window, one or the other), the adapt wait
+ * and join, and the swaps that landed (summing to the backend's count). */
+static void timing_lines(struct env *e, const struct backend_opts *o, bool cached)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/timing.log", test_tmpdir());
+    fflush(stderr);
+    const int saved = dup(2);
+    FILE *log = fopen(path, "w");
+    ck_assert_ptr_nonnull(log);
+    dup2(fileno(log), 2);
+    setenv("STRATA_DECODE_TIMING", "1", 1);
+    struct backend *b = start(e->m, o);
+    const size_t rows = script(e, b, NULL, 0, 0, 0);
+    struct backend_info bi;
+    backend_info(b, &bi);
+    backend_close(b);
+    unsetenv("STRATA_DECODE_TIMING");
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    fclose(log);
+    char *text = test_read_file(path, NULL);
+    ck_assert_ptr_nonnull(text);
+    const struct model_hparams *hp = &e->m->hp;
+    uint32_t windows = 0;
+    unsigned long long hits = 0, misses = 0, swaps = 0;
+    for (const char *p = strstr(text, "window "); p; p = strstr(p + 1, "window ")) {
+        unsigned w;
+        double ms, at, de, ex, co, ou, tick, fence, wait, join;
+        unsigned long long h, m, sw;
+        if (sscanf(p,
+                   "window %u: %lf ms (attention %lf, dense %lf, experts %lf, combine %lf, output "
+                   "%lf), tick %lf ms, fence %lf ms, %llu hits %llu misses, adapt wait %lf join "
+                   "%lf ms, %llu swaps/window",
+                   &w, &ms, &at, &de, &ex, &co, &ou, &tick, &fence, &h, &m, &wait, &join,
+                   &sw) != 14)
+            continue;
+        windows++;
+        ck_assert_uint_eq(w, windows);
+        ck_assert(ms >= at && ms >= ex && ex >= co && tick >= 0 && wait >= 0 && join >= 0);
+        hits += h;
+        misses += m;
+        swaps += sw;
+    }
+    ck_assert_uint_eq(windows, N_STEP);
+    ck_assert_uint_eq(hits + misses, cached ? rows * hp->n_expert_used * hp->n_layer : 0);
+    ck_assert_uint_eq(hits, bi.hits);
+    ck_assert_uint_eq(swaps, bi.swaps);
+    if (cached) ck_assert_uint_gt(swaps, 0);
+    free(text);
+}
+
+START_TEST(decode_timing_line_per_window)
+{
+    struct env e;
+    env_open(&e, "qwen3moe");
+    struct backend_opts none = {0};
+    timing_lines(&e, &none, false);
+    struct backend_opts o = {.expert_cache = {CACHE_SLOTS, (e.total + 3) / 4},
+                             .tier = {.every = 1, .swaps = 8, .decay = 0.9f, .min_count = 0.5f,
+                                      .lead = 0.25f, .async = true}};
+    setenv("STRATA_ADAPT_ASYNC_WAIT", "1", 1);
+    timing_lines(&e, &o, true);
+    env_close(&e);
+}
+END_TEST
+
 START_TEST(independent_of_the_cache_qwen3moe)
 {
     independence("qwen3moe");
@@ -739,6 +809,7 @@ int main(void)
     tcase_add_test(tc, options_parse_and_refuse);
     tcase_add_test(tc, verify_windows_count_per_token);
     tcase_add_test(tc, async_fences_failures_and_a_removed_fence);
+    tcase_add_test(tc, decode_timing_line_per_window);
     tcase_add_test(tc, one_budget_races_qwen3moe);
     tcase_add_test(tc, one_budget_llama_olmoe_qwen2moe_gpt_oss);
     tcase_add_test(tc, independent_of_the_cache_qwen3moe);
