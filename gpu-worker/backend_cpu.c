@@ -707,7 +707,9 @@ static int adopt(struct fwd *f)
         f->n_flight = err ? f->thread_posted : f->n_picked;
         f->n_posted = f->thread_posted;
         f->n_landed = 0;
-        f->posted_at = f->asked_at;
+        /* the copies were released at the tick after the one that asked (their window's): the
+         * tick after that lands them (ASYNC_WAIT), so they run during a whole window */
+        f->posted_at = f->asked_at + 1;
         f->pick = PICK_IDLE;
     }
     pthread_mutex_unlock(&f->pmu);
@@ -816,8 +818,9 @@ static void async_stop(struct fwd *f)
 }
 
 /* async_tick (cpu_tick has published the victims the tier thread took out during the window):
- * adopt the thread's round, land what has landed (everything, the tick after the round was
- * asked, with ASYNC_WAIT), post the next batch of a round, and start a pick when one is due. */
+ * adopt the thread's round, land what has landed (with ASYNC_WAIT everything, at the tick after
+ * the one that released the copies), post the next batch of a round, and start a pick when one
+ * is due. */
 static int async_tick(struct fwd *f)
 {
     int rv = adopt(f);
@@ -827,9 +830,10 @@ static int async_tick(struct fwd *f)
         return rv;
     }
     bool changed = false;
-    if (f->n_posted)
-        changed = land_flight(f, f->async_wait && f->window > f->posted_at) > 0 ||
-                  f->n_flight == 0;
+    /* with ASYNC_WAIT a round lands at one tick, waited for: the tick after its copies were
+     * released; without, each tick lands what has landed */
+    if (f->n_posted && (!f->async_wait || f->window > f->posted_at))
+        changed = land_flight(f, f->async_wait) > 0 || f->n_flight == 0;
     if (f->n_flight > f->n_posted) {
         if (changed) cache_publish(f->cache);
         changed = false;

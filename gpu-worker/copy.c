@@ -41,13 +41,19 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* runnable: whether job j may start now (its window finished, and released when deferred). */
+static bool runnable(const struct copy_engine *ce, const struct job *j)
+{
+    return j->after <= ce->window_done && !(ce->hooks.defer && j->ticket > ce->released);
+}
+
 static void *run(void *arg)
 {
     struct copy_engine *ce = arg;
     pthread_mutex_lock(&ce->mu);
     for (;;) {
         struct job *j = ce->head;
-        if (!j || j->after > ce->window_done || (ce->hooks.defer && j->ticket > ce->released)) {
+        if (!j || !runnable(ce, j)) {
             if (ce->stop && !j) break;
             pthread_cond_wait(&ce->cv, &ce->mu);
             continue;
@@ -164,7 +170,8 @@ int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x
     j->ticket = *ticket = ce->next_ticket++;
     *(ce->tail ? &ce->tail->next : &ce->head) = j;
     ce->tail = j;
-    pthread_cond_signal(&ce->cv);
+    /* the copy thread waits only on the head: wake it only when that changes what it may do */
+    if (ce->head == j && runnable(ce, j)) pthread_cond_signal(&ce->cv);
     pthread_mutex_unlock(&ce->mu);
     return 0;
 }
@@ -172,8 +179,10 @@ int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x
 void copy_window_done(struct copy_engine *ce, uint64_t w)
 {
     pthread_mutex_lock(&ce->mu);
-    if (w > ce->window_done) ce->window_done = w;
-    pthread_cond_signal(&ce->cv);
+    if (w > ce->window_done) {
+        ce->window_done = w;
+        if (ce->head && runnable(ce, ce->head)) pthread_cond_signal(&ce->cv);
+    }
     pthread_mutex_unlock(&ce->mu);
 }
 
