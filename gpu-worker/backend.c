@@ -264,10 +264,12 @@ int backend_opt(struct backend_opts *o, const char *name, const char *value)
         {"vram-mib", 0, offsetof(struct backend_opts, vram_mib), 0, 1 << 24},
         {"gpu", 0, offsetof(struct backend_opts, gpu), 0, 1023},
     };
-    if (strcmp(name, "cache-verify") == 0 || strcmp(name, "adapt-async") == 0) {
+    if (strcmp(name, "cache-verify") == 0 || strcmp(name, "adapt-async") == 0 ||
+        strcmp(name, "slot-kv") == 0) {
         if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
             return strata_errf(STRATA_EINVAL, "--%s %s: give 0 or 1", name, value);
-        *(name[0] == 'c' ? &o->cache_verify : &o->tier.async) = value[0] == '1';
+        *(name[0] == 'c' ? &o->cache_verify : name[0] == 's' ? &o->slot_kv : &o->tier.async) =
+            value[0] == '1';
         return 0;
     }
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {

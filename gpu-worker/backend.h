@@ -46,6 +46,9 @@ struct backend_opts {
     struct tier_opts tier;          /* --adapt-*: every 0 is a static cache */
     bool cache_verify;              /* --cache-verify: each slot's xxHash checked as it turns
                                        resident; a mismatch keeps the expert on the host tier */
+    bool slot_kv;                   /* --slot-kv 1: slot mode's KV blocks take their memory from
+                                       the cache's budget (one budget, DESIGN 3.1): a KV grow
+                                       takes a slot through the tier's fence */
     const uint64_t *heat; /* (n_layer * n_expert) routed-token totals for the first fill (the
                              arena's heat), borrowed during backend_start; NULL: none */
     const struct copy_hooks *copy_hooks; /* tests: hold, fail or change copies; NULL: none */
@@ -106,6 +109,7 @@ struct backend_info {
     double copy_gibs;         /* their rate while copying */
     uint64_t verify_failures; /* copies refused by --cache-verify */
     double adapt_wait_s;      /* time windows waited for the tier's copies */
+    uint32_t kv_slots;        /* slots lent to the KV cache (--slot-kv: one budget) */
     uint64_t pcie_pairs;      /* of the misses, pairs a GPU computed from registered host memory */
     double pcie_gbs;          /* host-to-GPU copy rate measured at start (GB/s), 0: not measured */
     uint64_t graph_replays;   /* passes replayed from a captured CUDA graph (cuda) */
@@ -218,6 +222,7 @@ void backend_reset_stats(struct backend *b);
     "  --adapt-lead F       lead over the resident it replaces (default 1.5)\n"                    \
     "  --adapt-async 1      the tier's copies run while windows do (default 0: blocking)\n"        \
     "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"            \
+    "  --slot-kv 1          CPU slot mode: KV blocks take slots of the cache's budget\n"         \
     "  --pin P              cuda hybrid: register host experts whole, by need (default) or none\n" \
     "  --pcie-frac F        cuda hybrid: share of missed experts the GPU reads over PCIe (0)\n"  \
     "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0;\n" \

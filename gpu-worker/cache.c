@@ -79,8 +79,37 @@ void cache_fini(struct cache *c)
 
 void cache_evict(struct cache *c, uint32_t s)
 {
+    if (c->owner[s] == CACHE_LENT) return; /* not an expert's: cache_unlend gives it back */
     if (c->owner[s] != CACHE_NONE) c->work[c->owner[s]] = CACHE_NONE;
     c->owner[s] = CACHE_NONE;
+}
+
+int32_t cache_lend(struct cache *c, const float *counts, uint32_t below)
+{
+    if (below > c->n_slots) below = c->n_slots;
+    int32_t best = CACHE_NONE;
+    for (uint32_t s = 0; s < below && best == CACHE_NONE; s++)
+        if (c->owner[s] == CACHE_NONE) best = (int32_t)s;
+    for (uint32_t s = below; best == CACHE_NONE && s-- > 0;) {
+        if (c->owner[s] == CACHE_LENT) continue;
+        best = (int32_t)s;
+        if (!counts) break;
+        for (uint32_t r = s; r-- > 0;)
+            if (c->owner[r] != CACHE_LENT && counts[c->owner[r]] < counts[c->owner[best]])
+                best = (int32_t)r;
+    }
+    if (best == CACHE_NONE) return CACHE_NONE;
+    cache_evict(c, (uint32_t)best);
+    c->owner[best] = CACHE_LENT;
+    c->n_lent++;
+    return best;
+}
+
+void cache_unlend(struct cache *c, uint32_t s)
+{
+    if (c->owner[s] != CACHE_LENT) return;
+    c->owner[s] = CACHE_NONE;
+    c->n_lent--;
 }
 
 void cache_assign(struct cache *c, uint32_t s, uint32_t l, uint32_t e)
@@ -99,6 +128,10 @@ int32_t cache_free_slot(const struct cache *c)
 
 int cache_resize(struct cache *c, uint32_t n_slots)
 {
+    for (uint32_t s = n_slots; s < c->n_slots; s++)
+        if (c->owner[s] == CACHE_LENT)
+            return strata_errf(STRATA_EBUSY, "slot %u of %u is lent to the KV cache", s,
+                               c->n_slots);
     if (n_slots > c->n_slots) {
         int32_t *o = realloc(c->owner, n_slots * sizeof *o);
         if (!o) return strata_errf(STRATA_ENOMEM, "out of memory for %u cache slots", n_slots);

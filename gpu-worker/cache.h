@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #define CACHE_NONE (-1)
+#define CACHE_LENT (-2) /* owner of a slot whose memory is lent to the KV cache (one budget) */
 
 /* --expert-cache as given: auto, a slot count, or a byte budget. */
 struct cache_spec {
@@ -38,7 +39,8 @@ struct cache {
     uint64_t slot_bytes;
     int32_t *work;  /* (n_layer * n_expert) the tier's table */
     int32_t *pub;   /* (n_layer * n_expert) what windows read */
-    int32_t *owner; /* (n_slots) l * n_expert + e, or CACHE_NONE for a free slot */
+    int32_t *owner; /* (n_slots) l * n_expert + e, CACHE_NONE (free) or CACHE_LENT */
+    uint32_t n_lent;
 };
 
 /* cache_init: an empty cache (every expert on the host tier, every slot free). STRATA_ENOMEM. */
@@ -63,8 +65,23 @@ void cache_assign(struct cache *c, uint32_t s, uint32_t l, uint32_t e);
 int32_t cache_free_slot(const struct cache *c);
 
 /* cache_resize changes the slot count to n_slots: slots at or past it are evicted (working table),
- * new ones start free. STRATA_ENOMEM leaves c as it was. */
+ * new ones start free. STRATA_ENOMEM leaves c as it was; STRATA_EBUSY, too, when a slot at or
+ * past n_slots is lent (move its memory first: cache_lend below n_slots, then cache_unlend). */
 int cache_resize(struct cache *c, uint32_t n_slots);
+
+/* One budget (DESIGN 3.1): the slots' memory is shared with the KV cache, which grows by taking a
+ * slot's memory (a segment) and gives it back on a resize. The order, for whoever owns the slots
+ * (backend-neutral; the caller does the memory): land every copy in flight (the tier's fence),
+ * cache_lend (the slot leaves the working table), cache_publish (no window reads it any more),
+ * and only then write KV into the slot's memory. A lent slot is never free, never picked by the
+ * tier (tier_pick skips slots that are not free) and never resident.
+ * cache_lend picks the slot to lend among those below `below`: a free one (lowest first), else
+ * the resident with the lowest counts[l * n_expert + e] (counts NULL: all equal; ties: the
+ * highest slot), evicts it and marks it lent. CACHE_NONE when every slot below is lent.
+ * cache_unlend: lent slot s is a free slot again. Its memory still holds KV rows, which no window
+ * reads: a slot is read only once a copy has landed in it. */
+int32_t cache_lend(struct cache *c, const float *counts, uint32_t below);
+void cache_unlend(struct cache *c, uint32_t s);
 
 /* cache_publish makes the working table the one windows read. */
 void cache_publish(struct cache *c);

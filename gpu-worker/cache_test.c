@@ -63,6 +63,43 @@ START_TEST(tables_publish_and_fill_order)
 }
 END_TEST
 
+/* One budget: a slot lent to the KV cache takes a free slot first, else the least-used resident
+ * (ties: the highest slot); it is never free, never resident, and a shrink past it is refused. */
+START_TEST(slots_lent_to_the_kv_cache)
+{
+    struct cache *c;
+    ck_assert_int_eq(cache_init(2, 4, 4, 8192, &c), 0);
+    cache_assign(c, 0, 0, 0);
+    cache_assign(c, 1, 0, 1);
+    cache_assign(c, 3, 1, 2);
+    cache_publish(c);
+    const float counts[8] = {5, 1, 0, 0, 0, 0, 3, 0};
+    ck_assert_int_eq(cache_lend(c, counts, 4), 2); /* the free one */
+    ck_assert_uint_eq(c->n_lent, 1);
+    ck_assert_int_eq(cache_free_slot(c), CACHE_NONE);
+    ck_assert_int_eq(cache_lend(c, counts, 4), 1); /* (0, 1): count 1 */
+    ck_assert_int_eq(c->work[1], CACHE_NONE);
+    ck_assert_int_eq(cache_slot(c, 0, 1), 1); /* until published */
+    cache_publish(c);
+    ck_assert_int_eq(cache_slot(c, 0, 1), CACHE_NONE);
+    ck_assert_uint_eq(cache_resident(c), 2);
+    ck_assert_int_eq(cache_lend(c, NULL, 4), 3); /* no counts: the highest resident */
+    ck_assert_int_eq(cache_lend(c, counts, 1), 0);
+    ck_assert_int_eq(cache_lend(c, counts, 4), CACHE_NONE); /* all lent */
+    cache_evict(c, 3); /* a lent slot is not an expert's: unchanged */
+    ck_assert_int_eq(c->owner[3], CACHE_LENT);
+    ck_assert_int_eq(cache_resize(c, 2), STRATA_EBUSY);
+    ck_assert_uint_eq(c->n_slots, 4);
+    cache_unlend(c, 3);
+    cache_unlend(c, 2);
+    ck_assert_uint_eq(c->n_lent, 2);
+    ck_assert_int_eq(cache_free_slot(c), 2);
+    ck_assert_int_eq(cache_resize(c, 2), 0);
+    ck_assert_uint_eq(c->n_lent, 2);
+    cache_fini(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cache");
@@ -70,6 +107,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, spec_forms_and_slot_counts);
     tcase_add_test(tc, tables_publish_and_fill_order);
+    tcase_add_test(tc, slots_lent_to_the_kv_cache);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

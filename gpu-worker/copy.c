@@ -27,6 +27,7 @@ struct copy_engine {
     uint64_t completed;      /* tickets below or equal completed */
     int *result;             /* ring of results by ticket, RESULTS deep */
     uint64_t window_done;
+    uint64_t released; /* hooks.defer: tickets up to it may start (waited for) */
     bool stop;
     struct copy_stats st;
 };
@@ -40,13 +41,19 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* runnable: whether job j may start now (its window finished, and released when deferred). */
+static bool runnable(const struct copy_engine *ce, const struct job *j)
+{
+    return j->after <= ce->window_done && !(ce->hooks.defer && j->ticket > ce->released);
+}
+
 static void *run(void *arg)
 {
     struct copy_engine *ce = arg;
     pthread_mutex_lock(&ce->mu);
     for (;;) {
         struct job *j = ce->head;
-        if (!j || j->after > ce->window_done) {
+        if (!j || !runnable(ce, j)) {
             if (ce->stop && !j) break;
             pthread_cond_wait(&ce->cv, &ce->mu);
             continue;
@@ -128,6 +135,7 @@ void copy_close(struct copy_engine *ce)
     pthread_mutex_lock(&ce->mu);
     ce->stop = true;
     ce->window_done = UINT64_MAX; /* nothing reads slots any more: release every fence */
+    ce->released = UINT64_MAX;
     pthread_cond_signal(&ce->cv);
     pthread_mutex_unlock(&ce->mu);
     pthread_join(ce->th, NULL);
@@ -150,6 +158,8 @@ int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x
                                "copy extent of %llu bytes at %llu falls outside a slot of %llu",
                                (unsigned long long)x[i].bytes, (unsigned long long)x[i].dst_off,
                                (unsigned long long)ce->slot_bytes);
+    int rv = ce->hooks.refuse ? ce->hooks.refuse(ce->hooks.ctx, slot) : 0;
+    if (rv) return strata_errf(rv, "the copy into slot %u was refused (a test hook)", slot);
     struct job *j = calloc(1, sizeof *j);
     if (!j) return strata_errf(STRATA_ENOMEM, "out of memory for a copy");
     j->slot = slot;
@@ -160,7 +170,8 @@ int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x
     j->ticket = *ticket = ce->next_ticket++;
     *(ce->tail ? &ce->tail->next : &ce->head) = j;
     ce->tail = j;
-    pthread_cond_signal(&ce->cv);
+    /* the copy thread waits only on the head: wake it only when that changes what it may do */
+    if (ce->head == j && runnable(ce, j)) pthread_cond_signal(&ce->cv);
     pthread_mutex_unlock(&ce->mu);
     return 0;
 }
@@ -168,8 +179,10 @@ int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x
 void copy_window_done(struct copy_engine *ce, uint64_t w)
 {
     pthread_mutex_lock(&ce->mu);
-    if (w > ce->window_done) ce->window_done = w;
-    pthread_cond_signal(&ce->cv);
+    if (w > ce->window_done) {
+        ce->window_done = w;
+        if (ce->head && runnable(ce, ce->head)) pthread_cond_signal(&ce->cv);
+    }
     pthread_mutex_unlock(&ce->mu);
 }
 
@@ -185,6 +198,16 @@ bool copy_done(struct copy_engine *ce, uint64_t ticket, int *rv)
 int copy_wait(struct copy_engine *ce, uint64_t ticket)
 {
     pthread_mutex_lock(&ce->mu);
+    if (ticket > ce->completed && ce->hooks.on_wait) {
+        /* the test's hook sees a copy in flight across the wait (and may not call back in) */
+        pthread_mutex_unlock(&ce->mu);
+        ce->hooks.on_wait(ce->hooks.ctx, ticket);
+        pthread_mutex_lock(&ce->mu);
+    }
+    if (ticket > ce->released) {
+        ce->released = ticket;
+        pthread_cond_signal(&ce->cv);
+    }
     while (ticket > ce->completed)
         pthread_cond_wait(&ce->done_cv, &ce->mu);
     int rv = ce->result[ticket % RESULTS];

@@ -10,8 +10,8 @@
  * window that may still read the slot's previous expert. Tickets complete in posting order.
  * Test hooks (struct copy_hooks) hold a copy's completion, stretch a window, fail a copy or change
  * the bytes it wrote, so tests can make every race and every bad copy happen.
- * Threads: one thread (the decode thread) posts, marks windows and waits; the copy thread writes
- * slots. copy_close waits for copies in flight.
+ * Threads: any thread may post, mark windows and wait (the decode thread, the tier's thread),
+ * under the engine's lock; the copy thread writes slots. copy_close waits for copies in flight (deferred ones run then).
  */
 #ifndef STRATA_COPY_H
 #define STRATA_COPY_H
@@ -34,9 +34,30 @@ struct copy_hooks {
     uint32_t hold_ms;
     /* window_ms: the backend stretches every window by this long (read by the backend). */
     uint32_t window_ms;
+    /* defer: a copy starts (writes its bytes) only once someone waits for it (copy_wait) or the
+     * engine closes; copy_done is false until then. With no tick waiting for the tier's round
+     * (STRATA_ADAPT_ASYNC_WAIT=0) a round's copies are then in flight at every fence, whatever
+     * the timing: the fence's wait is what lands them. */
+    bool defer;
+    /* on_wait: runs on the waiting thread when copy_wait finds its copy not yet complete (a copy
+     * in flight across a fence), before it blocks. */
+    void (*on_wait)(void *ctx, uint64_t ticket);
     /* unfenced: the backend posts a move's copy before it takes the victim out of the table a
      * window reads (a removed fence, for the test that must then fail). */
     bool unfenced;
+    /* no_window_wait: the tier's thread posts a move's copy fenced on no window, not on the
+     * window running while it posts, which may still read the victim's slot (the window wait
+     * removed, for the test that must then fail). */
+    bool no_window_wait;
+    /* window_sync: a pass waits, before it reads a slot, for the tier thread's round asked at
+     * the last tick to be posted (and, with no_window_wait, for those copies to land), so the
+     * windows a round runs across do not depend on the threads' timing. */
+    bool window_sync;
+    /* kv_unfenced: with one budget (--slot-kv 1), a KV grow takes a slot without landing the
+     * round in flight first (the KV-grow fence removed, for the test that must then fail). */
+    bool kv_unfenced;
+    /* refuse: a nonzero return makes copy_post fail with it (a round that cannot be posted). */
+    int (*refuse)(void *ctx, uint32_t slot);
     /* fail: a nonzero return fails the copy (its slot is not filled). */
     int (*fail)(void *ctx, uint32_t slot, uint64_t ticket);
     /* after_copy: runs on the copy thread once the bytes are in the slot, before completion:

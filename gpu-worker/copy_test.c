@@ -63,12 +63,60 @@ START_TEST(copies_wait_for_their_window_and_fail_when_told)
 }
 END_TEST
 
+static uint32_t g_waited;
+
+static void count_wait(void *ctx, uint64_t ticket)
+{
+    g_waited++;
+}
+
+static int refuse_slot_3(void *ctx, uint32_t slot)
+{
+    return slot == 3 ? STRATA_EIO : 0;
+}
+
+/* defer: a copy runs only once waited for (or at close), whatever the time; on_wait sees each
+ * wait that finds its copy in flight; refuse makes a post fail. */
+START_TEST(deferred_copies_run_when_waited)
+{
+    uint8_t *slots = calloc(4, 4096);
+    uint8_t src[100];
+    memset(src, 0x5c, sizeof src);
+    const struct copy_hooks hooks = {.defer = true, .on_wait = count_wait,
+                                     .refuse = refuse_slot_3};
+    struct copy_engine *ce;
+    ck_assert_int_eq(copy_start(slots, 4096, 4, &hooks, &ce), 0);
+    const struct copy_extent x = {src, sizeof src, 0};
+    uint64_t a, b, c;
+    ck_assert_int_eq(copy_post(ce, 0, &x, 1, 0, &a), 0);
+    ck_assert_int_eq(copy_post(ce, 1, &x, 1, 0, &b), 0);
+    ck_assert_int_eq(copy_post(ce, 3, &x, 1, 0, &c), STRATA_EIO);
+    struct timespec ts = {0, 30 * 1000000};
+    nanosleep(&ts, NULL);
+    int rv;
+    ck_assert(!copy_done(ce, a, &rv));
+    ck_assert_uint_eq(slots[0], 0);
+    ck_assert_int_eq(copy_wait(ce, a), 0);
+    ck_assert_uint_eq(g_waited, 1);
+    ck_assert_uint_eq(slots[0], 0x5c);
+    ck_assert(!copy_done(ce, b, &rv)); /* not waited for yet */
+    ck_assert_uint_eq(slots[4096], 0);
+    ck_assert_int_eq(copy_post(ce, 2, &x, 1, 0, &c), 0);
+    copy_close(ce); /* runs the deferred ones */
+    ck_assert_uint_eq(slots[4096], 0x5c);
+    ck_assert_uint_eq(slots[2 * 4096], 0x5c);
+    ck_assert_uint_eq(g_waited, 1);
+    free(slots);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("copy");
     TCase *tc = tcase_create("copy");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, copies_wait_for_their_window_and_fail_when_told);
+    tcase_add_test(tc, deferred_copies_run_when_waited);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

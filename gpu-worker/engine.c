@@ -855,6 +855,8 @@ static void *loop(void *arg)
             if (e->fence && (rv = backend_quiesce(e->be)) == 0) e->fence = false;
             if (!rv) rv = compute(e, &n_tok);
             if (!rv) rv = backend_tick(e->be);
+            /* and a failed window or round lands what the tier has in flight */
+            if (rv) backend_quiesce(e->be);
             pthread_mutex_lock(&e->mu);
             e->st.window_s += (double)(now_ns() - t0) / 1e9;
             apply(e, rv, n_tok);

@@ -20,7 +20,8 @@ struct blk {
 #define KV_NO_BLOCK UINT32_MAX
 
 struct kv_cache {
-    struct kv_config cfg;
+    struct kv_config cfg; /* cfg.max_blocks: the limit now (kv_set_max_blocks), <= cap */
+    uint32_t cap;         /* blocks the arrays hold: max_blocks as configured */
     struct blk *blk;     /* (max_blocks) */
     int32_t *ids;        /* (max_blocks, block_tokens) token ids of published blocks */
     uint32_t *free_list; /* block ids used before, unused and unpublished now; a stack */
@@ -44,6 +45,7 @@ int kv_init(const struct kv_config *cfg, struct kv_cache **out)
     struct kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv) return strata_errf(STRATA_ENOMEM, "out of memory for the KV cache");
     kv->cfg = *cfg;
+    kv->cap = cfg->max_blocks;
     kv->n_buckets = 16;
     while (kv->n_buckets < cfg->max_blocks)
         kv->n_buckets *= 2;
@@ -118,6 +120,13 @@ static void unhash(struct kv_cache *kv, uint32_t id)
     b->cached = false;
 }
 
+/* drop_cached takes a cached block nobody holds out of the prefix cache and its LRU. */
+static void drop_cached(struct kv_cache *kv, uint32_t id)
+{
+    lru_unlink(kv, id);
+    unhash(kv, id);
+}
+
 /* take_block: a free block, else a never-used one, else the least recently released cached
  * block; KV_NO_BLOCK when none is left. */
 static uint32_t take_block(struct kv_cache *kv)
@@ -131,8 +140,7 @@ static uint32_t take_block(struct kv_cache *kv)
             (struct blk){.hnext = KV_NO_BLOCK, .lprev = KV_NO_BLOCK, .lnext = KV_NO_BLOCK};
     } else if (kv->lru_head != KV_NO_BLOCK) {
         id = kv->lru_head;
-        lru_unlink(kv, id);
-        unhash(kv, id);
+        drop_cached(kv, id);
     } else {
         return KV_NO_BLOCK;
     }
@@ -267,5 +275,39 @@ int kv_prefix_attach(struct kv_cache *kv, struct kv_seq *s, const int32_t *ids, 
     s->n_tokens = found * bt;
     *n_blocks = found;
     *key = k;
+    return 0;
+}
+
+uint32_t kv_blocks_cap(const struct kv_cache *kv)
+{
+    return kv->cap;
+}
+
+int kv_trim(struct kv_cache *kv, uint32_t n_ids)
+{
+    if (n_ids >= kv->n_alloc) return 0;
+    for (uint32_t id = n_ids; id < kv->n_alloc; id++)
+        if (kv->blk[id].refs)
+            return strata_errf(STRATA_EBUSY,
+                               "KV block %u is held by a sequence: the pool cannot shrink below "
+                               "%u blocks until it ends",
+                               id, id + 1);
+    for (uint32_t id = n_ids; id < kv->n_alloc; id++)
+        if (kv->blk[id].cached) drop_cached(kv, id);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < kv->n_free; i++)
+        if (kv->free_list[i] < n_ids) kv->free_list[k++] = kv->free_list[i];
+    kv->n_free = k;
+    kv->n_alloc = n_ids;
+    return 0;
+}
+
+int kv_set_max_blocks(struct kv_cache *kv, uint32_t n)
+{
+    if (n == 0 || n > kv->cap)
+        return strata_errf(STRATA_EINVAL, "KV pool of %u blocks: 1 to %u", n, kv->cap);
+    int rv = kv_trim(kv, n);
+    if (rv) return rv;
+    kv->cfg.max_blocks = n;
     return 0;
 }

@@ -71,6 +71,19 @@ int kv_seq_resize(struct kv_cache *kv, struct kv_seq *s, uint32_t n_tokens);
 /* kv_seq_fini releases all of s's blocks: to the pool, or to the prefix cache when published. */
 void kv_seq_fini(struct kv_cache *kv, struct kv_seq *s);
 
+/* kv_trim gives back the block ids at or above n_ids (the storage behind them may then be reused:
+ * kv_blocks_used_ever drops to n_ids): cached ones leave the prefix cache, free ones the free
+ * list. STRATA_EBUSY, nothing changed, when a sequence holds one of them. */
+int kv_trim(struct kv_cache *kv, uint32_t n_ids);
+
+/* kv_set_max_blocks makes the pool n blocks (1 .. kv_blocks_cap): the ids at or above n are
+ * trimmed (kv_trim: STRATA_EBUSY when held) and never handed out; kv_config_of's max_blocks
+ * reads n. For a budget shared with other memory (slot mode's KV and expert slots). */
+int kv_set_max_blocks(struct kv_cache *kv, uint32_t n);
+
+/* kv_blocks_cap: the most blocks the pool can be set to (max_blocks as configured). */
+uint32_t kv_blocks_cap(const struct kv_cache *kv);
+
 #define KV_PREFIX_ROOT 0 /* the parent hash of a sequence's first block */
 
 /* kv_prefix_hash: the key of a block holding ids[0..n) after a prefix whose key is parent. */

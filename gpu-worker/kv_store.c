@@ -10,8 +10,14 @@ struct kv_store {
     enum kv_type type;
     size_t elem;         /* bytes of one element */
     size_t block_elems;  /* n_layer * block_tokens * (k_dim + v_dim) */
+    size_t piece_bytes;  /* one (block, layer): block_tokens * (k_dim + v_dim) elements */
     void **base;         /* (max_blocks) each block's memory, NULL until reserved */
     uint32_t n_reserved; /* ids below it have memory */
+    /* Segment mode (kv_store_use_segments): pieces placed in lent segments, per_seg a segment,
+     * piece p = block * n_layer + layer in segment p / per_seg. */
+    uint8_t **seg;       /* (max_seg) NULL: the store's own blocks */
+    uint64_t seg_bytes;
+    uint32_t per_seg, max_seg, n_seg;
 };
 
 const char *kv_type_name(enum kv_type t)
@@ -53,6 +59,7 @@ int kv_store_init(const struct kv_config *c, enum kv_type t, struct kv_store **o
     st->type = t;
     st->elem = elem_bytes(t);
     st->block_elems = (size_t)c->n_layer * c->block_tokens * (c->k_dim + c->v_dim);
+    st->piece_bytes = (size_t)c->block_tokens * (c->k_dim + c->v_dim) * st->elem;
     *out = st;
     return 0;
 }
@@ -60,15 +67,88 @@ int kv_store_init(const struct kv_config *c, enum kv_type t, struct kv_store **o
 void kv_store_fini(struct kv_store *st)
 {
     if (!st) return;
-    for (uint32_t i = 0; i < st->n_reserved; i++)
-        free(st->base[i]);
+    if (!st->seg)
+        for (uint32_t i = 0; i < st->n_reserved; i++)
+            free(st->base[i]);
     free(st->base);
+    free(st->seg);
     free(st);
+}
+
+int kv_store_use_segments(struct kv_store *st, uint64_t seg_bytes)
+{
+    if (st->n_reserved || st->seg)
+        return strata_errf(STRATA_ESTATE, "the KV store already holds blocks");
+    const size_t piece = (st->piece_bytes + 63) & ~(size_t)63;
+    if (seg_bytes < piece)
+        return strata_errf(STRATA_EINVAL,
+                           "a KV block's layer takes %zu bytes, more than a segment of %llu",
+                           piece, (unsigned long long)seg_bytes);
+    st->seg_bytes = seg_bytes;
+    st->per_seg = (uint32_t)(seg_bytes / piece);
+    st->piece_bytes = piece;
+    st->max_seg = kv_store_segments_for(st, st->cfg.max_blocks);
+    st->seg = calloc(st->max_seg ? st->max_seg : 1, sizeof *st->seg);
+    if (!st->seg) return strata_errf(STRATA_ENOMEM, "out of memory for KV segments");
+    return 0;
+}
+
+uint32_t kv_store_segments_for(const struct kv_store *st, uint32_t n_ids)
+{
+    const uint64_t pieces = (uint64_t)n_ids * st->cfg.n_layer;
+    return st->per_seg ? (uint32_t)((pieces + st->per_seg - 1) / st->per_seg) : 0;
+}
+
+uint32_t kv_store_blocks_in(const struct kv_store *st, uint32_t n_seg)
+{
+    return st->per_seg ? (uint32_t)((uint64_t)n_seg * st->per_seg / st->cfg.n_layer) : 0;
+}
+
+uint32_t kv_store_segments(const struct kv_store *st)
+{
+    return st->n_seg;
+}
+
+void kv_store_set_segment(struct kv_store *st, uint32_t i, uint8_t *mem)
+{
+    st->seg[i] = mem;
+    if (i >= st->n_seg) st->n_seg = i + 1;
+}
+
+uint8_t *kv_store_segment(const struct kv_store *st, uint32_t i)
+{
+    return st->seg[i];
+}
+
+void kv_store_drop_segments(struct kv_store *st, uint32_t n)
+{
+    for (uint32_t i = n; i < st->n_seg; i++)
+        st->seg[i] = NULL;
+    if (n < st->n_seg) st->n_seg = n;
+    const uint32_t ids = kv_store_blocks_in(st, n);
+    if (st->n_reserved > ids) st->n_reserved = ids;
+}
+
+/* piece: the memory of block id's rows of layer: K rows (block_tokens of k_dim), then V rows. */
+static void *piece(const struct kv_store *st, uint32_t id, uint32_t layer)
+{
+    if (!st->seg)
+        return (uint8_t *)st->base[id] + (size_t)layer * st->piece_bytes;
+    const uint64_t p = (uint64_t)id * st->cfg.n_layer + layer;
+    return st->seg[p / st->per_seg] + (p % st->per_seg) * st->piece_bytes;
 }
 
 int kv_store_reserve(struct kv_store *st, uint32_t n_ids)
 {
     if (n_ids > st->cfg.max_blocks) n_ids = st->cfg.max_blocks;
+    if (st->seg) {
+        if (kv_store_segments_for(st, n_ids) > st->n_seg)
+            return strata_errf(STRATA_ENOSPC,
+                               "KV blocks below %u need %u segments of the budget, %u are lent",
+                               n_ids, kv_store_segments_for(st, n_ids), st->n_seg);
+        if (n_ids > st->n_reserved) st->n_reserved = n_ids;
+        return 0;
+    }
     while (st->n_reserved < n_ids) {
         void *b = aligned_alloc(64, (st->block_elems * st->elem + 63) & ~(size_t)63);
         if (!b)
@@ -86,14 +166,8 @@ enum kv_type kv_store_type(const struct kv_store *st)
 
 uint64_t kv_store_bytes(const struct kv_store *st)
 {
+    if (st->seg) return (uint64_t)st->n_seg * st->seg_bytes;
     return (uint64_t)st->n_reserved * st->block_elems * st->elem;
-}
-
-/* layer_off: elements from a block's base to layer's K rows; its V rows follow block_tokens K rows.
- */
-static size_t layer_off(const struct kv_config *c, uint32_t layer)
-{
-    return (size_t)layer * c->block_tokens * (c->k_dim + c->v_dim);
 }
 
 void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t pos,
@@ -101,10 +175,9 @@ void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer,
 {
     const struct kv_config *c = &st->cfg;
     const uint32_t slot = pos % c->block_tokens;
-    const size_t ko = layer_off(c, layer) + (size_t)slot * c->k_dim,
-                 vo = layer_off(c, layer) + (size_t)c->block_tokens * c->k_dim +
-                      (size_t)slot * c->v_dim;
-    void *base = st->base[s->blocks[pos / c->block_tokens]];
+    const size_t ko = (size_t)slot * c->k_dim,
+                 vo = (size_t)c->block_tokens * c->k_dim + (size_t)slot * c->v_dim;
+    void *base = piece(st, s->blocks[pos / c->block_tokens], layer);
     if (st->type == KV_F32) {
         memcpy((float *)base + ko, k, c->k_dim * sizeof(float));
         memcpy((float *)base + vo, v, c->v_dim * sizeof(float));
@@ -134,13 +207,12 @@ void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t l
     const struct kv_config *c = &st->cfg;
     const uint32_t bt = c->block_tokens, nb = (n_keys + bt - 1) / bt;
     float **bases = scratch;
-    const size_t ko = layer_off(c, layer) + (size_t)head * head_dim,
-                 vo = layer_off(c, layer) + (size_t)bt * c->k_dim + (size_t)head * head_dim_v;
+    const size_t ko = (size_t)head * head_dim, vo = (size_t)bt * c->k_dim + (size_t)head * head_dim_v;
     out->blocks = (float *const *)bases;
     out->block_tokens = bt;
     if (st->type == KV_F32) {
         for (uint32_t i = 0; i < nb; i++)
-            bases[i] = st->base[s->blocks[i]];
+            bases[i] = piece(st, s->blocks[i], layer);
         out->k_off = ko;
         out->v_off = vo;
         out->k_stride = c->k_dim;
@@ -153,7 +225,7 @@ void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t l
     float *conv = (float *)((char *)scratch + ((n_blocks * sizeof(float *) + 63) & ~(size_t)63));
     const size_t blk = (size_t)bt * (head_dim + head_dim_v);
     for (uint32_t i = 0; i < nb; i++) {
-        const uint16_t *src = st->base[s->blocks[i]];
+        const uint16_t *src = piece(st, s->blocks[i], layer);
         float *dst = conv + i * blk;
         const uint32_t rows = i + 1 < nb ? bt : n_keys - i * bt;
         for (uint32_t r = 0; r < rows; r++) {

@@ -44,7 +44,26 @@ void kv_store_fini(struct kv_store *st);
  * leaves the ids already made. Decode thread, between passes. */
 int kv_store_reserve(struct kv_store *st, uint32_t n_ids);
 
-/* kv_store_type: the element type. kv_store_bytes: block memory allocated so far. */
+/* Segment mode: the store's blocks live in memory lent to it in segments of seg_bytes (slot
+ * mode's one budget for KV and expert slots, DESIGN 3.1), not in its own allocations. Each
+ * (block, layer) is a piece of block_tokens K rows then V rows (64-byte aligned), placed in
+ * order: piece id * n_layer + layer in segment piece / per-segment. kv_store_use_segments switches
+ * an empty store (STRATA_ESTATE otherwise; STRATA_EINVAL when a piece is larger than a segment);
+ * then kv_store_reserve makes no memory but checks that the segments set cover the ids
+ * (STRATA_ENOSPC). kv_store_segments_for: segments that ids below n_ids need;
+ * kv_store_blocks_in: the ids n_seg segments hold. kv_store_set_segment gives (or moves)
+ * segment i; kv_store_drop_segments keeps the first n (the ids past them must be given back
+ * first: kv_trim). Decode thread, between passes. */
+int kv_store_use_segments(struct kv_store *st, uint64_t seg_bytes);
+uint32_t kv_store_segments_for(const struct kv_store *st, uint32_t n_ids);
+uint32_t kv_store_blocks_in(const struct kv_store *st, uint32_t n_seg);
+uint32_t kv_store_segments(const struct kv_store *st);
+void kv_store_set_segment(struct kv_store *st, uint32_t i, uint8_t *mem);
+uint8_t *kv_store_segment(const struct kv_store *st, uint32_t i);
+void kv_store_drop_segments(struct kv_store *st, uint32_t n);
+
+/* kv_store_type: the element type. kv_store_bytes: block memory allocated
+ * so far (segment mode: the segments lent). */
 enum kv_type kv_store_type(const struct kv_store *st);
 uint64_t kv_store_bytes(const struct kv_store *st);
 

@@ -249,6 +249,101 @@ START_TEST(a_duplicate_prefix_stays_private)
 }
 END_TEST
 
+/* One budget: the pool is set to what a budget holds; it shrinks only past the blocks no sequence
+ * holds (cached ones leave the prefix cache), and grows back to the configured size. */
+START_TEST(the_pool_follows_its_budget)
+{
+    struct kv_cache *kv;
+    ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    ck_assert_uint_eq(kv_blocks_cap(kv), 6);
+    ck_assert_int_eq(kv_set_max_blocks(kv, 3), 0);
+    ck_assert_uint_eq(kv_config_of(kv)->max_blocks, 3);
+    ck_assert_uint_eq(kv_blocks_free(kv), 3);
+    struct kv_seq a, b;
+    kv_seq_init(&a);
+    kv_seq_init(&b);
+    ck_assert_int_eq(kv_seq_resize(kv, &a, 8), 0); /* blocks 0, 1 */
+    ck_assert_int_eq(kv_seq_resize(kv, &b, 8), STRATA_ENOSPC); /* one block left of 3 */
+    ck_assert_int_eq(kv_set_max_blocks(kv, 7), STRATA_EINVAL);
+    ck_assert_int_eq(kv_set_max_blocks(kv, 6), 0);
+    ck_assert_int_eq(kv_seq_resize(kv, &b, 12), 0); /* blocks 2, 3, 4 */
+    ck_assert_uint_eq(kv_blocks_used_ever(kv), 5);
+    /* b's blocks are held: the pool cannot shrink below them */
+    ck_assert_int_eq(kv_set_max_blocks(kv, 2), STRATA_EBUSY);
+    ck_assert_uint_eq(kv_config_of(kv)->max_blocks, 6);
+    ck_assert_uint_eq(kv_blocks_used_ever(kv), 5);
+    /* b's first block published, then b released: block 2 is cached, 3 and 4 free */
+    const int32_t ids[4] = {1, 2, 3, 4};
+    kv_prefix_publish(kv, &b, 0, KV_PREFIX_ROOT, ids);
+    kv_seq_fini(kv, &b);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 1);
+    ck_assert_int_eq(kv_set_max_blocks(kv, 2), 0);
+    ck_assert_uint_eq(kv_blocks_cached(kv), 0); /* the cached block was past the cut */
+    ck_assert_uint_eq(kv_blocks_used_ever(kv), 2);
+    ck_assert_uint_eq(kv_blocks_free(kv), 0);
+    uint32_t n;
+    uint64_t key;
+    ck_assert_int_eq(kv_prefix_attach(kv, &b, ids, 4, 1, &n, &key), 0);
+    ck_assert_uint_eq(n, 0);
+    /* grown back, the trimmed ids are handed out again, lowest first */
+    ck_assert_int_eq(kv_set_max_blocks(kv, 6), 0);
+    ck_assert_int_eq(kv_seq_resize(kv, &b, 4), 0);
+    ck_assert_uint_eq(b.blocks[0], 2);
+    /* kv_trim alone keeps the pool's size */
+    kv_seq_fini(kv, &b);
+    ck_assert_int_eq(kv_trim(kv, 2), 0);
+    ck_assert_uint_eq(kv_blocks_used_ever(kv), 2);
+    ck_assert_uint_eq(kv_blocks_free(kv), 4);
+    kv_seq_fini(kv, &a);
+    kv_fini(kv);
+}
+END_TEST
+
+/* Segment mode: the rows live in memory lent in segments; a segment moved (bytes copied, its
+ * new address given) keeps every row; ids past the segments are refused. */
+START_TEST(rows_in_lent_segments)
+{
+    struct kv_cache *kv;
+    ck_assert_int_eq(kv_init(&cfg, &kv), 0);
+    struct kv_store *st;
+    ck_assert_int_eq(kv_store_init(&cfg, KV_F32, &st), 0);
+    /* a piece (one block's layer) is 4 * (8 + 4) floats = 192 bytes, 64-aligned: 3 in 600 bytes */
+    ck_assert_int_eq(kv_store_use_segments(st, 100), STRATA_EINVAL);
+    ck_assert_int_eq(kv_store_use_segments(st, 600), 0);
+    ck_assert_int_eq(kv_store_use_segments(st, 600), STRATA_ESTATE);
+    ck_assert_uint_eq(kv_store_segments_for(st, 1), 1); /* 2 pieces */
+    ck_assert_uint_eq(kv_store_segments_for(st, 2), 2); /* 4 pieces */
+    ck_assert_uint_eq(kv_store_segments_for(st, 3), 2);
+    ck_assert_uint_eq(kv_store_blocks_in(st, 2), 3);
+    static _Alignas(64) uint8_t mem[2][640], moved[640];
+    struct kv_seq s;
+    kv_seq_init(&s);
+    ck_assert_int_eq(kv_seq_resize(kv, &s, 12), 0); /* 3 blocks */
+    ck_assert_int_eq(kv_store_reserve(st, 3), STRATA_ENOSPC);
+    kv_store_set_segment(st, 0, mem[0]);
+    kv_store_set_segment(st, 1, mem[1]);
+    ck_assert_uint_eq(kv_store_segments(st), 2);
+    ck_assert_uint_eq(kv_store_bytes(st), 1200);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t p = 0; p < 12; p++)
+            put(kv, st, &s, l, p, (float)(100 * l + p), (float)p);
+    memcpy(moved, mem[1], sizeof moved);
+    memset(mem[1], 0xa5, sizeof mem[1]);
+    kv_store_set_segment(st, 1, moved);
+    ck_assert_ptr_eq(kv_store_segment(st, 1), moved);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t p = 0; p < 12; p++)
+            for (uint32_t i = 0; i < 8; i++)
+                ck_assert_float_eq(k_at(st, &s, l, p, i), (float)(100 * l + p + i));
+    kv_seq_fini(kv, &s);
+    ck_assert_int_eq(kv_trim(kv, 1), 0);
+    kv_store_drop_segments(st, kv_store_segments_for(st, 1));
+    ck_assert_uint_eq(kv_store_segments(st), 1);
+    kv_store_fini(st);
+    kv_fini(kv);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kv");
@@ -258,6 +353,8 @@ int main(void)
     tcase_add_test(tc, limits_are_refused_and_leave_the_sequence_alone);
     tcase_add_test(tc, prefix_blocks_are_shared_by_reference_and_evicted_last_released_last);
     tcase_add_test(tc, a_duplicate_prefix_stays_private);
+    tcase_add_test(tc, the_pool_follows_its_budget);
+    tcase_add_test(tc, rows_in_lent_segments);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

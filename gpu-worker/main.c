@@ -83,6 +83,7 @@ int main(int argc, char **argv)
                                           {"adapt-lead", required_argument, NULL, 'B'},
                                           {"cache-verify", required_argument, NULL, 'B'},
         {"adapt-async", required_argument, NULL, 'B'},
+        {"slot-kv", required_argument, NULL, 'B'},
         {"pin", required_argument, NULL, 'B'},
         {"pcie-frac", required_argument, NULL, 'B'},
         {"pcie-threshold", required_argument, NULL, 'B'},

@@ -63,6 +63,11 @@ const float *tier_snapshot(const struct tier *t)
     return t->snap;
 }
 
+const float *tier_counts(const struct tier *t)
+{
+    return t->count;
+}
+
 float tier_count_of(const struct tier *t, uint32_t layer, uint32_t expert)
 {
     return t->count[(size_t)layer * t->n_expert + expert];

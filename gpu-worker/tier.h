@@ -61,6 +61,10 @@ uint32_t tier_pick(struct tier *t, const struct cache *c, struct tier_move *move
  * profile. Valid until the next tier_decay. */
 const float *tier_snapshot(const struct tier *t);
 
+/* tier_counts: the live counts (n_layer * n_expert), decayed and added to since; decode thread,
+ * e.g. to pick the least-used slot a KV grow takes (cache_lend). */
+const float *tier_counts(const struct tier *t);
+
 /* tier_count_of: the decayed count of (layer, expert), for tests and status. */
 float tier_count_of(const struct tier *t, uint32_t layer, uint32_t expert);
 

@@ -195,6 +195,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         {"gpu", required_argument, NULL, O_BACKEND},
         {"vram-reserve-mib", required_argument, NULL, O_BACKEND},
         {"adapt-async", required_argument, NULL, O_BACKEND},
+        {"slot-kv", required_argument, NULL, O_BACKEND},
         {NULL, 0, NULL, 0},
     };
     *o = (struct run_opts){.n_predict = 64, .chunk = 256, .backend = backend_opts_default()};
