@@ -22,6 +22,7 @@
 #include "kernels/cpu/moe.h"
 #include "kernels/ref/moe.h"
 #include "kernels/ref/ops.h"
+#include "kernels/ref/route.h"
 
 #include <xxhash.h>
 
@@ -91,6 +92,7 @@ struct fwd {
     float *q, *k, *v;          /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
     float *att;                /* (T, n_head*head_dim_v) */
     float *rlogit;             /* (T, n_expert) router logits, then probabilities */
+    float *rsel;               /* (n_expert) route_biased's selection scores */
     int32_t *sel;              /* (T, n_expert_used) selected experts: pair t*K + j */
     float *selw;               /* (T, n_expert_used) their weights */
     float *moe;                /* (T, n_embd) sum of expert outputs */
@@ -128,13 +130,15 @@ static int alloc_scratch(struct fwd *f)
     const struct model_hparams *hp = &f->m->hp;
     const size_t T = f->o.max_pass_tokens;
     f->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+    if (hp->n_ff_dense > f->n_ff) f->n_ff = hp->n_ff_dense;
     widen_act(f, &f->m->output);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &f->m->layers[l];
         const struct model_mat *mats[] = {&L->wq,       &L->wk,         &L->wv,
                                           &L->wo,       &L->router,     &L->part[0],
                                           &L->part[1],  &L->part[2],    &L->gate_shexp,
-                                          &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
+                                          &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp,
+                                          &L->ffn_gate, &L->ffn_up,     &L->ffn_down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             widen_act(f, mats[i]);
     }
@@ -154,6 +158,7 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->v, T * hp->n_head_kv * hp->head_dim_v * sizeof(float)},
         {(void **)&f->att, T * hp->n_head * hp->head_dim_v * sizeof(float)},
         {(void **)&f->rlogit, T * hp->n_expert * sizeof(float)},
+        {(void **)&f->rsel, hp->n_expert * sizeof(float)},
         {(void **)&f->sel, T * K * sizeof(int32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
@@ -301,6 +306,7 @@ static int fill_slots(struct fwd *f, const uint32_t *order, uint32_t n)
         if (slot == CACHE_NONE) break;
         struct copy_extent x[COPY_MAX_EXTENTS];
         const uint32_t l = order[i] / NE, e = order[i] % NE;
+        if (f->m->layers[l].dense) continue; /* a dense layer (glm4moe) has no experts */
         uint64_t ticket;
         int rv =
             copy_post(f->copy, (uint32_t)slot, x, blob_extents(f, l, e, x), f->window, &ticket);
@@ -440,11 +446,11 @@ static void cpu_close(void *impl)
     struct fwd *f = impl;
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,         f->xn,      f->tmp,      f->q,          f->k,          f->v,
-                    f->att,       f->rlogit,  f->sel,      f->selw,       f->moe,        f->g,
-                    f->u,         f->y,       f->shg,      f->groups,     f->pair_idx,   f->rtok,
-                    f->acts[0],   f->acts[1], f->acts[2],  f->tasks,      f->task_first, f->pos,
-                    f->run_first, f->seen,    f->seen_len, f->att_scratch};
+    void *bufs[] = {f->x,         f->xn,      f->tmp,      f->q,           f->k,          f->v,
+                    f->att,       f->rlogit,  f->sel,      f->selw,        f->moe,        f->g,
+                    f->u,         f->y,       f->shg,      f->groups,      f->pair_idx,   f->rtok,
+                    f->acts[0],   f->acts[1], f->acts[2],  f->tasks,       f->task_first, f->pos,
+                    f->run_first, f->seen,    f->seen_len, f->att_scratch, f->rsel};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     cache_close(f);
@@ -996,14 +1002,30 @@ static int attention(struct fwd *f, const struct backend_token *toks, uint32_t n
 
 /* ---- MoE ----------------------------------------------------------------------------------- */
 
-/* route picks each token's experts and weights from its router logits, per the arch's gating. */
-static void route(struct fwd *f, uint32_t n)
+/* route picks each token's experts and weights from its router logits, per the arch's gating:
+ * DeepSeek-V3's (sigmoid, selection bias, scaling: glm4moe) through route_biased. */
+static void route(struct fwd *f, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &f->m->hp;
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
+    const struct model_layer *L = &f->m->layers[il];
+    const bool biased =
+        hp->gating == MODEL_GATING_SIGMOID || L->exp_probs_b || hp->exp_scale != 1.0f;
+    const struct route_opts ro = {E,
+                                  K,
+                                  hp->gating != MODEL_GATING_SIGMOID,
+                                  L->exp_probs_b,
+                                  0,
+                                  0,
+                                  hp->norm_topk,
+                                  hp->exp_scale};
     for (uint32_t t = 0; t < n; t++) {
         float *p = f->rlogit + (size_t)t * E, *w = f->selw + (size_t)t * K;
         uint32_t *sel = (uint32_t *)(f->sel + (size_t)t * K); /* ids < n_expert fit both */
+        if (biased) {
+            route_biased(&ro, p, f->rsel, sel, w);
+            continue;
+        }
         if (hp->gating == MODEL_GATING_TOPK_SOFTMAX) {
             ops_topk(p, E, K, sel);
             for (uint32_t i = 0; i < K; i++)
@@ -1113,29 +1135,39 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
     return 0;
 }
 
-static int shared_expert(struct fwd *f, uint32_t n, uint32_t il)
+/* swiglu_ffn adds down . (silu(gate . xn) * (up . xn)) to f->moe: the shared expert, scaled by
+ * sigmoid(gate_inp . xn) when gate_inp is given (qwen2moe), or a dense layer's FFN (glm4moe). */
+static int swiglu_ffn(struct fwd *f, uint32_t n, const struct model_mat *gate,
+                      const struct model_mat *up, const struct model_mat *down,
+                      const struct model_mat *gate_inp)
 {
-    const struct model_layer *L = &f->m->layers[il];
-    const size_t E = f->m->hp.n_embd, F = L->gate_shexp.n_out;
+    const size_t E = f->m->hp.n_embd, F = gate->n_out;
     int rv;
-    const uint8_t *ag, *au, *as;
-    if ((rv = inputs_for(f, &L->gate_shexp, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
-        (rv = inputs_for(f, &L->up_shexp, &L->gate_shexp, ag, f->xn, E, n, f->acts[1], &au)) ||
-        (rv = inputs_for(f, &L->gate_inp_shexp, &L->up_shexp, au, f->xn, E, n, f->acts[2], &as)))
+    const uint8_t *ag, *au, *as = NULL;
+    if ((rv = inputs_for(f, gate, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
+        (rv = inputs_for(f, up, gate, ag, f->xn, E, n, f->acts[1], &au)) ||
+        (gate_inp && (rv = inputs_for(f, gate_inp, up, au, f->xn, E, n, f->acts[2], &as))))
         return rv;
-    f->tasks[0] = task(f, &L->gate_shexp, L->gate_shexp.data, ag, n, f->g, F);
-    f->tasks[1] = task(f, &L->up_shexp, L->up_shexp.data, au, n, f->u, F);
-    f->tasks[2] = task(f, &L->gate_inp_shexp, L->gate_inp_shexp.data, as, n, f->shg, 1);
-    run_tasks(f, 3);
+    f->tasks[0] = task(f, gate, gate->data, ag, n, f->g, F);
+    f->tasks[1] = task(f, up, up->data, au, n, f->u, F);
+    if (gate_inp) f->tasks[2] = task(f, gate_inp, gate_inp->data, as, n, f->shg, 1);
+    run_tasks(f, gate_inp ? 3 : 2);
     for (uint32_t t = 0; t < n; t++)
         ops_swiglu(f->g + t * F, f->g + t * F, f->u + t * F, F);
-    if ((rv = matmul(f, &L->down_shexp, f->g, F, n, f->y, E))) return rv;
+    if ((rv = matmul(f, down, f->g, F, n, f->y, E))) return rv;
     for (uint32_t t = 0; t < n; t++) {
-        const float s = 1.0f / (1.0f + expf(-f->shg[t]));
+        const float s = gate_inp ? 1.0f / (1.0f + expf(-f->shg[t])) : 1.0f;
         for (size_t d = 0; d < E; d++)
             f->moe[t * E + d] += s * f->y[t * E + d];
     }
     return 0;
+}
+
+static int shared_expert(struct fwd *f, uint32_t n, uint32_t il)
+{
+    const struct model_layer *L = &f->m->layers[il];
+    return swiglu_ffn(f, n, &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+                      f->m->hp.shexp_gated ? &L->gate_inp_shexp : NULL);
 }
 
 static int moe(struct fwd *f, uint32_t n, uint32_t il)
@@ -1148,9 +1180,19 @@ static int moe(struct fwd *f, uint32_t n, uint32_t il)
     for (uint32_t t = 0; t < n; t++)
         cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, E, hp->rms_eps);
     double t1 = now_s();
+    if (L->dense) {
+        /* a leading dense layer (glm4moe): its FFN in the place of the experts */
+        memset(f->moe, 0, n * E * sizeof *f->moe);
+        if ((rv = swiglu_ffn(f, n, &L->ffn_gate, &L->ffn_up, &L->ffn_down, NULL))) return rv;
+        for (size_t i = 0; i < n * E; i++)
+            f->x[i] += f->moe[i];
+        f->st.attention_s += t1 - t0;
+        f->st.dense_s += now_s() - t1;
+        return 0;
+    }
     if ((rv = matmul(f, &L->router, f->xn, E, n, f->rlogit, hp->n_expert))) return rv;
     if (L->router_b) add_rows(f->rlogit, L->router_b, n, hp->n_expert);
-    route(f, n);
+    route(f, n, il);
     double t2 = now_s();
     if ((rv = routed_experts(f, n, il))) return rv;
     double t3 = now_s();

@@ -295,6 +295,13 @@ static int check_model(const struct model *m)
         return strata_errf(STRATA_EUNSUPPORTED,
                            "the CUDA backend has no kernels for %s (%s): use --backend cpu", oss,
                            model_arch_name(hp->arch));
+    /* glm4moe's routing and layer kinds have no CUDA kernels either */
+    if (hp->arch == MODEL_ARCH_GLM4MOE)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "the CUDA backend has no kernels for %s (sigmoid routing with a "
+                           "selection bias, leading dense layers, an ungated shared expert): use "
+                           "--backend cpu",
+                           model_arch_name(hp->arch));
     if (hp->head_dim != hp->head_dim_v || hp->head_dim % 32 || hp->head_dim > 256)
         return strata_errf(STRATA_EUNSUPPORTED,
                            "the CUDA backend's attention takes key and value heads of one size, a "

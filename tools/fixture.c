@@ -15,10 +15,18 @@
 #include <string.h>
 #include <unistd.h>
 
-enum arch { ARCH_QWEN3MOE, ARCH_LLAMA, ARCH_OLMOE, ARCH_QWEN2MOE, ARCH_GPT_OSS, ARCH_COUNT };
+enum arch {
+    ARCH_QWEN3MOE,
+    ARCH_LLAMA,
+    ARCH_OLMOE,
+    ARCH_QWEN2MOE,
+    ARCH_GPT_OSS,
+    ARCH_GLM4MOE,
+    ARCH_COUNT
+};
 
-static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama", "olmoe", "qwen2moe",
-                                                   "gpt-oss"};
+static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama",   "olmoe",
+                                                   "qwen2moe", "gpt-oss", "glm4moe"};
 
 struct shape {
     const char *name;
@@ -126,6 +134,72 @@ static const struct shape shapes[] = {
       .n_ctx = 131072,
       .rms_eps = 1e-5f,
       .rope_base = 150000.0f},
+     true},
+    /* glm4-mini: GLM-4.5's layer kind (head 128 of which 64 rotate, 1 dense layer, top-8 of 64
+     * with a shared expert, the 151552-token vocabulary) at a size a small machine benchmarks */
+    {"glm4-mini",
+     {.n_layer = 8,
+      .n_embd = 1024,
+      .n_head = 16,
+      .n_head_kv = 4,
+      .head_dim = 128,
+      .n_expert = 64,
+      .n_expert_used = 8,
+      .n_ff = 3072,
+      .n_ff_exp = 512,
+      .n_vocab = 151552,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 1.0f},
+     true},
+    /* zai-org/GLM-4.5-Air and GLM-4.5's config.json (46 and 92 layers, each plus its MTP layer;
+     * partial_rotary_factor 0.5; GLM-4.5 has q/k norms and 3 dense layers, routed_scaling 2.5).
+     * Their expert width 1408 is no multiple of 256: the q4_k_m mix falls back as llama.cpp does */
+    {"glm4.5-air",
+     {.n_layer = 46,
+      .n_embd = 4096,
+      .n_head = 96,
+      .n_head_kv = 8,
+      .head_dim = 128,
+      .n_expert = 128,
+      .n_expert_used = 8,
+      .n_ff = 10944,
+      .n_ff_exp = 1408,
+      .n_vocab = 151552,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 1.0f},
+     true},
+    {"glm4.5",
+     {.n_layer = 92,
+      .n_embd = 5120,
+      .n_head = 96,
+      .n_head_kv = 8,
+      .head_dim = 128,
+      .n_expert = 160,
+      .n_expert_used = 8,
+      .n_ff = 12288,
+      .n_ff_exp = 1536,
+      .n_vocab = 151552,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 3,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 2.5f,
+      .qk_norm = true},
      true},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
@@ -243,8 +317,8 @@ static int parse_arch(const char *name, enum arch *out)
         }
     }
     return strata_errf(STRATA_EINVAL,
-                       "unknown architecture '%s': use qwen3moe, llama, olmoe, qwen2moe or "
-                       "gpt-oss",
+                       "unknown architecture '%s': use qwen3moe, llama, olmoe, qwen2moe, gpt-oss "
+                       "or glm4moe",
                        name);
 }
 
@@ -256,7 +330,9 @@ static int find_shape(const char *name, const struct shape **out)
             return 0;
         }
     }
-    return strata_errf(STRATA_EINVAL, "unknown shape '%s': use tiny, qwen3-mini or qwen3-30b-a3b",
+    return strata_errf(STRATA_EINVAL,
+                       "unknown shape '%s': use tiny, qwen3-mini, qwen3-30b-a3b, gpt-oss-mini, "
+                       "gpt-oss-20b, gpt-oss-120b, glm4-mini, glm4.5-air or glm4.5",
                        name);
 }
 
@@ -287,10 +363,30 @@ static void adapt(enum arch a, struct fixture_hparams *hp)
         hp->rms_eps = 1e-5f;
         hp->rope_base = 150000.0f;
         break;
+    case ARCH_GLM4MOE:
+        /* the tiny shape gets GLM's layer kinds: a dense layer, two MoE layers, the MTP layer,
+         * half the head rotated, q/k norms (GLM-4.5's), the routed scaling of 2.5 */
+        if (hp->n_rot == 0) {
+            hp->n_layer = 3;
+            hp->n_rot = hp->head_dim / 2;
+            hp->n_dense_lead = 1;
+            hp->n_nextn = 1;
+            hp->n_expert_shared = 1;
+            hp->exp_scale = 2.5f;
+            hp->qk_norm = true;
+            hp->rms_eps = 1e-5f;
+        }
+        hp->n_ff_shexp = hp->n_expert_shared * hp->n_ff_exp;
+        break;
     case ARCH_COUNT:
         break;
     }
-    if (a != ARCH_QWEN2MOE) hp->n_ff_shexp = 0;
+    if (a != ARCH_QWEN2MOE && a != ARCH_GLM4MOE) hp->n_ff_shexp = 0;
+    if (a != ARCH_GLM4MOE) {
+        hp->n_rot = hp->n_dense_lead = hp->n_nextn = hp->n_expert_shared = 0;
+        hp->exp_scale = 0.0f;
+        hp->qk_norm = false;
+    }
 }
 
 int fixture_hparams(const char *arch, const char *shape, struct fixture_hparams *out)
@@ -363,13 +459,18 @@ static int add(struct fx *fx, enum role role, int layer, const char *fmt, uint32
     t->layer = layer;
     t->key = name_key(fx->seed, t->name);
 
-    bool matrix = n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight") &&
-                  !strstr(t->name, ".bias");
-    t->type = !matrix      ? QT_F32
-              : fx->mix    ? mix_type(fx, t->name, layer)
+    bool matrix =
+        n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight") && !strstr(t->name, ".bias");
+    t->type = !matrix         ? QT_F32
+              : fx->mix       ? mix_type(fx, t->name, layer)
               : fx->mxfp4_moe ? (n_dims == 3 ? QT_MXFP4 : QT_Q8_0)
                               : fx->type;
     const struct qtype_info *qi = qtype_get(t->type);
+    if (fx->mix && ne0 % qi->blck != 0) {
+        /* llama-quant.cpp's fallback for rows that are no multiple of a K-quant's 256 */
+        t->type = t->type == QT_Q4_K ? QT_Q5_0 : t->type == QT_Q5_K ? QT_Q5_1 : QT_Q8_0;
+        qi = qtype_get(t->type);
+    }
     if (ne0 % qi->blck != 0)
         return strata_errf(STRATA_EINVAL,
                            "%s has rows of %llu elements, not a multiple of %s's block of %u: "
@@ -476,7 +577,8 @@ static int plan(struct fx *fx)
 
     if ((rv = add(fx, ROLE_EMBD, -1, "token_embd.weight", 2, E, V, 1)) != 0) return rv;
     if (sink) set_col0(last(fx), sqrtf((float)(E - 1)));
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
+    const bool glm = fx->arch == ARCH_GLM4MOE;
+    for (uint32_t l = 0; l < hp->n_layer + hp->n_nextn; l++) {
         int il = (int)l;
         if ((rv = add(fx, ROLE_NORM, il, "blk.%u.attn_norm.weight", 1, E, 1, 1, l)) != 0) return rv;
         if (sink) set_col0(last(fx), 0.0f);
@@ -485,7 +587,7 @@ static int plan(struct fx *fx)
             (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v.weight", 2, E, KW, 1, l)) != 0)
             return rv;
         const bool oss = fx->arch == ARCH_GPT_OSS;
-        if ((fx->arch == ARCH_QWEN2MOE || oss) && !fx->no_bias &&
+        if ((fx->arch == ARCH_QWEN2MOE || oss || glm) && !fx->no_bias &&
             ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_q.bias", 1, QW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_k.bias", 1, KW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_v.bias", 1, KW, 1, 1, l)) != 0))
@@ -498,7 +600,7 @@ static int plan(struct fx *fx)
                     (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_sinks.weight", 1, hp->n_head, 1, 1,
                               l)) != 0))
             return rv;
-        if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_OLMOE) {
+        if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_OLMOE || (glm && hp->qk_norm)) {
             /* qwen3moe normalizes each head; olmoe the whole projection */
             uint64_t qn = fx->arch == ARCH_OLMOE ? QW : hp->head_dim;
             uint64_t kn = fx->arch == ARCH_OLMOE ? KW : hp->head_dim;
@@ -507,14 +609,27 @@ static int plan(struct fx *fx)
                 return rv;
         }
         if ((rv = add(fx, ROLE_NORM, il,
-                      oss ? "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight", 1, E, 1,
-                      1, l)) != 0)
+                      oss || glm ? "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight",
+                      1, E, 1, 1, l)) != 0)
             return rv;
         if (sink) set_col0(last(fx), 1.0f);
+        if (glm && l < hp->n_dense_lead) {
+            /* GLM's leading dense layers: a SwiGLU FFN of n_ff */
+            uint64_t D = hp->n_ff;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate.weight", 2, E, D, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down.weight", 2, D, E, 1, l)) != 0)
+                return rv;
+            last(fx)->zero_row0 = sink;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up.weight", 2, E, D, 1, l)) != 0) return rv;
+            continue;
+        }
         if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_inp.weight", 2, E, X, 1, l)) != 0)
             return rv;
         if (sink) last(fx)->col0 = COL0_ROUTER;
         if (oss && (rv = add(fx, ROLE_BIAS, il, "blk.%u.ffn_gate_inp.bias", 1, X, 1, 1, l)) != 0)
+            return rv;
+        /* the selection bias of sigmoid routing (DeepSeek-V3's e_score_correction_bias) */
+        if (glm && (rv = add(fx, ROLE_BIAS, il, "blk.%u.exp_probs_b.bias", 1, X, 1, 1, l)) != 0)
             return rv;
         if (fx->old_layout) {
             for (uint32_t e = 0; e < hp->n_expert; e++) {
@@ -551,6 +666,24 @@ static int plan(struct fx *fx)
                 return rv;
             last(fx)->zero_row0 = sink;
         }
+        if (glm && hp->n_ff_shexp) {
+            /* GLM's shared expert has no gate: its output is added as is */
+            uint64_t S = hp->n_ff_shexp;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_shexp.weight", 2, E, S, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down_shexp.weight", 2, S, E, 1, l)) != 0)
+                return rv;
+            last(fx)->zero_row0 = sink;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up_shexp.weight", 2, E, S, 1, l)) != 0)
+                return rv;
+        }
+        /* the MTP layer's own tensors (llama.cpp loads them, skipped, and never runs them) */
+        if (l >= hp->n_layer &&
+            ((rv = add(fx, ROLE_IN, il, "blk.%u.nextn.eh_proj.weight", 2, 2 * E, E, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_NORM, il, "blk.%u.nextn.enorm.weight", 1, E, 1, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_NORM, il, "blk.%u.nextn.hnorm.weight", 1, E, 1, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_NORM, il, "blk.%u.nextn.shared_head_norm.weight", 1, E, 1, 1, l)) !=
+                 0))
+            return rv;
     }
     if ((rv = add(fx, ROLE_NORM, -1, "output_norm.weight", 1, E, 1, 1)) != 0) return rv;
     if (sink) set_col0(last(fx), 0.0f);
@@ -574,7 +707,7 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
                          fx->mxfp4_moe ? 38 /* LLAMA_FTYPE_MOSTLY_MXFP4_MOE */
                                        : quantize_ftype(fx->mix ? QT_Q4_K : fx->type))) != 0 ||
         (rv = gguf_w_u32(w, "general.quantization_version", 2)) != 0 ||
-        (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer + hp->n_nextn)) != 0 ||
         (rv = gguf_w_u32(w, KEY("context_length"), hp->n_ctx)) != 0 ||
         (rv = gguf_w_u32(w, KEY("embedding_length"), hp->n_embd)) != 0 ||
         (rv = gguf_w_u32(w, KEY("feed_forward_length"), hp->n_ff)) != 0 ||
@@ -587,26 +720,36 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
         return rv;
     /* convert_hf_to_gguf.py writes the head size when config.json has head_dim (Qwen3 always);
      * llama.cpp needs it whenever it is not n_embd/n_head */
-    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_GPT_OSS ||
+    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_GPT_OSS || fx->arch == ARCH_GLM4MOE ||
         hp->head_dim * hp->n_head != hp->n_embd) {
         if ((rv = gguf_w_u32(w, KEY("attention.key_length"), hp->head_dim)) != 0 ||
             (rv = gguf_w_u32(w, KEY("attention.value_length"), hp->head_dim)) != 0)
             return rv;
     }
-    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE || fx->arch == ARCH_GPT_OSS) {
+    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE || fx->arch == ARCH_GPT_OSS ||
+        fx->arch == ARCH_GLM4MOE) {
         if ((rv = gguf_w_u32(w, KEY("expert_feed_forward_length"), hp->n_ff_exp)) != 0) return rv;
     }
     /* gpt-oss: sliding windows (128 in the real files; the tiny shape's 8 makes them matter in a
      * short test) and YaRN over the 4096 positions it was trained at */
     if (fx->arch == ARCH_GPT_OSS &&
-        ((rv = gguf_w_u32(w, KEY("attention.sliding_window"),
-                          fx->shape->large ? 128 : 8)) != 0 ||
+        ((rv = gguf_w_u32(w, KEY("attention.sliding_window"), fx->shape->large ? 128 : 8)) != 0 ||
          (rv = gguf_w_str(w, KEY("rope.scaling.type"), "yarn")) != 0 ||
          (rv = gguf_w_f32(w, KEY("rope.scaling.factor"), 32.0f)) != 0 ||
          (rv = gguf_w_u32(w, KEY("rope.scaling.original_context_length"), 4096)) != 0))
         return rv;
     if (fx->arch == ARCH_QWEN2MOE &&
         (rv = gguf_w_u32(w, KEY("expert_shared_feed_forward_length"), hp->n_ff_shexp)) != 0)
+        return rv;
+    /* glm4moe, as convert_hf_to_gguf.py's Glm4MoeModel writes it */
+    if (fx->arch == ARCH_GLM4MOE &&
+        ((rv = gguf_w_u32(w, KEY("rope.dimension_count"), hp->n_rot)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("expert_shared_count"), hp->n_expert_shared)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("leading_dense_block_count"), hp->n_dense_lead)) != 0 ||
+         (rv = gguf_w_f32(w, KEY("expert_weights_scale"), hp->exp_scale)) != 0 ||
+         (rv = gguf_w_bool(w, KEY("expert_weights_norm"), true)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("expert_gating_func"), 2)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("nextn_predict_layers"), hp->n_nextn)) != 0))
         return rv;
     if (fx->arch == ARCH_LLAMA &&
         ((rv = gguf_w_u32(w, KEY("rope.dimension_count"), hp->head_dim)) != 0 ||
@@ -935,7 +1078,9 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     if (fx->blocks) {
         for (size_t i = 0; i < N_BLK_FIELDS; i++) {
             uint32_t t = blk_fields[i].type;
-            const bool k_mix = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
+            /* with llama.cpp's fallbacks for rows no multiple of 256 (Q5_0, Q5_1) */
+            const bool k_mix = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0 ||
+                               t == QT_Q5_0 || t == QT_Q5_1;
             bool used = fx->mix         ? k_mix
                         : fx->mxfp4_moe ? (t == QT_MXFP4 || t == QT_Q8_0)
                                         : t == fx->type;

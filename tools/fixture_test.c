@@ -448,6 +448,70 @@ START_TEST(gpt_oss_tensors_keys_and_random_mxfp4)
 }
 END_TEST
 
+/* glm4moe: llama.cpp's GLM4_MOE tensors and keys: a dense layer, the MoE layers' selection bias
+ * and ungated shared expert, the MTP layer's own tensors after the trunk; the real shapes. */
+START_TEST(glm4moe_tensors_keys_and_shapes)
+{
+    struct fixture_opts o = {.arch = "glm4moe", .type = "f32", .seed = 7};
+    struct gguf_file *f = write_open(&o, "glm.gguf");
+    check_str(f, "general.architecture", "glm4moe");
+    ck_assert_uint_eq(get_u32(f, "glm4moe.block_count"), 4);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.nextn_predict_layers"), 1);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.leading_dense_block_count"), 1);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.rope.dimension_count"), 64);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.attention.key_length"), 128);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.expert_shared_count"), 1);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.expert_gating_func"), 2);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.feed_forward_length"), 768);
+    float scale = 0;
+    ck_assert_int_eq(gguf_get_f32(f, "glm4moe.expert_weights_scale", &scale), 0);
+    ck_assert_float_eq(scale, 2.5f);
+    expect(f, "blk.0.ffn_gate.weight", QT_F32, 2, 256, 768, 1);
+    expect(f, "blk.0.ffn_down.weight", QT_F32, 2, 768, 256, 1);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.0.ffn_gate_inp.weight"));
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.0.ffn_up_exps.weight"));
+    for (uint32_t l = 1; l < 4; l++) {
+        char n[64];
+        snprintf(n, sizeof n, "blk.%u.exp_probs_b.bias", l);
+        expect(f, n, QT_F32, 1, 8, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.ffn_up_shexp.weight", l);
+        expect(f, n, QT_F32, 2, 256, 256, 1);
+        snprintf(n, sizeof n, "blk.%u.post_attention_norm.weight", l);
+        expect(f, n, QT_F32, 1, 256, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.attn_q.bias", l);
+        expect(f, n, QT_F32, 1, 512, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.attn_k_norm.weight", l);
+        expect(f, n, QT_F32, 1, 128, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.ffn_gate_inp_shexp.weight", l);
+        ck_assert_ptr_null(gguf_tensor_find(f, n));
+    }
+    expect(f, "blk.3.nextn.eh_proj.weight", QT_F32, 2, 512, 256, 1);
+    expect(f, "blk.3.nextn.enorm.weight", QT_F32, 1, 256, 1, 1);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.2.nextn.eh_proj.weight"));
+    gguf_close(f);
+    unlink(tmp_path("glm.gguf"));
+    /* the real models' config.json, as metadata */
+    struct fixture_hparams hp;
+    ck_assert_int_eq(fixture_hparams("glm4moe", "glm4.5-air", &hp), 0);
+    ck_assert_uint_eq(hp.n_layer, 46);
+    ck_assert_uint_eq(hp.n_embd, 4096);
+    ck_assert_uint_eq(hp.n_expert, 128);
+    ck_assert_uint_eq(hp.n_ff_exp, 1408);
+    ck_assert_uint_eq(hp.n_ff_shexp, 1408);
+    ck_assert_uint_eq(hp.n_rot, 64);
+    ck_assert(!hp.qk_norm);
+    ck_assert_int_eq(fixture_hparams("glm4moe", "glm4.5", &hp), 0);
+    ck_assert_uint_eq(hp.n_layer, 92);
+    ck_assert_uint_eq(hp.n_dense_lead, 3);
+    ck_assert_uint_eq(hp.n_expert, 160);
+    ck_assert_float_eq(hp.exp_scale, 2.5f);
+    ck_assert(hp.qk_norm);
+    /* the GLM fields stay zero for the other architectures */
+    ck_assert_int_eq(fixture_hparams("qwen3moe", "glm4.5", &hp), 0);
+    ck_assert_uint_eq(hp.n_dense_lead + hp.n_nextn + hp.n_rot, 0);
+}
+END_TEST
+
 /* ---- vocabulary ------------------------------------------------------------------------------ */
 
 static int64_t find_token(const struct gguf_value *toks, const char *s)
@@ -705,6 +769,7 @@ int main(void)
     TCase *tc = tcase_create("archs");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, qwen3moe_types);
+    tcase_add_test(tc, glm4moe_tensors_keys_and_shapes);
     tcase_add_test(tc, llama_layouts);
     tcase_add_test(tc, olmoe_and_qwen2moe);
     tcase_add_test(tc, gpt_oss_tensors_keys_and_random_mxfp4);

@@ -15,15 +15,14 @@ struct model_priv {
     const void **exp_ptr;      /* [layer][expert][part]: where each part lies in the GGUF mapping */
     const struct arena *arena; /* model_load_arena: experts come from its blobs */
     void **owned;              /* F32 vectors */
+    const struct model_hparams *hp; /* the model's */
     size_t n_owned, cap_owned;
 };
 
 static const char *const arch_names[] = {
-    [MODEL_ARCH_LLAMA] = "llama",
-    [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
-    [MODEL_ARCH_QWEN3MOE] = "qwen3moe",
-    [MODEL_ARCH_OLMOE] = "olmoe",
-    [MODEL_ARCH_GPT_OSS] = "gpt-oss",
+    [MODEL_ARCH_LLAMA] = "llama",       [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
+    [MODEL_ARCH_QWEN3MOE] = "qwen3moe", [MODEL_ARCH_OLMOE] = "olmoe",
+    [MODEL_ARCH_GPT_OSS] = "gpt-oss",   [MODEL_ARCH_GLM4MOE] = "glm4moe",
 };
 
 static const char *const part_names[MODEL_PART_COUNT] = {"gate", "up", "down"};
@@ -206,8 +205,52 @@ static int parse_arch(const struct gguf_file *f, enum model_arch *out)
     }
     return strata_errf(STRATA_EUNSUPPORTED,
                        "architecture '%.*s' is not supported: strata runs llama (with experts), "
-                       "qwen2moe, qwen3moe, olmoe and gpt-oss",
+                       "qwen2moe, qwen3moe, olmoe, gpt-oss and glm4moe",
                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
+}
+
+/* parse_glm4moe: llama.cpp's GLM4_MOE hparams: NEOX RoPE over rope.dimension_count (half the
+ * head), sigmoid gating with the selection bias (expert_gating_func 2, the default), the routed
+ * weights scaled by expert_weights_scale and renormalized when expert_weights_norm, the leading
+ * dense layers, q/k norms when the file has them (GLM-4.5 does, Air does not), and a shared
+ * expert of expert_shared_count expert widths, ungated. */
+static int parse_glm4moe(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    int rv;
+    char name[128];
+    const uint32_t zero = 0, sigmoid = 2;
+    uint32_t gating, n_shared;
+    hp->rope = MODEL_ROPE_NEOX;
+    hp->norm_topk = false;
+    hp->qk_norm =
+        gguf_tensor_find(f, "blk.0.attn_q_norm.weight") ? MODEL_QK_NORM_HEAD : MODEL_QK_NORM_NONE;
+    if ((rv = arch_u32(f, a, "expert_gating_func", &sigmoid, &gating)) != 0 ||
+        (rv = arch_u32(f, a, "leading_dense_block_count", &zero, &hp->n_dense_lead)) != 0 ||
+        (rv = arch_u32(f, a, "feed_forward_length", &zero, &hp->n_ff_dense)) != 0 ||
+        (rv = arch_u32(f, a, "expert_shared_count", NULL, &n_shared)) != 0 ||
+        (rv = arch_f32(f, a, "expert_weights_scale", NULL, &hp->exp_scale)) != 0)
+        return rv;
+    if (gating == 1)
+        hp->gating = MODEL_GATING_SOFTMAX_TOPK;
+    else if (gating == 0 || gating == 2)
+        hp->gating = MODEL_GATING_SIGMOID;
+    else
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "%s.expert_gating_func %u: strata takes 1 (softmax) and 2 (sigmoid)", a,
+                           gating);
+    if (hp->n_dense_lead > hp->n_layer || (hp->n_dense_lead && hp->n_ff_dense == 0))
+        return strata_errf(STRATA_EFORMAT,
+                           "%s.leading_dense_block_count %u with feed_forward_length %u: the "
+                           "dense layers must be within the %u layers and have a width",
+                           a, hp->n_dense_lead, hp->n_ff_dense, hp->n_layer);
+    if (!(hp->exp_scale > 0.0f))
+        return strata_errf(STRATA_EFORMAT, "%s.expert_weights_scale %g must be positive", a,
+                           hp->exp_scale);
+    hp->n_ff_shexp = n_shared * hp->n_ff_exp;
+    /* llama.cpp adds the bias to whatever the gating gives, for selection only */
+    snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", hp->n_dense_lead);
+    hp->exp_probs_b = gguf_tensor_find(f, name) != NULL;
+    return 0;
 }
 
 static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
@@ -223,6 +266,13 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
 
     if ((rv = arch_u32(f, a, "embedding_length", NULL, &hp->n_embd)) != 0) return rv;
     if ((rv = arch_u32(f, a, "block_count", NULL, &hp->n_layer)) != 0) return rv;
+    uint32_t zero = 0;
+    if ((rv = arch_u32(f, a, "nextn_predict_layers", &zero, &hp->n_nextn)) != 0) return rv;
+    if (hp->n_nextn >= hp->n_layer)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s.nextn_predict_layers %u leaves none of block_count %u layers to run",
+                           a, hp->n_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_nextn; /* the MTP layers come last and are never run (llama.cpp's rule) */
     if ((rv = arch_u32(f, a, "attention.head_count", NULL, &hp->n_head)) != 0) return rv;
     if ((rv = arch_u32(f, a, "attention.head_count_kv", &hp->n_head, &hp->n_head_kv)) != 0)
         return rv;
@@ -245,7 +295,6 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
                            "must be non-empty and the rotated dims even and within a head",
                            a, hp->head_dim, hp->head_dim_v, hp->n_rot);
 
-    uint32_t zero = 0;
     if ((rv = arch_u32(f, a, "expert_count", &zero, &hp->n_expert)) != 0) return rv;
     if ((rv = arch_u32(f, a, "expert_used_count", &zero, &hp->n_expert_used)) != 0) return rv;
     if (hp->n_expert == 0)
@@ -336,9 +385,14 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
         if (hp->n_swa == 0)
             return strata_errf(STRATA_EFORMAT, "%s.attention.sliding_window is 0", a);
         break;
+    case MODEL_ARCH_GLM4MOE:
+        if ((rv = parse_glm4moe(f, a, hp)) != 0) return rv;
+        break;
     }
+    hp->shexp_gated = hp->arch == MODEL_ARCH_QWEN2MOE;
+    if (hp->exp_scale == 0.0f) hp->exp_scale = 1.0f;
     snprintf(name, sizeof name, "%s.expert_weights_norm", a);
-    if (hp->gating == MODEL_GATING_SOFTMAX_TOPK && gguf_find(f, name) &&
+    if (hp->gating != MODEL_GATING_TOPK_SOFTMAX && gguf_find(f, name) &&
         (rv = gguf_get_bool(f, name, &hp->norm_topk)) != 0)
         return strata_errf(rv, "key %s must be a bool", name);
 
@@ -491,6 +545,26 @@ static int load_biases(const struct gguf_file *f, struct model_priv *p, uint32_t
     return 0;
 }
 
+/* load_qk_norm reads layer il's q/k norms per hp.qk_norm. */
+static int load_qk_norm(const struct gguf_file *f, struct model_priv *p, uint32_t il, uint32_t nq,
+                        uint32_t nk, struct model_layer *L)
+{
+    const struct model_hparams *hp = p->hp;
+    char n[128];
+    int rv;
+#define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
+    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
+        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
+         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))
+        return rv;
+    if (hp->qk_norm == MODEL_QK_NORM_FULL &&
+        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), nq, "(n_head*head_dim)", &L->q_norm)) ||
+         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), nk, "(n_head_kv*head_dim)", &L->k_norm))))
+        return rv;
+#undef NAME
+    return 0;
+}
+
 static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
 {
     const struct model_hparams *hp = &m->hp;
@@ -511,11 +585,29 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
         (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd, "(n_embd, n_head*head_dim_v)",
                       &L->wo)) ||
         (rv = get_vec(f, p,
-                      hp->arch == MODEL_ARCH_GPT_OSS ? NAME("post_attention_norm.weight")
-                                                     : NAME("ffn_norm.weight"),
-                      hp->n_embd, "(n_embd)", &L->ffn_norm)) ||
-        (rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
-                      "(n_expert, n_embd)", &L->router)))
+                      hp->arch == MODEL_ARCH_GPT_OSS || hp->arch == MODEL_ARCH_GLM4MOE
+                          ? NAME("post_attention_norm.weight")
+                          : NAME("ffn_norm.weight"),
+                      hp->n_embd, "(n_embd)", &L->ffn_norm)))
+        return rv;
+    L->dense = il < hp->n_dense_lead;
+    if (L->dense) {
+        /* a leading dense layer (glm4moe): a SwiGLU FFN, no router, no experts */
+        const uint32_t F = hp->n_ff_dense;
+        if ((rv = load_biases(f, p, il, nq, nk, nv, false, L)) ||
+            (rv = get_mat(f, NAME("ffn_gate.weight"), hp->n_embd, F, "(n_ff_dense, n_embd)",
+                          &L->ffn_gate)) ||
+            (rv = get_mat(f, NAME("ffn_up.weight"), hp->n_embd, F, "(n_ff_dense, n_embd)",
+                          &L->ffn_up)) ||
+            (rv = get_mat(f, NAME("ffn_down.weight"), F, hp->n_embd, "(n_embd, n_ff_dense)",
+                          &L->ffn_down)))
+            return rv;
+        return load_qk_norm(f, p, il, nq, nk, L);
+    }
+    if ((rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
+                      "(n_expert, n_embd)", &L->router)) ||
+        (hp->exp_probs_b && (rv = get_vec(f, p, NAME("exp_probs_b.bias"), hp->n_expert,
+                                          "(n_expert)", &L->exp_probs_b))))
         return rv;
     if ((rv = load_biases(f, p, il, nq, nk, nv, hp->attn_out_bias, L)) != 0) return rv;
     if ((hp->attn_out_bias &&
@@ -526,22 +618,16 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
          (rv = get_vec(f, p, NAME("ffn_gate_inp.bias"), hp->n_expert, "(n_expert)", &L->router_b))))
         return rv;
     L->swa = hp->n_swa && il % 2 == 0;
-    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
-        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
-         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))
-        return rv;
-    if (hp->qk_norm == MODEL_QK_NORM_FULL &&
-        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), nq, "(n_head*head_dim)", &L->q_norm)) ||
-         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), nk, "(n_head_kv*head_dim)", &L->k_norm))))
-        return rv;
-    if (hp->n_ff_shexp && ((rv = get_mat(f, NAME("ffn_gate_inp_shexp.weight"), hp->n_embd, 1,
-                                         "(n_embd)", &L->gate_inp_shexp)) ||
-                           (rv = get_mat(f, NAME("ffn_gate_shexp.weight"), hp->n_embd,
-                                         hp->n_ff_shexp, "(n_ff_shexp, n_embd)", &L->gate_shexp)) ||
-                           (rv = get_mat(f, NAME("ffn_up_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
-                                         "(n_ff_shexp, n_embd)", &L->up_shexp)) ||
-                           (rv = get_mat(f, NAME("ffn_down_shexp.weight"), hp->n_ff_shexp,
-                                         hp->n_embd, "(n_embd, n_ff_shexp)", &L->down_shexp))))
+    if ((rv = load_qk_norm(f, p, il, nq, nk, L)) != 0) return rv;
+    if (hp->n_ff_shexp &&
+        ((hp->shexp_gated && (rv = get_mat(f, NAME("ffn_gate_inp_shexp.weight"), hp->n_embd, 1,
+                                           "(n_embd)", &L->gate_inp_shexp))) ||
+         (rv = get_mat(f, NAME("ffn_gate_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
+                       "(n_ff_shexp, n_embd)", &L->gate_shexp)) ||
+         (rv = get_mat(f, NAME("ffn_up_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
+                       "(n_ff_shexp, n_embd)", &L->up_shexp)) ||
+         (rv = get_mat(f, NAME("ffn_down_shexp.weight"), hp->n_ff_shexp, hp->n_embd,
+                       "(n_embd, n_ff_shexp)", &L->down_shexp))))
         return rv;
 #undef NAME
     return load_experts(f, m, il);
@@ -559,6 +645,7 @@ int model_load(const struct gguf_file *f, struct model **out)
     }
     m->priv_ = p;
     m->gguf = f;
+    p->hp = &m->hp;
     if ((rv = parse_hparams(f, &m->hp)) != 0) goto fail;
     const struct model_hparams *hp = &m->hp;
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
@@ -652,6 +739,10 @@ static int arena_parts(const struct arena *a, struct model *m, uint32_t il)
 {
     const struct model_layer *L = &m->layers[il];
     const struct arena_layer *al = arena_layer_get(a, il);
+    if (L->dense) {
+        m->layers[il].blob.bytes = 0; /* a dense layer has no experts, hence no blobs */
+        return 0;
+    }
     for (int part = 0; part < MODEL_PART_COUNT; part++) {
         char stacked[96], single[96];
         snprintf(stacked, sizeof stacked, "blk.%u.ffn_%s_exps.weight", il, part_names[part]);

@@ -26,6 +26,7 @@ enum model_arch {
     MODEL_ARCH_QWEN3MOE, /* "qwen3moe" */
     MODEL_ARCH_OLMOE,    /* "olmoe" */
     MODEL_ARCH_GPT_OSS,  /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+    MODEL_ARCH_GLM4MOE,  /* "glm4moe" (GLM-4.5, GLM-4.5-Air, GLM-4.6) */
 };
 
 enum model_rope {
@@ -36,6 +37,9 @@ enum model_rope {
 enum model_gating {
     MODEL_GATING_SOFTMAX_TOPK, /* softmax over all experts, then top-k of the probabilities */
     MODEL_GATING_TOPK_SOFTMAX, /* top-k of the router logits, then softmax over the k selected */
+    MODEL_GATING_SIGMOID,      /* sigmoid of each logit; top-k of sigmoid + exp_probs_b (the
+                                  selection bias), weights the unbiased sigmoids of the k, then
+                                  norm_topk and expert_weights_scale (DeepSeek-V3, GLM-4.5) */
 };
 
 enum model_qk_norm {
@@ -90,6 +94,15 @@ struct model_hparams {
                                keys (itself included); 0 without sliding windows */
     float yarn_factor;      /* rope.scaling.factor under YaRN; 1: no scaling */
     uint32_t yarn_orig_ctx; /* rope.scaling.original_context_length (YaRN) */
+    /* glm4moe (0 / 1 / false for the other architectures): */
+    uint32_t n_dense_lead; /* leading_dense_block_count: layers [0, n) run a dense SwiGLU FFN */
+    uint32_t n_ff_dense;   /* feed_forward_length: the dense layers' hidden width */
+    uint32_t n_nextn;      /* nextn_predict_layers: the MTP layers after the n_layer trunk
+                              layers, in the file (block_count = n_layer + n_nextn) but never run */
+    float exp_scale;       /* expert_weights_scale: the routed weights' factor (1: none) */
+    bool exp_probs_b;      /* each MoE layer has a selection bias (blk.N.exp_probs_b.bias) */
+    bool shexp_gated;      /* the shared expert's output is scaled by sigmoid(gate_inp_shexp . x)
+                              (qwen2moe); false: added as is (glm4moe) */
 };
 
 /* A 2-D weight read in place: n_out rows of n_in elements of type, row r at data + r*row_bytes. */
@@ -132,6 +145,12 @@ struct model_layer {
     struct model_mat up_shexp;       /* (n_ff_shexp, n_embd) */
     struct model_mat down_shexp;     /* (n_embd, n_ff_shexp) */
     struct model_mat gate_inp_shexp; /* (1, n_embd): its output scaled by sigmoid(this . x) */
+    /* glm4moe: */
+    bool dense;                /* a leading dense layer (il < n_dense_lead): no router, experts */
+    struct model_mat ffn_gate; /* dense layers: (n_ff_dense, n_embd) */
+    struct model_mat ffn_up;   /* (n_ff_dense, n_embd) */
+    struct model_mat ffn_down; /* (n_embd, n_ff_dense) */
+    const float *exp_probs_b;  /* (n_expert) the selection bias, NULL without one */
 };
 
 /* model_expert_fn returns the first byte of part of expert (layer, expert): rows of

@@ -367,6 +367,71 @@ START_TEST(gpt_oss_loads_with_its_biases_in_the_blob)
 }
 END_TEST
 
+/* glm4moe: llama.cpp's behaviour (NEOX over half the head, sigmoid routing with the selection
+ * bias, renormalized and scaled), the leading dense layer with no router or experts, the ungated
+ * shared expert, and the MTP layer in the file but not in the model. */
+START_TEST(glm4moe_loads_its_layer_kinds)
+{
+    const char *path = fixture("glm4moe", NULL, false);
+    struct gguf_file *f;
+    struct model *m;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_msg(model_load(f, &m) == 0, "%s", strata_errdetail());
+    const struct model_hparams *hp = &m->hp;
+    ck_assert_str_eq(model_arch_name(hp->arch), "glm4moe");
+    ck_assert_int_eq(hp->rope, MODEL_ROPE_NEOX);
+    ck_assert_int_eq(hp->gating, MODEL_GATING_SIGMOID);
+    ck_assert_int_eq(hp->qk_norm, MODEL_QK_NORM_HEAD);
+    ck_assert(hp->norm_topk && hp->exp_probs_b && hp->qkv_bias && !hp->shexp_gated);
+    ck_assert_uint_eq(hp->n_layer, 3); /* block_count 4 less the MTP layer */
+    ck_assert_uint_eq(hp->n_nextn, 1);
+    ck_assert_uint_eq(hp->head_dim, 128);
+    ck_assert_uint_eq(hp->n_rot, 64);
+    ck_assert_uint_eq(hp->n_dense_lead, 1);
+    ck_assert_uint_eq(hp->n_ff_dense, 768);
+    ck_assert_uint_eq(hp->n_ff_shexp, hp->n_ff_exp);
+    ck_assert_float_eq(hp->exp_scale, 2.5f);
+    const struct model_layer *D = &m->layers[0];
+    ck_assert(D->dense && D->ffn_gate.data && D->ffn_up.data && D->ffn_down.data);
+    ck_assert_uint_eq(D->ffn_gate.n_out, 768);
+    ck_assert_uint_eq(D->router.n_out, 0);
+    ck_assert_uint_eq(D->blob.bytes, 0);
+    ck_assert_ptr_null(D->exp_probs_b);
+    for (uint32_t l = 1; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        ck_assert(!L->dense && L->exp_probs_b && L->q_norm && L->bq && L->gate_shexp.data);
+        ck_assert_ptr_null(L->gate_inp_shexp.data);
+        ck_assert_uint_gt(L->blob.bytes, 0);
+    }
+    model_fini(m);
+    gguf_close(f);
+    char dst[600];
+    snprintf(dst, sizeof dst, "%s/bad-glm.gguf", test_tmpdir());
+    static const struct {
+        struct edit e;
+        int code;
+        const char *says;
+    } cases[] = {
+        {{.drop_tensor = "blk.0.ffn_up.weight"}, STRATA_ENOENT, "blk.0.ffn_up.weight"},
+        {{.drop_tensor = "blk.2.exp_probs_b.bias"}, STRATA_ENOENT, "blk.2.exp_probs_b.bias"},
+        {{.drop_tensor = "blk.1.ffn_down_shexp.weight"}, STRATA_ENOENT, "ffn_down_shexp"},
+        {{.drop_key = "glm4moe.expert_weights_scale"}, STRATA_ENOENT, "expert_weights_scale"},
+        {{.drop_key = "glm4moe.expert_shared_count"}, STRATA_ENOENT, "expert_shared_count"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(path, dst, &cases[i].e);
+        ck_assert_int_eq(load_err(dst), cases[i].code);
+        ck_assert_msg(strstr(strata_errdetail(), cases[i].says), "case %zu: '%s' lacks '%s'", i,
+                      strata_errdetail(), cases[i].says);
+    }
+    /* the MTP layer's tensors are not read: a file without them is the same model */
+    rewrite(path, dst, &(struct edit){.drop_tensor = "blk.3.nextn.eh_proj.weight"});
+    ck_assert_int_eq(load_err(dst), 0);
+    unlink(path);
+    unlink(dst);
+}
+END_TEST
+
 /* A resolver that counts its calls and forwards to the GGUF one. */
 struct counting {
     model_expert_fn fn;
@@ -415,6 +480,7 @@ int main(void)
     tcase_add_test(tc, qwen2moe_without_biases_loads);
     tcase_add_test(tc, bad_files_are_refused_by_name);
     tcase_add_test(tc, gpt_oss_loads_with_its_biases_in_the_blob);
+    tcase_add_test(tc, glm4moe_loads_its_layer_kinds);
     tcase_add_test(tc, experts_come_only_through_the_resolver);
     suite_add_tcase(s, tc);
     return test_run(s);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # run.sh — parity with llama.cpp (docs/design.md §7), teacher-forced: for tiny fixtures of every
 # architecture (qwen3moe, llama with fused experts, olmoe, qwen2moe) in f32, q8_0, q4_k and the
-# q4_k_m mix, and gpt-oss (sinks, sliding windows, biases, YaRN) in f32 and the mxfp4_moe mix (MXFP4
-# experts), llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed prompt of
-# token ids; `strata run --teacher` scores that continuation; check.mjs prints the table and fails
+# q4_k_m mix, gpt-oss (sinks, sliding windows, biases, YaRN) in f32 and the mxfp4_moe mix (MXFP4
+# experts), and glm4moe in f32, q8_0 and q4_k_m, llama.cpp (node-llama-cpp's prebuilt CPU binary)
+# greedily continues a fixed prompt of token ids; `strata run --teacher` scores that continuation;
+# check.mjs prints the table and fails
 # the stage when a step's token is neither strata's argmax nor within the stated tolerance of it.
 #
 #   tests/llamacpp/run.sh [BUILD_DIR]     (default: build; needs BUILD_DIR/strata)
@@ -27,6 +28,9 @@ types="f32 q8_0 q4_k q4_k_m"
 cases=""
 for arch in $archs; do for type in $types; do cases="$cases $arch:$type"; done; done
 cases="$cases gpt-oss:f32 gpt-oss:mxfp4_moe"
+# glm4moe (GLM-4.5: a dense layer, sigmoid routing with its selection bias and scaling, an ungated
+# shared expert, partial rotary, q/k norms, biases; the MTP layer in the file, never run)
+cases="$cases glm4moe:f32 glm4moe:q8_0 glm4moe:q4_k_m"
 
 skip() { echo "SKIP llama.cpp parity: $*"; exit 0; }
 
