@@ -368,6 +368,13 @@ START_TEST(independent_of_the_cache_glm4moe)
 }
 END_TEST
 
+/* deepseek2: MLA's layers around the same expert blobs. */
+START_TEST(independent_of_the_cache_deepseek2)
+{
+    independence("deepseek2");
+}
+END_TEST
+
 START_TEST(options_parse_and_refuse)
 {
     struct backend_opts o = backend_opts_default();
@@ -404,6 +411,7 @@ int main(void)
     tcase_add_test(tc, independent_of_the_cache_qwen2moe);
     tcase_add_test(tc, independent_of_the_cache_gpt_oss);
     tcase_add_test(tc, independent_of_the_cache_glm4moe);
+    tcase_add_test(tc, independent_of_the_cache_deepseek2);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

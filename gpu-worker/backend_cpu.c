@@ -12,6 +12,7 @@
  * clamped SwiGLU inside the expert step (cpu_moe_set_oss), whose blobs carry the biases.
  */
 #include "gpu-worker/backend.h"
+#include "gpu-worker/fwd_mla.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/pool.h"
@@ -93,6 +94,9 @@ struct fwd {
     float *att;                /* (T, n_head*head_dim_v) */
     float *rlogit;             /* (T, n_expert) router logits, then probabilities */
     float *rsel;               /* (n_expert) route_biased's selection scores */
+    float *mla_q;              /* MLA (deepseek2): (T, n_head*head_dim_qk) the q projection */
+    float *mla_qa;             /* (T, n_lora_q) the q LoRA's inner activations */
+    float *mla_o;              /* (T, n_head*head_dim_vo) the heads' values out of wv_b */
     int32_t *sel;              /* (T, n_expert_used) selected experts: pair t*K + j */
     float *selw;               /* (T, n_expert_used) their weights */
     float *moe;                /* (T, n_embd) sum of expert outputs */
@@ -138,7 +142,8 @@ static int alloc_scratch(struct fwd *f)
                                           &L->wo,       &L->router,     &L->part[0],
                                           &L->part[1],  &L->part[2],    &L->gate_shexp,
                                           &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp,
-                                          &L->ffn_gate, &L->ffn_up,     &L->ffn_down};
+                                          &L->ffn_gate, &L->ffn_up,     &L->ffn_down,
+                                          &L->wq_a,     &L->wq_b,       &L->wkv_a};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             widen_act(f, mats[i]);
     }
@@ -159,6 +164,9 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->att, T * hp->n_head * hp->head_dim_v * sizeof(float)},
         {(void **)&f->rlogit, T * hp->n_expert * sizeof(float)},
         {(void **)&f->rsel, hp->n_expert * sizeof(float)},
+        {(void **)&f->mla_q, T * hp->n_head * hp->head_dim_qk * sizeof(float)},
+        {(void **)&f->mla_qa, T * hp->n_lora_q * sizeof(float)},
+        {(void **)&f->mla_o, T * hp->n_head * hp->head_dim_vo * sizeof(float)},
         {(void **)&f->sel, T * K * sizeof(int32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
@@ -428,6 +436,9 @@ static int cpu_start(const struct model *m, const struct backend_opts *o, struct
     f->kv = kv;
     f->o = *o;
     ops_yarn_init(&f->yarn, m->hp.n_rot, m->hp.yarn_orig_ctx, m->hp.rope_theta, m->hp.yarn_factor);
+    /* DeepSeek's YaRN leaves the RoPE's magnitude at 1 and puts mscale^2 into the attention
+     * scale instead (hp.kq_scale), as llama.cpp's deepseek2 graph does */
+    if (m->hp.mla) f->yarn.mscale = 1.0f;
     if (f->o.n_threads == 0) f->o.n_threads = 1;
     int rv;
     if ((rv = kv_store_init(kv_config_of(kv), o->kv_type, &f->store)) != 0 ||
@@ -450,7 +461,8 @@ static void cpu_close(void *impl)
                     f->att,       f->rlogit,  f->sel,      f->selw,        f->moe,        f->g,
                     f->u,         f->y,       f->shg,      f->groups,      f->pair_idx,   f->rtok,
                     f->acts[0],   f->acts[1], f->acts[2],  f->tasks,       f->task_first, f->pos,
-                    f->run_first, f->seen,    f->seen_len, f->att_scratch, f->rsel};
+                    f->run_first, f->seen,    f->seen_len, f->att_scratch, f->rsel,       f->mla_q,
+                    f->mla_qa,    f->mla_o};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     cache_close(f);
@@ -960,8 +972,128 @@ static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     }
 }
 
+/* ---- multi-head latent attention (deepseek2; the rows in fwd_mla.c) ------------------------- */
+
+struct mla_job {
+    struct fwd *f;
+    const struct backend_token *toks;
+    uint32_t layer, n_runs, chunk, n_chunks;
+};
+
+/* mla_rows, items = tokens: the absorbed query, the cached row (stored), after the projections. */
+static void mla_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    const struct mla_job *j = ctx;
+    struct fwd *f = j->f;
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[j->layer];
+    const struct ops_yarn *y = hp->yarn_factor > 1.0f ? &f->yarn : NULL;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim, qk = (size_t)hp->n_head * hp->head_dim_qk;
+    for (uint32_t t = lo; t < hi; t++) {
+        mla_q_row(hp, L, f->mla_q + t * qk, f->pos[t], y, f->q + t * nq);
+        mla_kv_row(hp, L, f->k + t * hp->head_dim, f->pos[t], y);
+        kv_store_write(f->store, j->toks[t].seq, j->layer, f->pos[t], f->k + t * hp->head_dim,
+                       f->v);
+    }
+}
+
+/* mla_att, items = (run, chunk of heads): MQA over the cached rows, the values being the rows'
+ * first n_lora_kv floats (the view reads them in the K rows: the cache stores no V). */
+static void mla_att(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    const struct mla_job *j = ctx;
+    struct fwd *f = j->f;
+    const struct model_hparams *hp = &f->m->hp;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim, no = (size_t)hp->n_head * hp->head_dim_v;
+    for (uint32_t i = lo; i < hi; i++) {
+        const uint32_t r = i / j->n_chunks, h = i % j->n_chunks * j->chunk;
+        const uint32_t nh = hp->n_head - h < j->chunk ? hp->n_head - h : j->chunk;
+        const uint32_t t0 = f->run_first[r], nt = f->run_first[r + 1] - t0;
+        struct ops_kv_view view;
+        kv_store_view(f->store, j->toks[t0].seq, j->layer, 0, hp->head_dim, 0, f->pos[t0] + nt,
+                      f->att_scratch + (size_t)thread * f->att_scratch_bytes, &view);
+        view.v_off = view.k_off;
+        view.v_stride = view.k_stride;
+        const struct cpu_att_q a = {f->q + t0 * nq + (size_t)h * hp->head_dim,
+                                    nq,
+                                    hp->head_dim,
+                                    f->att + t0 * no + (size_t)h * hp->head_dim_v,
+                                    no,
+                                    hp->head_dim_v,
+                                    nt,
+                                    nh,
+                                    f->pos[t0] + 1,
+                                    0,
+                                    NULL};
+        cpu_attention(&a, hp->head_dim, hp->head_dim_v, hp->kq_scale, &view);
+    }
+}
+
+static void mla_out(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    const struct mla_job *j = ctx;
+    struct fwd *f = j->f;
+    const struct model_hparams *hp = &f->m->hp;
+    const size_t no = (size_t)hp->n_head * hp->head_dim_v,
+                 vo = (size_t)hp->n_head * hp->head_dim_vo;
+    for (uint32_t t = lo; t < hi; t++)
+        mla_out_row(hp, &f->m->layers[j->layer], f->att + t * no, f->mla_o + t * vo);
+}
+
+static uint32_t runs(struct fwd *f, const struct backend_token *toks, uint32_t n);
+
+static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[il];
+    const size_t E = hp->n_embd, qk = (size_t)hp->n_head * hp->head_dim_qk;
+    int rv;
+    double t0 = now_s();
+    for (uint32_t t = 0; t < n; t++)
+        cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, E, hp->rms_eps);
+    double t1 = now_s();
+    if (hp->n_lora_q) {
+        if ((rv = matmul(f, &L->wq_a, f->xn, E, n, f->mla_qa, hp->n_lora_q))) return rv;
+        for (uint32_t t = 0; t < n; t++)
+            cpu_rmsnorm(f->mla_qa + t * hp->n_lora_q, f->mla_qa + t * hp->n_lora_q, L->q_a_norm,
+                        hp->n_lora_q, hp->rms_eps);
+        if ((rv = matmul(f, &L->wq_b, f->mla_qa, hp->n_lora_q, n, f->mla_q, qk))) return rv;
+    } else if ((rv = matmul(f, &L->wq, f->xn, E, n, f->mla_q, qk))) {
+        return rv;
+    }
+    if ((rv = matmul(f, &L->wkv_a, f->xn, E, n, f->k, hp->head_dim))) return rv;
+    double t2 = now_s();
+    struct mla_job j = {f, toks, il, 0, 0, 0};
+    pool_for(f->pool, n, 1, mla_rows, &j);
+    /* every token's row is stored before any token attends (as attention()) */
+    j.n_runs = runs(f, toks, n);
+    uint32_t max_nt = 1;
+    for (uint32_t r = 0; r < j.n_runs; r++)
+        if (f->run_first[r + 1] - f->run_first[r] > max_nt)
+            max_nt = f->run_first[r + 1] - f->run_first[r];
+    /* chunks of heads for the threads: each query is computed on its own, so the split never
+     * changes a bit */
+    j.chunk = CPU_ATT_MAXQ / max_nt;
+    const uint32_t share = (hp->n_head + f->o.n_threads - 1) / f->o.n_threads;
+    if (j.chunk > share) j.chunk = share;
+    if (j.chunk == 0) j.chunk = 1;
+    j.n_chunks = (hp->n_head + j.chunk - 1) / j.chunk;
+    pool_for(f->pool, j.n_runs * j.n_chunks, 1, mla_att, &j);
+    pool_for(f->pool, n, 1, mla_out, &j);
+    double t3 = now_s();
+    if ((rv = matmul(f, &L->wo, f->mla_o, (size_t)hp->n_head * hp->head_dim_vo, n, f->tmp, E)))
+        return rv;
+    for (size_t i = 0; i < n * E; i++)
+        f->x[i] += f->tmp[i];
+    double t4 = now_s();
+    f->st.attention_s += (t1 - t0) + (t3 - t2);
+    f->st.dense_s += (t2 - t1) + (t4 - t3);
+    return 0;
+}
+
 static int attention(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
 {
+    if (f->m->hp.mla) return attention_mla(f, toks, n, il);
     const struct model_hparams *hp = &f->m->hp;
     const struct model_layer *L = &f->m->layers[il];
     const size_t E = hp->n_embd, nq = (size_t)hp->n_head * hp->head_dim,
@@ -1009,14 +1141,14 @@ static void route(struct fwd *f, uint32_t n, uint32_t il)
     const struct model_hparams *hp = &f->m->hp;
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
     const struct model_layer *L = &f->m->layers[il];
-    const bool biased =
-        hp->gating == MODEL_GATING_SIGMOID || L->exp_probs_b || hp->exp_scale != 1.0f;
+    const bool biased = hp->gating == MODEL_GATING_SIGMOID || L->exp_probs_b ||
+                        hp->exp_scale != 1.0f || hp->n_group > 1;
     const struct route_opts ro = {E,
                                   K,
                                   hp->gating != MODEL_GATING_SIGMOID,
                                   L->exp_probs_b,
-                                  0,
-                                  0,
+                                  hp->n_group,
+                                  hp->n_group_used,
                                   hp->norm_topk,
                                   hp->exp_scale};
     for (uint32_t t = 0; t < n; t++) {

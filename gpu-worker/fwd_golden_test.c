@@ -34,6 +34,8 @@ static const struct golden goldens[] = {
     {"gpt-oss", "f32", 0x8f1711e3d989e8f1},     {"gpt-oss", "mxfp4_moe", 0x54d709a27bdb9b94},
     /* glm4moe, pinned when it was added (llama.cpp parity: tests/llamacpp) */
     {"glm4moe", "f32", 0xdbe46c205a8e4528},     {"glm4moe", "q4_k_m", 0xeca4a86eff73fc3f},
+    /* deepseek2 (MLA), pinned when it was added (llama.cpp parity: tests/llamacpp) */
+    {"deepseek2", "f32", 0x87dc5ef6fcfe6aa8},   {"deepseek2", "q4_k_m", 0xb9d7cb237909e3b5},
 };
 #define N_GOLDEN (sizeof goldens / sizeof goldens[0])
 

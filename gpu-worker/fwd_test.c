@@ -231,6 +231,15 @@ START_TEST(bit_exact_glm4moe)
 }
 END_TEST
 
+/* deepseek2: MLA (the latent and rope key cached, V read out of the K rows, heads split across
+ * threads), group-limited routing, YaRN with DeepSeek's mscale. CPU only. */
+START_TEST(bit_exact_deepseek2)
+{
+    if (strcmp(configs[_i].backend, "cpu") != 0) return;
+    bit_exact("deepseek2", _i);
+}
+END_TEST
+
 START_TEST(context_is_refused_past_its_end)
 {
     struct env e;
@@ -278,6 +287,7 @@ int main(void)
     tcase_add_loop_test(tc, bit_exact_qwen2moe, 0, n_configs);
     tcase_add_loop_test(tc, bit_exact_gpt_oss, 0, n_configs);
     tcase_add_loop_test(tc, bit_exact_glm4moe, 0, n_configs);
+    tcase_add_loop_test(tc, bit_exact_deepseek2, 0, n_configs);
     tcase_add_loop_test(tc, context_is_refused_past_its_end, 0, n_configs);
     suite_add_tcase(s, tc);
     return test_run(s);

@@ -4,6 +4,7 @@
 #include "common/quant/qtype.h"
 #include "common/quant/quant.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +21,10 @@ struct model_priv {
 };
 
 static const char *const arch_names[] = {
-    [MODEL_ARCH_LLAMA] = "llama",       [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
-    [MODEL_ARCH_QWEN3MOE] = "qwen3moe", [MODEL_ARCH_OLMOE] = "olmoe",
-    [MODEL_ARCH_GPT_OSS] = "gpt-oss",   [MODEL_ARCH_GLM4MOE] = "glm4moe",
+    [MODEL_ARCH_LLAMA] = "llama",         [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
+    [MODEL_ARCH_QWEN3MOE] = "qwen3moe",   [MODEL_ARCH_OLMOE] = "olmoe",
+    [MODEL_ARCH_GPT_OSS] = "gpt-oss",     [MODEL_ARCH_GLM4MOE] = "glm4moe",
+    [MODEL_ARCH_DEEPSEEK2] = "deepseek2",
 };
 
 static const char *const part_names[MODEL_PART_COUNT] = {"gate", "up", "down"};
@@ -205,8 +207,52 @@ static int parse_arch(const struct gguf_file *f, enum model_arch *out)
     }
     return strata_errf(STRATA_EUNSUPPORTED,
                        "architecture '%.*s' is not supported: strata runs llama (with experts), "
-                       "qwen2moe, qwen3moe, olmoe, gpt-oss and glm4moe",
+                       "qwen2moe, qwen3moe, olmoe, gpt-oss, glm4moe and deepseek2",
                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
+}
+
+/* parse_mla: deepseek2's attention keys. Current converters write key_length / value_length as
+ * the MLA cache's (kv_lora_rank + n_rot, kv_lora_rank) and the heads' as key_length_mla /
+ * value_length_mla; older files have only the heads' (and attn_kv_b instead of attn_k_b and
+ * attn_v_b). Both run as MLA here: the cache holds the latent and the rope key. Also the expert
+ * groups and the attention scale under YaRN (llama.cpp's deepseek2 graph). */
+static int parse_mla(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    int rv;
+    char name[128];
+    const uint32_t zero = 0, one = 1;
+    if ((rv = arch_u32(f, a, "attention.q_lora_rank", &zero, &hp->n_lora_q)) != 0 ||
+        (rv = arch_u32(f, a, "attention.kv_lora_rank", NULL, &hp->n_lora_kv)) != 0 ||
+        (rv = arch_u32(f, a, "attention.key_length_mla", &hp->head_dim, &hp->head_dim_qk)) != 0 ||
+        (rv = arch_u32(f, a, "attention.value_length_mla", &hp->head_dim_v, &hp->head_dim_vo)) !=
+            0 ||
+        (rv = arch_u32(f, a, "expert_group_count", &one, &hp->n_group)) != 0 ||
+        (rv = arch_u32(f, a, "expert_group_used_count", &hp->n_group, &hp->n_group_used)) != 0)
+        return rv;
+    if (hp->n_lora_kv == 0 || hp->head_dim_qk <= hp->n_rot || hp->head_dim_vo == 0)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: kv_lora_rank %u, key head %u with %u rotated dims, value head %u: "
+                           "the latent must be non-empty and a key head longer than its rope "
+                           "part",
+                           a, hp->n_lora_kv, hp->head_dim_qk, hp->n_rot, hp->head_dim_vo);
+    if (hp->n_group == 0 || hp->n_group > 64 || hp->n_expert % hp->n_group ||
+        hp->n_group_used == 0 || hp->n_group_used > hp->n_group)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s.expert_group_count %u, expert_group_used_count %u: groups must "
+                           "split the %u experts evenly (at most 64 groups) and keep 1..all",
+                           a, hp->n_group, hp->n_group_used, hp->n_expert);
+    float log_mul = 0.0f;
+    if ((rv = arch_f32(f, a, "rope.scaling.yarn_log_multiplier", &log_mul, &log_mul)) != 0)
+        return rv;
+    const float mscale = hp->yarn_factor > 1.0f ? 1.0f + log_mul * logf(hp->yarn_factor) : 1.0f;
+    hp->kq_scale = mscale * mscale / sqrtf((float)hp->head_dim_qk);
+    hp->mla = true;
+    hp->n_head_kv = 1;
+    hp->head_dim = hp->n_lora_kv + hp->n_rot;
+    hp->head_dim_v = hp->n_lora_kv;
+    snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", hp->n_dense_lead);
+    hp->exp_probs_b = gguf_tensor_find(f, name) != NULL; /* V3 and later; V2 has none */
+    return 0;
 }
 
 /* parse_glm4moe: llama.cpp's GLM4_MOE hparams: NEOX RoPE over rope.dimension_count (half the
@@ -218,7 +264,8 @@ static int parse_glm4moe(const struct gguf_file *f, const char *a, struct model_
 {
     int rv;
     char name[128];
-    const uint32_t zero = 0, sigmoid = 2;
+    /* a deepseek2 file without the key is DeepSeek-V2's: softmax (llama.cpp's default) */
+    const uint32_t zero = 0, sigmoid = hp->arch == MODEL_ARCH_DEEPSEEK2 ? 1 : 2;
     uint32_t gating, n_shared;
     hp->rope = MODEL_ROPE_NEOX;
     hp->norm_topk = false;
@@ -324,7 +371,7 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
     const bool yarn =
         gguf_get_str(f, name, &st) == 0 && st.len == 4 && memcmp(st.ptr, "yarn", 4) == 0;
     hp->yarn_factor = 1.0f;
-    if (yarn && hp->arch == MODEL_ARCH_GPT_OSS) {
+    if (yarn && (hp->arch == MODEL_ARCH_GPT_OSS || hp->arch == MODEL_ARCH_DEEPSEEK2)) {
         float one = 1.0f;
         if ((rv = arch_f32(f, a, "rope.scaling.factor", &one, &hp->yarn_factor)) != 0 ||
             (rv = arch_u32(f, a, "rope.scaling.original_context_length", &hp->n_ctx_train,
@@ -387,6 +434,13 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
         break;
     case MODEL_ARCH_GLM4MOE:
         if ((rv = parse_glm4moe(f, a, hp)) != 0) return rv;
+        break;
+    case MODEL_ARCH_DEEPSEEK2:
+        /* DeepSeek's routing and layer kinds are GLM's (llama.cpp built glm4moe after them),
+         * with ffn_norm before the FFN, NORM RoPE and multi-head latent attention */
+        if ((rv = parse_glm4moe(f, a, hp)) != 0 || (rv = parse_mla(f, a, hp)) != 0) return rv;
+        hp->rope = MODEL_ROPE_NORM;
+        hp->qk_norm = MODEL_QK_NORM_NONE;
         break;
     }
     hp->shexp_gated = hp->arch == MODEL_ARCH_QWEN2MOE;
@@ -565,6 +619,85 @@ static int load_qk_norm(const struct gguf_file *f, struct model_priv *p, uint32_
     return 0;
 }
 
+/* own_f32 allocates n floats the model owns. */
+static float *own_f32(struct model_priv *p, size_t n)
+{
+    float *v = malloc(n * sizeof *v);
+    if (!v || own(p, v) != 0) {
+        free(v);
+        strata_errf(STRATA_ENOMEM, "out of memory for %zu floats of the model", n);
+        return NULL;
+    }
+    return v;
+}
+
+/* load_mla reads layer il's multi-head latent attention (deepseek2): the q projection (through
+ * the q LoRA with its norm, or one matrix), the latent and rope key projection with the latent's
+ * norm, the per-head k_b and v_b as F32 (attn_k_b / attn_v_b, or split out of the older
+ * attn_kv_b), and the output projection. */
+static int load_mla(const struct gguf_file *f, struct model *m, uint32_t il)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct model_priv *p = m->priv_;
+    struct model_layer *L = &m->layers[il];
+    const uint32_t H = hp->n_head, R = hp->n_lora_kv, V = hp->head_dim_vo,
+                   nope = hp->head_dim_qk - hp->n_rot, nq = H * hp->head_dim_qk;
+    const struct gguf_tensor *t;
+    char n[128];
+    int rv;
+#define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
+    if ((hp->n_lora_q && ((rv = get_mat(f, NAME("attn_q_a.weight"), hp->n_embd, hp->n_lora_q,
+                                        "(q_lora_rank, n_embd)", &L->wq_a)) ||
+                          (rv = get_vec(f, p, NAME("attn_q_a_norm.weight"), hp->n_lora_q,
+                                        "(q_lora_rank)", &L->q_a_norm)) ||
+                          (rv = get_mat(f, NAME("attn_q_b.weight"), hp->n_lora_q, nq,
+                                        "(n_head*key_length_mla, q_lora_rank)", &L->wq_b)))) ||
+        (!hp->n_lora_q && (rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq,
+                                        "(n_head*key_length_mla, n_embd)", &L->wq))) ||
+        (rv = get_mat(f, NAME("attn_kv_a_mqa.weight"), hp->n_embd, R + hp->n_rot,
+                      "(kv_lora_rank + n_rot, n_embd)", &L->wkv_a)) ||
+        (rv = get_vec(f, p, NAME("attn_kv_a_norm.weight"), R, "(kv_lora_rank)", &L->kv_a_norm)) ||
+        (rv = get_mat(f, NAME("attn_output.weight"), H * V, hp->n_embd,
+                      "(n_embd, n_head*value_length_mla)", &L->wo)))
+        return rv;
+    float *kb = own_f32(p, (size_t)H * R * nope), *vb = own_f32(p, (size_t)H * V * R);
+    if (!kb || !vb) return STRATA_ENOMEM;
+    L->wk_b = kb;
+    L->wv_b = vb;
+    if ((t = gguf_tensor_find(f, NAME("attn_k_b.weight")))) {
+        /* ggml (nope, kv_lora_rank, n_head): head h's rows c of nope elements, as wk_b wants */
+        if ((rv = check_shape(t, nope, R, H, "(n_head, kv_lora_rank, n_nope)")) ||
+            (rv = quant_dequantize(t->type, t->data, kb, (int64_t)H * R * nope)) ||
+            (rv = find(f, NAME("attn_v_b.weight"), &t)) ||
+            (rv = check_shape(t, R, V, H, "(n_head, value_length_mla, kv_lora_rank)")) ||
+            (rv = quant_dequantize(t->type, t->data, vb, (int64_t)H * V * R)))
+            return rv;
+        return 0;
+    }
+    /* older files: attn_kv_b (n_head*(nope + v), kv_lora_rank), each head's nope key rows then
+     * its value rows; k_b is the key rows transposed, v_b the value rows */
+    if ((rv = find(f, NAME("attn_kv_b.weight"), &t)) != 0)
+        return strata_errf(rv, "layer %u has neither attn_k_b/attn_v_b nor attn_kv_b: %s", il,
+                           strata_errdetail());
+    const uint32_t rows = H * (nope + V);
+    if ((rv = check_shape(t, R, rows, 1, "(n_head*(n_nope + value_length_mla), kv_lora_rank)")))
+        return rv;
+    float *kv = malloc((size_t)rows * R * sizeof *kv);
+    if (!kv) return strata_errf(STRATA_ENOMEM, "out of memory splitting %s", t->name);
+    if ((rv = quant_dequantize(t->type, t->data, kv, (int64_t)rows * R)) == 0) {
+        for (uint32_t h = 0; h < H; h++) {
+            const float *k = kv + (size_t)h * (nope + V) * R, *v = k + (size_t)nope * R;
+            for (uint32_t c = 0; c < R; c++)
+                for (uint32_t d = 0; d < nope; d++)
+                    kb[((size_t)h * R + c) * nope + d] = k[(size_t)d * R + c];
+            memcpy(vb + (size_t)h * V * R, v, (size_t)V * R * sizeof *v);
+        }
+    }
+    free(kv);
+#undef NAME
+    return rv;
+}
+
 static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
 {
     const struct model_hparams *hp = &m->hp;
@@ -576,14 +709,15 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
     int rv;
 #define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
     if ((rv = get_vec(f, p, NAME("attn_norm.weight"), hp->n_embd, "(n_embd)", &L->attn_norm)) ||
-        (rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq, "(n_head*head_dim, n_embd)",
-                      &L->wq)) ||
-        (rv = get_mat(f, NAME("attn_k.weight"), hp->n_embd, nk, "(n_head_kv*head_dim, n_embd)",
-                      &L->wk)) ||
-        (rv = get_mat(f, NAME("attn_v.weight"), hp->n_embd, nv, "(n_head_kv*head_dim_v, n_embd)",
-                      &L->wv)) ||
-        (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd, "(n_embd, n_head*head_dim_v)",
-                      &L->wo)) ||
+        (hp->mla && (rv = load_mla(f, m, il))) ||
+        (!hp->mla && ((rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq,
+                                    "(n_head*head_dim, n_embd)", &L->wq)) ||
+                      (rv = get_mat(f, NAME("attn_k.weight"), hp->n_embd, nk,
+                                    "(n_head_kv*head_dim, n_embd)", &L->wk)) ||
+                      (rv = get_mat(f, NAME("attn_v.weight"), hp->n_embd, nv,
+                                    "(n_head_kv*head_dim_v, n_embd)", &L->wv)) ||
+                      (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd,
+                                    "(n_embd, n_head*head_dim_v)", &L->wo)))) ||
         (rv = get_vec(f, p,
                       hp->arch == MODEL_ARCH_GPT_OSS || hp->arch == MODEL_ARCH_GLM4MOE
                           ? NAME("post_attention_norm.weight")

@@ -21,12 +21,13 @@
 #include "common/gguf/gguf.h"
 
 enum model_arch {
-    MODEL_ARCH_LLAMA,    /* "llama" with experts (Mixtral) */
-    MODEL_ARCH_QWEN2MOE, /* "qwen2moe" */
-    MODEL_ARCH_QWEN3MOE, /* "qwen3moe" */
-    MODEL_ARCH_OLMOE,    /* "olmoe" */
-    MODEL_ARCH_GPT_OSS,  /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
-    MODEL_ARCH_GLM4MOE,  /* "glm4moe" (GLM-4.5, GLM-4.5-Air, GLM-4.6) */
+    MODEL_ARCH_LLAMA,     /* "llama" with experts (Mixtral) */
+    MODEL_ARCH_QWEN2MOE,  /* "qwen2moe" */
+    MODEL_ARCH_QWEN3MOE,  /* "qwen3moe" */
+    MODEL_ARCH_OLMOE,     /* "olmoe" */
+    MODEL_ARCH_GPT_OSS,   /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+    MODEL_ARCH_GLM4MOE,   /* "glm4moe" (GLM-4.5, GLM-4.5-Air, GLM-4.6) */
+    MODEL_ARCH_DEEPSEEK2, /* "deepseek2" (DeepSeek-V2/V3/R1, Kimi K2, GLM-4.7-Flash): MLA */
 };
 
 enum model_rope {
@@ -103,6 +104,19 @@ struct model_hparams {
     bool exp_probs_b;      /* each MoE layer has a selection bias (blk.N.exp_probs_b.bias) */
     bool shexp_gated;      /* the shared expert's output is scaled by sigmoid(gate_inp_shexp . x)
                               (qwen2moe); false: added as is (glm4moe) */
+    uint32_t n_group;      /* expert_group_count: group-limited top-k over this many groups */
+    uint32_t n_group_used; /* expert_group_used_count: the groups kept */
+    /* deepseek2, multi-head latent attention (false / 0 elsewhere). Its cache geometry is MQA
+     * over the latent: n_head_kv 1, head_dim = n_lora_kv + n_rot (the normalized latent, then the
+     * rotated key, one per position and layer, as llama.cpp's MLA caches it) and head_dim_v =
+     * n_lora_kv (the values are the latent itself: no V rows are stored). */
+    bool mla;
+    uint32_t n_lora_q;    /* attention.q_lora_rank; 0: q is one projection (attn_q, V2-Lite) */
+    uint32_t n_lora_kv;   /* attention.kv_lora_rank: the latent's width */
+    uint32_t head_dim_qk; /* a query head: n_nope + n_rot (key_length_mla, or key_length) */
+    uint32_t head_dim_vo; /* a value head out of wv_b (value_length_mla, or value_length) */
+    float kq_scale;       /* the attention scale: mscale^2 / sqrt(head_dim_qk) under YaRN,
+                             mscale = 1 + rope.scaling.yarn_log_multiplier ln(factor) */
 };
 
 /* A 2-D weight read in place: n_out rows of n_in elements of type, row r at data + r*row_bytes. */
@@ -150,7 +164,17 @@ struct model_layer {
     struct model_mat ffn_gate; /* dense layers: (n_ff_dense, n_embd) */
     struct model_mat ffn_up;   /* (n_ff_dense, n_embd) */
     struct model_mat ffn_down; /* (n_embd, n_ff_dense) */
-    const float *exp_probs_b;  /* (n_expert) the selection bias, NULL without one */
+    const float *exp_probs_b;
+        /* (n_expert) the selection bias, NULL without one */ /* deepseek2 (MLA): */
+    struct model_mat wq_a;  /* (n_lora_q, n_embd) attn_q_a; with n_lora_q 0, attn_q in wq */
+    const float *q_a_norm;  /* (n_lora_q) */
+    struct model_mat wq_b;  /* (n_head*head_dim_qk, n_lora_q) */
+    struct model_mat wkv_a; /* (n_lora_kv + n_rot, n_embd) attn_kv_a_mqa: latent, rope key */
+    const float *kv_a_norm; /* (n_lora_kv) */
+    const float *wk_b;      /* (n_head, n_lora_kv, n_nope) F32: a head's nope query into the
+                               latent (attn_k_b, or attn_kv_b's key rows transposed) */
+    const float *wv_b;      /* (n_head, head_dim_vo, n_lora_kv) F32: the latent out into a value
+                               head (attn_v_b, or attn_kv_b's value rows) */
 };
 
 /* model_expert_fn returns the first byte of part of expert (layer, expert): rows of
