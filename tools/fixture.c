@@ -491,7 +491,8 @@ static void adapt(enum arch a, struct fixture_hparams *hp)
         break;
     case ARCH_DEEPSEEK2:
         /* the tiny shape gets DeepSeek-V3's layer kinds: a dense layer, two MoE layers of 4
-         * groups (2 kept), MLA with both LoRAs (ranks 256: the K-quants' block), YaRN */
+         * groups (2 kept), MLA with both LoRAs (ranks 256: the K-quants' block), YaRN, and an
+         * MTP layer (GLM-4.7-Flash's kind: in the file, never run) */
         if (hp->n_lora_kv == 0) {
             hp->n_layer = 3;
             hp->head_dim = 192;
@@ -500,7 +501,7 @@ static void adapt(enum arch a, struct fixture_hparams *hp)
             hp->n_lora_q = 256;
             hp->n_lora_kv = 256;
             hp->n_dense_lead = 1;
-            hp->n_nextn = 0;
+            hp->n_nextn = 1;
             hp->n_expert_shared = 1;
             hp->exp_scale = 2.5f;
             hp->n_group = 4;
