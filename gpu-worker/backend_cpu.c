@@ -87,19 +87,21 @@ struct fwd {
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
     uint32_t max_tasks;
     /* Scratch, rows of max_pass_tokens tokens (T) or of routed (token, expert) pairs (T*K): */
-    float *x;                  /* (T, n_embd) residual stream */
-    float *xn;                 /* (T, n_embd) normalized input of a block */
-    float *tmp;                /* (T, n_embd) a block's output before the residual add */
-    float *q, *k, *v;          /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
-    float *att;                /* (T, n_head*head_dim_v) */
-    float *rlogit;             /* (T, n_expert) router logits, then probabilities */
-    float *rsel;               /* (n_expert) route_biased's selection scores */
-    float *mla_q;              /* MLA (deepseek2): (T, n_head*head_dim_qk) the q projection */
-    float *mla_qa;             /* (T, n_lora_q) the q LoRA's inner activations */
-    float *mla_o;              /* (T, n_head*head_dim_vo) the heads' values out of wv_b */
-    int32_t *sel;              /* (T, n_expert_used) selected experts: pair t*K + j */
-    float *selw;               /* (T, n_expert_used) their weights */
-    float *moe;                /* (T, n_embd) sum of expert outputs */
+    float *x;                      /* (T, n_embd) residual stream */
+    float *xn;                     /* (T, n_embd) normalized input of a block */
+    float *tmp;                    /* (T, n_embd) a block's output before the residual add */
+    float *q, *k, *v;              /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
+    float *att;                    /* (T, n_head*head_dim_v) */
+    float *rlogit;                 /* (T, n_expert) router logits, then probabilities */
+    float *rsel;                   /* (n_expert) route_biased's selection scores */
+    float *mla_q;                  /* MLA (deepseek2): (T, n_head*head_dim_qk) the q projection */
+    float *mla_qa;                 /* (T, n_lora_q) the q LoRA's inner activations */
+    float *mla_o;                  /* (T, n_head*head_dim_vo) the heads' values out of wv_b */
+    struct cpu_mm_task *mla_tasks; /* (n_head) the per-head products of k_b or v_b */
+    uint32_t *mla_first;           /* (n_head + 1) */
+    int32_t *sel;                  /* (T, n_expert_used) selected experts: pair t*K + j */
+    float *selw;                   /* (T, n_expert_used) their weights */
+    float *moe;                    /* (T, n_embd) sum of expert outputs */
     float *g, *u;              /* (T, n_ff) shared expert gate and up outputs, then SwiGLU in g */
     float *y;                  /* (T*K, n_embd) expert outputs by pair (or shared expert output) */
     float *shg;                /* (T) shared expert gate logit */
@@ -167,6 +169,8 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->mla_q, T * hp->n_head * hp->head_dim_qk * sizeof(float)},
         {(void **)&f->mla_qa, T * hp->n_lora_q * sizeof(float)},
         {(void **)&f->mla_o, T * hp->n_head * hp->head_dim_vo * sizeof(float)},
+        {(void **)&f->mla_tasks, (hp->mla ? hp->n_head : 0) * sizeof(struct cpu_mm_task)},
+        {(void **)&f->mla_first, (hp->mla ? hp->n_head + 1 : 0) * sizeof(uint32_t)},
         {(void **)&f->sel, T * K * sizeof(int32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
@@ -457,12 +461,12 @@ static void cpu_close(void *impl)
     struct fwd *f = impl;
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,         f->xn,      f->tmp,      f->q,           f->k,          f->v,
-                    f->att,       f->rlogit,  f->sel,      f->selw,        f->moe,        f->g,
-                    f->u,         f->y,       f->shg,      f->groups,      f->pair_idx,   f->rtok,
-                    f->acts[0],   f->acts[1], f->acts[2],  f->tasks,       f->task_first, f->pos,
-                    f->run_first, f->seen,    f->seen_len, f->att_scratch, f->rsel,       f->mla_q,
-                    f->mla_qa,    f->mla_o};
+    void *bufs[] = {f->x,         f->xn,      f->tmp,       f->q,           f->k,          f->v,
+                    f->att,       f->rlogit,  f->sel,       f->selw,        f->moe,        f->g,
+                    f->u,         f->y,       f->shg,       f->groups,      f->pair_idx,   f->rtok,
+                    f->acts[0],   f->acts[1], f->acts[2],   f->tasks,       f->task_first, f->pos,
+                    f->run_first, f->seen,    f->seen_len,  f->att_scratch, f->rsel,       f->mla_q,
+                    f->mla_qa,    f->mla_o,   f->mla_tasks, f->mla_first};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     cache_close(f);
@@ -980,7 +984,7 @@ struct mla_job {
     uint32_t layer, n_runs, chunk, n_chunks;
 };
 
-/* mla_rows, items = tokens: the absorbed query, the cached row (stored), after the projections. */
+/* mla_rows, items = tokens: the queries' rope parts, the cached row (stored). */
 static void mla_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     const struct mla_job *j = ctx;
@@ -990,7 +994,7 @@ static void mla_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     const struct ops_yarn *y = hp->yarn_factor > 1.0f ? &f->yarn : NULL;
     const size_t nq = (size_t)hp->n_head * hp->head_dim, qk = (size_t)hp->n_head * hp->head_dim_qk;
     for (uint32_t t = lo; t < hi; t++) {
-        mla_q_row(hp, L, f->mla_q + t * qk, f->pos[t], y, f->q + t * nq);
+        mla_q_rope(hp, f->mla_q + t * qk, f->pos[t], y, f->q + t * nq);
         mla_kv_row(hp, L, f->k + t * hp->head_dim, f->pos[t], y);
         kv_store_write(f->store, j->toks[t].seq, j->layer, f->pos[t], f->k + t * hp->head_dim,
                        f->v);
@@ -1029,17 +1033,6 @@ static void mla_att(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     }
 }
 
-static void mla_out(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
-{
-    const struct mla_job *j = ctx;
-    struct fwd *f = j->f;
-    const struct model_hparams *hp = &f->m->hp;
-    const size_t no = (size_t)hp->n_head * hp->head_dim_v,
-                 vo = (size_t)hp->n_head * hp->head_dim_vo;
-    for (uint32_t t = lo; t < hi; t++)
-        mla_out_row(hp, &f->m->layers[j->layer], f->att + t * no, f->mla_o + t * vo);
-}
-
 static uint32_t runs(struct fwd *f, const struct backend_token *toks, uint32_t n);
 
 static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
@@ -1065,6 +1058,8 @@ static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32
     double t2 = now_s();
     struct mla_job j = {f, toks, il, 0, 0, 0};
     pool_for(f->pool, n, 1, mla_rows, &j);
+    mla_absorb_tasks(hp, L, f->mla_q, n, f->q, f->mla_tasks);
+    f->st.weight_bytes += cpu_mm_run(f->pool, f->mla_tasks, hp->n_head, f->mla_first);
     /* every token's row is stored before any token attends (as attention()) */
     j.n_runs = runs(f, toks, n);
     uint32_t max_nt = 1;
@@ -1079,7 +1074,8 @@ static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32
     if (j.chunk == 0) j.chunk = 1;
     j.n_chunks = (hp->n_head + j.chunk - 1) / j.chunk;
     pool_for(f->pool, j.n_runs * j.n_chunks, 1, mla_att, &j);
-    pool_for(f->pool, n, 1, mla_out, &j);
+    mla_out_tasks(hp, L, f->att, n, f->mla_o, f->mla_tasks);
+    f->st.weight_bytes += cpu_mm_run(f->pool, f->mla_tasks, hp->n_head, f->mla_first);
     double t3 = now_s();
     if ((rv = matmul(f, &L->wo, f->mla_o, (size_t)hp->n_head * hp->head_dim_vo, n, f->tmp, E)))
         return rv;
