@@ -99,6 +99,7 @@ struct fwd {
     float *mla_o;                  /* (T, n_head*head_dim_vo) the heads' values out of wv_b */
     struct cpu_mm_task *mla_tasks; /* (n_head) the per-head products of k_b or v_b */
     uint32_t *mla_first;           /* (n_head + 1) */
+    uint8_t *mla_acts;             /* (T * n_head) rows of a head's quantized k_b / v_b inputs */
     int32_t *sel;                  /* (T, n_expert_used) selected experts: pair t*K + j */
     float *selw;                   /* (T, n_expert_used) their weights */
     float *moe;                    /* (T, n_embd) sum of expert outputs */
@@ -131,6 +132,8 @@ static void widen_act(struct fwd *f, const struct model_mat *w)
     if (b > f->act_stride) f->act_stride = b;
 }
 
+static size_t mla_act_bytes(const struct model_mat *w);
+
 static int alloc_scratch(struct fwd *f)
 {
     const struct model_hparams *hp = &f->m->hp;
@@ -151,6 +154,13 @@ static int alloc_scratch(struct fwd *f)
     }
     /* Round rows up to 64 bytes so each token's activations start on their own cache line. */
     f->act_stride = (f->act_stride + 63) & ~(size_t)63;
+    size_t mla_acts_max = 0; /* MLA: a head's k_b / v_b input row, the widest of the layers */
+    for (uint32_t l = 0; hp->mla && l < hp->n_layer; l++) {
+        const struct model_layer *L = &f->m->layers[l];
+        const size_t kb = mla_act_bytes(&L->k_b), vb = mla_act_bytes(&L->v_b);
+        if (kb > mla_acts_max) mla_acts_max = kb;
+        if (vb > mla_acts_max) mla_acts_max = vb;
+    }
     const size_t E = hp->n_embd, K = hp->n_expert_used, P = T * (K ? K : 1);
     f->max_tasks = 3;
     struct {
@@ -171,6 +181,7 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->mla_o, T * hp->n_head * hp->head_dim_vo * sizeof(float)},
         {(void **)&f->mla_tasks, (hp->mla ? hp->n_head : 0) * sizeof(struct cpu_mm_task)},
         {(void **)&f->mla_first, (hp->mla ? hp->n_head + 1 : 0) * sizeof(uint32_t)},
+        {(void **)&f->mla_acts, T * hp->n_head * mla_acts_max},
         {(void **)&f->sel, T * K * sizeof(int32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
@@ -466,7 +477,7 @@ static void cpu_close(void *impl)
                     f->u,         f->y,       f->shg,       f->groups,      f->pair_idx,   f->rtok,
                     f->acts[0],   f->acts[1], f->acts[2],   f->tasks,       f->task_first, f->pos,
                     f->run_first, f->seen,    f->seen_len,  f->att_scratch, f->rsel,       f->mla_q,
-                    f->mla_qa,    f->mla_o,   f->mla_tasks, f->mla_first};
+                    f->mla_qa,    f->mla_o,   f->mla_tasks, f->mla_first,   f->mla_acts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     cache_close(f);
@@ -1035,6 +1046,33 @@ static void mla_att(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
 
 static uint32_t runs(struct fwd *f, const struct backend_token *toks, uint32_t n);
 
+/* mla_act_bytes: a per-head input row's activations for w, rounded to a cache line. */
+static size_t mla_act_bytes(const struct model_mat *w)
+{
+    return (quant_act_bytes(w->type, w->n_in) + 63) & ~(size_t)63;
+}
+
+/* mla_heads: for each of n tokens and each head h, out[t][h] (n_out floats at out + t*H*out_head
+ * + h*out_head) = head h's matrix of w . x[t][h] (w->n_in floats at x + (t*H + h)*x_head): the
+ * k_b absorption or the v_b output. F32 weights read the floats in place; others quantize them. */
+static int mla_heads(struct fwd *f, const struct model_mat *w, const float *x, size_t x_head,
+                     uint32_t n, float *out, size_t out_head)
+{
+    const uint32_t H = f->m->hp.n_head;
+    const void *acts = x;
+    size_t ab = x_head * sizeof(float);
+    if (quant_act_type(w->type) != QT_F32) {
+        ab = mla_act_bytes(w);
+        struct quant_job j = {w->type, w->n_in, x, x_head, f->mla_acts, ab, 0};
+        pool_for(f->pool, n * H, 16, quant_rows, &j);
+        if (atomic_load(&j.rv)) return atomic_load(&j.rv);
+        acts = f->mla_acts;
+    }
+    mla_head_tasks(w, H, acts, ab, n, out, H * out_head, out_head, f->mla_tasks);
+    f->st.weight_bytes += cpu_mm_run(f->pool, f->mla_tasks, H, f->mla_first);
+    return 0;
+}
+
 static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &f->m->hp;
@@ -1058,8 +1096,7 @@ static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32
     double t2 = now_s();
     struct mla_job j = {f, toks, il, 0, 0, 0};
     pool_for(f->pool, n, 1, mla_rows, &j);
-    mla_absorb_tasks(hp, L, f->mla_q, n, f->q, f->mla_tasks);
-    f->st.weight_bytes += cpu_mm_run(f->pool, f->mla_tasks, hp->n_head, f->mla_first);
+    if ((rv = mla_heads(f, &L->k_b, f->mla_q, hp->head_dim_qk, n, f->q, hp->head_dim))) return rv;
     /* every token's row is stored before any token attends (as attention()) */
     j.n_runs = runs(f, toks, n);
     uint32_t max_nt = 1;
@@ -1074,8 +1111,8 @@ static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32
     if (j.chunk == 0) j.chunk = 1;
     j.n_chunks = (hp->n_head + j.chunk - 1) / j.chunk;
     pool_for(f->pool, j.n_runs * j.n_chunks, 1, mla_att, &j);
-    mla_out_tasks(hp, L, f->att, n, f->mla_o, f->mla_tasks);
-    f->st.weight_bytes += cpu_mm_run(f->pool, f->mla_tasks, hp->n_head, f->mla_first);
+    if ((rv = mla_heads(f, &L->v_b, f->att, hp->head_dim_v, n, f->mla_o, hp->head_dim_vo)))
+        return rv;
     double t3 = now_s();
     if ((rv = matmul(f, &L->wo, f->mla_o, (size_t)hp->n_head * hp->head_dim_vo, n, f->tmp, E)))
         return rv;

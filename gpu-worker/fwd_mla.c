@@ -1,5 +1,4 @@
 #include "gpu-worker/fwd_mla.h"
-#include "common/quant/qtype.h"
 #include "kernels/cpu/cpu.h"
 
 #include <string.h>
@@ -31,38 +30,20 @@ void mla_kv_row(const struct model_hparams *hp, const struct model_layer *L, flo
     rope_rows(hp, kv + hp->n_lora_kv, 1, hp->n_rot, pos, yarn);
 }
 
-/* F32 activations are the floats themselves (quant_act_type): a task reads its rows in place. */
-void mla_absorb_tasks(const struct model_hparams *hp, const struct model_layer *L, const float *q,
-                      uint32_t n, float *out, struct cpu_mm_task *tasks)
+void mla_head_tasks(const struct model_mat *w, uint32_t n_head, const void *acts, size_t act_bytes,
+                    uint32_t n, float *out, size_t out_tok, size_t out_head,
+                    struct cpu_mm_task *tasks)
 {
-    const uint32_t H = hp->n_head, R = hp->n_lora_kv, qk = hp->head_dim_qk, nope = qk - hp->n_rot,
-                   row = R + hp->n_rot;
-    for (uint32_t h = 0; h < H; h++)
-        tasks[h] = (struct cpu_mm_task){QT_F32,
-                                        nope,
-                                        R,
-                                        (uint64_t)nope * sizeof(float),
-                                        L->wk_b + (size_t)h * R * nope,
-                                        q + (size_t)h * qk,
-                                        (size_t)H * qk * sizeof(float),
-                                        n,
-                                        out + (size_t)h * row,
-                                        (size_t)H * row};
-}
-
-void mla_out_tasks(const struct model_hparams *hp, const struct model_layer *L, const float *att,
-                   uint32_t n, float *out, struct cpu_mm_task *tasks)
-{
-    const uint32_t H = hp->n_head, R = hp->n_lora_kv, V = hp->head_dim_vo;
-    for (uint32_t h = 0; h < H; h++)
-        tasks[h] = (struct cpu_mm_task){QT_F32,
-                                        R,
-                                        V,
-                                        (uint64_t)R * sizeof(float),
-                                        L->wv_b + (size_t)h * V * R,
-                                        att + (size_t)h * R,
-                                        (size_t)H * R * sizeof(float),
-                                        n,
-                                        out + (size_t)h * V,
-                                        (size_t)H * V};
+    for (uint32_t h = 0; h < n_head; h++)
+        tasks[h] =
+            (struct cpu_mm_task){w->type,
+                                 w->n_in,
+                                 w->n_out,
+                                 w->row_bytes,
+                                 (const uint8_t *)w->data + (uint64_t)h * w->n_out * w->row_bytes,
+                                 (const uint8_t *)acts + h * act_bytes,
+                                 n_head * act_bytes,
+                                 n,
+                                 out + h * out_head,
+                                 out_tok};
 }

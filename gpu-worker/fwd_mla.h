@@ -4,8 +4,8 @@
  * part is taken into the latent through that head's k_b, so attention is MQA over the cached rows
  * (keys: latent + rope key, values: the latent), and each head's latent output leaves through its
  * v_b. backend_cpu.c runs the projections and the attention; these are the rows in between and the
- * per-head products, as cpu_mm tasks over F32 weights (one row dot per output element, as every
- * matmul: the same bits on every ISA, thread count and batch). Any thread.
+ * per-head products, as cpu_mm tasks over k_b and v_b in their file's type (one row dot per output
+ * element, as every matmul: the same bits on every ISA, thread count and batch). Any thread.
  */
 #ifndef STRATA_FWD_MLA_H
 #define STRATA_FWD_MLA_H
@@ -25,15 +25,12 @@ void mla_q_rope(const struct model_hparams *hp, float *q, uint32_t pos, const st
 void mla_kv_row(const struct model_hparams *hp, const struct model_layer *L, float *kv,
                 uint32_t pos, const struct ops_yarn *yarn);
 
-/* mla_absorb_tasks: n_head tasks (into tasks) taking n tokens' nope queries (rows of q, as for
- * mla_q_rope) through each head's wk_b into the first n_lora_kv floats of each head's row of out.
- */
-void mla_absorb_tasks(const struct model_hparams *hp, const struct model_layer *L, const float *q,
-                      uint32_t n, float *out, struct cpu_mm_task *tasks);
-
-/* mla_out_tasks: n_head tasks taking n tokens' attention outputs over the latent (att, rows of
- * n_head * n_lora_kv) through each head's wv_b into out (rows of n_head * head_dim_vo). */
-void mla_out_tasks(const struct model_hparams *hp, const struct model_layer *L, const float *att,
-                   uint32_t n, float *out, struct cpu_mm_task *tasks);
+/* mla_head_tasks: n_head tasks (into tasks), head h's matrix of w (per-head matrices, head h at
+ * w->data + h * n_out * row_bytes: k_b or v_b) times n tokens' inputs for it, the activations of
+ * token t's head h at acts + (t * n_head + h) * act_bytes (cpu_quantize_acts for w->type; for F32
+ * the floats themselves), into out + t * out_tok + h * out_head. */
+void mla_head_tasks(const struct model_mat *w, uint32_t n_head, const void *acts, size_t act_bytes,
+                    uint32_t n, float *out, size_t out_tok, size_t out_head,
+                    struct cpu_mm_task *tasks);
 
 #endif

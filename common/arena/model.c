@@ -660,30 +660,31 @@ static int load_mla(const struct gguf_file *f, struct model *m, uint32_t il)
         (rv = get_mat(f, NAME("attn_output.weight"), H * V, hp->n_embd,
                       "(n_embd, n_head*value_length_mla)", &L->wo)))
         return rv;
-    float *kb = own_f32(p, (size_t)H * R * nope), *vb = own_f32(p, (size_t)H * V * R);
-    if (!kb || !vb) return STRATA_ENOMEM;
-    L->wk_b = kb;
-    L->wv_b = vb;
     if ((t = gguf_tensor_find(f, NAME("attn_k_b.weight")))) {
-        /* ggml (nope, kv_lora_rank, n_head): head h's rows c of nope elements, as wk_b wants */
-        if ((rv = check_shape(t, nope, R, H, "(n_head, kv_lora_rank, n_nope)")) ||
-            (rv = quant_dequantize(t->type, t->data, kb, (int64_t)H * R * nope)) ||
-            (rv = find(f, NAME("attn_v_b.weight"), &t)) ||
-            (rv = check_shape(t, R, V, H, "(n_head, value_length_mla, kv_lora_rank)")) ||
-            (rv = quant_dequantize(t->type, t->data, vb, (int64_t)H * V * R)))
+        /* ggml (nope, kv_lora_rank, n_head) and (kv_lora_rank, v, n_head): read in place, in
+         * the file's type, head h's matrix n_out rows after head h-1's */
+        if ((rv = check_shape(t, nope, R, H, "(n_head, kv_lora_rank, n_nope)")) != 0) return rv;
+        mat_of(t, &L->k_b);
+        if ((rv = find(f, NAME("attn_v_b.weight"), &t)) ||
+            (rv = check_shape(t, R, V, H, "(n_head, value_length_mla, kv_lora_rank)")))
             return rv;
+        mat_of(t, &L->v_b);
         return 0;
     }
     /* older files: attn_kv_b (n_head*(nope + v), kv_lora_rank), each head's nope key rows then
-     * its value rows; k_b is the key rows transposed, v_b the value rows */
+     * its value rows; k_b is the key rows transposed, v_b the value rows, both made F32 */
     if ((rv = find(f, NAME("attn_kv_b.weight"), &t)) != 0)
         return strata_errf(rv, "layer %u has neither attn_k_b/attn_v_b nor attn_kv_b: %s", il,
                            strata_errdetail());
     const uint32_t rows = H * (nope + V);
     if ((rv = check_shape(t, R, rows, 1, "(n_head*(n_nope + value_length_mla), kv_lora_rank)")))
         return rv;
+    float *kb = own_f32(p, (size_t)H * R * nope), *vb = own_f32(p, (size_t)H * V * R);
     float *kv = malloc((size_t)rows * R * sizeof *kv);
-    if (!kv) return strata_errf(STRATA_ENOMEM, "out of memory splitting %s", t->name);
+    if (!kb || !vb || !kv) {
+        free(kv);
+        return strata_errf(STRATA_ENOMEM, "out of memory splitting %s", t->name);
+    }
     if ((rv = quant_dequantize(t->type, t->data, kv, (int64_t)rows * R)) == 0) {
         for (uint32_t h = 0; h < H; h++) {
             const float *k = kv + (size_t)h * (nope + V) * R, *v = k + (size_t)nope * R;
@@ -694,6 +695,8 @@ static int load_mla(const struct gguf_file *f, struct model *m, uint32_t il)
         }
     }
     free(kv);
+    L->k_b = (struct model_mat){kb, QT_F32, nope, R, (uint64_t)nope * sizeof(float)};
+    L->v_b = (struct model_mat){vb, QT_F32, R, V, (uint64_t)R * sizeof(float)};
 #undef NAME
     return rv;
 }

@@ -165,16 +165,17 @@ struct model_layer {
     struct model_mat ffn_up;   /* (n_ff_dense, n_embd) */
     struct model_mat ffn_down; /* (n_embd, n_ff_dense) */
     const float *exp_probs_b;
-        /* (n_expert) the selection bias, NULL without one */ /* deepseek2 (MLA): */
+    /* (n_expert) the selection bias, NULL without one */ /* deepseek2 (MLA): */
     struct model_mat wq_a;  /* (n_lora_q, n_embd) attn_q_a; with n_lora_q 0, attn_q in wq */
     const float *q_a_norm;  /* (n_lora_q) */
     struct model_mat wq_b;  /* (n_head*head_dim_qk, n_lora_q) */
     struct model_mat wkv_a; /* (n_lora_kv + n_rot, n_embd) attn_kv_a_mqa: latent, rope key */
     const float *kv_a_norm; /* (n_lora_kv) */
-    const float *wk_b;      /* (n_head, n_lora_kv, n_nope) F32: a head's nope query into the
-                               latent (attn_k_b, or attn_kv_b's key rows transposed) */
-    const float *wv_b;      /* (n_head, head_dim_vo, n_lora_kv) F32: the latent out into a value
-                               head (attn_v_b, or attn_kv_b's value rows) */
+    struct model_mat k_b;   /* per head (n_lora_kv, n_nope), head h at data + h*n_out*row_bytes: a
+                               head's nope query into the latent (attn_k_b in place, or
+                               attn_kv_b's key rows transposed, F32) */
+    struct model_mat v_b;   /* per head (head_dim_vo, n_lora_kv), as k_b: the latent out into a
+                               value head (attn_v_b, or attn_kv_b's value rows, F32) */
 };
 
 /* model_expert_fn returns the first byte of part of expert (layer, expert): rows of

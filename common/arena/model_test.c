@@ -514,7 +514,10 @@ START_TEST(deepseek2_loads_mla)
     const float ms = 1.0f + 0.1f * logf(40.0f);
     ck_assert_float_eq_tol(hp->kq_scale, ms * ms / sqrtf(192.0f), 1e-7f);
     ck_assert(m->layers[0].dense && !m->layers[1].dense);
-    ck_assert(m->layers[1].wk_b && m->layers[1].wv_b && m->layers[1].q_a_norm);
+    ck_assert(m->layers[1].k_b.data && m->layers[1].v_b.data && m->layers[1].q_a_norm);
+    ck_assert_uint_eq(m->layers[1].k_b.n_in, 128);
+    ck_assert_uint_eq(m->layers[1].k_b.n_out, 256);
+    ck_assert_uint_eq(m->layers[1].v_b.n_out, 128);
     struct kv_config kc;
     backend_kv_config(m, 64, 1, &kc);
     ck_assert_uint_eq(kc.k_dim, 320);
