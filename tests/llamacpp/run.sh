@@ -2,10 +2,11 @@
 # run.sh — parity with llama.cpp (docs/design.md §7), teacher-forced: for tiny fixtures of every
 # architecture (qwen3moe, llama with fused experts, olmoe, qwen2moe) in f32, q8_0, q4_k and the
 # q4_k_m mix, gpt-oss (sinks, sliding windows, biases, YaRN) in f32 and the mxfp4_moe mix (MXFP4
-# experts), glm4moe and deepseek2 in f32, q8_0 and q4_k_m, llama.cpp (node-llama-cpp's prebuilt CPU binary)
-# greedily continues a fixed prompt of token ids; `strata run --teacher` scores that continuation;
-# check.mjs prints the table and fails
-# the stage when a step's token is neither strata's argmax nor within the stated tolerance of it.
+# experts), glm4moe and deepseek2 in f32, q8_0 and the q4_k_m mix (deepseek2 also with the older
+# attn_kv_b layout), llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed
+# prompt of token ids; `strata run --teacher` scores that continuation; check.mjs prints the table
+# and fails the stage when a step's token is neither strata's argmax nor within the stated
+# tolerance of it.
 #
 #   tests/llamacpp/run.sh [BUILD_DIR]     (default: build; needs BUILD_DIR/strata)
 #
