@@ -113,7 +113,7 @@ static void values(float *o, float c, const float *p, const float *const *vrow, 
 static void attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                            float scale, const struct ops_kv_view *kv)
 {
-    _Alignas(32) static _Thread_local float kt[MLA_ATT_MAXD][KB];
+    _Alignas(32) float kt[MLA_ATT_MAXD][KB]; /* 128 KiB of the stack (threads get 8 MiB) */
     _Alignas(32) float s[KB], p[KB];
     const float *krow[KB], *vrow[KB];
     float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
