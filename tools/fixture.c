@@ -811,6 +811,8 @@ static int plan(struct fx *fx)
         /* the selection bias of sigmoid routing (DeepSeek-V3's e_score_correction_bias) */
         if (glm && (rv = add(fx, ROLE_BIAS, il, "blk.%u.exp_probs_b.bias", 1, X, 1, 1, l)) != 0)
             return rv;
+        /* with zipf routing the popularity is the router's column 0: no bias reshuffles it */
+        if (glm && sink) last(fx)->half = 0.0f;
         if (fx->old_layout && fx->arch == ARCH_LLAMA) {
             for (uint32_t e = 0; e < hp->n_expert; e++) {
                 if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate.%u.weight", 2, E, F, 1, l, e)) !=
