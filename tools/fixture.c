@@ -673,7 +673,7 @@ static struct tdesc *last(struct fx *fx)
  */
 static int plan_router(struct fx *fx)
 {
-    uint32_t ne = fx->hp.n_expert, nl = fx->hp.n_layer;
+    uint32_t ne = fx->hp.n_expert, nl = fx->hp.n_layer + fx->hp.n_nextn; /* MTP layers route too */
     float n = (float)fx->hp.n_embd;
     uint32_t *perm = malloc(ne * sizeof *perm);
     fx->router_col0 = malloc((size_t)nl * ne * sizeof *fx->router_col0);
