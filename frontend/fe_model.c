@@ -11,10 +11,18 @@
 #include <strings.h>
 
 /* Texts of the tokens that end an assistant turn in the templates strata knows. "<|end|>" ends a
- * turn for phi3 but only a message for gpt-oss's channels, so it is skipped for those. */
-static const char *const turn_ends[] = {"<|im_end|>",           "<|eot_id|>", "<|end|>",
-                                        "<end_of_turn>",        "<|return|>", "<|endoftext|>",
-                                        "<｜end▁of▁sentence｜>"};
+ * turn for phi3 but only a message for gpt-oss's channels, so it is skipped for those. GLM-4.5's
+ * assistant turn ends where the next role tag would start ("<|user|>", "<|observation|>" for a
+ * tool's answer), as llama.cpp's end-of-generation tokens for it. */
+static const char *const turn_ends[] = {"<|im_end|>",
+                                        "<|eot_id|>",
+                                        "<|end|>",
+                                        "<end_of_turn>",
+                                        "<|return|>",
+                                        "<|endoftext|>",
+                                        "<｜end▁of▁sentence｜>",
+                                        "<|user|>",
+                                        "<|observation|>"};
 
 static void add_stop(struct fe_model *m, int32_t id)
 {

@@ -1,6 +1,7 @@
 #include "gpu-worker/backend.h"
 #include "gpu-worker/hybrid_plan.h"
 #include "common/base/err.h"
+#include "common/base/log.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -42,7 +43,9 @@ void backend_kv_config(const struct model *m, uint32_t n_ctx, uint32_t n_seq, st
     if (n_ctx == 0) n_ctx = hp->n_ctx_train;
     out->n_layer = hp->n_layer;
     out->k_dim = hp->n_head_kv * hp->head_dim;
-    out->v_dim = hp->n_head_kv * hp->head_dim_v;
+    /* MLA (deepseek2) stores no V rows: its values are the first head_dim_v floats of each K row,
+     * the latent (kv_pos_bytes then counts what llama.cpp's MLA cache holds) */
+    out->v_dim = hp->mla ? 0 : hp->n_head_kv * hp->head_dim_v;
     out->block_tokens = BACKEND_KV_BLOCK;
     out->n_ctx = n_ctx;
     out->max_blocks = (n_ctx + BACKEND_KV_BLOCK - 1) / BACKEND_KV_BLOCK * (n_seq ? n_seq : 1);
@@ -112,6 +115,17 @@ int backend_start(const struct model *m, const struct backend_opts *o, struct ba
     }
     if ((rv = kv_init(&kc, &b->kv)) != 0 || (rv = ops->start(m, o, b->kv, &b->impl)) != 0)
         goto fail;
+    if (m->hp.mla) {
+        /* what MLA saves: llama.cpp's latent cache against the heads' K and V it stands for */
+        const struct model_hparams *hp = &m->hp;
+        const uint64_t pos = kv_pos_bytes(&kc, o->kv_type),
+                       mha = (uint64_t)hp->n_layer * hp->n_head *
+                             (hp->head_dim_qk + hp->head_dim_vo) * (pos / hp->n_layer / kc.k_dim);
+        LOG_INFO("KV cache (MLA): %u floats per position and layer (latent %u + rope key %u), "
+                 "%.1f KiB per position over %u layers as %s (%.1f KiB without MLA)",
+                 kc.k_dim, hp->n_lora_kv, hp->n_rot, (double)pos / 1024, hp->n_layer,
+                 kv_type_name(o->kv_type), (double)mha / 1024);
+    }
     *out = b;
     return 0;
 fail:

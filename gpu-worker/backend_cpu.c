@@ -12,6 +12,7 @@
  * clamped SwiGLU inside the expert step (cpu_moe_set_oss), whose blobs carry the biases.
  */
 #include "gpu-worker/backend.h"
+#include "gpu-worker/fwd_mla.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/pool.h"
@@ -22,6 +23,7 @@
 #include "kernels/cpu/moe.h"
 #include "kernels/ref/moe.h"
 #include "kernels/ref/ops.h"
+#include "kernels/ref/route.h"
 
 #include <xxhash.h>
 
@@ -96,15 +98,22 @@ struct fwd {
     uint32_t n_ff;     /* widest FFN hidden width (routed or shared expert) */
     uint32_t max_tasks;
     /* Scratch, rows of max_pass_tokens tokens (T) or of routed (token, expert) pairs (T*K): */
-    float *x;                  /* (T, n_embd) residual stream */
-    float *xn;                 /* (T, n_embd) normalized input of a block */
-    float *tmp;                /* (T, n_embd) a block's output before the residual add */
-    float *q, *k, *v;          /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
-    float *att;                /* (T, n_head*head_dim_v) */
-    float *rlogit;             /* (T, n_expert) router logits, then probabilities */
-    int32_t *sel;              /* (T, n_expert_used) selected experts: pair t*K + j */
-    float *selw;               /* (T, n_expert_used) their weights */
-    float *moe;                /* (T, n_embd) sum of expert outputs */
+    float *x;                      /* (T, n_embd) residual stream */
+    float *xn;                     /* (T, n_embd) normalized input of a block */
+    float *tmp;                    /* (T, n_embd) a block's output before the residual add */
+    float *q, *k, *v;              /* (T, n_head*head_dim), (T, k_dim), (T, v_dim) */
+    float *att;                    /* (T, n_head*head_dim_v) */
+    float *rlogit;                 /* (T, n_expert) router logits, then probabilities */
+    float *rsel;                   /* (n_expert) route_biased's selection scores */
+    float *mla_q;                  /* MLA (deepseek2): (T, n_head*head_dim_qk) the q projection */
+    float *mla_qa;                 /* (T, n_lora_q) the q LoRA's inner activations */
+    float *mla_o;                  /* (T, n_head*head_dim_vo) the heads' values out of wv_b */
+    struct cpu_mm_task *mla_tasks; /* (n_head) the per-head products of k_b or v_b */
+    uint32_t *mla_first;           /* (n_head + 1) */
+    uint8_t *mla_acts;             /* (T * n_head) rows of a head's quantized k_b / v_b inputs */
+    int32_t *sel;                  /* (T, n_expert_used) selected experts: pair t*K + j */
+    float *selw;                   /* (T, n_expert_used) their weights */
+    float *moe;                    /* (T, n_embd) sum of expert outputs */
     float *g, *u;              /* (T, n_ff) shared expert gate and up outputs, then SwiGLU in g */
     float *y;                  /* (T*K, n_embd) expert outputs by pair (or shared expert output) */
     float *shg;                /* (T) shared expert gate logit */
@@ -134,23 +143,35 @@ static void widen_act(struct fwd *f, const struct model_mat *w)
     if (b > f->act_stride) f->act_stride = b;
 }
 
+static size_t mla_act_bytes(const struct model_mat *w);
+
 static int alloc_scratch(struct fwd *f)
 {
     const struct model_hparams *hp = &f->m->hp;
     const size_t T = f->o.max_pass_tokens;
     f->n_ff = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
+    if (hp->n_ff_dense > f->n_ff) f->n_ff = hp->n_ff_dense;
     widen_act(f, &f->m->output);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &f->m->layers[l];
         const struct model_mat *mats[] = {&L->wq,       &L->wk,         &L->wv,
                                           &L->wo,       &L->router,     &L->part[0],
                                           &L->part[1],  &L->part[2],    &L->gate_shexp,
-                                          &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp};
+                                          &L->up_shexp, &L->down_shexp, &L->gate_inp_shexp,
+                                          &L->ffn_gate, &L->ffn_up,     &L->ffn_down,
+                                          &L->wq_a,     &L->wq_b,       &L->wkv_a};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
             widen_act(f, mats[i]);
     }
     /* Round rows up to 64 bytes so each token's activations start on their own cache line. */
     f->act_stride = (f->act_stride + 63) & ~(size_t)63;
+    size_t mla_acts_max = 0; /* MLA: a head's k_b / v_b input row, the widest of the layers */
+    for (uint32_t l = 0; hp->mla && l < hp->n_layer; l++) {
+        const struct model_layer *L = &f->m->layers[l];
+        const size_t kb = mla_act_bytes(&L->k_b), vb = mla_act_bytes(&L->v_b);
+        if (kb > mla_acts_max) mla_acts_max = kb;
+        if (vb > mla_acts_max) mla_acts_max = vb;
+    }
     const size_t E = hp->n_embd, K = hp->n_expert_used, P = T * (K ? K : 1);
     f->max_tasks = 3;
     struct {
@@ -165,6 +186,13 @@ static int alloc_scratch(struct fwd *f)
         {(void **)&f->v, T * hp->n_head_kv * hp->head_dim_v * sizeof(float)},
         {(void **)&f->att, T * hp->n_head * hp->head_dim_v * sizeof(float)},
         {(void **)&f->rlogit, T * hp->n_expert * sizeof(float)},
+        {(void **)&f->rsel, hp->n_expert * sizeof(float)},
+        {(void **)&f->mla_q, T * hp->n_head * hp->head_dim_qk * sizeof(float)},
+        {(void **)&f->mla_qa, T * hp->n_lora_q * sizeof(float)},
+        {(void **)&f->mla_o, T * hp->n_head * hp->head_dim_vo * sizeof(float)},
+        {(void **)&f->mla_tasks, (hp->mla ? hp->n_head : 0) * sizeof(struct cpu_mm_task)},
+        {(void **)&f->mla_first, (hp->mla ? hp->n_head + 1 : 0) * sizeof(uint32_t)},
+        {(void **)&f->mla_acts, T * hp->n_head * mla_acts_max},
         {(void **)&f->sel, T * K * sizeof(int32_t)},
         {(void **)&f->selw, T * K * sizeof(float)},
         {(void **)&f->moe, T * E * sizeof(float)},
@@ -322,6 +350,7 @@ static int fill_slots(struct fwd *f, const uint32_t *order, uint32_t n)
         if (slot == CACHE_NONE) break;
         struct copy_extent x[COPY_MAX_EXTENTS];
         const uint32_t l = order[i] / NE, e = order[i] % NE;
+        if (f->m->layers[l].dense) continue; /* a dense layer (glm4moe) has no experts */
         uint64_t ticket;
         int rv =
             copy_post(f->copy, (uint32_t)slot, x, blob_extents(f, l, e, x), f->window, &ticket);
@@ -535,6 +564,9 @@ static int cpu_start(const struct model *m, const struct backend_opts *o, struct
     f->kv = kv;
     f->o = *o;
     ops_yarn_init(&f->yarn, m->hp.n_rot, m->hp.yarn_orig_ctx, m->hp.rope_theta, m->hp.yarn_factor);
+    /* DeepSeek's YaRN leaves the RoPE's magnitude at 1 and puts mscale^2 into the attention
+     * scale instead (hp.kq_scale), as llama.cpp's deepseek2 graph does */
+    if (m->hp.mla) f->yarn.mscale = 1.0f;
     if (f->o.n_threads == 0) f->o.n_threads = 1;
     f->timing = env_flag("STRATA_DECODE_TIMING", 0) != 0;
     int rv;
@@ -554,11 +586,12 @@ static void cpu_close(void *impl)
     struct fwd *f = impl;
     if (!f) return;
     pool_close(f->pool);
-    void *bufs[] = {f->x,         f->xn,      f->tmp,      f->q,          f->k,          f->v,
-                    f->att,       f->rlogit,  f->sel,      f->selw,       f->moe,        f->g,
-                    f->u,         f->y,       f->shg,      f->groups,     f->pair_idx,   f->rtok,
-                    f->acts[0],   f->acts[1], f->acts[2],  f->tasks,      f->task_first, f->pos,
-                    f->run_first, f->seen,    f->seen_len, f->att_scratch};
+    void *bufs[] = {f->x,         f->xn,      f->tmp,       f->q,           f->k,          f->v,
+                    f->att,       f->rlogit,  f->sel,       f->selw,        f->moe,        f->g,
+                    f->u,         f->y,       f->shg,       f->groups,      f->pair_idx,   f->rtok,
+                    f->acts[0],   f->acts[1], f->acts[2],   f->tasks,       f->task_first, f->pos,
+                    f->run_first, f->seen,    f->seen_len,  f->att_scratch, f->rsel,       f->mla_q,
+                    f->mla_qa,    f->mla_o,   f->mla_tasks, f->mla_first,   f->mla_acts};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         free(bufs[i]);
     cache_close(f);
@@ -1237,8 +1270,146 @@ static void qkv_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
     }
 }
 
+/* ---- multi-head latent attention (deepseek2; the rows in fwd_mla.c) ------------------------- */
+
+struct mla_job {
+    struct fwd *f;
+    const struct backend_token *toks;
+    uint32_t layer, n_runs, chunk, n_chunks;
+};
+
+/* mla_rows, items = tokens: the queries' rope parts, the cached row (stored). */
+static void mla_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    const struct mla_job *j = ctx;
+    struct fwd *f = j->f;
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[j->layer];
+    const struct ops_yarn *y = hp->yarn_factor > 1.0f ? &f->yarn : NULL;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim, qk = (size_t)hp->n_head * hp->head_dim_qk;
+    for (uint32_t t = lo; t < hi; t++) {
+        mla_q_rope(hp, f->mla_q + t * qk, f->pos[t], y, f->q + t * nq);
+        mla_kv_row(hp, L, f->k + t * hp->head_dim, f->pos[t], y);
+        kv_store_write(f->store, j->toks[t].seq, j->layer, f->pos[t], f->k + t * hp->head_dim,
+                       f->v);
+    }
+}
+
+/* mla_att, items = (run, chunk of heads): MQA over the cached rows, the values being the rows'
+ * first n_lora_kv floats (the view reads them in the K rows: the cache stores no V). */
+static void mla_att(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    const struct mla_job *j = ctx;
+    struct fwd *f = j->f;
+    const struct model_hparams *hp = &f->m->hp;
+    const size_t nq = (size_t)hp->n_head * hp->head_dim, no = (size_t)hp->n_head * hp->head_dim_v;
+    for (uint32_t i = lo; i < hi; i++) {
+        const uint32_t r = i / j->n_chunks, h = i % j->n_chunks * j->chunk;
+        const uint32_t nh = hp->n_head - h < j->chunk ? hp->n_head - h : j->chunk;
+        const uint32_t t0 = f->run_first[r], nt = f->run_first[r + 1] - t0;
+        struct ops_kv_view view;
+        kv_store_view(f->store, j->toks[t0].seq, j->layer, 0, hp->head_dim, 0, f->pos[t0] + nt,
+                      f->att_scratch + (size_t)thread * f->att_scratch_bytes, &view);
+        view.v_off = view.k_off;
+        view.v_stride = view.k_stride;
+        const struct cpu_att_q a = {f->q + t0 * nq + (size_t)h * hp->head_dim,
+                                    nq,
+                                    hp->head_dim,
+                                    f->att + t0 * no + (size_t)h * hp->head_dim_v,
+                                    no,
+                                    hp->head_dim_v,
+                                    nt,
+                                    nh,
+                                    f->pos[t0] + 1,
+                                    0,
+                                    NULL};
+        mla_attention(&a, hp->head_dim, hp->head_dim_v, hp->kq_scale, &view);
+    }
+}
+
+static uint32_t runs(struct fwd *f, const struct backend_token *toks, uint32_t n);
+
+/* mla_act_bytes: a per-head input row's activations for w, rounded to a cache line. */
+static size_t mla_act_bytes(const struct model_mat *w)
+{
+    return (quant_act_bytes(w->type, w->n_in) + 63) & ~(size_t)63;
+}
+
+/* mla_heads: for each of n tokens and each head h, out[t][h] (n_out floats at out + t*H*out_head
+ * + h*out_head) = head h's matrix of w . x[t][h] (w->n_in floats at x + (t*H + h)*x_head): the
+ * k_b absorption or the v_b output. F32 weights read the floats in place; others quantize them. */
+static int mla_heads(struct fwd *f, const struct model_mat *w, const float *x, size_t x_head,
+                     uint32_t n, float *out, size_t out_head)
+{
+    const uint32_t H = f->m->hp.n_head;
+    const void *acts = x;
+    size_t ab = x_head * sizeof(float);
+    if (quant_act_type(w->type) != QT_F32) {
+        ab = mla_act_bytes(w);
+        struct quant_job j = {w->type, w->n_in, x, x_head, f->mla_acts, ab, 0};
+        pool_for(f->pool, n * H, 16, quant_rows, &j);
+        if (atomic_load(&j.rv)) return atomic_load(&j.rv);
+        acts = f->mla_acts;
+    }
+    mla_head_tasks(w, H, acts, ab, n, out, H * out_head, out_head, f->mla_tasks);
+    f->st.weight_bytes += cpu_mm_run(f->pool, f->mla_tasks, H, f->mla_first);
+    return 0;
+}
+
+static int attention_mla(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
+{
+    const struct model_hparams *hp = &f->m->hp;
+    const struct model_layer *L = &f->m->layers[il];
+    const size_t E = hp->n_embd, qk = (size_t)hp->n_head * hp->head_dim_qk;
+    int rv;
+    double t0 = now_s();
+    for (uint32_t t = 0; t < n; t++)
+        cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->attn_norm, E, hp->rms_eps);
+    double t1 = now_s();
+    if (hp->n_lora_q) {
+        if ((rv = matmul(f, &L->wq_a, f->xn, E, n, f->mla_qa, hp->n_lora_q))) return rv;
+        for (uint32_t t = 0; t < n; t++)
+            cpu_rmsnorm(f->mla_qa + t * hp->n_lora_q, f->mla_qa + t * hp->n_lora_q, L->q_a_norm,
+                        hp->n_lora_q, hp->rms_eps);
+        if ((rv = matmul(f, &L->wq_b, f->mla_qa, hp->n_lora_q, n, f->mla_q, qk))) return rv;
+    } else if ((rv = matmul(f, &L->wq, f->xn, E, n, f->mla_q, qk))) {
+        return rv;
+    }
+    if ((rv = matmul(f, &L->wkv_a, f->xn, E, n, f->k, hp->head_dim))) return rv;
+    double t2 = now_s();
+    struct mla_job j = {f, toks, il, 0, 0, 0};
+    pool_for(f->pool, n, 1, mla_rows, &j);
+    if ((rv = mla_heads(f, &L->k_b, f->mla_q, hp->head_dim_qk, n, f->q, hp->head_dim))) return rv;
+    /* every token's row is stored before any token attends (as attention()) */
+    j.n_runs = runs(f, toks, n);
+    uint32_t max_nt = 1;
+    for (uint32_t r = 0; r < j.n_runs; r++)
+        if (f->run_first[r + 1] - f->run_first[r] > max_nt)
+            max_nt = f->run_first[r + 1] - f->run_first[r];
+    /* chunks of heads for the threads: each query is computed on its own, so the split never
+     * changes a bit */
+    j.chunk = CPU_ATT_MAXQ / max_nt;
+    const uint32_t share = (hp->n_head + f->o.n_threads - 1) / f->o.n_threads;
+    if (j.chunk > share) j.chunk = share;
+    if (j.chunk == 0) j.chunk = 1;
+    j.n_chunks = (hp->n_head + j.chunk - 1) / j.chunk;
+    pool_for(f->pool, j.n_runs * j.n_chunks, 1, mla_att, &j);
+    if ((rv = mla_heads(f, &L->v_b, f->att, hp->head_dim_v, n, f->mla_o, hp->head_dim_vo)))
+        return rv;
+    double t3 = now_s();
+    if ((rv = matmul(f, &L->wo, f->mla_o, (size_t)hp->n_head * hp->head_dim_vo, n, f->tmp, E)))
+        return rv;
+    for (size_t i = 0; i < n * E; i++)
+        f->x[i] += f->tmp[i];
+    double t4 = now_s();
+    f->st.attention_s += (t1 - t0) + (t3 - t2);
+    f->st.dense_s += (t2 - t1) + (t4 - t3);
+    return 0;
+}
+
 static int attention(struct fwd *f, const struct backend_token *toks, uint32_t n, uint32_t il)
 {
+    if (f->m->hp.mla) return attention_mla(f, toks, n, il);
     const struct model_hparams *hp = &f->m->hp;
     const struct model_layer *L = &f->m->layers[il];
     const size_t E = hp->n_embd, nq = (size_t)hp->n_head * hp->head_dim,
@@ -1279,14 +1450,30 @@ static int attention(struct fwd *f, const struct backend_token *toks, uint32_t n
 
 /* ---- MoE ----------------------------------------------------------------------------------- */
 
-/* route picks each token's experts and weights from its router logits, per the arch's gating. */
-static void route(struct fwd *f, uint32_t n)
+/* route picks each token's experts and weights from its router logits, per the arch's gating:
+ * DeepSeek-V3's (sigmoid, selection bias, scaling: glm4moe) through route_biased. */
+static void route(struct fwd *f, uint32_t n, uint32_t il)
 {
     const struct model_hparams *hp = &f->m->hp;
     const uint32_t E = hp->n_expert, K = hp->n_expert_used;
+    const struct model_layer *L = &f->m->layers[il];
+    const bool biased = hp->gating == MODEL_GATING_SIGMOID || L->exp_probs_b ||
+                        hp->exp_scale != 1.0f || hp->n_group > 1;
+    const struct route_opts ro = {E,
+                                  K,
+                                  hp->gating != MODEL_GATING_SIGMOID,
+                                  L->exp_probs_b,
+                                  hp->n_group,
+                                  hp->n_group_used,
+                                  hp->norm_topk,
+                                  hp->exp_scale};
     for (uint32_t t = 0; t < n; t++) {
         float *p = f->rlogit + (size_t)t * E, *w = f->selw + (size_t)t * K;
         uint32_t *sel = (uint32_t *)(f->sel + (size_t)t * K); /* ids < n_expert fit both */
+        if (biased) {
+            route_biased(&ro, p, f->rsel, sel, w);
+            continue;
+        }
         if (hp->gating == MODEL_GATING_TOPK_SOFTMAX) {
             ops_topk(p, E, K, sel);
             for (uint32_t i = 0; i < K; i++)
@@ -1398,29 +1585,39 @@ static int routed_experts(struct fwd *f, uint32_t n, uint32_t il)
     return 0;
 }
 
-static int shared_expert(struct fwd *f, uint32_t n, uint32_t il)
+/* swiglu_ffn adds down . (silu(gate . xn) * (up . xn)) to f->moe: the shared expert, scaled by
+ * sigmoid(gate_inp . xn) when gate_inp is given (qwen2moe), or a dense layer's FFN (glm4moe). */
+static int swiglu_ffn(struct fwd *f, uint32_t n, const struct model_mat *gate,
+                      const struct model_mat *up, const struct model_mat *down,
+                      const struct model_mat *gate_inp)
 {
-    const struct model_layer *L = &f->m->layers[il];
-    const size_t E = f->m->hp.n_embd, F = L->gate_shexp.n_out;
+    const size_t E = f->m->hp.n_embd, F = gate->n_out;
     int rv;
-    const uint8_t *ag, *au, *as;
-    if ((rv = inputs_for(f, &L->gate_shexp, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
-        (rv = inputs_for(f, &L->up_shexp, &L->gate_shexp, ag, f->xn, E, n, f->acts[1], &au)) ||
-        (rv = inputs_for(f, &L->gate_inp_shexp, &L->up_shexp, au, f->xn, E, n, f->acts[2], &as)))
+    const uint8_t *ag, *au, *as = NULL;
+    if ((rv = inputs_for(f, gate, NULL, NULL, f->xn, E, n, f->acts[0], &ag)) ||
+        (rv = inputs_for(f, up, gate, ag, f->xn, E, n, f->acts[1], &au)) ||
+        (gate_inp && (rv = inputs_for(f, gate_inp, up, au, f->xn, E, n, f->acts[2], &as))))
         return rv;
-    f->tasks[0] = task(f, &L->gate_shexp, L->gate_shexp.data, ag, n, f->g, F);
-    f->tasks[1] = task(f, &L->up_shexp, L->up_shexp.data, au, n, f->u, F);
-    f->tasks[2] = task(f, &L->gate_inp_shexp, L->gate_inp_shexp.data, as, n, f->shg, 1);
-    run_tasks(f, 3);
+    f->tasks[0] = task(f, gate, gate->data, ag, n, f->g, F);
+    f->tasks[1] = task(f, up, up->data, au, n, f->u, F);
+    if (gate_inp) f->tasks[2] = task(f, gate_inp, gate_inp->data, as, n, f->shg, 1);
+    run_tasks(f, gate_inp ? 3 : 2);
     for (uint32_t t = 0; t < n; t++)
         ops_swiglu(f->g + t * F, f->g + t * F, f->u + t * F, F);
-    if ((rv = matmul(f, &L->down_shexp, f->g, F, n, f->y, E))) return rv;
+    if ((rv = matmul(f, down, f->g, F, n, f->y, E))) return rv;
     for (uint32_t t = 0; t < n; t++) {
-        const float s = 1.0f / (1.0f + expf(-f->shg[t]));
+        const float s = gate_inp ? 1.0f / (1.0f + expf(-f->shg[t])) : 1.0f;
         for (size_t d = 0; d < E; d++)
             f->moe[t * E + d] += s * f->y[t * E + d];
     }
     return 0;
+}
+
+static int shared_expert(struct fwd *f, uint32_t n, uint32_t il)
+{
+    const struct model_layer *L = &f->m->layers[il];
+    return swiglu_ffn(f, n, &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+                      f->m->hp.shexp_gated ? &L->gate_inp_shexp : NULL);
 }
 
 static int moe(struct fwd *f, uint32_t n, uint32_t il)
@@ -1433,9 +1630,19 @@ static int moe(struct fwd *f, uint32_t n, uint32_t il)
     for (uint32_t t = 0; t < n; t++)
         cpu_rmsnorm(f->xn + t * E, f->x + t * E, L->ffn_norm, E, hp->rms_eps);
     double t1 = now_s();
+    if (L->dense) {
+        /* a leading dense layer (glm4moe): its FFN in the place of the experts */
+        memset(f->moe, 0, n * E * sizeof *f->moe);
+        if ((rv = swiglu_ffn(f, n, &L->ffn_gate, &L->ffn_up, &L->ffn_down, NULL))) return rv;
+        for (size_t i = 0; i < n * E; i++)
+            f->x[i] += f->moe[i];
+        f->st.attention_s += t1 - t0;
+        f->st.dense_s += now_s() - t1;
+        return 0;
+    }
     if ((rv = matmul(f, &L->router, f->xn, E, n, f->rlogit, hp->n_expert))) return rv;
     if (L->router_b) add_rows(f->rlogit, L->router_b, n, hp->n_expert);
-    route(f, n);
+    route(f, n, il);
     double t2 = now_s();
     if ((rv = routed_experts(f, n, il))) return rv;
     double t3 = now_s();

@@ -299,6 +299,14 @@ static int check_model(const struct model *m)
 {
     const struct model_hparams *hp = &m->hp;
     int rv;
+    /* glm4moe's and deepseek2's routing, layer kinds and MLA have no CUDA kernels yet */
+    if (hp->arch == MODEL_ARCH_GLM4MOE || hp->arch == MODEL_ARCH_DEEPSEEK2)
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "the CUDA backend has no kernels for %s (%ssigmoid routing with a "
+                           "selection bias, leading dense layers, an ungated shared expert): use "
+                           "--backend cpu",
+                           model_arch_name(hp->arch),
+                           hp->mla ? "multi-head latent attention, " : "");
     /* gpt-oss's features have no CUDA kernels yet: refused by name, never run without them */
     const char *oss = hp->attn_sinks           ? "attention sinks"
                       : hp->n_swa              ? "sliding-window attention"

@@ -139,6 +139,38 @@ START_TEST(gpt_oss_is_refused_by_name)
 }
 END_TEST
 
+/* glm4moe and deepseek2 likewise: refused by name on a GPU. */
+START_TEST(glm4moe_and_deepseek2_are_refused_by_name)
+{
+    static const char *const archs[] = {"glm4moe", "deepseek2"};
+    if (!cuda_registered() || !backend_available("cuda")) {
+        printf("SKIP glm4moe and deepseek2 refusal: no CUDA device\n");
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        char path[600];
+        snprintf(path, sizeof path, "%s/%s.gguf", test_tmpdir(), archs[i]);
+        struct fixture_opts fo = {.arch = archs[i], .type = "q8_0", .seed = 1};
+        ck_assert_msg(fixture_write(&fo, path) == 0, "%s", strata_errdetail());
+        struct gguf_file *f;
+        struct model *m;
+        ck_assert_int_eq(gguf_open(path, &f), 0);
+        ck_assert_int_eq(model_load(f, &m), 0);
+        struct backend_opts o = backend_opts_default();
+        o.name = "cuda";
+        o.max_pass_tokens = 4;
+        o.n_ctx = 64;
+        struct backend *b;
+        ck_assert_int_eq(backend_start(m, &o, &b), STRATA_EUNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(strata_errdetail(), archs[i]));
+        ck_assert_ptr_nonnull(strstr(strata_errdetail(), "use --backend cpu"));
+        model_fini(m);
+        gguf_close(f);
+        unlink(path);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("backend_cuda");
@@ -148,6 +180,7 @@ int main(void)
     tcase_add_test(tc, gpu_and_vram_budget_are_parsed);
     tcase_add_test(tc, no_gpu_is_refused_by_name);
     tcase_add_test(tc, gpt_oss_is_refused_by_name);
+    tcase_add_test(tc, glm4moe_and_deepseek2_are_refused_by_name);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

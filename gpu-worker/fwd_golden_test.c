@@ -32,6 +32,10 @@ static const struct golden goldens[] = {
     {"qwen2moe", "q8_0", 0x7d67e5d66626fa80},   {"qwen2moe", "q4_k_m", 0x7f43d99d7be97422},
     /* gpt-oss, pinned when it was added (llama.cpp parity: tests/llamacpp) */
     {"gpt-oss", "f32", 0x8f1711e3d989e8f1},     {"gpt-oss", "mxfp4_moe", 0x54d709a27bdb9b94},
+    /* glm4moe, pinned when it was added (llama.cpp parity: tests/llamacpp) */
+    {"glm4moe", "f32", 0xdbe46c205a8e4528},     {"glm4moe", "q4_k_m", 0xeca4a86eff73fc3f},
+    /* deepseek2 (MLA), pinned when it was added (llama.cpp parity: tests/llamacpp) */
+    {"deepseek2", "f32", 0xd327f169c919c4a9},   {"deepseek2", "q4_k_m", 0x3a92a4e2f6f2f685},
 };
 #define N_GOLDEN (sizeof goldens / sizeof goldens[0])
 

@@ -24,6 +24,8 @@ static const struct {
     {"olmoe", "iq4_xs"},  /* signed levels; full-width q/k norms */
     {"llama", "bf16"},    /* float weights */
     {"gpt-oss", "mxfp4_moe"}, /* MXFP4 experts with biases, sinks, sliding windows */
+    {"glm4moe", "q4_k"},      /* sigmoid routing, dense layer, partial rotary, q/k norms */
+    {"deepseek2", "q8_0"},    /* MLA, group-limited routing, YaRN */
 };
 
 /* logits_of runs the prompt on the current ISA: (N_TOK, n_vocab) floats, caller frees. */

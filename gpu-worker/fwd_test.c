@@ -222,6 +222,24 @@ START_TEST(bit_exact_gpt_oss)
 }
 END_TEST
 
+/* glm4moe: a dense layer, sigmoid routing with the selection bias and scaling, the ungated shared
+ * expert, half the head rotated, q/k norms, biases, the MTP layer skipped. CPU only, as gpt-oss. */
+START_TEST(bit_exact_glm4moe)
+{
+    if (strcmp(configs[_i].backend, "cpu") != 0) return;
+    bit_exact("glm4moe", _i);
+}
+END_TEST
+
+/* deepseek2: MLA (the latent and rope key cached, V read out of the K rows, heads split across
+ * threads), group-limited routing, YaRN with DeepSeek's mscale. CPU only. */
+START_TEST(bit_exact_deepseek2)
+{
+    if (strcmp(configs[_i].backend, "cpu") != 0) return;
+    bit_exact("deepseek2", _i);
+}
+END_TEST
+
 START_TEST(context_is_refused_past_its_end)
 {
     struct env e;
@@ -268,6 +286,8 @@ int main(void)
     tcase_add_loop_test(tc, bit_exact_qwen3moe, 0, n_configs);
     tcase_add_loop_test(tc, bit_exact_qwen2moe, 0, n_configs);
     tcase_add_loop_test(tc, bit_exact_gpt_oss, 0, n_configs);
+    tcase_add_loop_test(tc, bit_exact_glm4moe, 0, n_configs);
+    tcase_add_loop_test(tc, bit_exact_deepseek2, 0, n_configs);
     tcase_add_loop_test(tc, context_is_refused_past_its_end, 0, n_configs);
     suite_add_tcase(s, tc);
     return test_run(s);

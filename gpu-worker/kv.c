@@ -35,11 +35,12 @@ struct kv_cache {
 
 int kv_init(const struct kv_config *cfg, struct kv_cache **out)
 {
-    if (cfg->n_layer == 0 || cfg->k_dim == 0 || cfg->v_dim == 0 || cfg->block_tokens == 0 ||
-        cfg->n_ctx == 0 || cfg->max_blocks == 0)
+    /* v_dim may be 0: an MLA cache (deepseek2) reads its values out of the K rows */
+    if (cfg->n_layer == 0 || cfg->k_dim == 0 || cfg->block_tokens == 0 || cfg->n_ctx == 0 ||
+        cfg->max_blocks == 0)
         return strata_errf(STRATA_EINVAL,
                            "KV cache: layers %u, k_dim %u, v_dim %u, block_tokens %u, n_ctx %u, "
-                           "max_blocks %u: each must be positive",
+                           "max_blocks %u: each must be positive (v_dim may be 0)",
                            cfg->n_layer, cfg->k_dim, cfg->v_dim, cfg->block_tokens, cfg->n_ctx,
                            cfg->max_blocks);
     struct kv_cache *kv = calloc(1, sizeof *kv);

@@ -15,10 +15,19 @@
 #include <string.h>
 #include <unistd.h>
 
-enum arch { ARCH_QWEN3MOE, ARCH_LLAMA, ARCH_OLMOE, ARCH_QWEN2MOE, ARCH_GPT_OSS, ARCH_COUNT };
+enum arch {
+    ARCH_QWEN3MOE,
+    ARCH_LLAMA,
+    ARCH_OLMOE,
+    ARCH_QWEN2MOE,
+    ARCH_GPT_OSS,
+    ARCH_GLM4MOE,
+    ARCH_DEEPSEEK2,
+    ARCH_COUNT
+};
 
-static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama", "olmoe", "qwen2moe",
-                                                   "gpt-oss"};
+static const char *const arch_names[ARCH_COUNT] = {"qwen3moe", "llama",   "olmoe",    "qwen2moe",
+                                                   "gpt-oss",  "glm4moe", "deepseek2"};
 
 struct shape {
     const char *name;
@@ -126,6 +135,181 @@ static const struct shape shapes[] = {
       .n_ctx = 131072,
       .rms_eps = 1e-5f,
       .rope_base = 150000.0f},
+     true},
+    /* glm4-mini: GLM-4.5's layer kind (head 128 of which 64 rotate, 1 dense layer, top-8 of 64
+     * with a shared expert, the 151552-token vocabulary) at a size a small machine benchmarks */
+    {"glm4-mini",
+     {.n_layer = 8,
+      .n_embd = 1024,
+      .n_head = 16,
+      .n_head_kv = 4,
+      .head_dim = 128,
+      .n_expert = 64,
+      .n_expert_used = 8,
+      .n_ff = 3072,
+      .n_ff_exp = 512,
+      .n_vocab = 151552,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 1.0f},
+     true},
+    /* zai-org/GLM-4.5-Air and GLM-4.5's config.json (46 and 92 layers, each plus its MTP layer;
+     * partial_rotary_factor 0.5; GLM-4.5 has q/k norms and 3 dense layers, routed_scaling 2.5).
+     * Their expert width 1408 is no multiple of 256: the q4_k_m mix falls back as llama.cpp does */
+    {"glm4.5-air",
+     {.n_layer = 46,
+      .n_embd = 4096,
+      .n_head = 96,
+      .n_head_kv = 8,
+      .head_dim = 128,
+      .n_expert = 128,
+      .n_expert_used = 8,
+      .n_ff = 10944,
+      .n_ff_exp = 1408,
+      .n_vocab = 151552,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 1.0f},
+     true},
+    {"glm4.5",
+     {.n_layer = 92,
+      .n_embd = 5120,
+      .n_head = 96,
+      .n_head_kv = 8,
+      .head_dim = 128,
+      .n_expert = 160,
+      .n_expert_used = 8,
+      .n_ff = 12288,
+      .n_ff_exp = 1536,
+      .n_vocab = 151552,
+      .n_ctx = 131072,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 3,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 2.5f,
+      .qk_norm = true},
+     true},
+    /* ds-mini: DeepSeek-V3's layer kind (MLA with both LoRAs, 8 groups of which 4 are kept, two
+     * shared experts, YaRN) at a size a small machine benchmarks */
+    {"ds-mini",
+     {.n_layer = 8,
+      .n_embd = 1024,
+      .n_head = 16,
+      .head_dim = 192,
+      .n_expert = 64,
+      .n_expert_used = 6,
+      .n_ff = 3072,
+      .n_ff_exp = 512,
+      .n_vocab = 129280,
+      .n_ctx = 163840,
+      .rms_eps = 1e-6f,
+      .rope_base = 10000.0f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_expert_shared = 2,
+      .exp_scale = 2.5f,
+      .n_lora_q = 512,
+      .n_lora_kv = 512,
+      .head_dim_v = 128,
+      .n_group = 8,
+      .n_group_used = 4,
+      .yarn_factor = 40.0f,
+      .yarn_orig_ctx = 4096,
+      .yarn_log_mul = 0.1f},
+     true},
+    /* deepseek-ai/DeepSeek-V3's config.json (61 layers, its MTP layer not converted) */
+    {"deepseek-v3",
+     {.n_layer = 61,
+      .n_embd = 7168,
+      .n_head = 128,
+      .head_dim = 192,
+      .n_expert = 256,
+      .n_expert_used = 8,
+      .n_ff = 18432,
+      .n_ff_exp = 2048,
+      .n_vocab = 129280,
+      .n_ctx = 163840,
+      .rms_eps = 1e-6f,
+      .rope_base = 10000.0f,
+      .n_rot = 64,
+      .n_dense_lead = 3,
+      .n_expert_shared = 1,
+      .exp_scale = 2.5f,
+      .n_lora_q = 1536,
+      .n_lora_kv = 512,
+      .head_dim_v = 128,
+      .n_group = 8,
+      .n_group_used = 4,
+      .yarn_factor = 40.0f,
+      .yarn_orig_ctx = 4096,
+      .yarn_log_mul = 0.1f},
+     true},
+    /* moonshotai/Kimi-K2-Instruct's config.json: DeepSeek-V3's layers with 384 experts, 64 heads,
+     * one group */
+    {"kimi-k2",
+     {.n_layer = 61,
+      .n_embd = 7168,
+      .n_head = 64,
+      .head_dim = 192,
+      .n_expert = 384,
+      .n_expert_used = 8,
+      .n_ff = 18432,
+      .n_ff_exp = 2048,
+      .n_vocab = 163840,
+      .n_ctx = 131072,
+      .rms_eps = 1e-6f,
+      .rope_base = 50000.0f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 2.827f,
+      .n_lora_q = 1536,
+      .n_lora_kv = 512,
+      .head_dim_v = 128,
+      .n_group = 1,
+      .n_group_used = 1,
+      .yarn_factor = 32.0f,
+      .yarn_orig_ctx = 4096,
+      .yarn_log_mul = 0.1f},
+     true},
+    /* zai-org/GLM-4.7-Flash (llama.cpp runs it as deepseek2): MLA with a 192+64 key head and a
+     * 256 value head, 64 experts top-4 and one shared, one dense layer, its MTP layer */
+    {"glm4.7-flash",
+     {.n_layer = 47,
+      .n_embd = 2048,
+      .n_head = 20,
+      .head_dim = 256,
+      .n_expert = 64,
+      .n_expert_used = 4,
+      .n_ff = 10240,
+      .n_ff_exp = 1536,
+      .n_vocab = 154880,
+      .n_ctx = 202752,
+      .rms_eps = 1e-5f,
+      .rope_base = 1e6f,
+      .n_rot = 64,
+      .n_dense_lead = 1,
+      .n_nextn = 1,
+      .n_expert_shared = 1,
+      .exp_scale = 1.8f,
+      .n_lora_q = 768,
+      .n_lora_kv = 512,
+      .head_dim_v = 256,
+      .n_group = 1,
+      .n_group_used = 1},
      true},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
@@ -243,8 +427,8 @@ static int parse_arch(const char *name, enum arch *out)
         }
     }
     return strata_errf(STRATA_EINVAL,
-                       "unknown architecture '%s': use qwen3moe, llama, olmoe, qwen2moe or "
-                       "gpt-oss",
+                       "unknown architecture '%s': use qwen3moe, llama, olmoe, qwen2moe, gpt-oss, "
+                       "glm4moe or deepseek2",
                        name);
 }
 
@@ -256,7 +440,10 @@ static int find_shape(const char *name, const struct shape **out)
             return 0;
         }
     }
-    return strata_errf(STRATA_EINVAL, "unknown shape '%s': use tiny, qwen3-mini or qwen3-30b-a3b",
+    return strata_errf(STRATA_EINVAL,
+                       "unknown shape '%s': use tiny, qwen3-mini, qwen3-30b-a3b, gpt-oss-mini, "
+                       "gpt-oss-20b, gpt-oss-120b, glm4-mini, glm4.5-air, glm4.5, ds-mini, "
+                       "deepseek-v3, kimi-k2 or glm4.7-flash",
                        name);
 }
 
@@ -287,10 +474,62 @@ static void adapt(enum arch a, struct fixture_hparams *hp)
         hp->rms_eps = 1e-5f;
         hp->rope_base = 150000.0f;
         break;
+    case ARCH_GLM4MOE:
+        /* the tiny shape gets GLM's layer kinds: a dense layer, two MoE layers, the MTP layer,
+         * half the head rotated, q/k norms (GLM-4.5's), the routed scaling of 2.5 */
+        if (hp->n_rot == 0) {
+            hp->n_layer = 3;
+            hp->n_rot = hp->head_dim / 2;
+            hp->n_dense_lead = 1;
+            hp->n_nextn = 1;
+            hp->n_expert_shared = 1;
+            hp->exp_scale = 2.5f;
+            hp->qk_norm = true;
+            hp->rms_eps = 1e-5f;
+        }
+        hp->n_ff_shexp = hp->n_expert_shared * hp->n_ff_exp;
+        break;
+    case ARCH_DEEPSEEK2:
+        /* the tiny shape gets DeepSeek-V3's layer kinds: a dense layer, two MoE layers of 4
+         * groups (2 kept), MLA with both LoRAs (ranks 256: the K-quants' block), YaRN, and an
+         * MTP layer (GLM-4.7-Flash's kind: in the file, never run) */
+        if (hp->n_lora_kv == 0) {
+            hp->n_layer = 3;
+            hp->head_dim = 192;
+            hp->head_dim_v = 128;
+            hp->n_rot = 64;
+            hp->n_lora_q = 256;
+            hp->n_lora_kv = 256;
+            hp->n_dense_lead = 1;
+            hp->n_nextn = 1;
+            hp->n_expert_shared = 1;
+            hp->exp_scale = 2.5f;
+            hp->n_group = 4;
+            hp->n_group_used = 2;
+            hp->yarn_factor = 40.0f;
+            hp->yarn_orig_ctx = 4096;
+            hp->yarn_log_mul = 0.1f;
+            hp->n_ctx = 163840;
+            hp->rope_base = 10000.0f;
+        }
+        hp->n_head_kv = 1;
+        hp->qk_norm = false;
+        hp->n_ff_shexp = hp->n_expert_shared * hp->n_ff_exp;
+        break;
     case ARCH_COUNT:
         break;
     }
-    if (a != ARCH_QWEN2MOE) hp->n_ff_shexp = 0;
+    if (a != ARCH_QWEN2MOE && a != ARCH_GLM4MOE && a != ARCH_DEEPSEEK2) hp->n_ff_shexp = 0;
+    if (a != ARCH_DEEPSEEK2) {
+        hp->n_lora_q = hp->n_lora_kv = hp->head_dim_v = hp->n_group = hp->n_group_used = 0;
+        hp->yarn_factor = hp->yarn_log_mul = 0.0f;
+        hp->yarn_orig_ctx = 0;
+    }
+    if (a != ARCH_GLM4MOE && a != ARCH_DEEPSEEK2) {
+        hp->n_rot = hp->n_dense_lead = hp->n_nextn = hp->n_expert_shared = 0;
+        hp->exp_scale = 0.0f;
+        hp->qk_norm = false;
+    }
 }
 
 int fixture_hparams(const char *arch, const char *shape, struct fixture_hparams *out)
@@ -363,13 +602,18 @@ static int add(struct fx *fx, enum role role, int layer, const char *fmt, uint32
     t->layer = layer;
     t->key = name_key(fx->seed, t->name);
 
-    bool matrix = n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight") &&
-                  !strstr(t->name, ".bias");
-    t->type = !matrix      ? QT_F32
-              : fx->mix    ? mix_type(fx, t->name, layer)
-              : fx->mxfp4_moe ? (n_dims == 3 ? QT_MXFP4 : QT_Q8_0)
+    bool matrix =
+        n_dims >= 2 && !strstr(t->name, "ffn_gate_inp.weight") && !strstr(t->name, ".bias");
+    t->type = !matrix         ? QT_F32
+              : fx->mix       ? mix_type(fx, t->name, layer)
+              : fx->mxfp4_moe ? (strstr(t->name, "_exps.") ? QT_MXFP4 : QT_Q8_0)
                               : fx->type;
     const struct qtype_info *qi = qtype_get(t->type);
+    if (fx->mix && ne0 % qi->blck != 0) {
+        /* llama-quant.cpp's fallback for rows that are no multiple of a K-quant's 256 */
+        t->type = t->type == QT_Q4_K ? QT_Q5_0 : t->type == QT_Q5_K ? QT_Q5_1 : QT_Q8_0;
+        qi = qtype_get(t->type);
+    }
     if (ne0 % qi->blck != 0)
         return strata_errf(STRATA_EINVAL,
                            "%s has rows of %llu elements, not a multiple of %s's block of %u: "
@@ -429,7 +673,7 @@ static struct tdesc *last(struct fx *fx)
  */
 static int plan_router(struct fx *fx)
 {
-    uint32_t ne = fx->hp.n_expert, nl = fx->hp.n_layer;
+    uint32_t ne = fx->hp.n_expert, nl = fx->hp.n_layer + fx->hp.n_nextn; /* MTP layers route too */
     float n = (float)fx->hp.n_embd;
     uint32_t *perm = malloc(ne * sizeof *perm);
     fx->router_col0 = malloc((size_t)nl * ne * sizeof *fx->router_col0);
@@ -465,6 +709,39 @@ static void set_col0(struct tdesc *t, float v)
     t->col0_val = v;
 }
 
+/* plan_mla: layer l's multi-head latent attention (deepseek2), as current converters write it
+ * (attn_k_b and attn_v_b, 3-D: one matrix per head) or, with old_layout, the older attn_kv_b;
+ * attn_output last. */
+static int plan_mla(struct fx *fx, uint32_t l)
+{
+    const struct fixture_hparams *hp = &fx->hp;
+    const uint64_t E = hp->n_embd, H = hp->n_head, R = hp->n_lora_kv, rot = hp->n_rot,
+                   nope = hp->head_dim - rot, VH = hp->head_dim_v, QW = H * hp->head_dim;
+    const int il = (int)l;
+    int rv;
+    if (hp->n_lora_q) {
+        if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_q_a.weight", 2, E, hp->n_lora_q, 1, l)) != 0 ||
+            (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_q_a_norm.weight", 1, hp->n_lora_q, 1, 1,
+                      l)) != 0 ||
+            (rv = add(fx, ROLE_IN, il, "blk.%u.attn_q_b.weight", 2, hp->n_lora_q, QW, 1, l)) != 0)
+            return rv;
+    } else if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_q.weight", 2, E, QW, 1, l)) != 0) {
+        return rv;
+    }
+    if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_kv_a_mqa.weight", 2, E, R + rot, 1, l)) != 0 ||
+        (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_kv_a_norm.weight", 1, R, 1, 1, l)) != 0)
+        return rv;
+    if (fx->old_layout) {
+        if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_kv_b.weight", 2, R, H * (nope + VH), 1, l)) !=
+            0)
+            return rv;
+    } else if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_k_b.weight", 3, nope, R, H, l)) != 0 ||
+               (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v_b.weight", 3, R, VH, H, l)) != 0) {
+        return rv;
+    }
+    return add(fx, ROLE_RESID, il, "blk.%u.attn_output.weight", 2, H * VH, E, 1, l);
+}
+
 /* plan: every tensor llama.cpp's loader creates for the architecture, in file order. */
 static int plan(struct fx *fx)
 {
@@ -476,29 +753,33 @@ static int plan(struct fx *fx)
 
     if ((rv = add(fx, ROLE_EMBD, -1, "token_embd.weight", 2, E, V, 1)) != 0) return rv;
     if (sink) set_col0(last(fx), sqrtf((float)(E - 1)));
-    for (uint32_t l = 0; l < hp->n_layer; l++) {
+    const bool ds = fx->arch == ARCH_DEEPSEEK2, glm = fx->arch == ARCH_GLM4MOE || ds;
+    for (uint32_t l = 0; l < hp->n_layer + hp->n_nextn; l++) {
         int il = (int)l;
         if ((rv = add(fx, ROLE_NORM, il, "blk.%u.attn_norm.weight", 1, E, 1, 1, l)) != 0) return rv;
         if (sink) set_col0(last(fx), 0.0f);
-        if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_q.weight", 2, E, QW, 1, l)) != 0 ||
-            (rv = add(fx, ROLE_IN, il, "blk.%u.attn_k.weight", 2, E, KW, 1, l)) != 0 ||
-            (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v.weight", 2, E, KW, 1, l)) != 0)
+        if (ds) {
+            if ((rv = plan_mla(fx, l)) != 0) return rv;
+            last(fx)->zero_row0 = sink;
+        } else if ((rv = add(fx, ROLE_IN, il, "blk.%u.attn_q.weight", 2, E, QW, 1, l)) != 0 ||
+                   (rv = add(fx, ROLE_IN, il, "blk.%u.attn_k.weight", 2, E, KW, 1, l)) != 0 ||
+                   (rv = add(fx, ROLE_IN, il, "blk.%u.attn_v.weight", 2, E, KW, 1, l)) != 0)
             return rv;
         const bool oss = fx->arch == ARCH_GPT_OSS;
-        if ((fx->arch == ARCH_QWEN2MOE || oss) && !fx->no_bias &&
+        if ((fx->arch == ARCH_QWEN2MOE || oss || (glm && !ds)) && !fx->no_bias &&
             ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_q.bias", 1, QW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_k.bias", 1, KW, 1, 1, l)) != 0 ||
              (rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_v.bias", 1, KW, 1, 1, l)) != 0))
             return rv;
-        if ((rv = add(fx, ROLE_RESID, il, "blk.%u.attn_output.weight", 2, QW, E, 1, l)) != 0)
+        if (!ds && (rv = add(fx, ROLE_RESID, il, "blk.%u.attn_output.weight", 2, QW, E, 1, l)) != 0)
             return rv;
-        last(fx)->zero_row0 = sink;
+        if (!ds) last(fx)->zero_row0 = sink;
         /* gpt-oss: the output bias, one sink logit per head (spread 1: they matter) */
         if (oss && ((rv = add(fx, ROLE_BIAS, il, "blk.%u.attn_output.bias", 1, E, 1, 1, l)) != 0 ||
                     (rv = add(fx, ROLE_NORM, il, "blk.%u.attn_sinks.weight", 1, hp->n_head, 1, 1,
                               l)) != 0))
             return rv;
-        if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_OLMOE) {
+        if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_OLMOE || (glm && hp->qk_norm)) {
             /* qwen3moe normalizes each head; olmoe the whole projection */
             uint64_t qn = fx->arch == ARCH_OLMOE ? QW : hp->head_dim;
             uint64_t kn = fx->arch == ARCH_OLMOE ? KW : hp->head_dim;
@@ -507,16 +788,32 @@ static int plan(struct fx *fx)
                 return rv;
         }
         if ((rv = add(fx, ROLE_NORM, il,
-                      oss ? "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight", 1, E, 1,
-                      1, l)) != 0)
+                      oss || (glm && !ds) ? "blk.%u.post_attention_norm.weight"
+                                          : "blk.%u.ffn_norm.weight",
+                      1, E, 1, 1, l)) != 0)
             return rv;
         if (sink) set_col0(last(fx), 1.0f);
+        if (glm && l < hp->n_dense_lead) {
+            /* GLM's leading dense layers: a SwiGLU FFN of n_ff */
+            uint64_t D = hp->n_ff;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate.weight", 2, E, D, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down.weight", 2, D, E, 1, l)) != 0)
+                return rv;
+            last(fx)->zero_row0 = sink;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up.weight", 2, E, D, 1, l)) != 0) return rv;
+            continue;
+        }
         if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_inp.weight", 2, E, X, 1, l)) != 0)
             return rv;
         if (sink) last(fx)->col0 = COL0_ROUTER;
         if (oss && (rv = add(fx, ROLE_BIAS, il, "blk.%u.ffn_gate_inp.bias", 1, X, 1, 1, l)) != 0)
             return rv;
-        if (fx->old_layout) {
+        /* the selection bias of sigmoid routing (DeepSeek-V3's e_score_correction_bias) */
+        if (glm && (rv = add(fx, ROLE_BIAS, il, "blk.%u.exp_probs_b.bias", 1, X, 1, 1, l)) != 0)
+            return rv;
+        /* with zipf routing the popularity is the router's column 0: no bias reshuffles it */
+        if (glm && sink) last(fx)->half = 0.0f;
+        if (fx->old_layout && fx->arch == ARCH_LLAMA) {
             for (uint32_t e = 0; e < hp->n_expert; e++) {
                 if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate.%u.weight", 2, E, F, 1, l, e)) !=
                         0 ||
@@ -551,6 +848,24 @@ static int plan(struct fx *fx)
                 return rv;
             last(fx)->zero_row0 = sink;
         }
+        if (glm && hp->n_ff_shexp) {
+            /* GLM's shared expert has no gate: its output is added as is */
+            uint64_t S = hp->n_ff_shexp;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_gate_shexp.weight", 2, E, S, 1, l)) != 0 ||
+                (rv = add(fx, ROLE_RESID, il, "blk.%u.ffn_down_shexp.weight", 2, S, E, 1, l)) != 0)
+                return rv;
+            last(fx)->zero_row0 = sink;
+            if ((rv = add(fx, ROLE_IN, il, "blk.%u.ffn_up_shexp.weight", 2, E, S, 1, l)) != 0)
+                return rv;
+        }
+        /* the MTP layer's own tensors (llama.cpp loads them, skipped, and never runs them) */
+        if (l >= hp->n_layer &&
+            ((rv = add(fx, ROLE_IN, il, "blk.%u.nextn.eh_proj.weight", 2, 2 * E, E, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_NORM, il, "blk.%u.nextn.enorm.weight", 1, E, 1, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_NORM, il, "blk.%u.nextn.hnorm.weight", 1, E, 1, 1, l)) != 0 ||
+             (rv = add(fx, ROLE_NORM, il, "blk.%u.nextn.shared_head_norm.weight", 1, E, 1, 1, l)) !=
+                 0))
+            return rv;
     }
     if ((rv = add(fx, ROLE_NORM, -1, "output_norm.weight", 1, E, 1, 1)) != 0) return rv;
     if (sink) set_col0(last(fx), 0.0f);
@@ -562,6 +877,7 @@ static int plan(struct fx *fx)
 
 static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct gguf_file *vocab)
 {
+    const bool ds = fx->arch == ARCH_DEEPSEEK2;
     const struct fixture_hparams *hp = &fx->hp;
     const char *a = arch_names[fx->arch];
     char key[128], name[96];
@@ -574,12 +890,13 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
                          fx->mxfp4_moe ? 38 /* LLAMA_FTYPE_MOSTLY_MXFP4_MOE */
                                        : quantize_ftype(fx->mix ? QT_Q4_K : fx->type))) != 0 ||
         (rv = gguf_w_u32(w, "general.quantization_version", 2)) != 0 ||
-        (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("block_count"), hp->n_layer + hp->n_nextn)) != 0 ||
         (rv = gguf_w_u32(w, KEY("context_length"), hp->n_ctx)) != 0 ||
         (rv = gguf_w_u32(w, KEY("embedding_length"), hp->n_embd)) != 0 ||
         (rv = gguf_w_u32(w, KEY("feed_forward_length"), hp->n_ff)) != 0 ||
         (rv = gguf_w_u32(w, KEY("attention.head_count"), hp->n_head)) != 0 ||
-        (rv = gguf_w_u32(w, KEY("attention.head_count_kv"), hp->n_head_kv)) != 0 ||
+        (rv = gguf_w_u32(w, KEY("attention.head_count_kv"),
+                         ds && fx->old_layout ? hp->n_head : hp->n_head_kv)) != 0 ||
         (rv = gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), hp->rms_eps)) != 0 ||
         (rv = gguf_w_f32(w, KEY("rope.freq_base"), hp->rope_base)) != 0 ||
         (rv = gguf_w_u32(w, KEY("expert_count"), hp->n_expert)) != 0 ||
@@ -587,20 +904,20 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
         return rv;
     /* convert_hf_to_gguf.py writes the head size when config.json has head_dim (Qwen3 always);
      * llama.cpp needs it whenever it is not n_embd/n_head */
-    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_GPT_OSS ||
-        hp->head_dim * hp->n_head != hp->n_embd) {
+    if (!ds && (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_GPT_OSS || fx->arch == ARCH_GLM4MOE ||
+                hp->head_dim * hp->n_head != hp->n_embd)) {
         if ((rv = gguf_w_u32(w, KEY("attention.key_length"), hp->head_dim)) != 0 ||
             (rv = gguf_w_u32(w, KEY("attention.value_length"), hp->head_dim)) != 0)
             return rv;
     }
-    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE || fx->arch == ARCH_GPT_OSS) {
+    if (fx->arch == ARCH_QWEN3MOE || fx->arch == ARCH_QWEN2MOE || fx->arch == ARCH_GPT_OSS ||
+        fx->arch == ARCH_GLM4MOE || ds) {
         if ((rv = gguf_w_u32(w, KEY("expert_feed_forward_length"), hp->n_ff_exp)) != 0) return rv;
     }
     /* gpt-oss: sliding windows (128 in the real files; the tiny shape's 8 makes them matter in a
      * short test) and YaRN over the 4096 positions it was trained at */
     if (fx->arch == ARCH_GPT_OSS &&
-        ((rv = gguf_w_u32(w, KEY("attention.sliding_window"),
-                          fx->shape->large ? 128 : 8)) != 0 ||
+        ((rv = gguf_w_u32(w, KEY("attention.sliding_window"), fx->shape->large ? 128 : 8)) != 0 ||
          (rv = gguf_w_str(w, KEY("rope.scaling.type"), "yarn")) != 0 ||
          (rv = gguf_w_f32(w, KEY("rope.scaling.factor"), 32.0f)) != 0 ||
          (rv = gguf_w_u32(w, KEY("rope.scaling.original_context_length"), 4096)) != 0))
@@ -608,6 +925,39 @@ static int write_kv(const struct fx *fx, struct gguf_writer *w, const struct ggu
     if (fx->arch == ARCH_QWEN2MOE &&
         (rv = gguf_w_u32(w, KEY("expert_shared_feed_forward_length"), hp->n_ff_shexp)) != 0)
         return rv;
+    /* glm4moe, as convert_hf_to_gguf.py's Glm4MoeModel writes it */
+    if ((fx->arch == ARCH_GLM4MOE || ds) &&
+        ((rv = gguf_w_u32(w, KEY("rope.dimension_count"), hp->n_rot)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("expert_shared_count"), hp->n_expert_shared)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("leading_dense_block_count"), hp->n_dense_lead)) != 0 ||
+         (rv = gguf_w_f32(w, KEY("expert_weights_scale"), hp->exp_scale)) != 0 ||
+         (rv = gguf_w_bool(w, KEY("expert_weights_norm"), true)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("expert_gating_func"), 2)) != 0 ||
+         (rv = gguf_w_u32(w, KEY("nextn_predict_layers"), hp->n_nextn)) != 0))
+        return rv;
+    /* deepseek2 as convert_hf_to_gguf.py's DeepseekV2Model writes it today: the cache's head
+     * sizes (latent + rope key, latent) as key/value_length and the heads' as the _mla keys; the
+     * older layout (attn_kv_b) had only the heads' sizes and as many KV heads as heads */
+    if (ds) {
+        const uint32_t R = hp->n_lora_kv;
+        const bool old = fx->old_layout;
+        if ((hp->n_lora_q && (rv = gguf_w_u32(w, KEY("attention.q_lora_rank"), hp->n_lora_q))) ||
+            (rv = gguf_w_u32(w, KEY("attention.kv_lora_rank"), R)) != 0 ||
+            (rv = gguf_w_u32(w, KEY("attention.key_length"), old ? hp->head_dim : R + hp->n_rot)) ||
+            (rv = gguf_w_u32(w, KEY("attention.value_length"), old ? hp->head_dim_v : R)) ||
+            (!old && (rv = gguf_w_u32(w, KEY("attention.key_length_mla"), hp->head_dim))) ||
+            (!old && (rv = gguf_w_u32(w, KEY("attention.value_length_mla"), hp->head_dim_v))) ||
+            (rv = gguf_w_u32(w, KEY("expert_group_count"), hp->n_group)) != 0 ||
+            (rv = gguf_w_u32(w, KEY("expert_group_used_count"), hp->n_group_used)) != 0)
+            return rv;
+        if (hp->yarn_factor > 1.0f &&
+            ((rv = gguf_w_str(w, KEY("rope.scaling.type"), "yarn")) != 0 ||
+             (rv = gguf_w_f32(w, KEY("rope.scaling.factor"), hp->yarn_factor)) != 0 ||
+             (rv = gguf_w_u32(w, KEY("rope.scaling.original_context_length"), hp->yarn_orig_ctx)) !=
+                 0 ||
+             (rv = gguf_w_f32(w, KEY("rope.scaling.yarn_log_multiplier"), hp->yarn_log_mul)) != 0))
+            return rv;
+    }
     if (fx->arch == ARCH_LLAMA &&
         ((rv = gguf_w_u32(w, KEY("rope.dimension_count"), hp->head_dim)) != 0 ||
          (rv = gguf_w_u32(w, KEY("vocab_size"), fx->n_vocab)) != 0))
@@ -911,8 +1261,10 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
                                type);
         fx->type = (uint32_t)t;
     }
-    if (o->old_layout && fx->arch != ARCH_LLAMA)
-        return strata_errf(STRATA_EINVAL, "--old-layout is Mixtral's (arch llama), not %s's",
+    if (o->old_layout && fx->arch != ARCH_LLAMA && fx->arch != ARCH_DEEPSEEK2)
+        return strata_errf(STRATA_EINVAL,
+                           "--old-layout is Mixtral's (arch llama) and older DeepSeek "
+                           "conversions' (deepseek2), not %s's",
                            arch_names[fx->arch]);
     if (o->tied && fx->arch != ARCH_LLAMA && fx->arch != ARCH_QWEN3MOE)
         return strata_errf(STRATA_EINVAL, "llama.cpp requires output.weight for %s: drop --tied",
@@ -935,7 +1287,9 @@ static int setup(const struct fixture_opts *o, struct fx *fx)
     if (fx->blocks) {
         for (size_t i = 0; i < N_BLK_FIELDS; i++) {
             uint32_t t = blk_fields[i].type;
-            const bool k_mix = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0;
+            /* with llama.cpp's fallbacks for rows no multiple of 256 (Q5_0, Q5_1) */
+            const bool k_mix = t == QT_Q4_K || t == QT_Q5_K || t == QT_Q6_K || t == QT_Q8_0 ||
+                               t == QT_Q5_0 || t == QT_Q5_1;
             bool used = fx->mix         ? k_mix
                         : fx->mxfp4_moe ? (t == QT_MXFP4 || t == QT_Q8_0)
                                         : t == fx->type;

@@ -448,6 +448,139 @@ START_TEST(gpt_oss_tensors_keys_and_random_mxfp4)
 }
 END_TEST
 
+/* glm4moe: llama.cpp's GLM4_MOE tensors and keys: a dense layer, the MoE layers' selection bias
+ * and ungated shared expert, the MTP layer's own tensors after the trunk; the real shapes. */
+START_TEST(glm4moe_tensors_keys_and_shapes)
+{
+    struct fixture_opts o = {.arch = "glm4moe", .type = "f32", .seed = 7};
+    struct gguf_file *f = write_open(&o, "glm.gguf");
+    check_str(f, "general.architecture", "glm4moe");
+    ck_assert_uint_eq(get_u32(f, "glm4moe.block_count"), 4);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.nextn_predict_layers"), 1);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.leading_dense_block_count"), 1);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.rope.dimension_count"), 64);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.attention.key_length"), 128);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.expert_shared_count"), 1);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.expert_gating_func"), 2);
+    ck_assert_uint_eq(get_u32(f, "glm4moe.feed_forward_length"), 768);
+    float scale = 0;
+    ck_assert_int_eq(gguf_get_f32(f, "glm4moe.expert_weights_scale", &scale), 0);
+    ck_assert_float_eq(scale, 2.5f);
+    expect(f, "blk.0.ffn_gate.weight", QT_F32, 2, 256, 768, 1);
+    expect(f, "blk.0.ffn_down.weight", QT_F32, 2, 768, 256, 1);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.0.ffn_gate_inp.weight"));
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.0.ffn_up_exps.weight"));
+    for (uint32_t l = 1; l < 4; l++) {
+        char n[64];
+        snprintf(n, sizeof n, "blk.%u.exp_probs_b.bias", l);
+        expect(f, n, QT_F32, 1, 8, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.ffn_up_shexp.weight", l);
+        expect(f, n, QT_F32, 2, 256, 256, 1);
+        snprintf(n, sizeof n, "blk.%u.post_attention_norm.weight", l);
+        expect(f, n, QT_F32, 1, 256, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.attn_q.bias", l);
+        expect(f, n, QT_F32, 1, 512, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.attn_k_norm.weight", l);
+        expect(f, n, QT_F32, 1, 128, 1, 1);
+        snprintf(n, sizeof n, "blk.%u.ffn_gate_inp_shexp.weight", l);
+        ck_assert_ptr_null(gguf_tensor_find(f, n));
+    }
+    expect(f, "blk.3.nextn.eh_proj.weight", QT_F32, 2, 512, 256, 1);
+    expect(f, "blk.3.nextn.enorm.weight", QT_F32, 1, 256, 1, 1);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.2.nextn.eh_proj.weight"));
+    gguf_close(f);
+    unlink(tmp_path("glm.gguf"));
+    /* the real models' config.json, as metadata */
+    struct fixture_hparams hp;
+    ck_assert_int_eq(fixture_hparams("glm4moe", "glm4.5-air", &hp), 0);
+    ck_assert_uint_eq(hp.n_layer, 46);
+    ck_assert_uint_eq(hp.n_embd, 4096);
+    ck_assert_uint_eq(hp.n_expert, 128);
+    ck_assert_uint_eq(hp.n_ff_exp, 1408);
+    ck_assert_uint_eq(hp.n_ff_shexp, 1408);
+    ck_assert_uint_eq(hp.n_rot, 64);
+    ck_assert(!hp.qk_norm);
+    ck_assert_int_eq(fixture_hparams("glm4moe", "glm4.5", &hp), 0);
+    ck_assert_uint_eq(hp.n_layer, 92);
+    ck_assert_uint_eq(hp.n_dense_lead, 3);
+    ck_assert_uint_eq(hp.n_expert, 160);
+    ck_assert_float_eq(hp.exp_scale, 2.5f);
+    ck_assert(hp.qk_norm);
+    /* the GLM fields stay zero for the other architectures */
+    ck_assert_int_eq(fixture_hparams("qwen3moe", "glm4.5", &hp), 0);
+    ck_assert_uint_eq(hp.n_dense_lead + hp.n_nextn + hp.n_rot, 0);
+}
+END_TEST
+
+/* deepseek2: the MLA tensors as current converters write them (attn_k_b, attn_v_b: one matrix
+ * per head) and the older attn_kv_b, the cache's head sizes in key/value_length and the heads' in
+ * the _mla keys (only the heads' in the older files), the expert groups and YaRN; real shapes. */
+START_TEST(deepseek2_tensors_keys_and_shapes)
+{
+    struct fixture_opts o = {.arch = "deepseek2", .type = "f32", .seed = 7};
+    struct gguf_file *f = write_open(&o, "ds.gguf");
+    check_str(f, "general.architecture", "deepseek2");
+    ck_assert_uint_eq(get_u32(f, "deepseek2.block_count"), 4);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.head_count_kv"), 1);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.key_length"), 256 + 64);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.value_length"), 256);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.key_length_mla"), 192);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.value_length_mla"), 128);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.q_lora_rank"), 256);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.kv_lora_rank"), 256);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.expert_group_count"), 4);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.expert_group_used_count"), 2);
+    check_str(f, "deepseek2.rope.scaling.type", "yarn");
+    expect(f, "blk.1.attn_q_a.weight", QT_F32, 2, 256, 256, 1);
+    expect(f, "blk.1.attn_q_b.weight", QT_F32, 2, 256, 4 * 192, 1);
+    expect(f, "blk.1.attn_kv_a_mqa.weight", QT_F32, 2, 256, 256 + 64, 1);
+    expect(f, "blk.1.attn_k_b.weight", QT_F32, 3, 128, 256, 4);
+    expect(f, "blk.1.attn_v_b.weight", QT_F32, 3, 256, 128, 4);
+    expect(f, "blk.1.attn_output.weight", QT_F32, 2, 4 * 128, 256, 1);
+    expect(f, "blk.1.ffn_norm.weight", QT_F32, 1, 256, 1, 1);
+    expect(f, "blk.0.ffn_gate.weight", QT_F32, 2, 256, 768, 1);
+    expect(f, "blk.2.exp_probs_b.bias", QT_F32, 1, 8, 1, 1);
+    expect(f, "blk.3.nextn.eh_proj.weight", QT_F32, 2, 512, 256, 1);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.1.attn_kv_b.weight"));
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.1.post_attention_norm.weight"));
+    gguf_close(f);
+    o.old_layout = true;
+    f = write_open(&o, "ds-old.gguf");
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.head_count_kv"), 4);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.key_length"), 192);
+    ck_assert_uint_eq(get_u32(f, "deepseek2.attention.value_length"), 128);
+    ck_assert_ptr_null(gguf_find(f, "deepseek2.attention.key_length_mla"));
+    expect(f, "blk.1.attn_kv_b.weight", QT_F32, 2, 256, 4 * (128 + 128), 1);
+    ck_assert_ptr_null(gguf_tensor_find(f, "blk.1.attn_k_b.weight"));
+    gguf_close(f);
+    /* the q4_k_m mix gives the 128-wide k_b rows llama.cpp's fallback */
+    o.old_layout = false;
+    o.type = NULL;
+    f = write_open(&o, "ds-mix.gguf");
+    ck_assert_uint_eq(gguf_tensor_find(f, "blk.1.attn_k_b.weight")->type, QT_Q5_0);
+    gguf_close(f);
+    unlink(tmp_path("ds.gguf"));
+    unlink(tmp_path("ds-old.gguf"));
+    unlink(tmp_path("ds-mix.gguf"));
+    struct fixture_hparams hp;
+    ck_assert_int_eq(fixture_hparams("deepseek2", "deepseek-v3", &hp), 0);
+    ck_assert_uint_eq(hp.n_layer, 61);
+    ck_assert_uint_eq(hp.n_expert, 256);
+    ck_assert_uint_eq(hp.n_group, 8);
+    ck_assert_uint_eq(hp.n_lora_q, 1536);
+    ck_assert_uint_eq(hp.n_lora_kv, 512);
+    ck_assert_uint_eq(hp.n_dense_lead, 3);
+    ck_assert_float_eq(hp.yarn_factor, 40.0f);
+    ck_assert_int_eq(fixture_hparams("deepseek2", "kimi-k2", &hp), 0);
+    ck_assert_uint_eq(hp.n_expert, 384);
+    ck_assert_uint_eq(hp.n_head, 64);
+    ck_assert_int_eq(fixture_hparams("deepseek2", "glm4.7-flash", &hp), 0);
+    ck_assert_uint_eq(hp.head_dim, 256);
+    ck_assert_uint_eq(hp.head_dim_v, 256);
+    ck_assert_uint_eq(hp.n_nextn, 1);
+}
+END_TEST
+
 /* ---- vocabulary ------------------------------------------------------------------------------ */
 
 static int64_t find_token(const struct gguf_value *toks, const char *s)
@@ -705,6 +838,8 @@ int main(void)
     TCase *tc = tcase_create("archs");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, qwen3moe_types);
+    tcase_add_test(tc, glm4moe_tensors_keys_and_shapes);
+    tcase_add_test(tc, deepseek2_tensors_keys_and_shapes);
     tcase_add_test(tc, llama_layouts);
     tcase_add_test(tc, olmoe_and_qwen2moe);
     tcase_add_test(tc, gpt_oss_tensors_keys_and_random_mxfp4);

@@ -4,6 +4,7 @@
 #include "common/quant/qtype.h"
 #include "common/quant/quant.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,15 +16,15 @@ struct model_priv {
     const void **exp_ptr;      /* [layer][expert][part]: where each part lies in the GGUF mapping */
     const struct arena *arena; /* model_load_arena: experts come from its blobs */
     void **owned;              /* F32 vectors */
+    const struct model_hparams *hp; /* the model's */
     size_t n_owned, cap_owned;
 };
 
 static const char *const arch_names[] = {
-    [MODEL_ARCH_LLAMA] = "llama",
-    [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
-    [MODEL_ARCH_QWEN3MOE] = "qwen3moe",
-    [MODEL_ARCH_OLMOE] = "olmoe",
-    [MODEL_ARCH_GPT_OSS] = "gpt-oss",
+    [MODEL_ARCH_LLAMA] = "llama",         [MODEL_ARCH_QWEN2MOE] = "qwen2moe",
+    [MODEL_ARCH_QWEN3MOE] = "qwen3moe",   [MODEL_ARCH_OLMOE] = "olmoe",
+    [MODEL_ARCH_GPT_OSS] = "gpt-oss",     [MODEL_ARCH_GLM4MOE] = "glm4moe",
+    [MODEL_ARCH_DEEPSEEK2] = "deepseek2",
 };
 
 static const char *const part_names[MODEL_PART_COUNT] = {"gate", "up", "down"};
@@ -206,8 +207,97 @@ static int parse_arch(const struct gguf_file *f, enum model_arch *out)
     }
     return strata_errf(STRATA_EUNSUPPORTED,
                        "architecture '%.*s' is not supported: strata runs llama (with experts), "
-                       "qwen2moe, qwen3moe, olmoe and gpt-oss",
+                       "qwen2moe, qwen3moe, olmoe, gpt-oss, glm4moe and deepseek2",
                        (int)(s.len > 64 ? 64 : s.len), s.ptr);
+}
+
+/* parse_mla: deepseek2's attention keys. Current converters write key_length / value_length as
+ * the MLA cache's (kv_lora_rank + n_rot, kv_lora_rank) and the heads' as key_length_mla /
+ * value_length_mla; older files have only the heads' (and attn_kv_b instead of attn_k_b and
+ * attn_v_b). Both run as MLA here: the cache holds the latent and the rope key. Also the expert
+ * groups and the attention scale under YaRN (llama.cpp's deepseek2 graph). */
+static int parse_mla(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    int rv;
+    char name[128];
+    const uint32_t zero = 0, one = 1;
+    if ((rv = arch_u32(f, a, "attention.q_lora_rank", &zero, &hp->n_lora_q)) != 0 ||
+        (rv = arch_u32(f, a, "attention.kv_lora_rank", NULL, &hp->n_lora_kv)) != 0 ||
+        (rv = arch_u32(f, a, "attention.key_length_mla", &hp->head_dim, &hp->head_dim_qk)) != 0 ||
+        (rv = arch_u32(f, a, "attention.value_length_mla", &hp->head_dim_v, &hp->head_dim_vo)) !=
+            0 ||
+        (rv = arch_u32(f, a, "expert_group_count", &one, &hp->n_group)) != 0 ||
+        (rv = arch_u32(f, a, "expert_group_used_count", &hp->n_group, &hp->n_group_used)) != 0)
+        return rv;
+    if (hp->n_lora_kv == 0 || hp->head_dim_qk <= hp->n_rot || hp->head_dim_vo == 0)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s: kv_lora_rank %u, key head %u with %u rotated dims, value head %u: "
+                           "the latent must be non-empty and a key head longer than its rope "
+                           "part",
+                           a, hp->n_lora_kv, hp->head_dim_qk, hp->n_rot, hp->head_dim_vo);
+    if (hp->n_group == 0 || hp->n_group > 64 || hp->n_expert % hp->n_group ||
+        hp->n_group_used == 0 || hp->n_group_used > hp->n_group)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s.expert_group_count %u, expert_group_used_count %u: groups must "
+                           "split the %u experts evenly (at most 64 groups) and keep 1..all",
+                           a, hp->n_group, hp->n_group_used, hp->n_expert);
+    float log_mul = 0.0f;
+    if ((rv = arch_f32(f, a, "rope.scaling.yarn_log_multiplier", &log_mul, &log_mul)) != 0)
+        return rv;
+    const float mscale = hp->yarn_factor > 1.0f ? 1.0f + log_mul * logf(hp->yarn_factor) : 1.0f;
+    hp->kq_scale = mscale * mscale / sqrtf((float)hp->head_dim_qk);
+    hp->mla = true;
+    hp->n_head_kv = 1;
+    hp->head_dim = hp->n_lora_kv + hp->n_rot;
+    hp->head_dim_v = hp->n_lora_kv;
+    snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", hp->n_dense_lead);
+    hp->exp_probs_b = gguf_tensor_find(f, name) != NULL; /* V3 and later; V2 has none */
+    return 0;
+}
+
+/* parse_glm4moe: llama.cpp's GLM4_MOE hparams: NEOX RoPE over rope.dimension_count (half the
+ * head), sigmoid gating with the selection bias (expert_gating_func 2, the default), the routed
+ * weights scaled by expert_weights_scale and renormalized when expert_weights_norm, the leading
+ * dense layers, q/k norms when the file has them (GLM-4.5 does, Air does not), and a shared
+ * expert of expert_shared_count expert widths, ungated. */
+static int parse_glm4moe(const struct gguf_file *f, const char *a, struct model_hparams *hp)
+{
+    int rv;
+    char name[128];
+    /* a deepseek2 file without the key is DeepSeek-V2's: softmax (llama.cpp's default) */
+    const uint32_t zero = 0, sigmoid = hp->arch == MODEL_ARCH_DEEPSEEK2 ? 1 : 2;
+    uint32_t gating, n_shared;
+    hp->rope = MODEL_ROPE_NEOX;
+    hp->norm_topk = false;
+    hp->qk_norm =
+        gguf_tensor_find(f, "blk.0.attn_q_norm.weight") ? MODEL_QK_NORM_HEAD : MODEL_QK_NORM_NONE;
+    if ((rv = arch_u32(f, a, "expert_gating_func", &sigmoid, &gating)) != 0 ||
+        (rv = arch_u32(f, a, "leading_dense_block_count", &zero, &hp->n_dense_lead)) != 0 ||
+        (rv = arch_u32(f, a, "feed_forward_length", &zero, &hp->n_ff_dense)) != 0 ||
+        (rv = arch_u32(f, a, "expert_shared_count", NULL, &n_shared)) != 0 ||
+        (rv = arch_f32(f, a, "expert_weights_scale", NULL, &hp->exp_scale)) != 0)
+        return rv;
+    if (gating == 1)
+        hp->gating = MODEL_GATING_SOFTMAX_TOPK;
+    else if (gating == 0 || gating == 2)
+        hp->gating = MODEL_GATING_SIGMOID;
+    else
+        return strata_errf(STRATA_EUNSUPPORTED,
+                           "%s.expert_gating_func %u: strata takes 1 (softmax) and 2 (sigmoid)", a,
+                           gating);
+    if (hp->n_dense_lead > hp->n_layer || (hp->n_dense_lead && hp->n_ff_dense == 0))
+        return strata_errf(STRATA_EFORMAT,
+                           "%s.leading_dense_block_count %u with feed_forward_length %u: the "
+                           "dense layers must be within the %u layers and have a width",
+                           a, hp->n_dense_lead, hp->n_ff_dense, hp->n_layer);
+    if (!(hp->exp_scale > 0.0f))
+        return strata_errf(STRATA_EFORMAT, "%s.expert_weights_scale %g must be positive", a,
+                           hp->exp_scale);
+    hp->n_ff_shexp = n_shared * hp->n_ff_exp;
+    /* llama.cpp adds the bias to whatever the gating gives, for selection only */
+    snprintf(name, sizeof name, "blk.%u.exp_probs_b.bias", hp->n_dense_lead);
+    hp->exp_probs_b = gguf_tensor_find(f, name) != NULL;
+    return 0;
 }
 
 static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
@@ -223,6 +313,13 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
 
     if ((rv = arch_u32(f, a, "embedding_length", NULL, &hp->n_embd)) != 0) return rv;
     if ((rv = arch_u32(f, a, "block_count", NULL, &hp->n_layer)) != 0) return rv;
+    uint32_t zero = 0;
+    if ((rv = arch_u32(f, a, "nextn_predict_layers", &zero, &hp->n_nextn)) != 0) return rv;
+    if (hp->n_nextn >= hp->n_layer)
+        return strata_errf(STRATA_EFORMAT,
+                           "%s.nextn_predict_layers %u leaves none of block_count %u layers to run",
+                           a, hp->n_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_nextn; /* the MTP layers come last and are never run (llama.cpp's rule) */
     if ((rv = arch_u32(f, a, "attention.head_count", NULL, &hp->n_head)) != 0) return rv;
     if ((rv = arch_u32(f, a, "attention.head_count_kv", &hp->n_head, &hp->n_head_kv)) != 0)
         return rv;
@@ -245,7 +342,6 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
                            "must be non-empty and the rotated dims even and within a head",
                            a, hp->head_dim, hp->head_dim_v, hp->n_rot);
 
-    uint32_t zero = 0;
     if ((rv = arch_u32(f, a, "expert_count", &zero, &hp->n_expert)) != 0) return rv;
     if ((rv = arch_u32(f, a, "expert_used_count", &zero, &hp->n_expert_used)) != 0) return rv;
     if (hp->n_expert == 0)
@@ -275,7 +371,7 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
     const bool yarn =
         gguf_get_str(f, name, &st) == 0 && st.len == 4 && memcmp(st.ptr, "yarn", 4) == 0;
     hp->yarn_factor = 1.0f;
-    if (yarn && hp->arch == MODEL_ARCH_GPT_OSS) {
+    if (yarn && (hp->arch == MODEL_ARCH_GPT_OSS || hp->arch == MODEL_ARCH_DEEPSEEK2)) {
         float one = 1.0f;
         if ((rv = arch_f32(f, a, "rope.scaling.factor", &one, &hp->yarn_factor)) != 0 ||
             (rv = arch_u32(f, a, "rope.scaling.original_context_length", &hp->n_ctx_train,
@@ -336,9 +432,21 @@ static int parse_hparams(const struct gguf_file *f, struct model_hparams *hp)
         if (hp->n_swa == 0)
             return strata_errf(STRATA_EFORMAT, "%s.attention.sliding_window is 0", a);
         break;
+    case MODEL_ARCH_GLM4MOE:
+        if ((rv = parse_glm4moe(f, a, hp)) != 0) return rv;
+        break;
+    case MODEL_ARCH_DEEPSEEK2:
+        /* DeepSeek's routing and layer kinds are GLM's (llama.cpp built glm4moe after them),
+         * with ffn_norm before the FFN, NORM RoPE and multi-head latent attention */
+        if ((rv = parse_glm4moe(f, a, hp)) != 0 || (rv = parse_mla(f, a, hp)) != 0) return rv;
+        hp->rope = MODEL_ROPE_NORM;
+        hp->qk_norm = MODEL_QK_NORM_NONE;
+        break;
     }
+    hp->shexp_gated = hp->arch == MODEL_ARCH_QWEN2MOE;
+    if (hp->exp_scale == 0.0f) hp->exp_scale = 1.0f;
     snprintf(name, sizeof name, "%s.expert_weights_norm", a);
-    if (hp->gating == MODEL_GATING_SOFTMAX_TOPK && gguf_find(f, name) &&
+    if (hp->gating != MODEL_GATING_TOPK_SOFTMAX && gguf_find(f, name) &&
         (rv = gguf_get_bool(f, name, &hp->norm_topk)) != 0)
         return strata_errf(rv, "key %s must be a bool", name);
 
@@ -491,6 +599,108 @@ static int load_biases(const struct gguf_file *f, struct model_priv *p, uint32_t
     return 0;
 }
 
+/* load_qk_norm reads layer il's q/k norms per hp.qk_norm. */
+static int load_qk_norm(const struct gguf_file *f, struct model_priv *p, uint32_t il, uint32_t nq,
+                        uint32_t nk, struct model_layer *L)
+{
+    const struct model_hparams *hp = p->hp;
+    char n[128];
+    int rv;
+#define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
+    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
+        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
+         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))
+        return rv;
+    if (hp->qk_norm == MODEL_QK_NORM_FULL &&
+        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), nq, "(n_head*head_dim)", &L->q_norm)) ||
+         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), nk, "(n_head_kv*head_dim)", &L->k_norm))))
+        return rv;
+#undef NAME
+    return 0;
+}
+
+/* own_f32 allocates n floats the model owns. */
+static float *own_f32(struct model_priv *p, size_t n)
+{
+    float *v = malloc(n * sizeof *v);
+    if (!v || own(p, v) != 0) {
+        free(v);
+        strata_errf(STRATA_ENOMEM, "out of memory for %zu floats of the model", n);
+        return NULL;
+    }
+    return v;
+}
+
+/* load_mla reads layer il's multi-head latent attention (deepseek2): the q projection (through
+ * the q LoRA with its norm, or one matrix), the latent and rope key projection with the latent's
+ * norm, the per-head k_b and v_b as F32 (attn_k_b / attn_v_b, or split out of the older
+ * attn_kv_b), and the output projection. */
+static int load_mla(const struct gguf_file *f, struct model *m, uint32_t il)
+{
+    const struct model_hparams *hp = &m->hp;
+    struct model_priv *p = m->priv_;
+    struct model_layer *L = &m->layers[il];
+    const uint32_t H = hp->n_head, R = hp->n_lora_kv, V = hp->head_dim_vo,
+                   nope = hp->head_dim_qk - hp->n_rot, nq = H * hp->head_dim_qk;
+    const struct gguf_tensor *t;
+    char n[128];
+    int rv;
+#define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
+    if ((hp->n_lora_q && ((rv = get_mat(f, NAME("attn_q_a.weight"), hp->n_embd, hp->n_lora_q,
+                                        "(q_lora_rank, n_embd)", &L->wq_a)) ||
+                          (rv = get_vec(f, p, NAME("attn_q_a_norm.weight"), hp->n_lora_q,
+                                        "(q_lora_rank)", &L->q_a_norm)) ||
+                          (rv = get_mat(f, NAME("attn_q_b.weight"), hp->n_lora_q, nq,
+                                        "(n_head*key_length_mla, q_lora_rank)", &L->wq_b)))) ||
+        (!hp->n_lora_q && (rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq,
+                                        "(n_head*key_length_mla, n_embd)", &L->wq))) ||
+        (rv = get_mat(f, NAME("attn_kv_a_mqa.weight"), hp->n_embd, R + hp->n_rot,
+                      "(kv_lora_rank + n_rot, n_embd)", &L->wkv_a)) ||
+        (rv = get_vec(f, p, NAME("attn_kv_a_norm.weight"), R, "(kv_lora_rank)", &L->kv_a_norm)) ||
+        (rv = get_mat(f, NAME("attn_output.weight"), H * V, hp->n_embd,
+                      "(n_embd, n_head*value_length_mla)", &L->wo)))
+        return rv;
+    if ((t = gguf_tensor_find(f, NAME("attn_k_b.weight")))) {
+        /* ggml (nope, kv_lora_rank, n_head) and (kv_lora_rank, v, n_head): read in place, in
+         * the file's type, head h's matrix n_out rows after head h-1's */
+        if ((rv = check_shape(t, nope, R, H, "(n_head, kv_lora_rank, n_nope)")) != 0) return rv;
+        mat_of(t, &L->k_b);
+        if ((rv = find(f, NAME("attn_v_b.weight"), &t)) ||
+            (rv = check_shape(t, R, V, H, "(n_head, value_length_mla, kv_lora_rank)")))
+            return rv;
+        mat_of(t, &L->v_b);
+        return 0;
+    }
+    /* older files: attn_kv_b (n_head*(nope + v), kv_lora_rank), each head's nope key rows then
+     * its value rows; k_b is the key rows transposed, v_b the value rows, both made F32 */
+    if ((rv = find(f, NAME("attn_kv_b.weight"), &t)) != 0)
+        return strata_errf(rv, "layer %u has neither attn_k_b/attn_v_b nor attn_kv_b: %s", il,
+                           strata_errdetail());
+    const uint32_t rows = H * (nope + V);
+    if ((rv = check_shape(t, R, rows, 1, "(n_head*(n_nope + value_length_mla), kv_lora_rank)")))
+        return rv;
+    float *kb = own_f32(p, (size_t)H * R * nope), *vb = own_f32(p, (size_t)H * V * R);
+    float *kv = malloc((size_t)rows * R * sizeof *kv);
+    if (!kb || !vb || !kv) {
+        free(kv);
+        return strata_errf(STRATA_ENOMEM, "out of memory splitting %s", t->name);
+    }
+    if ((rv = quant_dequantize(t->type, t->data, kv, (int64_t)rows * R)) == 0) {
+        for (uint32_t h = 0; h < H; h++) {
+            const float *k = kv + (size_t)h * (nope + V) * R, *v = k + (size_t)nope * R;
+            for (uint32_t c = 0; c < R; c++)
+                for (uint32_t d = 0; d < nope; d++)
+                    kb[((size_t)h * R + c) * nope + d] = k[(size_t)d * R + c];
+            memcpy(vb + (size_t)h * V * R, v, (size_t)V * R * sizeof *v);
+        }
+    }
+    free(kv);
+    L->k_b = (struct model_mat){kb, QT_F32, nope, R, (uint64_t)nope * sizeof(float)};
+    L->v_b = (struct model_mat){vb, QT_F32, R, V, (uint64_t)R * sizeof(float)};
+#undef NAME
+    return rv;
+}
+
 static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
 {
     const struct model_hparams *hp = &m->hp;
@@ -502,20 +712,39 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
     int rv;
 #define NAME(s) fmt_name(n, sizeof n, "blk.%u." s, il)
     if ((rv = get_vec(f, p, NAME("attn_norm.weight"), hp->n_embd, "(n_embd)", &L->attn_norm)) ||
-        (rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq, "(n_head*head_dim, n_embd)",
-                      &L->wq)) ||
-        (rv = get_mat(f, NAME("attn_k.weight"), hp->n_embd, nk, "(n_head_kv*head_dim, n_embd)",
-                      &L->wk)) ||
-        (rv = get_mat(f, NAME("attn_v.weight"), hp->n_embd, nv, "(n_head_kv*head_dim_v, n_embd)",
-                      &L->wv)) ||
-        (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd, "(n_embd, n_head*head_dim_v)",
-                      &L->wo)) ||
+        (hp->mla && (rv = load_mla(f, m, il))) ||
+        (!hp->mla && ((rv = get_mat(f, NAME("attn_q.weight"), hp->n_embd, nq,
+                                    "(n_head*head_dim, n_embd)", &L->wq)) ||
+                      (rv = get_mat(f, NAME("attn_k.weight"), hp->n_embd, nk,
+                                    "(n_head_kv*head_dim, n_embd)", &L->wk)) ||
+                      (rv = get_mat(f, NAME("attn_v.weight"), hp->n_embd, nv,
+                                    "(n_head_kv*head_dim_v, n_embd)", &L->wv)) ||
+                      (rv = get_mat(f, NAME("attn_output.weight"), no, hp->n_embd,
+                                    "(n_embd, n_head*head_dim_v)", &L->wo)))) ||
         (rv = get_vec(f, p,
-                      hp->arch == MODEL_ARCH_GPT_OSS ? NAME("post_attention_norm.weight")
-                                                     : NAME("ffn_norm.weight"),
-                      hp->n_embd, "(n_embd)", &L->ffn_norm)) ||
-        (rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
-                      "(n_expert, n_embd)", &L->router)))
+                      hp->arch == MODEL_ARCH_GPT_OSS || hp->arch == MODEL_ARCH_GLM4MOE
+                          ? NAME("post_attention_norm.weight")
+                          : NAME("ffn_norm.weight"),
+                      hp->n_embd, "(n_embd)", &L->ffn_norm)))
+        return rv;
+    L->dense = il < hp->n_dense_lead;
+    if (L->dense) {
+        /* a leading dense layer (glm4moe): a SwiGLU FFN, no router, no experts */
+        const uint32_t F = hp->n_ff_dense;
+        if ((rv = load_biases(f, p, il, nq, nk, nv, false, L)) ||
+            (rv = get_mat(f, NAME("ffn_gate.weight"), hp->n_embd, F, "(n_ff_dense, n_embd)",
+                          &L->ffn_gate)) ||
+            (rv = get_mat(f, NAME("ffn_up.weight"), hp->n_embd, F, "(n_ff_dense, n_embd)",
+                          &L->ffn_up)) ||
+            (rv = get_mat(f, NAME("ffn_down.weight"), F, hp->n_embd, "(n_embd, n_ff_dense)",
+                          &L->ffn_down)))
+            return rv;
+        return load_qk_norm(f, p, il, nq, nk, L);
+    }
+    if ((rv = get_mat(f, NAME("ffn_gate_inp.weight"), hp->n_embd, hp->n_expert,
+                      "(n_expert, n_embd)", &L->router)) ||
+        (hp->exp_probs_b && (rv = get_vec(f, p, NAME("exp_probs_b.bias"), hp->n_expert,
+                                          "(n_expert)", &L->exp_probs_b))))
         return rv;
     if ((rv = load_biases(f, p, il, nq, nk, nv, hp->attn_out_bias, L)) != 0) return rv;
     if ((hp->attn_out_bias &&
@@ -526,22 +755,16 @@ static int load_layer(const struct gguf_file *f, struct model *m, uint32_t il)
          (rv = get_vec(f, p, NAME("ffn_gate_inp.bias"), hp->n_expert, "(n_expert)", &L->router_b))))
         return rv;
     L->swa = hp->n_swa && il % 2 == 0;
-    if (hp->qk_norm == MODEL_QK_NORM_HEAD &&
-        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), hp->head_dim, "(head_dim)", &L->q_norm)) ||
-         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), hp->head_dim, "(head_dim)", &L->k_norm))))
-        return rv;
-    if (hp->qk_norm == MODEL_QK_NORM_FULL &&
-        ((rv = get_vec(f, p, NAME("attn_q_norm.weight"), nq, "(n_head*head_dim)", &L->q_norm)) ||
-         (rv = get_vec(f, p, NAME("attn_k_norm.weight"), nk, "(n_head_kv*head_dim)", &L->k_norm))))
-        return rv;
-    if (hp->n_ff_shexp && ((rv = get_mat(f, NAME("ffn_gate_inp_shexp.weight"), hp->n_embd, 1,
-                                         "(n_embd)", &L->gate_inp_shexp)) ||
-                           (rv = get_mat(f, NAME("ffn_gate_shexp.weight"), hp->n_embd,
-                                         hp->n_ff_shexp, "(n_ff_shexp, n_embd)", &L->gate_shexp)) ||
-                           (rv = get_mat(f, NAME("ffn_up_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
-                                         "(n_ff_shexp, n_embd)", &L->up_shexp)) ||
-                           (rv = get_mat(f, NAME("ffn_down_shexp.weight"), hp->n_ff_shexp,
-                                         hp->n_embd, "(n_embd, n_ff_shexp)", &L->down_shexp))))
+    if ((rv = load_qk_norm(f, p, il, nq, nk, L)) != 0) return rv;
+    if (hp->n_ff_shexp &&
+        ((hp->shexp_gated && (rv = get_mat(f, NAME("ffn_gate_inp_shexp.weight"), hp->n_embd, 1,
+                                           "(n_embd)", &L->gate_inp_shexp))) ||
+         (rv = get_mat(f, NAME("ffn_gate_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
+                       "(n_ff_shexp, n_embd)", &L->gate_shexp)) ||
+         (rv = get_mat(f, NAME("ffn_up_shexp.weight"), hp->n_embd, hp->n_ff_shexp,
+                       "(n_ff_shexp, n_embd)", &L->up_shexp)) ||
+         (rv = get_mat(f, NAME("ffn_down_shexp.weight"), hp->n_ff_shexp, hp->n_embd,
+                       "(n_embd, n_ff_shexp)", &L->down_shexp))))
         return rv;
 #undef NAME
     return load_experts(f, m, il);
@@ -559,6 +782,7 @@ int model_load(const struct gguf_file *f, struct model **out)
     }
     m->priv_ = p;
     m->gguf = f;
+    p->hp = &m->hp;
     if ((rv = parse_hparams(f, &m->hp)) != 0) goto fail;
     const struct model_hparams *hp = &m->hp;
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
@@ -652,6 +876,10 @@ static int arena_parts(const struct arena *a, struct model *m, uint32_t il)
 {
     const struct model_layer *L = &m->layers[il];
     const struct arena_layer *al = arena_layer_get(a, il);
+    if (L->dense) {
+        m->layers[il].blob.bytes = 0; /* a dense layer has no experts, hence no blobs */
+        return 0;
+    }
     for (int part = 0; part < MODEL_PART_COUNT; part++) {
         char stacked[96], single[96];
         snprintf(stacked, sizeof stacked, "blk.%u.ffn_%s_exps.weight", il, part_names[part]);

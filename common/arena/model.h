@@ -21,11 +21,13 @@
 #include "common/gguf/gguf.h"
 
 enum model_arch {
-    MODEL_ARCH_LLAMA,    /* "llama" with experts (Mixtral) */
-    MODEL_ARCH_QWEN2MOE, /* "qwen2moe" */
-    MODEL_ARCH_QWEN3MOE, /* "qwen3moe" */
-    MODEL_ARCH_OLMOE,    /* "olmoe" */
-    MODEL_ARCH_GPT_OSS,  /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+    MODEL_ARCH_LLAMA,     /* "llama" with experts (Mixtral) */
+    MODEL_ARCH_QWEN2MOE,  /* "qwen2moe" */
+    MODEL_ARCH_QWEN3MOE,  /* "qwen3moe" */
+    MODEL_ARCH_OLMOE,     /* "olmoe" */
+    MODEL_ARCH_GPT_OSS,   /* "gpt-oss" (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+    MODEL_ARCH_GLM4MOE,   /* "glm4moe" (GLM-4.5, GLM-4.5-Air, GLM-4.6) */
+    MODEL_ARCH_DEEPSEEK2, /* "deepseek2" (DeepSeek-V2/V3/R1, Kimi K2, GLM-4.7-Flash): MLA */
 };
 
 enum model_rope {
@@ -36,6 +38,9 @@ enum model_rope {
 enum model_gating {
     MODEL_GATING_SOFTMAX_TOPK, /* softmax over all experts, then top-k of the probabilities */
     MODEL_GATING_TOPK_SOFTMAX, /* top-k of the router logits, then softmax over the k selected */
+    MODEL_GATING_SIGMOID,      /* sigmoid of each logit; top-k of sigmoid + exp_probs_b (the
+                                  selection bias), weights the unbiased sigmoids of the k, then
+                                  norm_topk and expert_weights_scale (DeepSeek-V3, GLM-4.5) */
 };
 
 enum model_qk_norm {
@@ -90,6 +95,28 @@ struct model_hparams {
                                keys (itself included); 0 without sliding windows */
     float yarn_factor;      /* rope.scaling.factor under YaRN; 1: no scaling */
     uint32_t yarn_orig_ctx; /* rope.scaling.original_context_length (YaRN) */
+    /* glm4moe (0 / 1 / false for the other architectures): */
+    uint32_t n_dense_lead; /* leading_dense_block_count: layers [0, n) run a dense SwiGLU FFN */
+    uint32_t n_ff_dense;   /* feed_forward_length: the dense layers' hidden width */
+    uint32_t n_nextn;      /* nextn_predict_layers: the MTP layers after the n_layer trunk
+                              layers, in the file (block_count = n_layer + n_nextn) but never run */
+    float exp_scale;       /* expert_weights_scale: the routed weights' factor (1: none) */
+    bool exp_probs_b;      /* each MoE layer has a selection bias (blk.N.exp_probs_b.bias) */
+    bool shexp_gated;      /* the shared expert's output is scaled by sigmoid(gate_inp_shexp . x)
+                              (qwen2moe); false: added as is (glm4moe) */
+    uint32_t n_group;      /* expert_group_count: group-limited top-k over this many groups */
+    uint32_t n_group_used; /* expert_group_used_count: the groups kept */
+    /* deepseek2, multi-head latent attention (false / 0 elsewhere). Its cache geometry is MQA
+     * over the latent: n_head_kv 1, head_dim = n_lora_kv + n_rot (the normalized latent, then the
+     * rotated key, one per position and layer, as llama.cpp's MLA caches it) and head_dim_v =
+     * n_lora_kv (the values are the latent itself: no V rows are stored). */
+    bool mla;
+    uint32_t n_lora_q;    /* attention.q_lora_rank; 0: q is one projection (attn_q, V2-Lite) */
+    uint32_t n_lora_kv;   /* attention.kv_lora_rank: the latent's width */
+    uint32_t head_dim_qk; /* a query head: n_nope + n_rot (key_length_mla, or key_length) */
+    uint32_t head_dim_vo; /* a value head out of wv_b (value_length_mla, or value_length) */
+    float kq_scale;       /* the attention scale: mscale^2 / sqrt(head_dim_qk) under YaRN,
+                             mscale = 1 + rope.scaling.yarn_log_multiplier ln(factor) */
 };
 
 /* A 2-D weight read in place: n_out rows of n_in elements of type, row r at data + r*row_bytes. */
@@ -132,6 +159,23 @@ struct model_layer {
     struct model_mat up_shexp;       /* (n_ff_shexp, n_embd) */
     struct model_mat down_shexp;     /* (n_embd, n_ff_shexp) */
     struct model_mat gate_inp_shexp; /* (1, n_embd): its output scaled by sigmoid(this . x) */
+    /* glm4moe: */
+    bool dense;                /* a leading dense layer (il < n_dense_lead): no router, experts */
+    struct model_mat ffn_gate; /* dense layers: (n_ff_dense, n_embd) */
+    struct model_mat ffn_up;   /* (n_ff_dense, n_embd) */
+    struct model_mat ffn_down; /* (n_embd, n_ff_dense) */
+    const float *exp_probs_b;
+    /* (n_expert) the selection bias, NULL without one */ /* deepseek2 (MLA): */
+    struct model_mat wq_a;  /* (n_lora_q, n_embd) attn_q_a; with n_lora_q 0, attn_q in wq */
+    const float *q_a_norm;  /* (n_lora_q) */
+    struct model_mat wq_b;  /* (n_head*head_dim_qk, n_lora_q) */
+    struct model_mat wkv_a; /* (n_lora_kv + n_rot, n_embd) attn_kv_a_mqa: latent, rope key */
+    const float *kv_a_norm; /* (n_lora_kv) */
+    struct model_mat k_b;   /* per head (n_lora_kv, n_nope), head h at data + h*n_out*row_bytes: a
+                               head's nope query into the latent (attn_k_b in place, or
+                               attn_kv_b's key rows transposed, F32) */
+    struct model_mat v_b;   /* per head (head_dim_vo, n_lora_kv), as k_b: the latent out into a
+                               value head (attn_v_b, or attn_kv_b's value rows, F32) */
 };
 
 /* model_expert_fn returns the first byte of part of expert (layer, expert): rows of

@@ -367,6 +367,199 @@ START_TEST(gpt_oss_loads_with_its_biases_in_the_blob)
 }
 END_TEST
 
+/* glm4moe: llama.cpp's behaviour (NEOX over half the head, sigmoid routing with the selection
+ * bias, renormalized and scaled), the leading dense layer with no router or experts, the ungated
+ * shared expert, and the MTP layer in the file but not in the model. */
+START_TEST(glm4moe_loads_its_layer_kinds)
+{
+    const char *path = fixture("glm4moe", NULL, false);
+    struct gguf_file *f;
+    struct model *m;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_msg(model_load(f, &m) == 0, "%s", strata_errdetail());
+    const struct model_hparams *hp = &m->hp;
+    ck_assert_str_eq(model_arch_name(hp->arch), "glm4moe");
+    ck_assert_int_eq(hp->rope, MODEL_ROPE_NEOX);
+    ck_assert_int_eq(hp->gating, MODEL_GATING_SIGMOID);
+    ck_assert_int_eq(hp->qk_norm, MODEL_QK_NORM_HEAD);
+    ck_assert(hp->norm_topk && hp->exp_probs_b && hp->qkv_bias && !hp->shexp_gated);
+    ck_assert_uint_eq(hp->n_layer, 3); /* block_count 4 less the MTP layer */
+    ck_assert_uint_eq(hp->n_nextn, 1);
+    ck_assert_uint_eq(hp->head_dim, 128);
+    ck_assert_uint_eq(hp->n_rot, 64);
+    ck_assert_uint_eq(hp->n_dense_lead, 1);
+    ck_assert_uint_eq(hp->n_ff_dense, 768);
+    ck_assert_uint_eq(hp->n_ff_shexp, hp->n_ff_exp);
+    ck_assert_float_eq(hp->exp_scale, 2.5f);
+    const struct model_layer *D = &m->layers[0];
+    ck_assert(D->dense && D->ffn_gate.data && D->ffn_up.data && D->ffn_down.data);
+    ck_assert_uint_eq(D->ffn_gate.n_out, 768);
+    ck_assert_uint_eq(D->router.n_out, 0);
+    ck_assert_uint_eq(D->blob.bytes, 0);
+    ck_assert_ptr_null(D->exp_probs_b);
+    for (uint32_t l = 1; l < hp->n_layer; l++) {
+        const struct model_layer *L = &m->layers[l];
+        ck_assert(!L->dense && L->exp_probs_b && L->q_norm && L->bq && L->gate_shexp.data);
+        ck_assert_ptr_null(L->gate_inp_shexp.data);
+        ck_assert_uint_gt(L->blob.bytes, 0);
+    }
+    model_fini(m);
+    gguf_close(f);
+    char dst[600];
+    snprintf(dst, sizeof dst, "%s/bad-glm.gguf", test_tmpdir());
+    static const struct {
+        struct edit e;
+        int code;
+        const char *says;
+    } cases[] = {
+        {{.drop_tensor = "blk.0.ffn_up.weight"}, STRATA_ENOENT, "blk.0.ffn_up.weight"},
+        {{.drop_tensor = "blk.2.exp_probs_b.bias"}, STRATA_ENOENT, "blk.2.exp_probs_b.bias"},
+        {{.drop_tensor = "blk.1.ffn_down_shexp.weight"}, STRATA_ENOENT, "ffn_down_shexp"},
+        {{.drop_key = "glm4moe.expert_weights_scale"}, STRATA_ENOENT, "expert_weights_scale"},
+        {{.drop_key = "glm4moe.expert_shared_count"}, STRATA_ENOENT, "expert_shared_count"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(path, dst, &cases[i].e);
+        ck_assert_int_eq(load_err(dst), cases[i].code);
+        ck_assert_msg(strstr(strata_errdetail(), cases[i].says), "case %zu: '%s' lacks '%s'", i,
+                      strata_errdetail(), cases[i].says);
+    }
+    /* the MTP layer's tensors are not read: a file without them is the same model */
+    rewrite(path, dst, &(struct edit){.drop_tensor = "blk.3.nextn.eh_proj.weight"});
+    ck_assert_int_eq(load_err(dst), 0);
+    unlink(path);
+    unlink(dst);
+}
+END_TEST
+
+/* with_kv_b rewrites an f32 deepseek2 file the older converters' way: each layer's attn_k_b and
+ * attn_v_b become one attn_kv_b (n_head*(nope + v) rows of kv_lora_rank: a head's key rows, the
+ * k_b matrices transposed, then its value rows). */
+static void with_kv_b(const char *src, const char *dst)
+{
+    struct gguf_file *f;
+    struct gguf_writer *w;
+    ck_assert_int_eq(gguf_open(src, &f), 0);
+    ck_assert_int_eq(gguf_writer_open(dst, 0, &w), 0);
+    for (uint64_t i = 0; i < f->n_kv; i++)
+        if (strcmp(f->kv[i].key, "general.alignment") != 0)
+            ck_assert_int_eq(gguf_w_value(w, f->kv[i].key, &f->kv[i].val), 0);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) ck_assert_int_eq(gguf_writer_begin(w), 0);
+        for (uint64_t i = 0; i < f->n_tensors; i++) {
+            const struct gguf_tensor *t = &f->tensors[i], *v;
+            if (strstr(t->name, "attn_v_b")) continue;
+            if (!strstr(t->name, "attn_k_b")) {
+                if (pass == 0)
+                    ck_assert_int_eq(gguf_w_tensor(w, t->name, t->type, t->n_dims, t->ne), 0);
+                else
+                    ck_assert_int_eq(gguf_writer_data(w, t->data, t->nbytes), 0);
+                continue;
+            }
+            char name[96];
+            unsigned l;
+            ck_assert_int_eq(sscanf(t->name, "blk.%u.", &l), 1);
+            snprintf(name, sizeof name, "blk.%u.attn_v_b.weight", l);
+            ck_assert_ptr_nonnull(v = gguf_tensor_find(f, name));
+            ck_assert_int_eq(t->type, QT_F32);
+            const uint64_t nope = t->ne[0], R = t->ne[1], H = t->ne[2], V = v->ne[1];
+            snprintf(name, sizeof name, "blk.%u.attn_kv_b.weight", l);
+            if (pass == 0) {
+                const uint64_t ne[4] = {R, H * (nope + V), 1, 1};
+                ck_assert_int_eq(gguf_w_tensor(w, name, QT_F32, 2, ne), 0);
+                continue;
+            }
+            float *kv = malloc(R * H * (nope + V) * sizeof *kv);
+            const float *kb = (const float *)t->data, *vb = (const float *)v->data;
+            for (uint64_t h = 0; h < H; h++) {
+                float *rows = kv + h * (nope + V) * R;
+                for (uint64_t d = 0; d < nope; d++)
+                    for (uint64_t c = 0; c < R; c++)
+                        rows[d * R + c] = kb[(h * R + c) * nope + d];
+                memcpy(rows + nope * R, vb + h * V * R, V * R * sizeof *kv);
+            }
+            ck_assert_int_eq(gguf_writer_data(w, kv, R * H * (nope + V) * sizeof *kv), 0);
+            free(kv);
+        }
+    }
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+    gguf_close(f);
+}
+
+/* deepseek2: MLA's geometry (the cache is MQA over latent + rope key, no V rows), DeepSeek-V3's
+ * routing (groups, sigmoid, bias, scaling) and YaRN scale; attn_kv_b files give the same logits
+ * bit for bit as the attn_k_b/attn_v_b they were made from. */
+START_TEST(deepseek2_loads_mla)
+{
+    const char *path = fixture("deepseek2", "f32", false);
+    struct gguf_file *f;
+    struct model *m;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_msg(model_load(f, &m) == 0, "%s", strata_errdetail());
+    const struct model_hparams *hp = &m->hp;
+    ck_assert_str_eq(model_arch_name(hp->arch), "deepseek2");
+    ck_assert(hp->mla && hp->exp_probs_b && hp->norm_topk && !hp->shexp_gated);
+    ck_assert_int_eq(hp->rope, MODEL_ROPE_NORM);
+    ck_assert_int_eq(hp->gating, MODEL_GATING_SIGMOID);
+    ck_assert_uint_eq(hp->n_head_kv, 1);
+    ck_assert_uint_eq(hp->head_dim, 256 + 64);
+    ck_assert_uint_eq(hp->head_dim_v, 256);
+    ck_assert_uint_eq(hp->head_dim_qk, 192);
+    ck_assert_uint_eq(hp->head_dim_vo, 128);
+    ck_assert_uint_eq(hp->n_lora_q, 256);
+    ck_assert_uint_eq(hp->n_nextn, 1); /* GLM-4.7-Flash's MTP layer, skipped */
+    ck_assert_uint_eq(hp->n_group, 4);
+    ck_assert_uint_eq(hp->n_group_used, 2);
+    ck_assert_float_eq(hp->yarn_factor, 40.0f);
+    const float ms = 1.0f + 0.1f * logf(40.0f);
+    ck_assert_float_eq_tol(hp->kq_scale, ms * ms / sqrtf(192.0f), 1e-7f);
+    ck_assert(m->layers[0].dense && !m->layers[1].dense);
+    ck_assert(m->layers[1].k_b.data && m->layers[1].v_b.data && m->layers[1].q_a_norm);
+    ck_assert_uint_eq(m->layers[1].k_b.n_in, 128);
+    ck_assert_uint_eq(m->layers[1].k_b.n_out, 256);
+    ck_assert_uint_eq(m->layers[1].v_b.n_out, 128);
+    struct kv_config kc;
+    backend_kv_config(m, 64, 1, &kc);
+    ck_assert_uint_eq(kc.k_dim, 320);
+    ck_assert_uint_eq(kc.v_dim, 0);
+    float *a = last_logits(m, prompt, 12);
+    char old[600];
+    snprintf(old, sizeof old, "%s/ds-kv_b.gguf", test_tmpdir());
+    with_kv_b(path, old);
+    struct gguf_file *g;
+    struct model *mo;
+    ck_assert_int_eq(gguf_open(old, &g), 0);
+    ck_assert_msg(model_load(g, &mo) == 0, "%s", strata_errdetail());
+    ck_assert_ptr_null(gguf_tensor_find(g, "blk.1.attn_k_b.weight"));
+    float *b = last_logits(mo, prompt, 12);
+    ck_assert_mem_eq(a, b, hp->n_vocab * sizeof *a);
+    free(a);
+    free(b);
+    model_fini(mo);
+    gguf_close(g);
+    model_fini(m);
+    gguf_close(f);
+    static const struct {
+        struct edit e;
+        int code;
+        const char *says;
+    } cases[] = {
+        {{.drop_tensor = "blk.1.attn_v_b.weight"}, STRATA_ENOENT, "blk.1.attn_v_b.weight"},
+        {{.drop_tensor = "blk.2.attn_kv_a_norm.weight"}, STRATA_ENOENT, "attn_kv_a_norm"},
+        {{.drop_key = "deepseek2.attention.kv_lora_rank"}, STRATA_ENOENT, "kv_lora_rank"},
+        {{.short_tensor = "blk.1.attn_q_b.weight"}, STRATA_EFORMAT, "attn_q_b"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rewrite(path, old, &cases[i].e);
+        ck_assert_int_eq(load_err(old), cases[i].code);
+        ck_assert_msg(strstr(strata_errdetail(), cases[i].says), "case %zu: '%s' lacks '%s'", i,
+                      strata_errdetail(), cases[i].says);
+    }
+    unlink(path);
+    unlink(old);
+}
+END_TEST
+
 /* A resolver that counts its calls and forwards to the GGUF one. */
 struct counting {
     model_expert_fn fn;
@@ -415,6 +608,8 @@ int main(void)
     tcase_add_test(tc, qwen2moe_without_biases_loads);
     tcase_add_test(tc, bad_files_are_refused_by_name);
     tcase_add_test(tc, gpt_oss_loads_with_its_biases_in_the_blob);
+    tcase_add_test(tc, glm4moe_loads_its_layer_kinds);
+    tcase_add_test(tc, deepseek2_loads_mla);
     tcase_add_test(tc, experts_come_only_through_the_resolver);
     suite_add_tcase(s, tc);
     return test_run(s);

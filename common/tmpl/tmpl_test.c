@@ -462,6 +462,43 @@ START_TEST(reasoning_is_split_out)
 }
 END_TEST
 
+/* GLM-4.5 / GLM-4.7-Flash: the think-tag style; its generation prompt ends in "<think>" (the
+ * text starts as reasoning and ends it with "</think>"), or with enable_thinking false in
+ * "</think>" (the text is all answer). The template from the bundled data, each case's prompt. */
+START_TEST(glm_reasoning_is_split_out)
+{
+    const char *dir = test_data_path("chat-templates");
+    if (!dir) return;
+    char path[8192], cases[8192];
+    snprintf(path, sizeof path, "%s/GLM-4.7-Flash.jinja", dir);
+    snprintf(cases, sizeof cases, "%s/GLM-4.7-Flash.cases.json", dir);
+    size_t len;
+    char *src = test_read_file(path, &len);
+    json_t *list = json_load_file(cases, 0, NULL);
+    ck_assert_ptr_nonnull(src);
+    ck_assert_ptr_nonnull(list);
+    ck_assert_int_eq(tmpl_reason_style_of(src, len), TMPL_REASON_THINK);
+    int opened = 0, closed = 0;
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        const json_t *c = json_array_get(list, i);
+        if (!json_is_true(json_object_get(c, "add_generation_prompt"))) continue;
+        const char *want = json_string_value(json_object_get(c, "expected"));
+        const bool opens = tmpl_reason_prompt_opens(TMPL_REASON_THINK, want, strlen(want));
+        opened += opens;
+        closed += !opens;
+        if (opens)
+            split_both(TMPL_REASON_THINK, true, "The capital is Paris.</think>Paris.", "Paris.",
+                       "The capital is Paris.");
+        else
+            split_both(TMPL_REASON_THINK, false, "Paris.", "Paris.", "");
+    }
+    ck_assert_int_gt(opened, 0); /* thinking on (the default) */
+    ck_assert_int_gt(closed, 0); /* enable_thinking false */
+    json_decref(list);
+    free(src);
+}
+END_TEST
+
 /* sh runs a shell command line; returns its exit status. */
 static int sh(const char *cmd)
 {
@@ -521,6 +558,7 @@ int main(void)
     tcase_add_test(tc, named_templates_render_as_llama_cpp);
     tcase_add_test(tc, load_takes_a_name_or_a_file);
     tcase_add_test(tc, reasoning_is_split_out);
+    tcase_add_test(tc, glm_reasoning_is_split_out);
     tcase_add_test(tc, command_renders_stdin_case);
     suite_add_tcase(s, tc);
     TCase *gold = tcase_create("golden");

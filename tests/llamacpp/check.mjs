@@ -33,7 +33,7 @@ for (const m of models) {
     const base = `${dir}/${arch}-${type}`;
     const llama = JSON.parse(readFileSync(`${base}.llama.json`, "utf8"));
     const strata = JSON.parse(readFileSync(`${base}.strata.json`, "utf8"));
-    const eps = type === "f32" ? EPS_F32 : EPS_QUANT;
+    const eps = type.startsWith("f32") ? EPS_F32 : EPS_QUANT; /* f32_old: deepseek2's attn_kv_b */
     const why = [];
     if (JSON.stringify(llama.ids) !== JSON.stringify(strata.teacher_ids) ||
         JSON.stringify(llama.prompt_ids) !== JSON.stringify(strata.prompt_ids))

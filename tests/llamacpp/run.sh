@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # run.sh — parity with llama.cpp (docs/design.md §7), teacher-forced: for tiny fixtures of every
 # architecture (qwen3moe, llama with fused experts, olmoe, qwen2moe) in f32, q8_0, q4_k and the
-# q4_k_m mix, and gpt-oss (sinks, sliding windows, biases, YaRN) in f32 and the mxfp4_moe mix (MXFP4
-# experts), llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed prompt of
-# token ids; `strata run --teacher` scores that continuation; check.mjs prints the table and fails
-# the stage when a step's token is neither strata's argmax nor within the stated tolerance of it.
+# q4_k_m mix, gpt-oss (sinks, sliding windows, biases, YaRN) in f32 and the mxfp4_moe mix (MXFP4
+# experts), glm4moe and deepseek2 in f32, q8_0 and the q4_k_m mix (deepseek2 also with the older
+# attn_kv_b layout), llama.cpp (node-llama-cpp's prebuilt CPU binary) greedily continues a fixed
+# prompt of token ids; `strata run --teacher` scores that continuation; check.mjs prints the table
+# and fails the stage when a step's token is neither strata's argmax nor within the stated
+# tolerance of it.
 #
 #   tests/llamacpp/run.sh [BUILD_DIR]     (default: build; needs BUILD_DIR/strata)
 #
@@ -27,6 +29,13 @@ types="f32 q8_0 q4_k q4_k_m"
 cases=""
 for arch in $archs; do for type in $types; do cases="$cases $arch:$type"; done; done
 cases="$cases gpt-oss:f32 gpt-oss:mxfp4_moe"
+# glm4moe (GLM-4.5: a dense layer, sigmoid routing with its selection bias and scaling, an ungated
+# shared expert, partial rotary, q/k norms, biases; the MTP layer in the file, never run)
+cases="$cases glm4moe:f32 glm4moe:q8_0 glm4moe:q4_k_m"
+# deepseek2 (MLA with both LoRAs, the latent cached; group-limited sigmoid routing with the bias,
+# scaling, shared expert, dense layer; YaRN with DeepSeek's mscale), and f32_old: the older
+# converters' attn_kv_b, which llama.cpp runs without MLA and strata as MLA
+cases="$cases deepseek2:f32 deepseek2:q8_0 deepseek2:q4_k_m deepseek2:f32_old"
 
 skip() { echo "SKIP llama.cpp parity: $*"; exit 0; }
 
@@ -57,7 +66,9 @@ models=()
 for c in $cases; do
     arch=${c%%:*} type=${c#*:}
     f=$work/$arch-$type
-    if [ "$type" = q4_k_m ]; then qopt=(--mix q4_k_m); else qopt=(--type "$type"); fi
+    if [ "$type" = q4_k_m ]; then qopt=(--mix q4_k_m)
+    elif [ "$type" = f32_old ]; then qopt=(--type f32 --old-layout)
+    else qopt=(--type "$type"); fi
     "$strata" fixture --arch "$arch" "${qopt[@]}" -o "$f.gguf" >/dev/null
     node "$node_dir/greedy.mjs" "$f.gguf" "$prompt" "$steps" >"$f.llama.json"
     ids=$(node -p "JSON.parse(require('fs').readFileSync('$f.llama.json', 'utf8')).ids.join(',')")
