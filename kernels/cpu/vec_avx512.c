@@ -208,14 +208,18 @@ void cpu_expf_avx512(const float *x, float *y, uint32_t n)
         const __m512 v = _mm512_loadu_ps(x + i);
         const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(v))),
                                             exp8(_mm512_extractf32x8_ps(v, 1)), 1);
-        _mm512_storeu_ps(y + i, e);
         /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
         const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20),
                                              _mm512_set1_epi32(0x7ff));
         __mmask16 odd = _mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a));
+        /* the others from libm, from a copy of the inputs: y may be x (a softmax in place), and
+         * the store below overwrites them (exp8 of -inf, a masked key's score, is not 0) */
+        _Alignas(64) float in[16];
+        if (odd) _mm512_store_ps(in, v);
+        _mm512_storeu_ps(y + i, e);
         while (odd) {
             const int j = __builtin_ctz(odd);
-            y[i + j] = expf(x[i + j]);
+            y[i + j] = expf(in[j]);
             odd &= odd - 1;
         }
     }
