@@ -1323,7 +1323,7 @@ static void mla_att(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
                                     f->pos[t0] + 1,
                                     0,
                                     NULL};
-        mla_attention(&a, hp->head_dim, hp->head_dim_v, hp->kq_scale, &view);
+        cpu_attention(&a, hp->head_dim, hp->head_dim_v, hp->kq_scale, &view);
     }
 }
 

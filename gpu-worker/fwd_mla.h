@@ -34,12 +34,4 @@ void mla_head_tasks(const struct model_mat *w, uint32_t n_head, const void *acts
                     uint32_t n, float *out, size_t out_tok, size_t out_head,
                     struct cpu_mm_task *tasks);
 
-/* mla_attention is cpu_attention (the bits of ops_attention) for MLA's wide rows: its own AVX2
- * kernel up to MLA_ATT_MAXD floats a key (fwd_mla_att.c; kernels/cpu's stops at CPU_ATT_MAXD and
- * runs the scalar reference beyond), cpu_attention on other CPUs, with STRATA_CPU=ref, a window or
- * sinks. Any thread. */
-#define MLA_ATT_MAXD 1024
-void mla_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,
-                   const struct ops_kv_view *kv);
-
 #endif

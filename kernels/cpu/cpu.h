@@ -97,6 +97,7 @@ void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_d
                    const struct ops_kv_view *kv);
 
 #define CPU_ATT_MAXQ 64  /* queries of one cpu_attention call */
-#define CPU_ATT_MAXD 256 /* head_dim above which cpu_attention runs ops_attention */
+#define CPU_ATT_MAXD 1024 /* head_dim above which cpu_attention runs ops_attention (MLA's rows
+                           * are 576: the key block is then 128 KiB of a thread's stack) */
 
 #endif
