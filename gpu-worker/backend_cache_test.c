@@ -98,24 +98,7 @@ static struct backend *start(const struct model *m, const struct backend_opts *e
 static void build_arena(struct env *e)
 {
     snprintf(e->shm, sizeof e->shm, "%s/shm", test_tmpdir());
-    mkdir(e->shm, 0700);
-    struct arena_layout *L;
-    ck_assert_msg(arena_layout_plan(e->f, ARENA_ALIGN_SMALL, e->path, &L) == 0, "%s",
-                  strata_errdetail());
-    char seg[300], tmp[320];
-    shm_name(seg, sizeof seg, "cachetest", "");
-    snprintf(tmp, sizeof tmp, "%s.tmp", seg);
-    struct shm_seg s;
-    struct arena_build_stats st;
-    struct arena_build_opts bo = {.threads = 1};
-    ck_assert_msg(arena_build_create(L, e->f, e->shm, tmp, &bo, &s, &st) == 0, "%s",
-                  strata_errdetail());
-    atomic_store_explicit(&((struct arena_header *)s.map)->state, ARENA_READY,
-                          memory_order_release);
-    ck_assert_int_eq(shm_publish(e->shm, &s, tmp, seg, 0400), 0);
-    shm_close(&s);
-    arena_layout_fini(L);
-    ck_assert_int_eq(arena_open(e->shm, "cachetest", &e->a), 0);
+    test_arena_build(e->f, e->path, e->shm, "cachetest", &e->a);
     ck_assert_int_eq(arena_meta(e->a, &e->meta), 0);
     ck_assert_msg(model_load_arena(e->a, e->meta, &e->ma) == 0, "%s", strata_errdetail());
 }

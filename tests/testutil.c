@@ -1,6 +1,11 @@
 #include "tests/testutil.h"
+#include "arena-server/arena_build.h"
+#include "common/arena/arena.h"
+#include "common/arena/arena_layout.h"
+#include "common/base/err.h"
 
 #include <ftw.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -188,4 +193,27 @@ int test_as_other_user(const char *what, int (*fn)(void *ctx), void *ctx)
     while (waitpid(pid, &st, 0) < 0)
         ;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+void test_arena_build(struct gguf_file *f, const char *path, const char *dir, const char *name,
+                      struct arena **a)
+{
+    mkdir(dir, 0700);
+    struct arena_layout *L;
+    ck_assert_msg(arena_layout_plan(f, ARENA_ALIGN_SMALL, path, &L) == 0, "%s",
+                  strata_errdetail());
+    char seg[300], tmp[320];
+    shm_name(seg, sizeof seg, name, "");
+    snprintf(tmp, sizeof tmp, "%s.tmp", seg);
+    struct shm_seg s;
+    struct arena_build_stats st;
+    struct arena_build_opts bo = {.threads = 1};
+    ck_assert_msg(arena_build_create(L, f, dir, tmp, &bo, &s, &st) == 0, "%s",
+                  strata_errdetail());
+    atomic_store_explicit(&((struct arena_header *)s.map)->state, ARENA_READY,
+                          memory_order_release);
+    ck_assert_int_eq(shm_publish(dir, &s, tmp, seg, 0400), 0);
+    shm_close(&s);
+    arena_layout_fini(L);
+    ck_assert_int_eq(arena_open(dir, name, a), 0);
 }

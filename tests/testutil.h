@@ -36,6 +36,13 @@ int test_run(Suite *s);
  * LeakSanitizer reports at the child's exit, and a lock that thread held stays held in the child. */
 int test_run_threads(Suite *s);
 
+/* test_arena_build plans and builds the arena of GGUF file f (read from path) in dir (made 0700)
+ * as segment name, published ready, and opens it into *a; a failure fails the test. */
+struct gguf_file;
+struct arena;
+void test_arena_build(struct gguf_file *f, const char *path, const char *dir, const char *name,
+                      struct arena **a);
+
 /* test_slowdown is how much slower than an idle machine this run may be: STRATA_TEST_SLOWDOWN
  * (scripts/test.sh sets it, larger under sanitizers), at least 1, default 1. Tests that compare
  * times with a bound scale the bound (or the work they time against) by it; it never loosens what
