@@ -66,13 +66,17 @@ shm_list() { find /dev/shm -maxdepth 1 -name "strata-$uid-*" 2>/dev/null | sort;
 before_shm=$(shm_list)
 
 # ctest_stage DIR LOG MULT [ctest args]: the tests of build DIR with the scratch directories, Check's
-# timeouts times MULT, the output kept in LOG for the timing table.
+# timeouts times MULT, the output kept in LOG for the timing table; $matrix is passed as
+# STRATA_TEST_MATRIX ("short" under the sanitizers: suites leave out the repeats of one code path
+# over more architectures, which scripts/check-full runs).
+matrix=
 ctest_stage() {
   local dir=$1 log=$2 mult=$3
   shift 3
   env TMPDIR="$scratch/tmp" XDG_STATE_HOME="$scratch/state" XDG_RUNTIME_DIR="$scratch/run" \
     XDG_CACHE_HOME="$scratch/cache" XDG_CONFIG_HOME="$scratch/config" \
     XDG_DATA_HOME="$scratch/data" CK_TIMEOUT_MULTIPLIER="$mult" STRATA_TEST_SLOWDOWN="$mult" \
+    STRATA_TEST_MATRIX="$matrix" \
     ctest --test-dir "$dir" --output-on-failure -j"$jobs" "$@" 2>&1 | tee "$log"
 }
 
@@ -107,7 +111,8 @@ rm -f build-win.log
 stage build_asan "build (ASan+UBSan, no CUDA)" \
   scripts/build.sh build-asan -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
 if [ "${stage_rc[build_asan]}" -eq 0 ]; then
-  stage tests_asan "tests under ASan+UBSan" \
+  matrix=short
+  stage tests_asan "tests under ASan+UBSan (STRATA_TEST_MATRIX=short)" \
     ctest_stage build-asan build-asan/ctest.log $((slow * 2)) -LE "gpu|slow"
 else
   skip "tests under ASan+UBSan" "the sanitizer build failed"

@@ -133,6 +133,15 @@ double test_slowdown(void)
     return f >= 1.0 && f <= 100.0 ? f : 1.0;
 }
 
+bool test_matrix_short(const char *suite, const char *left_out)
+{
+    const char *e = getenv("STRATA_TEST_MATRIX");
+    if (!e || strcmp(e, "short") != 0) return false;
+    printf("NOTE %s: STRATA_TEST_MATRIX=short leaves out %s (scripts/check-full runs them)\n", suite,
+           left_out);
+    return true;
+}
+
 char *test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

@@ -9,6 +9,7 @@
 #define STRATA_TESTUTIL_H
 
 #include <check.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -48,6 +49,12 @@ void test_arena_build(struct gguf_file *f, const char *path, const char *dir, co
  * times with a bound scale the bound (or the work they time against) by it; it never loosens what
  * a check means. */
 double test_slowdown(void);
+
+/* test_matrix_short: whether STRATA_TEST_MATRIX=short asks for a suite's representative cases
+ * only (scripts/test.sh sets it for the sanitizer stage, where a suite's repeats of one code path
+ * over more architectures cost minutes and find nothing new; scripts/check-full runs the whole
+ * matrix under the sanitizers too). A suite that honours it prints which cases it left out. */
+bool test_matrix_short(const char *suite, const char *left_out);
 
 /* test_read_file reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error. */
 char *test_read_file(const char *path, size_t *len);

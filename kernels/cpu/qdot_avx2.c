@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(STRATA_NO_QDOT_SIMD)
 #include <immintrin.h>
 
 #ifdef __clang__
