@@ -59,8 +59,7 @@ static void golden(const struct variant *var)
     const char *A = var->arch;
     const bool quant = var->exps != QT_F32;
     snprintf(js, sizeof js, "%s/tests/golden/%s-%s.json", STRATA_SOURCE_DIR, A, var->name);
-    snprintf(bin, sizeof bin, "%s/tests/golden/%s-%s.logits.f32", STRATA_SOURCE_DIR, A,
-             var->name);
+    snprintf(bin, sizeof bin, "%s/tests/golden/%s-%s.logits.f32", STRATA_SOURCE_DIR, A, var->name);
     struct stat st;
     if (stat(js, &st) != 0 || stat(bin, &st) != 0) {
         printf("SKIP hf golden %s %s: tests/golden/%s-%s.{json,logits.f32} absent "
@@ -162,8 +161,7 @@ int main(void)
     Suite *s = suite_create("fwd_hf_golden");
     TCase *tc = tcase_create("fwd_hf_golden");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, matches_transformers, 0,
-                        (int)(sizeof variants / sizeof variants[0]));
+    tcase_add_loop_test(tc, matches_transformers, 0, (int)(sizeof variants / sizeof variants[0]));
     suite_add_tcase(s, tc);
     return test_run(s);
 }
