@@ -18,14 +18,17 @@ Glm4MoeForCausalLM, DeepseekV3ForCausalLM; float32, eager attention) with the fi
 hyper-parameters, loads its tensors (llama.cpp's names and layouts mapped to transformers'), feeds
 the fixed token sequence teacher-forced (one pass: position p's logits predict p + 1) and writes
   OUT/NAME.logits.f32  (tokens, n_vocab) float32, little endian
-  OUT/NAME.json        {"n_vocab", "tokens": [...], "transformers", "torch", "layout", "checks"}
+  OUT/NAME.json        {"arch", "n_vocab", "tokens": [...], "transformers", "torch", "layout",
+                        "checks", and for glm4moe / deepseek2 "routing"}
 The mapping is checked in the same run against direct computations from the GGUF's tensors that
 follow llama.cpp's definition (float64): the expert layout is the one of the candidates whose MoE
 block reproduces the direct block on random rows (transformers' fused layout changed across
 versions; none matching is an error); then, on the activations of the golden pass itself (forward
 hooks), every layer's attention and FFN output is compared with the direct computation on the
 same input ("checks": the largest difference relative to the output's largest magnitude; above
-1e-4 is printed as MISMATCH and makes the exit status 2, after the files are written).
+1e-4 is printed as MISMATCH and makes the exit status 2, after the files are written). "routing"
+counts, on random rows through each MoE layer's router, how often the selection bias and the group
+limit change the choice and how often transformers' group mask (0.0, llama.cpp's -inf) would.
 Needs torch and transformers (GptOss: 4.55 or later; Glm4Moe and DeepseekV3: 4.56 or later); the
 GGUF reader is this file's (stdlib; no numpy).
   python3 scripts/hf-golden.py --out DIR NAME=FILE.gguf [NAME=FILE.gguf ...]
