@@ -140,20 +140,6 @@ START_TEST(qwen2moe_matches_transformers)
 }
 END_TEST
 
-/* glm4moe and deepseek2: their files come from scripts/hf-golden-glm-ds.py (which writes the GGUF
- * itself: strata convert does not know these architectures); skipped until they are committed. */
-START_TEST(glm4moe_matches_transformers)
-{
-    parity("glm4moe", &variants[_i]);
-}
-END_TEST
-
-START_TEST(deepseek2_matches_transformers)
-{
-    parity("deepseek2", &variants[_i]);
-}
-END_TEST
-
 int main(void)
 {
     Suite *s = suite_create("fwd_parity");
@@ -164,8 +150,6 @@ int main(void)
     tcase_add_loop_test(tc, mixtral_matches_transformers, 0, nv);
     tcase_add_loop_test(tc, olmoe_matches_transformers, 0, nv);
     tcase_add_loop_test(tc, qwen2moe_matches_transformers, 0, nv);
-    tcase_add_loop_test(tc, glm4moe_matches_transformers, 0, nv);
-    tcase_add_loop_test(tc, deepseek2_matches_transformers, 0, nv);
     suite_add_tcase(s, tc);
     return test_run(s);
 }

@@ -237,6 +237,48 @@ START_TEST(attention_equals_reference)
 }
 END_TEST
 
+/* MLA's rows (DeepSeek-V3: kv_lora_rank 512 + 64 rope dims, one cache row per position): keys
+ * of 576 floats, the values the first 512 floats of the same rows, 16 heads sharing them (MQA);
+ * decode (1 token) and a prompt run (4 tokens), keys within one block and across several. */
+START_TEST(attention_mla_rows_equal_reference)
+{
+    enum cpu_isa isa[2];
+    const int n_isa = isas(isa);
+    enum { HD = 576, HV = 512, BT = 16, NB = 6, NH = 16, NT = 4 };
+    float *blocks[NB];
+    for (uint32_t b = 0; b < NB; b++) {
+        blocks[b] = malloc((size_t)BT * HD * sizeof(float));
+        for (size_t i = 0; i < (size_t)BT * HD; i++)
+            blocks[b][i] = gauss();
+    }
+    const struct ops_kv_view v = {blocks, BT, 0, 0, HD, HD};
+    static float q[NT * NH * HD], want[NT * NH * HV], got[NT * NH * HV];
+    for (size_t d = 0; d < sizeof q / sizeof q[0]; d++)
+        q[d] = gauss();
+    const float sc = 1.3f / sqrtf(192.0f); /* mscale^2 / sqrt(key head), as fwd_mla's */
+    static const uint32_t keys[] = {1, 9, 40, 93};
+    for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
+        for (uint32_t nt = 1; nt <= NT; nt += NT - 1) {
+            struct cpu_att_q a = {q, NH * HD, HD, NULL, NH * HV, HV, nt, NH, keys[ki], 0, NULL};
+            for (uint32_t t = 0; t < nt; t++)
+                for (uint32_t h = 0; h < NH; h++)
+                    ops_attention(want + (t * NH + h) * HV, q + (t * NH + h) * HD, HD, HV, sc, &v,
+                                  keys[ki] + t);
+            for (int k = 0; k < n_isa; k++) {
+                ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                memset(got, 0, sizeof got);
+                a.out = got;
+                cpu_attention(&a, HD, HV, sc, &v);
+                ck_assert_msg(memcmp(got, want, (size_t)nt * NH * HV * sizeof(float)) == 0,
+                              "%s MLA attention, %u keys, %u tokens x %u heads differs",
+                              cpu_isa_name(isa[k]), keys[ki], nt, NH);
+            }
+        }
+    for (uint32_t b = 0; b < NB; b++)
+        free(blocks[b]);
+}
+END_TEST
+
 START_TEST(rope_and_norm_equal_reference)
 {
     enum cpu_isa isa[2];
@@ -403,6 +445,7 @@ int main(void)
     tcase_set_timeout(tc, 60); /* Debug + ASan */
     tcase_add_loop_test(tc, matmul_equals_reference, 0, NTYPES);
     tcase_add_test(tc, attention_equals_reference);
+    tcase_add_test(tc, attention_mla_rows_equal_reference);
     tcase_add_test(tc, rope_and_norm_equal_reference);
     tcase_add_test(tc, quantize_acts_equal_reference);
     tcase_add_test(tc, vector_expf_equals_libm);
