@@ -1045,7 +1045,8 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
             return cu_moe_combine_add_norm_q(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
                                              tq, c->acts[0], c->row_sync, c->s);
         }
-        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn, c->s);
+        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
+                                       c->row_sync, c->s);
     }
     if (!hp->n_ff_shexp && !c->unfused)
         return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);

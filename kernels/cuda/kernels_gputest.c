@@ -1057,11 +1057,15 @@ START_TEST(moe_group_matches_moe_group)
 END_TEST
 
 /* The combine with the residual add and the next norm fused, against cu_moe_combine_add then
- * cu_rmsnorm, bit for bit (rows of 2048 and 4096, top-8 over 3 tokens). */
+ * cu_rmsnorm, bit for bit, one CTA a token and split over CTAs (rows of 2048 and 4096, top-8 over
+ * 3 tokens). */
 START_TEST(moe_combine_add_norm_matches_its_steps)
 {
     const int64_t widths[] = {2048, 4096};
     const int n_tok = 3, k = 8;
+    void *sync;
+    ck_assert_int_eq(cudaMalloc(&sync, cu_row_sync_bytes(n_tok)), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(sync, 0, cu_row_sync_bytes(n_tok)), cudaSuccess);
     for (int wi = 0; wi < 2; wi++) {
         const int64_t E = widths[wi];
         float *out = malloc(sizeof(float) * n_tok * k * E), *x = malloc(sizeof(float) * n_tok * E);
@@ -1077,18 +1081,32 @@ START_TEST(moe_combine_add_norm_matches_its_steps)
         float *dn1 = dev_out((size_t)n_tok * E), *dn2 = dev_out((size_t)n_tok * E);
         ck_assert_int_eq(cu_moe_combine_add(dout, dids, n_tok, k, E, dx1, NULL), 0);
         ck_assert_int_eq(cu_rmsnorm(dx1, dw, dn1, n_tok, E, 1e-6f, NULL), 0);
-        ck_assert_int_eq(cu_moe_combine_add_norm(dout, dids, n_tok, k, E, dx2, dw, 1e-6f, dn2, NULL), 0);
-        float *n1 = fetch(dn1, (size_t)n_tok * E), *n2 = fetch(dn2, (size_t)n_tok * E);
+        float *n1 = fetch(dn1, (size_t)n_tok * E);
         float *x1 = malloc(sizeof(float) * n_tok * E), *x2 = malloc(sizeof(float) * n_tok * E);
         cudaMemcpy(x1, dx1, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
-        cudaMemcpy(x2, dx2, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
-        ck_assert_msg(memcmp(x1, x2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: x differs", (long long)E);
-        ck_assert_msg(memcmp(n1, n2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: the norm differs", (long long)E);
-        free(out), free(x), free(w), free(n1), free(n2), free(x1), free(x2);
+        for (int v = 0; v < 2; v++) { /* one CTA a token, then split over CTAs */
+            ck_assert_int_eq(cudaMemcpy(dx2, x, sizeof(float) * n_tok * E, cudaMemcpyHostToDevice),
+                             cudaSuccess);
+            ck_assert_int_eq(cu_moe_combine_add_norm(dout, dids, n_tok, k, E, dx2, dw, 1e-6f, dn2,
+                                                     v ? sync : NULL, NULL),
+                             0);
+            float *n2 = fetch(dn2, (size_t)n_tok * E);
+            cudaMemcpy(x2, dx2, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
+            ck_assert_msg(memcmp(x1, x2, sizeof(float) * n_tok * E) == 0,
+                          "combine_add_norm %lld (%s): x differs", (long long)E,
+                          v ? "split" : "one CTA");
+            ck_assert_msg(memcmp(n1, n2, sizeof(float) * n_tok * E) == 0,
+                          "combine_add_norm %lld (%s): the norm differs", (long long)E,
+                          v ? "split" : "one CTA");
+            free(n2);
+        }
+        free(out), free(x), free(w), free(n1), free(x1), free(x2);
         cudaFree(dout), cudaFree(dw), cudaFree(dids), cudaFree(dx1), cudaFree(dx2), cudaFree(dn1), cudaFree(dn2);
     }
-    ck_assert_int_eq(cu_moe_combine_add_norm(NULL, NULL, 1, 8, 512, NULL, NULL, 1e-6f, NULL, NULL),
-                     STRATA_EINVAL);
+    cudaFree(sync);
+    ck_assert_int_eq(
+        cu_moe_combine_add_norm(NULL, NULL, 1, 8, 512, NULL, NULL, 1e-6f, NULL, NULL, NULL),
+        STRATA_EINVAL);
 }
 END_TEST
 
@@ -1137,7 +1155,8 @@ START_TEST(fused_quantize_matches_its_steps)
                         ck_assert_int_eq(cu_add_rmsnorm(dx1, dr, dw, dy1, n, E, 1e-6f, NULL), 0);
                     else
                         ck_assert_int_eq(
-                            cu_moe_combine_add_norm(dr, dids, n, k, E, dx1, dw, 1e-6f, dy1, NULL),
+                            cu_moe_combine_add_norm(dr, dids, n, k, E, dx1, dw, 1e-6f, dy1, NULL,
+                                                    NULL),
                             0);
                     ck_assert_int_eq(cu_quantize_acts(wt, dy1, E, n, da1, NULL), 0);
                     float *y1 = fetch(dy1, (size_t)n * E), *a1 = fetch(da1, af);

@@ -485,8 +485,8 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
 }
 
 /* moe_combine<true, true, QA> split over CTAs, grid (chunks, tokens): CTA c combines, adds and
- * norms elements 256c .. 256c + 255 of its token and quantizes their blocks; the chunk sums meet
- * through sync (rowsum.cuh), so the same bits. */
+ * norms elements 256c .. 256c + 255 of its token and (QA) quantizes their blocks; the chunk sums
+ * meet through sync (rowsum.cuh), so the same bits. */
 template <int QA>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
     moe_combine_split(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
@@ -509,6 +509,7 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
         row_split_sum(cta_sum<ROW_NORM_THREADS>(v * v, red), sync + t, c, (int)gridDim.x);
     const float o = v * row_scale(tot, n_embd, eps) * wv;
     if (in) xn[e] = o;
+    if (!QA) return;
     row[tid] = in ? o : 0.0f;
     __syncthreads();
     qact_chunk(row, n_embd, (uint32_t)QA, c, tid / WARP, tid % WARP, act + t * arb);
@@ -725,15 +726,47 @@ extern "C" int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t 
     return cu_launch_check();
 }
 
+/* combine_norm: cu_moe_combine_add_norm(_q)'s launch, qa 0 (no activations), QT_Q8_0 or QT_Q8_K;
+ * split over CTAs with sync where the grid fits (at most an SM a CTA), else one CTA a token. */
+static void combine_norm(uint32_t qa, const float *out, const int32_t *ids, int64_t n_tok, int k,
+                         int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
+                         uint8_t *act, size_t arb, void *sync, cudaStream_t s)
+{
+    const int64_t chunks = (n_embd + ROW_NORM_THREADS - 1) / ROW_NORM_THREADS;
+    struct row_sync *rs = (struct row_sync *)sync;
+    const dim3 grid((unsigned)chunks, (unsigned)n_tok);
+    const unsigned nt = ROW_NORM_THREADS, one = (unsigned)n_tok;
+    if (sync && chunks <= ROW_SYNC_CHUNKS && n_tok * chunks <= cu_sm_count()) {
+        if (qa == QT_Q8_0)
+            cu_launch(moe_combine_split<QT_Q8_0>, grid, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                      eps, xn, act, arb, rs);
+        else if (qa == QT_Q8_K)
+            cu_launch(moe_combine_split<QT_Q8_K>, grid, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                      eps, xn, act, arb, rs);
+        else
+            cu_launch(moe_combine_split<0>, grid, nt, 0, s, out, ids, k, n_embd, x, norm_w, eps, xn,
+                      act, arb, rs);
+    } else if (qa == QT_Q8_0) {
+        cu_launch(moe_combine<true, true, QT_Q8_0>, one, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                  eps, xn, act, arb);
+    } else if (qa == QT_Q8_K) {
+        cu_launch(moe_combine<true, true, QT_Q8_K>, one, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                  eps, xn, act, arb);
+    } else {
+        cu_launch(moe_combine<true, true>, one, nt, 0, s, out, ids, k, n_embd, x, norm_w, eps, xn,
+                  act, arb);
+    }
+}
+
 extern "C" int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
                                        int64_t n_embd, float *x, const float *norm_w, float eps,
-                                       float *xn, void *stream)
+                                       float *xn, void *sync, void *stream)
 {
     if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN)
         return strata_errf(STRATA_EINVAL, "cu_moe_combine_add_norm: top-%d, rows of %lld (%d or more)",
                            k, (long long)n_embd, ROW_NORM_MIN);
-    cu_launch(moe_combine<true, true>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
-              out, ids, k, n_embd, x, norm_w, eps, xn, nullptr, (size_t)0);
+    combine_norm(0, out, ids, n_tok, k, n_embd, x, norm_w, eps, xn, nullptr, 0, sync,
+                 (cudaStream_t)stream);
     return cu_launch_check();
 }
 
@@ -749,22 +782,7 @@ extern "C" int cu_moe_combine_add_norm_q(const float *out, const int32_t *ids, i
                            "cu_moe_combine_add_norm_q: top-%d, rows of %lld (%d or more), %s "
                            "activations",
                            k, (long long)n_embd, ROW_NORM_MIN, qtype_name(wtype));
-    cudaStream_t s = (cudaStream_t)stream;
-    const int64_t chunks = (n_embd + ROW_NORM_THREADS - 1) / ROW_NORM_THREADS;
-    if (sync && chunks <= ROW_SYNC_CHUNKS && n_tok * chunks <= cu_sm_count()) {
-        const dim3 grid((unsigned)chunks, (unsigned)n_tok);
-        struct row_sync *rs = (struct row_sync *)sync;
-        if (at == QT_Q8_0)
-            cu_launch(moe_combine_split<QT_Q8_0>, grid, ROW_NORM_THREADS, 0, s, out, ids, k, n_embd,
-                      x, norm_w, eps, xn, (uint8_t *)act, arb, rs);
-        else
-            cu_launch(moe_combine_split<QT_Q8_K>, grid, ROW_NORM_THREADS, 0, s, out, ids, k, n_embd,
-                      x, norm_w, eps, xn, (uint8_t *)act, arb, rs);
-    } else if (at == QT_Q8_0)
-        cu_launch(moe_combine<true, true, QT_Q8_0>, (unsigned)n_tok, ROW_NORM_THREADS, 0, s, out,
-                  ids, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb);
-    else
-        cu_launch(moe_combine<true, true, QT_Q8_K>, (unsigned)n_tok, ROW_NORM_THREADS, 0, s, out,
-                  ids, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb);
+    combine_norm(at, out, ids, n_tok, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb, sync,
+                 (cudaStream_t)stream);
     return cu_launch_check();
 }
