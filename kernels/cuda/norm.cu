@@ -25,9 +25,9 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 
 /* Wide rows (the hidden state): a CTA of ROW_NORM_THREADS threads per row, so one decode row is
  * not one warp's chain of dependent loads. The sum: rowsum.cuh's chunk order (fixed by the width
- * alone: the same bits for any row count, and as rmsnorm_split's). With y, x += y first (the residual
- * add, __fadd_rn as cu_add) and the sum is of the new x. With QA (QT_Q8_0 or QT_Q8_K), the
- * normed row is then quantized into act (rows arb bytes apart) as cu_quantize_acts does. */
+ * alone: the same bits for any row count, and as rmsnorm_split's). With y, x += y first (the
+ * residual add, __fadd_rn as cu_add) and the sum is of the new x. With QA (QT_Q8_0 or QT_Q8_K),
+ * the normed row is then quantized into act (rows arb bytes apart) as cu_quantize_acts does. */
 template <bool ADD, int QA>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
     rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps,
@@ -202,11 +202,11 @@ extern "C" int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float 
         const dim3 grid((unsigned)chunks, (unsigned)rows);
         struct row_sync *rs = (struct row_sync *)sync;
         if (at == QT_Q8_0)
-            cu_launch(rmsnorm_split<QT_Q8_0>, grid, ROW_NORM_THREADS, 0, s, x, y, w, out, width, eps,
-                      (uint8_t *)act, arb, rs);
+            cu_launch(rmsnorm_split<QT_Q8_0>, grid, ROW_NORM_THREADS, 0, s, x, y, w, out, width,
+                      eps, (uint8_t *)act, arb, rs);
         else
-            cu_launch(rmsnorm_split<QT_Q8_K>, grid, ROW_NORM_THREADS, 0, s, x, y, w, out, width, eps,
-                      (uint8_t *)act, arb, rs);
+            cu_launch(rmsnorm_split<QT_Q8_K>, grid, ROW_NORM_THREADS, 0, s, x, y, w, out, width,
+                      eps, (uint8_t *)act, arb, rs);
     } else if (at == QT_Q8_0)
         cu_launch(rmsnorm_wide<true, QT_Q8_0>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
                   width, eps, (uint8_t *)act, arb);

@@ -83,8 +83,8 @@ __device__ __forceinline__ void qact_row(const float *xr, int64_t n, uint32_t at
 }
 
 /* qact_chunk: the blocks of elements 256c .. 256c + 255 of an n-float row (xc: those elements,
- * written by this 256-thread CTA before a barrier) quantized into r by its warps (w, lane), the bytes
- * of qact_row. */
+ * written by this 256-thread CTA before a barrier) quantized into r by its warps (w, lane), the
+ * bytes of qact_row. */
 __device__ __forceinline__ void qact_chunk(const float *xc, int64_t n, uint32_t at, int64_t c, int w,
                                            int lane, uint8_t *r)
 {
