@@ -130,6 +130,8 @@ struct cuda_be {
     uint8_t *acts[3];
     size_t act_stride;
     void *moe_ws;
+    void *row_sync; /* the split norms' meeting points (cu_row_sync_bytes), or NULL:
+                     * STRATA_CUDA_SPLIT=0 norms a row in one CTA (the same bits; a diagnostic) */
     /* pinned host mirrors */
     int32_t *h_in, *h_sel, *h_pair_idx, *h_ng;
     struct moe_group *h_groups;
@@ -522,13 +524,18 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
     const uint32_t F = hp->n_ff_exp > hp->n_ff_shexp ? hp->n_ff_exp : hp->n_ff_shexp;
     const size_t P = (size_t)T * K, NQ = (size_t)hp->n_head * hp->head_dim,
                  NK = (size_t)hp->n_head_kv * hp->head_dim;
+    /* STRATA_CUDA_SLOTS=0: the expert kernels read each slot address after their wait (the same
+     * bits; a diagnostic) */
+    const char *ss = getenv("STRATA_CUDA_SLOTS");
+    const bool stage_slots = !(ss && strcmp(ss, "0") == 0);
     for (uint32_t l = 0; l < hp->n_layer; l++) {
         const struct model_layer *L = &m->layers[l];
         c->L[l].parts =
             (struct cu_moe_parts){{L->part[0].type, L->part[1].type, L->part[2].type},
                                   {L->blob.part_off[0], L->blob.part_off[1], L->blob.part_off[2]},
                                   E,
-                                  hp->n_ff_exp};
+                                  hp->n_ff_exp,
+                                  stage_slots ? hp->n_expert : 0};
         for (int p = 0; p < MODEL_PART_COUNT; p++)
             c->L[l].group_bytes += L->part[p].n_out * L->part[p].row_bytes;
     }
@@ -574,6 +581,7 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         {(void **)&c->moe_ws, moe_ws},
         {(void **)&c->d_ng, (size_t)hp->n_layer * 4},
         {(void **)&c->attn_ws, attn_ws},
+        {&c->row_sync, cu_row_sync_bytes(T)},
     };
     const size_t n_bufs = sizeof bufs / sizeof bufs[0];
     for (size_t i = 0; i < n_bufs; i++) /* cudaMalloc rounds each to 256 bytes or more */
@@ -687,6 +695,9 @@ static int cuda_start(const struct model *m, const struct backend_opts *o, struc
         goto fail;
     for (size_t i = 0; i < n_bufs; i++)
         if ((rv = dalloc(c, bufs[i].bytes, bufs[i].p))) goto fail;
+    const char *sp = getenv("STRATA_CUDA_SPLIT");
+    if ((rv = ck(cudaMemset(c->row_sync, 0, cu_row_sync_bytes(T)), "row sync"))) goto fail;
+    if (sp && strcmp(sp, "0") == 0) c->row_sync = NULL;
     if (hybrid) {
         if (!(c->parts = malloc(hp->n_layer * sizeof *c->parts)) ||
             !(c->chunk_of = malloc(T * sizeof *c->chunk_of))) {
@@ -918,7 +929,7 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
         cu_act_row_bytes(tg, E) <= c->act_stride) {
         c->xn_moe_q = true;
         return cu_add_rmsnorm_q(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, tg, c->acts[1],
-                                c->s);
+                                c->row_sync, c->s);
     }
     return cu_add_rmsnorm(c->x, c->tmp, D->ffn_norm, c->xn, n, E, hp->rms_eps, c->s);
 }
@@ -1032,9 +1043,10 @@ static int moe(struct cuda_be *c, uint32_t n, uint32_t il)
         if (il + 1 < hp->n_layer && (aq == QT_Q8_0 || aq == QT_Q8_K)) {
             c->xn_q = true;
             return cu_moe_combine_add_norm_q(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
-                                             tq, c->acts[0], c->s);
+                                             tq, c->acts[0], c->row_sync, c->s);
         }
-        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn, c->s);
+        return cu_moe_combine_add_norm(c->y, c->sel, n, K, E, c->x, next, hp->rms_eps, c->xn,
+                                       c->row_sync, c->s);
     }
     if (!hp->n_ff_shexp && !c->unfused)
         return cu_moe_combine_add(c->y, c->sel, n, K, E, c->x, c->s);

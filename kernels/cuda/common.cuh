@@ -31,6 +31,18 @@ static inline int cu_launch_check(void)
     return cu_err(cudaGetLastError());
 }
 
+/* cu_sm_count: the current device's SM count (looked up once per device). */
+static inline int cu_sm_count(void)
+{
+    static int sms[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
+    if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) !=
+                         cudaSuccess)
+        sms[dev] = 1;
+    return sms[dev];
+}
+
 /* Programmatic dependent launch (sm_90). With cu_set_pdl on (glue.h), cu_launch puts a kernel on
  * the stream allowed to start before the kernel ahead of it ends: its CTAs may be resident early,
  * and pdl_enter, the first step of every kernel here, lets the next kernel launch as well

@@ -660,7 +660,9 @@ END_TEST
  * by cpu_quantize_acts, one qdot_ref-equal row dot per output, ops_swiglu. Quantized parts are
  * the same numbers on the GPU (integer block dots, glibc's expf in SiLU, the same quantized h), so
  * a mix of three quantized parts must give the CPU's bytes (memcmp); float parts sum in another
- * order: |out - ref| <= 1e-4 * sum|terms of the down dot| + 1e-6. Mixes after the first five run
+ * order: a float down within 1e-4 * sum|terms of the down dot| + 1e-6; float gate/up before a
+ * quantized down: h within 1e-4 of its row's largest, out qdot_ref over the GPU's h bit for bit
+ * (h's quantization may land a step from the CPU's at a tie). Mixes after the first five run
  * after every other test (the shared random stream): each quantized type on all three parts, and
  * the K-quant and IQ4 types mixed. */
 /* The reference's expert parts: slices of the host copy of the blobs. */
@@ -693,7 +695,8 @@ START_TEST(moe_ffn_matches_reference)
         const int mi = _i;
         const bool exact = qtype_get(mixes[mi][0])->blck > 1 && qtype_get(mixes[mi][1])->blck > 1 &&
                            qtype_get(mixes[mi][2])->blck > 1;
-        struct cu_moe_parts parts = {{mixes[mi][0], mixes[mi][1], mixes[mi][2]}, {0, 0, 0}, n_embd, n_ff};
+        struct cu_moe_parts parts = {{mixes[mi][0], mixes[mi][1], mixes[mi][2]}, {0, 0, 0}, n_embd,
+                                     n_ff, (uint32_t)n_exp}; /* the dev steps stage the slots */
         float *deq[16][3];
         uint64_t psz[3], rb[3], off = 0;
         for (int p = 0; p < 3; p++) {
@@ -763,6 +766,7 @@ START_TEST(moe_ffn_matches_reference)
                 pool_close(pl);
             }
             double *refabs = malloc(sizeof(double) * n_pairs * n_embd); /* pw * sum|down_i h_i| */
+            float *href = malloc(sizeof(float) * n_pairs * n_ff); /* the reference's h by pair */
             float *gate = malloc(sizeof(float) * n_ff), *up = malloc(sizeof(float) * n_ff);
             uint8_t *ax = malloc(quant_act_bytes(QT_F32, n_embd) + quant_act_bytes(QT_F32, n_ff));
             /* the tolerance's scale: pw * sum|down_i h_i|, h from the reference's own gate and up */
@@ -776,6 +780,7 @@ START_TEST(moe_ffn_matches_reference)
                 for (int64_t r = 0; r < n_ff; r++)
                     up[r] = qdot_ref(parts.type[1], n_embd, blob + parts.off[1] + r * rb[1], ax);
                 ops_swiglu(h, gate, up, n_ff);
+                memcpy(href + pi * n_ff, h, sizeof(float) * n_ff);
                 for (int64_t d = 0; d < n_embd; d++) {
                     double ad;
                     ref_dot(deq[e][2] + d * n_ff, h, n_ff, &ad);
@@ -795,6 +800,9 @@ START_TEST(moe_ffn_matches_reference)
             ck_assert_int_eq(cu_moe_ffn(&parts, dslot, dg, ng, dpi, dpw, n_tok, k, dx, dh, ws, dout,
                                         NULL), 0);
             float *out = fetch(dout, (size_t)n_pairs * n_embd);
+            float *hg = malloc(sizeof(float) * n_pairs * n_ff); /* the GPU's h */
+            ck_assert_int_eq(cudaMemcpy(hg, dh, sizeof(float) * n_pairs * n_ff,
+                                        cudaMemcpyDeviceToHost), cudaSuccess);
             {   /* the device-grouped step: the same bits from cu_moe_group's groups */
                 uint8_t *dres = dev_upload(resident, sizeof resident);
                 const int64_t mg = cu_moe_max_groups(n_pairs, (uint32_t)n_exp, CU_MOE_MAX_PAIRS);
@@ -864,7 +872,41 @@ START_TEST(moe_ffn_matches_reference)
                 }
                 cudaFree(dout2), cudaFree(dres), cudaFree(dg2), cudaFree(dpi2), cudaFree(dng);
             }
-            for (int pi = 0; pi < n_pairs; pi++) {
+            /* float gate or up, quantized down: h is the float products' (within 1e-4 of its row's
+             * largest), and its quantization for down may then land one step away from the CPU's
+             * at a rounding tie, so out is checked against qdot_ref over the GPU's own h, bit for
+             * bit (rather than within a tolerance a flipped step of h can exceed) */
+            const bool hq = !exact && qtype_get(parts.type[CU_PART_DOWN])->blck > 1;
+            int flips = 0;
+            uint8_t *ah = malloc(quant_act_bytes(parts.type[CU_PART_DOWN], n_ff)),
+                    *ar = malloc(quant_act_bytes(parts.type[CU_PART_DOWN], n_ff));
+            for (int pi = 0; hq && pi < n_pairs; pi++) {
+                if (!resident[ids[pi]]) continue;
+                const float *hr = href + pi * n_ff, *hp = hg + pi * n_ff;
+                float hmax = 0.0f;
+                for (int64_t i = 0; i < n_ff; i++) hmax = fmaxf(hmax, fabsf(hr[i]));
+                for (int64_t i = 0; i < n_ff; i++)
+                    ck_assert_msg(fabsf(hp[i] - hr[i]) <= 1e-4f * hmax + 1e-6f,
+                                  "moe mix %d, %d tokens, pair %d: h[%lld] %.9g, the CPU's %.9g",
+                                  (int)mi, n_tok, pi, (long long)i, hp[i], hr[i]);
+                ck_assert_int_eq(quant_activations(parts.type[CU_PART_DOWN], hp, ah, n_ff), 0);
+                ck_assert_int_eq(quant_activations(parts.type[CU_PART_DOWN], hr, ar, n_ff), 0);
+                for (int64_t i = 0; i < n_ff; i++) flips += ((int8_t *)ah)[i] != ((int8_t *)ar)[i];
+                const uint8_t *dw = blobs + ids[pi] * blob_bytes + parts.off[CU_PART_DOWN];
+                for (int64_t d = 0; d < n_embd; d++) {
+                    const float want =
+                        pw[pi] * qdot_ref(parts.type[CU_PART_DOWN], n_ff, dw + d * rb[2], ah);
+                    ck_assert_msg(memcmp(&out[pi * n_embd + d], &want, 4) == 0,
+                                  "moe mix %d, %d tokens, pair %d dim %lld: %.9g, qdot_ref over "
+                                  "the GPU's h %.9g", (int)mi, n_tok, pi, (long long)d,
+                                  out[pi * n_embd + d], want);
+                }
+            }
+            if (flips)
+                printf("moe mix %d, %d tokens: %d of h's quantized elements a step from the CPU's "
+                       "(float gate/up sums)\n", (int)mi, n_tok, flips);
+            free(ah), free(ar);
+            for (int pi = 0; !hq && pi < n_pairs; pi++) {
                 if (!resident[ids[pi]]) continue;
                 for (int64_t d = 0; exact && d < n_embd; d++)
                     ck_assert_msg(memcmp(&out[pi * n_embd + d], &ref[pi * n_embd + d], 4) == 0,
@@ -911,7 +953,8 @@ START_TEST(moe_ffn_matches_reference)
                     ck_assert_msg(y[t * n_embd + d] == sum, "combine tok %d dim %lld: %g vs %g", t,
                                   (long long)d, y[t * n_embd + d], sum);
                 }
-            free(x), free(ref), free(refabs), free(h), free(gate), free(up), free(ax), free(out), free(y);
+            free(x), free(ref), free(refabs), free(href), free(hg), free(h), free(gate), free(up);
+            free(ax), free(out), free(y);
             cudaFree(dg), cudaFree(dpi), cudaFree(dids), cudaFree(dpw), cudaFree(dx), cudaFree(dh),
                 cudaFree(ws), cudaFree(dout), cudaFree(dy);
         }
@@ -1017,11 +1060,15 @@ START_TEST(moe_group_matches_moe_group)
 END_TEST
 
 /* The combine with the residual add and the next norm fused, against cu_moe_combine_add then
- * cu_rmsnorm, bit for bit (rows of 2048 and 4096, top-8 over 3 tokens). */
+ * cu_rmsnorm, bit for bit, one CTA a token and split over CTAs (rows of 2048 and 4096, top-8 over
+ * 3 tokens). */
 START_TEST(moe_combine_add_norm_matches_its_steps)
 {
     const int64_t widths[] = {2048, 4096};
     const int n_tok = 3, k = 8;
+    void *sync;
+    ck_assert_int_eq(cudaMalloc(&sync, cu_row_sync_bytes(n_tok)), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(sync, 0, cu_row_sync_bytes(n_tok)), cudaSuccess);
     for (int wi = 0; wi < 2; wi++) {
         const int64_t E = widths[wi];
         float *out = malloc(sizeof(float) * n_tok * k * E), *x = malloc(sizeof(float) * n_tok * E);
@@ -1037,18 +1084,32 @@ START_TEST(moe_combine_add_norm_matches_its_steps)
         float *dn1 = dev_out((size_t)n_tok * E), *dn2 = dev_out((size_t)n_tok * E);
         ck_assert_int_eq(cu_moe_combine_add(dout, dids, n_tok, k, E, dx1, NULL), 0);
         ck_assert_int_eq(cu_rmsnorm(dx1, dw, dn1, n_tok, E, 1e-6f, NULL), 0);
-        ck_assert_int_eq(cu_moe_combine_add_norm(dout, dids, n_tok, k, E, dx2, dw, 1e-6f, dn2, NULL), 0);
-        float *n1 = fetch(dn1, (size_t)n_tok * E), *n2 = fetch(dn2, (size_t)n_tok * E);
+        float *n1 = fetch(dn1, (size_t)n_tok * E);
         float *x1 = malloc(sizeof(float) * n_tok * E), *x2 = malloc(sizeof(float) * n_tok * E);
         cudaMemcpy(x1, dx1, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
-        cudaMemcpy(x2, dx2, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
-        ck_assert_msg(memcmp(x1, x2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: x differs", (long long)E);
-        ck_assert_msg(memcmp(n1, n2, sizeof(float) * n_tok * E) == 0, "combine_add_norm %lld: the norm differs", (long long)E);
-        free(out), free(x), free(w), free(n1), free(n2), free(x1), free(x2);
+        for (int v = 0; v < 2; v++) { /* one CTA a token, then split over CTAs */
+            ck_assert_int_eq(cudaMemcpy(dx2, x, sizeof(float) * n_tok * E, cudaMemcpyHostToDevice),
+                             cudaSuccess);
+            ck_assert_int_eq(cu_moe_combine_add_norm(dout, dids, n_tok, k, E, dx2, dw, 1e-6f, dn2,
+                                                     v ? sync : NULL, NULL),
+                             0);
+            float *n2 = fetch(dn2, (size_t)n_tok * E);
+            cudaMemcpy(x2, dx2, sizeof(float) * n_tok * E, cudaMemcpyDeviceToHost);
+            ck_assert_msg(memcmp(x1, x2, sizeof(float) * n_tok * E) == 0,
+                          "combine_add_norm %lld (%s): x differs", (long long)E,
+                          v ? "split" : "one CTA");
+            ck_assert_msg(memcmp(n1, n2, sizeof(float) * n_tok * E) == 0,
+                          "combine_add_norm %lld (%s): the norm differs", (long long)E,
+                          v ? "split" : "one CTA");
+            free(n2);
+        }
+        free(out), free(x), free(w), free(n1), free(x1), free(x2);
         cudaFree(dout), cudaFree(dw), cudaFree(dids), cudaFree(dx1), cudaFree(dx2), cudaFree(dn1), cudaFree(dn2);
     }
-    ck_assert_int_eq(cu_moe_combine_add_norm(NULL, NULL, 1, 8, 512, NULL, NULL, 1e-6f, NULL, NULL),
-                     STRATA_EINVAL);
+    cudaFree(sync);
+    ck_assert_int_eq(
+        cu_moe_combine_add_norm(NULL, NULL, 1, 8, 512, NULL, NULL, 1e-6f, NULL, NULL, NULL),
+        STRATA_EINVAL);
 }
 END_TEST
 
@@ -1056,19 +1117,26 @@ END_TEST
  * cu_moe_combine_add_norm_q against cu_moe_combine_add_norm then cu_quantize_acts, byte for byte
  * (x, the normed rows, every activation byte and the guard after them), for Q8_K (Q4_K weights)
  * and Q8_0 (Q8_0 weights) activations, 1, 3 and 16 rows (row 0 all zeros: the all-zero blocks) of
- * 2048 and 4096; narrow rows and float weights refused. */
+ * 2048, 2880 (Q8_0: a last chunk of 64), 4096 and 5120 (wider than a CTA's registers); each with
+ * one CTA a row and split over CTAs (sync given: where the grid fits, a CTA per 256 elements), the
+ * split form twice on one sync (its counters reused); narrow rows and float weights refused. */
 START_TEST(fused_quantize_matches_its_steps)
 {
-    const int64_t widths[] = {2048, 4096};
+    const int64_t widths[] = {2048, 2880, 4096, 5120};
     const int rows_of[] = {1, 3, 16}, k = 8;
     const uint32_t wtypes[] = {QT_Q4_K, QT_Q8_0};
-    for (int wi = 0; wi < 2; wi++)
+    void *sync;
+    ck_assert_int_eq(cudaMalloc(&sync, cu_row_sync_bytes(16)), cudaSuccess);
+    ck_assert_int_eq(cudaMemset(sync, 0, cu_row_sync_bytes(16)), cudaSuccess);
+    int cases = 0;
+    for (int wi = 0; wi < 4; wi++)
         for (int ri = 0; ri < 3; ri++)
             for (int ti = 0; ti < 2; ti++) {
                 const int64_t E = widths[wi];
                 const int n = rows_of[ri];
                 const uint32_t wt = wtypes[ti];
                 const size_t arb = cu_act_row_bytes(wt, E), af = arb * n / sizeof(float);
+                if (arb == 0) continue; /* Q8_K rows are whole 256-blocks */
                 float *x = malloc(sizeof(float) * n * E), *r = malloc(sizeof(float) * n * k * E);
                 float *w = malloc(sizeof(float) * E);
                 int32_t ids[16 * 8];
@@ -1085,60 +1153,74 @@ START_TEST(fused_quantize_matches_its_steps)
                 int32_t *dids = dev_upload(ids, sizeof(int32_t) * n * k);
                 for (int op = 0; op < 2; op++) {
                     float *dx1 = dev_upload(x, sizeof(float) * n * E);
-                    float *dx2 = dev_upload(x, sizeof(float) * n * E);
-                    float *dy1 = dev_out((size_t)n * E), *dy2 = dev_out((size_t)n * E);
-                    float *da1 = dev_out(af), *da2 = dev_out(af);
-                    if (op == 0) {
+                    float *dy1 = dev_out((size_t)n * E), *da1 = dev_out(af);
+                    if (op == 0)
                         ck_assert_int_eq(cu_add_rmsnorm(dx1, dr, dw, dy1, n, E, 1e-6f, NULL), 0);
+                    else
                         ck_assert_int_eq(
-                            cu_add_rmsnorm_q(dx2, dr, dw, dy2, n, E, 1e-6f, wt, da2, NULL), 0);
-                    } else {
-                        ck_assert_int_eq(
-                            cu_moe_combine_add_norm(dr, dids, n, k, E, dx1, dw, 1e-6f, dy1, NULL),
+                            cu_moe_combine_add_norm(dr, dids, n, k, E, dx1, dw, 1e-6f, dy1, NULL,
+                                                    NULL),
                             0);
-                        ck_assert_int_eq(cu_moe_combine_add_norm_q(dr, dids, n, k, E, dx2, dw,
-                                                                   1e-6f, dy2, wt, da2, NULL),
-                                         0);
-                    }
                     ck_assert_int_eq(cu_quantize_acts(wt, dy1, E, n, da1, NULL), 0);
-                    float *y1 = fetch(dy1, (size_t)n * E), *y2 = fetch(dy2, (size_t)n * E);
-                    float *a1 = fetch(da1, af), *a2 = fetch(da2, af);
+                    float *y1 = fetch(dy1, (size_t)n * E), *a1 = fetch(da1, af);
                     float *x1 = malloc(sizeof(float) * n * E), *x2 = malloc(sizeof(float) * n * E);
                     cudaMemcpy(x1, dx1, sizeof(float) * n * E, cudaMemcpyDeviceToHost);
-                    cudaMemcpy(x2, dx2, sizeof(float) * n * E, cudaMemcpyDeviceToHost);
-                    const char *what = op == 0 ? "add_rmsnorm_q" : "combine_add_norm_q";
-                    ck_assert_msg(memcmp(x1, x2, sizeof(float) * n * E) == 0 &&
-                                      memcmp(y1, y2, sizeof(float) * n * E) == 0,
-                                  "%s %s %d x %lld: x or the norm differs", what, qtype_name(wt), n,
-                                  (long long)E);
-                    ck_assert_msg(memcmp(a1, a2, arb * n) == 0,
-                                  "%s %s %d x %lld: the activations differ from cu_quantize_acts'",
-                                  what, qtype_name(wt), n, (long long)E);
-                    free(y1), free(y2), free(a1), free(a2), free(x1), free(x2);
-                    cudaFree(dx1), cudaFree(dx2), cudaFree(dy1), cudaFree(dy2), cudaFree(da1),
-                        cudaFree(da2);
+                    for (int v = 0; v < 3; v++) { /* one CTA a row, split, split again */
+                        void *sy = v ? sync : NULL;
+                        float *dx2 = dev_upload(x, sizeof(float) * n * E);
+                        float *dy2 = dev_out((size_t)n * E), *da2 = dev_out(af);
+                        if (op == 0)
+                            ck_assert_int_eq(
+                                cu_add_rmsnorm_q(dx2, dr, dw, dy2, n, E, 1e-6f, wt, da2, sy, NULL),
+                                0);
+                        else
+                            ck_assert_int_eq(cu_moe_combine_add_norm_q(dr, dids, n, k, E, dx2, dw,
+                                                                       1e-6f, dy2, wt, da2, sy,
+                                                                       NULL),
+                                             0);
+                        float *y2 = fetch(dy2, (size_t)n * E), *a2 = fetch(da2, af);
+                        cudaMemcpy(x2, dx2, sizeof(float) * n * E, cudaMemcpyDeviceToHost);
+                        const char *what = op == 0 ? "add_rmsnorm_q" : "combine_add_norm_q";
+                        ck_assert_msg(memcmp(x1, x2, sizeof(float) * n * E) == 0 &&
+                                          memcmp(y1, y2, sizeof(float) * n * E) == 0,
+                                      "%s %s %d x %lld (%s): x or the norm differs", what,
+                                      qtype_name(wt), n, (long long)E, v ? "split" : "one CTA");
+                        ck_assert_msg(memcmp(a1, a2, arb * n) == 0,
+                                      "%s %s %d x %lld (%s): the activations differ from "
+                                      "cu_quantize_acts'",
+                                      what, qtype_name(wt), n, (long long)E,
+                                      v ? "split" : "one CTA");
+                        free(y2), free(a2);
+                        cudaFree(dx2), cudaFree(dy2), cudaFree(da2);
+                        cases++;
+                    }
+                    free(y1), free(a1), free(x1), free(x2);
+                    cudaFree(dx1), cudaFree(dy1), cudaFree(da1);
                 }
                 free(x), free(r), free(w);
                 cudaFree(dw), cudaFree(dr), cudaFree(dids);
             }
-    ck_assert_int_eq(cu_add_rmsnorm_q(NULL, NULL, NULL, NULL, 1, 512, 1e-6f, QT_Q4_K, NULL, NULL),
-                     STRATA_EINVAL);
-    ck_assert_int_eq(cu_add_rmsnorm_q(NULL, NULL, NULL, NULL, 1, 2048, 1e-6f, QT_F16, NULL, NULL),
-                     STRATA_EINVAL);
+    cudaFree(sync);
+    ck_assert_int_eq(
+        cu_add_rmsnorm_q(NULL, NULL, NULL, NULL, 1, 512, 1e-6f, QT_Q4_K, NULL, NULL, NULL),
+        STRATA_EINVAL);
+    ck_assert_int_eq(
+        cu_add_rmsnorm_q(NULL, NULL, NULL, NULL, 1, 2048, 1e-6f, QT_F16, NULL, NULL, NULL),
+        STRATA_EINVAL);
     ck_assert_int_eq(cu_moe_combine_add_norm_q(NULL, NULL, 1, 8, 2048, NULL, NULL, 1e-6f, NULL,
-                                               QT_F32, NULL, NULL),
+                                               QT_F32, NULL, NULL, NULL),
                      STRATA_EINVAL);
-    printf("fused quantize: 24 cases byte-equal to their two steps\n");
+    printf("fused quantize: %d cases byte-equal to their two steps\n", cases);
 }
 END_TEST
 
 /* cu_router_group against cu_router_topk then cu_moe_group, bit for bit: ids, weights, groups,
- * pair_idx and the count, both router modes, 1..32 tokens, 128 experts top-8 and 64 top-4 (some
- * logits tied so ties go to the lower id in both). */
+ * pair_idx and the count, both router modes, 1..32 tokens, 128 and 256 experts top-8 and 64 top-4
+ * (some logits tied so ties go to the lower id in both). */
 START_TEST(router_group_matches_its_steps)
 {
-    const int shapes[][2] = {{128, 8}, {64, 4}};
-    for (int si = 0; si < 2; si++) {
+    const int shapes[][2] = {{128, 8}, {64, 4}, {256, 8}};
+    for (int si = 0; si < 3; si++) {
         const int n_exp = shapes[si][0], k = shapes[si][1];
         for (int mode = 0; mode < 2; mode++)
             for (int t = 1; t <= CU_ROUTE_GROUP_MAX_TOKENS; t += t < 4 ? 1 : 7) {
@@ -1194,7 +1276,7 @@ END_TEST
 
 START_TEST(moe_ffn_refuses_bad_parts)
 {
-    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q4_1, QT_Q6_K}, {0, 256, 512}, 512, 256};
+    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q4_1, QT_Q6_K}, {0, 256, 512}, 512, 256, 0};
     ck_assert_int_eq(cu_moe_ffn(&parts, NULL, NULL, 0, NULL, NULL, 1, 8, NULL, NULL, NULL, NULL, NULL),
                      STRATA_EUNSUPPORTED);
     parts.type[1] = QT_Q4_K, parts.off[1] = 250; /* not a multiple of 16 */
@@ -1241,7 +1323,10 @@ int main(void)
      * five, then those added with Q2_K .. IQ4_NL), the fused quantizations */
     TCase *tm = tcase_create("moe");
     tcase_set_timeout(tm, 300);
-    tcase_add_loop_test(tm, moe_ffn_matches_reference, 0, N_MIXES);
+    /* STRATA_TEST_MIX=i: mix i alone (for compute-sanitizer runs) */
+    const char *one = getenv("STRATA_TEST_MIX");
+    const int m0 = one ? atoi(one) : 0;
+    tcase_add_loop_test(tm, moe_ffn_matches_reference, one ? m0 : 0, one ? m0 + 1 : N_MIXES);
     suite_add_tcase(s, tm);
     TCase *tf = tcase_create("fused");
     tcase_set_timeout(tf, 60);

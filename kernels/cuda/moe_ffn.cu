@@ -30,6 +30,7 @@ struct mf_task {
     uint64_t off_up;         /* fused gate/up (GU): up's offset; out then gets silu(g) * u */
     const int32_t *n_groups; /* the group count in device memory (cu_moe_group), or NULL */
     int n_groups_host;       /* the count when n_groups is NULL */
+    int n_slots;             /* slot_ptr's entries to stage before the wait (0: none) */
 };
 
 /* mf_swiglu: h = silu(g) * u as ops_swiglu, one IEEE step each (expf is glibc's, expf.cuh); the
@@ -94,7 +95,13 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_f(struct mf_task t)
 template <int T, int B, bool GU>
 __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
 {
-    pdl_enter();
+    /* the slot table (constant over the pass) staged before the wait: after it, a group's
+     * weights are one dependent load (its expert id) away, not two */
+    __shared__ const uint8_t *slots[CU_MOE_SLOT_CACHE];
+    pdl_trigger();
+    for (int e = threadIdx.x; e < t.n_slots; e += MF_WARPS * WARP) slots[e] = t.slot_ptr[e];
+    pdl_wait();
+    __syncthreads();
     const int n_groups = mf_groups(t);
     using P = mvq<T>;
     constexpr int BYTES = qt<T>::bytes, BLK = qt<T>::blck, LPB = P::LPB, CB = P::CB;
@@ -127,7 +134,8 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
         if (in_i < i_end) {
             const int g = in_i / rows, v = in_i - g * rows, r = GU ? v >> 1 : v;
             if (g != in_g) {
-                const uint8_t *blob = t.slot_ptr[t.groups[g].expert];
+                const int e = t.groups[g].expert;
+                const uint8_t *blob = t.n_slots ? slots[e] : t.slot_ptr[e];
                 in_g = g, in_base = blob + t.off;
                 if (GU) in_base_up = blob + t.off_up;
             }
@@ -414,10 +422,30 @@ __global__ void moe_swiglu(const struct moe_group *groups, const int32_t *pair_i
     }
 }
 
+/* mc_order: token t's k outputs in ascending expert-id order (insertion sort: k <= 16). */
+__device__ __forceinline__ void mc_order(const int32_t *ids, int64_t t, int k, int order[16])
+{
+    for (int j = 0; j < k; j++) order[j] = j;
+    for (int a = 1; a < k; a++)
+        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; b--) {
+            int tmp = order[b];
+            order[b] = order[b - 1], order[b - 1] = tmp;
+        }
+}
+
+/* mc_sum: element d of token t's combine, the k outputs added in that order. */
+__device__ __forceinline__ float mc_sum(const float *out, const int order[16], int64_t t, int k,
+                                        int64_t n_embd, int64_t d)
+{
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s += out[(t * k + order[j]) * n_embd + d];
+    return s;
+}
+
 /* y[t] = the sum of token t's k outputs in expert-id order; with add, y[t] += that sum instead (the
  * residual add fused: the same two IEEE steps as a combine then cu_add); with norm_w, xn[t] =
- * RMSNorm(y[t]) as cu_rmsnorm computes a row of ROW_NORM_MIN or more (the same thread order and
- * cta_sum: 256 threads a token). */
+ * RMSNorm(y[t]) as cu_rmsnorm computes a row of ROW_NORM_MIN or more (the same chunks and
+ * cta_sum: 256 threads a token, rowsum.cuh's order). */
 template <bool ADD, bool NORM, int QA = 0>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
     moe_combine(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
@@ -427,22 +455,25 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
     __shared__ float red[ROW_NORM_THREADS / WARP];
     const int64_t t = blockIdx.x;
     int order[16];
-    for (int j = 0; j < k; j++) order[j] = j;
-    for (int a = 1; a < k; a++) /* insertion sort by expert id: k <= 16 */
-        for (int b = a; b > 0 && ids[t * k + order[b]] < ids[t * k + order[b - 1]]; b--) {
-            int tmp = order[b];
-            order[b] = order[b - 1], order[b - 1] = tmp;
-        }
+    mc_order(ids, t, k, order);
     float ss = 0.0f;
-    for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS) {
-        float s = 0.0f;
-        for (int j = 0; j < k; j++) s += out[(t * k + order[j]) * n_embd + d];
-        const float v = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
-        y[t * n_embd + d] = v;
-        if (NORM) ss += v * v;
+    const int n_chunks = (int)((n_embd + ROW_NORM_THREADS - 1) / ROW_NORM_THREADS);
+    for (int m = 0; m < n_chunks; m++) {
+        const int64_t d = (int64_t)m * ROW_NORM_THREADS + threadIdx.x;
+        float v = 0.0f;
+        if (d < n_embd) {
+            const float s = mc_sum(out, order, t, k, n_embd, d);
+            v = ADD ? __fadd_rn(y[t * n_embd + d], s) : s;
+            y[t * n_embd + d] = v;
+        }
+        if (NORM) {
+            const float p = cta_sum<ROW_NORM_THREADS>(v * v, red);
+            __syncthreads();
+            ss = m ? ss + p : p;
+        }
     }
     if (NORM) {
-        const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(ss, red), n_embd, eps);
+        const float scale = row_scale(ss, n_embd, eps);
         for (int64_t d = threadIdx.x; d < n_embd; d += ROW_NORM_THREADS)
             xn[t * n_embd + d] = y[t * n_embd + d] * scale * norm_w[d];
     }
@@ -451,6 +482,37 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
         qact_row(xn + t * n_embd, n_embd, (uint32_t)QA, threadIdx.x / WARP, ROW_NORM_THREADS / WARP,
                  threadIdx.x % WARP, act + t * arb);
     }
+}
+
+/* moe_combine<true, true, QA> split over CTAs, grid (chunks, tokens): CTA c combines, adds and
+ * norms elements 256c .. 256c + 255 of its token and (QA) quantizes their blocks; the chunk sums
+ * meet through sync (rowsum.cuh), so the same bits. */
+template <int QA>
+__global__ void __launch_bounds__(ROW_NORM_THREADS)
+    moe_combine_split(const float *out, const int32_t *ids, int k, int64_t n_embd, float *y,
+                      const float *norm_w, float eps, float *xn, uint8_t *act, size_t arb,
+                      struct row_sync *sync)
+{
+    pdl_trigger();
+    __shared__ float red[ROW_NORM_THREADS / WARP];
+    __shared__ __align__(16) float row[ROW_NORM_THREADS];
+    const int c = blockIdx.x, tid = threadIdx.x;
+    const int64_t t = blockIdx.y, d = (int64_t)c * ROW_NORM_THREADS + tid, e = t * n_embd + d;
+    const bool in = d < n_embd;
+    const float wv = in ? norm_w[d] : 0.0f; /* the pass's constants before the wait */
+    pdl_wait();
+    int order[16];
+    mc_order(ids, t, k, order);
+    float v = 0.0f;
+    if (in) y[e] = v = __fadd_rn(y[e], mc_sum(out, order, t, k, n_embd, d));
+    const float tot =
+        row_split_sum(cta_sum<ROW_NORM_THREADS>(v * v, red), sync + t, c, (int)gridDim.x);
+    const float o = v * row_scale(tot, n_embd, eps) * wv;
+    if (in) xn[e] = o;
+    if (!QA) return;
+    row[tid] = in ? o : 0.0f;
+    __syncthreads();
+    qact_chunk(row, n_embd, (uint32_t)QA, c, tid / WARP, tid % WARP, act + t * arb);
 }
 
 /* The workspace: up's products, then the activations quantized for gate, for up (when its layout
@@ -586,9 +648,12 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
         }
     }
     float *up = (float *)(w + l.up);
+    const int n_slots =
+        d_n_groups && parts->n_slots <= CU_MOE_SLOT_CACHE ? (int)parts->n_slots : 0;
     struct mf_task t = {slot_ptr, groups, pair_idx, parts->off[CU_PART_GATE], (int)parts->n_ff,
                         (int)parts->n_embd, xg, (int64_t)cu_act_row_bytes(tg, parts->n_embd), k,
-                        h, parts->n_ff, NULL, parts->off[CU_PART_UP], d_n_groups, n_groups};
+                        h, parts->n_ff, NULL, parts->off[CU_PART_UP], d_n_groups, n_groups,
+                        n_slots};
     if (flags & CU_MOE_MMA) {
         /* prompt chunks: gate and up with SwiGLU, then down, on the tensor cores */
         run_mma(tg, t, n_groups, true, s);
@@ -661,21 +726,54 @@ extern "C" int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t 
     return cu_launch_check();
 }
 
+/* combine_norm: cu_moe_combine_add_norm(_q)'s launch, qa 0 (no activations), QT_Q8_0 or QT_Q8_K;
+ * split over CTAs with sync where the grid fits (at most an SM a CTA), else one CTA a token. */
+static void combine_norm(uint32_t qa, const float *out, const int32_t *ids, int64_t n_tok, int k,
+                         int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
+                         uint8_t *act, size_t arb, void *sync, cudaStream_t s)
+{
+    const int64_t chunks = (n_embd + ROW_NORM_THREADS - 1) / ROW_NORM_THREADS;
+    struct row_sync *rs = (struct row_sync *)sync;
+    const dim3 grid((unsigned)chunks, (unsigned)n_tok);
+    const unsigned nt = ROW_NORM_THREADS, one = (unsigned)n_tok;
+    if (sync && chunks <= ROW_SYNC_CHUNKS && n_tok * chunks <= cu_sm_count()) {
+        if (qa == QT_Q8_0)
+            cu_launch(moe_combine_split<QT_Q8_0>, grid, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                      eps, xn, act, arb, rs);
+        else if (qa == QT_Q8_K)
+            cu_launch(moe_combine_split<QT_Q8_K>, grid, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                      eps, xn, act, arb, rs);
+        else
+            cu_launch(moe_combine_split<0>, grid, nt, 0, s, out, ids, k, n_embd, x, norm_w, eps, xn,
+                      act, arb, rs);
+    } else if (qa == QT_Q8_0) {
+        cu_launch(moe_combine<true, true, QT_Q8_0>, one, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                  eps, xn, act, arb);
+    } else if (qa == QT_Q8_K) {
+        cu_launch(moe_combine<true, true, QT_Q8_K>, one, nt, 0, s, out, ids, k, n_embd, x, norm_w,
+                  eps, xn, act, arb);
+    } else {
+        cu_launch(moe_combine<true, true>, one, nt, 0, s, out, ids, k, n_embd, x, norm_w, eps, xn,
+                  act, arb);
+    }
+}
+
 extern "C" int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
                                        int64_t n_embd, float *x, const float *norm_w, float eps,
-                                       float *xn, void *stream)
+                                       float *xn, void *sync, void *stream)
 {
     if (k < 1 || k > 16 || n_embd < ROW_NORM_MIN)
         return strata_errf(STRATA_EINVAL, "cu_moe_combine_add_norm: top-%d, rows of %lld (%d or more)",
                            k, (long long)n_embd, ROW_NORM_MIN);
-    cu_launch(moe_combine<true, true>, (unsigned)n_tok, ROW_NORM_THREADS, 0, (cudaStream_t)stream,
-              out, ids, k, n_embd, x, norm_w, eps, xn, nullptr, (size_t)0);
+    combine_norm(0, out, ids, n_tok, k, n_embd, x, norm_w, eps, xn, nullptr, 0, sync,
+                 (cudaStream_t)stream);
     return cu_launch_check();
 }
 
 extern "C" int cu_moe_combine_add_norm_q(const float *out, const int32_t *ids, int64_t n_tok, int k,
                                          int64_t n_embd, float *x, const float *norm_w, float eps,
-                                         float *xn, uint32_t wtype, void *act, void *stream)
+                                         float *xn, uint32_t wtype, void *act, void *sync,
+                                         void *stream)
 {
     const uint32_t at = quant_act_type(wtype);
     const size_t arb = cu_act_row_bytes(wtype, n_embd);
@@ -684,12 +782,7 @@ extern "C" int cu_moe_combine_add_norm_q(const float *out, const int32_t *ids, i
                            "cu_moe_combine_add_norm_q: top-%d, rows of %lld (%d or more), %s "
                            "activations",
                            k, (long long)n_embd, ROW_NORM_MIN, qtype_name(wtype));
-    cudaStream_t s = (cudaStream_t)stream;
-    if (at == QT_Q8_0)
-        cu_launch(moe_combine<true, true, QT_Q8_0>, (unsigned)n_tok, ROW_NORM_THREADS, 0, s, out,
-                  ids, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb);
-    else
-        cu_launch(moe_combine<true, true, QT_Q8_K>, (unsigned)n_tok, ROW_NORM_THREADS, 0, s, out,
-                  ids, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb);
+    combine_norm(at, out, ids, n_tok, k, n_embd, x, norm_w, eps, xn, (uint8_t *)act, arb, sync,
+                 (cudaStream_t)stream);
     return cu_launch_check();
 }

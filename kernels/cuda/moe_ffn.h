@@ -33,7 +33,12 @@ struct cu_moe_parts {
     uint64_t off[3];    /* byte offset of each part inside a blob */
     int64_t n_embd;     /* gate/up: n_ff rows of n_embd; down: n_embd rows of n_ff */
     int64_t n_ff;
+    uint32_t n_slots;   /* cu_moe_ffn_dev: entries of slot_ptr (one per expert id, none written
+                         * by the pass), read into shared memory before the wait on the kernel
+                         * ahead; 0 or above CU_MOE_SLOT_CACHE: each read when its group comes */
 };
+
+#define CU_MOE_SLOT_CACHE 256
 
 #define CU_MOE_MAX_PAIRS 16 /* pairs of one group: an expert with more gets several groups */
 
@@ -90,18 +95,19 @@ int cu_moe_combine_add(const float *out, const int32_t *ids, int64_t n_tok, int 
 
 /* cu_moe_combine_add_norm: cu_moe_combine_add, then xn[t] = RMSNorm of the new x[t] with weights
  * norm_w (the next layer's attention norm, or the output norm): the bits of cu_moe_combine_add
- * then cu_rmsnorm, in one launch. Rows of n_embd >= CU_ROW_NORM_MIN (norm.h) only (else
- * STRATA_EINVAL). */
+ * then cu_rmsnorm, in one launch; with sync (cu_row_sync_bytes(n_tok), norm.h; or NULL: one CTA a
+ * token) each token split over a CTA per 256 elements, the same bits. Rows of n_embd >=
+ * CU_ROW_NORM_MIN (norm.h) only (else STRATA_EINVAL). */
 int cu_moe_combine_add_norm(const float *out, const int32_t *ids, int64_t n_tok, int k,
                             int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
-                            void *stream);
+                            void *sync, void *stream);
 
-/* cu_moe_combine_add_norm_q: cu_moe_combine_add_norm, then xn's rows quantized into act for wtype
- * weights (the next product's), the bytes cu_quantize_acts writes, in the same launch. Weights
- * whose activations are Q8_0 or Q8_K only (else STRATA_EINVAL). */
+/* cu_moe_combine_add_norm_q: cu_moe_combine_add_norm (sync as there), then xn's rows quantized
+ * into act for wtype weights (the next product's), the bytes cu_quantize_acts writes, in the same
+ * launch. Weights whose activations are Q8_0 or Q8_K only (else STRATA_EINVAL). */
 int cu_moe_combine_add_norm_q(const float *out, const int32_t *ids, int64_t n_tok, int k,
                               int64_t n_embd, float *x, const float *norm_w, float eps, float *xn,
-                              uint32_t wtype, void *act, void *stream);
+                              uint32_t wtype, void *act, void *sync, void *stream);
 
 #ifdef __cplusplus
 }

@@ -4,9 +4,10 @@
 
 #define MG_THREADS CU_MOE_GROUP_MAX_EXPERTS /* a thread per expert for the scan */
 #define MG_TILE    4096                     /* ids staged in shared memory per round */
+#define RG_THREADS (RT_PER_LANE * WARP)     /* cu_router_group's CTA: a thread per expert */
 
-/* scan2: the inclusive prefix sums over the CTA's threads of a and b (thread order). */
-__device__ __forceinline__ void scan2(int *a, int *b, int (*wsum)[MG_THREADS / WARP])
+/* scan2: the inclusive prefix sums over the CTA's NT threads of a and b (thread order). */
+template <int NT> __device__ __forceinline__ void scan2(int *a, int *b, int (*wsum)[NT / WARP])
 {
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 #pragma unroll
@@ -17,52 +18,53 @@ __device__ __forceinline__ void scan2(int *a, int *b, int (*wsum)[MG_THREADS / W
     if (lane == WARP - 1) wsum[0][warp] = *a, wsum[1][warp] = *b;
     __syncthreads();
     if (warp == 0) {
-        int x = wsum[0][lane], y = wsum[1][lane];
+        int x = lane < NT / WARP ? wsum[0][lane] : 0, y = lane < NT / WARP ? wsum[1][lane] : 0;
 #pragma unroll
         for (int o = 1; o < WARP; o <<= 1) {
             const int u = __shfl_up_sync(0xffffffffu, x, o), v = __shfl_up_sync(0xffffffffu, y, o);
             if (lane >= o) x += u, y += v;
         }
-        wsum[0][lane] = x, wsum[1][lane] = y;
+        if (lane < NT / WARP) wsum[0][lane] = x, wsum[1][lane] = y;
     }
     __syncthreads();
     if (warp > 0) *a += wsum[0][warp - 1], *b += wsum[1][warp - 1];
 }
 
-/* group_body: the whole CTA (MG_THREADS threads) groups n pairs; ids may have been written by
- * this CTA before a __syncthreads. */
+/* group_body: the whole CTA (NT threads, at least n_expert) groups n pairs; ids may have been
+ * written by this CTA before a __syncthreads. The layout does not depend on NT. */
+template <int NT>
 __device__ __forceinline__ void group_body(const int32_t *ids, int n, int n_expert,
                                            const uint8_t *mask, int max_pairs,
                                            struct moe_group *groups, int32_t *pair_idx,
                                            int32_t *n_groups)
 {
-    __shared__ int cnt[MG_THREADS]; /* pairs per expert, then the next pair slot of each */
-    __shared__ int wsum[2][MG_THREADS / WARP];
+    __shared__ int cnt[NT]; /* pairs per expert, then the next pair slot of each */
+    __shared__ int wsum[2][NT / WARP];
     __shared__ int sid[MG_TILE];
     const int tid = threadIdx.x, lane = tid % WARP;
     cnt[tid] = 0;
     __syncthreads();
-    for (int p = tid; p < n; p += MG_THREADS) {
+    for (int p = tid; p < n; p += NT) {
         const int e = ids[p];
         if (e >= 0 && e < n_expert && (!mask || mask[e])) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
     const int c = cnt[tid], g = (c + max_pairs - 1) / max_pairs;
     int pc = c, pg = g;
-    scan2(&pc, &pg, wsum);
+    scan2<NT>(&pc, &pg, wsum);
     pc -= c, pg -= g; /* exclusive: this expert's first pair and first group */
     for (int j = 0; j < g; j++) {
         const int rest = c - j * max_pairs;
         groups[pg + j] =
             (struct moe_group){tid, pc + j * max_pairs, rest < max_pairs ? rest : max_pairs};
     }
-    if (tid == MG_THREADS - 1) *n_groups = pg + g;
+    if (tid == NT - 1) *n_groups = pg + g;
     __syncthreads();
     cnt[tid] = pc;
     for (int t0 = 0; t0 < n; t0 += MG_TILE) {
         const int tn = n - t0 < MG_TILE ? n - t0 : MG_TILE;
         __syncthreads(); /* cnt published; the last round's sid read */
-        for (int i = tid; i < tn; i += MG_THREADS)
+        for (int i = tid; i < tn; i += NT)
             sid[i] = ids[t0 + i];
         __syncthreads();
         if (tid >= WARP) continue; /* warps past the first wait at the next round's barrier */
@@ -86,20 +88,21 @@ __global__ void __launch_bounds__(MG_THREADS)
                 struct moe_group *groups, int32_t *pair_idx, int32_t *n_groups)
 {
     pdl_enter();
-    group_body(ids, n, n_expert, mask, max_pairs, groups, pair_idx, n_groups);
+    group_body<MG_THREADS>(ids, n, n_expert, mask, max_pairs, groups, pair_idx, n_groups);
 }
 
-/* Routing and grouping in one CTA: warp w routes token w (router.cuh), then the CTA groups. */
-__global__ void __launch_bounds__(MG_THREADS)
+/* Routing and grouping in one CTA of a thread per expert (at most 256): warp w routes tokens w,
+ * w + 8, ... (router.cuh), then the CTA groups. */
+__global__ void __launch_bounds__(RG_THREADS)
     route_group_k(const float *logits, int n_tok, int n_exp, int k, int mode, int renorm,
                   int32_t *ids, float *weights, const uint8_t *mask, int max_pairs,
                   struct moe_group *groups, int32_t *pair_idx, int32_t *n_groups)
 {
     pdl_enter();
-    const int w = threadIdx.x / WARP;
-    if (w < n_tok) router_token(logits, w, n_exp, k, mode, renorm, ids, weights);
+    for (int w = threadIdx.x / WARP; w < n_tok; w += RG_THREADS / WARP)
+        router_token(logits, w, n_exp, k, mode, renorm, ids, weights);
     __syncthreads(); /* the picks, in global memory, are the block's to read */
-    group_body(ids, n_tok * k, n_exp, mask, max_pairs, groups, pair_idx, n_groups);
+    group_body<RG_THREADS>(ids, n_tok * k, n_exp, mask, max_pairs, groups, pair_idx, n_groups);
 }
 
 extern "C" int64_t cu_moe_max_groups(int64_t n_pairs, uint32_t n_expert, uint32_t max_pairs)
@@ -138,7 +141,7 @@ extern "C" int cu_router_group(const float *logits, int64_t n_tok, int n_exp, in
                            (long long)n_tok, CU_ROUTE_GROUP_MAX_TOKENS, n_exp, k);
     const int n = (int)(n_tok * k);
     const int mp = max_pairs >= (uint32_t)n ? n : (int)max_pairs;
-    cu_launch(route_group_k, 1, MG_THREADS, 0, (cudaStream_t)stream, logits, (int)n_tok, n_exp, k,
+    cu_launch(route_group_k, 1, RG_THREADS, 0, (cudaStream_t)stream, logits, (int)n_tok, n_exp, k,
               (int)mode, renorm, ids, weights, mask, mp, groups, pair_idx, n_groups);
     return cu_launch_check();
 }

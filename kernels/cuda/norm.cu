@@ -24,30 +24,37 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 }
 
 /* Wide rows (the hidden state): a CTA of ROW_NORM_THREADS threads per row, so one decode row is
- * not one warp's chain of dependent loads. The sum: each thread's elements in order, then cta_sum
- * (fixed by the width alone: the same bits for any row count). With y, x += y first (the residual
- * add, __fadd_rn as cu_add) and the sum is of the new x. With QA (QT_Q8_0 or QT_Q8_K), the
- * normed row is then quantized into act (rows arb bytes apart) as cu_quantize_acts does. */
+ * not one warp's chain of dependent loads. The sum: rowsum.cuh's chunk order (fixed by the width
+ * alone: the same bits for any row count, and as rmsnorm_split's). With y, x += y first (the
+ * residual add, __fadd_rn as cu_add) and the sum is of the new x. With QA (QT_Q8_0 or QT_Q8_K),
+ * the normed row is then quantized into act (rows arb bytes apart) as cu_quantize_acts does. */
 template <bool ADD, int QA>
 __global__ void __launch_bounds__(ROW_NORM_THREADS)
     rmsnorm_wide(float *x, const float *y, const float *w, float *out, int64_t width, float eps,
                  uint8_t *act, size_t arb)
 {
     pdl_trigger();
-    __shared__ float red[ROW_NORM_THREADS / WARP];
+    __shared__ float red[ROW_MAXV * ROW_NORM_THREADS / WARP];
     __shared__ __align__(16) float row[QA ? ROW_MAXV * ROW_NORM_THREADS : 1];
     const int64_t r = blockIdx.x;
     const int tid = threadIdx.x;
+    const int n_chunks = (int)((width + ROW_NORM_THREADS - 1) / ROW_NORM_THREADS);
     float *xr = x + r * width, *yr = out + r * width;
-    if (width > ROW_MAXV * ROW_NORM_THREADS) { /* wider rows: element by element */
+    if (width > ROW_MAXV * ROW_NORM_THREADS) { /* wider rows: chunk by chunk */
         pdl_wait();
         float s = 0.0f;
-        for (int64_t i = tid; i < width; i += ROW_NORM_THREADS) {
-            float v = xr[i];
-            if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
-            s += v * v;
+        for (int m = 0; m < n_chunks; m++) {
+            const int64_t i = (int64_t)m * ROW_NORM_THREADS + tid;
+            float v = 0.0f;
+            if (i < width) {
+                v = xr[i];
+                if (ADD) xr[i] = v = __fadd_rn(v, y[r * width + i]);
+            }
+            const float p = cta_sum<ROW_NORM_THREADS>(v * v, red);
+            __syncthreads();
+            s = m ? s + p : p;
         }
-        const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
+        const float scale = row_scale(s, width, eps);
         for (int64_t i = tid; i < width; i += ROW_NORM_THREADS)
             yr[i] = xr[i] * scale * w[i];
         if (QA) { /* the row, written by the whole CTA, read back by its warps */
@@ -73,16 +80,15 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
         v[m] = i < width ? xr[i] : 0.0f;
         a[m] = ADD && i < width ? y[r * width + i] : 0.0f;
     }
-    float s = 0.0f;
+    float sq[ROW_MAXV];
 #pragma unroll
     for (int m = 0; m < ROW_MAXV; m++) {
         const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
-        if (i < width) {
-            if (ADD) xr[i] = v[m] = __fadd_rn(v[m], a[m]);
-            s += v[m] * v[m];
-        }
+        if (i < width && ADD) xr[i] = v[m] = __fadd_rn(v[m], a[m]);
+        sq[m] = v[m] * v[m];
     }
-    const float scale = row_scale(cta_sum<ROW_NORM_THREADS>(s, red), width, eps);
+    const float scale =
+        row_scale(row_chunks_sum<ROW_NORM_THREADS>(sq, n_chunks, red), width, eps);
 #pragma unroll
     for (int m = 0; m < ROW_MAXV; m++) {
         const int64_t i = tid + (int64_t)m * ROW_NORM_THREADS;
@@ -97,6 +103,39 @@ __global__ void __launch_bounds__(ROW_NORM_THREADS)
         qact_row(row, width, (uint32_t)QA, tid / WARP, ROW_NORM_THREADS / WARP, tid % WARP,
                  act + r * arb);
     }
+}
+
+/* A wide row split over CTAs, grid (chunks, rows): CTA c adds and norms elements 256c .. 256c + 255
+ * (one a thread) and quantizes their blocks; the chunk sums meet through sync (rowsum.cuh), so the
+ * bits are rmsnorm_wide<true, QA>'s. */
+template <int QA>
+__global__ void __launch_bounds__(ROW_NORM_THREADS)
+    rmsnorm_split(float *x, const float *y, const float *w, float *out, int64_t width, float eps,
+                  uint8_t *act, size_t arb, struct row_sync *sync)
+{
+    pdl_trigger();
+    __shared__ float red[ROW_NORM_THREADS / WARP];
+    __shared__ __align__(16) float row[ROW_NORM_THREADS];
+    const int c = blockIdx.x, tid = threadIdx.x;
+    const int64_t r = blockIdx.y, i = (int64_t)c * ROW_NORM_THREADS + tid, e = r * width + i;
+    const bool in = i < width;
+    const float wv = in ? w[i] : 0.0f; /* the pass's constants before the wait */
+    pdl_wait();
+    float v = 0.0f;
+    if (in) x[e] = v = __fadd_rn(x[e], y[e]);
+    const float tot =
+        row_split_sum(cta_sum<ROW_NORM_THREADS>(v * v, red), sync + r, c, (int)gridDim.x);
+    const float scale = row_scale(tot, width, eps);
+    const float o = v * scale * wv;
+    if (in) out[e] = o;
+    row[tid] = in ? o : 0.0f;
+    __syncthreads();
+    qact_chunk(row, width, (uint32_t)QA, c, tid / WARP, tid % WARP, act + r * arb);
+}
+
+extern "C" size_t cu_row_sync_bytes(int64_t rows)
+{
+    return sizeof(struct row_sync) * (size_t)(rows > 0 ? rows : 1);
 }
 
 /* Narrow rows with the residual add: rmsnorm_kernel's expressions after x += y. */
@@ -148,7 +187,8 @@ extern "C" int cu_add_rmsnorm(float *x, const float *y, const float *w, float *o
 }
 
 extern "C" int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float *out, int64_t rows,
-                                int64_t width, float eps, uint32_t wtype, void *act, void *stream)
+                                int64_t width, float eps, uint32_t wtype, void *act, void *sync,
+                                void *stream)
 {
     const uint32_t at = quant_act_type(wtype);
     const size_t arb = cu_act_row_bytes(wtype, width);
@@ -157,7 +197,17 @@ extern "C" int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float 
                            "cu_add_rmsnorm_q: %lld rows of %lld (%d or more) for %s activations",
                            (long long)rows, (long long)width, ROW_NORM_MIN, qtype_name(wtype));
     cudaStream_t s = (cudaStream_t)stream;
-    if (at == QT_Q8_0)
+    const int64_t chunks = (width + ROW_NORM_THREADS - 1) / ROW_NORM_THREADS;
+    if (sync && chunks <= ROW_SYNC_CHUNKS && rows * chunks <= cu_sm_count()) {
+        const dim3 grid((unsigned)chunks, (unsigned)rows);
+        struct row_sync *rs = (struct row_sync *)sync;
+        if (at == QT_Q8_0)
+            cu_launch(rmsnorm_split<QT_Q8_0>, grid, ROW_NORM_THREADS, 0, s, x, y, w, out, width,
+                      eps, (uint8_t *)act, arb, rs);
+        else
+            cu_launch(rmsnorm_split<QT_Q8_K>, grid, ROW_NORM_THREADS, 0, s, x, y, w, out, width,
+                      eps, (uint8_t *)act, arb, rs);
+    } else if (at == QT_Q8_0)
         cu_launch(rmsnorm_wide<true, QT_Q8_0>, (unsigned)rows, ROW_NORM_THREADS, 0, s, x, y, w, out,
                   width, eps, (uint8_t *)act, arb);
     else

@@ -29,12 +29,22 @@ int cu_rope(float *x, const int32_t *pos, int64_t n_tok, int n_head, int head_di
 int cu_add_rmsnorm(float *x, const float *y, const float *w, float *out, int64_t rows,
                    int64_t width, float eps, void *stream);
 
+/* Wide rows (CU_ROW_NORM_MIN or more) sum their squares in one order however they are launched:
+ * chunks of 256 elements, each chunk's sum in a fixed tree, the chunks' sums in chunk order. The
+ * split forms below spread a row over a CTA per chunk (rows of at most CU_ROW_SYNC_CHUNKS chunks,
+ * at most one CTA per SM in all; else one CTA a row, the same bits), their CTAs meeting through
+ * sync: cu_row_sync_bytes(rows) of device memory, zeroed once before its first use, then reused by
+ * the launches of one stream (never two streams at once). */
+#define CU_ROW_SYNC_CHUNKS 32
+size_t cu_row_sync_bytes(int64_t rows);
+
 /* cu_add_rmsnorm_q: cu_add_rmsnorm, then out's rows quantized into act for wtype weights, the bytes
  * cu_quantize_acts(wtype, out, width, rows, act) writes (rows cu_act_row_bytes apart), in the same
- * launch. Rows of CU_ROW_NORM_MIN or more, weights whose activations are Q8_0 or Q8_K; else
- * STRATA_EINVAL. */
+ * launch; with sync (or NULL: one CTA a row) split as above, the same bytes. Rows of
+ * CU_ROW_NORM_MIN or more, weights whose activations are Q8_0 or Q8_K; else STRATA_EINVAL. */
 int cu_add_rmsnorm_q(float *x, const float *y, const float *w, float *out, int64_t rows,
-                     int64_t width, float eps, uint32_t wtype, void *act, void *stream);
+                     int64_t width, float eps, uint32_t wtype, void *act, void *sync,
+                     void *stream);
 
 /* cu_qk_rope_store: per head row of each token, in one launch: q and k normed per head (q_norm,
  * k_norm: head_dim weights each, or NULL for none) and rotated as cu_rmsnorm and cu_rope do, then

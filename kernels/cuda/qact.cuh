@@ -82,4 +82,21 @@ __device__ __forceinline__ void qact_row(const float *xr, int64_t n, uint32_t at
     }
 }
 
+/* qact_chunk: the blocks of elements 256c .. 256c + 255 of an n-float row (xc: those elements,
+ * written by this 256-thread CTA before a barrier) quantized into r by its warps (w, lane), the
+ * bytes of qact_row. */
+__device__ __forceinline__ void qact_chunk(const float *xc, int64_t n, uint32_t at, int64_t c, int w,
+                                           int lane, uint8_t *r)
+{
+    if (at == QT_Q8_0) {
+        const int64_t b = c * 8 + w;
+        if (b < n / 32) qact_block_q8_0(xc[w * 32 + lane], n, b, lane, r);
+    } else if (w == 0 && c < n / 256) {
+        const float4 *xp = (const float4 *)(xc + lane * 8);
+        const float4 x0 = xp[0], x1 = xp[1];
+        const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        qact_block_q8_K(v, n, c, lane, r);
+    }
+}
+
 #endif

@@ -208,7 +208,7 @@ static void bench_moe(int n_tok, double roof)
 {
     const int n_exp = 128, k = 8;
     const int64_t n_embd = 2048, n_ff = 768;
-    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {0, 0, 0}, n_embd, n_ff};
+    struct cu_moe_parts parts = {{QT_Q4_K, QT_Q4_K, QT_Q6_K}, {0, 0, 0}, n_embd, n_ff, n_exp};
     uint64_t psz[3], off = 0;
     for (int p = 0; p < 3; p++) {
         uint64_t rb;
