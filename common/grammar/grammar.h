@@ -44,7 +44,8 @@ uint32_t grammar_n_rules(const struct grammar *g);
  * come in the order of `properties`; optional ones may be left out. Whitespace between tokens is
  * bounded, as llama.cpp does, so a model cannot loop on it. schema NULL or true: any JSON value.
  * STRATA_EINVAL with a detail naming the schema path for anything else (pattern, an unknown type,
- * a $ref that does not resolve, min above max), STRATA_ENOMEM. */
+ * a $ref that does not resolve, min above max, a $ref that reaches itself again before any value,
+ * nesting past 64, or 256 through $refs), STRATA_ENOMEM. */
 int grammar_from_schema(const json_t *schema, char **gbnf);
 
 /* grammar_from_schemas compiles n schemas into one GBNF text (malloc'd) where rule names[i]
