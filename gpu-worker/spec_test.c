@@ -451,6 +451,70 @@ START_TEST(the_drafter_stops_at_its_context)
 }
 END_TEST
 
+/* write_swapped copies from's tokenizer.* keys to a new GGUF `to`, tokens a and b swapped. */
+static void write_swapped(const char *from, const char *to, uint64_t a, uint64_t b)
+{
+    struct gguf_file *f;
+    ck_assert_int_eq(gguf_open(from, &f), 0);
+    struct gguf_writer *w;
+    ck_assert_int_eq(gguf_writer_open(to, 0, &w), 0);
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        const struct gguf_kv *kv = &f->kv[i];
+        if (strncmp(kv->key, "tokenizer.", 10) != 0) continue;
+        if (strcmp(kv->key, "tokenizer.ggml.tokens") != 0) {
+            ck_assert_int_eq(gguf_w_value(w, kv->key, &kv->val), 0);
+            continue;
+        }
+        const uint64_t n = kv->val.arr.n;
+        const char **strs = malloc(n * sizeof *strs);
+        uint64_t *lens = malloc(n * sizeof *lens);
+        for (uint64_t k = 0; k < n; k++) {
+            struct gguf_str t = gguf_arr_str(&kv->val, k == a ? b : k == b ? a : k);
+            strs[k] = t.ptr;
+            lens[k] = t.len;
+        }
+        ck_assert_int_eq(gguf_w_arr_str(w, kv->key, n, strs, lens), 0);
+        free(strs);
+        free(lens);
+    }
+    ck_assert_int_eq(gguf_writer_begin(w), 0);
+    ck_assert_int_eq(gguf_writer_finish(w), 0);
+    gguf_close(f);
+}
+
+/* A draft model of the same vocabulary size whose tokens differ at some id is refused, the
+ * message naming the first id and both tokens; the drafter does not start. */
+START_TEST(a_draft_with_other_tokens_is_refused)
+{
+    char vpath[600], dpath[600];
+    snprintf(vpath, sizeof vpath, "%s/swapped-vocab.gguf", test_tmpdir());
+    snprintf(dpath, sizeof dpath, "%s/swapped-draft.gguf", test_tmpdir());
+    write_swapped(g_target, vpath, 300, 301);
+    struct fixture_opts fo = {.seed = 11, .vocab = vpath};
+    ck_assert_msg(fixture_write(&fo, dpath) == 0, "%s", strata_errdetail());
+    struct env v, d;
+    env_open(&v, g_target);
+    env_open(&d, dpath);
+    ck_assert_uint_eq(v.m->hp.n_vocab, d.m->hp.n_vocab);
+    const struct gguf_value *toks;
+    ck_assert_int_eq(gguf_get_arr(v.f, "tokenizer.ggml.tokens", GGUF_STRING, &toks), 0);
+    struct gguf_str t300 = gguf_arr_str(toks, 300), t301 = gguf_arr_str(toks, 301);
+    char want[200];
+    snprintf(want, sizeof want, "the draft model's token 300 is '%.*s', the model's '%.*s'",
+             (int)t301.len, t301.ptr, (int)t300.len, t300.ptr);
+    ck_assert_int_eq(spec_vocab_check(v.m, d.m), STRATA_EINVAL);
+    ck_assert_msg(strstr(strata_errdetail(), want), "%s", strata_errdetail());
+    struct spec_draft_opts so = {.n_ctx = CTX};
+    struct spec_draft *sd = (struct spec_draft *)&sd;
+    ck_assert_int_eq(spec_draft_start(v.m, d.m, &so, &sd), STRATA_EINVAL);
+    ck_assert_int_eq(spec_vocab_check(v.m, v.m), 0);
+    env_close(&d);
+    env_close(&v);
+    unlink(vpath);
+    unlink(dpath);
+}
+END_TEST
+
 START_TEST(lookup_edges)
 {
     int32_t out[SPEC_MAX_DRAFT];
@@ -524,6 +588,7 @@ int main(void)
     tcase_add_test(tc, stops_inside_and_across_drafts);
     tcase_add_test(tc, the_drafter_keeps_its_kv_right);
     tcase_add_test(tc, the_drafter_stops_at_its_context);
+    tcase_add_test(tc, a_draft_with_other_tokens_is_refused);
     tcase_add_test(tc, lookup_edges);
     tcase_add_test(tc, adapt_edges);
     suite_add_tcase(s, tc);
