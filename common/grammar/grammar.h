@@ -83,7 +83,8 @@ uint32_t grammar_vocab_size(const struct grammar_vocab *v);
 struct grammar_matcher;
 
 /* grammar_matcher_init starts a matcher of g over v (both borrowed; they must outlive it) at the
- * start of the grammar. v may be NULL for a matcher fed only bytes. STRATA_ENOMEM. */
+ * start of the grammar. v may be NULL for a matcher fed only bytes. STRATA_ENOMEM, STRATA_ELIMIT (a
+ * step through more parse stacks than the matcher allows: a grammar too ambiguous). */
 int grammar_matcher_init(const struct grammar *g, const struct grammar_vocab *v,
                          struct grammar_matcher **out);
 void grammar_matcher_fini(struct grammar_matcher *m);
