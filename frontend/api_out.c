@@ -41,7 +41,9 @@ static int put(struct api_sse *b, const char *s, size_t n)
 
 int api_sse_event(struct api_sse *b, const char *name, json_t *data)
 {
-    char *s = data ? json_dumps(data, JSON_COMPACT | JSON_REAL_PRECISION(8)) : NULL;
+    /* JSON_ENCODE_ANY: without it jansson dumps no scalar, which would read as out of memory */
+    char *s = data ? json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(8))
+                   : NULL;
     json_decref(data);
     if (!s) return strata_errf(STRATA_ENOMEM, "frontend: an event");
     int rv = 0;

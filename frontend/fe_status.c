@@ -4,6 +4,7 @@
 #include "common/base/err.h"
 #include "frontend/fe_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -15,23 +16,40 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* fin: a worker's figure as JSON can hold it (json_real refuses NaN and infinities, and one
+ * refused value would drop every key packed with it). */
+static double fin(double x)
+{
+    return isfinite(x) ? x : 0.0;
+}
+
+/* text: a name from the worker (general.name is the GGUF's bytes, not always UTF-8; json_string
+ * would refuse it and the pack drop the keys beside it). */
+static json_t *text(const char *s, size_t cap)
+{
+    return api_lossy_string(s, strnlen(s, cap));
+}
+
 json_t *fe_worker_json(const struct wclient_hello *h, const struct wclient_status *s)
 {
     json_t *w = json_object();
     if (!w) return NULL;
     if (h)
-        json_object_update_new(w, json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b}", "model",
-                                            h->model, "arch", h->arch, "backend", h->backend,
-                                            "kv_type", h->kv_type, "pid", (int)h->pid, "n_ctx",
-                                            (int)h->n_ctx, "max_seqs", (int)h->max_seqs,
-                                            "bit_exact", h->bit_exact));
+        json_object_update_new(w, json_pack("{s:o, s:o, s:o, s:o, s:i, s:i, s:i, s:b}", "model",
+                                            text(h->model, sizeof h->model), "arch",
+                                            text(h->arch, sizeof h->arch), "backend",
+                                            text(h->backend, sizeof h->backend), "kv_type",
+                                            text(h->kv_type, sizeof h->kv_type), "pid",
+                                            (int)h->pid, "n_ctx", (int)h->n_ctx, "max_seqs",
+                                            (int)h->max_seqs, "bit_exact", h->bit_exact));
     if (!s) return w;
     json_object_update_new(
         w,
         json_pack("{s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:I, s:I, s:I, s:I, s:I}", "running",
                   (int)s->running, "queued", (int)s->queued, "max_queue", (int)s->max_queue,
                   "kv_blocks_used", (int)s->kv_blocks_used, "kv_blocks_total",
-                  (int)s->kv_blocks_total, "tok_s", s->tok_s, "prefill_tok_s", s->prefill_tok_s,
+                  (int)s->kv_blocks_total, "tok_s", fin(s->tok_s), "prefill_tok_s",
+                  fin(s->prefill_tok_s),
                   "windows", (json_int_t)s->windows, "tokens_generated",
                   (json_int_t)s->tokens_generated, "prompt_tokens", (json_int_t)s->prompt_tokens,
                   "prefix_hits", (json_int_t)s->prefix_hits, "requests", (json_int_t)s->requests));
@@ -39,15 +57,18 @@ json_t *fe_worker_json(const struct wclient_hello *h, const struct wclient_statu
         w,
         json_pack("{s:i, s:I, s:f, s:I, s:I, s:i, s:I, s:f, s:I, s:f}", "cache_slots",
                   (int)s->cache_slots, "cache_bytes", (json_int_t)s->cache_bytes, "cache_hit_rate",
-                  s->cache_hit_rate, "cache_hits", (json_int_t)s->cache_hits, "cache_misses",
+                  fin(s->cache_hit_rate), "cache_hits", (json_int_t)s->cache_hits, "cache_misses",
                   (json_int_t)s->cache_misses, "cache_resident", (int)s->cache_resident,
-                  "cache_swaps", (json_int_t)s->cache_swaps, "cache_copy_gibs", s->cache_copy_gibs,
-                  "cache_copy_bytes", (json_int_t)s->copy_bytes, "adapt_wait_s", s->adapt_wait_s));
-    json_object_update_new(w, json_pack("{s:f, s:f, s:f}", "uptime_s", s->uptime_s, "window_s",
-                                        s->window_s, "monitor_s", s->monitor_s));
+                  "cache_swaps", (json_int_t)s->cache_swaps, "cache_copy_gibs",
+                  fin(s->cache_copy_gibs),
+                  "cache_copy_bytes", (json_int_t)s->copy_bytes, "adapt_wait_s",
+                  fin(s->adapt_wait_s)));
+    json_object_update_new(w, json_pack("{s:f, s:f, s:f}", "uptime_s", fin(s->uptime_s),
+                                        "window_s", fin(s->window_s), "monitor_s",
+                                        fin(s->monitor_s)));
     /* an older worker says nothing in status: hello's names stand */
-    if (s->backend[0]) json_object_set_new(w, "backend", json_string(s->backend));
-    if (s->kv_type[0]) json_object_set_new(w, "kv_type", json_string(s->kv_type));
+    if (s->backend[0]) json_object_set_new(w, "backend", text(s->backend, sizeof s->backend));
+    if (s->kv_type[0]) json_object_set_new(w, "kv_type", text(s->kv_type, sizeof s->kv_type));
     return w;
 }
 

@@ -31,6 +31,15 @@ struct rule {
     uint32_t line; /* first use or definition, for messages */
 };
 
+/* The named rules by name: open addressing, rule index + 1 (0: empty), at most half full. A
+ * rule the compiler makes (a group, a repetition, a class) has a name for messages only and is
+ * not in it, so a grammar's own rule may be called `group` or `star`. */
+struct names {
+    uint32_t *slot;
+    uint32_t cap; /* a power of two, or 0 */
+    uint32_t n;
+};
+
 struct parser {
     const char *s, *end, *p;
     uint32_t line;
@@ -42,6 +51,7 @@ struct parser {
     uint64_t n_syms;   /* symbols so far, against GRAMMAR_MAX_SYMS */
     uint32_t any_rule; /* the rule of `.`, UINT32_MAX until used */
     int depth;
+    struct names names;
 };
 
 #define MAX_DEPTH 256 /* nested groups: the parser recurses */
@@ -72,16 +82,52 @@ static int add_rule(struct parser *ps, const char *name, size_t len, uint32_t *o
     return 0;
 }
 
-/* rule_named: the rule called name, made (undefined) on first use. O(rules) per name: fine for
- * the hundreds of rules a schema makes. */
+static uint32_t name_hash(const char *s, size_t n)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+static int names_grow(struct parser *ps)
+{
+    struct names *t = &ps->names;
+    const uint32_t cap = t->cap ? 2 * t->cap : 64;
+    uint32_t *slot = calloc(cap, sizeof *slot);
+    if (!slot) return STRATA_ENOMEM;
+    for (uint32_t i = 0; i < t->cap; i++) {
+        if (!t->slot[i]) continue;
+        const char *nm = ps->rules[t->slot[i] - 1].name;
+        uint32_t j = name_hash(nm, strlen(nm)) & (cap - 1);
+        while (slot[j])
+            j = (j + 1) & (cap - 1);
+        slot[j] = t->slot[i];
+    }
+    free(t->slot);
+    t->slot = slot;
+    t->cap = cap;
+    return 0;
+}
+
+/* rule_named: the rule called name, made (undefined) on first use. */
 static int rule_named(struct parser *ps, const char *name, size_t len, uint32_t *out)
 {
-    for (uint32_t i = 0; i < ps->n_rules; i++)
-        if (strlen(ps->rules[i].name) == len && memcmp(ps->rules[i].name, name, len) == 0) {
-            *out = i;
+    struct names *t = &ps->names;
+    int rv;
+    if (2 * (t->n + 1) > t->cap && (rv = names_grow(ps)) != 0) return rv;
+    uint32_t j = name_hash(name, len) & (t->cap - 1);
+    for (; t->slot[j]; j = (j + 1) & (t->cap - 1)) {
+        const char *nm = ps->rules[t->slot[j] - 1].name;
+        if (strlen(nm) == len && memcmp(nm, name, len) == 0) {
+            *out = t->slot[j] - 1;
             return 0;
         }
-    return add_rule(ps, name, len, out);
+    }
+    if ((rv = add_rule(ps, name, len, out)) != 0) return rv;
+    t->slot[j] = *out + 1;
+    t->n++;
+    return 0;
 }
 
 /* new_alt appends an empty alternative to rule r and returns it. */
@@ -893,6 +939,7 @@ out:
         free(ps.rules[i].name);
     }
     free(ps.rules);
+    free(ps.names.slot);
     free(ps.sets);
     free(nullable);
     free(mark);

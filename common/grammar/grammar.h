@@ -44,7 +44,8 @@ uint32_t grammar_n_rules(const struct grammar *g);
  * come in the order of `properties`; optional ones may be left out. Whitespace between tokens is
  * bounded, as llama.cpp does, so a model cannot loop on it. schema NULL or true: any JSON value.
  * STRATA_EINVAL with a detail naming the schema path for anything else (pattern, an unknown type,
- * a $ref that does not resolve, min above max), STRATA_ENOMEM. */
+ * a $ref that does not resolve, min above max, a $ref that reaches itself again before any value,
+ * nesting past 64, or 256 through $refs), STRATA_ENOMEM. */
 int grammar_from_schema(const json_t *schema, char **gbnf);
 
 /* grammar_from_schemas compiles n schemas into one GBNF text (malloc'd) where rule names[i]
@@ -82,7 +83,8 @@ uint32_t grammar_vocab_size(const struct grammar_vocab *v);
 struct grammar_matcher;
 
 /* grammar_matcher_init starts a matcher of g over v (both borrowed; they must outlive it) at the
- * start of the grammar. v may be NULL for a matcher fed only bytes. STRATA_ENOMEM. */
+ * start of the grammar. v may be NULL for a matcher fed only bytes. STRATA_ENOMEM, STRATA_ELIMIT (a
+ * step through more parse stacks than the matcher allows: a grammar too ambiguous). */
 int grammar_matcher_init(const struct grammar *g, const struct grammar_vocab *v,
                          struct grammar_matcher **out);
 void grammar_matcher_fini(struct grammar_matcher *m);

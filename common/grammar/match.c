@@ -12,6 +12,10 @@
 #define MAX_NODES       (1u << 22) /* stack nodes per matcher */
 #define MAX_STATES      (1u << 17) /* automaton states per matcher (1 KiB of transitions each) */
 #define MAX_MASKS       512        /* cached masks per matcher (n_vocab / 8 bytes each) */
+/* stacks one step visits: the suites' grammars visit under 1,024; an enum of N values visits N at
+ * its start; ("a"?){1000000} visits a million a byte (seconds each, and a mask walks a step per
+ * trie node) */
+#define MAX_STEP_STACKS (1u << 16)
 
 /* ---- the vocabulary trie --------------------------------------------------------------------- */
 
@@ -182,6 +186,7 @@ struct automaton {
     uint32_t n_out, cap_out;
     struct node *work;
     uint32_t n_work, cap_work;
+    uint32_t visits; /* stacks this expansion visited, against MAX_STEP_STACKS */
     bool accept;
     int err; /* the first table failure (ENOMEM, ELIMIT); the matcher is unusable after */
     uint32_t n_masks;
@@ -380,6 +385,14 @@ static void expand(struct automaton *m)
         const uint32_t x = intern(m, w.pos, w.parent);
         if (!x || m->stamp[x] == m->gen) continue;
         m->stamp[x] = m->gen;
+        if (++m->visits > MAX_STEP_STACKS) {
+            m->err = strata_errf(STRATA_ELIMIT,
+                                 "grammar: a step through more than %u parse stacks: the grammar "
+                                 "is too ambiguous (an optional item repeated, or more than "
+                                 "%u alternatives at one place): simplify it",
+                                 MAX_STEP_STACKS, MAX_STEP_STACKS);
+            return;
+        }
         const uint32_t s = g->sym[w.pos];
         if (SYM_KIND(s) == SYM_TERM) {
             if (!grow((void **)&m->out, &m->cap_out, m->n_out + 1, sizeof *m->out)) {
@@ -400,7 +413,7 @@ static void expand(struct automaton *m)
 
 static void begin(struct automaton *m)
 {
-    m->n_out = m->n_work = 0;
+    m->n_out = m->n_work = m->visits = 0;
     m->accept = false;
     if (++m->gen == 0) { /* wrapped: old stamps could read as current */
         memset(m->stamp, 0, (size_t)m->n_nodes * sizeof *m->stamp);

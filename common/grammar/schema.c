@@ -9,6 +9,7 @@
 #include <string.h>
 
 #define MAX_DEPTH  64    /* nested schemas (a $ref is a rule, not a level) */
+#define MAX_NEST   256   /* nested schemas through $refs too: the compiler recurses */
 #define MAX_REPEAT 10000 /* minItems, maxItems, minLength, maxLength */
 
 struct sbuf {
@@ -140,6 +141,12 @@ struct gen {
     struct ref *refs;
     size_t n_refs;
     int depth;
+    int nest; /* expr calls open: bounds the C stack, which depth does not through $refs */
+    /* The $refs being expanded, outermost first; those from bare_from on were reached without a
+     * value begun since (only $ref, anyOf, oneOf and allOf between): a reference back to one of
+     * them would be a rule that reaches itself before matching anything. */
+    const char **open;
+    size_t n_open, cap_open, bare_from;
 };
 
 static unsigned use(struct gen *g, unsigned bits)
@@ -402,8 +409,22 @@ static int string_body(struct gen *g, const json_t *s, const char *path, struct 
     return 0;
 }
 
-/* typed writes the expression of s read as type t. */
+static int typed_body(struct gen *g, const json_t *s, const char *t, const char *path,
+                      struct sbuf *e);
+
+/* typed writes the expression of s read as type t: a value begins with a character (a brace, a
+ * quote, a digit...), so the $refs open are no longer bare under it. */
 static int typed(struct gen *g, const json_t *s, const char *t, const char *path, struct sbuf *e)
+{
+    const size_t saved = g->bare_from;
+    g->bare_from = g->n_open;
+    int rv = typed_body(g, s, t, path, e);
+    g->bare_from = saved;
+    return rv;
+}
+
+static int typed_body(struct gen *g, const json_t *s, const char *t, const char *path,
+                      struct sbuf *e)
 {
     if (strcmp(t, "object") == 0) return object_body(g, s, path, e);
     if (strcmp(t, "array") == 0) return array_body(g, s, path, e);
@@ -454,7 +475,21 @@ static int literal_value(struct gen *g, const json_t *v, struct sbuf *e)
     return 0;
 }
 
+static int expr_body(struct gen *g, const json_t *s, const char *path, struct sbuf *e);
+
 static int expr(struct gen *g, const json_t *s, const char *path, struct sbuf *e)
+{
+    if (++g->nest > MAX_NEST) {
+        g->nest--;
+        return bad(path, "schemas nested deeper than %d (counting those reached through '$ref')",
+                   MAX_NEST);
+    }
+    int rv = expr_body(g, s, path, e);
+    g->nest--;
+    return rv;
+}
+
+static int expr_body(struct gen *g, const json_t *s, const char *path, struct sbuf *e)
 {
     int rv;
     if (!s || json_is_true(s)) {
@@ -468,6 +503,12 @@ static int expr(struct gen *g, const json_t *s, const char *path, struct sbuf *e
     if ((v = json_object_get(s, "$ref"))) {
         const char *ref = json_string_value(v);
         if (!ref) return bad(path, "'$ref' must be a string");
+        for (size_t i = g->bare_from; i < g->n_open; i++)
+            if (strcmp(g->open[i], ref) == 0)
+                return bad(path,
+                           "'$ref' \"%s\" refers back to itself before any value (through "
+                           "$ref, anyOf, oneOf or allOf only): such a schema has no instance",
+                           ref);
         for (size_t i = 0; i < g->n_refs; i++)
             if (strcmp(g->refs[i].ref, ref) == 0) return sb_printf(e, "r%u", g->refs[i].rule), 0;
         const json_t *target = resolve(g, ref);
@@ -482,9 +523,20 @@ static int expr(struct gen *g, const json_t *s, const char *path, struct sbuf *e
         const unsigned rule = g->n_rules++;
         if (!(nr[g->n_refs].ref = strdup(ref))) return STRATA_ENOMEM;
         nr[g->n_refs++].rule = rule;
+        if (g->n_open == g->cap_open) {
+            const size_t cap = g->cap_open ? 2 * g->cap_open : 8;
+            const char **o = realloc(g->open, cap * sizeof *o);
+            if (!o) return STRATA_ENOMEM;
+            g->open = o;
+            g->cap_open = cap;
+        }
+        g->open[g->n_open++] = nr[g->n_refs - 1].ref;
         struct sbuf body = {0};
+        const int saved = g->depth;
         g->depth = 0; /* a reference starts a rule of its own: recursion is through rules */
         rv = expr(g, target, ref, &body);
+        g->depth = saved;
+        g->n_open--;
         if (rv == 0) sb_printf(&g->rules, "r%u ::= %s\n", rule, body.p ? body.p : "\"\"");
         rv = rv ? rv : body.oom ? STRATA_ENOMEM : 0;
         free(body.p);
@@ -583,6 +635,7 @@ int grammar_from_schemas(const json_t *const *schemas, const char *const *names,
     for (size_t i = 0; i < g.n_refs; i++)
         free(g.refs[i].ref);
     free(g.refs);
+    free(g.open);
     free(g.rules.p);
     if (rv) {
         free(out.p);
