@@ -53,8 +53,9 @@ int gvocab_from_gguf(const struct gguf_file *f, uint32_t n_vocab, struct grammar
         len[i] = (uint32_t)(b.n - off[i]);
         texts += len[i] > 0;
     }
+    /* no text at all leaves b.p NULL, and NULL + 0 is undefined in C: every length is 0 then */
     for (uint32_t i = 0; rv == 0 && i < n_vocab; i++)
-        ptr[i] = b.p + off[i];
+        ptr[i] = b.p ? b.p + off[i] : "";
     if (rv == 0) rv = grammar_vocab_init(n_vocab, ptr, len, out);
     if (rv == 0 && n_text) *n_text = texts;
     tok_fini(t);
