@@ -5,6 +5,7 @@
 #include "common/base/log.h"
 #include "common/base/pool.h"
 #include "common/quant/quant.h"
+#include "gpu-worker/copy_cuda.h"
 #include "gpu-worker/hybrid_plan.h"
 #include "kernels/cpu/moe.h"
 #include "kernels/cuda/glue.h"
@@ -17,16 +18,14 @@
 #include <string.h>
 #include <time.h>
 
-#define N_BOUNCE 4  /* pinned bounce buffers for copies from unregistered memory */
-#define N_STAGE  16 /* STRATA_PCIE_MODE=stage: VRAM staging slots, experts over PCIe a layer */
+#define N_STAGE    16 /* STRATA_PCIE_MODE=stage: VRAM staging slots, experts over PCIe a layer */
+#define FILL_BATCH 64 /* copies the start's fill posts before it waits for them */
 
-/* One copy in flight: a move of the tier, or a fill at start. */
+/* One move of the tier in flight: its copy's ticket of the copy engine. */
 struct flight {
     struct tier_move mv;
-    cudaEvent_t done;
-    int bounce; /* the bounce buffer it holds, or -1 */
-    int rv;     /* a failure decided when posting (hook, registration) */
-    double posted_at;
+    uint64_t ticket;
+    int rv; /* the copy's result, once landed */
     bool landed;
 };
 
@@ -34,7 +33,10 @@ struct hyb {
     const struct model *m;
     struct backend_opts o;
     const struct cu_moe_parts *parts;
-    cudaStream_t s, cs; /* the pass's stream; the copy stream */
+    cudaStream_t s; /* the pass's stream */
+    /* the copy engine (copy_cuda.h): its own stream, fenced on window events recorded on s; the
+     * start's fill and the tier post to it (the tier only once the fill has ended) */
+    struct copy_engine *ce;
     uint32_t L, NE, K, T, P;
     /* slots: chunks of HYB_CHUNK_SLOTS */
     struct cache *cache;
@@ -88,7 +90,6 @@ struct hyb {
     struct flight *fl;
     uint32_t n_fl, n_fl_posted;
     uint64_t window, posted_at;
-    cudaEvent_t win_ev; /* recorded on s at each tick: the window just finished */
     /* the async tier's pick on its own thread (STRATA_ADAPT_PICK_INLINE=0) and its copies posted
      * a batch a tick (STRATA_ADAPT_ASYNC_BATCH=N; 0: the round at once) */
     uint32_t async_batch;
@@ -98,19 +99,13 @@ struct hyb {
     pthread_cond_t pcv;
     enum { PICK_IDLE, PICK_ASKED, PICK_READY } pick;
     uint32_t n_picked;
-    uint8_t *bounce[N_BOUNCE];
-    cudaEvent_t bounce_ev[N_BOUNCE];
-    int next_bounce;
     bool async_wait;
-    /* the start's fill, in the background: its own thread and stream copy the hottest experts
+    /* the start's fill, in the background: its own thread posts the hottest experts' copies
      * into the slots it owns (free in the tables until landed); the decode thread lands what is
      * done at each tick. The tier waits for it to end. */
     int dev;
     pthread_t fill_th;
     bool fill_started, fill_stop, fill_done; /* fill_stop, fill_done: under mu */
-    cudaStream_t fs;
-    uint8_t *fbounce[N_BOUNCE];
-    cudaEvent_t fbev[N_BOUNCE];
     uint32_t *forder, fill_total, fill_slots, fill_copies;
     uint32_t *fland; /* (fill_slots * 3) landed (slot, layer, expert), under mu */
     uint32_t n_fland, fill_landed, fill_failed, fill_refused;
@@ -118,7 +113,6 @@ struct hyb {
     double fill_t0, fill_s;
     /* stats */
     uint64_t hits, misses, pcie_pairs, swaps, copies, copy_bytes, failed, verify_failures;
-    uint64_t posted; /* copies posted: the fail hook's ticket */
     double copy_s, adapt_wait_s, first_hit_rate;
     double pcie_gbs; /* a 64 MiB pinned copy up, best of 3, at start */
     bool first_done;
@@ -286,119 +280,56 @@ static bool pcie_news(struct hyb *h)
 /* ---- copies -----------------------------------------------------------------------------------
  */
 
-/* post copies expert (l, e) into slot on the copy stream, after window `after` has finished on
- * the pass's stream (h->win_ev was recorded at its tick). */
-static int post(struct hyb *h, struct flight *f)
+/* slot_at: the copy engine's view of a slot (on its thread: the pool changes only with no copy in
+ * flight, after drain) */
+static uint8_t *slot_at(void *ctx, uint32_t s)
 {
-    const uint32_t l = f->mv.layer, e = f->mv.expert;
-    const struct model_layer *Lr = &h->m->layers[l];
-    uint8_t *dst = slot_ptr(h, f->mv.slot);
-    const struct copy_hooks *hk = h->o.copy_hooks;
-    int rv;
-    f->bounce = -1;
-    f->rv = 0;
-    f->landed = false;
-    f->posted_at = now_s();
-    const uint64_t ticket = h->posted++;
-    if (hk && hk->fail && hk->fail(hk->ctx, f->mv.slot, ticket)) {
-        f->rv = STRATA_EIO;
-        return ck(cudaEventRecord(f->done, h->cs), "copy event");
-    }
-    if ((rv = ck(cudaStreamWaitEvent(h->cs, h->win_ev, 0), "copy fence"))) return rv;
-    const uint8_t *blob = model_expert_blob(h->m, l, e);
-    if (blob && pinned(h, l, e)) {
-        rv = ck(cudaMemcpyAsync(dst, blob, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
-                "expert copy");
-    } else {
-        /* a pinned bounce buffer, never a pageable copy */
-        const int b = h->next_bounce;
-        h->next_bounce = (b + 1) % N_BOUNCE;
-        if ((rv = ck(cudaEventSynchronize(h->bounce_ev[b]), "bounce buffer"))) return rv;
-        uint8_t *bb = h->bounce[b];
-        if (blob) {
-            memcpy(bb, blob, Lr->blob.bytes);
-        } else {
-            memset(bb, 0, Lr->blob.bytes);
-            for (int p = 0; p < MODEL_PART_COUNT; p++)
-                memcpy(bb + Lr->blob.part_off[p], model_expert_part(h->m, l, e, (enum model_part)p),
-                       Lr->part[p].n_out * Lr->part[p].row_bytes);
-        }
-        if (!(rv = ck(cudaMemcpyAsync(dst, bb, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
-                      "expert copy")))
-            rv = ck(cudaEventRecord(h->bounce_ev[b], h->cs), "bounce event");
-        f->bounce = b;
-        want_pin(h, l, e);
-    }
-    if (!rv && hk && hk->after_copy) {
-        /* the test hook sees the slot's bytes on the host and may change them */
-        uint8_t *tmp = malloc(Lr->blob.bytes);
-        if (!tmp) return strata_errf(STRATA_ENOMEM, "out of memory for the copy hook");
-        if (!(rv = ck(cudaMemcpyAsync(tmp, dst, Lr->blob.bytes, cudaMemcpyDeviceToHost, h->cs),
-                      "hook down")))
-            rv = ck(cudaStreamSynchronize(h->cs), "hook");
-        if (!rv) hk->after_copy(hk->ctx, f->mv.slot, tmp, Lr->blob.bytes);
-        if (!rv &&
-            !(rv = ck(cudaMemcpyAsync(dst, tmp, Lr->blob.bytes, cudaMemcpyHostToDevice, h->cs),
-                      "hook up")))
-            rv = ck(cudaStreamSynchronize(h->cs), "hook");
-        free(tmp);
-    }
-    if (!rv) rv = ck(cudaEventRecord(f->done, h->cs), "copy event");
-    h->copy_bytes += Lr->blob.bytes;
-    return rv;
+    return slot_ptr(ctx, s);
 }
 
-/* done: whether f's copy has completed (wait: block for it), holding hold_ms if the hook asks */
-static bool done(struct hyb *h, struct flight *f, bool wait)
+/* post_copy posts the copy of expert (l, e) into slot, fenced on window after (0: none): from
+ * registered memory directly, else through the engine's pinned bounce buffers (queued for
+ * registration with --pin need). Returns copy_post's code. */
+static int post_copy(struct hyb *h, uint32_t slot, uint32_t l, uint32_t e, uint64_t after,
+                     uint64_t *ticket)
 {
-    const struct copy_hooks *hk = h->o.copy_hooks;
-    if (hk && hk->hold_ms) {
-        const double until = f->posted_at + hk->hold_ms * 1e-3;
-        if (!wait && now_s() < until) return false;
-        while (now_s() < until)
-            nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
-    if (wait) return cudaEventSynchronize(f->done) == cudaSuccess || (f->rv = STRATA_EIO, true);
-    const cudaError_t q = cudaEventQuery(f->done);
-    if (q == cudaErrorNotReady) return false;
-    if (q != cudaSuccess) f->rv = STRATA_EIO;
-    return true;
+    struct copy_extent x[COPY_MAX_EXTENTS];
+    const uint32_t n = copy_blob_extents(h->m, l, e, x);
+    x[0].pinned = model_expert_blob(h->m, l, e) && pinned(h, l, e);
+    if (!x[0].pinned) want_pin(h, l, e);
+    return copy_post(h->ce, slot, x, n, after, ticket);
 }
 
-/* land: the copy's expert turns resident in the working table if it is good; a failed copy's
- * slot is poisoned (a window that read it anyway would show in the logits) and stays free. */
-/* host_hash: the XXH3 of (l, e)'s blob as the slot must hold it (the arena's stored hash, or the
- * parts hashed in the blob layout with the gaps zero) */
-static uint64_t host_hash(const struct hyb *h, uint32_t l, uint32_t e, uint8_t *scratch)
+/* poison: a failed or refused copy's slot, free now, is filled with a pattern (in order with the
+ * copies, so before any later copy into it): a window that read it anyway would show in the
+ * logits. Best effort: a poison that cannot be posted leaves the slot as the copy left it. */
+static void poison(struct hyb *h, uint32_t slot)
 {
-    const uint64_t stored = model_expert_blob_hash(h->m, l, e);
-    if (stored) return stored;
-    const struct model_layer *Lr = &h->m->layers[l];
-    const uint8_t *blob = model_expert_blob(h->m, l, e);
-    if (blob) return XXH3_64bits(blob, Lr->blob.bytes);
-    memset(scratch, 0, Lr->blob.bytes);
-    for (int p = 0; p < MODEL_PART_COUNT; p++)
-        memcpy(scratch + Lr->blob.part_off[p], model_expert_part(h->m, l, e, (enum model_part)p),
-               Lr->part[p].n_out * Lr->part[p].row_bytes);
-    return XXH3_64bits(scratch, Lr->blob.bytes);
+    const struct copy_extent x = {.bytes = h->slot_bytes, .fill = 0xa5};
+    uint64_t ticket;
+    copy_post(h->ce, slot, &x, 1, 0, &ticket);
+}
+
+/* drain: every copy posted (poisons too) has completed; before the slot pool changes */
+static void drain(struct hyb *h)
+{
+    copy_wait_all(h->ce);
 }
 
 /* verify: --cache-verify: the slot's bytes, brought back, hash as the host's blob */
-static int verify(struct hyb *h, const struct flight *f)
+static int verify(struct hyb *h, uint32_t slot, uint32_t l, uint32_t e)
 {
-    const uint64_t bytes = h->m->layers[f->mv.layer].blob.bytes;
-    uint8_t *a = malloc(2 * bytes);
+    const uint64_t bytes = h->m->layers[l].blob.bytes;
+    uint8_t *a = malloc(bytes);
     if (!a) return STRATA_ENOMEM;
     int rv = STRATA_EIO;
-    if (cudaMemcpy(a, slot_ptr(h, f->mv.slot), bytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
-        const uint64_t got = XXH3_64bits(a, bytes),
-                       want = host_hash(h, f->mv.layer, f->mv.expert, a + bytes);
+    if (cudaMemcpy(a, slot_ptr(h, slot), bytes, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        const uint64_t got = XXH3_64bits(a, bytes), want = copy_blob_hash(h->m, l, e);
         rv = got == want ? 0 : STRATA_EFORMAT;
         if (rv)
             LOG_WARN("expert cache: slot %u holds layer %u expert %u with xxHash %016llx, the "
                      "host's is %016llx: it stays on the host tier",
-                     f->mv.slot, f->mv.layer, f->mv.expert, (unsigned long long)got,
-                     (unsigned long long)want);
+                     slot, l, e, (unsigned long long)got, (unsigned long long)want);
     } else {
         cudaGetLastError();
     }
@@ -406,16 +337,17 @@ static int verify(struct hyb *h, const struct flight *f)
     return rv;
 }
 
+/* land: the copy's expert turns resident in the working table if it is good; a failed copy's
+ * slot is poisoned and stays free. */
 static void land(struct hyb *h, struct flight *f)
 {
     f->landed = true;
-    if (!f->rv && h->o.cache_verify) f->rv = verify(h, f);
+    if (!f->rv && h->o.cache_verify) f->rv = verify(h, f->mv.slot, f->mv.layer, f->mv.expert);
     if (hyb_land(h->cache, f->mv.slot, f->mv.layer, f->mv.expert, f->rv == 0)) {
         h->copies++;
         return;
     }
-    /* the slot, free now, holds poison: a window that read it anyway would show in the logits */
-    cudaMemsetAsync(slot_ptr(h, f->mv.slot), 0xa5, h->slot_bytes, h->cs);
+    poison(h, f->mv.slot);
     if (f->rv == STRATA_EFORMAT) {
         h->verify_failures++; /* verify() logged it */
         return;
@@ -429,18 +361,19 @@ static void land(struct hyb *h, struct flight *f)
 /* land_all lands the flights posted (waiting for each when wait); returns the count still out */
 static uint32_t land_all(struct hyb *h, bool wait)
 {
-    uint32_t out = 0, n = 0;
+    uint32_t out = 0;
     const double t0 = now_s();
     for (uint32_t i = 0; i < h->n_fl_posted; i++) {
         struct flight *f = &h->fl[i];
         if (f->landed) continue;
-        if (!done(h, f, wait)) {
+        if (wait) {
+            f->rv = copy_wait(h->ce, f->ticket);
+        } else if (!copy_done(h->ce, f->ticket, &f->rv)) {
             out++;
             continue;
         }
         land(h, f);
         if (!f->rv && f->mv.victim != (int32_t)-2) h->swaps++;
-        n++;
     }
     if (wait) h->adapt_wait_s += now_s() - t0;
     h->copy_s += now_s() - t0;
@@ -450,7 +383,8 @@ static uint32_t land_all(struct hyb *h, bool wait)
 
 /* post_round posts the round's next moves (fl[n_fl_posted..), at most `batch` of them, 0: all):
  * their victims leave the table, which is republished, then the copies go, fenced on the window
- * just finished (the last that may read the victims' slots). */
+ * just finished (marked at the tick: the last that may read the victims' slots). A copy the
+ * engine refuses lands at once as failed. */
 static int post_round(struct hyb *h, uint32_t batch)
 {
     int rv;
@@ -462,96 +396,47 @@ static int post_round(struct hyb *h, uint32_t batch)
             if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
         if ((rv = publish(h))) return rv;
     }
-    if ((rv = ck(cudaEventRecord(h->win_ev, h->s), "window event"))) return rv;
-    for (uint32_t i = from; i < end; i++)
-        if ((rv = post(h, &h->fl[i]))) return rv;
+    for (uint32_t i = from; i < end; i++) {
+        struct flight *f = &h->fl[i];
+        f->landed = false;
+        f->rv = post_copy(h, f->mv.slot, f->mv.layer, f->mv.expert, h->window, &f->ticket);
+        if (f->rv)
+            land(h, f);
+        else
+            h->copy_bytes += h->m->layers[f->mv.layer].blob.bytes;
+    }
     h->n_fl_posted = end;
     h->posted_at = h->window;
     if (unfenced) {
         /* the removed fence (a test hook): the copies land while the old table is still read */
-        cudaStreamSynchronize(h->cs);
+        for (uint32_t i = from; i < end; i++)
+            if (!h->fl[i].landed) copy_wait(h->ce, h->fl[i].ticket);
         for (uint32_t i = from; i < end; i++)
             if (h->fl[i].mv.victim >= 0) cache_evict(h->cache, h->fl[i].mv.slot);
     }
     return 0;
 }
 
-/* fill_copy posts copies of experts[0..n) (layer * NE + expert) into slots[0..n) on the fill's
- * stream: from registered memory, else through the fill's bounce buffers; fail[i] the test hook's
- * verdict. Then waits for them, lets the test hooks see the bytes, and verifies when asked:
- * ok[i] says which copies are good. */
+/* fill_copy posts the copies of experts[0..n) (layer * NE + expert, n <= FILL_BATCH) into
+ * slots[0..n), fenced on no window (the slots are in no table), waits for them and verifies them
+ * when asked: ok[i] says which copies are good. */
 static void fill_copy(struct hyb *h, const uint32_t *slots, const uint32_t *experts, uint32_t n,
                       uint8_t *ok)
 {
-    const struct copy_hooks *hk = h->o.copy_hooks;
-    const double t0 = now_s();
+    uint64_t ticket[FILL_BATCH];
     for (uint32_t i = 0; i < n; i++) {
         const uint32_t l = experts[i] / h->NE, e = experts[i] % h->NE;
-        const struct model_layer *Lr = &h->m->layers[l];
-        uint8_t *dst = slot_ptr(h, slots[i]);
-        ok[i] = 1;
-        if (hk && hk->fail && hk->fail(hk->ctx, slots[i], h->posted++)) {
+        ok[i] = post_copy(h, slots[i], l, e, 0, &ticket[i]) == 0;
+        if (ok[i]) h->fill_bytes += h->m->layers[l].blob.bytes;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!ok[i] || copy_wait(h->ce, ticket[i])) {
             ok[i] = 0;
             continue;
         }
-        const uint8_t *blob = model_expert_blob(h->m, l, e);
-        cudaError_t ce;
-        if (blob && pinned(h, l, e)) {
-            ce = cudaMemcpyAsync(dst, blob, Lr->blob.bytes, cudaMemcpyHostToDevice, h->fs);
-        } else {
-            const int b = (int)(i % N_BOUNCE);
-            ce = cudaEventSynchronize(h->fbev[b]);
-            uint8_t *bb = h->fbounce[b];
-            if (blob) {
-                memcpy(bb, blob, Lr->blob.bytes);
-            } else {
-                memset(bb, 0, Lr->blob.bytes);
-                for (int p = 0; p < MODEL_PART_COUNT; p++)
-                    memcpy(bb + Lr->blob.part_off[p],
-                           model_expert_part(h->m, l, e, (enum model_part)p),
-                           Lr->part[p].n_out * Lr->part[p].row_bytes);
-            }
-            if (ce == cudaSuccess)
-                ce = cudaMemcpyAsync(dst, bb, Lr->blob.bytes, cudaMemcpyHostToDevice, h->fs);
-            if (ce == cudaSuccess) ce = cudaEventRecord(h->fbev[b], h->fs);
-            want_pin(h, l, e);
-        }
-        if (ce != cudaSuccess) {
-            cudaGetLastError();
+        if (h->o.cache_verify && verify(h, slots[i], experts[i] / h->NE, experts[i] % h->NE)) {
             ok[i] = 0;
-        }
-        h->fill_bytes += Lr->blob.bytes;
-    }
-    if (cudaStreamSynchronize(h->fs) != cudaSuccess) {
-        cudaGetLastError();
-        memset(ok, 0, n);
-    }
-    if (hk && hk->hold_ms) {
-        const double until = t0 + hk->hold_ms * 1e-3;
-        while (now_s() < until)
-            nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        if (!ok[i]) continue;
-        const uint32_t l = experts[i] / h->NE, e = experts[i] % h->NE;
-        const uint64_t bytes = h->m->layers[l].blob.bytes;
-        if (hk && hk->after_copy) {
-            uint8_t *tmp = malloc(bytes);
-            if (!tmp || cudaMemcpy(tmp, slot_ptr(h, slots[i]), bytes, cudaMemcpyDeviceToHost)) {
-                ok[i] = 0;
-            } else {
-                hk->after_copy(hk->ctx, slots[i], tmp, bytes);
-                if (cudaMemcpy(slot_ptr(h, slots[i]), tmp, bytes, cudaMemcpyHostToDevice))
-                    ok[i] = 0;
-            }
-            free(tmp);
-        }
-        if (ok[i] && h->o.cache_verify) {
-            struct flight f = {.mv = {l, e, slots[i], -2}};
-            if (verify(h, &f)) {
-                ok[i] = 0;
-                h->fill_refused++;
-            }
+            h->fill_refused++;
         }
     }
 }
@@ -562,10 +447,9 @@ static void *fill_main(void *arg)
 {
     struct hyb *h = arg;
     cudaSetDevice(h->dev);
-    const uint32_t batch = 64;
     uint32_t *free_slots = malloc((h->fill_slots + 1) * sizeof *free_slots);
-    uint32_t slots[64], ex[64];
-    uint8_t ok[64];
+    uint32_t slots[FILL_BATCH], ex[FILL_BATCH];
+    uint8_t ok[FILL_BATCH];
     uint32_t n_free = 0, next = 0;
     for (uint32_t s = h->fill_slots; free_slots && s-- > 0;)
         free_slots[n_free++] = s;
@@ -575,27 +459,28 @@ static void *fill_main(void *arg)
         pthread_mutex_unlock(&h->mu);
         if (stop || !free_slots || !n_free || next >= h->fill_total) break;
         uint32_t n = 0;
-        while (n < batch && n_free && next < h->fill_total) {
+        while (n < FILL_BATCH && n_free && next < h->fill_total) {
             slots[n] = free_slots[--n_free];
             ex[n++] = h->forder[next++];
         }
         fill_copy(h, slots, ex, n, ok);
+        uint32_t failed = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (!ok[i]) {
+                poison(h, slots[i]); /* before the next expert's copy into it */
+                free_slots[n_free++] = slots[i];
+                failed++;
+            }
         pthread_mutex_lock(&h->mu);
         for (uint32_t i = 0; i < n; i++) {
-            if (ok[i]) {
-                uint32_t *q = h->fland + 3 * h->n_fland++;
-                q[0] = slots[i], q[1] = ex[i] / h->NE, q[2] = ex[i] % h->NE;
-                h->fill_copies++;
-            } else {
-                /* poisoned: a window that read it anyway would show in the logits */
-                cudaMemsetAsync(slot_ptr(h, slots[i]), 0xa5, h->slot_bytes, h->fs);
-                free_slots[n_free++] = slots[i];
-                h->fill_failed++;
-            }
+            if (!ok[i]) continue;
+            uint32_t *q = h->fland + 3 * h->n_fland++;
+            q[0] = slots[i], q[1] = ex[i] / h->NE, q[2] = ex[i] % h->NE;
+            h->fill_copies++;
         }
+        h->fill_failed += failed;
         pthread_mutex_unlock(&h->mu);
     }
-    cudaStreamSynchronize(h->fs);
     free(free_slots);
     pthread_mutex_lock(&h->mu);
     h->fill_done = true;
@@ -748,13 +633,15 @@ static void measure_pcie(struct hyb *h)
 {
     const size_t bytes = 64u << 20;
     void *src = NULL, *dst = NULL;
-    if (cudaMallocHost(&src, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) {
+    /* on the pass's stream, idle before the first window */
+    if (cudaStreamSynchronize(h->s) != cudaSuccess || cudaMallocHost(&src, bytes) != cudaSuccess ||
+        cudaMalloc(&dst, bytes) != cudaSuccess) {
         cudaGetLastError();
     } else {
         for (int i = 0; i < 3; i++) {
             const double t0 = now_s();
-            if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h->cs) != cudaSuccess ||
-                cudaStreamSynchronize(h->cs) != cudaSuccess)
+            if (cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, h->s) != cudaSuccess ||
+                cudaStreamSynchronize(h->s) != cudaSuccess)
                 break;
             const double gbs = (double)bytes / (now_s() - t0) / 1e9;
             if (gbs > h->pcie_gbs) h->pcie_gbs = gbs;
@@ -866,14 +753,6 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->h_selw, P * 4},
         {(void **)&h->h_pack, P * E * 4},
         {(void **)&h->h_stab, h->NE * sizeof(void *)},
-        {(void **)&h->bounce[0], slot_bytes},
-        {(void **)&h->bounce[1], slot_bytes},
-        {(void **)&h->bounce[2], slot_bytes},
-        {(void **)&h->bounce[3], slot_bytes},
-        {(void **)&h->fbounce[0], slot_bytes},
-        {(void **)&h->fbounce[1], slot_bytes},
-        {(void **)&h->fbounce[2], slot_bytes},
-        {(void **)&h->fbounce[3], slot_bytes},
     };
     for (size_t i = 0; i < sizeof pinb / sizeof pinb[0]; i++) {
         if ((rv = ck(cudaMallocHost(pinb[i].p, pinb[i].bytes ? pinb[i].bytes : 1),
@@ -896,20 +775,9 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     };
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
-    if ((rv = ck(cudaStreamCreateWithFlags(&h->cs, cudaStreamNonBlocking), "copy stream")) ||
-        (rv = ck(cudaStreamCreateWithFlags(&h->fs, cudaStreamNonBlocking), "fill stream")) ||
-        (rv = ck(cudaEventCreateWithFlags(&h->win_ev, cudaEventDisableTiming), "event")) ||
-        (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
+    if ((rv = ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
         (rv = ck(cudaEventCreateWithFlags(&h->tab_ev[1], cudaEventDisableTiming), "event")))
         goto fail;
-    for (int i = 0; i < N_BOUNCE; i++)
-        if ((rv =
-                 ck(cudaEventCreateWithFlags(&h->bounce_ev[i], cudaEventDisableTiming), "event")) ||
-            (rv = ck(cudaEventCreateWithFlags(&h->fbev[i], cudaEventDisableTiming), "event")))
-            goto fail;
-    for (uint32_t i = 0; i < swaps; i++)
-        if ((rv = ck(cudaEventCreateWithFlags(&h->fl[i].done, cudaEventDisableTiming), "event")))
-            goto fail;
     for (uint32_t l = 0; h->timing && l < h->L; l++)
         if ((rv = ck(cudaEventCreate(&h->ev_a[l]), "event")) ||
             (rv = ck(cudaEventCreate(&h->ev_b[l]), "event")))
@@ -944,6 +812,13 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         if ((rv = cache_resize(h->cache, n_slots)) || (rv = pool_to(h, n_slots))) goto fail;
     }
     measure_pcie(h); /* before the fill's copies share the bus */
+    const struct copy_cuda_opts co = {.device = h->dev,
+                                      .stream = h->s,
+                                      .n_slots = (uint32_t)LE,
+                                      .slot_bytes = slot_bytes,
+                                      .slot_at = slot_at,
+                                      .slot_ctx = h};
+    if ((rv = copy_cuda_start(&co, o->copy_hooks, &h->ce))) goto fail;
     if ((rv = publish(h)) || (rv = fill(h))) goto fail;
     if (h->rule.threshold == BACKEND_PCIE_AUTO) h->rule.threshold = auto_threshold(h);
     LOG_INFO("expert cache: %u VRAM slots of %.2f MiB (%.2f GiB), %u of %u experts resident%s, "
@@ -969,7 +844,6 @@ void hyb_close(struct hyb *h)
 {
     if (!h) return;
     if (h->s) cudaStreamSynchronize(h->s);
-    if (h->cs) cudaStreamSynchronize(h->cs);
     if (h->picker_started) {
         pick_settle(h, true);
         pthread_mutex_lock(&h->pmu);
@@ -994,6 +868,7 @@ void hyb_close(struct hyb *h)
         pthread_mutex_unlock(&h->mu);
         pthread_join(h->reg, NULL);
     }
+    copy_close(h->ce); /* its copies read registered memory and write the slots */
     if (h->reg_started || h->pcie_pairs)
         LOG_INFO("expert cache: %u blobs registered, %u refused (copied through bounce buffers); "
                  "%llu of %llu missed pairs computed over PCIe",
@@ -1009,26 +884,16 @@ void hyb_close(struct hyb *h)
                    h->d_rows,   h->d_yy,     h->d_stab,   h->d_stage};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         cudaFree(dev[i]);
-    void *pin[] = {h->h_tab[0],   h->h_tab[1],   h->h_pcie,    h->h_groups,  h->h_idx,
-                   h->h_rows,     h->h_xn,       h->h_selw,    h->h_pack,    h->h_stab,
-                   h->bounce[0],  h->bounce[1],  h->bounce[2], h->bounce[3], h->fbounce[0],
-                   h->fbounce[1], h->fbounce[2], h->fbounce[3]};
+    void *pin[] = {h->h_tab[0], h->h_tab[1], h->h_pcie, h->h_groups, h->h_idx,
+                   h->h_rows,   h->h_xn,     h->h_selw, h->h_pack,   h->h_stab};
     for (size_t i = 0; i < sizeof pin / sizeof pin[0]; i++)
         cudaFreeHost(pin[i]);
-    const uint32_t swaps = h->o.tier.swaps > 64 ? h->o.tier.swaps : 64;
-    for (uint32_t i = 0; h->fl && i < swaps; i++)
-        if (h->fl[i].done) cudaEventDestroy(h->fl[i].done);
     for (uint32_t l = 0; h->ev_a && l < h->L; l++) {
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    cudaEvent_t evs[] = {h->win_ev,       h->tab_ev[0],    h->tab_ev[1],    h->bounce_ev[0],
-                         h->bounce_ev[1], h->bounce_ev[2], h->bounce_ev[3], h->fbev[0],
-                         h->fbev[1],      h->fbev[2],      h->fbev[3]};
-    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
-        if (evs[i]) cudaEventDestroy(evs[i]);
-    if (h->cs) cudaStreamDestroy(h->cs);
-    if (h->fs) cudaStreamDestroy(h->fs);
+    for (int i = 0; i < 2; i++)
+        if (h->tab_ev[i]) cudaEventDestroy(h->tab_ev[i]);
     free(h->forder);
     free(h->fland);
     void *hostb[] = {h->groups, h->hg,    h->pg,       h->mg,    h->pidx, h->hi,      h->ppi,
@@ -1360,9 +1225,12 @@ static void reg_begin(struct hyb *h)
 int hyb_tick(struct hyb *h)
 {
     h->window++;
+    /* the window just run is the last that may read what this tick takes out of the table */
+    int rv = copy_window_done(h->ce, h->window);
+    if (rv) return rv;
     if (h->reg_pending) reg_begin(h);
     const bool landed = fill_land(h) > 0;
-    int rv = pcie_news(h) || landed ? publish(h) : 0;
+    rv = pcie_news(h) || landed ? publish(h) : 0;
     const double w0 = h->adapt_wait_s;
     const uint64_t sw0 = h->swaps;
     /* the tier starts once the start's fill has ended (its slots are the fill's until then) */
@@ -1415,6 +1283,7 @@ int hyb_resize(struct hyb *h, uint64_t bytes)
 {
     int rv;
     if ((rv = fill_end(h)) || (rv = hyb_quiesce(h))) return rv;
+    drain(h); /* poisons too: the copy thread leaves the pool alone from here */
     const uint32_t total = h->L * h->NE;
     uint64_t n = bytes / h->slot_bytes;
     if (n > total) n = total;
