@@ -93,10 +93,11 @@ struct copy_stats {
 #define COPY_MAX_LANES 8
 
 /* A backend: how one copy's bytes move. The engine calls issue, then finish, on its copy thread,
- * for each copy in ticket order, with at most `lanes` copies issued and not yet finished; a lane
- * (0..lanes) is held by one copy from its issue to its finish, so per-lane resources (a bounce
- * buffer, an event) need no lock. window runs on the thread that calls copy_window_done, under
- * the engine's lock, before the window counts as done. */
+ * for each copy in ticket order (but those the fail hook fails, which it never issues), with at
+ * most `lanes` copies issued and not yet finished, finished oldest first; a lane (0..lanes) is
+ * held by one copy from its issue to its finish, so per-lane resources (a bounce buffer, an
+ * event) need no lock. window runs on the thread that calls copy_window_done, under the engine's
+ * lock, before the window counts as done. */
 struct copy_backend {
     void *ctx;
     uint32_t lanes; /* 1..COPY_MAX_LANES */

@@ -75,7 +75,8 @@ struct fake {
         uint32_t slot, n;
         struct copy_extent x[COPY_MAX_EXTENTS];
     } lane[4];
-    uint32_t next_issue, next_finish; /* lanes are used round-robin */
+    bool held[4];                  /* a lane between its issue and its finish */
+    uint32_t fifo[4], head, count; /* the lanes issued, oldest first */
     uint32_t in_flight, max_in_flight;
     uint64_t marked; /* the last window the backend was told of */
     uint32_t bad_fence, bad_lane, issued;
@@ -95,8 +96,9 @@ static int fake_issue(void *ctx, uint32_t lane, uint32_t slot, const struct copy
     struct fake *f = ctx;
     pthread_mutex_lock(&f->mu);
     f->bad_fence += after > f->marked;
-    f->bad_lane += lane != f->next_issue;
-    f->next_issue = (lane + 1) % 4;
+    f->bad_lane += lane >= 4 || f->held[lane];
+    f->held[lane % 4] = true;
+    f->fifo[(f->head + f->count++) % 4] = lane % 4;
     if (++f->in_flight > f->max_in_flight) f->max_in_flight = f->in_flight;
     f->issued++;
     pthread_mutex_unlock(&f->mu);
@@ -111,8 +113,12 @@ static int fake_finish(void *ctx, uint32_t lane, uint32_t slot, uint64_t span,
 {
     struct fake *f = ctx;
     pthread_mutex_lock(&f->mu);
-    f->bad_lane += lane != f->next_finish || slot != f->lane[lane].slot;
-    f->next_finish = (lane + 1) % 4;
+    /* finished oldest first, each lane once, into the slot it was issued for */
+    f->bad_lane +=
+        !f->count || lane != f->fifo[f->head] || !f->held[lane] || slot != f->lane[lane].slot;
+    f->held[lane % 4] = false;
+    f->head = (f->head + 1) % 4;
+    f->count--;
     f->in_flight--;
     pthread_mutex_unlock(&f->mu);
     uint8_t *dst = f->slots + slot * f->slot_bytes;
@@ -252,9 +258,8 @@ END_TEST
  * backend with no lane, or too many, is refused and closed */
 START_TEST(backend_failures)
 {
-    g_fake.thread_rv = STRATA_EIO;
+    g_fake.thread_rv = STRATA_EIO; /* read by the copy thread when it starts */
     struct copy_engine *ce = fake_start(&g_fake, 4096, 2, NULL);
-    g_fake.thread_rv = 0;
     uint8_t src[16] = {1};
     const struct copy_extent x = {src, sizeof src, 0, false, 0};
     uint64_t a, b;
@@ -270,6 +275,7 @@ START_TEST(backend_failures)
     ck_assert_uint_eq(st.failed, 2);
     copy_close(ce);
     fake_stop(&g_fake);
+    g_fake.thread_rv = 0;
 
     struct fake f = {0};
     struct copy_backend be = {.ctx = &f, .lanes = 0, .close = fake_close};

@@ -108,14 +108,15 @@ static int post_copy(struct hyb *h, uint32_t slot, uint32_t l, uint32_t e, uint6
     return copy_post(h->ce, slot, x, n, after, ticket);
 }
 
-/* poison: a failed or refused copy's slot, free now, is filled with a pattern (in order with the
- * copies, so before any later copy into it): a window that read it anyway would show in the
- * logits. Best effort: a poison that cannot be posted leaves the slot as the copy left it. */
-static void poison(struct hyb *h, uint32_t slot)
+/* poison: a failed or refused copy's slot, free now, is filled with a pattern, fenced on window
+ * after like a copy (0: the fill's slots, in no table) and in order with the copies, so before any
+ * later copy into it: a window that read it anyway would show in the logits. Best effort: a
+ * poison that cannot be posted leaves the slot as the copy left it. */
+static void poison(struct hyb *h, uint32_t slot, uint64_t after)
 {
     const struct copy_extent x = {.bytes = h->slot_bytes, .fill = 0xa5};
     uint64_t ticket;
-    copy_post(h->ce, slot, &x, 1, 0, &ticket);
+    copy_post(h->ce, slot, &x, 1, after, &ticket);
 }
 
 /* verify: --cache-verify: the slot's bytes, brought back, hash as the host's blob */
@@ -149,7 +150,7 @@ static void land(struct hyb *h, struct flight *f)
         h->copies++;
         return;
     }
-    poison(h, f->mv.slot);
+    poison(h, f->mv.slot, h->window);
     if (f->rv == STRATA_EFORMAT) {
         h->verify_failures++; /* verify() logged it */
         return;
@@ -269,7 +270,7 @@ static void *fill_main(void *arg)
         uint32_t failed = 0;
         for (uint32_t i = 0; i < n; i++)
             if (!ok[i]) {
-                poison(h, slots[i]); /* before the next expert's copy into it */
+                poison(h, slots[i], 0); /* before the next expert's copy into it */
                 free_slots[n_free++] = slots[i];
                 failed++;
             }

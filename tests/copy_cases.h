@@ -169,7 +169,7 @@ static void copy_case_order_and_after_copy(const struct copy_rig *r)
     uint64_t t[N];
     for (uint32_t i = 0; i < N; i++) {
         const struct copy_extent x[] = {
-            {(i % 2 ? pin : page) + (size_t)i * BYTES, BYTES, 0, i % 2 && pinned},
+            {(i % 2 ? pin : page) + (size_t)i * BYTES, BYTES, 0, i % 2 && pinned, 0},
             {NULL, 96, BYTES, false, (uint8_t)(0xa0 + i)}};
         ck_assert_int_eq(copy_post(ce, i % SLOTS, x, 2, 1 + i / 8, &t[i]), 0);
     }
