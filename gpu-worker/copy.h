@@ -1,23 +1,17 @@
 /* copy — the copy engine the expert cache fills its slots through: post a copy of a blob into a
  * slot that may start only once a given window has finished with that slot; ask or wait for its
- * completion. One interface, two backends: the host's (copy_start: memcpy into a host slot pool,
- * for the CPU backend's slot mode) and CUDA's (copy_cuda.h: a copy stream fenced by events, for
- * the hybrid's VRAM slots). The engine here owns what both share: the queue, the tickets, the
- * window fences, the test hooks and one copy thread; a backend (struct copy_backend) only moves
- * one copy's bytes and marks a window on its side.
- *
- * A copy is a list of extents into the slot: from an arena blob it is one extent of exactly
- * blob_bytes (never a slot-sized read, which would cross into the next blob); from a GGUF file it
- * is each part at its blob offset, the gaps zero-filled, so the slot holds the arena's bytes
- * (copy_blob_extents). The fence: copy_post(after_window = W) starts the copy only after
- * copy_window_done(W) — the last window that may still read the slot's previous expert (on CUDA
- * the copy then also waits, on the GPU, for the event recorded on the pass's stream at that call).
- * Tickets complete in posting order. Test hooks (struct copy_hooks) hold a copy's completion,
- * stretch a window, fail a copy or change the bytes it wrote, so tests can make every race and
+ * completion. One engine, two backends: the host's (copy_start: memcpy into a host slot pool, the
+ * CPU slot mode) and CUDA's (copy_cuda.h: a copy stream fenced by window events, the hybrid's VRAM
+ * slots). The engine owns the queue, the tickets, the fences, the test hooks and the copy thread;
+ * a backend (struct copy_backend) only moves one copy's bytes and marks a window on its side.
+ * A copy is a list of extents into the slot (copy_blob_extents: an arena blob is one extent of
+ * exactly blob_bytes; a GGUF file's parts sit at their blob offsets, the gaps zeroed). The fence:
+ * copy_post(after_window = W) starts the copy only after copy_window_done(W), the last window that
+ * may still read the slot's previous expert. Tickets complete in posting order. Test hooks
+ * (struct copy_hooks) hold, defer, refuse, fail or alter copies, so tests can make every race and
  * every bad copy happen.
- * Threads: any thread may post, mark windows and wait (the decode thread, the tier's thread, the
- * hybrid's fill), under the engine's lock; the copy thread writes slots (on CUDA: issues the
- * copies and waits for their events), at most lanes of them in flight. copy_close waits for copies
+ * Threads: any thread may post, mark windows and wait, under the engine's lock; the copy thread
+ * issues and finishes copies, at most the backend's lanes in flight. copy_close waits for copies
  * in flight (deferred ones run then).
  */
 #ifndef STRATA_COPY_H

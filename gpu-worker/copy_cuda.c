@@ -14,7 +14,6 @@ struct cc {
     cudaEvent_t win_ev; /* recorded on s at each copy_window_done */
     cudaEvent_t done[COPY_CUDA_LANES];
     uint8_t *bounce[COPY_CUDA_LANES];
-    uint64_t slot_bytes;
     uint8_t *(*slot_at)(void *ctx, uint32_t slot);
     void *slot_ctx;
 };
@@ -129,7 +128,6 @@ int copy_cuda_start(const struct copy_cuda_opts *o, const struct copy_hooks *hoo
     if (!c) return strata_errf(STRATA_ENOMEM, "out of memory for the CUDA copy engine");
     c->dev = o->device;
     c->s = (cudaStream_t)o->stream;
-    c->slot_bytes = o->slot_bytes;
     c->slot_at = o->slot_at;
     c->slot_ctx = o->slot_ctx;
     int rv;
