@@ -25,59 +25,6 @@ static int async_start(struct fwd *f);
 static void async_stop(struct fwd *f);
 static int async_quiesce(struct fwd *f);
 
-/* blob_extents: the copy of expert (l, e) into a slot: the arena's blob as one extent of exactly
- * blob_bytes, or, from a GGUF file, each part at its blob offset with the gaps zeroed, so the slot
- * holds the arena's bytes either way. Returns the extent count. */
-static uint32_t blob_extents(const struct fwd *f, uint32_t l, uint32_t e, struct copy_extent *x)
-{
-    const struct model_layer *L = &f->m->layers[l];
-    const uint8_t *blob = model_expert_blob(f->m, l, e);
-    if (blob) {
-        x[0] = (struct copy_extent){blob, L->blob.bytes, 0};
-        return 1;
-    }
-    uint32_t n = 0;
-    uint64_t at = 0;
-    /* blob order: each part, then its bias when the experts have them (gpt-oss) */
-    const bool bias = f->m->hp.exp_bias;
-    for (int i = 0; i < (bias ? MODEL_BLOB_PARTS : MODEL_PART_COUNT); i++) {
-        const int p = bias ? (i % 2 ? MODEL_PART_BIAS : 0) + i / 2 : i;
-        const struct model_mat *pm = &L->part[p % MODEL_PART_COUNT];
-        const uint64_t off = L->blob.part_off[p],
-                       bytes = p >= MODEL_PART_BIAS ? pm->n_out * sizeof(float)
-                                                    : pm->row_bytes * pm->n_out;
-        if (off > at) x[n++] = (struct copy_extent){NULL, off - at, at};
-        x[n++] =
-            (struct copy_extent){model_expert_part(f->m, l, e, (enum model_part)p), bytes, off};
-        at = off + bytes;
-    }
-    return n;
-}
-
-/* blob_hash: the XXH3 of expert (l, e)'s blob as the arena stores it: the arena's own hash, or
- * from a GGUF file computed over the same extents a copy moves. */
-static uint64_t blob_hash(const struct fwd *f, uint32_t l, uint32_t e)
-{
-    if (model_expert_blob(f->m, l, e)) return model_expert_blob_hash(f->m, l, e);
-    struct copy_extent x[COPY_MAX_EXTENTS];
-    const uint32_t n = blob_extents(f, l, e, x);
-    XXH3_state_t *st = XXH3_createState();
-    if (!st) return 0;
-    XXH3_64bits_reset(st);
-    static const uint8_t zeros[4096];
-    for (uint32_t i = 0; i < n; i++)
-        for (uint64_t done = 0; done < x[i].bytes;) {
-            const uint64_t c = x[i].src                           ? x[i].bytes - done
-                               : x[i].bytes - done < sizeof zeros ? x[i].bytes - done
-                                                                  : sizeof zeros;
-            XXH3_64bits_update(st, x[i].src ? (const uint8_t *)x[i].src + done : zeros, c);
-            done += c;
-        }
-    const uint64_t h = XXH3_64bits_digest(st);
-    XXH3_freeState(st);
-    return h;
-}
-
 /* land finishes the copy of (l, e) into slot: waits for it, checks the slot's bytes when asked,
  * and gives the slot to the expert in the working table only if the copy is good. */
 static void finish(struct fwd *f, int rv, uint32_t slot, uint32_t l, uint32_t e)
@@ -99,7 +46,8 @@ static void finish(struct fwd *f, int rv, uint32_t slot, uint32_t l, uint32_t e)
         return;
     }
     if (f->o.cache_verify) {
-        const uint64_t got = XXH3_64bits(s, f->m->layers[l].blob.bytes), want = blob_hash(f, l, e);
+        const uint64_t got = XXH3_64bits(s, f->m->layers[l].blob.bytes),
+                       want = copy_blob_hash(f->m, l, e);
         if (got != want) {
             f->verify_failures++;
             LOG_WARN("expert cache: slot %u holds layer %u expert %u with xxHash %016llx, the "
@@ -131,8 +79,8 @@ static int fill_slots(struct fwd *f, const uint32_t *order, uint32_t n)
         const uint32_t l = order[i] / NE, e = order[i] % NE;
         if (f->m->layers[l].dense) continue; /* a dense layer (glm4moe) has no experts */
         uint64_t ticket;
-        int rv =
-            copy_post(f->copy, (uint32_t)slot, x, blob_extents(f, l, e, x), f->window, &ticket);
+        int rv = copy_post(f->copy, (uint32_t)slot, x, copy_blob_extents(f->m, l, e, x), f->window,
+                           &ticket);
         if (!rv) rv = land(f, ticket, (uint32_t)slot, l, e);
         if (rv) return rv;
         /* a refused copy leaves its slot free: the next expert takes it */
@@ -180,7 +128,7 @@ static void verify_resident(struct fwd *f)
         const int32_t x = f->cache->owner[s];
         if (x < 0) continue;
         const uint32_t l = (uint32_t)x / NE, e = (uint32_t)x % NE;
-        if (XXH3_64bits(slot_mem(f, s), f->m->layers[l].blob.bytes) == blob_hash(f, l, e))
+        if (XXH3_64bits(slot_mem(f, s), f->m->layers[l].blob.bytes) == copy_blob_hash(f->m, l, e))
             continue;
         f->verify_failures++;
         LOG_WARN("expert cache: slot %u (layer %u expert %u) changed while resident: the expert "
@@ -206,8 +154,8 @@ int bcpu_kv_take_slots(struct fwd *f)
         f->window_wait_s += bcpu_now_s() - t0;
     }
     for (; have < need; have++) {
-        const int32_t s = cache_lend(f->cache, f->tier ? tier_counts(f->tier) : NULL,
-                                     f->cache->n_slots);
+        const int32_t s =
+            cache_lend(f->cache, f->tier ? tier_counts(f->tier) : NULL, f->cache->n_slots);
         if (s == CACHE_NONE)
             return strata_errf(STRATA_ENOSPC,
                                "the KV cache needs %u slots of the budget, which has %u", need,
@@ -231,11 +179,10 @@ static int kv_budget(struct fwd *f, uint32_t n)
 {
     const uint32_t cap = kv_blocks_cap(f->kv), in = kv_store_blocks_in(f->store, n);
     if (!in)
-        return strata_errf(STRATA_ENOSPC,
-                           "--slot-kv: a budget of %u slots holds no KV block of %llu bytes", n,
-                           (unsigned long long)(kv_pos_bytes(kv_config_of(f->kv),
-                                                             kv_store_type(f->store)) *
-                                                kv_config_of(f->kv)->block_tokens));
+        return strata_errf(
+            STRATA_ENOSPC, "--slot-kv: a budget of %u slots holds no KV block of %llu bytes", n,
+            (unsigned long long)(kv_pos_bytes(kv_config_of(f->kv), kv_store_type(f->store)) *
+                                 kv_config_of(f->kv)->block_tokens));
     return kv_set_max_blocks(f->kv, in < cap ? in : cap);
 }
 
@@ -288,7 +235,9 @@ int bcpu_cache_open(struct fwd *f)
     LOG_INFO("expert cache: %u slots of %.2f MiB on the host (slot mode), %u of %u experts "
              "resident, tier %s%s",
              n, (double)sb / (1 << 20), cache_resident(f->cache), total,
-             !f->tier ? "static" : f->o.tier.async ? "adaptive, async" : "adaptive, blocking",
+             !f->tier          ? "static"
+             : f->o.tier.async ? "adaptive, async"
+                               : "adaptive, blocking",
              f->o.slot_kv ? "; one budget with the KV cache" : "");
     return 0;
 }
@@ -321,7 +270,7 @@ static int round_blocking(struct fwd *f)
         if (mv->victim != CACHE_NONE) cache_evict(f->cache, mv->slot);
         struct copy_extent x[COPY_MAX_EXTENTS];
         uint64_t ticket;
-        int rv = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
+        int rv = copy_post(f->copy, mv->slot, x, copy_blob_extents(f->m, mv->layer, mv->expert, x),
                            f->window, &ticket);
         if (!rv) rv = land(f, ticket, mv->slot, mv->layer, mv->expert);
         if (rv) {
@@ -370,8 +319,9 @@ static uint32_t thread_post(struct fwd *f, uint32_t end, int *err)
     for (; i < end; i++) {
         const struct tier_move *mv = &f->flight[i];
         struct copy_extent x[COPY_MAX_EXTENTS];
-        if ((*err = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
-                              after, &f->ticket[i])) != 0)
+        if ((*err =
+                 copy_post(f->copy, mv->slot, x, copy_blob_extents(f->m, mv->layer, mv->expert, x),
+                           after, &f->ticket[i])) != 0)
             break;
         f->landed[i] = 0;
         if (unfenced) copy_wait(f->copy, f->ticket[i]);
@@ -501,7 +451,7 @@ static int post_flight(struct fwd *f)
     for (uint32_t i = f->n_posted; i < end; i++) {
         const struct tier_move *mv = &f->flight[i];
         struct copy_extent x[COPY_MAX_EXTENTS];
-        int rv = copy_post(f->copy, mv->slot, x, blob_extents(f, mv->layer, mv->expert, x),
+        int rv = copy_post(f->copy, mv->slot, x, copy_blob_extents(f->m, mv->layer, mv->expert, x),
                            f->window, &f->ticket[i]);
         if (rv) {
             /* a failed round: the copies posted land, the moves not posted are dropped (their
@@ -615,8 +565,9 @@ static void async_join(struct fwd *f)
 }
 
 /* bcpu_window_sync (the test hook window_sync), at the start of a pass before it reads a slot:
- * wait for the tier thread's posting and, with the window wait or the fence removed, for those copies'
- * bytes, so that a copy the fence would hold is written while this window may read its slot. */
+ * wait for the tier thread's posting and, with the window wait or the fence removed, for those
+ * copies' bytes, so that a copy the fence would hold is written while this window may read its
+ * slot. */
 void bcpu_window_sync(struct fwd *f)
 {
     pick_settle(f);
@@ -651,10 +602,10 @@ int bcpu_tick(void *impl)
     const uint64_t swaps0 = f->swaps;
     if (f->cache) {
         copy_window_done(f->copy, f->window);
-        rv = !f->tier                ? 0
-             : f->o.tier.async       ? async_tick(f)
+        rv = !f->tier               ? 0
+             : f->o.tier.async      ? async_tick(f)
              : tier_window(f->tier) ? round_blocking(f)
-                                     : 0;
+                                    : 0;
     }
     /* the window's waits: its KV grow's fence (in the pass), then this tick's */
     f->adapt_wait_s += f->window_wait_s + f->window_join_s;
@@ -671,8 +622,7 @@ int bcpu_tick(void *impl)
                  1e3 * (st->attention_s - p->attention_s), 1e3 * (st->dense_s - p->dense_s),
                  1e3 * (st->experts_s - p->experts_s), 1e3 * (f->combine_s - f->tick_combine_s),
                  1e3 * (st->output_s - p->output_s), 1e3 * (bcpu_now_s() - t0),
-                 1e3 * f->window_fence_s,
-                 (unsigned long long)(f->hits - f->tick_hits),
+                 1e3 * f->window_fence_s, (unsigned long long)(f->hits - f->tick_hits),
                  (unsigned long long)(f->misses - f->tick_misses), 1e3 * f->window_wait_s,
                  1e3 * f->window_join_s, (unsigned long long)f->window_swaps);
         f->tick_st = *st;

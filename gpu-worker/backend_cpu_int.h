@@ -29,37 +29,37 @@ struct fwd {
     struct tier_move *moves; /* (tier.swaps) a round's picks */
     uint32_t *chunk_of;      /* (T) a prompt chunk's first batch index, or UINT32_MAX: decode */
     uint32_t *stamp;         /* (T) per chunk, the last (layer, expert) it was counted for */
-    uint64_t window;          /* windows ticked */
+    uint64_t window;         /* windows ticked */
     /* One budget (--slot-kv 1): the KV store's segments are slots lent to it (cache_lend). */
-    uint32_t *seg_slot;       /* (segments the KV pool may need) the slot of each segment */
-    uint64_t kv_grows;        /* slots the KV cache took */
+    uint32_t *seg_slot; /* (segments the KV pool may need) the slot of each segment */
+    uint64_t kv_grows;  /* slots the KV cache took */
     /* The async tier (--adapt-async 1): the round in flight and the thread that picks it. */
     struct tier_move *flight; /* (swaps) the round's moves */
     uint64_t *ticket;         /* (swaps) the copy of each posted move */
     uint8_t *landed;          /* (swaps) moves whose copy has landed */
     uint32_t n_flight, n_posted, n_landed;
-    uint64_t posted_at;       /* the window after which the last batch was posted */
-    uint64_t asked_at;        /* the tick that asked the tier thread for its round */
-    bool async_wait;          /* STRATA_ADAPT_ASYNC_WAIT (1): the tick after posting lands all */
-    bool pick_inline;         /* STRATA_ADAPT_PICK_INLINE (0): pick on the decode thread */
-    uint32_t async_batch;     /* STRATA_ADAPT_ASYNC_BATCH (0: all): copies posted per tick */
+    uint64_t posted_at;   /* the window after which the last batch was posted */
+    uint64_t asked_at;    /* the tick that asked the tier thread for its round */
+    bool async_wait;      /* STRATA_ADAPT_ASYNC_WAIT (1): the tick after posting lands all */
+    bool pick_inline;     /* STRATA_ADAPT_PICK_INLINE (0): pick on the decode thread */
+    uint32_t async_batch; /* STRATA_ADAPT_ASYNC_BATCH (0: all): copies posted per tick */
     pthread_t picker;
     bool picker_started, picker_stop;
     pthread_mutex_t pmu;
     pthread_cond_t pcv;
     enum { PICK_IDLE, PICK_ASKED, PICK_READY } pick;
-    uint32_t n_picked;        /* the tier thread's round: its moves, */
-    uint32_t thread_posted;   /* the first of them it posted */
-    int post_err;             /* and why it stopped posting (0: it posted them all) */
-    bool evict_pending;       /* victims left the working table: publish at the next tick */
-    double adapt_wait_s;      /* decode-thread time spent waiting for copies */
-    double window_wait_s;     /* of it, in the window just ticked (STRATA_DECODE_TIMING) */
-    double window_join_s;     /* of that, waiting for the tier's thread to finish a pick */
-    double combine_s;         /* adding each token's experts (STRATA_DECODE_TIMING) */
-    double window_fence_s;    /* the fences (quiesce) called since the last tick */
+    uint32_t n_picked;      /* the tier thread's round: its moves, */
+    uint32_t thread_posted; /* the first of them it posted */
+    int post_err;           /* and why it stopped posting (0: it posted them all) */
+    bool evict_pending;     /* victims left the working table: publish at the next tick */
+    double adapt_wait_s;    /* decode-thread time spent waiting for copies */
+    double window_wait_s;   /* of it, in the window just ticked (STRATA_DECODE_TIMING) */
+    double window_join_s;   /* of that, waiting for the tier's thread to finish a pick */
+    double combine_s;       /* adding each token's experts (STRATA_DECODE_TIMING) */
+    double window_fence_s;  /* the fences (quiesce) called since the last tick */
     double tick_combine_s;
-    uint64_t window_swaps;    /* swaps landed at the last tick */
-    bool timing;              /* STRATA_DECODE_TIMING=1 */
+    uint64_t window_swaps;        /* swaps landed at the last tick */
+    bool timing;                  /* STRATA_DECODE_TIMING=1 */
     struct backend_stats tick_st; /* the counters at the last tick, for the per-window line */
     uint64_t tick_hits, tick_misses;
     uint64_t hits, misses, swaps, verify_failures;

@@ -1,17 +1,18 @@
 /* copy — the copy engine the expert cache fills its slots through: post a copy of a blob into a
  * slot that may start only once a given window has finished with that slot; ask or wait for its
- * completion. Backend-neutral interface; this is the host implementation (one copy thread, for
- * the CPU backend's slot mode). The CUDA one (streams, events) implements the same calls.
- *
- * A copy is a list of extents into the slot: from an arena blob it is one extent of exactly
- * blob_bytes (never a slot-sized read, which would cross into the next blob); from a GGUF file it
- * is each part at its blob offset, the gaps zero-filled, so the slot holds the arena's bytes.
- * The fence: copy_post(after_window = W) starts the copy only after copy_window_done(W) — the last
- * window that may still read the slot's previous expert. Tickets complete in posting order.
- * Test hooks (struct copy_hooks) hold a copy's completion, stretch a window, fail a copy or change
- * the bytes it wrote, so tests can make every race and every bad copy happen.
- * Threads: any thread may post, mark windows and wait (the decode thread, the tier's thread),
- * under the engine's lock; the copy thread writes slots. copy_close waits for copies in flight (deferred ones run then).
+ * completion. One engine, two backends: the host's (copy_start: memcpy into a host slot pool, the
+ * CPU slot mode) and CUDA's (copy_cuda.h: a copy stream fenced by window events, the hybrid's VRAM
+ * slots). The engine owns the queue, the tickets, the fences, the test hooks and the copy thread;
+ * a backend (struct copy_backend) only moves one copy's bytes and marks a window on its side.
+ * A copy is a list of extents into the slot (copy_blob_extents: an arena blob is one extent of
+ * exactly blob_bytes; a GGUF file's parts sit at their blob offsets, the gaps zeroed). The fence:
+ * copy_post(after_window = W) starts the copy only after copy_window_done(W), the last window that
+ * may still read the slot's previous expert. Tickets complete in posting order. Test hooks
+ * (struct copy_hooks) hold, defer, refuse, fail or alter copies, so tests can make every race and
+ * every bad copy happen.
+ * Threads: any thread may post, mark windows and wait, under the engine's lock; the copy thread
+ * issues and finishes copies, at most the backend's lanes in flight. copy_close waits for copies
+ * in flight (deferred ones run then).
  */
 #ifndef STRATA_COPY_H
 #define STRATA_COPY_H
@@ -19,14 +20,24 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* One piece of a copy: bytes from src (NULL: zeros) to dst_off in the slot. */
+struct model;
+
+/* One piece of a copy: bytes from src to dst_off in the slot; src NULL: every byte set to fill
+ * (0: zeros, a GGUF blob's gaps; a poison pattern for a failed copy's slot). pinned: src lies in
+ * page-locked host memory (registered or cudaMallocHost), which the CUDA backend copies from
+ * directly; any other source goes through its pinned bounce buffers. The host backend ignores it.
+ */
 struct copy_extent {
     const void *src;
     uint64_t bytes;
     uint64_t dst_off;
+    bool pinned;
+    uint8_t fill;
 };
 
-#define COPY_MAX_EXTENTS 12 /* parts of one blob (gpt-oss: 3 matrices, 3 biases), with their gaps */
+#define COPY_MAX_EXTENTS                                                                           \
+    12 /* parts of one blob (gpt-oss: 3 matrices, 3 biases), with their gaps                       \
+        */
 
 struct copy_hooks {
     void *ctx;
@@ -61,7 +72,8 @@ struct copy_hooks {
     /* fail: a nonzero return fails the copy (its slot is not filled). */
     int (*fail)(void *ctx, uint32_t slot, uint64_t ticket);
     /* after_copy: runs on the copy thread once the bytes are in the slot, before completion:
-     * it may change them (a torn or wrong copy). */
+     * it may change them (a torn or wrong copy). On CUDA it sees a copy brought back from the
+     * slot into a pinned buffer, and what it leaves there is sent up again before completion. */
     void (*after_copy)(void *ctx, uint32_t slot, uint8_t *dst, uint64_t bytes);
 };
 
@@ -69,17 +81,54 @@ struct copy_stats {
     uint64_t copies; /* completed */
     uint64_t failed;
     uint64_t bytes; /* copied */
-    double busy_s;  /* copy thread time spent copying */
+    double busy_s;  /* copy thread time spent copying (issuing and waiting for its copies) */
+};
+
+#define COPY_MAX_LANES 8
+
+/* A backend: how one copy's bytes move. The engine calls issue, then finish, on its copy thread,
+ * for each copy in ticket order (but those the fail hook fails, which it never issues), with at
+ * most `lanes` copies issued and not yet finished, finished oldest first; a lane (0..lanes) is
+ * held by one copy from its issue to its finish, so per-lane resources (a bounce buffer, an
+ * event) need no lock. window runs on the thread that calls copy_window_done, under the engine's
+ * lock, before the window counts as done. */
+struct copy_backend {
+    void *ctx;
+    uint32_t lanes; /* 1..COPY_MAX_LANES */
+    /* thread_start: on the copy thread before any copy (CUDA: its device); a failure fails every
+     * copy with its code. May be NULL. */
+    int (*thread_start)(void *ctx);
+    /* issue: start the copy of x[0..n) into slot on lane; after: the window it is fenced on (0:
+     * none), already marked done by copy_window_done. A nonzero return fails the copy. */
+    int (*issue)(void *ctx, uint32_t lane, uint32_t slot, const struct copy_extent *x, uint32_t n,
+                 uint64_t after);
+    /* finish: block until lane's copy has landed in the slot; then, when hooks->after_copy is
+     * set, run it on the slot's first span bytes (on CUDA: brought back and sent up again). */
+    int (*finish)(void *ctx, uint32_t lane, uint32_t slot, uint64_t span,
+                  const struct copy_hooks *hooks);
+    /* window: window w has finished on the readers' side (CUDA: an event recorded on the pass's
+     * stream, which issue then makes the copy stream wait for). May be NULL. */
+    int (*window)(void *ctx, uint64_t w);
+    /* close: after the copy thread has stopped; frees ctx. May be NULL. */
+    void (*close)(void *ctx);
 };
 
 struct copy_engine;
 
-/* copy_start starts the copy thread over slots (n_slots of slot_bytes, borrowed). hooks may be
- * NULL (copied). Caller owns *out (copy_close). STRATA_ENOMEM, thread errors. */
+/* copy_start starts the host backend's engine over slots (n_slots of slot_bytes, borrowed, host
+ * memory). hooks may be NULL (copied). Caller owns *out (copy_close). STRATA_ENOMEM, thread
+ * errors. */
 int copy_start(uint8_t *slots, uint64_t slot_bytes, uint32_t n_slots,
                const struct copy_hooks *hooks, struct copy_engine **out);
 
-/* copy_close waits for posted copies and stops the thread; NULL is fine. */
+/* copy_start_backend starts an engine over backend be (copied; the engine owns be->ctx from
+ * here, closed by copy_close, or by this call when it fails) for n_slots of slot_bytes.
+ * STRATA_EINVAL (lanes out of range), STRATA_ENOMEM, thread errors. */
+int copy_start_backend(const struct copy_backend *be, uint64_t slot_bytes, uint32_t n_slots,
+                       const struct copy_hooks *hooks, struct copy_engine **out);
+
+/* copy_close waits for posted copies (every fence released), stops the thread and closes the
+ * backend; NULL is fine. */
 void copy_close(struct copy_engine *ce);
 
 /* copy_post queues a copy of extents x[0..n) into slot, to start once window after_window has
@@ -88,8 +137,10 @@ void copy_close(struct copy_engine *ce);
 int copy_post(struct copy_engine *ce, uint32_t slot, const struct copy_extent *x, uint32_t n,
               uint64_t after_window, uint64_t *ticket);
 
-/* copy_window_done: window w (counted from 1) has finished; copies fenced on it may start. */
-void copy_window_done(struct copy_engine *ce, uint64_t w);
+/* copy_window_done: window w (counted from 1) has finished; copies fenced on it may start. On
+ * CUDA "finished" means queued: the copies also wait for the event recorded on the pass's stream
+ * now. Returns 0, or the backend's error (the window then stays not done). */
+int copy_window_done(struct copy_engine *ce, uint64_t w);
 
 /* copy_done: whether ticket has completed; *rv its result (0, or the failure's code). */
 bool copy_done(struct copy_engine *ce, uint64_t ticket, int *rv);
@@ -97,6 +148,21 @@ bool copy_done(struct copy_engine *ce, uint64_t ticket, int *rv);
 /* copy_wait blocks until ticket completes and returns its result. */
 int copy_wait(struct copy_engine *ce, uint64_t ticket);
 
+/* copy_wait_all blocks until every copy posted before the call has completed (deferred ones are
+ * released, as by copy_wait of the last), whatever their results: a fence before the slots'
+ * memory changes. */
+void copy_wait_all(struct copy_engine *ce);
+
 void copy_get_stats(struct copy_engine *ce, struct copy_stats *out);
+
+/* copy_blob_extents: the copy of model m's expert (l, e) into a slot: the arena's blob as one
+ * extent of exactly blob_bytes (not marked pinned: the caller knows its registration), or, from
+ * a GGUF file, each part (and bias) at its blob offset with the gaps zeroed, so the slot holds the
+ * arena's bytes either way. Fills x[0..COPY_MAX_EXTENTS); returns the extent count. */
+uint32_t copy_blob_extents(const struct model *m, uint32_t l, uint32_t e, struct copy_extent *x);
+
+/* copy_blob_hash: the XXH3 of expert (l, e)'s blob as the arena stores it: the arena's own hash,
+ * or from a GGUF file computed over the extents a copy moves; 0 when out of memory. */
+uint64_t copy_blob_hash(const struct model *m, uint32_t l, uint32_t e);
 
 #endif

@@ -13,16 +13,21 @@
  * rows, and a device gather merges both sides for cu_moe_combine, which sums each token's outputs
  * in expert-id order: every pair's row is the same bits whichever side made it (given a GPU expert
  * FFN equal to the CPU's), so logits do not depend on the cache.
- * The tier (tier.h) on CUDA: copies run on a copy stream, each waiting (cudaStreamWaitEvent) for
- * the event recorded after the last window that may read its slot's previous expert; blocking
- * rounds land at the tick, async ones (--adapt-async 1) the tick after (STRATA_ADAPT_ASYNC_WAIT=1)
- * or when their events say so. Copies come from registered host memory (--pin) or through pinned
- * bounce buffers, never from pageable memory.
- * The start's fill runs in the background (its own thread and stream): the first window is served
- * at once, every miss on the CPU, and the slots turn resident tick by tick as their copies land
- * (STRATA_HYBRID_FILL=wait: the start waits for it); the tier starts once the fill has ended.
- * Threads: the decode thread; the fill's thread while it runs; with --pin need|whole a
- * registration thread (cudaHostRegister). Device o->gpu in every thread.
+ * The tier (tier.h) on CUDA: copies go through copy.h's engine with its CUDA backend
+ * (copy_cuda.h): each tick marks its window done (an event recorded on the pass's stream), and a
+ * copy, fenced on the last window that may read its slot's previous expert, waits on the copy
+ * stream (cudaStreamWaitEvent) for that event; blocking rounds land at the tick, async ones
+ * (--adapt-async 1) the tick after (STRATA_ADAPT_ASYNC_WAIT=1) or when the engine reports them
+ * done. Copies come from registered host memory (--pin) or through the engine's pinned bounce
+ * buffers, never from pageable memory; the race hooks (backend_opts.copy_hooks) are the engine's.
+ * The start's fill runs in the background (its own thread, posting to the same engine, fenced on
+ * no window): the first window is served at once, every miss on the CPU, and the slots turn
+ * resident tick by tick as their copies land (STRATA_HYBRID_FILL=wait: the start waits for it);
+ * the tier starts once the fill has ended.
+ * Code: hybrid_cuda.c (slots, tables, the step), hybrid_copy_cuda.c (registration, the fill, the
+ * tier's rounds), hybrid_cuda_impl.h between them.
+ * Threads: the decode thread; the copy engine's thread; the fill's thread while it runs; with
+ * --pin need|whole a registration thread (cudaHostRegister). Device o->gpu in every thread.
  */
 #ifndef STRATA_HYBRID_CUDA_H
 #define STRATA_HYBRID_CUDA_H

@@ -195,6 +195,11 @@ static int fail_every_third(void *ctx, uint32_t slot, uint64_t ticket)
     return ticket % 3 == 0 ? STRATA_EIO : 0;
 }
 
+static void count_wait(void *ctx, uint64_t ticket)
+{
+    atomic_fetch_add((atomic_uint *)ctx, 1);
+}
+
 static void independence(const char *arch, const char *type)
 {
     struct env e;
@@ -284,6 +289,14 @@ START_TEST(copy_races_on_streams)
     o.copy_hooks = &failing;
     bi = run(&e, e.m, &o, 0, true, "async, every third copy failing");
     ck_assert_uint_gt(bi.swaps, 0);
+    /* deferred: a copy starts only once waited for, so with no tick waiting for a round the copies
+     * are in flight at every fence (the resize, the final quiesce), whose wait lands them */
+    atomic_uint in_flight = 0;
+    const struct copy_hooks deferred = {.ctx = &in_flight, .defer = true, .on_wait = count_wait};
+    o.copy_hooks = &deferred;
+    bi = run(&e, e.ma, &o, 4, true, "async, deferred copies landed by the fences");
+    ck_assert_uint_gt(bi.swaps, 0);
+    ck_assert_uint_gt(atomic_load(&in_flight), 0);
     const struct copy_hooks corrupt = {.after_copy = flip_byte};
     struct backend_opts oc = {.expert_cache = {CACHE_SLOTS, e.total / 2}, .copy_hooks = &corrupt};
     run(&e, e.ma, &oc, 0, false, "corrupted copies");
@@ -350,8 +363,9 @@ static size_t rows_differ(const struct env *e, const float *got, const float *wa
 
 /* The start's fill in the background: the start returns before any slot is filled, the first
  * window computes every pair on the CPU, the slots turn resident tick by tick, the logits equal
- * the all-resident ones throughout. The fill's copies are held 100 ms a batch (the test hook), so
- * the first windows certainly run before it lands. */
+ * the all-resident ones throughout. The fill's copies are each held 100 ms (the test hook: the
+ * copy engine reports them one after another), so the first windows certainly run before it
+ * lands. */
 START_TEST(background_fill)
 {
     struct env e;
