@@ -317,6 +317,18 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
     }
 }
 
+/* hsum_epi32 adds v's 16 lanes with the vector adds' wrap-around: garbage activations (a NaN
+ * converts to INT32_MIN) must give garbage sums, not the signed overflow of a scalar reduction
+ * (_mm512_reduce_add_epi32 is plain C addition in GCC's headers, which UBSan stops on). */
+static int32_t hsum_epi32(__m512i v)
+{
+    const __m256i a = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    __m128i b = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    b = _mm_add_epi32(b, _mm_shuffle_epi32(b, _MM_SHUFFLE(1, 0, 3, 2)));
+    b = _mm_add_epi32(b, _mm_shuffle_epi32(b, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(b);
+}
+
 /* q8_K_block is quant_q8_K of one block: the element of largest magnitude (the first on ties)
  * sets the scale -max/127, levels nearest-even (the FPU's rounding, as quant_nearest_int), capped
  * at 127, bsums per 16. */
@@ -347,7 +359,7 @@ static void q8_K_block(const float *x, struct blk_q8_K *y)
         const __m512i q =
             _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(is, v[k])), _mm512_set1_epi32(127));
         _mm_storeu_si128((__m128i *)(y->qs + 16 * k), _mm512_cvtepi32_epi8(q));
-        y->bsums[k] = (int16_t)_mm512_reduce_add_epi32(q);
+        y->bsums[k] = (int16_t)hsum_epi32(q);
     }
     y->d = 1 / iscale;
 }
