@@ -1,8 +1,10 @@
 #include <mma.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
+#include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/qact.h"
 #include "kernels/cuda/qdec.cuh"
 
@@ -119,7 +121,7 @@ extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nr
  * these types, and a zero term never changes a sum that starts at +0). */
 template <int T>
 __global__ void __launch_bounds__(128)
-    matmul_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
+    matmul_q_v0(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
              float *y)
 {
     pdl_enter();
@@ -241,12 +243,62 @@ __global__ void __launch_bounds__(128)
         }
 }
 
+/* matmul_q: CTA (x, y) takes rows 64x .. 64x + 63 times tokens BN y .. BN y + BN - 1 on mmq.cuh's
+ * tile. */
+template <int T, int BN>
+__global__ void __launch_bounds__(MMQ_THREADS)
+    matmul_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
+             float *y)
+{
+    pdl_enter();
+    using M = mmq<T, BN>;
+    extern __shared__ __align__(16) uint8_t mq_smem[];
+    __shared__ const uint8_t *xrow[BN];
+    const int r0 = blockIdx.x * MMQ_BM, t0 = blockIdx.y * BN, nv = min(BN, n_tok - t0);
+    for (int j = threadIdx.x; j < BN; j += MMQ_THREADS)
+        xrow[j] = j < nv ? act + (int64_t)(t0 + j) * arb : NULL;
+    float acc[M::NT][4];
+    M::run(mq_smem, w, nb, nrows, r0, xrow, nv, acc); /* its first barrier publishes xrow */
+#pragma unroll
+    for (int n = 0; n < M::NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = r0 + M::row(i), t = t0 + M::col(n, i);
+            if (r < nrows && t < n_tok) y[(int64_t)t * nrows + r] = acc[n][i];
+        }
+}
+
+template <int T, int BN>
+static void launch_q_bn(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb,
+                        int n_tok, float *y, cudaStream_t s)
+{
+    static const bool attr = cudaFuncSetAttribute(matmul_q<T, BN>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)mmq<T, BN>::SMEM) == cudaSuccess;
+    (void)attr;
+    const dim3 grid((unsigned)((nrows + MMQ_BM - 1) / MMQ_BM), (unsigned)((n_tok + BN - 1) / BN));
+    cu_launch(matmul_q<T, BN>, grid, MMQ_THREADS, mmq<T, BN>::SMEM, s, w, nb, nrows, act, arb,
+              n_tok, y);
+}
+
+static int mmq_v0(void)
+{
+    static const int v0 = getenv("STRATA_CUDA_MMQ") && atoi(getenv("STRATA_CUDA_MMQ")) == 0;
+    return v0;
+}
+
 template <int T>
 static void launch_q(dim3 grid, const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb,
                      int n_tok, float *y, cudaStream_t s)
 {
-    if constexpr (qt<T>::blck > 1)
-        cu_launch(matmul_q<T>, grid, 128, 0, s, w, nb, nrows, act, arb, n_tok, y);
+    if constexpr (qt<T>::blck > 1) {
+        if (mmq_v0())
+            cu_launch(matmul_q_v0<T>, grid, 128, 0, s, w, nb, nrows, act, arb, n_tok, y);
+        else if (n_tok > 32) /* 64-token tiles; a short chunk's on 32 */
+            launch_q_bn<T, 64>(w, nb, nrows, act, arb, n_tok, y, s);
+        else
+            launch_q_bn<T, 32>(w, nb, nrows, act, arb, n_tok, y, s);
+    }
 }
 
 extern "C" int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t nrows,
@@ -258,9 +310,10 @@ extern "C" int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t 
                            "cu_matmul_q: %s weights have no exact GPU product (quantized GPU "
                            "types only)", qtype_name(type));
     if (ncols <= 0 || ncols % ti->blck || nrows <= 0 || n_tok <= 0 || nrows > INT32_MAX ||
-        ncols > INT32_MAX / 2 || n_tok > 65535LL * MQ_BN)
+        ncols > INT32_MAX / 2 || n_tok > 65535LL * MQ_BN || (uintptr_t)w % 16)
         return strata_errf(STRATA_EINVAL,
-                           "cu_matmul_q: %lld rows of %lld columns (a multiple of %u), %lld tokens",
+                           "cu_matmul_q: %lld rows of %lld columns (a multiple of %u), %lld tokens, "
+                           "weights at a multiple of 16 bytes",
                            (long long)nrows, (long long)ncols, ti->blck, (long long)n_tok);
     cudaStream_t s = (cudaStream_t)stream;
     const dim3 grid((unsigned)((nrows + MQ_BM - 1) / MQ_BM), (unsigned)((n_tok + MQ_BN - 1) / MQ_BN));

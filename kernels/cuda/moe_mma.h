@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define CU_MOE_MMA_TILE 32 /* the most pairs of a group: one tile's MMA columns */
+#define CU_MOE_MMA_TILE 64 /* the most pairs of a group: one tile's MMA columns */
 
 struct cu_moe_mma_task {
     const uint8_t *const *slot_ptr; /* device address of each expert's blob */
