@@ -2,8 +2,6 @@
 #include "kernels/cuda/common.cuh"
 
 #include <cuda_fp16.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* 128 threads, tiles of 128 keys: a thread per key of a tile; 4 warps. */
 #define AP_THREADS 128
@@ -350,12 +348,10 @@ struct at_args {
     float *out;
 };
 
+/* the tile's queries, one chunk's keys and values. K rows have 16 bytes of pad, so a quarter
+ * warp's 16-byte loads of 8 keys fall on distinct banks. */
 template <typename E, int VPL> struct at_smem {
-    static constexpr int HD = VPL * WARP, KLD = HD + 16 / (int)sizeof(E); /* K rows: 16 bytes of
-                                                                          * pad, so a quarter
-                                                                          * warp's 16-byte loads
-                                                                          * of 8 keys are on
-                                                                          * distinct banks */
+    static constexpr int HD = VPL * WARP, KLD = HD + 16 / (int)sizeof(E);
     float qs[AT_Q][HD];
     E ks[CU_ATTN_CHUNK][KLD];
     E vs[CU_ATTN_CHUNK][HD];
@@ -535,8 +531,6 @@ static size_t at_smem_bytes(int f16, int head_dim)
 
 extern "C" bool cu_attn_tiles_ok(int n_head, int n_kv_head, int head_dim, int f16)
 {
-    const char *env = getenv("STRATA_CUDA_ATTN_TILES"); /* the A/B switch of the measurements */
-    if (env && strcmp(env, "0") == 0) return false;
     return head_dim >= WARP && head_dim % WARP == 0 && head_dim <= AP_MAXHD && n_kv_head >= 1 &&
            n_head % n_kv_head == 0 && AT_Q % (n_head / n_kv_head) == 0 &&
            at_smem_bytes(f16, head_dim) <= 227 * 1024;

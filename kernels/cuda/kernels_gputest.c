@@ -690,8 +690,9 @@ START_TEST(attention_rows_match_reference)
 }
 END_TEST
 
-/* Expert FFN from a slot table: 16 experts, 10 resident, top-4 routing of 1, 3 and 20 tokens (20:
- * every token also routed to expert 3, whose 20 pairs take two groups); pairs on missing experts
+/* Expert FFN from a slot table: 16 experts, 10 resident, top-4 routing of 1, 3, 20 and 70 tokens
+ * (20 and 70: every token also routed to expert 3, whose 20 pairs take two groups of 16 and whose
+ * 70 take two groups of the tensor cores' 64, one part-filled); pairs on missing experts
  * are computed by the CPU and copied in before the combine, as the worker does. The reference is
  * the CPU backend's own expert step, cpu_moe_ffn (kernels/cpu/moe.h) over every pair: activations
  * by cpu_quantize_acts, one qdot_ref-equal row dot per output, ops_swiglu. Quantized parts are

@@ -134,7 +134,8 @@ template <> struct wdec<QT_Q5_K> {
 };
 
 /* Q6_K: item it = half it (128 elements): ql[64 it ..] and qh[32 it ..]; quarter k of the half
- * takes the low (k < 2) or high nibbles of ql's 32-byte row k & 1 and bits 2k, 2k + 1 of qh, - 32 */
+ * takes the low (k < 2) or high nibbles of ql's 32-byte row k & 1 and bits 2k, 2k + 1 of qh, - 32
+ */
 template <> struct wdec<QT_Q6_K> {
     static constexpr int NITEM = 2, RAW = 24, WORDS = 32;
     __device__ static void load(const uint8_t *b, int it, uint32_t *raw)
@@ -160,11 +161,13 @@ template <int T, int BN> struct mmq {
     using D = qdec<T>;
     using W = wdec<T>;
     static constexpr int BLK = qt<T>::blck, BYTES = qt<T>::bytes, SUB = D::SUB, NSUB = BLK / SUB;
-    static constexpr int NT = BN / 8, LD = BLK + 16; /* row pitch: fragment loads on distinct banks */
-    static constexpr int NSUM = BLK / 16;             /* the activations' int16 sums per block */
+    static constexpr int NT = BN / 8,
+                         LD = BLK + 16;   /* row pitch: fragment loads on distinct banks */
+    static constexpr int NSUM = BLK / 16; /* the activations' int16 sums per block */
     static constexpr int NI = MMQ_BM * W::NITEM, IPT = (NI + MMQ_THREADS - 1) / MMQ_THREADS;
     static constexpr int NS = MMQ_BM * NSUB, SPT = (NS + MMQ_THREADS - 1) / MMQ_THREADS;
-    struct __align__(16) stage {
+    struct __align__(16) stage
+    {
         int8_t wq[MMQ_BM][LD];
         int8_t xq[BN][LD];
         int16_t xsum[BN][NSUM];
@@ -201,8 +204,8 @@ template <int T, int BN> struct mmq {
             for (int i = threadIdx.x; i < BN * (NSUM / 8); i += MMQ_THREADS) {
                 const int j = i / (NSUM / 8), c = i % (NSUM / 8);
                 const uint8_t *p = xrow[j];
-                mmq_cp16(&st.xsum[j][8 * c], p ? p + ncols + (int64_t)kb * NSUM * 2 + 16 * c : dummy,
-                         p != NULL);
+                mmq_cp16(&st.xsum[j][8 * c],
+                         p ? p + ncols + (int64_t)kb * NSUM * 2 + 16 * c : dummy, p != NULL);
             }
         } else {
             for (int i = threadIdx.x; i < BN * (NSUM / 2); i += MMQ_THREADS) {
@@ -243,7 +246,8 @@ template <int T, int BN> struct mmq {
         }
         g.d = 0.0f, g.dmin = 0.0f;
         if (threadIdx.x < MMQ_BM && r0 + (int)threadIdx.x < nrows)
-            D::head(w + (int64_t)(r0 + threadIdx.x) * row_bytes + (int64_t)kb * BYTES, &g.d, &g.dmin);
+            D::head(w + (int64_t)(r0 + threadIdx.x) * row_bytes + (int64_t)kb * BYTES, &g.d,
+                    &g.dmin);
     }
 
     __device__ static void store_w(stage &st, const wregs &g)
@@ -269,7 +273,8 @@ template <int T, int BN> struct mmq {
         for (int j = 0; j < SPT; j++) {
             const int i = threadIdx.x + MMQ_THREADS * j;
             if (NS % MMQ_THREADS == 0 || i < NS)
-                st.wsc[i / NSUB][i % NSUB] = (int8_t)g.sc[j], st.wmn[i / NSUB][i % NSUB] = (int8_t)g.mn[j];
+                st.wsc[i / NSUB][i % NSUB] = (int8_t)g.sc[j],
+                                     st.wmn[i / NSUB][i % NSUB] = (int8_t)g.mn[j];
         }
         if (threadIdx.x < MMQ_BM) st.wd[threadIdx.x] = g.d, st.wdm[threadIdx.x] = g.dmin;
     }
@@ -335,9 +340,9 @@ template <int T, int BN> struct mmq {
                         ms0 += mn0[s] * xs, ms1 += mn1[s] * xs;
                     }
                 const float dx = st.xd[t];
-                acc[n][c] = __fadd_rn(acc[n][c],
-                                      __fsub_rn(__fmul_rn(__fmul_rn(dx, d0), (float)isum[n][c]),
-                                                __fmul_rn(__fmul_rn(dx, m0), (float)ms0)));
+                acc[n][c] =
+                    __fadd_rn(acc[n][c], __fsub_rn(__fmul_rn(__fmul_rn(dx, d0), (float)isum[n][c]),
+                                                   __fmul_rn(__fmul_rn(dx, m0), (float)ms0)));
                 acc[n][2 + c] = __fadd_rn(
                     acc[n][2 + c], __fsub_rn(__fmul_rn(__fmul_rn(dx, d1), (float)isum[n][2 + c]),
                                              __fmul_rn(__fmul_rn(dx, m1), (float)ms1)));

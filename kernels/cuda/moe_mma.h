@@ -28,10 +28,10 @@ struct cu_moe_mma_task {
     const uint8_t *const *slot_ptr; /* device address of each expert's blob */
     const struct moe_group *groups;
     const int32_t *pair_idx;
-    uint64_t off, off_up;    /* the part's offset in a blob; gu: up's */
-    int nrows, ncols;        /* of the part */
-    const void *act;         /* cu_quantize_acts rows */
-    int64_t arb;             /* bytes between activation rows */
+    uint64_t off, off_up; /* the part's offset in a blob; gu: up's */
+    int nrows, ncols;     /* of the part */
+    const void *act;      /* cu_quantize_acts rows */
+    int64_t arb;          /* bytes between activation rows */
     int act_div;
     float *out;
     int64_t ld;
