@@ -899,7 +899,12 @@ static int attention(struct cuda_be *c, uint32_t n, uint32_t il, uint32_t bt_str
     }
     /* every token's K/V of the layer is stored before any attends (a chunk sees itself causally);
      * a row's splits come from its own length, so its sums never depend on the batch */
-    if (f16 || c->attn_plain_f32) {
+    if ((f16 || c->attn_plain_f32) && n >= CU_ATTN_TILES_MIN_ROWS &&
+        cu_attn_tiles_ok((int)hp->n_head, (int)hp->n_head_kv, (int)hp->head_dim, f16)) {
+        /* a prompt chunk: attn_plain's bits, each chunk of keys read once for a tile of rows */
+        rv = cu_attention_tiles(q, n, hp->n_head, kp, vp, f16, c->block_tokens, hp->n_head_kv,
+                                hp->head_dim, d_bt, bt_stride, d_qseq, d_kvlen, c->att, c->s);
+    } else if (f16 || c->attn_plain_f32) {
         for (uint32_t i = 0; !rv && i < n; i += CU_ATTN_MAX_ROWS) {
             const uint32_t r = n - i < CU_ATTN_MAX_ROWS ? n - i : CU_ATTN_MAX_ROWS;
             rv =

@@ -642,6 +642,43 @@ START_TEST(attention_rows_match_reference)
             ck_assert_msg(memcmp(o16 + r * n_head * hd, out + (r % n_seq) * n_head * hd,
                                  sizeof(float) * n_head * hd) == 0,
                           "attention %s, %d keys: row %d of 16 differs", names[kind], len[r], r);
+        if (kind != AK_ROWS_F32) {
+            /* a prompt chunk's tiles: the 16 rows (seven sequences in one tile), then 300 rows of
+             * the 5000-key sequence (lengths 4701 .. 5000, a part-filled last tile): the bits of
+             * cu_attention_plain taking them 16 at a time */
+            ck_assert(cu_attn_tiles_ok(n_head, n_kv, hd, f16));
+            float *dt = dev_out((size_t)CU_ATTN_MAX_ROWS * n_head * hd);
+            ck_assert_int_eq(cu_attention_tiles(dq, CU_ATTN_MAX_ROWS, n_head, dk, dv, f16, bs, n_kv,
+                                                hd, dbt, max_blocks, dseq, dlen, dt, NULL), 0);
+            float *ot = fetch(dt, (size_t)CU_ATTN_MAX_ROWS * n_head * hd);
+            ck_assert_msg(memcmp(ot, o16, sizeof(float) * CU_ATTN_MAX_ROWS * n_head * hd) == 0,
+                          "attention %s: the tiles differ from the rows kernel", names[kind]);
+            free(ot), cudaFree(dt);
+            enum { NC = 300 };
+            float *qc = malloc(sizeof(float) * NC * n_head * hd);
+            int32_t cseq[NC], clen[NC];
+            for (int i = 0; i < NC * n_head * hd; i++) qc[i] = 2.0f * frand();
+            for (int r = 0; r < NC; r++) cseq[r] = 6, clen[r] = 4701 + r;
+            float *dqc = dev_upload(qc, sizeof(float) * NC * n_head * hd);
+            int32_t *dcs = dev_upload(cseq, sizeof cseq), *dcl = dev_upload(clen, sizeof clen);
+            float *dpr = dev_out((size_t)NC * n_head * hd), *dti = dev_out((size_t)NC * n_head * hd);
+            for (int r = 0; r < NC; r += CU_ATTN_MAX_ROWS)
+                ck_assert_int_eq(attn_rows_call(kind, dqc + r * n_head * hd,
+                                                NC - r < CU_ATTN_MAX_ROWS ? NC - r : CU_ATTN_MAX_ROWS,
+                                                n_head, dk, dv, bs, n_kv, hd, dbt, max_blocks,
+                                                dcs + r, dcl + r, max_len, ws,
+                                                dpr + r * n_head * hd), 0);
+            ck_assert_int_eq(cu_attention_tiles(dqc, NC, n_head, dk, dv, f16, bs, n_kv, hd, dbt,
+                                                max_blocks, dcs, dcl, dti, NULL), 0);
+            float *opr = fetch(dpr, (size_t)NC * n_head * hd), *oti = fetch(dti, (size_t)NC * n_head * hd);
+            for (int r = 0; r < NC; r++)
+                ck_assert_msg(memcmp(opr + r * n_head * hd, oti + r * n_head * hd,
+                                     sizeof(float) * n_head * hd) == 0,
+                              "attention %s: chunk row %d (%d keys), the tiles differ", names[kind],
+                              r, clen[r]);
+            free(qc), free(opr), free(oti);
+            cudaFree(dqc), cudaFree(dcs), cudaFree(dcl), cudaFree(dpr), cudaFree(dti);
+        }
         free(o16), cudaFree(d16);
         free(out), cudaFree(dout), cudaFree(dk), cudaFree(dv);
     }
@@ -653,8 +690,9 @@ START_TEST(attention_rows_match_reference)
 }
 END_TEST
 
-/* Expert FFN from a slot table: 16 experts, 10 resident, top-4 routing of 1, 3 and 20 tokens (20:
- * every token also routed to expert 3, whose 20 pairs take two groups); pairs on missing experts
+/* Expert FFN from a slot table: 16 experts, 10 resident, top-4 routing of 1, 3, 20 and 70 tokens
+ * (20 and 70: every token also routed to expert 3, whose 20 pairs take two groups of 16 and whose
+ * 70 take two groups of the tensor cores' 64, one part-filled); pairs on missing experts
  * are computed by the CPU and copied in before the combine, as the worker does. The reference is
  * the CPU backend's own expert step, cpu_moe_ffn (kernels/cpu/moe.h) over every pair: activations
  * by cpu_quantize_acts, one qdot_ref-equal row dot per output, ops_swiglu. Quantized parts are
@@ -689,7 +727,7 @@ static const uint32_t mixes[][3] = {
 
 START_TEST(moe_ffn_matches_reference)
 {
-    const int n_exp = 16, k = 4, toks[] = {1, 3, 20};
+    const int n_exp = 16, k = 4, toks[] = {1, 3, 20, 70};
     const int64_t n_embd = 512, n_ff = 256;
     { /* one mix a loop iteration (_i indexes mixes) */
         const int mi = _i;
@@ -722,17 +760,17 @@ START_TEST(moe_ffn_matches_reference)
             slot[e] = resident[e] ? dblobs + e * blob_bytes : NULL;
         }
         const uint8_t **dslot = dev_upload(slot, sizeof slot);
-        for (int ti = 0; ti < 3; ti++) {
+        for (int ti = 0; ti < 4; ti++) {
             const int n_tok = toks[ti], n_pairs = n_tok * k;
-            int32_t ids[80], pair_idx[80];
-            float pw[80], *x = malloc(sizeof(float) * n_tok * n_embd);
+            int32_t ids[280], pair_idx[280];
+            float pw[280], *x = malloc(sizeof(float) * n_tok * n_embd);
             for (int t = 0; t < n_tok; t++)
                 for (int j = 0; j < k; j++) {
-                    ids[t * k + j] = n_tok == 20 ? (j == 0 ? 3 : 4 + (t + 3 * j) % 12) : (t * 5 + j * 3) % n_exp;
+                    ids[t * k + j] = n_tok >= 20 ? (j == 0 ? 3 : 4 + (t + 3 * j) % 12) : (t * 5 + j * 3) % n_exp;
                     pw[t * k + j] = 0.1f + 0.2f * j;
                 }
             for (int64_t i = 0; i < n_tok * n_embd; i++) x[i] = frand();
-            struct moe_group groups[80];
+            struct moe_group groups[280];
             int ng = moe_group(ids, n_tok, k, (uint32_t)n_exp, resident, CU_MOE_MAX_PAIRS, groups, pair_idx);
             for (int g = 0; g < ng; g++) {
                 ck_assert_int_le(groups[g].count, CU_MOE_MAX_PAIRS);
@@ -741,8 +779,8 @@ START_TEST(moe_ffn_matches_reference)
             /* reference per pair: the CPU's expert step over every pair */
             float *ref = malloc(sizeof(float) * n_pairs * n_embd), *h = malloc(sizeof(float) * n_ff);
             {
-                struct moe_group all[80];
-                int32_t all_idx[80];
+                struct moe_group all[280];
+                int32_t all_idx[280];
                 int n_all = moe_group(ids, n_tok, k, (uint32_t)n_exp, NULL, UINT32_MAX, all, all_idx);
                 const struct cpu_moe_parts cp = {
                     {parts.type[0], (uint32_t)n_embd, (uint32_t)n_ff, rb[0]},
@@ -827,7 +865,7 @@ START_TEST(moe_ffn_matches_reference)
                     free(out2);
                 }
                 if (cu_moe_mma_ok(&parts)) {
-                    /* prompt chunks: groups of up to 32 pairs on the tensor cores, with x given
+                    /* prompt chunks: groups of up to 64 pairs on the tensor cores, with x given
                      * as floats and given quantized, the same bits again */
                     const int64_t mg3 =
                         cu_moe_max_groups(n_pairs, (uint32_t)n_exp, CU_MOE_MMA_PAIRS);

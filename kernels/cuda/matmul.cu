@@ -3,6 +3,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/matvec.h"
+#include "kernels/cuda/mmq.cuh"
 #include "kernels/cuda/qact.h"
 #include "kernels/cuda/qdec.cuh"
 
@@ -106,147 +107,54 @@ extern "C" int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nr
 
 /* ---- the bit-exact product: int8 tensor cores, qdot_ref's arithmetic ------------------------ */
 
-#define MQ_BM 64 /* weight rows of a tile: 4 warps of 16 */
-#define MQ_BN 32 /* tokens of a tile: 4 MMA n-tiles of 8 per warp */
-#define MQ_NT (MQ_BN / 8)
-
-/* One CTA: rows r0.. r0 + 63 x tokens t0 .. t0 + 31, block after block of the row. Per block:
- * the 64 rows' blocks decoded to int8 (qdec), their scales, mins, d and dmin, and the 32 tokens'
- * activation blocks, into shared memory; each warp's 16 rows x 32 tokens take one MMA per
- * (sub-block, n-tile), isum = sum_s sc_s * dot_s in registers; then each (row, token) adds
- *   (dx * d) * isum - (dx * dmin) * msum,   msum = sum_s mn_s * (the token's sum over s)
- * to its float sum, block after block: qdot_ref's expression (its third term is a signed zero for
- * these types, and a zero term never changes a sum that starts at +0). */
-template <int T>
-__global__ void __launch_bounds__(128)
+/* matmul_q: CTA (x, y) takes rows 64x .. 64x + 63 times tokens BN y .. BN y + BN - 1 on mmq.cuh's
+ * tile. */
+template <int T, int BN>
+__global__ void __launch_bounds__(MMQ_THREADS)
     matmul_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
              float *y)
 {
     pdl_enter();
-    using D = qdec<T>;
-    constexpr int BLK = qt<T>::blck, BYTES = qt<T>::bytes, SUB = D::SUB, NSUB = BLK / SUB;
-    constexpr int LD = BLK + 16; /* row pitch in bytes: the fragment loads fall on distinct banks */
-    __shared__ __align__(16) int8_t wq[MQ_BM][LD];
-    __shared__ __align__(16) int8_t xq[MQ_BN][LD];
-    __shared__ int wsc[MQ_BM][NSUB], wmn[MQ_BM][NSUB], xs[MQ_BN][NSUB];
-    __shared__ float wd[MQ_BM], wdm[MQ_BM], xd[MQ_BN];
-
-    const int ncols = nb * BLK, r0 = blockIdx.x * MQ_BM, t0 = blockIdx.y * MQ_BN;
-    const int64_t row_bytes = (int64_t)nb * BYTES;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
-    const int wr = warp * 16;
-    float acc[MQ_NT][4];
+    using M = mmq<T, BN>;
+    extern __shared__ __align__(16) uint8_t mq_smem[];
+    __shared__ const uint8_t *xrow[BN];
+    const int r0 = blockIdx.x * MMQ_BM, t0 = blockIdx.y * BN, nv = min(BN, n_tok - t0);
+    for (int j = threadIdx.x; j < BN; j += MMQ_THREADS)
+        xrow[j] = j < nv ? act + (int64_t)(t0 + j) * arb : NULL;
+    float acc[M::NT][4];
+    M::run(mq_smem, w, nb, nrows, r0, xrow, nv, acc); /* its first barrier publishes xrow */
 #pragma unroll
-    for (int n = 0; n < MQ_NT; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
-
-    for (int kb = 0; kb < nb; kb++) {
-        __syncthreads(); /* the previous block's tiles are read */
-        for (int i = threadIdx.x; i < MQ_BM * (BLK / 4); i += blockDim.x) {
-            const int r = i / (BLK / 4), e = i % (BLK / 4) * 4;
-            uint32_t v = 0;
-            if (r0 + r < nrows) {
-                const uint8_t *b = w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES;
-#pragma unroll
-                for (int j = 0; j < 4; j++) v |= (uint32_t)(uint8_t)D::q(b, e + j) << (8 * j);
-            }
-            *(uint32_t *)&wq[r][e] = v;
-        }
-        for (int i = threadIdx.x; i < MQ_BM * NSUB; i += blockDim.x) {
-            const int r = i / NSUB, s = i % NSUB;
-            int sc = 0, mn = 0;
-            if (r0 + r < nrows)
-                D::scales(w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES, s, &sc, &mn);
-            wsc[r][s] = sc, wmn[r][s] = mn;
-        }
-        for (int r = threadIdx.x; r < MQ_BM; r += blockDim.x) {
-            float d = 0.0f, dmin = 0.0f;
-            if (r0 + r < nrows) D::head(w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES, &d, &dmin);
-            wd[r] = d, wdm[r] = dmin;
-        }
-        for (int i = threadIdx.x; i < MQ_BN * (BLK / 16); i += blockDim.x) {
-            const int t = i / (BLK / 16), c = i % (BLK / 16);
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (t0 + t < n_tok)
-                v = __ldg((const uint4 *)(act + (int64_t)(t0 + t) * arb + (int64_t)kb * BLK) + c);
-            *(uint4 *)&xq[t][16 * c] = v;
-        }
-        for (int i = threadIdx.x; i < MQ_BN * NSUB; i += blockDim.x) {
-            const int t = i / NSUB, s = i % NSUB;
-            int sum = 0;
-            float dx = 0.0f;
-            if (t0 + t < n_tok) {
-                const uint8_t *a = act + (int64_t)(t0 + t) * arb;
-                const int16_t *as = (const int16_t *)(a + ncols) + kb * (BLK / 16) + s * (SUB / 16);
-                for (int j = 0; j < SUB / 16; j++) sum += as[j];
-                dx = ((const float *)(a + ncols + ncols / 8))[kb];
-            }
-            xs[t][s] = sum;
-            if (s == 0) xd[t] = dx;
-        }
-        __syncthreads();
-
-        int isum[MQ_NT][4];
-#pragma unroll
-        for (int n = 0; n < MQ_NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) isum[n][i] = 0;
-#pragma unroll
-        for (int s = 0; s < NSUB; s++) {
-            const int k0 = s * SUB + 4 * tq;
-            const int sc0 = wsc[wr + g][s], sc1 = wsc[wr + g + 8][s];
-            uint32_t a[4];
-            a[0] = *(const uint32_t *)&wq[wr + g][k0];
-            a[1] = *(const uint32_t *)&wq[wr + g + 8][k0];
-            if constexpr (SUB == 32) {
-                a[2] = *(const uint32_t *)&wq[wr + g][k0 + 16];
-                a[3] = *(const uint32_t *)&wq[wr + g + 8][k0 + 16];
-            }
-#pragma unroll
-            for (int n = 0; n < MQ_NT; n++) {
-                int c[4];
-                const int8_t *xr = xq[8 * n + g];
-                if constexpr (SUB == 32) {
-                    const uint32_t b[2] = {*(const uint32_t *)(xr + k0), *(const uint32_t *)(xr + k0 + 16)};
-                    mma_k32(a, b, c);
-                } else {
-                    mma_k16(a, *(const uint32_t *)(xr + k0), c);
-                }
-                isum[n][0] += sc0 * c[0], isum[n][1] += sc0 * c[1];
-                isum[n][2] += sc1 * c[2], isum[n][3] += sc1 * c[3];
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < MQ_NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = wr + g + (i >> 1) * 8, t = 8 * n + 2 * tq + (i & 1);
-                int msum = 0;
-                if constexpr (D::MINS)
-#pragma unroll
-                    for (int s = 0; s < NSUB; s++) msum += wmn[r][s] * xs[t][s];
-                const float dx = xd[t];
-                const float term = __fsub_rn(__fmul_rn(__fmul_rn(dx, wd[r]), (float)isum[n][i]),
-                                             __fmul_rn(__fmul_rn(dx, wdm[r]), (float)msum));
-                acc[n][i] = __fadd_rn(acc[n][i], term);
-            }
-    }
-#pragma unroll
-    for (int n = 0; n < MQ_NT; n++)
+    for (int n = 0; n < M::NT; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int r = r0 + wr + g + (i >> 1) * 8, t = t0 + 8 * n + 2 * tq + (i & 1);
+            const int r = r0 + M::row(i), t = t0 + M::col(n, i);
             if (r < nrows && t < n_tok) y[(int64_t)t * nrows + r] = acc[n][i];
         }
 }
 
-template <int T>
-static void launch_q(dim3 grid, const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb,
-                     int n_tok, float *y, cudaStream_t s)
+template <int T, int BN>
+static void launch_q_bn(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb,
+                        int n_tok, float *y, cudaStream_t s)
 {
-    if constexpr (qt<T>::blck > 1)
-        cu_launch(matmul_q<T>, grid, 128, 0, s, w, nb, nrows, act, arb, n_tok, y);
+    static const bool attr = cudaFuncSetAttribute(matmul_q<T, BN>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)mmq<T, BN>::SMEM) == cudaSuccess;
+    (void)attr;
+    const dim3 grid((unsigned)((nrows + MMQ_BM - 1) / MMQ_BM), (unsigned)((n_tok + BN - 1) / BN));
+    cu_launch(matmul_q<T, BN>, grid, MMQ_THREADS, mmq<T, BN>::SMEM, s, w, nb, nrows, act, arb,
+              n_tok, y);
+}
+
+template <int T>
+static void launch_q(const uint8_t *w, int nb, int nrows, const uint8_t *act, int64_t arb, int n_tok,
+                     float *y, cudaStream_t s)
+{
+    if constexpr (qt<T>::blck > 1) {
+        if (n_tok > 32) /* 64-token tiles; a short chunk's on 32 */
+            launch_q_bn<T, 64>(w, nb, nrows, act, arb, n_tok, y, s);
+        else
+            launch_q_bn<T, 32>(w, nb, nrows, act, arb, n_tok, y, s);
+    }
 }
 
 extern "C" int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t nrows,
@@ -258,15 +166,15 @@ extern "C" int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t 
                            "cu_matmul_q: %s weights have no exact GPU product (quantized GPU "
                            "types only)", qtype_name(type));
     if (ncols <= 0 || ncols % ti->blck || nrows <= 0 || n_tok <= 0 || nrows > INT32_MAX ||
-        ncols > INT32_MAX / 2 || n_tok > 65535LL * MQ_BN)
+        ncols > INT32_MAX / 2 || n_tok > 65535LL * 32 || (uintptr_t)w % 16)
         return strata_errf(STRATA_EINVAL,
-                           "cu_matmul_q: %lld rows of %lld columns (a multiple of %u), %lld tokens",
+                           "cu_matmul_q: %lld rows of %lld columns (a multiple of %u), %lld tokens, "
+                           "weights at a multiple of 16 bytes",
                            (long long)nrows, (long long)ncols, ti->blck, (long long)n_tok);
     cudaStream_t s = (cudaStream_t)stream;
-    const dim3 grid((unsigned)((nrows + MQ_BM - 1) / MQ_BM), (unsigned)((n_tok + MQ_BN - 1) / MQ_BN));
     const int64_t arb = (int64_t)cu_act_row_bytes(type, ncols);
     const int nb = (int)(ncols / ti->blck);
-#define L(T) launch_q<T>(grid, (const uint8_t *)w, nb, (int)nrows, (const uint8_t *)act, arb, (int)n_tok, y, s)
+#define L(T) launch_q<T>((const uint8_t *)w, nb, (int)nrows, (const uint8_t *)act, arb, (int)n_tok, y, s)
     CU_TYPE_SWITCH(type, L)
 #undef L
     return cu_launch_check();

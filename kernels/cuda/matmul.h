@@ -26,9 +26,10 @@ int cu_matmul(uint32_t type, const void *w, int64_t ncols, int64_t nrows, const 
  * integer form in shared memory, the int8 tensor cores (mma.sync m16n8k32 for 32-element
  * sub-blocks, m16n8k16 for the 16-element sub-blocks of Q2_K, Q3_K and Q6_K) give each
  * (row, token, sub-block) its exact int32 dot, the sub-blocks' scales and mins are applied in
- * integers, and each block's float term is added in block order with qdot_ref's roundings. Tiles
- * of 64 rows x 32 tokens. STRATA_EUNSUPPORTED for a float or CPU-only type, STRATA_EINVAL for a
- * bad shape. Asynchronous on stream; needs sm_80 or later. */
+ * integers, and each block's float term is added in block order with qdot_ref's roundings
+ * (mmq.cuh's tile: 64 rows x 64 tokens, 32 for a chunk of 32 tokens or fewer). w must be 16-byte
+ * aligned. STRATA_EUNSUPPORTED for a float or CPU-only type, STRATA_EINVAL for a bad shape or a
+ * misaligned w. Asynchronous on stream; needs sm_80 or later. */
 int cu_matmul_q(uint32_t type, const void *w, int64_t ncols, int64_t nrows, const void *act,
                 int64_t n_tok, float *y, void *stream);
 

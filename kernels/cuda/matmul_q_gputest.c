@@ -30,7 +30,7 @@ START_TEST(matmul_q_equals_qdot_ref)
 {
     const uint32_t t = types[_i];
     const int64_t shapes[][2] = {{256, 70}, {512, 129}, {2048, 64}}; /* cols, rows */
-    const int toks[] = {1, 5, 17, 32, 33, 100, 512};
+    const int toks[] = {1, 5, 17, 32, 33, 64, 100, 512}; /* 32- and 64-token tiles */
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t ncols = shapes[si][0], nrows = shapes[si][1];
         uint64_t rb;
@@ -106,6 +106,9 @@ START_TEST(matmul_q_refuses)
     ck_assert_int_eq(cu_matmul_q(QT_F16, NULL, 256, 1, NULL, 1, NULL, NULL), STRATA_EUNSUPPORTED);
     ck_assert_int_eq(cu_matmul_q(QT_Q4_1, NULL, 256, 1, NULL, 1, NULL, NULL), STRATA_EUNSUPPORTED);
     ck_assert_int_eq(cu_matmul_q(QT_Q4_K, NULL, 100, 1, NULL, 1, NULL, NULL), STRATA_EINVAL);
+    /* the weights are read by 16-byte loads */
+    ck_assert_int_eq(cu_matmul_q(QT_Q4_K, (const uint8_t *)NULL + 8, 256, 1, NULL, 1, NULL, NULL),
+                     STRATA_EINVAL);
 }
 END_TEST
 

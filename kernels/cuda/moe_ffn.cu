@@ -3,10 +3,10 @@
 #include "kernels/cuda/expf.cuh"
 #include "kernels/cuda/matvec.h"
 #include "kernels/cuda/moe_ffn.h"
+#include "kernels/cuda/moe_mma.h"
 #include "kernels/cuda/mvq.cuh"
 #include "kernels/cuda/qact.h"
 #include "kernels/cuda/qact.cuh"
-#include "kernels/cuda/qdec.cuh"
 #include "kernels/cuda/rowsum.cuh"
 
 /* 4 warps per block; tuned on an H200 at Qwen3-30B-A3B's expert shapes (2048 x 768). */
@@ -217,188 +217,7 @@ __global__ void __launch_bounds__(MF_WARPS *WARP) moe_part_q(struct mf_task t)
     asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-/* ---- prompt chunks: the groups on the int8 tensor cores (CU_MOE_MMA) ------------------------ *
- *
- * cu_matmul_q's tile (matmul.cu) over a group: CTA (x, y) takes rows 64x .. 64x + 63 of the part
- * for group y's pairs (at most CU_MOE_MMA_PAIRS, one MMA column each, their activation rows found
- * through pair_idx). Per weight block: the rows decoded to their integers (qdec.cuh), one MMA per
- * (sub-block, 8 pairs), the exact integer sums scaled in integers, and each block's float term
- * (dx * d) * isum - (dx * dmin) * msum added to the (row, pair) sum block after block: qdot_ref's
- * arithmetic, so the same bits as moe_part_q. GU: the gate's tile and then the up's, with
- * mf_swiglu in the epilogue; otherwise out[p * ld + r], times scale[p] when set. */
-#define MM_BM 64
-#define MM_BN CU_MOE_MMA_PAIRS
-#define MM_NT (MM_BN / 8)
-
-template <int T, bool GU> __global__ void __launch_bounds__(128) moe_mma(struct mf_task t)
-{
-    pdl_enter();
-    if ((int)blockIdx.y >= mf_groups(t)) return;
-    using D = qdec<T>;
-    constexpr int BLK = qt<T>::blck, BYTES = qt<T>::bytes, SUB = D::SUB, NSUB = BLK / SUB;
-    constexpr int LD = BLK + 16, NP = GU ? 2 : 1;
-    __shared__ __align__(16) int8_t wq[MM_BM][LD];
-    __shared__ __align__(16) int8_t xq[MM_BN][LD];
-    __shared__ int wsc[MM_BM][NSUB], wmn[MM_BM][NSUB], xs[MM_BN][NSUB];
-    __shared__ float wd[MM_BM], wdm[MM_BM], xd[MM_BN];
-    __shared__ int pair[MM_BN];
-
-    const struct moe_group grp = t.groups[blockIdx.y];
-    const int count = grp.count;
-    if (threadIdx.x < MM_BN)
-        pair[threadIdx.x] = threadIdx.x < count ? t.pair_idx[grp.first + threadIdx.x] : 0;
-    const uint8_t *blob = t.slot_ptr[grp.expert];
-    const int nb = t.ncols / BLK, ncols = t.ncols, nrows = t.nrows, r0 = blockIdx.x * MM_BM;
-    const int64_t row_bytes = (int64_t)nb * BYTES;
-    const uint8_t *act = (const uint8_t *)t.act;
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane >> 2, tq = lane & 3;
-    const int wr = warp * 16;
-    float acc[NP][MM_NT][4];
-#pragma unroll
-    for (int q = 0; q < NP; q++)
-#pragma unroll
-        for (int n = 0; n < MM_NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                acc[q][n][i] = 0.0f;
-
-#pragma unroll
-    for (int q = 0; q < NP; q++) {
-        const uint8_t *w = blob + (q ? t.off_up : t.off);
-        for (int kb = 0; kb < nb; kb++) {
-            __syncthreads(); /* the previous block's tiles are read (and pair[] is written) */
-            for (int i = threadIdx.x; i < MM_BM * (BLK / 4); i += blockDim.x) {
-                const int r = i / (BLK / 4), e = i % (BLK / 4) * 4;
-                uint32_t v = 0;
-                if (r0 + r < nrows) {
-                    const uint8_t *b = w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES;
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        v |= (uint32_t)(uint8_t)D::q(b, e + j) << (8 * j);
-                }
-                *(uint32_t *)&wq[r][e] = v;
-            }
-            for (int i = threadIdx.x; i < MM_BM * NSUB; i += blockDim.x) {
-                const int r = i / NSUB, sb = i % NSUB;
-                int sc = 0, mn = 0;
-                if (r0 + r < nrows)
-                    D::scales(w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES, sb, &sc,
-                              &mn);
-                wsc[r][sb] = sc, wmn[r][sb] = mn;
-            }
-            for (int r = threadIdx.x; r < MM_BM; r += blockDim.x) {
-                float d = 0.0f, dmin = 0.0f;
-                if (r0 + r < nrows)
-                    D::head(w + (int64_t)(r0 + r) * row_bytes + (int64_t)kb * BYTES, &d, &dmin);
-                wd[r] = d, wdm[r] = dmin;
-            }
-            for (int i = threadIdx.x; i < MM_BN * (BLK / 16); i += blockDim.x) {
-                const int j = i / (BLK / 16), c = i % (BLK / 16);
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (j < count)
-                    v = __ldg((const uint4 *)(act + (int64_t)(pair[j] / t.act_div) * t.arb +
-                                              (int64_t)kb * BLK) +
-                              c);
-                *(uint4 *)&xq[j][16 * c] = v;
-            }
-            for (int i = threadIdx.x; i < MM_BN * NSUB; i += blockDim.x) {
-                const int j = i / NSUB, sb = i % NSUB;
-                int sum = 0;
-                float dx = 0.0f;
-                if (j < count) {
-                    const uint8_t *a = act + (int64_t)(pair[j] / t.act_div) * t.arb;
-                    const int16_t *as =
-                        (const int16_t *)(a + ncols) + kb * (BLK / 16) + sb * (SUB / 16);
-                    for (int u = 0; u < SUB / 16; u++)
-                        sum += as[u];
-                    dx = ((const float *)(a + ncols + ncols / 8))[kb];
-                }
-                xs[j][sb] = sum;
-                if (sb == 0) xd[j] = dx;
-            }
-            __syncthreads();
-
-            int isum[MM_NT][4];
-#pragma unroll
-            for (int n = 0; n < MM_NT; n++)
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-                    isum[n][i] = 0;
-#pragma unroll
-            for (int sb = 0; sb < NSUB; sb++) {
-                const int k0 = sb * SUB + 4 * tq;
-                const int sc0 = wsc[wr + g][sb], sc1 = wsc[wr + g + 8][sb];
-                uint32_t a[4];
-                a[0] = *(const uint32_t *)&wq[wr + g][k0];
-                a[1] = *(const uint32_t *)&wq[wr + g + 8][k0];
-                if constexpr (SUB == 32) {
-                    a[2] = *(const uint32_t *)&wq[wr + g][k0 + 16];
-                    a[3] = *(const uint32_t *)&wq[wr + g + 8][k0 + 16];
-                }
-#pragma unroll
-                for (int n = 0; n < MM_NT; n++) {
-                    int c[4];
-                    const int8_t *xr = xq[8 * n + g];
-                    if constexpr (SUB == 32) {
-                        const uint32_t b[2] = {*(const uint32_t *)(xr + k0),
-                                               *(const uint32_t *)(xr + k0 + 16)};
-                        mma_k32(a, b, c);
-                    } else {
-                        mma_k16(a, *(const uint32_t *)(xr + k0), c);
-                    }
-                    isum[n][0] += sc0 * c[0], isum[n][1] += sc0 * c[1];
-                    isum[n][2] += sc1 * c[2], isum[n][3] += sc1 * c[3];
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < MM_NT; n++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int r = wr + g + (i >> 1) * 8, j = 8 * n + 2 * tq + (i & 1);
-                    int msum = 0;
-                    if constexpr (D::MINS)
-#pragma unroll
-                        for (int sb = 0; sb < NSUB; sb++)
-                            msum += wmn[r][sb] * xs[j][sb];
-                    const float dx = xd[j];
-                    const float term = __fsub_rn(__fmul_rn(__fmul_rn(dx, wd[r]), (float)isum[n][i]),
-                                                 __fmul_rn(__fmul_rn(dx, wdm[r]), (float)msum));
-                    acc[q][n][i] = __fadd_rn(acc[q][n][i], term);
-                }
-        }
-    }
-#pragma unroll
-    for (int n = 0; n < MM_NT; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int r = r0 + wr + g + (i >> 1) * 8, j = 8 * n + 2 * tq + (i & 1);
-            if (r >= nrows || j >= count) continue;
-            const int p = pair[j];
-            if (GU)
-                t.out[p * t.ld + r] = mf_swiglu(acc[0][n][i], acc[NP - 1][n][i]);
-            else
-                t.out[p * t.ld + r] = t.scale ? __fmul_rn(t.scale[p], acc[0][n][i]) : acc[0][n][i];
-        }
-}
-
-template <int T> static void launch_mma(dim3 grid, const struct mf_task &t, bool gu, cudaStream_t s)
-{
-    if constexpr (qt<T>::blck > 1) {
-        if (gu)
-            cu_launch(moe_mma<T, true>, grid, 128, 0, s, t);
-        else
-            cu_launch(moe_mma<T, false>, grid, 128, 0, s, t);
-    }
-}
-
-/* run_mma: one part (or gate and up, gu) of every group on moe_mma; max_groups CTAs deep. */
-static void run_mma(uint32_t type, struct mf_task t, int max_groups, bool gu, cudaStream_t s)
-{
-    const dim3 grid((unsigned)((t.nrows + MM_BM - 1) / MM_BM), (unsigned)max_groups);
-#define M(T) launch_mma<T>(grid, t, gu, s)
-    CU_TYPE_SWITCH(type, M)
-#undef M
-}
+static_assert(CU_MOE_MMA_PAIRS <= CU_MOE_MMA_TILE, "a group fits moe_mma's tile");
 
 extern "C" bool cu_moe_mma_ok(const struct cu_moe_parts *parts)
 {
@@ -656,12 +475,17 @@ static int moe_ffn(const struct cu_moe_parts *parts, const uint8_t *const *slot_
                         n_slots};
     if (flags & CU_MOE_MMA) {
         /* prompt chunks: gate and up with SwiGLU, then down, on the tensor cores */
-        run_mma(tg, t, n_groups, true, s);
+        struct cu_moe_mma_task mt = {slot_ptr, groups, pair_idx, parts->off[CU_PART_GATE],
+                                     parts->off[CU_PART_UP], (int)parts->n_ff, (int)parts->n_embd,
+                                     xg, (int64_t)cu_act_row_bytes(tg, parts->n_embd), k, h,
+                                     parts->n_ff, NULL, d_n_groups, n_groups};
+        cu_moe_mma(tg, &mt, true, s);
         if ((rv = cu_quantize_acts(td, h, parts->n_ff, (int)n_pairs, w + l.hd, s)) != 0) return rv;
-        t.off = parts->off[CU_PART_DOWN], t.nrows = (int)parts->n_embd, t.ncols = (int)parts->n_ff;
-        t.act = w + l.hd, t.arb = (int64_t)cu_act_row_bytes(td, parts->n_ff), t.act_div = 1;
-        t.out = out, t.ld = parts->n_embd, t.scale = pair_w;
-        run_mma(td, t, n_groups, false, s);
+        mt.off = parts->off[CU_PART_DOWN], mt.nrows = (int)parts->n_embd;
+        mt.ncols = (int)parts->n_ff, mt.act = w + l.hd;
+        mt.arb = (int64_t)cu_act_row_bytes(td, parts->n_ff), mt.act_div = 1;
+        mt.out = out, mt.ld = parts->n_embd, mt.scale = pair_w;
+        cu_moe_mma(td, &mt, false, s);
         return cu_launch_check();
     }
     if (tg == tu && qtype_get(tg)->blck > 1 && !(flags & CU_MOE_UNFUSED)) {

@@ -67,7 +67,7 @@ enum {
                              * tensor cores (cu_moe_mma_ok parts only; the same bits) */
 };
 
-#define CU_MOE_MMA_PAIRS 32 /* pairs of a group with CU_MOE_MMA: one MMA tile's columns */
+#define CU_MOE_MMA_PAIRS 64 /* pairs of a group with CU_MOE_MMA: one MMA tile's columns */
 
 /* cu_moe_mma_ok: whether CU_MOE_MMA computes these parts (all three quantized, gate and up of one
  * type). */
