@@ -420,8 +420,8 @@ static void run_streams(struct call *c, pthread_t *th, int n, const int *prompt,
         for (int k = 0; k < n; k++)
             ready += atomic_load(&c[k].chunks) >= min_chunks;
         if (ready == n) return;
-        ck_assert_msg(now_s() - t0 < limit_s(30), "only %d of %d streams started in %.0f s",
-                      ready, n, limit_s(30));
+        ck_assert_msg(now_s() - t0 < limit_s(30), "only %d of %d streams started in %.0f s", ready,
+                      n, limit_s(30));
     }
 }
 
@@ -622,8 +622,7 @@ START_TEST(arena_restarted_while_serving)
     ck_assert_int_eq(kill(old_arena, SIGKILL), 0);
     json_t *a1 = NULL;
     for (double t0 = now_s(); !a1; sleep_ms(20)) {
-        ck_assert_msg(now_s() - t0 < limit_s(30), "no new arena server within %.0f s",
-                      limit_s(30));
+        ck_assert_msg(now_s() - t0 < limit_s(30), "no new arena server within %.0f s", limit_s(30));
         a1 = arena_status(&s);
         if (a1 && json_integer_value(json_object_get(a1, "pid")) == old_arena) {
             json_decref(a1);

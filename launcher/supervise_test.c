@@ -28,7 +28,7 @@ static int limit_ms(int ms)
     return (int)(ms * test_slowdown());
 }
 
-/* run_until_restarts runs s until child c has been restarted n times; failing after limit_ms(ms). */
+/* run_until_restarts runs s until child c was restarted n times, failing after limit_ms(ms). */
 static void run_until_restarts(struct sup *s, int c, unsigned n, int ms)
 {
     struct timespec a, b;
