@@ -222,6 +222,8 @@ static int spawn(struct sup *s, int idx)
     pid_t pid = 0;
     char **envp = environ;
     if (!rv && c->env && !(envp = child_env(c->env))) rv = ENOMEM;
+    /* read before the spawn, so that it is no later than the child's start (see reap) */
+    int64_t t0 = now_ms();
     if (!rv) rv = posix_spawn(&pid, c->argv[0], &fa, &at, c->argv, envp);
     if (envp != environ) free(envp); /* only the array: its strings are environ's and c->env's */
     posix_spawn_file_actions_destroy(&fa);
@@ -232,7 +234,7 @@ static int spawn(struct sup *s, int idx)
                            c->log ? ", log " : "", c->log ? c->log : "",
                            rv == ENOENT ? "no such file: is it built?" : strerror(rv));
     c->pid = pid;
-    c->started_ms = now_ms();
+    c->started_ms = t0;
     c->due_ms = 0;
     LOG_DEBUG("%s started (pid %d)", c->name, (int)pid);
     if (s->o.on_spawn) s->o.on_spawn(s->o.spawn_ctx, idx, pid);
@@ -252,11 +254,16 @@ int sup_start(struct sup *s, int idx)
 /* reap collects every child that exited and schedules its restart. */
 static void reap(struct sup *s)
 {
-    int64_t now = now_ms();
     for (int i = 0; i < s->n; i++) {
         struct sup_child *c = &s->c[i];
         int st;
         if (!c->pid || waitpid(c->pid, &st, WNOHANG) != c->pid) continue;
+        /* read after the wait, so that it is no earlier than the exit, as started_ms is no later
+         * than the start: a run is never measured shorter than it was. Read before the wait (and
+         * after the spawn), a preemption in between made a 50 ms run look shorter than 40 ms
+         * under load, so it did not reset the backoff, and a restart could come less than its
+         * delay after the exit. */
+        int64_t now = now_ms();
         char why[96];
         describe(st, why, sizeof why);
         pid_t old = c->pid;
