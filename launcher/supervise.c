@@ -258,11 +258,11 @@ static void reap(struct sup *s)
         struct sup_child *c = &s->c[i];
         int st;
         if (!c->pid || waitpid(c->pid, &st, WNOHANG) != c->pid) continue;
-        /* read after the wait, so that it is no earlier than the exit, as started_ms is no later
-         * than the start: a run is never measured shorter than it was. Read before the wait (and
-         * after the spawn), a preemption in between made a 50 ms run look shorter than 40 ms
-         * under load, so it did not reset the backoff, and a restart could come less than its
-         * delay after the exit. */
+        /* read after the wait (no earlier than the exit), as started_ms before the spawn (no
+         * later than the start): a run is never measured shorter than it was. With the clock
+         * read before the wait and after the spawn, a preemption in either gap made a 50 ms run
+         * look shorter than 40 ms under load (no backoff reset), and could schedule a restart
+         * less than its delay after the exit. */
         int64_t now = now_ms();
         char why[96];
         describe(st, why, sizeof why);
