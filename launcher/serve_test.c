@@ -59,6 +59,19 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* limit_s and limit_ms: how long an event (serve coming up, a worker back, a status answer) may
+ * take on an idle machine, stretched by test_slowdown(): on CI's loaded 2-core machine every one
+ * of them takes longer, and none of them is what a test measures. */
+static double limit_s(double s)
+{
+    return s * test_slowdown();
+}
+
+static int limit_ms(int ms)
+{
+    return (int)(ms * test_slowdown());
+}
+
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
@@ -177,7 +190,7 @@ static void svc_launch(struct svc *s, int n_workers, int n_frontends, const char
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     ck_assert_int_eq(posix_spawn(&s->pid, argv[0], &fa, NULL, (char *const *)argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
-    for (double t0 = now_s(); now_s() - t0 < 60; sleep_ms(50)) {
+    for (double t0 = now_s(); now_s() - t0 < limit_s(60); sleep_ms(50)) {
         int st;
         ck_assert_msg(waitpid(s->pid, &st, WNOHANG) == 0, "strata serve exited; see %s", log);
         bool up = state_pid(s, "frontends", n_frontends - 1) > 0;
@@ -185,7 +198,7 @@ static void svc_launch(struct svc *s, int n_workers, int n_frontends, const char
             up = http_health(s->port + i) == 200;
         if (up) return;
     }
-    ck_abort_msg("strata serve did not come up in 60 s; see %s", log);
+    ck_abort_msg("strata serve did not come up in %.0f s; see %s", limit_s(60), log);
 }
 
 static void svc_start(struct svc *s, const char *tag, int n_workers, int n_frontends,
@@ -225,7 +238,8 @@ static void svc_interrupt(struct svc *s)
     kill(s->pid, SIGINT);
     double t0 = now_s();
     while (waitpid(s->pid, &st, WNOHANG) == 0) {
-        ck_assert_msg(now_s() - t0 < 30, "strata serve did not stop in 30 s");
+        ck_assert_msg(now_s() - t0 < limit_s(30), "strata serve did not stop in %.0f s",
+                      limit_s(30));
         sleep_ms(20);
     }
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "strata serve: wait status %#x", st);
@@ -406,7 +420,8 @@ static void run_streams(struct call *c, pthread_t *th, int n, const int *prompt,
         for (int k = 0; k < n; k++)
             ready += atomic_load(&c[k].chunks) >= min_chunks;
         if (ready == n) return;
-        ck_assert_msg(now_s() - t0 < 30, "only %d of %d streams started in 30 s", ready, n);
+        ck_assert_msg(now_s() - t0 < limit_s(30), "only %d of %d streams started in %.0f s", ready,
+                      n, limit_s(30));
     }
 }
 
@@ -467,7 +482,7 @@ static double metric(int port, const char *name)
 static json_t *arena_status(const struct svc *s)
 {
     struct msg reply;
-    int rv = arena_ctl_request(s->run, NAME, "status", false, 2000, &reply);
+    int rv = arena_ctl_request(s->run, NAME, "status", false, limit_ms(2000), &reply);
     if (rv) return NULL;
     json_t *o = json_object();
     int64_t i;
@@ -521,9 +536,10 @@ START_TEST(worker_killed_mid_stream)
     /* the restarted worker: its first answer, then its first token (its counters start at 0) */
     double t_hello = 0, t_tok = 0;
     while (!t_tok) {
-        ck_assert_msg(now_s() - t_kill < 30, "the worker was not back within 30 s");
+        ck_assert_msg(now_s() - t_kill < limit_s(30), "the worker was not back within %.0f s",
+                      limit_s(30));
         struct wclient_status ws = {0};
-        int pid = worker_figures(url, &ws, 50);
+        int pid = worker_figures(url, &ws, limit_ms(50));
         if (pid && pid != old && !t_hello) t_hello = now_s();
         if (pid && pid != old && ws.tokens_generated > 0) t_tok = now_s();
         sleep_ms(2);
@@ -606,7 +622,7 @@ START_TEST(arena_restarted_while_serving)
     ck_assert_int_eq(kill(old_arena, SIGKILL), 0);
     json_t *a1 = NULL;
     for (double t0 = now_s(); !a1; sleep_ms(20)) {
-        ck_assert_msg(now_s() - t0 < 30, "no new arena server within 30 s");
+        ck_assert_msg(now_s() - t0 < limit_s(30), "no new arena server within %.0f s", limit_s(30));
         a1 = arena_status(&s);
         if (a1 && json_integer_value(json_object_get(a1, "pid")) == old_arena) {
             json_decref(a1);
@@ -658,7 +674,7 @@ START_TEST(frontend_killed_leases_lapse)
     pthread_t th[N];
     run_streams(got, th, N, prompt, s.port, 1, LONG, 3);
     struct wclient_status w0 = {0}, w1 = {0}, w2 = {0};
-    ck_assert_int_gt(worker_figures(url, &w0, 1000), 0);
+    ck_assert_int_gt(worker_figures(url, &w0, limit_ms(1000)), 0);
     ck_assert_msg(w0.running + w0.queued > 0, "no request was running when the frontend died");
     double t_kill = now_s();
     ck_assert_int_eq(kill(fe, SIGKILL), 0);
@@ -666,18 +682,18 @@ START_TEST(frontend_killed_leases_lapse)
         pthread_join(th[k], NULL); /* their connections broke */
     double t_idle = 0;
     while (!t_idle) {
-        ck_assert_msg(now_s() - t_kill < LEASE_S + 10,
+        ck_assert_msg(now_s() - t_kill < LEASE_S + limit_s(10),
                       "requests still running %.1f s after the "
                       "frontend died",
                       now_s() - t_kill);
-        ck_assert_int_gt(worker_figures(url, &w1, 1000), 0);
+        ck_assert_int_gt(worker_figures(url, &w1, limit_ms(1000)), 0);
         if (w1.running + w1.queued == 0)
             t_idle = now_s();
         else
             sleep_ms(20);
     }
     sleep_ms(500);
-    ck_assert_int_gt(worker_figures(url, &w2, 1000), 0);
+    ck_assert_int_gt(worker_figures(url, &w2, limit_ms(1000)), 0);
     ck_assert_uint_eq(w2.tokens_generated, w1.tokens_generated); /* nothing runs on */
     /* cut short: had they run to the end, the streams would have made N * LONG tokens */
     uint64_t made = w1.tokens_generated - w0.tokens_generated;
@@ -685,7 +701,7 @@ START_TEST(frontend_killed_leases_lapse)
                   (unsigned long long)made);
     /* serve restarted the frontend, which serves again */
     for (double t0 = now_s(); http_health(s.port) != 200; sleep_ms(50))
-        ck_assert_msg(now_s() - t0 < 30, "the frontend did not come back");
+        ck_assert_msg(now_s() - t0 < limit_s(30), "the frontend did not come back");
     ck_assert_int_ne(state_pid(&s, "frontends", 0), fe);
     struct call again;
     call_init(&again, s.port, prompt[0], GEN_TOKENS, false);
@@ -723,7 +739,7 @@ START_TEST(two_workers_one_killed)
     struct wclient_status w[2] = {{0}}, after[2] = {{0}};
     for (int i = 0; i < 2; i++) {
         ck_assert_int_eq(sup_svc_worker_url(s.run, i, url[i], sizeof url[i]), 0);
-        ck_assert_int_gt(worker_figures(url[i], &w[i], 1000), 0);
+        ck_assert_int_gt(worker_figures(url[i], &w[i], limit_ms(1000)), 0);
         /* the frontend spread the undisturbed requests over both */
         ck_assert_msg(w[i].requests > 0, "worker %d got no request", i);
     }
@@ -738,8 +754,8 @@ START_TEST(two_workers_one_killed)
     check_same(got, ref, N);
     double moves = metric(s.port, "strata_stream_moves_total"), gap = max_gap_ms(got, N);
     ck_assert_msg(moves >= 1, "the frontend moved %g streams", moves);
-    ck_assert_int_gt(worker_figures(url[0], &after[0], 1000), 0);
-    int back = worker_figures(url[1], &after[1], 1000);
+    ck_assert_int_gt(worker_figures(url[0], &after[0], limit_ms(1000)), 0);
+    int back = worker_figures(url[1], &after[1], limit_ms(1000));
     ck_assert_msg(back > 0 && back != victim, "worker 1 was not restarted");
     ck_assert_msg(after[1].requests == 0 && after[1].tokens_generated == 0,
                   "the restarted worker 1 took %llu requests, made %llu tokens",
@@ -756,7 +772,7 @@ START_TEST(two_workers_one_killed)
     /* worker 0 stopped (SIGSTOP: alive to serve, silent to the frontend): its calls time out
      * and its streams move to worker 1 after the failover time */
     int stopped = state_pid(&s, "workers", 0);
-    ck_assert_int_gt(worker_figures(url[1], &w[1], 1000), 0);
+    ck_assert_int_gt(worker_figures(url[1], &w[1], limit_ms(1000)), 0);
     run_streams(got, th, N, prompt, s.port, 1, GEN_TOKENS, 3);
     ck_assert_int_eq(kill(stopped, SIGSTOP), 0);
     for (int k = 0; k < N; k++)
@@ -765,7 +781,7 @@ START_TEST(two_workers_one_killed)
     check_same(got, ref, N);
     double moves2 = metric(s.port, "strata_stream_moves_total") - moves;
     ck_assert_msg(moves2 >= 1, "the frontend moved %g streams off the stopped worker", moves2);
-    ck_assert_int_gt(worker_figures(url[1], &after[1], 1000), 0);
+    ck_assert_int_gt(worker_figures(url[1], &after[1], limit_ms(1000)), 0);
     ck_assert_uint_ge(after[1].requests - w[1].requests, (uint64_t)moves2);
     printf("worker 0 stopped (SIGSTOP) mid-stream: %g streams moved to worker 1, all %d "
            "completed unchanged, the longest pause a client saw was %.0f ms (the frontend's "
@@ -889,7 +905,7 @@ static void moving_run(struct moving *m, int n, struct wclient **c, int kill_pid
 {
     bool killed = false;
     for (double t0 = now_s();;) {
-        ck_assert_msg(now_s() - t0 < 60, "streams did not finish in 60 s");
+        ck_assert_msg(now_s() - t0 < limit_s(60), "streams did not finish in %.0f s", limit_s(60));
         int done = 0, started = 0;
         for (int k = 0; k < n; k++) {
             done += m[k].done;
@@ -1106,7 +1122,7 @@ START_TEST(drafts_keep_the_text_across_a_worker_kill)
     struct wclient_status ws = {0};
     int pid = 0;
     for (double t0 = now_s(); !(pid = worker_figures(url, &ws, 500)) || pid == old; sleep_ms(20))
-        ck_assert_msg(now_s() - t0 < 30, "no restarted worker");
+        ck_assert_msg(now_s() - t0 < limit_s(30), "no restarted worker");
     ck_assert_str_eq(ws.spec, "draft");
     ck_assert_uint_gt(ws.drafts_accepted, 0);
     ck_assert_uint_gt(ws.decode_tokens, ws.decode_passes); /* more than a token a pass */

@@ -46,6 +46,7 @@ struct sup {
     bool kill_now; /* a second stop signal came during sup_stop_all */
     bool stopping; /* inside sup_stop_all: no restarts */
     int fatal;     /* index of a non-restarting child that died, or -1 */
+    int waiting;   /* the child sup_wait_ready waits for, or -1: its death is not restarted */
 };
 
 static int64_t now_ms(void)
@@ -77,6 +78,7 @@ int sup_init(const struct sup_opts *o, struct sup **out)
     if (s->o.stable_ms <= 0) s->o.stable_ms = 10000;
     if (s->o.stop_timeout_ms <= 0) s->o.stop_timeout_ms = 10000;
     s->fatal = -1;
+    s->waiting = -1;
     sigemptyset(&s->waited);
     sigaddset(&s->waited, SIGINT);
     sigaddset(&s->waited, SIGTERM);
@@ -220,6 +222,8 @@ static int spawn(struct sup *s, int idx)
     pid_t pid = 0;
     char **envp = environ;
     if (!rv && c->env && !(envp = child_env(c->env))) rv = ENOMEM;
+    /* read before the spawn, so that it is no later than the child's start (see reap) */
+    int64_t t0 = now_ms();
     if (!rv) rv = posix_spawn(&pid, c->argv[0], &fa, &at, c->argv, envp);
     if (envp != environ) free(envp); /* only the array: its strings are environ's and c->env's */
     posix_spawn_file_actions_destroy(&fa);
@@ -230,7 +234,7 @@ static int spawn(struct sup *s, int idx)
                            c->log ? ", log " : "", c->log ? c->log : "",
                            rv == ENOENT ? "no such file: is it built?" : strerror(rv));
     c->pid = pid;
-    c->started_ms = now_ms();
+    c->started_ms = t0;
     c->due_ms = 0;
     LOG_DEBUG("%s started (pid %d)", c->name, (int)pid);
     if (s->o.on_spawn) s->o.on_spawn(s->o.spawn_ctx, idx, pid);
@@ -250,11 +254,16 @@ int sup_start(struct sup *s, int idx)
 /* reap collects every child that exited and schedules its restart. */
 static void reap(struct sup *s)
 {
-    int64_t now = now_ms();
     for (int i = 0; i < s->n; i++) {
         struct sup_child *c = &s->c[i];
         int st;
         if (!c->pid || waitpid(c->pid, &st, WNOHANG) != c->pid) continue;
+        /* read after the wait (no earlier than the exit), as started_ms before the spawn (no
+         * later than the start): a run is never measured shorter than it was. With the clock
+         * read before the wait and after the spawn, a preemption in either gap made a 50 ms run
+         * look shorter than 40 ms under load (no backoff reset), and could schedule a restart
+         * less than its delay after the exit. */
+        int64_t now = now_ms();
         char why[96];
         describe(st, why, sizeof why);
         pid_t old = c->pid;
@@ -263,6 +272,13 @@ static void reap(struct sup *s)
         c->status = st;
         if (s->stopping) {
             LOG_DEBUG("%s (pid %d) %s", c->name, (int)old, why);
+            continue;
+        }
+        /* sup_wait_ready reports it, and a child that never got ready would fail again the same
+         * way. Scheduling its restart here instead would race: under load restart_due, in the same
+         * step, can find the backoff passed and start it again before sup_wait_ready looks. */
+        if (i == s->waiting) {
+            LOG_DEBUG("%s (pid %d) %s before it was ready", c->name, (int)old, why);
             continue;
         }
         bool fatal = c->fatal_status && WIFEXITED(st) && WEXITSTATUS(st) == c->fatal_status;
@@ -325,7 +341,7 @@ static void step(struct sup *s, int timeout_ms)
     restart_due(s);
 }
 
-int sup_wait_ready(struct sup *s, int idx, sup_ready_fn ready, void *ctx, int timeout_ms)
+static int wait_ready(struct sup *s, int idx, sup_ready_fn ready, void *ctx, int timeout_ms)
 {
     struct sup_child *c = &s->c[idx];
     int64_t end = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
@@ -334,7 +350,8 @@ int sup_wait_ready(struct sup *s, int idx, sup_ready_fn ready, void *ctx, int ti
         if (!c->pid && c->died) {
             char why[96];
             describe(c->status, why, sizeof why);
-            c->due_ms = 0; /* a child that never got ready would fail again the same way */
+            /* it may have died before the wait began, reaped as any other child: no restart */
+            c->due_ms = 0;
             if (s->fatal == idx) s->fatal = -1;
             return strata_errf(STRATA_ECLOSED, "%s %s before it was ready%s%s", c->name, why,
                                c->log ? "; see " : "", c->log ? c->log : "");
@@ -346,6 +363,14 @@ int sup_wait_ready(struct sup *s, int idx, sup_ready_fn ready, void *ctx, int ti
                                timeout_ms / 1000.0);
         step(s, left < READY_POLL_MS ? (int)left : READY_POLL_MS);
     }
+}
+
+int sup_wait_ready(struct sup *s, int idx, sup_ready_fn ready, void *ctx, int timeout_ms)
+{
+    s->waiting = idx;
+    int rv = wait_ready(s, idx, ready, ctx, timeout_ms);
+    s->waiting = -1;
+    return rv;
 }
 
 int sup_run(struct sup *s, int timeout_ms)

@@ -554,9 +554,14 @@ START_TEST(stop_with_a_deferred_call_pending)
     struct ipc_client *cli;
     ck_assert_int_eq(ipc_client_open(url, NULL, &cli), 0);
     ck_assert_int_eq(call_op(cli, "hold", 300), STRATA_ETIMEDOUT);
-    pthread_mutex_lock(&fx.mtx);
-    struct ipc_call *held = fx.held;
-    pthread_mutex_unlock(&fx.mtx);
+    /* on a loaded machine the server may take the call after our 300 ms are over */
+    struct ipc_call *held = NULL;
+    for (int64_t end = now_ms() + (int64_t)(5000 * test_slowdown()); !held && now_ms() < end;) {
+        pthread_mutex_lock(&fx.mtx);
+        held = fx.held;
+        pthread_mutex_unlock(&fx.mtx);
+        if (!held) usleep(10 * 1000);
+    }
     ck_assert_ptr_nonnull(held);
     ck_assert_str_eq(ipc_call_msg(held)->op, "hold");
     ipc_server_stop(srv);

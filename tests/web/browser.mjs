@@ -10,7 +10,10 @@
 //     frontend's and the worker's RSS and the page's JS heap must not grow.
 // Screenshots go to $STRATA_SHOTS (chat.png, monitor.png). Env: STRATA_URL (http://127.0.0.1:P),
 // STRATA_API_KEY, STRATA_NODE_MODULES (holding node_modules/playwright-core), STRATA_CHROMIUM,
-// STRATA_STATE (serve.json: the children's pids). Prints "ok - ..." per check; exits 1 on a failure.
+// STRATA_STATE (serve.json: the children's pids), STRATA_TEST_SLOWDOWN (tests/testutil.h: how much
+// slower than an idle machine this run may be; every wait's limit below is stretched by it, as
+// they only bound how long an event may take to come, on a 2-core CI machine with other load).
+// Prints "ok - ..." per check; exits 1 on a failure.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
@@ -22,25 +25,39 @@ const base = process.env.STRATA_URL, key = process.env.STRATA_API_KEY;
 const shots = process.env.STRATA_SHOTS ?? '.';
 const soakS = Number(process.env.STRATA_SOAK_S ?? 0);
 const ok = (what) => console.log(`ok - ${what}`);
+const slowdown = Math.max(1, Number(process.env.STRATA_TEST_SLOWDOWN ?? 1) || 1);
+// limit: a wait's limit of ms on an idle machine, stretched by the slowdown
+const limit = (ms) => ms * slowdown;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const state = () => JSON.parse(fs.readFileSync(process.env.STRATA_STATE, 'utf8'));
-// slowed runs fn while the worker is slowed down (SIGSTOP for 40 ms, SIGCONT for 4, over and
-// over): the demo model answers a short turn in tens of milliseconds, too fast to watch it stream.
-// With leaveStopped the worker stays stopped after fn (SIGCONT it later).
-async function slowed(pid, fn, leaveStopped = false) {
-  let on = true;
-  const loop = (async () => {
-    for (;;) {
-      process.kill(pid, 'SIGSTOP');
-      await sleep(40);
-      if (!on && leaveStopped) return;
-      process.kill(pid, 'SIGCONT');
-      if (!on) return;
-      await sleep(4);
-    }
-  })();
-  try { return await fn(); } finally { on = false; await loop; }
+// stepped makes the demo model's answer, which comes in tens of milliseconds, watchable: the worker
+// is stopped (SIGSTOP) before ask() sends the question, then runs in short steps (SIGCONT, 2 ms,
+// SIGSTOP), and after each one, while it is stopped, the page gets time to show what came (50 ms)
+// and look (run in the page) says whether to stop there. It returns what look returned (an object
+// with stop: true) with the worker left stopped: an answer look saw running is still running until
+// SIGCONT. The page is looked at while nothing can change: under load the browser can take far
+// longer than any fixed slice of the worker's time to show a token, and a worker let run while the
+// question is sent answers a short turn whole (the test failed both ways when it sent SIGSTOP 40
+// ms / SIGCONT 4 ms from after the question on and hoped the page kept up).
+async function stepped(pid, page, ask, look) {
+  process.kill(pid, 'SIGSTOP');
+  await ask();
+  for (const end = Date.now() + limit(60000); Date.now() < end;) {
+    process.kill(pid, 'SIGCONT');
+    await sleep(2);
+    process.kill(pid, 'SIGSTOP');
+    await sleep(50);
+    const r = await page.evaluate(look);
+    if (r.stop) return r;
+  }
+  return { stop: true, state: 'timeout', len: 0 };
 }
+
+// lookLast (run in the page): the last answer's state and the length of its text.
+const lookLast = () => {
+  const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
+  return { state: b.dataset.state, len: b.querySelector('.body').textContent.length };
+};
 
 const auth = { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' };
 
@@ -81,38 +98,34 @@ try {
   await chat.goto(`${base}/`);
 
   // the key, asked once
-  await chat.waitForSelector('#keybox[open]', { timeout: 10000 });
+  await chat.waitForSelector('#keybox[open]', { timeout: limit(10000) });
   await chat.fill('#keybox input', key);
   await chat.click('#keybox button');
-  await chat.waitForFunction(() => document.body.dataset.model, null, { timeout: 10000 });
+  await chat.waitForFunction(() => document.body.dataset.model, null, { timeout: limit(10000) });
   const model = await chat.textContent('#model');
   ok(`chat: the key was asked once, model "${model}"`);
 
-  // a streamed answer: part of it is on screen while the rest is still coming (the worker slowed),
-  // then the whole of it. An answer that ended before any part of it was seen is asked again.
+  // a streamed answer: part of it is on screen while the rest is still coming (the worker
+  // stepped), then the whole of it. An answer that ended before any part of it was seen is asked
+  // again.
   await chat.fill('#max_tokens', '200');
   await chat.fill('#temperature', '0.8');
   const wpid0 = state().workers[0].pid;
-  const lastMsg = () => chat.evaluate(() => {
-    const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
-    return { state: b.dataset.state, len: b.querySelector('.body').textContent.length };
-  });
   let partial = null, whole = null;
   for (let attempt = 0; attempt < 5 && !whole; attempt++) {
-    await chat.fill('#input', `To be, or not to be? ${attempt}`);
-    await chat.press('#input', 'Enter');
-    partial = await slowed(wpid0, () => chat.evaluate(async () => {
-      await new Promise((r) => setTimeout(r, 10));
-      for (const t0 = performance.now(); performance.now() - t0 < 60000;) {
-        const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
-        const len = b.querySelector('.body').textContent.length;
-        if (b.dataset.state !== 'streaming' || len > 0) return { state: b.dataset.state, len };
-        await new Promise((r) => setTimeout(r, 1));
-      }
-      return { state: 'timeout', len: 0 };
-    }));
-    await chat.waitForFunction(() => [...document.querySelectorAll('.msg.assistant, .msg.error')].pop().dataset.state !== 'streaming', null, { timeout: 60000 });
-    const end = await lastMsg();
+    const ask = async () => {
+      await chat.fill('#input', `To be, or not to be? ${attempt}`);
+      await chat.press('#input', 'Enter');
+    };
+    partial = await stepped(wpid0, chat, ask, () => {
+      const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
+      if (!b) return { stop: false };
+      const len = b.querySelector('.body').textContent.length;
+      return { stop: b.dataset.state !== 'streaming' || len > 0, state: b.dataset.state, len };
+    });
+    process.kill(wpid0, 'SIGCONT');
+    await chat.waitForFunction(() => [...document.querySelectorAll('.msg.assistant, .msg.error')].pop().dataset.state !== 'streaming', null, { timeout: limit(60000) });
+    const end = await chat.evaluate(lookLast);
     if (partial.state === 'streaming' && end.state === 'done' && end.len > partial.len) whole = end;
   }
   assert.ok(whole, `no answer was seen streaming: last look ${JSON.stringify(partial)}`);
@@ -122,36 +135,39 @@ try {
   assert.match(await chat.textContent('#ctxtext'), /^\d+ \/ \d+ tokens$/);
   ok(`chat: context use "${await chat.textContent('#ctxtext')}"`);
 
-  // stop mid-stream: the text stops growing and the worker ends the request (the click comes
-  // from inside the page as soon as 30 characters are in; an answer shorter than that is retried)
+  // stop mid-stream: the text stops growing and the worker ends the request. The worker is stepped
+  // until 30 characters are in, then left stopped while the page clicks Stop, so the answer cannot
+  // end first; an answer shorter than that is retried.
   await chat.fill('#max_tokens', '1500');
   let stopped = null;
   for (let attempt = 0; attempt < 5 && stopped !== 'stopped'; attempt++) {
-    await chat.fill('#input', `Now tell me a long story of kings, ${attempt}.`);
-    await chat.press('#input', 'Enter');
-    stopped = await slowed(state().workers[0].pid, () => chat.evaluate(async () => {
-      const t0 = performance.now();
-      while (performance.now() - t0 < 60000) {
-        const b = [...document.querySelectorAll('.msg.assistant')].pop();
-        if (b && b.dataset.state !== 'streaming') return b.dataset.state; // too short: again
-        if (b && b.querySelector('.body').textContent.length > 30) {
-          document.getElementById('stop').click();
-          break;
+    const ask = async () => {
+      await chat.fill('#input', `Now tell me a long story of kings, ${attempt}.`);
+      await chat.press('#input', 'Enter');
+    };
+    const wpid = state().workers[0].pid;
+    stopped = (await stepped(wpid, chat, ask, () => {
+      const b = [...document.querySelectorAll('.msg.assistant')].pop();
+      if (b && b.dataset.state !== 'streaming') return { stop: true, state: b.dataset.state }; // too short: again
+      return { stop: !!b && b.querySelector('.body').textContent.length > 30, state: 'go' };
+    })).state;
+    if (stopped === 'go') {
+      stopped = await chat.evaluate(async (ms) => {
+        document.getElementById('stop').click();
+        for (const t0 = performance.now(); performance.now() - t0 < ms;) {
+          const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
+          if (b.dataset.state !== 'streaming') return b.dataset.state;
+          await new Promise((r) => setTimeout(r, 10));
         }
-        await new Promise((r) => setTimeout(r, 2));
-      }
-      while (performance.now() - t0 < 60000) {
-        const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
-        if (b.dataset.state !== 'streaming') return b.dataset.state;
-        await new Promise((r) => setTimeout(r, 10));
-      }
-      return 'timeout';
-    }));
+        return 'timeout';
+      }, limit(60000));
+    }
+    process.kill(wpid, 'SIGCONT');
   }
   assert.equal(stopped, 'stopped');
   const len1 = (await chat.textContent('.msg.assistant:last-of-type .body')).length;
   let running = -1;
-  for (let i = 0; i < 50 && running !== 0; i++) {
+  for (const end = Date.now() + limit(10000); running !== 0 && Date.now() < end;) {
     await sleep(200);
     running = (await status()).workers.reduce((a, w) => a + w.running + w.queued, 0);
   }
@@ -180,7 +196,7 @@ try {
   // an oversized paste: the API's 413 and its message are shown
   await chat.fill('#input', 'x'.repeat(200 * 1024));
   await chat.press('#input', 'Enter');
-  await chat.waitForSelector('.msg.error', { timeout: 15000 });
+  await chat.waitForSelector('.msg.error', { timeout: limit(15000) });
   const err = await chat.textContent('.msg.error:last-of-type .body');
   assert.match(err, /413/);
   assert.match(err, /larger than the server's limit/);
@@ -191,13 +207,13 @@ try {
   const mon = await ctx.newPage();
   watch(mon, 'monitor');
   await mon.goto(`${base}/monitor`);
-  await mon.waitForFunction(() => Number(document.body.dataset.samples || 0) >= 3, null, { timeout: 15000 });
+  await mon.waitForFunction(() => Number(document.body.dataset.samples || 0) >= 3, null, { timeout: limit(15000) });
   const points = await mon.getAttribute('#p-tok', 'data-points');
   assert.ok(Number(points) >= 3);
   const t0 = Number(await mon.getAttribute('#heat', 'data-total'));
   for (let i = 0; i < 3; i++) await chatCall(40);
   await mon.waitForFunction((t) => Number(document.getElementById('heat').dataset.total) > t &&
-    Number(document.getElementById('heat').dataset.recent) > 0, t0, { timeout: 10000 });
+    Number(document.getElementById('heat').dataset.recent) > 0, t0, { timeout: limit(10000) });
   const t1 = Number(await mon.getAttribute('#heat', 'data-total'));
   const workers = await mon.locator('.card[data-worker]').count();
   assert.ok(workers >= 1);
@@ -215,44 +231,39 @@ try {
   });
   await history(chat);
   await history(mon);
-  // the worker is slowed, then left stopped once the answer is under way, so the stream is surely
+  // the worker is stepped, and left stopped once the answer is under way, so the stream is surely
   // still open when the frontend dies; it goes on (SIGCONT) once the page said the connection is
   // lost
   const fpid = state().frontends[0].pid, wpid = state().workers[0].pid;
   await chat.fill('#max_tokens', '1500');
   let going = null;
   for (let attempt = 0; attempt < 5 && going !== 'go'; attempt++) {
-    await chat.fill('#input', `Tell me again of the long story of kings, ${attempt}.`);
-    await chat.press('#input', 'Enter');
-    going = await slowed(wpid, () => chat.evaluate(async () => {
-      await new Promise((r) => setTimeout(r, 20));
-      for (const t0 = performance.now(); performance.now() - t0 < 60000;) {
-        const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
-        if (b.dataset.state !== 'streaming') return b.dataset.state;
-        if (b.querySelector('.body').textContent.length > 10) return 'go';
-        await new Promise((r) => setTimeout(r, 2));
-      }
-      return 'timeout';
-    }), true);
-    if (going !== 'go') {
-      process.kill(wpid, 'SIGCONT');
-      continue;
-    }
-    going = await chat.evaluate(() => [...document.querySelectorAll('.msg.assistant, .msg.error')].pop().dataset.state === 'streaming' ? 'go' : 'ended');
+    const ask = async () => {
+      await chat.fill('#input', `Tell me again of the long story of kings, ${attempt}.`);
+      await chat.press('#input', 'Enter');
+    };
+    going = (await stepped(wpid, chat, ask, () => {
+      const b = [...document.querySelectorAll('.msg.assistant, .msg.error')].pop();
+      if (!b) return { stop: false };
+      if (b.dataset.state !== 'streaming') return { stop: true, state: b.dataset.state };
+      return { stop: b.querySelector('.body').textContent.length > 10, state: 'go' };
+    })).state;
+    // what was already on its way to the page (the answer's end, say) still arrives
+    if (going === 'go') going = await chat.evaluate(() => [...document.querySelectorAll('.msg.assistant, .msg.error')].pop().dataset.state === 'streaming' ? 'go' : 'ended');
     if (going !== 'go') process.kill(wpid, 'SIGCONT');
   }
   assert.equal(going, 'go');
   process.kill(fpid, 'SIGKILL');
-  await chat.waitForFunction(() => window.connHistory.includes('down'), null, { timeout: 10000 });
+  await chat.waitForFunction(() => window.connHistory.includes('down'), null, { timeout: limit(10000) });
   process.kill(wpid, 'SIGCONT');
   const lost = await chat.textContent('.msg.error:last-of-type .body');
   assert.match(lost, /connection/i);
   ok(`restart: the stream says "${lost}", the banner said "Connection to the server lost"`);
-  await chat.waitForFunction(() => window.connHistory.includes('back'), null, { timeout: 40000 });
+  await chat.waitForFunction(() => window.connHistory.includes('back'), null, { timeout: limit(40000) });
   const npid = state().frontends[0].pid;
   assert.notEqual(npid, fpid);
   const samples0 = Number(await mon.evaluate(() => document.body.dataset.samples));
-  await mon.waitForFunction((n) => Number(document.body.dataset.samples) > n + 1, samples0, { timeout: 15000 });
+  await mon.waitForFunction((n) => Number(document.body.dataset.samples) > n + 1, samples0, { timeout: limit(15000) });
   const hm = await mon.evaluate(() => window.connHistory);
   if (hm.includes('down')) assert.ok(hm.includes('back'), `monitor: ${hm}`);
   ok(`restart: frontend ${fpid} -> ${npid}; chat said "Reconnected to the server."; ` +
@@ -260,7 +271,7 @@ try {
   await chat.fill('#max_tokens', '16');
   await chat.fill('#input', 'Are you back?');
   await chat.press('#input', 'Enter');
-  await chat.waitForFunction(() => [...document.querySelectorAll('.msg.assistant')].pop().dataset.state === 'done', null, { timeout: 60000 });
+  await chat.waitForFunction(() => [...document.querySelectorAll('.msg.assistant')].pop().dataset.state === 'done', null, { timeout: limit(60000) });
   ok('restart: chat answers again');
 
   if (soakS > 0) {
