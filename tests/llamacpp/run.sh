@@ -58,6 +58,16 @@ if ! cmp -s "$here/package-lock.json" "$node_dir/package-lock.json" ||
   # binary fits; here the prebuilt one must be used or the stage must fail.
   npm ci --prefix "$node_dir" --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error
 fi
+# One CPU variant of ggml for the reference on every machine: the prebuilt package carries a
+# libggml-cpu-*.so per x86 level and loads the best this CPU has, and its variants' own rounding
+# differs (on a Zen 5, the zen4 (AVX-512) variant and the haswell (AVX2) one continue glm4moe's
+# q4_k_m fixture differently from step 19), while strata's logits are the same bits on every ISA.
+# haswell (AVX2, FMA, F16C) runs on every machine CI has.
+bins=$node_dir/node_modules/@node-llama-cpp/linux-x64/bins
+grep -qw avx2 /proc/cpuinfo || skip "the pinned reference (ggml's haswell variant) needs AVX2"
+[ -n "$(find "$bins" -name 'libggml-cpu-haswell.so' 2>/dev/null)" ] ||
+  { echo "run.sh: node-llama-cpp has no libggml-cpu-haswell.so under $bins" >&2; exit 1; }
+find "$bins" -name 'libggml-cpu-*.so' ! -name 'libggml-cpu-haswell.so' -delete
 # Scripts beside node_modules: ES module imports resolve from the importing file's folder.
 cp "$here/greedy.mjs" "$here/check.mjs" "$node_dir/"
 
