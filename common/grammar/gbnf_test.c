@@ -5,6 +5,7 @@
  * and memory. */
 #include "common/base/err.h"
 #include "common/grammar/grammar.h"
+#include "common/grammar/grammar_testutil.h"
 #include "tests/testutil.h"
 
 #include <stdio.h>
@@ -12,41 +13,11 @@
 #include <string.h>
 #include <time.h>
 
-static struct grammar *parse_ok(const char *text)
-{
-    struct grammar *g = NULL;
-    int rv = grammar_parse(text, strlen(text), &g);
-    ck_assert_msg(rv == 0, "parse failed: %s\n%.200s", strata_errdetail(), text);
-    return g;
-}
-
 /* fails: text is refused with code and a detail holding want. */
-static void fails_n(const char *text, size_t n, int code, const char *want)
-{
-    struct grammar *g = (struct grammar *)&g; /* must be cleared */
-    int rv = grammar_parse(text, n, &g);
-    ck_assert_msg(rv == code, "%.80s: rv %d (%s), want %d", text, rv, strata_errdetail(), code);
-    ck_assert_msg(strstr(strata_errdetail(), want), "%.80s: detail '%s', want '%s'", text,
-                  strata_errdetail(), want);
-    ck_assert_ptr_null(g);
-}
-
 static void fails(const char *text, int code, const char *want)
 {
-    fails_n(text, strlen(text), code, want);
+    gt_parse_fails(text, strlen(text), code, want);
 }
-
-static bool matches_n(const struct grammar *g, const char *s, size_t n)
-{
-    struct grammar_matcher *m;
-    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
-    bool ok = grammar_matcher_feed(m, s, n) == 0 && grammar_matcher_accepting(m);
-    grammar_matcher_fini(m);
-    return ok;
-}
-
-#define YES(g, s) ck_assert_msg(matches_n(g, s, strlen(s)), "should match: %s", s)
-#define NO(g, s)  ck_assert_msg(!matches_n(g, s, strlen(s)), "should not match: %s", s)
 
 static double now_s(void)
 {
@@ -60,7 +31,7 @@ START_TEST(empty_and_trivial_grammars)
     fails("", STRATA_EINVAL, "no rule 'root'");
     fails("# only a comment\n\n   \n", STRATA_EINVAL, "no rule 'root'");
     /* the empty sentence: accepted at once, and nothing may follow */
-    struct grammar *g = parse_ok("root ::= \"\"");
+    struct grammar *g = gt_parse_ok("root ::= \"\"");
     struct grammar_matcher *m;
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
     ck_assert(grammar_matcher_accepting(m));
@@ -70,14 +41,14 @@ START_TEST(empty_and_trivial_grammars)
     grammar_matcher_fini(m);
     grammar_fini(g);
     /* an empty alternative, no final newline, CRLF lines; after '|' the rule goes on */
-    g = parse_ok("root ::= | x\r\nx ::= \"x\" |\r\n  \"y\" \"z\"");
+    g = gt_parse_ok("root ::= | x\r\nx ::= \"x\" |\r\n  \"y\" \"z\"");
     YES(g, "yz");
     YES(g, "");
     YES(g, "x");
     NO(g, "xx");
     grammar_fini(g);
     /* accepting and done differ under a repetition */
-    g = parse_ok("root ::= \"a\"+");
+    g = gt_parse_ok("root ::= \"a\"+");
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
     ck_assert(!grammar_matcher_accepting(m));
     ck_assert_int_eq(grammar_matcher_feed(m, "aa", 2), 0);
@@ -92,21 +63,21 @@ END_TEST
 START_TEST(utf8_literals_and_classes)
 {
     /* literals: raw UTF-8 and every escape give the same bytes */
-    struct grammar *g = parse_ok("root ::= \"日本\" \"\\u00e9\\U0001F600\\x41\\t\" \"\\\"\\\\\"\n");
+    struct grammar *g = gt_parse_ok("root ::= \"日本\" \"\\u00e9\\U0001F600\\x41\\t\" \"\\\"\\\\\"\n");
     YES(g, "日本é\xf0\x9f\x98\x80"
            "A\t\"\\");
     NO(g, "日本e\xf0\x9f\x98\x80"
           "A\t\"\\");
     grammar_fini(g);
     /* a class spanning 1-, 2-, 3- and 4-byte characters, and its complement */
-    g = parse_ok("root ::= [\\x7e-\\U00010001]+\n");
+    g = gt_parse_ok("root ::= [\\x7e-\\U00010001]+\n");
     YES(g, "~\x7f\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf0\x90\x80\x80\xf0\x90\x80\x81");
     NO(g, "}");
     NO(g, "\xf0\x90\x80\x82");
     NO(g, "\xed\xa0\x80"); /* a surrogate's bytes are no character */
     NO(g, "\xc0\xbe");     /* an overlong '>' neither */
     grammar_fini(g);
-    g = parse_ok("root ::= [^a-zé]\n");
+    g = gt_parse_ok("root ::= [^a-zé]\n");
     YES(g, "A");
     YES(g, "è");
     YES(g, "\xf4\x8f\xbf\xbf"); /* U+10FFFF */
@@ -115,12 +86,12 @@ START_TEST(utf8_literals_and_classes)
     NO(g, "\xf4\x90\x80\x80"); /* above U+10FFFF */
     grammar_fini(g);
     /* ']' , '-' and '^' as members; a class of one multi-byte character */
-    g = parse_ok("root ::= [\\]a^-]* [ж]\n");
+    g = gt_parse_ok("root ::= [\\]a^-]* [ж]\n");
     YES(g, "]^-aж");
     NO(g, "b");
     grammar_fini(g);
     /* a token split inside a character: fed byte by byte it matches the same */
-    g = parse_ok("root ::= [α-ω] \"✓\"\n");
+    g = gt_parse_ok("root ::= [α-ω] \"✓\"\n");
     struct grammar_matcher *m;
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
     const char *s = "λ✓";
@@ -147,7 +118,7 @@ END_TEST
 
 START_TEST(repetition_bounds)
 {
-    struct grammar *g = parse_ok("root ::= \"a\"{0} \"b\"{2} \"c\"{1,3} \"d\"{ 2 , } \"e\"{0,1}\n");
+    struct grammar *g = gt_parse_ok("root ::= \"a\"{0} \"b\"{2} \"c\"{1,3} \"d\"{ 2 , } \"e\"{0,1}\n");
     YES(g, "bbcdd");
     YES(g, "bbcccdddde");
     NO(g, "abbcdd");
@@ -157,19 +128,19 @@ START_TEST(repetition_bounds)
     NO(g, "bbcddee");
     grammar_fini(g);
     /* {0,0} of a group is the empty sentence; a bound on a nested repetition */
-    g = parse_ok("root ::= (\"x\" \"y\"){0,0} (\"a\"{2}){2,3}\n");
+    g = gt_parse_ok("root ::= (\"x\" \"y\"){0,0} (\"a\"{2}){2,3}\n");
     YES(g, "aaaa");
     YES(g, "aaaaaa");
     NO(g, "aaaaa");
     NO(g, "xyaaaa");
     grammar_fini(g);
     /* an exact count of 10,000 takes 10,000 and not one more */
-    g = parse_ok("root ::= \"a\"{10000}\n");
+    g = gt_parse_ok("root ::= \"a\"{10000}\n");
     static char a[10002];
     memset(a, 'a', sizeof a - 1);
-    ck_assert(matches_n(g, a, 10000));
-    ck_assert(!matches_n(g, a, 9999));
-    ck_assert(!matches_n(g, a, 10001));
+    ck_assert(gt_matches(g, a, 10000));
+    ck_assert(!gt_matches(g, a, 9999));
+    ck_assert(!gt_matches(g, a, 10001));
     grammar_fini(g);
 
     fails("root ::= \"a\"{,3}\n", STRATA_EINVAL, "expected a number in {m,n}");
@@ -181,9 +152,9 @@ START_TEST(repetition_bounds)
     fails("root ::= \"a\"{99999999999999999999999}\n", STRATA_ELIMIT, "repetition count");
     fails("root ::= \"a\"{1,99999999999999999999999}\n", STRATA_ELIMIT, "repetition count");
     /* nested counts do not multiply: each level is a rule of 2,000 references */
-    g = parse_ok("root ::= ((\"ab\"{2000}){2000}){2000}\n");
+    g = gt_parse_ok("root ::= ((\"ab\"{2000}){2000}){2000}\n");
     ck_assert_uint_lt(grammar_n_rules(g), 100);
-    ck_assert(!matches_n(g, "abab", 4));
+    ck_assert(!gt_matches(g, "abab", 4));
     struct grammar_matcher *m;
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
     for (int i = 0; i < 5000; i++)
@@ -207,7 +178,7 @@ START_TEST(nesting_and_recursion)
     for (int i = 0; i < 200; i++)
         t[n++] = ')';
     t[n] = 0;
-    struct grammar *g = parse_ok(t);
+    struct grammar *g = gt_parse_ok(t);
     YES(g, "a");
     grammar_fini(g);
     n = snprintf(t, sizeof t, "root ::= ");
@@ -217,18 +188,18 @@ START_TEST(nesting_and_recursion)
     fails(t, STRATA_EINVAL, "groups nested too deep");
 
     /* right recursion is fine, and a sentence 10,000 levels deep matches */
-    g = parse_ok("root ::= \"(\" root \")\" | \"x\"\n");
+    g = gt_parse_ok("root ::= \"(\" root \")\" | \"x\"\n");
     static char s[20002];
     for (int i = 0; i < 10000; i++) {
         s[i] = '(';
         s[10001 + i] = ')';
     }
     s[10000] = 'x';
-    ck_assert(matches_n(g, s, 20001));
-    ck_assert(!matches_n(g, s, 20000));
+    ck_assert(gt_matches(g, s, 20001));
+    ck_assert(!gt_matches(g, s, 20000));
     grammar_fini(g);
     /* mutual recursion through several rules */
-    g = parse_ok("root ::= list\nlist ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= list | "
+    g = gt_parse_ok("root ::= list\nlist ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= list | "
                  "[0-9]+\n");
     YES(g, "[]");
     YES(g, "[1,[2,[]],[[33]]]");
@@ -252,13 +223,13 @@ END_TEST
 START_TEST(rules_named_as_generated_ones)
 {
     struct grammar *g =
-        parse_ok("root ::= (\"a\" \"b\") group star opt class\n"
+        gt_parse_ok("root ::= (\"a\" \"b\") group star opt class\n"
                  "group ::= \"g\"\nstar ::= \"s\"*\nopt ::= \"o\"?\nclass ::= [é-ë]\n");
     YES(g, "abgssoê");
     YES(g, "abgé");
     NO(g, "abé");
     grammar_fini(g);
-    g = parse_ok("root ::= \"x\"* star\nstar ::= \"y\"\n");
+    g = gt_parse_ok("root ::= \"x\"* star\nstar ::= \"y\"\n");
     YES(g, "xxy");
     NO(g, "xx");
     grammar_fini(g);
@@ -283,13 +254,13 @@ START_TEST(syntax_errors_say_where)
     fails("root ::= <[2097152]>\n", STRATA_EINVAL, "below 2^21");
     fails("root ::= <[12\n", STRATA_EINVAL, "<[id]>");
     /* a NUL inside the text is a character like any other: refused where it is */
-    fails_n("root ::= \"a\"\0\n", 14, STRATA_EINVAL, "line 1 column 13");
+    gt_parse_fails("root ::= \"a\"\0\n", 14, STRATA_EINVAL, "line 1 column 13");
     /* the size limit */
     char *big = malloc(GRAMMAR_MAX_BYTES + 2);
     memset(big, ' ', GRAMMAR_MAX_BYTES + 1);
     big[GRAMMAR_MAX_BYTES + 1] = 0;
     memcpy(big, "root ::= \"a\"\n", 13);
-    fails_n(big, GRAMMAR_MAX_BYTES + 1, STRATA_ELIMIT, "at most");
+    gt_parse_fails(big, GRAMMAR_MAX_BYTES + 1, STRATA_ELIMIT, "at most");
     struct grammar *g = NULL;
     ck_assert_int_eq(grammar_parse(big, GRAMMAR_MAX_BYTES, &g), 0); /* the limit itself is fine */
     grammar_fini(g);
@@ -320,7 +291,7 @@ START_TEST(trigger_errors)
     for (int i = 0; i < 16; i++)
         n += snprintf(many + n, sizeof many - n, "%%trigger \"t%d\"\n", i);
     snprintf(many + n, sizeof many - n, "root ::= \"t\" [0-9]+\n");
-    grammar_fini(parse_ok(many));
+    grammar_fini(gt_parse_ok(many));
 }
 END_TEST
 
@@ -365,7 +336,7 @@ END_TEST
  * 20,000 times and 60,000 alternatives at one place, still match. */
 START_TEST(matching_work_is_bounded)
 {
-    struct grammar *g = parse_ok("root ::= (\"a\"?){1000000}\n");
+    struct grammar *g = gt_parse_ok("root ::= (\"a\"?){1000000}\n");
     struct grammar_matcher *m = (struct grammar_matcher *)&m;
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), STRATA_ELIMIT);
     ck_assert_msg(strstr(strata_errdetail(), "parse stacks: the grammar is too ambiguous"), "%s",
@@ -373,7 +344,7 @@ START_TEST(matching_work_is_bounded)
     ck_assert_ptr_null(m);
     grammar_fini(g);
 
-    g = parse_ok("root ::= (\"a\"?){20000} \"b\"\n");
+    g = gt_parse_ok("root ::= (\"a\"?){20000} \"b\"\n");
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
     ck_assert_int_eq(grammar_matcher_feed(m, "aaa", 3), 0);
     ck_assert_int_eq(grammar_matcher_feed(m, "b", 1), 0);
@@ -387,10 +358,10 @@ START_TEST(matching_work_is_bounded)
     for (int i = 0; i < n; i++)
         k += (size_t)sprintf(t + k, "%s\"%d\"", i ? " | " : " (", i);
     sprintf(t + k, ")\n");
-    g = parse_ok(t);
-    ck_assert(matches_n(g, "w59999", 6));
-    ck_assert(matches_n(g, "w0", 2));
-    ck_assert(!matches_n(g, "w60000", 6));
+    g = gt_parse_ok(t);
+    ck_assert(gt_matches(g, "w59999", 6));
+    ck_assert(gt_matches(g, "w0", 2));
+    ck_assert(!gt_matches(g, "w60000", 6));
     grammar_fini(g);
     free(t);
 }

@@ -3,30 +3,13 @@
  * token's bytes to a fresh matcher. */
 #include "common/base/err.h"
 #include "common/grammar/grammar.h"
+#include "common/grammar/grammar_testutil.h"
 #include "tests/testutil.h"
 
 #include <check.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-
-static struct grammar *parse_ok(const char *text)
-{
-    struct grammar *g = NULL;
-    int rv = grammar_parse(text, strlen(text), &g);
-    ck_assert_msg(rv == 0, "parse failed: %s\n%s", strata_errdetail(), text);
-    return g;
-}
-
-/* matches: the whole of s is a sentence of g. */
-static bool matches(const struct grammar *g, const char *s, size_t n)
-{
-    struct grammar_matcher *m;
-    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
-    bool ok = grammar_matcher_feed(m, s, n) == 0 && grammar_matcher_accepting(m);
-    grammar_matcher_fini(m);
-    return ok;
-}
 
 static bool prefix_ok(const struct grammar *g, const char *s)
 {
@@ -37,12 +20,9 @@ static bool prefix_ok(const struct grammar *g, const char *s)
     return ok;
 }
 
-#define YES(g, s) ck_assert_msg(matches(g, s, strlen(s)), "should match: %s", s)
-#define NO(g, s)  ck_assert_msg(!matches(g, s, strlen(s)), "should not match: %s", s)
-
 START_TEST(gbnf_matches_as_llama_cpp)
 {
-    struct grammar *g = parse_ok("# a comment\n"
+    struct grammar *g = gt_parse_ok("# a comment\n"
                                  "root ::= greeting (\" \" name)? \"!\"{1,3}  # trailing\n"
                                  "greeting ::= \"hi\" | \"hello\"\n"
                                  "name ::= [A-Z] [a-z]* | \"\\\"\" [^\"]+ \"\\\"\"\n");
@@ -58,7 +38,7 @@ START_TEST(gbnf_matches_as_llama_cpp)
     grammar_fini(g);
 
     /* groups over lines, repetition counts, escapes */
-    g = parse_ok("root ::= (\n  \"a\" |\n  \"b\"\n){2,} x{0,2} [\\x30-\\x39] \"\\n\"\n"
+    g = gt_parse_ok("root ::= (\n  \"a\" |\n  \"b\"\n){2,} x{0,2} [\\x30-\\x39] \"\\n\"\n"
                  "x ::= \"-\"\n");
     YES(g, "ab0\n");
     YES(g, "aaa--9\n");
@@ -70,7 +50,7 @@ END_TEST
 
 START_TEST(gbnf_handles_utf8)
 {
-    struct grammar *g = parse_ok("root ::= [α-ω]+ . [^a-z]\n");
+    struct grammar *g = gt_parse_ok("root ::= [α-ω]+ . [^a-z]\n");
     YES(g, "αβγxé");
     YES(g, "ω\xf0\x9f\x98\x80"
            "0");
@@ -93,12 +73,7 @@ END_TEST
 
 static void parse_fails(const char *text, const char *want)
 {
-    struct grammar *g = NULL;
-    int rv = grammar_parse(text, strlen(text), &g);
-    ck_assert_msg(rv == STRATA_EINVAL, "%s: rv %d", text, rv);
-    ck_assert_msg(strstr(strata_errdetail(), want), "%s: detail '%s', want '%s'", text,
-                  strata_errdetail(), want);
-    ck_assert_ptr_null(g);
+    gt_parse_fails(text, strlen(text), STRATA_EINVAL, want);
 }
 
 START_TEST(gbnf_errors_say_where)
@@ -233,7 +208,7 @@ START_TEST(masks_equal_feeding_each_token)
     char out[1 << 14];
     int32_t ids[4096];
     for (size_t k = 0; k < sizeof grammars / sizeof *grammars; k++) {
-        struct grammar *g = parse_ok(grammars[k]);
+        struct grammar *g = gt_parse_ok(grammars[k]);
         for (int i = 0; i < 6; i++) {
             uint32_t n_ids;
             walk(g, &vc, &r, 30, 30, out, sizeof out, ids, &n_ids);
@@ -266,7 +241,7 @@ START_TEST(masks_equal_feeding_each_token)
         grammar_fini(g);
     }
     /* the control token (no bytes) is never in a mask, and is refused */
-    struct grammar *g = parse_ok(grammar_json_object());
+    struct grammar *g = gt_parse_ok(grammar_json_object());
     struct grammar_matcher *m;
     ck_assert_int_eq(grammar_matcher_init(g, vc.v, &m), 0);
     uint32_t mk[16];
@@ -287,7 +262,7 @@ START_TEST(token_references_match_control_tokens_only)
     uint32_t lens[] = {1, 1, GRAMMAR_TOKEN_BYTES, 2, 3};
     struct grammar_vocab *v;
     ck_assert_int_eq(grammar_vocab_init(5, toks, lens, &v), 0);
-    struct grammar *g = parse_ok("root ::= \"a\" <[2]> (\"b\" | .)\n");
+    struct grammar *g = gt_parse_ok("root ::= \"a\" <[2]> (\"b\" | .)\n");
     struct grammar_matcher *m;
     ck_assert_int_eq(grammar_matcher_init(g, v, &m), 0);
     ck_assert_int_eq(grammar_matcher_accept_token(m, 0), 0);
@@ -329,9 +304,9 @@ static size_t lazy_trigger_at(const char *s, size_t n)
 
 START_TEST(lazy_grammars_are_free_until_a_trigger)
 {
-    struct grammar *g = parse_ok(LAZY);
+    struct grammar *g = gt_parse_ok(LAZY);
     /* the same rules without the triggers: what the text from a trigger on must match */
-    struct grammar *strict = parse_ok(strchr(strchr(LAZY, '\n') + 1, '\n') + 1);
+    struct grammar *strict = gt_parse_ok(strchr(strchr(LAZY, '\n') + 1, '\n') + 1);
     struct grammar_matcher *m;
     ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
     ck_assert(grammar_matcher_pending(m) && grammar_matcher_accepting(m));
@@ -558,7 +533,7 @@ START_TEST(schema_outputs_validate)
     vroot = schema;
     char *gbnf;
     ck_assert_msg(grammar_from_schema(schema, &gbnf) == 0, "%s", strata_errdetail());
-    struct grammar *g = parse_ok(gbnf);
+    struct grammar *g = gt_parse_ok(gbnf);
     struct test_rng r = {100 + (uint64_t)_i};
     char out[1 << 15];
     int32_t ids[4096];
@@ -586,7 +561,7 @@ START_TEST(schema_accepts_and_refuses)
     json_t *s = json_loads(schemas[0], 0, NULL);
     char *gbnf;
     ck_assert_int_eq(grammar_from_schema(s, &gbnf), 0);
-    struct grammar *g = parse_ok(gbnf);
+    struct grammar *g = gt_parse_ok(gbnf);
     YES(g, "{\"name\": \"bo\", \"tags\": [\"a\", 3]}");
     YES(g, "{\"name\":\"\",\"age\":41,\"tags\":[null],\"ok\":true}");
     NO(g, "{\"tags\": [\"a\"]}");                               /* name is required */
@@ -601,29 +576,18 @@ START_TEST(schema_accepts_and_refuses)
 }
 END_TEST
 
-static void schema_fails(const char *src, const char *want)
-{
-    json_t *s = json_loads(src, JSON_DECODE_ANY, NULL);
-    ck_assert_ptr_nonnull(s);
-    char *gbnf = NULL;
-    ck_assert_int_eq(grammar_from_schema(s, &gbnf), STRATA_EINVAL);
-    ck_assert_msg(strstr(strata_errdetail(), want), "%s: '%s'", src, strata_errdetail());
-    ck_assert_ptr_null(gbnf);
-    json_decref(s);
-}
-
 START_TEST(schema_errors_name_the_path)
 {
-    schema_fails("{\"type\": \"strin\"}", "unknown type 'strin'");
-    schema_fails("{\"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"^a\"}}}",
+    gt_schema_fails("{\"type\": \"strin\"}", "unknown type 'strin'");
+    gt_schema_fails("{\"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"^a\"}}}",
                  "#/properties/a: 'pattern' is not supported");
-    schema_fails("{\"$ref\": \"#/$defs/nope\"}", "does not resolve");
-    schema_fails("{\"$ref\": \"http://x/s.json\"}", "only local references");
-    schema_fails("{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}", "below minItems");
-    schema_fails("{\"type\": \"object\", \"properties\": {}, \"required\": [\"a\"]}",
+    gt_schema_fails("{\"$ref\": \"#/$defs/nope\"}", "does not resolve");
+    gt_schema_fails("{\"$ref\": \"http://x/s.json\"}", "only local references");
+    gt_schema_fails("{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}", "below minItems");
+    gt_schema_fails("{\"type\": \"object\", \"properties\": {}, \"required\": [\"a\"]}",
                  "not in 'properties'");
-    schema_fails("false", "accepts nothing");
-    schema_fails("{\"type\": \"object\", \"properties\": {\"a\": 3}}", "#/properties/a");
+    gt_schema_fails("false", "accepts nothing");
+    gt_schema_fails("{\"type\": \"object\", \"properties\": {\"a\": 3}}", "#/properties/a");
 }
 END_TEST
 

@@ -6,6 +6,7 @@
  * schemas nested 10,000 deep directly or through $refs, and $ref cycles without a value. */
 #include "common/base/err.h"
 #include "common/grammar/grammar.h"
+#include "common/grammar/grammar_testutil.h"
 #include "tests/testutil.h"
 
 #include <jansson.h>
@@ -13,53 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* compile: src's grammar, parsed (its GBNF must parse). */
-static struct grammar *compile(const char *src)
-{
-    json_error_t je;
-    json_t *s = json_loads(src, JSON_DECODE_ANY, &je);
-    ck_assert_msg(s != NULL, "bad test JSON: %s", je.text);
-    char *gbnf = NULL;
-    ck_assert_msg(grammar_from_schema(s, &gbnf) == 0, "%s: %s", src, strata_errdetail());
-    json_decref(s);
-    struct grammar *g = NULL;
-    ck_assert_msg(grammar_parse(gbnf, strlen(gbnf), &g) == 0, "%s\n%s", strata_errdetail(), gbnf);
-    free(gbnf);
-    return g;
-}
-
-static bool matches(const struct grammar *g, const char *s)
-{
-    struct grammar_matcher *m;
-    ck_assert_int_eq(grammar_matcher_init(g, NULL, &m), 0);
-    bool ok = grammar_matcher_feed(m, s, strlen(s)) == 0 && grammar_matcher_accepting(m);
-    grammar_matcher_fini(m);
-    return ok;
-}
-
-#define YES(g, s) ck_assert_msg(matches(g, s), "should match: %s", s)
-#define NO(g, s)  ck_assert_msg(!matches(g, s), "should not match: %s", s)
-
-static void fails_json(const json_t *s, const char *want)
-{
-    char *gbnf = (char *)&gbnf; /* must be cleared */
-    ck_assert_int_eq(grammar_from_schema(s, &gbnf), STRATA_EINVAL);
-    ck_assert_msg(strstr(strata_errdetail(), want), "detail '%s', want '%s'", strata_errdetail(),
-                  want);
-    ck_assert_ptr_null(gbnf);
-}
-
-static void fails(const char *src, const char *want)
-{
-    json_t *s = json_loads(src, JSON_DECODE_ANY, NULL);
-    ck_assert_msg(s != NULL, "bad test JSON: %s", src);
-    fails_json(s, want);
-    json_decref(s);
-}
-
 START_TEST(enums_and_consts)
 {
-    struct grammar *g = compile("{\"enum\": [\"red\", 3, null, true, [1], {\"a\": \"é\"}, "
+    struct grammar *g = gt_schema_ok("{\"enum\": [\"red\", 3, null, true, [1], {\"a\": \"é\"}, "
                                 "\"日本\"]}");
     YES(g, "\"red\"");
     YES(g, "3");
@@ -73,18 +30,18 @@ START_TEST(enums_and_consts)
     NO(g, "false");
     NO(g, "\"日\"");
     grammar_fini(g);
-    g = compile("{\"const\": \"a\\\"b\\\\c\\n\"}");
+    g = gt_schema_ok("{\"const\": \"a\\\"b\\\\c\\n\"}");
     YES(g, "\"a\\\"b\\\\c\\n\"");
     NO(g, "\"a\"");
     grammar_fini(g);
-    fails("{\"enum\": []}", "#: 'enum' must be a non-empty array");
-    fails("{\"enum\": \"a\"}", "'enum' must be a non-empty array");
+    gt_schema_fails("{\"enum\": []}", "#: 'enum' must be a non-empty array");
+    gt_schema_fails("{\"enum\": \"a\"}", "'enum' must be a non-empty array");
 }
 END_TEST
 
 START_TEST(objects_required_optional_nested)
 {
-    struct grammar *g = compile(
+    struct grammar *g = gt_schema_ok(
         "{\"type\": \"object\", \"properties\": {"
         "\"id\": {\"type\": \"integer\"}, \"név\": {\"type\": \"string\"},"
         "\"inner\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"number\"}}, "
@@ -101,38 +58,38 @@ START_TEST(objects_required_optional_nested)
     NO(g, "{\"id\": 1,, \"inner\": {\"x\": 1}}");
     grammar_fini(g);
     /* every member optional: the empty object, any subset in order */
-    g = compile("{\"properties\": {\"a\": {\"type\": \"boolean\"}, \"b\": {\"type\": \"null\"}}}");
+    g = gt_schema_ok("{\"properties\": {\"a\": {\"type\": \"boolean\"}, \"b\": {\"type\": \"null\"}}}");
     YES(g, "{}");
     YES(g, "{\"b\": null}");
     YES(g, "{\"a\": false, \"b\": null}");
     NO(g, "{,\"b\": null}");
     NO(g, "{\"a\": false,}");
     grammar_fini(g);
-    fails("{\"type\": \"object\", \"properties\": {\"a\": {}}, \"required\": \"a\"}",
+    gt_schema_fails("{\"type\": \"object\", \"properties\": {\"a\": {}}, \"required\": \"a\"}",
           "'required' must be an array of names");
-    fails("{\"type\": \"object\", \"properties\": {\"a\": {}}, \"required\": [1]}",
+    gt_schema_fails("{\"type\": \"object\", \"properties\": {\"a\": {}}, \"required\": [1]}",
           "'required' must be an array of names");
-    fails("{\"type\": \"object\", \"properties\": []}", "'properties' must be an object");
-    fails("{\"properties\": {\"a\": {\"properties\": {\"b\": {\"type\": \"nope\"}}}}}",
+    gt_schema_fails("{\"type\": \"object\", \"properties\": []}", "'properties' must be an object");
+    gt_schema_fails("{\"properties\": {\"a\": {\"properties\": {\"b\": {\"type\": \"nope\"}}}}}",
           "JSON schema at #/properties/a/properties/b: unknown type 'nope'");
 }
 END_TEST
 
 START_TEST(additional_properties)
 {
-    struct grammar *g = compile("{\"type\": \"object\", \"additionalProperties\": "
+    struct grammar *g = gt_schema_ok("{\"type\": \"object\", \"additionalProperties\": "
                                 "{\"type\": \"integer\"}}");
     YES(g, "{}");
     YES(g, "{\"a\": 1, \"ü\": -2}");
     NO(g, "{\"a\": \"x\"}");
     NO(g, "{\"a\": 1,}");
     grammar_fini(g);
-    g = compile("{\"type\": \"object\", \"additionalProperties\": false}");
+    g = gt_schema_ok("{\"type\": \"object\", \"additionalProperties\": false}");
     YES(g, "{}");
     YES(g, "{ }");
     NO(g, "{\"a\": 1}");
     grammar_fini(g);
-    g = compile("{\"type\": \"object\"}"); /* any object */
+    g = gt_schema_ok("{\"type\": \"object\"}"); /* any object */
     YES(g, "{\"a\": [1, {\"b\": null}]}");
     NO(g, "[]");
     grammar_fini(g);
@@ -141,7 +98,7 @@ END_TEST
 
 START_TEST(arrays_and_bounds)
 {
-    struct grammar *g = compile("{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, "
+    struct grammar *g = gt_schema_ok("{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, "
                                 "\"minItems\": 2, \"maxItems\": 3}");
     NO(g, "[]");
     NO(g, "[1]");
@@ -150,100 +107,100 @@ START_TEST(arrays_and_bounds)
     NO(g, "[1, 2, 3, 4]");
     NO(g, "[1, \"2\"]");
     grammar_fini(g);
-    g = compile("{\"type\": \"array\", \"maxItems\": 0}");
+    g = gt_schema_ok("{\"type\": \"array\", \"maxItems\": 0}");
     YES(g, "[]");
     NO(g, "[1]");
     grammar_fini(g);
-    g = compile("{\"type\": \"array\", \"minItems\": 1}");
+    g = gt_schema_ok("{\"type\": \"array\", \"minItems\": 1}");
     NO(g, "[]");
     YES(g, "[{}, [], \"x\", 1.5, null]");
     grammar_fini(g);
-    g = compile("{\"prefixItems\": [{\"type\": \"string\"}, {\"enum\": [1, 2]}]}");
+    g = gt_schema_ok("{\"prefixItems\": [{\"type\": \"string\"}, {\"enum\": [1, 2]}]}");
     YES(g, "[\"a\", 2]");
     NO(g, "[\"a\"]");
     NO(g, "[\"a\", 3]");
     NO(g, "[\"a\", 1, 1]");
     grammar_fini(g);
-    g = compile("{\"items\": [{\"type\": \"boolean\"}]}"); /* draft 4-7 tuples */
+    g = gt_schema_ok("{\"items\": [{\"type\": \"boolean\"}]}"); /* draft 4-7 tuples */
     YES(g, "[true]");
     NO(g, "[true, true]");
     grammar_fini(g);
-    fails("{\"type\": \"array\", \"minItems\": -1}", "'minItems' must be an integer in [0, 10000]");
-    fails("{\"type\": \"array\", \"maxItems\": 10001}", "'maxItems' must be an integer");
-    fails("{\"type\": \"array\", \"maxItems\": 1.5}", "'maxItems' must be an integer");
-    fails("{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}",
+    gt_schema_fails("{\"type\": \"array\", \"minItems\": -1}", "'minItems' must be an integer in [0, 10000]");
+    gt_schema_fails("{\"type\": \"array\", \"maxItems\": 10001}", "'maxItems' must be an integer");
+    gt_schema_fails("{\"type\": \"array\", \"maxItems\": 1.5}", "'maxItems' must be an integer");
+    gt_schema_fails("{\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}",
           "maxItems 2 is below minItems 3");
-    fails("{\"type\": \"array\", \"prefixItems\": {}}", "'prefixItems' must be an array");
+    gt_schema_fails("{\"type\": \"array\", \"prefixItems\": {}}", "'prefixItems' must be an array");
     /* the largest bounds compile to a grammar that parses */
-    grammar_fini(compile("{\"type\": \"array\", \"minItems\": 10000, \"maxItems\": 10000}"));
+    grammar_fini(gt_schema_ok("{\"type\": \"array\", \"minItems\": 10000, \"maxItems\": 10000}"));
 }
 END_TEST
 
 START_TEST(strings_and_formats)
 {
-    struct grammar *g = compile("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}");
+    struct grammar *g = gt_schema_ok("{\"type\": \"string\", \"minLength\": 2, \"maxLength\": 3}");
     NO(g, "\"a\"");
     YES(g, "\"ab\"");
     YES(g, "\"日本語\""); /* characters, not bytes */
     YES(g, "\"\\n\\u00e9\"");
     NO(g, "\"abcd\"");
     grammar_fini(g);
-    g = compile("{\"type\": \"string\", \"format\": \"date-time\"}");
+    g = gt_schema_ok("{\"type\": \"string\", \"format\": \"date-time\"}");
     YES(g, "\"2026-12-02T06:40:00Z\"");
     YES(g, "\"2026-01-31T23:59:59.123+05:30\"");
     NO(g, "\"2026-13-02T06:40:00Z\"");
     NO(g, "\"2026-12-02 06:40:00Z\"");
     grammar_fini(g);
-    g = compile("{\"type\": \"string\", \"format\": \"uuid\"}");
+    g = gt_schema_ok("{\"type\": \"string\", \"format\": \"uuid\"}");
     YES(g, "\"123e4567-e89b-12d3-a456-426614174000\"");
     NO(g, "\"123e4567e89b12d3a456426614174000\"");
     grammar_fini(g);
     /* a string never holds a raw control character or an unpaired quote */
-    g = compile("{\"type\": \"string\"}");
+    g = gt_schema_ok("{\"type\": \"string\"}");
     NO(g, "\"a\nb\"");
     NO(g, "\"a\"b\"");
     YES(g, "\"a\\\"b\"");
     grammar_fini(g);
-    fails("{\"type\": \"string\", \"pattern\": \"^[a-z]+$\"}", "'pattern' is not supported");
-    fails("{\"type\": \"string\", \"minLength\": 5, \"maxLength\": 4}", "maxLength 4 is below");
+    gt_schema_fails("{\"type\": \"string\", \"pattern\": \"^[a-z]+$\"}", "'pattern' is not supported");
+    gt_schema_fails("{\"type\": \"string\", \"minLength\": 5, \"maxLength\": 4}", "maxLength 4 is below");
 }
 END_TEST
 
 START_TEST(types_and_combinators)
 {
-    struct grammar *g = compile("{\"type\": [\"integer\", \"null\"]}");
+    struct grammar *g = gt_schema_ok("{\"type\": [\"integer\", \"null\"]}");
     YES(g, "12");
     YES(g, "null");
     NO(g, "\"12\"");
     grammar_fini(g);
-    g = compile("{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"array\", \"maxItems\": 1}]}");
+    g = gt_schema_ok("{\"anyOf\": [{\"type\": \"string\"}, {\"type\": \"array\", \"maxItems\": 1}]}");
     YES(g, "\"x\"");
     YES(g, "[3]");
     NO(g, "[3, 4]");
     grammar_fini(g);
-    g = compile("{\"type\": \"integer\", \"minimum\": 0}");
+    g = gt_schema_ok("{\"type\": \"integer\", \"minimum\": 0}");
     YES(g, "0");
     NO(g, "-1");
     NO(g, "01");
     grammar_fini(g);
-    g = compile("true");
+    g = gt_schema_ok("true");
     YES(g, "[1, {\"a\": \"b\"}]");
     grammar_fini(g);
-    fails("{\"type\": []}", "'type' is an empty array");
-    fails("{\"type\": [\"string\", 3]}", "'type' must be a string or an array of strings");
-    fails("{\"type\": 3}", "'type' must be a string");
-    fails("{\"anyOf\": []}", "'anyOf' must be a non-empty array of schemas");
-    fails("{\"oneOf\": {}}", "'oneOf' must be a non-empty array");
-    fails("{\"allOf\": [{}, {}]}", "'allOf' is supported with one schema only");
-    fails("3", "a schema must be an object or a boolean");
-    fails("{\"anyOf\": [{\"type\": \"string\"}, false]}", "#/anyOf/1: the schema false");
+    gt_schema_fails("{\"type\": []}", "'type' is an empty array");
+    gt_schema_fails("{\"type\": [\"string\", 3]}", "'type' must be a string or an array of strings");
+    gt_schema_fails("{\"type\": 3}", "'type' must be a string");
+    gt_schema_fails("{\"anyOf\": []}", "'anyOf' must be a non-empty array of schemas");
+    gt_schema_fails("{\"oneOf\": {}}", "'oneOf' must be a non-empty array");
+    gt_schema_fails("{\"allOf\": [{}, {}]}", "'allOf' is supported with one schema only");
+    gt_schema_fails("3", "a schema must be an object or a boolean");
+    gt_schema_fails("{\"anyOf\": [{\"type\": \"string\"}, false]}", "#/anyOf/1: the schema false");
 }
 END_TEST
 
 START_TEST(refs_and_recursion)
 {
     /* a tree: recursion through a value is fine */
-    struct grammar *g = compile(
+    struct grammar *g = gt_schema_ok(
         "{\"$defs\": {\"node\": {\"type\": \"object\", \"properties\": {"
         "\"v\": {\"type\": \"integer\"}, \"kids\": {\"type\": \"array\", \"items\": "
         "{\"$ref\": \"#/$defs/node\"}}}, \"required\": [\"v\"]}}, \"$ref\": \"#/$defs/node\"}");
@@ -252,30 +209,30 @@ START_TEST(refs_and_recursion)
     NO(g, "{\"v\": 1, \"kids\": [{}]}");
     grammar_fini(g);
     /* "#" is the whole schema; definitions and escaped pointer keys resolve */
-    g = compile("{\"type\": \"array\", \"items\": {\"anyOf\": [{\"type\": \"integer\"}, "
+    g = gt_schema_ok("{\"type\": \"array\", \"items\": {\"anyOf\": [{\"type\": \"integer\"}, "
                 "{\"$ref\": \"#\"}]}}");
     YES(g, "[1, [2, [[]]], 3]");
     NO(g, "[1, [\"x\"]]");
     grammar_fini(g);
-    g = compile("{\"definitions\": {\"a/b\": {\"const\": 1}, \"c~d\": {\"const\": 2}}, "
+    g = gt_schema_ok("{\"definitions\": {\"a/b\": {\"const\": 1}, \"c~d\": {\"const\": 2}}, "
                 "\"prefixItems\": [{\"$ref\": \"#/definitions/a~1b\"}, "
                 "{\"$ref\": \"#/definitions/c~0d\"}]}");
     YES(g, "[1, 2]");
     NO(g, "[2, 1]");
     grammar_fini(g);
     /* references chained through $ref and combinators, a value at the end */
-    g = compile("{\"$defs\": {\"a\": {\"$ref\": \"#/$defs/b\"}, \"b\": {\"anyOf\": [{\"$ref\": "
+    g = gt_schema_ok("{\"$defs\": {\"a\": {\"$ref\": \"#/$defs/b\"}, \"b\": {\"anyOf\": [{\"$ref\": "
                 "\"#/$defs/c\"}]}, \"c\": {\"type\": \"boolean\"}}, \"$ref\": \"#/$defs/a\"}");
     YES(g, "true");
     NO(g, "1");
     grammar_fini(g);
 
-    fails("{\"$ref\": 3}", "'$ref' must be a string");
-    fails("{\"$ref\": \"#/$defs/x/y\", \"$defs\": {\"x\": {}}}", "does not resolve");
+    gt_schema_fails("{\"$ref\": 3}", "'$ref' must be a string");
+    gt_schema_fails("{\"$ref\": \"#/$defs/x/y\", \"$defs\": {\"x\": {}}}", "does not resolve");
     /* cycles that never reach a value: refused as schemas, not left to the GBNF parser */
-    fails("{\"$ref\": \"#\"}", "refers back to itself before any value");
-    fails("{\"anyOf\": [{\"$ref\": \"#\"}, {\"type\": \"null\"}]}", "refers back to itself");
-    fails("{\"$defs\": {\"a\": {\"$ref\": \"#/$defs/b\"}, \"b\": {\"allOf\": [{\"$ref\": "
+    gt_schema_fails("{\"$ref\": \"#\"}", "refers back to itself before any value");
+    gt_schema_fails("{\"anyOf\": [{\"$ref\": \"#\"}, {\"type\": \"null\"}]}", "refers back to itself");
+    gt_schema_fails("{\"$defs\": {\"a\": {\"$ref\": \"#/$defs/b\"}, \"b\": {\"allOf\": [{\"$ref\": "
           "\"#/$defs/a\"}]}}, \"$ref\": \"#/$defs/a\"}",
           "'$ref' \"#/$defs/a\" refers back to itself");
 }
@@ -299,16 +256,16 @@ START_TEST(deep_schemas_are_refused)
     free(gbnf);
     json_decref(s);
     s = nested(10000, false);
-    fails_json(s, "schemas nested deeper than 64");
+    gt_schema_fails_json(s, "schemas nested deeper than 64");
     json_decref(s);
     s = nested(10000, true);
-    fails_json(s, "nested deeper than");
+    gt_schema_fails_json(s, "nested deeper than");
     json_decref(s);
     /* allOf of one schema adds no rule, still a level */
     s = json_pack("{s:s}", "type", "null");
     for (int i = 0; i < 10000; i++)
         s = json_pack("{s:[o]}", "allOf", s);
-    fails_json(s, "nested deeper than");
+    gt_schema_fails_json(s, "nested deeper than");
     json_decref(s);
     /* 10,000 definitions each holding the next by $ref: each starts a rule, the C stack does not
      * start again */
@@ -323,7 +280,7 @@ START_TEST(deep_schemas_are_refused)
                                 : json_pack("{s:s}", "type", "null"));
     }
     s = json_pack("{s:o, s:s}", "$defs", defs, "$ref", "#/$defs/d0");
-    fails_json(s, "counting those reached through '$ref'");
+    gt_schema_fails_json(s, "counting those reached through '$ref'");
     json_decref(s);
 }
 END_TEST

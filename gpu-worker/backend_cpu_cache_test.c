@@ -818,7 +818,7 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("backend_cache");
+    Suite *s = suite_create("backend_cpu_cache");
     TCase *tc = tcase_create("cache");
     tcase_set_timeout(tc, 300); /* Debug + ASan builds run ~10x slower */
     tcase_add_test(tc, options_parse_and_refuse);
@@ -830,7 +830,7 @@ int main(void)
     tcase_add_test(tc, independent_of_the_cache_qwen3moe);
     tcase_add_test(tc, independent_of_the_cache_gpt_oss);
     /* llama, olmoe and qwen2moe take qwen3moe's expert path with other dense parts */
-    if (!test_matrix_short("backend_cache", "the llama, olmoe and qwen2moe cases")) {
+    if (!test_matrix_short("backend_cpu_cache", "the llama, olmoe and qwen2moe cases")) {
         tcase_add_test(tc, one_budget_llama);
         tcase_add_test(tc, one_budget_olmoe);
         tcase_add_test(tc, one_budget_qwen2moe);
