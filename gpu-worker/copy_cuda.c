@@ -140,8 +140,12 @@ int copy_cuda_start(const struct copy_cuda_opts *o, const struct copy_hooks *hoo
             (rv = ck(cudaMallocHost((void **)&c->bounce[i], o->slot_bytes ? o->slot_bytes : 1),
                      "bounce buffer")))
             goto fail;
+    /* one lane under after_copy: its copy-back must read the slot as its own copy left it, and a
+     * later copy into the same slot (a poison, then the next expert) issued on the other lane
+     * would land first (the H200 saw a flip applied twice, which undid it) */
+    const bool hooked = hooks && hooks->after_copy;
     const struct copy_backend be = {.ctx = c,
-                                    .lanes = COPY_CUDA_LANES,
+                                    .lanes = hooked ? 1 : COPY_CUDA_LANES,
                                     .thread_start = cc_thread_start,
                                     .issue = cc_issue,
                                     .finish = cc_finish,

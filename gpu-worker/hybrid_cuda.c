@@ -176,6 +176,8 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->stage ? HYB_N_STAGE : 0};
     const char *t = getenv("STRATA_DECODE_TIMING");
     h->timing = t && atoi(t);
+    const char *pw = getenv("STRATA_HYBRID_PIN");
+    h->reg_wait = pw && strcmp(pw, "wait") == 0;
     const char *aw = getenv("STRATA_ADAPT_ASYNC_WAIT");
     h->async_wait = !aw || !*aw || atoi(aw) != 0;
     const char *ab = getenv("STRATA_ADAPT_ASYNC_BATCH"), *pi = getenv("STRATA_ADAPT_PICK_INLINE");

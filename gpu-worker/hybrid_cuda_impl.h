@@ -70,6 +70,7 @@ struct hyb {
     pthread_cond_t cv, fill_cv;
     uint32_t reg_new; /* registrations landed since the last publication of h_pcie */
     bool reg_pending; /* the registration thread is to start at the next tick */
+    bool reg_wait;    /* STRATA_HYBRID_PIN=wait: that tick waits for the queue (benchmarks) */
     /* the split and the CPU twin */
     struct moe_group *groups, *hg, *pg, *mg;
     int32_t *pidx, *hi, *ppi, *mi;

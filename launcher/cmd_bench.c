@@ -21,7 +21,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: strata bench MODEL.gguf [--threads N] [--prompt N] [--gen N] [--reps N]\n"
+            "usage: strata bench MODEL.gguf|--arena NAME [--threads N] [--prompt N] [--gen N] [--reps N]\n"
             "                    [--json] [--llama] [--nlc DIR] [--rounds N] [--kernels]\n"
             "                    [--experts] [--sweep]\n"
             "       strata bench --kernels [--threads N]\n"
@@ -35,6 +35,10 @@ static void usage(FILE *out)
             "  --reps N      runs; the best of each phase is shown (default 3): other work on\n"
             "                the machine only slows a run down\n"
             "  --json        one JSON line: prefill_tok_s, decode_tok_s, the breakdowns, ...\n"
+            "  --arena NAME  bench the model of a running arena (strata-arena serve --name NAME)\n"
+            "                instead of a file, its experts read from the arena's blobs as a\n"
+            "                worker's are (registered for --pin and the PCIe share)\n"
+            "  --shm-dir D   the arena's directory (default /dev/shm)\n"
             "  --prompt-text FILE  the prompt is FILE's text (tokenized), not --prompt ids\n"
             "  --spec-lookup N     decode with up to N (<= 8) prompt-lookup drafts a pass\n"
             "  --draft FILE.gguf   decode with this draft model's drafts (same vocabulary)\n"
@@ -402,6 +406,10 @@ static int run(int argc, char **argv)
             llama = true;
         } else if (!strcmp(a, "--nlc") && i + 1 < argc) {
             nlc = argv[++i];
+        } else if (!strcmp(a, "--arena") && i + 1 < argc) {
+            o.arena = argv[++i];
+        } else if (!strcmp(a, "--shm-dir") && i + 1 < argc) {
+            o.shm_dir = argv[++i];
         } else if (!strcmp(a, "--prompt-text") && i + 1 < argc) {
             o.prompt_text = argv[++i];
         } else if (!strcmp(a, "--draft") && i + 1 < argc) {
@@ -445,6 +453,15 @@ static int run(int argc, char **argv)
         if ((rv = kernels_table(threads, json)) != 0) return strata_cmd_fail("bench", "kernels", rv);
         return 0;
     }
+    if (o.arena && model) {
+        fprintf(stderr, "strata bench: give MODEL.gguf or --arena NAME, not both\n");
+        return 2;
+    }
+    if (o.arena && llama) {
+        fprintf(stderr, "strata bench: --llama reads a file: bench the file itself beside it\n");
+        return 2;
+    }
+    if (!model && o.arena) model = o.arena;
     if (!model) {
         usage(stderr);
         return 2;

@@ -1,6 +1,7 @@
 #include "tools/bench.h"
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
+#include "common/arena/arena.h"
 #include "common/arena/model.h"
 #include "common/base/pool.h"
 #include "common/tok/tok.h"
@@ -112,6 +113,30 @@ static int prompt_ids(const struct bench_opts *o, const struct gguf_file *gf, ui
     return rv;
 }
 
+/* open_model: the model of o->model's file, or of the arena o->arena (its metadata, its experts
+ * the arena's blobs, registered and read over PCIe by a GPU backend as a worker's are); *bytes is
+ * the file's size or the arena's. The caller closes *m, *gf and *ar in that order. */
+static int open_model(const struct bench_opts *o, struct arena **ar, struct gguf_file **gf,
+                      struct model **m, uint64_t *bytes)
+{
+    int rv;
+    if (!o->arena) {
+        struct stat st;
+        if (stat(o->model, &st) == 0) *bytes = (uint64_t)st.st_size;
+        if ((rv = gguf_open(o->model, gf)) != 0) return rv;
+        return model_load(*gf, m);
+    }
+    rv = arena_open(o->shm_dir, o->arena, ar);
+    if (rv == STRATA_ENOENT)
+        return strata_errf(rv, "no arena named %s: start one with `strata-arena serve MODEL.gguf "
+                               "--name %s`, or bench the file itself",
+                           o->arena, o->arena);
+    if (rv) return rv;
+    *bytes = (*ar)->hdr->total_bytes;
+    if ((rv = arena_meta(*ar, gf)) != 0) return rv;
+    return model_load_arena(*ar, *gf, m);
+}
+
 int bench_run(const struct bench_opts *o, struct bench_result *out)
 {
     struct gguf_file *gf = NULL, *dgf = NULL;
@@ -130,9 +155,8 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     out->threads = o->threads ? o->threads : cpus > 0 ? (uint32_t)cpus : 1;
     out->isa = cpu_isa_name(cpu_isa());
-    struct stat st;
-    if (stat(o->model, &st) == 0) out->file_bytes = (uint64_t)st.st_size;
-    if ((rv = gguf_open(o->model, &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
+    struct arena *ar = NULL;
+    if ((rv = open_model(o, &ar, &gf, &m, &out->file_bytes)) != 0) goto fail;
     const uint32_t V = m->hp.n_vocab;
     if ((rv = prompt_ids(o, gf, V, &ids)) != 0) goto fail;
     const uint32_t n_prompt = (uint32_t)ids.n, n_ctx = n_prompt + o->gen + 1;
@@ -222,6 +246,7 @@ fail:
     gguf_close(dgf);
     model_fini(m);
     gguf_close(gf);
+    arena_close(ar);
     free(ids.v);
     free(logits);
     return rv;
@@ -529,7 +554,9 @@ int bench_experts(const struct bench_opts *o, uint32_t window, uint32_t n_expert
     uint32_t n_moe = 0;
     int rv;
     memset(out, 0, sizeof *out);
-    if ((rv = gguf_open(o->model, &gf)) != 0 || (rv = model_load(gf, &m)) != 0) goto fail;
+    uint64_t bytes = 0;
+    struct arena *ar = NULL;
+    if ((rv = open_model(o, &ar, &gf, &m, &bytes)) != 0) goto fail;
     const struct model_hparams *hp = &m->hp;
     if (!hp->n_expert || !window || n_expert < hp->n_expert_used ||
         2 * n_expert > BENCH_MAX_TASKS) {
@@ -627,5 +654,6 @@ fail:
     free(xl);
     model_fini(m);
     gguf_close(gf);
+    arena_close(ar);
     return rv;
 }

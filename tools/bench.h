@@ -16,7 +16,10 @@
 #include "gpu-worker/backend.h"
 
 struct bench_opts {
-    const char *model; /* GGUF path */
+    const char *model; /* GGUF path; with arena, its name (for messages) */
+    const char *arena;   /* an arena's name (strata-arena serve): the model is its metadata and
+                            its experts its blobs, as a worker sees them; NULL: model's file */
+    const char *shm_dir; /* the arena's directory; NULL: /dev/shm */
     uint32_t threads;  /* compute threads; 0: the online CPUs */
     uint32_t prompt;   /* prompt tokens (>= 1) */
     uint32_t gen;      /* decode steps (>= 1) */

@@ -1,7 +1,9 @@
 /* bench_test — strata bench's measurements on a tiny fixture: positive speeds, a breakdown that
  * fits inside the total, the weight bytes decode streams, a read bandwidth; bad lengths refused;
  * the kernel and expert-step benchmarks; the command's table, JSON line, --rounds and --sweep. */
+#include "common/arena/arena.h"
 #include "common/base/err.h"
+#include "common/gguf/gguf.h"
 #include "common/quant/qtype.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
@@ -57,6 +59,43 @@ START_TEST(refuses_bad_lengths)
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "context of 4096"));
     struct bench_opts missing = {.model = "/nonexistent/model.gguf", .threads = 1, .prompt = 4, .gen = 4, .reps = 1};
     ck_assert_int_ne(bench_run(&missing, &r), 0);
+    unlink(path);
+}
+END_TEST
+
+/* --arena: the model of an arena, its experts the arena's blobs (as a worker reads them), streams
+ * the file's weight bytes a decode step; the expert step runs on it too; a missing arena is
+ * refused with what to start. */
+START_TEST(runs_on_an_arena)
+{
+    char path[600], shm[600];
+    snprintf(path, sizeof path, "%s/bench-arena.gguf", test_tmpdir());
+    snprintf(shm, sizeof shm, "%s/shm", test_tmpdir());
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_int_eq(fixture_write(&fo, path), 0);
+    struct gguf_file *f = NULL;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    struct arena *a = NULL;
+    test_arena_build(f, path, shm, "benchtest", &a);
+    struct bench_opts of = {.model = path, .threads = 2, .prompt = 24, .gen = 4, .reps = 1};
+    struct bench_opts oa = of;
+    oa.model = "benchtest", oa.arena = "benchtest", oa.shm_dir = shm;
+    struct bench_result rf, ra;
+    ck_assert_msg(bench_run(&of, &rf) == 0, "%s", strata_errdetail());
+    ck_assert_msg(bench_run(&oa, &ra) == 0, "%s", strata_errdetail());
+    ck_assert_uint_eq(ra.prefill.tokens, 24);
+    ck_assert_uint_eq(ra.decode.tokens, 4);
+    ck_assert_uint_eq(ra.decode.weight_bytes, rf.decode.weight_bytes);
+    ck_assert_uint_eq(ra.file_bytes, a->hdr->total_bytes);
+    struct bench_experts x;
+    ck_assert_msg(bench_experts(&oa, 8, 32, &x) == 0, "%s", strata_errdetail());
+    ck_assert(x.gbs > 0);
+    struct bench_opts none = oa;
+    none.arena = "nosuch";
+    ck_assert_int_eq(bench_run(&none, &ra), STRATA_ENOENT);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "strata-arena serve"));
+    arena_close(a);
+    gguf_close(f);
     unlink(path);
 }
 END_TEST
@@ -163,6 +202,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, measures_a_tiny_model);
     tcase_add_test(tc, refuses_bad_lengths);
+    tcase_add_test(tc, runs_on_an_arena);
     tcase_add_test(tc, kernels_and_expert_step);
     tcase_add_test(tc, command_prints_table_and_json);
     suite_add_tcase(s, tc);
