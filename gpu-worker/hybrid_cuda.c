@@ -172,8 +172,11 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->pin = (enum hyb_pin)o->pin;
     h->dev = (int)o->gpu;
     const char *pm = getenv("STRATA_PCIE_MODE");
-    h->stage = pm && strcmp(pm, "stage") == 0;
-    h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->stage ? HYB_N_STAGE : 0};
+    const bool zero = pm && strcmp(pm, "zero") == 0, both = pm && strcmp(pm, "stage") == 0;
+    h->stage_prompt = !zero && o->pcie_threshold != 0;
+    h->stage = both && (o->pcie_frac > 0 || o->pcie_threshold != 0);
+    h->n_stage = h->stage || h->stage_prompt ? h->NE : 0;
+    h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->n_stage};
     const char *t = getenv("STRATA_DECODE_TIMING");
     h->timing = t && atoi(t);
     const char *pw = getenv("STRATA_HYBRID_PIN");
@@ -269,12 +272,19 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->d_rows, P * 4},
         {(void **)&h->d_yy, 2 * P * E * 4},
         {(void **)&h->d_stab, h->NE * sizeof(void *)},
-        {(void **)&h->d_stage, h->stage ? HYB_N_STAGE * slot_bytes : 1},
+        {(void **)&h->d_stage, h->n_stage ? h->n_stage * slot_bytes : 1},
     };
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = hyb_ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
     if ((rv = hyb_ck(cudaEventCreateWithFlags(&h->tab_ev[0], cudaEventDisableTiming), "event")) ||
         (rv = hyb_ck(cudaEventCreateWithFlags(&h->tab_ev[1], cudaEventDisableTiming), "event")))
+        goto fail;
+    if (h->n_stage &&
+        ((rv = hyb_ck(cudaStreamCreateWithFlags(&h->stage_s, cudaStreamNonBlocking),
+                      "staging stream")) ||
+         (rv = hyb_ck(cudaEventCreateWithFlags(&h->stage_ev[0], cudaEventDisableTiming),
+                      "event")) ||
+         (rv = hyb_ck(cudaEventCreateWithFlags(&h->stage_ev[1], cudaEventDisableTiming), "event"))))
         goto fail;
     for (uint32_t l = 0; h->timing && l < h->L; l++)
         if ((rv = hyb_ck(cudaEventCreate(&h->ev_a[l]), "event")) ||
@@ -312,7 +322,9 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
              : o->tier.async ? "adaptive, async"
                              : "adaptive, blocking",
              hyb_pin_name(h->pin), h->rule.frac, h->rule.threshold,
-             h->stage ? "staging slots" : "zero-copy");
+             h->stage          ? "staged"
+             : h->stage_prompt ? "staged in prompt chunks, zero-copy in decode"
+                               : "zero-copy");
     *out = h;
     return 0;
 fail:
@@ -339,8 +351,11 @@ void hyb_close(struct hyb *h)
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         if (h->tab_ev[i]) cudaEventDestroy(h->tab_ev[i]);
+        if (h->stage_ev[i]) cudaEventDestroy(h->stage_ev[i]);
+    }
+    if (h->stage_s) cudaStreamDestroy(h->stage_s);
     free(h->forder);
     free(h->fland);
     void *hostb[] = {h->groups, h->hg,    h->pg,       h->mg,    h->pidx, h->hi,      h->ppi,
@@ -423,6 +438,42 @@ static void count(struct hyb *h, uint32_t il, int ng, const int32_t *slot_of,
     }
 }
 
+/* staged_launch: the PCIe share's experts copied into the staging slots on stage_s (registered
+ * memory; after what s has queued, so after the last layer's staged launch read the slots) while
+ * the hits' launch runs on s, then the staged experts' own launch once the copies are in */
+static int staged_launch(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n)
+{
+    const struct hyb_split *const sp = &h->sp;
+    const uint64_t bytes = h->m->layers[il].blob.bytes;
+    int rv;
+    if ((rv = hyb_ck(cudaEventRecord(h->stage_ev[0], h->s), "staging event")) ||
+        (rv = hyb_ck(cudaStreamWaitEvent(h->stage_s, h->stage_ev[0], 0), "staging wait")))
+        return rv;
+    uint32_t j = 0;
+    for (int g = 0; g < sp->n_pcie; g++) {
+        const int32_t e = sp->pcie_groups[g].expert;
+        if (g && sp->pcie_groups[g - 1].expert == e) continue;
+        uint8_t *dst = h->d_stage + (uint64_t)j++ * h->slot_bytes;
+        h->h_stab[e] = dst;
+        if ((rv = hyb_ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, (uint32_t)e), bytes,
+                                         cudaMemcpyHostToDevice, h->stage_s),
+                         "staging copy")))
+            return rv;
+    }
+    if ((rv = hyb_ck(cudaEventRecord(h->stage_ev[1], h->stage_s), "staging event")) ||
+        (rv = hyb_ck(cudaMemcpyAsync(h->d_stab, h->h_stab, h->NE * sizeof(void *),
+                                     cudaMemcpyHostToDevice, h->s),
+                     "staging table up")) ||
+        (sp->n_hit &&
+         (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE, h->d_groups,
+                          sp->n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws,
+                          h->d_yy, h->s))) ||
+        (rv = hyb_ck(cudaStreamWaitEvent(h->s, h->stage_ev[1], 0), "staging wait")))
+        return rv;
+    return cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp->n_hit, sp->n_pcie, h->d_idx,
+                      io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy, h->s);
+}
+
 int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
                   const int32_t *h_sel, backend_route_fn route, void *route_ctx,
                   struct backend_stats *st)
@@ -466,38 +517,15 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
                          "pairs up")))
             return rv;
         if (h->timing) cudaEventRecord(h->ev_a[il], h->s);
-        if (!h->stage || !sp->n_pcie) {
+        if (!sp->n_pcie || !(prompt ? h->stage_prompt : h->stage)) {
             /* one launch: slots for the hits, registered host memory for the PCIe share, both
              * through the published table */
             if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
                                  h->d_groups, ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h,
                                  io->ws, h->d_yy, h->s)))
                 return rv;
-        } else {
-            /* staging: each PCIe expert's blob copied into a staging slot (registered memory,
-             * in stream order after the last layer's launch read the slots), then its own launch */
-            uint32_t j = 0;
-            for (int g = 0; g < sp->n_pcie; g++) {
-                const int32_t e = sp->pcie_groups[g].expert;
-                if (g && sp->pcie_groups[g - 1].expert == e) continue;
-                uint8_t *dst = h->d_stage + (uint64_t)j++ * h->slot_bytes;
-                h->h_stab[e] = dst;
-                if ((rv = hyb_ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, (uint32_t)e),
-                                                 Lr->blob.bytes, cudaMemcpyHostToDevice, h->s),
-                                 "staging copy")))
-                    return rv;
-            }
-            if ((rv = hyb_ck(cudaMemcpyAsync(h->d_stab, h->h_stab, h->NE * sizeof(void *),
-                                             cudaMemcpyHostToDevice, h->s),
-                             "staging table up")) ||
-                (sp->n_hit &&
-                 (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
-                                  h->d_groups, sp->n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn,
-                                  io->h, io->ws, h->d_yy, h->s))) ||
-                (rv = cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp->n_hit, sp->n_pcie,
-                                 h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy,
-                                 h->s)))
-                return rv;
+        } else if ((rv = staged_launch(h, io, il, n))) {
+            return rv;
         }
         if (h->timing) {
             cudaEventRecord(h->ev_b[il], h->s);
@@ -631,7 +659,7 @@ void hyb_info(const struct hyb *h, struct backend_info *out)
 uint64_t hyb_vram_bytes(const struct hyb *h)
 {
     return (uint64_t)h->n_chunks * hyb_chunk_bytes(h->slot_bytes, HYB_CHUNK_SLOTS) +
-           (h->stage ? HYB_N_STAGE * h->slot_bytes : 0);
+           (uint64_t)h->n_stage * h->slot_bytes;
 }
 
 uint32_t hyb_slots(const struct hyb *h)

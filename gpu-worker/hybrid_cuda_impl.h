@@ -20,7 +20,6 @@
 #include "gpu-worker/hybrid_plan.h"
 #include "kernels/cpu/moe.h"
 
-#define HYB_N_STAGE    16 /* STRATA_PCIE_MODE=stage: VRAM staging slots, experts over PCIe a layer */
 #define HYB_FILL_BATCH 64 /* copies the start's fill posts before it waits for them */
 
 /* One move of the tier in flight: its copy's ticket of the copy engine. */
@@ -54,10 +53,16 @@ struct hyb {
     const uint8_t **h_pcie;
     uint8_t *host_ok;
     struct hyb_pcie_rule rule;
-    /* STRATA_PCIE_MODE=stage: the PCIe share copied into staging slots before its launch instead
-     * of read through mapped memory (one switch, for measuring both) */
-    bool stage;
-    uint8_t *d_stage;                 /* (HYB_N_STAGE, slot_bytes) */
+    /* the PCIe share's form (STRATA_PCIE_MODE): staged experts are copied into staging slots (a
+     * layer's worth) on stage_s while the hits' launch runs, then launched apart; the others are
+     * read through mapped memory in the hits' launch. auto (the default) stages prompt chunks,
+     * whose experts serve many tokens (a zero-copy read crosses the bus once per token tile), and
+     * reads decode windows' zero-copy; stage stages both; zero stages none. */
+    bool stage, stage_prompt; /* decode windows / prompt chunks staged */
+    uint32_t n_stage;         /* staging slots (NE when either is, and the share can be on) */
+    uint8_t *d_stage;         /* (n_stage, slot_bytes) */
+    cudaStream_t stage_s;     /* the staging copies */
+    cudaEvent_t stage_ev[2];  /* [0] the slots free (on s), [1] the copies done (on stage_s) */
     const uint8_t **h_stab, **d_stab; /* (NE) a layer's table of the staged experts */
     /* registration */
     enum hyb_pin pin;

@@ -334,13 +334,18 @@ START_TEST(pcie_share_same_bits)
                              .pin = 1,
                              .pcie_frac = 0.5f,
                              .pcie_threshold = 2};
-    static const char *const what[] = {"pcie share 0.5, threshold 2, zero-copy",
-                                       "pcie share 0.5, threshold 2, staging",
-                                       "pcie share 0.5, threshold auto, zero-copy"};
-    for (int stage = 0; stage < 3; stage++) {
+    static const char *const what[] = {
+        "pcie share 0.5, threshold 2, zero-copy", "pcie share 0.5, threshold 2, staging",
+        "pcie share 0.5, threshold auto, zero-copy",
+        "pcie share 0.5, threshold 2, the default (prompt chunks staged, decode zero-copy)"};
+    static const char *const mode[] = {"zero", "stage", "zero", NULL};
+    for (int stage = 0; stage < 4; stage++) {
         /* the switch: read through mapped memory, or copied into staging slots first */
-        setenv("STRATA_PCIE_MODE", stage == 1 ? "stage" : "zero", 1);
-        if (stage == 2) o.pcie_threshold = BACKEND_PCIE_AUTO;
+        if (mode[stage])
+            setenv("STRATA_PCIE_MODE", mode[stage], 1);
+        else
+            unsetenv("STRATA_PCIE_MODE");
+        o.pcie_threshold = stage == 2 ? BACKEND_PCIE_AUTO : 2;
         struct backend_info bi = run(&e, e.ma, &o, 0, true, what[stage]);
         printf("pcie share: %llu of %llu missed pairs over PCIe\n",
                (unsigned long long)bi.pcie_pairs, (unsigned long long)bi.misses);

@@ -35,6 +35,9 @@ static void usage(FILE *out)
             "  --reps N      runs; the best of each phase is shown (default 3): other work on\n"
             "                the machine only slows a run down\n"
             "  --json        one JSON line: prefill_tok_s, decode_tok_s, the breakdowns, ...\n"
+            "  --decode-ids greedy|random  decode steps feed the greedy pick (default) or seeded\n"
+            "                random ids, as llama-bench's tg does (a random-weight model's\n"
+            "                greedy stream repeats, and with it the experts it routes to)\n"
             "  --arena NAME  bench the model of a running arena (strata-arena serve --name NAME)\n"
             "                instead of a file, its experts read from the arena's blobs as a\n"
             "                worker's are (registered for --pin and the PCIe share)\n"
@@ -196,6 +199,11 @@ static void table(const char *model, const struct bench_opts *o, const struct be
                "pairs (misses computed from host memory, read at up to %.1f GB/s here)\n",
                I->cache_slots, I->resident, 100.0 * (double)I->hits / (double)(I->hits + I->misses),
                (unsigned long long)(I->hits + I->misses), r->read_gbs);
+    if (I->cache_slots && r->decode_hits + r->decode_misses)
+        printf("  decode alone: hit rate %.1f%% of %llu routed pairs (%s ids)\n",
+               100.0 * (double)r->decode_hits / (double)(r->decode_hits + r->decode_misses),
+               (unsigned long long)(r->decode_hits + r->decode_misses),
+               o->decode_random ? "random" : "greedy");
     if (D->tokens && D->host_bytes + D->pcie_bytes) {
         /* the hybrid's decode bound: the CPU reads its misses from host RAM while the GPU reads
          * its PCIe share, side by side; the hits from VRAM are far faster than either */
@@ -406,6 +414,13 @@ static int run(int argc, char **argv)
             llama = true;
         } else if (!strcmp(a, "--nlc") && i + 1 < argc) {
             nlc = argv[++i];
+        } else if (!strcmp(a, "--decode-ids") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "greedy") && strcmp(v, "random")) {
+                fprintf(stderr, "strata bench: --decode-ids %s: give greedy or random\n", v);
+                return 2;
+            }
+            o.decode_random = !strcmp(v, "random");
         } else if (!strcmp(a, "--arena") && i + 1 < argc) {
             o.arena = argv[++i];
         } else if (!strcmp(a, "--shm-dir") && i + 1 < argc) {

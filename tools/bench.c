@@ -113,6 +113,8 @@ static int prompt_ids(const struct bench_opts *o, const struct gguf_file *gf, ui
     return rv;
 }
 
+static uint64_t xorshift(uint64_t *s);
+
 /* open_model: the model of o->model's file, or of the arena o->arena (its metadata, its experts
  * the arena's blobs, registered and read over PCIe by a GPU backend as a worker's are); *bytes is
  * the file's size or the arena's. The caller closes *m, *gf and *ar in that order. */
@@ -168,6 +170,11 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         goto fail;
     }
     const uint32_t k_max = o->draft ? (o->draft_max ? o->draft_max : 4) : o->spec_lookup;
+    if (k_max && o->decode_random) {
+        rv = strata_errf(STRATA_EINVAL, "drafts need the greedy stream: leave out --decode-ids "
+                                        "random with --draft or --spec-lookup");
+        goto fail;
+    }
     if (k_max > SPEC_MAX_DRAFT) {
         rv = strata_errf(STRATA_EINVAL, "%u drafts a pass: at most %d", k_max, SPEC_MAX_DRAFT);
         goto fail;
@@ -204,12 +211,16 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         double t1 = now_s();
         backend_get_stats(f, &ps);
         backend_reset_stats(f);
+        struct backend_info before, after;
+        backend_info(f, &before);
         /* the prefill's token, then gen more from decode passes (a draft model's time counts) */
         struct spec_seq ss = {.be = f, .sd = sd, .seq = &s};
         spec_adapt_init(&ss.ad, k_max);
         uint32_t n = n_prompt;
+        uint64_t seed = 0x9e3779b97f4a7c15ull; /* the same ids every rep */
         for (uint32_t i = 0;; i++) {
-            ids.v[n++] = (int32_t)argmax(logits + (size_t)ss.row * V, V);
+            ids.v[n++] = o->decode_random ? (int32_t)(xorshift(&seed) % V)
+                                          : (int32_t)argmax(logits + (size_t)ss.row * V, V);
             if (i == o->gen) break;
             if (spec_seq_take(&ss, ids.v[n - 1])) continue;
             if ((rv = spec_seq_pass(&ss, ids.v, n, o->gen - i, n_ctx, bo.max_pass_tokens,
@@ -221,6 +232,9 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         spec_seq_fini(&ss);
         double t2 = now_s();
         backend_get_stats(f, &ds);
+        backend_info(f, &after);
+        out->decode_hits = after.hits - before.hits;
+        out->decode_misses = after.misses - before.misses;
         if (rep == 0 || t1 - t0 < out->prefill_s) {
             out->prefill_s = t1 - t0;
             out->prefill = ps;

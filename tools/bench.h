@@ -29,6 +29,9 @@ struct bench_opts {
     uint32_t spec_lookup;    /* decode with up to N prompt-lookup drafts a pass (spec.h) */
     const char *draft;       /* or with this draft model's (same vocabulary) */
     uint32_t draft_max;      /* its drafts a pass; 0: 4 */
+    bool decode_random;      /* decode steps take seeded random ids (as llama-bench's tg does),
+                                not the greedy pick: a random-weight model's greedy stream
+                                repeats, and its routing with it, which flatters a cache */
     struct backend_opts backend; /* name, KV type, expert cache; the sizes are the bench's */
 };
 
@@ -44,6 +47,7 @@ struct bench_result {
     uint64_t file_bytes; /* the GGUF's size */
     uint32_t prompt;     /* prompt tokens run */
     uint64_t drafts_proposed, drafts_accepted, decode_passes; /* the best decode run's */
+    uint64_t decode_hits, decode_misses; /* the expert cache's pairs of the last rep's decode */
 };
 
 /* bench_run runs o and fills *out. Errors: those of gguf_open, model_load, fwd_start, fwd_eval;

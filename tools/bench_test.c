@@ -4,6 +4,7 @@
 #include "common/arena/arena.h"
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
+#include "common/arena/model.h"
 #include "common/quant/qtype.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
@@ -59,6 +60,35 @@ START_TEST(refuses_bad_lengths)
     ck_assert_ptr_nonnull(strstr(strata_errdetail(), "context of 4096"));
     struct bench_opts missing = {.model = "/nonexistent/model.gguf", .threads = 1, .prompt = 4, .gen = 4, .reps = 1};
     ck_assert_int_ne(bench_run(&missing, &r), 0);
+    unlink(path);
+}
+END_TEST
+
+/* --decode-ids random: the decode steps' routed pairs are counted apart (gen steps, every layer's
+ * top-k each), the same ids every rep; drafts need the greedy stream and are refused with it. */
+START_TEST(decodes_random_ids)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/bench-random.gguf", test_tmpdir());
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_int_eq(fixture_write(&fo, path), 0);
+    struct bench_opts o = {.model = path, .threads = 2, .prompt = 16, .gen = 5, .reps = 2,
+                           .decode_random = true, .backend = backend_opts_default()};
+    o.backend.expert_cache = (struct cache_spec){.kind = CACHE_SLOTS, .value = 4};
+    struct bench_result r;
+    ck_assert_msg(bench_run(&o, &r) == 0, "%s", strata_errdetail());
+    ck_assert_uint_eq(r.decode.tokens, 5);
+    struct gguf_file *f = NULL;
+    struct model *m = NULL;
+    ck_assert_int_eq(gguf_open(path, &f), 0);
+    ck_assert_int_eq(model_load(f, &m), 0);
+    /* the default fixture: every layer routed */
+    ck_assert_uint_eq(r.decode_hits + r.decode_misses, 5ull * m->hp.n_layer * m->hp.n_expert_used);
+    model_fini(m);
+    gguf_close(f);
+    o.spec_lookup = 2;
+    ck_assert_int_eq(bench_run(&o, &r), STRATA_EINVAL);
+    ck_assert_ptr_nonnull(strstr(strata_errdetail(), "greedy"));
     unlink(path);
 }
 END_TEST
@@ -203,6 +233,7 @@ int main(void)
     tcase_add_test(tc, measures_a_tiny_model);
     tcase_add_test(tc, refuses_bad_lengths);
     tcase_add_test(tc, runs_on_an_arena);
+    tcase_add_test(tc, decodes_random_ids);
     tcase_add_test(tc, kernels_and_expert_step);
     tcase_add_test(tc, command_prints_table_and_json);
     suite_add_tcase(s, tc);
