@@ -57,7 +57,8 @@ struct backend_opts {
     void (*on_round)(void *ctx, const float *counts);
     void *round_ctx;
     /* The CUDA hybrid (gpu-worker/hybrid_cuda.h, docs/hybrid.md): */
-    uint8_t pin;             /* --pin: 0 need (default), 1 whole, 2 none (enum hyb_pin) */
+    uint8_t pin;             /* --pin: 0 need, 1 whole (backend_opts_default), 2 none (enum
+                                hyb_pin) */
     float pcie_frac;         /* --pcie-frac: share of a decode window's missed experts the GPU
                                 computes from registered host memory (0: none) */
     uint32_t pcie_threshold; /* --pcie-threshold: a prompt chunk's missed expert with at least
@@ -223,10 +224,12 @@ void backend_reset_stats(struct backend *b);
     "  --adapt-async 1      the tier's copies run while windows do (default 0: blocking)\n"        \
     "  --cache-verify 1     check each slot's xxHash as it turns resident (debug)\n"            \
     "  --slot-kv 1          CPU slot mode: KV blocks take slots of the cache's budget\n"         \
-    "  --pin P              cuda hybrid: register host experts whole, by need (default) or none\n" \
+    "  --pin P              cuda hybrid: register an arena's experts whole (default), by need\n" \
+    "                       or none\n"                                                           \
     "  --pcie-frac F        cuda hybrid: share of missed experts the GPU reads over PCIe (0)\n"  \
-    "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0;\n" \
-    "                       auto: where the CPU would take longer than the bus, measured)\n"
+    "  --pcie-threshold N   cuda hybrid: prompt-chunk experts with >= N pairs go over PCIe (0:\n" \
+    "                       none; auto, the default: where the CPU would take longer than the\n" \
+    "                       bus, measured)\n"
 
 /* backend_opt applies option `name` (without its dashes) with value to o. Returns 0, STRATA_ENOENT
  * when name is not a backend option (the caller's own), STRATA_EINVAL for a bad value (the detail

@@ -176,6 +176,9 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     h->stage_prompt = !zero && o->pcie_threshold != 0;
     h->stage = both && (o->pcie_frac > 0 || o->pcie_threshold != 0);
     h->n_stage = h->stage || h->stage_prompt ? h->NE : 0;
+    const char *pf = getenv("STRATA_PCIE_PREFETCH");
+    h->prefetch = h->stage_prompt && !(pf && strcmp(pf, "0") == 0);
+    h->pf_layer[0] = h->pf_layer[1] = -1;
     h->rule = (struct hyb_pcie_rule){o->pcie_frac, o->pcie_threshold, h->n_stage};
     const char *t = getenv("STRATA_DECODE_TIMING");
     h->timing = t && atoi(t);
@@ -232,6 +235,8 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->ev_used, h->L},
         {(void **)&h->ev_a, h->L * sizeof(cudaEvent_t)},
         {(void **)&h->ev_b, h->L * sizeof(cudaEvent_t)},
+        {(void **)&h->pf_slot[0], h->NE * 4},
+        {(void **)&h->pf_slot[1], h->NE * 4},
     };
     for (size_t i = 0; i < sizeof hostb / sizeof hostb[0]; i++)
         if (!(*hostb[i].p = calloc(1, hostb[i].bytes ? hostb[i].bytes : 1))) {
@@ -253,7 +258,7 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->h_xn, (size_t)h->T * E * 4},
         {(void **)&h->h_selw, P * 4},
         {(void **)&h->h_pack, P * E * 4},
-        {(void **)&h->h_stab, h->NE * sizeof(void *)},
+        {(void **)&h->h_stab, 2 * h->NE * sizeof(void *)},
     };
     for (size_t i = 0; i < sizeof pinb / sizeof pinb[0]; i++) {
         if ((rv = hyb_ck(cudaMallocHost(pinb[i].p, pinb[i].bytes ? pinb[i].bytes : 1),
@@ -271,8 +276,8 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
         {(void **)&h->d_idx, 2 * P * 4},
         {(void **)&h->d_rows, P * 4},
         {(void **)&h->d_yy, 2 * P * E * 4},
-        {(void **)&h->d_stab, h->NE * sizeof(void *)},
-        {(void **)&h->d_stage, h->n_stage ? h->n_stage * slot_bytes : 1},
+        {(void **)&h->d_stab, 2 * h->NE * sizeof(void *)},
+        {(void **)&h->d_stage, h->n_stage ? 2 * h->n_stage * slot_bytes : 1},
     };
     for (size_t i = 0; i < sizeof devb / sizeof devb[0]; i++)
         if ((rv = hyb_ck(cudaMalloc(devb[i].p, devb[i].bytes), "cudaMalloc"))) goto fail;
@@ -284,7 +289,9 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
                       "staging stream")) ||
          (rv = hyb_ck(cudaEventCreateWithFlags(&h->stage_ev[0], cudaEventDisableTiming),
                       "event")) ||
-         (rv = hyb_ck(cudaEventCreateWithFlags(&h->stage_ev[1], cudaEventDisableTiming), "event"))))
+         (rv = hyb_ck(cudaEventCreateWithFlags(&h->stage_ev[1], cudaEventDisableTiming),
+                      "event")) ||
+         (rv = hyb_ck(cudaEventCreateWithFlags(&h->stage_ev[2], cudaEventDisableTiming), "event"))))
         goto fail;
     for (uint32_t l = 0; h->timing && l < h->L; l++)
         if ((rv = hyb_ck(cudaEventCreate(&h->ev_a[l]), "event")) ||
@@ -323,6 +330,7 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
                              : "adaptive, blocking",
              hyb_pin_name(h->pin), h->rule.frac, h->rule.threshold,
              h->stage          ? "staged"
+             : h->prefetch     ? "staged and prefetched in prompt chunks, zero-copy in decode"
              : h->stage_prompt ? "staged in prompt chunks, zero-copy in decode"
                                : "zero-copy");
     *out = h;
@@ -336,6 +344,11 @@ void hyb_close(struct hyb *h)
 {
     if (!h) return;
     if (h->s) cudaStreamSynchronize(h->s);
+    if (h->stage_s) cudaStreamSynchronize(h->stage_s);
+    if (h->pf_copies)
+        LOG_INFO("expert cache: %llu experts prefetched into staging slots in prompt chunks, %llu "
+                 "of them not routed over PCIe after",
+                 (unsigned long long)h->pf_copies, (unsigned long long)h->pf_unused);
     hyb_copy_close(h);
     pool_to(h, 0);
     free(h->chunks);
@@ -351,10 +364,10 @@ void hyb_close(struct hyb *h)
         if (h->ev_a[l]) cudaEventDestroy(h->ev_a[l]);
         if (h->ev_b[l]) cudaEventDestroy(h->ev_b[l]);
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2; i++)
         if (h->tab_ev[i]) cudaEventDestroy(h->tab_ev[i]);
+    for (int i = 0; i < 3; i++)
         if (h->stage_ev[i]) cudaEventDestroy(h->stage_ev[i]);
-    }
     if (h->stage_s) cudaStreamDestroy(h->stage_s);
     free(h->forder);
     free(h->fland);
@@ -398,6 +411,7 @@ void hyb_pass(struct hyb *h, const uint32_t *chunk_of, uint32_t n)
     memcpy(h->chunk_of, chunk_of, n * sizeof *chunk_of);
     for (uint32_t i = 0; i < n; i++)
         h->stamp[i] = 0;
+    h->pf_layer[0] = h->pf_layer[1] = -1; /* a prefetch is a pass's: the table moves at ticks */
 }
 
 static const void *host_part(void *ctx, uint32_t expert, int part)
@@ -438,40 +452,92 @@ static void count(struct hyb *h, uint32_t il, int ng, const int32_t *slot_of,
     }
 }
 
-/* staged_launch: the PCIe share's experts copied into the staging slots on stage_s (registered
- * memory; after what s has queued, so after the last layer's staged launch read the slots) while
- * the hits' launch runs on s, then the staged experts' own launch once the copies are in */
-static int staged_launch(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n)
+/* stage_begin: buffer b of the staging slots starts over for layer il; its copies (on stage_s)
+ * wait for what s has queued, so for the launch that read the buffer last */
+static int stage_begin(struct hyb *h, uint32_t il, uint32_t b)
+{
+    h->pf_layer[b] = (int32_t)il;
+    h->pf_used[b] = 0;
+    for (uint32_t e = 0; e < h->NE; e++)
+        h->pf_slot[b][e] = UINT32_MAX;
+    int rv = hyb_ck(cudaEventRecord(h->stage_ev[0], h->s), "staging event");
+    return rv ? rv : hyb_ck(cudaStreamWaitEvent(h->stage_s, h->stage_ev[0], 0), "staging wait");
+}
+
+/* stage_copy: expert e of layer il (registered memory) into buffer b's next staging slot */
+static int stage_copy(struct hyb *h, uint32_t il, uint32_t b, uint32_t e)
+{
+    const uint32_t j = h->pf_used[b]++;
+    uint8_t *dst = h->d_stage + ((uint64_t)b * h->n_stage + j) * h->slot_bytes;
+    h->pf_slot[b][e] = j;
+    h->h_stab[b * h->NE + e] = dst;
+    return hyb_ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, e), h->m->layers[il].blob.bytes,
+                                  cudaMemcpyHostToDevice, h->stage_s),
+                  "staging copy");
+}
+
+/* prefetch: every missed registered expert of layer il into buffer il & 1, before its router
+ * has picked (the table and the registrations change only at ticks, between passes) */
+static int prefetch(struct hyb *h, uint32_t il)
+{
+    if (il >= h->L || !h->m->layers[il].blob.bytes) return 0;
+    const uint32_t b = il & 1;
+    const int32_t *slot_of = h->cache->pub + (uint64_t)il * h->NE;
+    const uint8_t *ok = h->host_ok + (uint64_t)il * h->NE;
+    int rv = stage_begin(h, il, b);
+    for (uint32_t e = 0; !rv && e < h->NE; e++)
+        if (slot_of[e] == CACHE_NONE && ok[e]) {
+            rv = stage_copy(h, il, b, e);
+            h->pf_copies++;
+        }
+    return rv ? rv : hyb_ck(cudaEventRecord(h->stage_ev[1 + b], h->stage_s), "staging event");
+}
+
+/* prefetching: whether a pass of n tokens prefetches (a prompt chunk whose experts serve enough
+ * pairs that a layer's missed experts are nearly all routed) */
+static bool prefetching(const struct hyb *h, bool prompt, uint32_t n)
+{
+    return h->prefetch && prompt && (uint64_t)n * h->K >= (uint64_t)HYB_PREFETCH_PAIRS * h->NE;
+}
+
+/* staged_launch: the PCIe share's experts in buffer il & 1 of the staging slots, prefetched
+ * while the last layer ran or copied now on stage_s while the hits' launch runs on s, then the
+ * staged experts' own launch once the copies are in; the next layer's prefetch queues behind */
+static int staged_launch(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
+                         bool prompt)
 {
     const struct hyb_split *const sp = &h->sp;
-    const uint64_t bytes = h->m->layers[il].blob.bytes;
+    const uint32_t b = il & 1;
+    const bool have = h->pf_layer[b] == (int32_t)il;
     int rv;
-    if ((rv = hyb_ck(cudaEventRecord(h->stage_ev[0], h->s), "staging event")) ||
-        (rv = hyb_ck(cudaStreamWaitEvent(h->stage_s, h->stage_ev[0], 0), "staging wait")))
-        return rv;
-    uint32_t j = 0;
+    if (!have && (rv = stage_begin(h, il, b))) return rv;
+    uint32_t late = 0, routed = 0;
     for (int g = 0; g < sp->n_pcie; g++) {
-        const int32_t e = sp->pcie_groups[g].expert;
-        if (g && sp->pcie_groups[g - 1].expert == e) continue;
-        uint8_t *dst = h->d_stage + (uint64_t)j++ * h->slot_bytes;
-        h->h_stab[e] = dst;
-        if ((rv = hyb_ck(cudaMemcpyAsync(dst, model_expert_blob(h->m, il, (uint32_t)e), bytes,
-                                         cudaMemcpyHostToDevice, h->stage_s),
-                         "staging copy")))
-            return rv;
+        const uint32_t e = (uint32_t)sp->pcie_groups[g].expert;
+        if (g && sp->pcie_groups[g - 1].expert == (int32_t)e) continue;
+        routed++;
+        if (h->pf_slot[b][e] != UINT32_MAX) continue;
+        if ((rv = stage_copy(h, il, b, e))) return rv;
+        late++;
     }
-    if ((rv = hyb_ck(cudaEventRecord(h->stage_ev[1], h->stage_s), "staging event")) ||
-        (rv = hyb_ck(cudaMemcpyAsync(h->d_stab, h->h_stab, h->NE * sizeof(void *),
+    if (have) h->pf_unused += h->pf_used[b] - routed;
+    h->pf_layer[b] = -1; /* used up: a later pass copies again */
+    if ((!have || late) &&
+        (rv = hyb_ck(cudaEventRecord(h->stage_ev[1 + b], h->stage_s), "staging event")))
+        return rv;
+    if (prefetching(h, prompt, n) && (rv = prefetch(h, il + 1))) return rv;
+    const uint64_t at = (uint64_t)b * h->NE;
+    if ((rv = hyb_ck(cudaMemcpyAsync(h->d_stab + at, h->h_stab + at, h->NE * sizeof(void *),
                                      cudaMemcpyHostToDevice, h->s),
                      "staging table up")) ||
         (sp->n_hit &&
          (rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE, h->d_groups,
                           sp->n_hit, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws,
                           h->d_yy, h->s))) ||
-        (rv = hyb_ck(cudaStreamWaitEvent(h->s, h->stage_ev[1], 0), "staging wait")))
+        (rv = hyb_ck(cudaStreamWaitEvent(h->s, h->stage_ev[1 + b], 0), "staging wait")))
         return rv;
-    return cu_moe_ffn(&h->parts[il], h->d_stab, h->d_groups + sp->n_hit, sp->n_pcie, h->d_idx,
-                      io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy, h->s);
+    return cu_moe_ffn(&h->parts[il], h->d_stab + at, h->d_groups + sp->n_hit, sp->n_pcie,
+                      h->d_idx, io->selw, n, (int)h->K, io->xn, io->h, io->ws, h->d_yy, h->s);
 }
 
 int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t n,
@@ -496,6 +562,7 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
     count(h, il, ng, slot_of, route, route_ctx);
     h->pcie_pairs += sp->pcie_pairs;
     int rv;
+    bool staged = false; /* staged_launch ran (and queued the next layer's prefetch) */
     /* the GPU side first, so it runs while the CPU computes the misses */
     const int ngpu = sp->n_hit + sp->n_pcie;
     if (ngpu) {
@@ -524,9 +591,10 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
                                  h->d_groups, ngpu, h->d_idx, io->selw, n, (int)h->K, io->xn, io->h,
                                  io->ws, h->d_yy, h->s)))
                 return rv;
-        } else if ((rv = staged_launch(h, io, il, n))) {
+        } else if ((rv = staged_launch(h, io, il, n, prompt))) {
             return rv;
         }
+        staged = sp->n_pcie && (prompt ? h->stage_prompt : h->stage);
         if (h->timing) {
             cudaEventRecord(h->ev_b[il], h->s);
             h->ev_used[il] = 1;
@@ -537,6 +605,14 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
         for (int g = 0; g < sp->n_pcie; g++)
             if (!g || sp->pcie_groups[g - 1].expert != sp->pcie_groups[g].expert)
                 st->pcie_bytes += Lr->blob.bytes;
+    }
+    if (!staged && prefetching(h, prompt, n)) {
+        /* this layer staged nothing: what was prefetched for it goes unused, the next layer's
+         * prefetch queues all the same */
+        const uint32_t b = il & 1;
+        if (h->pf_layer[b] == (int32_t)il) h->pf_unused += h->pf_used[b];
+        h->pf_layer[b] = -1;
+        if ((rv = prefetch(h, il + 1))) return rv;
     }
     return 0;
 }
@@ -659,7 +735,7 @@ void hyb_info(const struct hyb *h, struct backend_info *out)
 uint64_t hyb_vram_bytes(const struct hyb *h)
 {
     return (uint64_t)h->n_chunks * hyb_chunk_bytes(h->slot_bytes, HYB_CHUNK_SLOTS) +
-           (uint64_t)h->n_stage * h->slot_bytes;
+           2 * (uint64_t)h->n_stage * h->slot_bytes;
 }
 
 uint32_t hyb_slots(const struct hyb *h)

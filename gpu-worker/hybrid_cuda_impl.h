@@ -20,6 +20,7 @@
 #include "gpu-worker/hybrid_plan.h"
 #include "kernels/cpu/moe.h"
 
+#define HYB_PREFETCH_PAIRS 4 /* a prompt chunk's pairs an expert, on average, for the prefetch */
 #define HYB_FILL_BATCH 64 /* copies the start's fill posts before it waits for them */
 
 /* One move of the tier in flight: its copy's ticket of the copy engine. */
@@ -59,11 +60,21 @@ struct hyb {
      * whose experts serve many tokens (a zero-copy read crosses the bus once per token tile), and
      * reads decode windows' zero-copy; stage stages both; zero stages none. */
     bool stage, stage_prompt; /* decode windows / prompt chunks staged */
-    uint32_t n_stage;         /* staging slots (NE when either is, and the share can be on) */
-    uint8_t *d_stage;         /* (n_stage, slot_bytes) */
+    uint32_t n_stage;         /* staging slots a buffer (NE when either is, and the share can be
+                                 on); two buffers, a layer's each: layer l uses buffer l & 1 */
+    uint8_t *d_stage;         /* (2, n_stage, slot_bytes) */
     cudaStream_t stage_s;     /* the staging copies */
-    cudaEvent_t stage_ev[2];  /* [0] the slots free (on s), [1] the copies done (on stage_s) */
-    const uint8_t **h_stab, **d_stab; /* (NE) a layer's table of the staged experts */
+    cudaEvent_t stage_ev[3];  /* [0] the slots free (on s), [1 + b] buffer b's copies done */
+    const uint8_t **h_stab, **d_stab; /* (2, NE) each buffer's table of its staged experts */
+    /* the prefetch (prompt chunks of at least HYB_PREFETCH_PAIRS pairs an expert on average;
+     * STRATA_PCIE_PREFETCH=0 turns it off): while layer l runs, every missed registered expert of
+     * layer l + 1 is copied into buffer (l + 1) & 1 before its router has picked, as a whole
+     * layer's weights would be; the staged launch of l + 1 then finds its experts there. */
+    bool prefetch;
+    int32_t pf_layer[2];  /* the layer buffer b holds prefetched, -1: none */
+    uint32_t *pf_slot[2]; /* (NE) buffer b's staging slot of expert e, UINT32_MAX: not there */
+    uint32_t pf_used[2];  /* slots of buffer b taken */
+    uint64_t pf_copies, pf_unused; /* experts prefetched; of them, not routed over PCIe after */
     /* registration */
     enum hyb_pin pin;
     bool ro_flag, can_map;

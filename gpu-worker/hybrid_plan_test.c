@@ -293,8 +293,12 @@ END_TEST
 START_TEST(options_parse)
 {
     struct backend_opts o = backend_opts_default();
-    ck_assert_uint_eq(o.pin, HYB_PIN_NEED);
+    /* the defaults chosen on the H200: registered whole, prompt chunks over PCIe where it wins */
+    ck_assert_uint_eq(o.pin, HYB_PIN_WHOLE);
+    ck_assert_uint_eq(o.pcie_threshold, BACKEND_PCIE_AUTO);
     ck_assert_float_eq(o.pcie_frac, 0.0f);
+    ck_assert_int_eq(backend_opt(&o, "pin", "need"), 0);
+    ck_assert_uint_eq(o.pin, HYB_PIN_NEED);
     ck_assert_int_eq(backend_opt(&o, "pin", "whole"), 0);
     ck_assert_uint_eq(o.pin, HYB_PIN_WHOLE);
     ck_assert_int_eq(backend_opt(&o, "pin", "some"), STRATA_EINVAL);
