@@ -141,7 +141,7 @@ int copy_cuda_start(const struct copy_cuda_opts *o, const struct copy_hooks *hoo
                      "bounce buffer")))
             goto fail;
     /* one lane under after_copy: its copy-back must read the slot as its own copy left it, and a
-     * later copy into the same slot (a poison, then the next expert) issued on the other lane
+     * later copy into the same slot (a poison, then the next expert) issued on another lane
      * would land first (the H200 saw a flip applied twice, which undid it) */
     const bool hooked = hooks && hooks->after_copy;
     const struct copy_backend be = {.ctx = c,
