@@ -317,9 +317,9 @@ static void att_items(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         const uint32_t r = i / hp->n_head_kv, g = i % hp->n_head_kv, h = g * group;
         const uint32_t t0 = f->run_first[r], nt = f->run_first[r + 1] - t0;
         struct ops_kv_view view;
-        kv_store_view(f->store, j->toks[t0].seq, j->layer, g, hp->head_dim, hp->head_dim_v,
-                      f->pos[t0] + nt, f->att_scratch + (size_t)thread * f->att_scratch_bytes,
-                      &view);
+        kv_store_view_direct(f->store, j->toks[t0].seq, j->layer, g, hp->head_dim, hp->head_dim_v,
+                             f->pos[t0] + nt,
+                             f->att_scratch + (size_t)thread * f->att_scratch_bytes, &view);
         const struct cpu_att_q a = {f->q + t0 * nq + (size_t)h * hp->head_dim,
                                     nq,
                                     hp->head_dim,
@@ -441,8 +441,9 @@ static void mla_att(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
         const uint32_t nh = hp->n_head - h < j->chunk ? hp->n_head - h : j->chunk;
         const uint32_t t0 = f->run_first[r], nt = f->run_first[r + 1] - t0;
         struct ops_kv_view view;
-        kv_store_view(f->store, j->toks[t0].seq, j->layer, 0, hp->head_dim, 0, f->pos[t0] + nt,
-                      f->att_scratch + (size_t)thread * f->att_scratch_bytes, &view);
+        kv_store_view_direct(f->store, j->toks[t0].seq, j->layer, 0, hp->head_dim, 0,
+                             f->pos[t0] + nt,
+                             f->att_scratch + (size_t)thread * f->att_scratch_bytes, &view);
         view.v_off = view.k_off;
         view.v_stride = view.k_stride;
         const struct cpu_att_q a = {f->q + t0 * nq + (size_t)h * hp->head_dim,

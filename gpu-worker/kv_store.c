@@ -190,58 +190,53 @@ void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer,
         vd[i] = quant_f32_to_f16(v[i]);
 }
 
+/* the scratch's parts: the view's table, and for fp16 the widened view's table and rows */
+static size_t table_bytes(const struct kv_config *c)
+{
+    const size_t n_blocks = (c->n_ctx + c->block_tokens - 1) / c->block_tokens;
+    return (n_blocks * sizeof(float *) + 63) & ~(size_t)63;
+}
+
 size_t kv_store_scratch_bytes(const struct kv_store *st, uint32_t head_dim, uint32_t head_dim_v)
 {
     const struct kv_config *c = &st->cfg;
     const size_t n_blocks = (c->n_ctx + c->block_tokens - 1) / c->block_tokens;
-    size_t b = (n_blocks * sizeof(float *) + 63) & ~(size_t)63;
+    size_t b = table_bytes(c);
     if (st->type == KV_F16)
-        b += (size_t)n_blocks * c->block_tokens * (head_dim + head_dim_v) * sizeof(float);
+        b += table_bytes(c) +
+             (size_t)n_blocks * c->block_tokens * (head_dim + head_dim_v) * sizeof(float);
     return b;
+}
+
+void kv_store_view_direct(const struct kv_store *st, const struct kv_seq *s, uint32_t layer,
+                          uint32_t head, uint32_t head_dim, uint32_t head_dim_v, uint32_t n_keys,
+                          void *scratch, struct ops_kv_view *out)
+{
+    const struct kv_config *c = &st->cfg;
+    const uint32_t bt = c->block_tokens, nb = (n_keys + bt - 1) / bt;
+    memset(out, 0, sizeof *out);
+    void **bases = scratch;
+    for (uint32_t i = 0; i < nb; i++)
+        bases[i] = piece(st, s->blocks[i], layer);
+    out->block_tokens = bt;
+    out->k_off = (size_t)head * head_dim;
+    out->v_off = (size_t)bt * c->k_dim + (size_t)head * head_dim_v;
+    out->k_stride = c->k_dim;
+    out->v_stride = c->v_dim;
+    if (st->type == KV_F32) {
+        out->blocks = (float *const *)bases;
+        return;
+    }
+    /* fp16: the rows in place, in halves; the widened view's table and rows after the table */
+    out->hblocks = (const uint16_t *const *)bases;
+    out->wtab = (float **)((char *)scratch + table_bytes(c));
+    out->conv = (float *)((char *)scratch + 2 * table_bytes(c));
 }
 
 void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t head,
                    uint32_t head_dim, uint32_t head_dim_v, uint32_t n_keys, void *scratch,
                    struct ops_kv_view *out)
 {
-    const struct kv_config *c = &st->cfg;
-    const uint32_t bt = c->block_tokens, nb = (n_keys + bt - 1) / bt;
-    float **bases = scratch;
-    const size_t ko = (size_t)head * head_dim, vo = (size_t)bt * c->k_dim + (size_t)head * head_dim_v;
-    out->blocks = (float *const *)bases;
-    out->block_tokens = bt;
-    if (st->type == KV_F32) {
-        for (uint32_t i = 0; i < nb; i++)
-            bases[i] = piece(st, s->blocks[i], layer);
-        out->k_off = ko;
-        out->v_off = vo;
-        out->k_stride = c->k_dim;
-        out->v_stride = c->v_dim;
-        return;
-    }
-    /* fp16: this head's rows of each block, converted into scratch blocks of the same shape
-     * (K rows of head_dim, then V rows of head_dim_v): the view's arithmetic is the fp32 one. */
-    const size_t n_blocks = (c->n_ctx + bt - 1) / bt;
-    float *conv = (float *)((char *)scratch + ((n_blocks * sizeof(float *) + 63) & ~(size_t)63));
-    const size_t blk = (size_t)bt * (head_dim + head_dim_v);
-    for (uint32_t i = 0; i < nb; i++) {
-        const uint16_t *src = piece(st, s->blocks[i], layer);
-        float *dst = conv + i * blk;
-        const uint32_t rows = i + 1 < nb ? bt : n_keys - i * bt;
-        for (uint32_t r = 0; r < rows; r++) {
-            const uint16_t *kr = src + ko + (size_t)r * c->k_dim,
-                           *vr = src + vo + (size_t)r * c->v_dim;
-            float *kd = dst + (size_t)r * head_dim,
-                  *vd = dst + (size_t)bt * head_dim + (size_t)r * head_dim_v;
-            for (uint32_t d = 0; d < head_dim; d++)
-                kd[d] = quant_f16_to_f32(kr[d]);
-            for (uint32_t d = 0; d < head_dim_v; d++)
-                vd[d] = quant_f16_to_f32(vr[d]);
-        }
-        bases[i] = dst;
-    }
-    out->k_off = 0;
-    out->v_off = (size_t)bt * head_dim;
-    out->k_stride = head_dim;
-    out->v_stride = head_dim_v;
+    kv_store_view_direct(st, s, layer, head, head_dim, head_dim_v, n_keys, scratch, out);
+    ops_kv_widen(out, n_keys, head_dim, head_dim_v);
 }

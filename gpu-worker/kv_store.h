@@ -82,4 +82,11 @@ void kv_store_view(const struct kv_store *st, const struct kv_seq *s, uint32_t l
                    uint32_t head_dim, uint32_t head_dim_v, uint32_t n_keys, void *scratch,
                    struct ops_kv_view *out);
 
+/* kv_store_view_direct is kv_store_view without the conversion: an fp16 store's view is the fp16
+ * view of its rows in place (ops.h), which cpu_attention reads converting a block of keys at a
+ * time (and ops_kv_widen turns into kv_store_view's); an fp32 store's is kv_store_view's. */
+void kv_store_view_direct(const struct kv_store *st, const struct kv_seq *s, uint32_t layer,
+                          uint32_t head, uint32_t head_dim, uint32_t head_dim_v, uint32_t n_keys,
+                          void *scratch, struct ops_kv_view *out);
+
 #endif

@@ -1,6 +1,7 @@
 #include "gpu-worker/kv.h"
 #include "common/base/err.h"
 #include "gpu-worker/kv_store.h"
+#include "common/quant/quant.h"
 #include "tests/testutil.h"
 
 #include <string.h>
@@ -71,6 +72,21 @@ START_TEST(rows_stay_put_across_growth)
                 const float *vr = v.blocks[p / 4] + v.v_off + (p % 4) * v.v_stride;
                 ck_assert_float_eq(kr[1], 100.0f * l + 10 * p + h * 4 + 1);
                 ck_assert_float_eq(vr[1], -100.0f * l - 10 * p - h * 2 - 1);
+            }
+            /* the direct view: an fp32 store's is the same view, an fp16 store's its halves in
+             * place (what cpu_attention reads) */
+            struct ops_kv_view d;
+            kv_store_view_direct(st, &s, l, h, 4, 2, 9, scratch, &d);
+            ck_assert(type == KV_F16 ? d.hblocks && !d.blocks : d.blocks && !d.hblocks);
+            for (uint32_t p = 0; p < 9; p++) {
+                const size_t ko = d.k_off + (p % 4) * d.k_stride,
+                             vo = d.v_off + (p % 4) * d.v_stride;
+                const float kf = type == KV_F16 ? quant_f16_to_f32(d.hblocks[p / 4][ko + 1])
+                                                : d.blocks[p / 4][ko + 1];
+                const float vf = type == KV_F16 ? quant_f16_to_f32(d.hblocks[p / 4][vo + 1])
+                                                : d.blocks[p / 4][vo + 1];
+                ck_assert_float_eq(kf, 100.0f * l + 10 * p + h * 4 + 1);
+                ck_assert_float_eq(vf, -100.0f * l - 10 * p - h * 2 - 1);
             }
         }
     kv_seq_fini(kv, &s);

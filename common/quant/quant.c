@@ -48,6 +48,44 @@ float quant_f16_to_f32(uint16_t h)
     return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
 }
 
+#if defined(__x86_64__) && !defined(STRATA_NO_QDOT_SIMD)
+#include <immintrin.h>
+
+/* f16_rows_f16c: 8 halves a vcvtph2ps (the conversion is exact); a group holding a signaling NaN
+ * goes through quant_f16_to_f32, which keeps its quiet bit clear where the instruction sets it */
+__attribute__((target("avx,f16c"))) static void f16_rows_f16c(const uint16_t *h, float *f, size_t n)
+{
+    const __m128i e = _mm_set1_epi16(0x7e00), inf = _mm_set1_epi16(0x7c00),
+                  man = _mm_set1_epi16(0x03ff), zero = _mm_setzero_si128();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+        const __m128i snan = _mm_andnot_si128(_mm_cmpeq_epi16(_mm_and_si128(v, man), zero),
+                                              _mm_cmpeq_epi16(_mm_and_si128(v, e), inf));
+        if (_mm_movemask_epi8(snan)) {
+            for (size_t k = i; k < i + 8; k++)
+                f[k] = quant_f16_to_f32(h[k]);
+            continue;
+        }
+        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(v));
+    }
+    for (; i < n; i++)
+        f[i] = quant_f16_to_f32(h[i]);
+}
+#endif
+
+void quant_f16_to_f32_rows(const uint16_t *h, float *f, size_t n)
+{
+#if defined(__x86_64__) && !defined(STRATA_NO_QDOT_SIMD)
+    if (__builtin_cpu_supports("f16c")) {
+        f16_rows_f16c(h, f, n);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        f[i] = quant_f16_to_f32(h[i]);
+}
+
 uint16_t quant_f32_to_f16(float f)
 {
     uint32_t u = f32_bits(f);

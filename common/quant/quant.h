@@ -10,6 +10,7 @@
 #define STRATA_QUANT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -58,6 +59,9 @@ int quant_activations(uint32_t wtype, const float *x, void *dst, int64_t n);
 
 /* fp16 / bf16 conversions as ggml does them (round to nearest even; bf16 keeps NaN quiet). */
 float quant_f16_to_f32(uint16_t h);
+/* quant_f16_to_f32_rows converts n halves, each to the bits quant_f16_to_f32 gives (F16C where the
+ * CPU has it; every one of the 65,536 values checked in quant_test) */
+void quant_f16_to_f32_rows(const uint16_t *h, float *f, size_t n);
 uint16_t quant_f32_to_f16(float f);
 float quant_bf16_to_f32(uint16_t h);
 uint16_t quant_f32_to_bf16(float f);

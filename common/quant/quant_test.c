@@ -78,6 +78,26 @@ START_TEST(test_f16_every_value_and_midpoint)
 }
 END_TEST
 
+/* The rows conversion (F16C where the CPU has it) gives each of the 65,536 halves the scalar's
+ * bits, signaling NaNs too, at every offset of an 8-value group and with a tail. */
+START_TEST(test_f16_rows_every_value)
+{
+    enum { N = 0x10000 + 11 };
+    static uint16_t h[N];
+    static float got[N];
+    for (uint32_t i = 0; i < N; i++)
+        h[i] = (uint16_t)(i * 7919u); /* 7919 is odd: the first 65,536 are every value once */
+    for (uint32_t off = 0; off < 8; off += 3) {
+        quant_f16_to_f32_rows(h + off, got, N - off);
+        for (uint32_t i = 0; i < N - off; i++) {
+            const float want = quant_f16_to_f32(h[off + i]);
+            CHECK(memcmp(&got[i], &want, 4) == 0, "f16 %04x at %u: rows give another float",
+                  h[off + i], i);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_bf16_nearest_even)
 {
     for (int i = 0; i < 200000; i++) {
@@ -410,6 +430,7 @@ static Suite *quant_suite(void)
     Suite *s = suite_create("quant");
     TCase *tc = tcase_create("conversions");
     tcase_add_test(tc, test_f16_every_value_and_midpoint);
+    tcase_add_test(tc, test_f16_rows_every_value);
     tcase_add_test(tc, test_bf16_nearest_even);
     tcase_add_test(tc, test_unsupported_and_bad_lengths);
     suite_add_tcase(s, tc);

@@ -101,12 +101,24 @@ void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
         fn(w, row_bytes, n_in, row0, row1, acts, act_stride, n_tok, out, out_stride);
 }
 
-static pthread_once_t g_vexp_once = PTHREAD_ONCE_INIT;
-static int g_vexp_ok;
+/* 2^(i/32) as doubles: glibc's expf table, the vector expf's (vec_avx512.c, vec_avx2.c) */
+_Alignas(64) const uint64_t cpu_exp_tab[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
+    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
+    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
+    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
+    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
+    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+};
 
-/* check_vexp compares the vector expf with libm's over [-110, 90] in steps of 2^11 float bit
+static pthread_once_t g_vexp_once = PTHREAD_ONCE_INIT, g_vexp2_once = PTHREAD_ONCE_INIT;
+static int g_vexp_ok, g_vexp2_ok;
+
+/* vexp_matches compares vector expf fn with libm's over [-110, 90] in steps of 2^11 float bit
  * patterns (every exponent and the main path's edges), plus -inf, inf, NaN and zeros. */
-static void check_vexp(void)
+static int vexp_matches(void (*fn)(const float *, float *, uint32_t))
 {
     enum { CHUNK = 4096 };
     static float x[CHUNK], y[CHUNK];
@@ -122,7 +134,7 @@ static void check_vexp(void)
             if (sign ? v < -110.0f : v > 90.0f) break;
             x[n++] = v;
             if (n == CHUNK) {
-                cpu_expf_avx512(x, y, n);
+                fn(x, y, n);
                 for (uint32_t i = 0; i < n; i++) {
                     const float e = expf(x[i]);
                     bad += memcmp(&e, &y[i], 4) != 0 && !(isnan(e) && isnan(y[i]));
@@ -130,13 +142,23 @@ static void check_vexp(void)
                 n = 0;
             }
         }
-    cpu_expf_avx512(x, y, n);
+    fn(x, y, n);
     for (uint32_t i = 0; i < n; i++) {
         const float e = expf(x[i]);
         bad += memcmp(&e, &y[i], 4) != 0 && !(isnan(e) && isnan(y[i]));
     }
-    g_vexp_ok = bad == 0;
     if (bad) LOG_INFO("this libm's expf is not glibc's table method: attention calls it per score");
+    return bad == 0;
+}
+
+static void check_vexp(void)
+{
+    g_vexp_ok = vexp_matches(cpu_expf_avx512);
+}
+
+static void check_vexp2(void)
+{
+    g_vexp2_ok = vexp_matches(cpu_expf_avx2);
 }
 
 int cpu_vexp_ok(void)
@@ -144,6 +166,13 @@ int cpu_vexp_ok(void)
     if (!cpu_isa_supported(CPU_AVX512)) return 0;
     pthread_once(&g_vexp_once, check_vexp);
     return g_vexp_ok;
+}
+
+int cpu_vexp2_ok(void)
+{
+    if (!cpu_isa_supported(CPU_AVX2)) return 0;
+    pthread_once(&g_vexp2_once, check_vexp2);
+    return g_vexp2_ok;
 }
 
 int cpu_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
@@ -196,14 +225,17 @@ void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_d
         if (isa == CPU_AVX512)
             cpu_attention_avx512(a, head_dim, head_dim_v, scale, kv, cpu_vexp_ok());
         else
-            cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
+            cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv, cpu_vexp2_ok());
         return;
     }
+    /* the reference reads floats: an fp16 view is widened first (into its own scratch) */
+    struct ops_kv_view w = *kv;
+    ops_kv_widen(&w, a->n_keys0 + a->n_tok - 1, head_dim, head_dim_v);
     for (uint32_t t = 0; t < a->n_tok; t++) {
         const uint32_t n = a->n_keys0 + t, lo = cpu_att_lo(a, t);
         for (uint32_t h = 0; h < a->n_head; h++)
             ops_attention_ex(a->out + t * a->out_tok + h * a->out_head,
-                             a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, kv,
+                             a->q + t * a->q_tok + h * a->q_head, head_dim, head_dim_v, scale, &w,
                              lo, n, a->sinks ? a->sinks[h] : -INFINITY);
     }
 }

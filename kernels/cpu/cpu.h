@@ -92,7 +92,8 @@ static inline uint32_t cpu_att_lo(const struct cpu_att_q *a, uint32_t t)
  * same bits, each query on its own): each
  * block of OPS_ATTN_BLOCK keys is transposed once for all the queries, then each query's scores
  * come 8 keys per lane vector (a lane sums its key's dims in index order) and its values 8 dims
- * per lane. */
+ * per lane. kv may be an fp16 view (ops.h): the kernels convert each block of keys as they reach
+ * it, the reference path widens the view first; the floats, and so the bits, are the same. */
 void cpu_attention(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v, float scale,
                    const struct ops_kv_view *kv);
 

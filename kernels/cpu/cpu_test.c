@@ -172,23 +172,35 @@ START_TEST(matmul_equals_reference)
 END_TEST
 
 /* A paged KV view over random keys/values: block_tokens 16, so 32-key attention blocks straddle
- * cache blocks, and the head sits at an offset inside each row. */
+ * cache blocks, and the head sits at an offset inside each row. The values are halves, so the same
+ * cache as fp16 rows (an fp16 view: converted a block at a time, or widened on the reference path)
+ * must give the same bits too. */
 START_TEST(attention_equals_reference)
 {
-    enum cpu_isa isa[2];
-    const int n_isa = isas(isa);
+    enum cpu_isa isa[3];
+    const int n_simd = isas(isa);
+    isa[n_simd] = CPU_REF; /* the fp16 view's widening; the float view's reference is `want` */
     static const uint32_t dims[][2] = {{64, 64}, {72, 40}, {13, 21}, {128, 128}};
     static const uint32_t keys[] = {1, 7, 32, 33, 70};
     const uint32_t bt = 16, n_blocks = 8, row = 2 * 160; /* floats: K then V of 2 heads */
-    float *blocks[8];
+    float *blocks[8], *wtab[8];
+    uint16_t *hblocks[8];
+    float *conv = malloc((size_t)n_blocks * bt * (128 + 128) * sizeof(float));
     for (uint32_t b = 0; b < n_blocks; b++) {
         blocks[b] = malloc((size_t)bt * row * 2 * sizeof(float));
-        for (size_t i = 0; i < (size_t)bt * row * 2; i++)
-            blocks[b][i] = gauss();
+        hblocks[b] = malloc((size_t)bt * row * 2 * sizeof(uint16_t));
+        for (size_t i = 0; i < (size_t)bt * row * 2; i++) {
+            hblocks[b][i] = quant_f32_to_f16(gauss());
+            blocks[b][i] = quant_f16_to_f32(hblocks[b][i]);
+        }
     }
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const uint32_t hd = dims[di][0], hv = dims[di][1];
-        struct ops_kv_view v = {blocks, bt, hd + 3, (size_t)bt * row + hv + 1, row, row};
+        const struct ops_kv_view v = {blocks, bt,   hd + 3, (size_t)bt * row + hv + 1, row, row,
+                                      NULL,   NULL, NULL};
+        struct ops_kv_view vh = v;
+        vh.blocks = NULL, vh.hblocks = (const uint16_t *const *)hblocks, vh.wtab = wtab;
+        vh.conv = conv;
         /* (tokens, heads) of one call: decode of a GQA group, prompt runs; strided apart */
         static const uint32_t shapes[][2] = {{1, 1}, {1, 4}, {3, 2}, {9, 4}, {16, 4}, {5, 3}};
         enum { QT = 4 * 130, QH = 130, OT = 4 * 131, OH = 131, NQ = 16 * 4 };
@@ -214,24 +226,28 @@ START_TEST(attention_equals_reference)
                             ops_attention_ex(want + t * OT + h * OH, q + t * QT + h * QH, hd, hv,
                                              sc, &v, cpu_att_lo(&a, t), keys[ki] + t,
                                              sinks ? sinks[h] : -INFINITY);
-                    for (int k = 0; k < n_isa; k++) {
-                        ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                    for (int k = 0; k < 2 * n_simd + 1; k++) {
+                        const bool f16 = k >= n_simd;
+                        ck_assert_int_eq(cpu_isa_set(isa[f16 ? k - n_simd : k]), 0);
                         for (int i = 0; i < NQ * OH; i++)
                             got[i] = GUARD_VALUE;
                         a.out = got;
-                        cpu_attention(&a, hd, hv, sc, &v);
+                        cpu_attention(&a, hd, hv, sc, f16 ? &vh : &v);
                         /* every output equal, the floats between and after them untouched */
                         ck_assert_msg(memcmp(got, want, sizeof got) == 0,
-                                      "%s attention head_dim %u/%u, %u keys, %u tokens x %u heads, "
-                                      "window %u, %s differs",
-                                      cpu_isa_name(isa[k]), hd, hv, keys[ki], nt, nh, win,
-                                      sinks ? "sinks" : "no sinks");
+                                      "%s attention over an %s view, head_dim %u/%u, %u keys, %u "
+                                      "tokens x %u heads, window %u, %s differs",
+                                      cpu_isa_name(cpu_isa()), f16 ? "fp16" : "fp32", hd, hv,
+                                      keys[ki], nt, nh, win, sinks ? "sinks" : "no sinks");
                     }
                 }
         }
     }
-    for (uint32_t b = 0; b < n_blocks; b++)
+    for (uint32_t b = 0; b < n_blocks; b++) {
         free(blocks[b]);
+        free(hblocks[b]);
+    }
+    free(conv);
 }
 END_TEST
 
@@ -249,7 +265,7 @@ START_TEST(attention_mla_rows_equal_reference)
         for (size_t i = 0; i < (size_t)BT * HD; i++)
             blocks[b][i] = gauss();
     }
-    const struct ops_kv_view v = {blocks, BT, 0, 0, HD, HD};
+    const struct ops_kv_view v = {blocks, BT, 0, 0, HD, HD, NULL, NULL, NULL};
     static float q[NT * NH * HD], want[NT * NH * HV], got[NT * NH * HV];
     for (size_t d = 0; d < sizeof q / sizeof q[0]; d++)
         q[d] = gauss();
@@ -375,20 +391,23 @@ START_TEST(quantize_acts_equal_reference)
 }
 END_TEST
 
-/* The vector expf of attention against libm's on every 256th float of [-110, 90] and the special
- * values (where this libm is glibc's table method; the sweep over all 2.2e9 floats of that range
- * found no difference when it was written). */
+/* The vector expf of attention (16 lanes for AVX-512, 8 for AVX2; _i picks) against libm's on
+ * every 256th float of [-110, 90] and the special values (where this libm is glibc's table method;
+ * the sweep over all 2.2e9 floats of that range found no difference when it was written). */
 START_TEST(vector_expf_equals_libm)
 {
-    if (!cpu_isa_supported(CPU_AVX512)) {
-        printf("SKIP vector expf: no AVX-512\n");
+    const enum cpu_isa isa = _i ? CPU_AVX2 : CPU_AVX512;
+    void (*const vexp)(const float *, float *, uint32_t) = _i ? cpu_expf_avx2 : cpu_expf_avx512;
+    if (!cpu_isa_supported(isa)) {
+        printf("SKIP vector expf: no %s\n", cpu_isa_name(isa));
         return;
     }
+    const int ok = _i ? cpu_vexp2_ok() : cpu_vexp_ok();
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 28)
-    ck_assert_msg(cpu_vexp_ok(),
-                  "glibc's expf (table method since 2.28) and the vector copy differ");
+    ck_assert_msg(ok, "glibc's expf (table method since 2.28) and the %s vector copy differ",
+                  cpu_isa_name(isa));
 #else
-    if (!cpu_vexp_ok()) {
+    if (!ok) {
         printf("SKIP vector expf: this libm's expf is another algorithm\n");
         return;
     }
@@ -407,7 +426,7 @@ START_TEST(vector_expf_equals_libm)
             if (sign ? v < -110.0f : v > 90.0f) break;
             x[n++] = v;
             if (n < N) continue;
-            cpu_expf_avx512(x, y, n);
+            vexp(x, y, n);
             /* one assertion per chunk: Check logs every assertion that passes */
             uint32_t bad = n;
             for (uint32_t i = 0; i < n && bad == n; i++) {
@@ -418,7 +437,7 @@ START_TEST(vector_expf_equals_libm)
                           y[bad % n]);
             /* in place (the attention's softmax): the same bits, the special inputs included */
             memcpy(z, x, n * sizeof *x);
-            cpu_expf_avx512(z, z, n);
+            vexp(z, z, n);
             ck_assert_msg(memcmp(z, y, n * sizeof *y) == 0, "expf in place differs");
             n = 0;
         }
@@ -446,7 +465,7 @@ int main(void)
     tcase_add_test(tc, attention_mla_rows_equal_reference);
     tcase_add_test(tc, rope_and_norm_equal_reference);
     tcase_add_test(tc, quantize_acts_equal_reference);
-    tcase_add_test(tc, vector_expf_equals_libm);
+    tcase_add_loop_test(tc, vector_expf_equals_libm, 0, 2);
     tcase_add_test(tc, isa_choice);
     suite_add_tcase(s, tc);
     return test_run(s);

@@ -1,7 +1,9 @@
 /* vec_avx2 — RMSNorm, RoPE and attention for AVX2, equal bit for bit to kernels/ref/ops.c: every
  * lane computes one independent element (a key's score, a dim of the output) with the reference's
  * operations in the reference's order, so only the element-wise parts are vectorized: the double
- * sum of RMSNorm stays one sequential chain, and expf/sinf/cosf stay libm's scalar calls. */
+ * sum of RMSNorm stays one sequential chain, and sinf/cosf stay libm's scalar calls; the
+ * softmax's expf is glibc's method on 4 double lanes where it matches this libm (cpu_vexp2_ok),
+ * else libm's. An fp16 cache is read in place, each row converted as it is loaded. */
 #include "kernels/cpu/cpu_impl.h"
 #include "kernels/cpu/cpu.h"
 
@@ -13,10 +15,70 @@
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
+
+/* exp4: glibc's expf (the table method, as vec_avx512.c's exp8) on 4 double lanes */
+static inline __m128 exp4(__m128 x)
+{
+    const __m256d xd = _mm256_cvtps_pd(x);
+    const __m256d inv = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d z = _mm256_fmadd_pd(inv, xd, shift);
+    const __m256i ki = _mm256_castpd_si256(z);
+    const __m256d kd = _mm256_sub_pd(z, shift);
+    const __m256d r = _mm256_fmsub_pd(inv, xd, kd);
+    const __m256i idx = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    __m256i t = _mm256_i64gather_epi64((const long long *)cpu_exp_tab, idx, 8);
+    t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+    const __m256d z2 = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.c6af84b912394p-20),
+                                       _mm256_set1_pd(0x1.ebfce50fac4f3p-13));
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(r, _mm256_set1_pd(0x1.62e42ff0c52d6p-6), _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(z2, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+}
+
+void cpu_expf_avx2(const float *x, float *y, uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e =
+            _mm256_set_m128(exp4(_mm256_extractf128_ps(v, 1)), exp4(_mm256_castps256_ps128(v)));
+        /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
+        const __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 20),
+                                             _mm256_set1_epi32(0x7ff));
+        unsigned odd = (unsigned)_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a))));
+        /* the others from libm, from a copy of the inputs (y may be x) */
+        _Alignas(32) float in[8];
+        if (odd) _mm256_store_ps(in, v);
+        _mm256_storeu_ps(y + i, e);
+        while (odd) {
+            const int j = __builtin_ctz(odd);
+            y[i + j] = expf(in[j]);
+            odd &= odd - 1;
+        }
+    }
+    for (; i < n; i++)
+        y[i] = expf(x[i]);
+}
+
+/* ld8 / ld1: 8 floats / one float at element d of a row of floats or, h16, of halves (converted
+ * in registers: exact, as quant_f16_to_f32 but for a signaling NaN, which vcvtph2ps quiets; a
+ * cache row never holds one, kv_store_write's conversion makes quiet NaNs only) */
+static inline __attribute__((always_inline)) __m256 ld8(const void *row, uint32_t d, bool h16)
+{
+    return h16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)))
+               : _mm256_loadu_ps((const float *)row + d);
+}
+
+static inline __attribute__((always_inline)) float ld1(const void *row, uint32_t d, bool h16)
+{
+    return h16 ? quant_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
 
 /* scale_mul: out[i] = (x[i] * s) * w[i], the tail of RMSNorm. */
 static void scale_mul(float *out, const float *x, float s, const float *w, uint32_t n)
@@ -108,29 +170,12 @@ static inline void transpose8(__m256 r[8])
 
 #define KB OPS_ATTN_BLOCK /* keys per block: 4 lane vectors of 8 */
 
-/* prefetch_block asks for the K and V rows of the block of keys at j0 (when there is one), so
- * they come from memory while this block computes: decode reads the whole cache per token. */
-static void prefetch_block(const struct ops_kv_view *kv, uint32_t j0, uint32_t n_keys,
-                           uint32_t head_dim, uint32_t head_dim_v)
-{
-    for (uint32_t key = j0; key < n_keys && key < j0 + KB; key++) {
-        const float *base = kv->blocks[key / kv->block_tokens];
-        const uint32_t slot = key % kv->block_tokens;
-        const char *k = (const char *)(base + kv->k_off + slot * kv->k_stride);
-        const char *v = (const char *)(base + kv->v_off + slot * kv->v_stride);
-        for (uint32_t b = 0; b < head_dim * sizeof(float); b += 64)
-            _mm_prefetch(k + b, _MM_HINT_T0);
-        for (uint32_t b = 0; b < head_dim_v * sizeof(float); b += 64)
-            _mm_prefetch(v + b, _MM_HINT_T0);
-    }
-}
-
 /* transpose_block writes kt[d][j] = k_j[d] for the block's keys j < nb (later lanes repeat the
  * last key: they are computed and never read). */
-static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head_dim,
-                            float (*kt)[KB])
+static inline __attribute__((always_inline)) void
+transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*kt)[KB], bool h16)
 {
-    const float *k[KB];
+    const void *k[KB];
     for (uint32_t j = 0; j < KB; j++)
         k[j] = krow[j < nb ? j : nb - 1];
     for (uint32_t g = 0; g < (nb + 7) / 8; g++) {
@@ -138,15 +183,24 @@ static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head
         for (; d + 8 <= head_dim; d += 8) {
             __m256 r[8];
             for (int j = 0; j < 8; j++)
-                r[j] = _mm256_loadu_ps(k[8 * g + j] + d);
+                r[j] = ld8(k[8 * g + j], d, h16);
             transpose8(r);
             for (int c = 0; c < 8; c++)
                 _mm256_store_ps(&kt[d + c][8 * g], r[c]);
         }
         for (; d < head_dim; d++)
             for (int j = 0; j < 8; j++)
-                kt[d][8 * g + j] = k[8 * g + j][d];
+                kt[d][8 * g + j] = ld1(k[8 * g + j], d, h16);
     }
+}
+
+static void transpose_block(const void *const *krow, uint32_t nb, uint32_t head_dim,
+                            float (*kt)[KB], bool h16)
+{
+    if (h16)
+        transpose_rows(krow, nb, head_dim, kt, true);
+    else
+        transpose_rows(krow, nb, head_dim, kt, false);
 }
 
 /* scores_block: s[j] = (sum_d q[d] * k_j[d], d in order) * scale for the ng lane vectors of the
@@ -170,8 +224,9 @@ static inline void scores_block(const float *q, const float (*kt)[KB], uint32_t 
 }
 
 /* values_block: o = o * c, then o += p_j * v_j for j < nb in order, 32 dims at a time. */
-static inline void values_block(float *o, float c, const float *p, const float *const *vrow,
-                                uint32_t nb, uint32_t head_dim_v)
+static inline __attribute__((always_inline)) void values_rows(float *o, float c, const float *p,
+                                                              const void *const *vrow, uint32_t nb,
+                                                              uint32_t head_dim_v, bool h16)
 {
     const __m256 cv = _mm256_set1_ps(c);
     uint32_t d = 0;
@@ -182,11 +237,10 @@ static inline void values_block(float *o, float c, const float *p, const float *
         __m256 o3 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 24), cv);
         for (uint32_t j = 0; j < nb; j++) {
             const __m256 pv = _mm256_set1_ps(p[j]);
-            const float *v = vrow[j] + d;
-            o0 = _mm256_add_ps(o0, _mm256_mul_ps(pv, _mm256_loadu_ps(v)));
-            o1 = _mm256_add_ps(o1, _mm256_mul_ps(pv, _mm256_loadu_ps(v + 8)));
-            o2 = _mm256_add_ps(o2, _mm256_mul_ps(pv, _mm256_loadu_ps(v + 16)));
-            o3 = _mm256_add_ps(o3, _mm256_mul_ps(pv, _mm256_loadu_ps(v + 24)));
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(pv, ld8(vrow[j], d, h16)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(pv, ld8(vrow[j], d + 8, h16)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(pv, ld8(vrow[j], d + 16, h16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(pv, ld8(vrow[j], d + 24, h16)));
         }
         _mm256_storeu_ps(o + d, o0);
         _mm256_storeu_ps(o + d + 8, o1);
@@ -196,24 +250,33 @@ static inline void values_block(float *o, float c, const float *p, const float *
     for (; d + 8 <= head_dim_v; d += 8) {
         __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
         for (uint32_t j = 0; j < nb; j++)
-            o0 = _mm256_add_ps(o0,
-                               _mm256_mul_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vrow[j] + d)));
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(_mm256_set1_ps(p[j]), ld8(vrow[j], d, h16)));
         _mm256_storeu_ps(o + d, o0);
     }
     for (; d < head_dim_v; d++) {
         float x = o[d] * c;
         for (uint32_t j = 0; j < nb; j++)
-            x += p[j] * vrow[j][d];
+            x += p[j] * ld1(vrow[j], d, h16);
         o[d] = x;
     }
 }
 
+static void values_block(float *o, float c, const float *p, const void *const *vrow, uint32_t nb,
+                         uint32_t head_dim_v, bool h16)
+{
+    if (h16)
+        values_rows(o, c, p, vrow, nb, head_dim_v, true);
+    else
+        values_rows(o, c, p, vrow, nb, head_dim_v, false);
+}
+
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
-                        float scale, const struct ops_kv_view *kv)
+                        float scale, const struct ops_kv_view *kv, int vexp)
 {
     _Alignas(32) float kt[CPU_ATT_MAXD][KB];
     _Alignas(32) float s[KB], p[KB];
-    const float *krow[KB], *vrow[KB];
+    const void *krow[KB], *vrow[KB];
+    const bool h16 = kv->hblocks != NULL; /* fp16 rows read in place, converted in registers */
     float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
     const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
     for (uint32_t t = 0; t < a->n_tok; t++)
@@ -225,15 +288,9 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
     /* a window: blocks aligned to key 0 as ops_attention_ex's, from the first query's first */
     for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
-        for (uint32_t j = 0; j < nbmax; j++) {
-            const uint32_t key = j0 + j;
-            const float *base = kv->blocks[key / kv->block_tokens];
-            const uint32_t slot = key % kv->block_tokens;
-            krow[j] = base + kv->k_off + slot * kv->k_stride;
-            vrow[j] = base + kv->v_off + slot * kv->v_stride;
-        }
-        prefetch_block(kv, j0 + KB, max_keys, head_dim, head_dim_v);
-        transpose_block(krow, nbmax, head_dim, kt);
+        cpu_att_rows(kv, j0, nbmax, head_dim, head_dim_v, false, krow, vrow);
+        cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
+        transpose_block(krow, nbmax, head_dim, kt, h16);
         for (uint32_t i = 0; i < nq; i++) {
             const uint32_t t = i / a->n_head, h = i % a->n_head, n_keys = a->n_keys0 + t;
             const uint32_t lo = cpu_att_lo(a, t);
@@ -249,12 +306,19 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
                 bm = s[j] > bm ? s[j] : bm;
             const float mn = bm > m[i] ? bm : m[i];
             const float c = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
-            l[i] *= c;
-            for (uint32_t j = 0; j < nb; j++) {
-                p[j] = expf(s[j] - mn);
-                l[i] += p[j];
+            float li = l[i] * c;
+            if (vexp) {
+                for (uint32_t j = 0; j < nb; j++)
+                    p[j] = s[j] - mn;
+                cpu_expf_avx2(p, p, nb);
+            } else {
+                for (uint32_t j = 0; j < nb; j++)
+                    p[j] = expf(s[j] - mn);
             }
-            values_block(o, c, p, vrow, nb, head_dim_v);
+            for (uint32_t j = 0; j < nb; j++)
+                li += p[j];
+            l[i] = li;
+            values_block(o, c, p, vrow, nb, head_dim_v, h16);
             m[i] = mn;
         }
     }
@@ -288,9 +352,18 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
     else
         ops_rope(x, n_head, head_dim, n_rot, pos, theta, neox);
 }
-void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
-                        float scale, const struct ops_kv_view *kv)
+void cpu_expf_avx2(const float *x, float *y, uint32_t n)
 {
+    for (uint32_t i = 0; i < n; i++)
+        y[i] = expf(x[i]);
+}
+void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
+                        float scale, const struct ops_kv_view *kv, int vexp)
+{
+    (void)vexp;
+    struct ops_kv_view w = *kv;
+    ops_kv_widen(&w, a->n_keys0 + a->n_tok - 1, head_dim, head_dim_v);
+    kv = &w;
     for (uint32_t t = 0; t < a->n_tok; t++)
         for (uint32_t h = 0; h < a->n_head; h++)
             ops_attention_ex(a->out + t * a->out_tok + h * a->out_head,

@@ -53,29 +53,26 @@ static inline void transpose16(__m512 r[16])
     }
 }
 
-/* prefetch_block asks for the K and V rows of the block of keys at j0 (when there is one), so
- * they come from memory while this block computes: decode reads the whole cache per token. */
-static void prefetch_block(const struct ops_kv_view *kv, uint32_t j0, uint32_t n_keys,
-                           uint32_t head_dim, uint32_t head_dim_v)
+/* ld16 / ld1: 16 floats / one float at element d of a row of floats or, h16, of halves (in
+ * registers: vcvtph2ps, exact, as quant_f16_to_f32 but for a signaling NaN, which it quiets; a
+ * cache row never holds one, kv_store_write's conversion makes quiet NaNs only) */
+static inline __attribute__((always_inline)) __m512 ld16(const void *row, uint32_t d, bool h16)
 {
-    for (uint32_t key = j0; key < n_keys && key < j0 + KB; key++) {
-        const float *base = kv->blocks[key / kv->block_tokens];
-        const uint32_t slot = key % kv->block_tokens;
-        const char *k = (const char *)(base + kv->k_off + slot * kv->k_stride);
-        const char *v = (const char *)(base + kv->v_off + slot * kv->v_stride);
-        for (uint32_t b = 0; b < head_dim * sizeof(float); b += 64)
-            _mm_prefetch(k + b, _MM_HINT_T0);
-        for (uint32_t b = 0; b < head_dim_v * sizeof(float); b += 64)
-            _mm_prefetch(v + b, _MM_HINT_T0);
-    }
+    return h16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d)))
+               : _mm512_loadu_ps((const float *)row + d);
+}
+
+static inline __attribute__((always_inline)) float ld1(const void *row, uint32_t d, bool h16)
+{
+    return h16 ? quant_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
 }
 
 /* transpose_block: kt[d][j] = k_j[d] for j < nb; later lanes repeat the last key (computed,
  * never read). */
-static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head_dim,
-                            float (*kt)[KB])
+static inline __attribute__((always_inline)) void
+transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*kt)[KB], bool h16)
 {
-    const float *k[KB];
+    const void *k[KB];
     for (uint32_t j = 0; j < KB; j++)
         k[j] = krow[j < nb ? j : nb - 1];
     for (uint32_t g = 0; g < (nb + 15) / 16; g++) {
@@ -83,15 +80,24 @@ static void transpose_block(const float *const *krow, uint32_t nb, uint32_t head
         for (; d + 16 <= head_dim; d += 16) {
             __m512 r[16];
             for (int j = 0; j < 16; j++)
-                r[j] = _mm512_loadu_ps(k[16 * g + j] + d);
+                r[j] = ld16(k[16 * g + j], d, h16);
             transpose16(r);
             for (int c = 0; c < 16; c++)
                 _mm512_store_ps(&kt[d + c][16 * g], r[c]);
         }
         for (; d < head_dim; d++)
             for (int j = 0; j < 16; j++)
-                kt[d][16 * g + j] = k[16 * g + j][d];
+                kt[d][16 * g + j] = ld1(k[16 * g + j], d, h16);
     }
+}
+
+static void transpose_block(const void *const *krow, uint32_t nb, uint32_t head_dim,
+                            float (*kt)[KB], bool h16)
+{
+    if (h16)
+        transpose_rows(krow, nb, head_dim, kt, true);
+    else
+        transpose_rows(krow, nb, head_dim, kt, false);
 }
 
 /* scores2: s0, s1 = the scaled scores of queries q0, q1 (q1 may be NULL) over the block. */
@@ -120,8 +126,9 @@ static inline void scores2(const float *q0, const float *q1, const float (*kt)[K
 }
 
 /* values_block: o = o * c, then o += p_j * v_j for j < nb in order. */
-static inline void values_block(float *o, float c, const float *p, const float *const *vrow,
-                                uint32_t nb, uint32_t head_dim_v)
+static inline __attribute__((always_inline)) void values_rows(float *o, float c, const float *p,
+                                                              const void *const *vrow, uint32_t nb,
+                                                              uint32_t head_dim_v, bool h16)
 {
     const __m512 cv = _mm512_set1_ps(c);
     uint32_t d = 0;
@@ -132,11 +139,10 @@ static inline void values_block(float *o, float c, const float *p, const float *
         __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 48), cv);
         for (uint32_t j = 0; j < nb; j++) {
             const __m512 pv = _mm512_set1_ps(p[j]);
-            const float *v = vrow[j] + d;
-            o0 = _mm512_add_ps(o0, _mm512_mul_ps(pv, _mm512_loadu_ps(v)));
-            o1 = _mm512_add_ps(o1, _mm512_mul_ps(pv, _mm512_loadu_ps(v + 16)));
-            o2 = _mm512_add_ps(o2, _mm512_mul_ps(pv, _mm512_loadu_ps(v + 32)));
-            o3 = _mm512_add_ps(o3, _mm512_mul_ps(pv, _mm512_loadu_ps(v + 48)));
+            o0 = _mm512_add_ps(o0, _mm512_mul_ps(pv, ld16(vrow[j], d, h16)));
+            o1 = _mm512_add_ps(o1, _mm512_mul_ps(pv, ld16(vrow[j], d + 16, h16)));
+            o2 = _mm512_add_ps(o2, _mm512_mul_ps(pv, ld16(vrow[j], d + 32, h16)));
+            o3 = _mm512_add_ps(o3, _mm512_mul_ps(pv, ld16(vrow[j], d + 48, h16)));
         }
         _mm512_storeu_ps(o + d, o0);
         _mm512_storeu_ps(o + d + 16, o1);
@@ -146,16 +152,24 @@ static inline void values_block(float *o, float c, const float *p, const float *
     for (; d + 16 <= head_dim_v; d += 16) {
         __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(o + d), cv);
         for (uint32_t j = 0; j < nb; j++)
-            o0 = _mm512_add_ps(o0,
-                               _mm512_mul_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(vrow[j] + d)));
+            o0 = _mm512_add_ps(o0, _mm512_mul_ps(_mm512_set1_ps(p[j]), ld16(vrow[j], d, h16)));
         _mm512_storeu_ps(o + d, o0);
     }
     for (; d < head_dim_v; d++) {
         float x = o[d] * c;
         for (uint32_t j = 0; j < nb; j++)
-            x += p[j] * vrow[j][d];
+            x += p[j] * ld1(vrow[j], d, h16);
         o[d] = x;
     }
+}
+
+static void values_block(float *o, float c, const float *p, const void *const *vrow, uint32_t nb,
+                         uint32_t head_dim_v, bool h16)
+{
+    if (h16)
+        values_rows(o, c, p, vrow, nb, head_dim_v, true);
+    else
+        values_rows(o, c, p, vrow, nb, head_dim_v, false);
 }
 
 /* ---- expf on 16 lanes, the same bits as glibc's (2.28+) expf on an FMA machine ----
@@ -166,17 +180,6 @@ static inline void values_block(float *o, float c, const float *p, const float *
  * call expf itself. cpu.c checks the result against libm's expf on a sweep of inputs before
  * using it (a libm with another algorithm keeps the scalar calls). */
 
-static const uint64_t exp_tab[32] = {
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51,
-    0x3fef72b83c7d517b, 0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1,
-    0x3fef06fe0a31b715, 0x3feef1a7373aa9cb, 0x3feedea64c123422, 0x3feece086061892d,
-    0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429, 0x3feea47eb03a5585,
-    0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d,
-    0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
-    0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
-};
-
 static inline __m256 exp8(__m256 x)
 {
     const __m512d xd = _mm512_cvtps_pd(x);
@@ -186,7 +189,7 @@ static inline __m256 exp8(__m256 x)
     const __m512d kd = _mm512_sub_pd(z, shift);
     const __m512d r = _mm512_fmsub_pd(inv, xd, kd);
     const __m512i idx = _mm512_and_si512(ki, _mm512_set1_epi64(31));
-    const __m512i *tab = (const __m512i *)exp_tab;
+    const __m512i *tab = (const __m512i *)cpu_exp_tab;
     const __m512i lo =
         _mm512_permutex2var_epi64(_mm512_loadu_si512(tab), idx, _mm512_loadu_si512(tab + 1));
     const __m512i hi =
@@ -227,39 +230,91 @@ void cpu_expf_avx512(const float *x, float *y, uint32_t n)
         y[i] = expf(x[i]);
 }
 
-/* softmax_step: ops_attention's online-softmax update of one query with the block's scores s,
- * step for step, then its values. */
-static inline void softmax_step(float *o, float *m, float *l, const float *s, uint32_t nb,
-                                const float *const *vrow, uint32_t head_dim_v, int vexp)
+/* block_max: the largest of s[0..nb), s[j] > max ? s[j] : max from -inf as ops_attention's loop
+ * (a NaN never wins), on lanes: the maximum does not depend on the order (only the sign of a zero
+ * can, and a zero's sign is lost in every use: s - max and m - max only reach expf). */
+static inline float block_max(const float *s, uint32_t nb)
 {
-    _Alignas(64) float p[KB];
-    float bm = -INFINITY;
-    for (uint32_t j = 0; j < nb; j++)
-        bm = s[j] > bm ? s[j] : bm;
-    const float mn = bm > *m ? bm : *m;
-    const float c = expf(*m - mn); /* 0 on the first block, where m is -inf */
-    *l *= c;
-    if (vexp) {
-        for (uint32_t j = 0; j < nb; j++)
-            p[j] = s[j] - mn;
-        cpu_expf_avx512(p, p, nb);
-    } else {
-        for (uint32_t j = 0; j < nb; j++)
-            p[j] = expf(s[j] - mn);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    const __mmask16 k0 = nb >= 16 ? 0xffff : (__mmask16)((1u << nb) - 1),
+                    k1 = nb >= 32  ? 0xffff
+                         : nb > 16 ? (__mmask16)((1u << (nb - 16)) - 1)
+                                   : 0;
+    __m512 v = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k0, s), ninf);
+    v = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, k1, s + 16), v);
+    return _mm512_reduce_max_ps(v); /* a tree of maxima: no lane holds a NaN */
+}
+
+/* softmax_block: ops_attention's online-softmax update of the block's nq queries, query q with
+ * scores s[q] over nb[q] keys, output o[q], running max m[q] and sum l[q]: step for step per
+ * query, the queries side by side so the sums' dependent adds (in key order, as the reference
+ * adds them) overlap, then each query's values. */
+static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *const *l,
+                          float (*s)[KB], const uint32_t *nb, const void *const *vrow, bool h16,
+                          uint32_t head_dim_v, int vexp)
+{
+    float c[CPU_ATT_MAXQ], mn[CPU_ATT_MAXQ], sum[CPU_ATT_MAXQ];
+    for (uint32_t q = 0; q < nq; q++) {
+        const float bm = block_max(s[q], nb[q]);
+        mn[q] = bm > *m[q] ? bm : *m[q];
+        c[q] = expf(*m[q] - mn[q]); /* 0 on the first block, where m is -inf */
+        sum[q] = *l[q] * c[q];
+        if (vexp) {
+            for (uint32_t j = 0; j < nb[q]; j++)
+                s[q][j] -= mn[q];
+            cpu_expf_avx512(s[q], s[q], nb[q]);
+        } else {
+            for (uint32_t j = 0; j < nb[q]; j++)
+                s[q][j] = expf(s[q][j] - mn[q]);
+        }
     }
-    for (uint32_t j = 0; j < nb; j++)
-        *l += p[j];
-    values_block(o, c, p, vrow, nb, head_dim_v);
-    *m = mn;
+    /* four queries' sums at a time in registers: four chains of dependent adds side by side */
+    uint32_t q0 = 0;
+    for (; q0 + 4 <= nq; q0 += 4) {
+        float a0 = sum[q0], a1 = sum[q0 + 1], a2 = sum[q0 + 2], a3 = sum[q0 + 3];
+        uint32_t n = nb[q0];
+        for (uint32_t q = q0 + 1; q < q0 + 4; q++)
+            n = nb[q] < n ? nb[q] : n;
+        uint32_t j = 0;
+        for (; j < n; j++) {
+            a0 += s[q0][j];
+            a1 += s[q0 + 1][j];
+            a2 += s[q0 + 2][j];
+            a3 += s[q0 + 3][j];
+        }
+        for (uint32_t k = j; k < nb[q0]; k++)
+            a0 += s[q0][k];
+        for (uint32_t k = j; k < nb[q0 + 1]; k++)
+            a1 += s[q0 + 1][k];
+        for (uint32_t k = j; k < nb[q0 + 2]; k++)
+            a2 += s[q0 + 2][k];
+        for (uint32_t k = j; k < nb[q0 + 3]; k++)
+            a3 += s[q0 + 3][k];
+        sum[q0] = a0, sum[q0 + 1] = a1, sum[q0 + 2] = a2, sum[q0 + 3] = a3;
+    }
+    for (; q0 < nq; q0++) {
+        float a0 = sum[q0];
+        for (uint32_t j = 0; j < nb[q0]; j++)
+            a0 += s[q0][j];
+        sum[q0] = a0;
+    }
+    for (uint32_t q = 0; q < nq; q++) {
+        *l[q] = sum[q];
+        values_block(o[q], c[q], s[q], vrow, nb[q], head_dim_v, h16);
+        *m[q] = mn[q];
+    }
 }
 
 void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                           float scale, const struct ops_kv_view *kv, int vexp)
 {
     _Alignas(64) float kt[CPU_ATT_MAXD][KB];
-    _Alignas(64) float s0[KB], s1[KB];
-    const float *krow[KB], *vrow[KB];
+    _Alignas(64) float sc[CPU_ATT_MAXQ + 1][KB]; /* the block's queries' scores (one spare) */
+    const void *krow[KB], *vrow[KB];
+    const bool h16 = kv->hblocks != NULL; /* fp16 rows read in place, converted in registers */
     float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
+    float *oq[CPU_ATT_MAXQ], *mq[CPU_ATT_MAXQ], *lq[CPU_ATT_MAXQ];
+    uint32_t nbq[CPU_ATT_MAXQ];
     const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
     for (uint32_t i = 0; i < nq; i++) {
         m[i] = -INFINITY;
@@ -270,17 +325,12 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
     /* a window: blocks aligned to key 0 as ops_attention_ex's, from the first query's first */
     for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
-        for (uint32_t j = 0; j < nbmax; j++) {
-            const uint32_t key = j0 + j;
-            const float *base = kv->blocks[key / kv->block_tokens];
-            const uint32_t slot = key % kv->block_tokens;
-            krow[j] = base + kv->k_off + slot * kv->k_stride;
-            vrow[j] = base + kv->v_off + slot * kv->v_stride;
-        }
-        prefetch_block(kv, j0 + KB, max_keys, head_dim, head_dim_v);
-        transpose_block(krow, nbmax, head_dim, kt);
+        cpu_att_rows(kv, j0, nbmax, head_dim, head_dim_v, false, krow, vrow);
+        cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
+        transpose_block(krow, nbmax, head_dim, kt, h16);
         /* queries two at a time; each takes the block only when it has keys in it (a key at
          * or past j0, a window reaching j0 + KB): the pair's tokens may differ */
+        uint32_t na = 0;
         for (uint32_t i = 0; i < nq; i += 2) {
             uint32_t qi[2], nq2 = 0;
             for (uint32_t k = i; k < i + 2 && k < nq; k++) {
@@ -288,21 +338,23 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
                 if (a->n_keys0 + t > j0 && j0 + KB > cpu_att_lo(a, t)) qi[nq2++] = k;
             }
             if (!nq2) continue;
-            float *sc[2] = {s0, s1};
             scores2(a->q + (qi[0] / a->n_head) * a->q_tok + (qi[0] % a->n_head) * a->q_head,
-                    nq2 > 1 ? a->q + (qi[1] / a->n_head) * a->q_tok +
-                                  (qi[1] % a->n_head) * a->q_head
-                            : NULL,
-                    kt, head_dim, scale, s0, s1);
-            for (uint32_t k = 0; k < nq2; k++) {
+                    nq2 > 1
+                        ? a->q + (qi[1] / a->n_head) * a->q_tok + (qi[1] % a->n_head) * a->q_head
+                        : NULL,
+                    kt, head_dim, scale, sc[na], sc[na + 1]);
+            for (uint32_t k = 0; k < nq2; k++, na++) {
                 const uint32_t t = qi[k] / a->n_head, h = qi[k] % a->n_head;
                 const uint32_t n = a->n_keys0 + t - j0, lo = cpu_att_lo(a, t);
                 for (uint32_t j = 0; j0 + j < lo; j++)
-                    sc[k][j] = -INFINITY; /* before the window: weight 0 */
-                softmax_step(a->out + t * a->out_tok + h * a->out_head, &m[qi[k]], &l[qi[k]],
-                             sc[k], n < KB ? n : KB, vrow, head_dim_v, vexp);
+                    sc[na][j] = -INFINITY; /* before the window: weight 0 */
+                nbq[na] = n < KB ? n : KB;
+                oq[na] = a->out + t * a->out_tok + h * a->out_head;
+                mq[na] = &m[qi[k]];
+                lq[na] = &l[qi[k]];
             }
         }
+        softmax_block(na, oq, mq, lq, sc, nbq, vrow, h16, head_dim_v, vexp);
     }
     for (uint32_t i = 0; i < nq; i++) {
         float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;
@@ -427,6 +479,6 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
                           float scale, const struct ops_kv_view *kv, int vexp)
 {
     (void)vexp;
-    cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv);
+    cpu_attention_avx2(a, head_dim, head_dim_v, scale, kv, 0);
 }
 #endif

@@ -498,9 +498,15 @@ START_TEST(attention_matches_reference)
                 int kvh = h / (n_head / n_kv);
                 for (int b = 0; b < max_blocks; b++) blocks[b] = k + (size_t)bt[s * max_blocks + b] * blk_floats;
                 float ref[128];
-                struct ops_kv_view view = {(float *const *)blocks, bs, (size_t)kvh * bs * hd,
+                struct ops_kv_view view = {(float *const *)blocks,
+                                           bs,
+                                           (size_t)kvh * bs * hd,
                                            (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd,
-                                           hd, hd};
+                                           hd,
+                                           hd,
+                                           NULL,
+                                           NULL,
+                                           NULL};
                 ops_attention(ref, q + (s * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd), &view,
                               lens[s]);
                 for (int d = 0; d < hd; d++)
@@ -528,8 +534,15 @@ START_TEST(attention_matches_reference)
     for (int i = 0; i < n_q; i++)
         for (int h = 0; h < n_head; h++) {
             int kvh = h / (n_head / n_kv);
-            struct ops_kv_view view = {(float *const *)blocks, bs, (size_t)kvh * bs * hd,
-                                       (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd, hd, hd};
+            struct ops_kv_view view = {(float *const *)blocks,
+                                       bs,
+                                       (size_t)kvh * bs * hd,
+                                       (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd,
+                                       hd,
+                                       hd,
+                                       NULL,
+                                       NULL,
+                                       NULL};
             float ref[128];
             ops_attention(ref, cq + (i * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd), &view,
                           clen[i]);
@@ -613,8 +626,15 @@ START_TEST(attention_rows_match_reference)
                 for (int b = 0; b < max_blocks; b++)
                     blocks[b] = kvf + (size_t)bt[s * max_blocks + b] * blk;
                 float ref[128];
-                struct ops_kv_view view = {(float *const *)blocks, bs, (size_t)kvh * bs * hd,
-                                           pool + (size_t)kvh * bs * hd, hd, hd};
+                struct ops_kv_view view = {(float *const *)blocks,
+                                           bs,
+                                           (size_t)kvh * bs * hd,
+                                           pool + (size_t)kvh * bs * hd,
+                                           hd,
+                                           hd,
+                                           NULL,
+                                           NULL,
+                                           NULL};
                 ops_attention(ref, q + (s * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd),
                               &view, lens[s]);
                 for (int d = 0; d < hd; d++)

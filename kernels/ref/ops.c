@@ -212,3 +212,28 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
     const float inv = 1.0f / l;
     for (uint32_t d = 0; d < head_dim_v; d++) out[d] *= inv;
 }
+
+void ops_kv_widen(struct ops_kv_view *v, uint32_t n_keys, uint32_t head_dim, uint32_t head_dim_v)
+{
+    if (!v->hblocks) return;
+    const uint32_t bt = v->block_tokens, nb = (n_keys + bt - 1) / bt;
+    const size_t blk = (size_t)bt * (head_dim + head_dim_v);
+    for (uint32_t i = 0; i < nb; i++) {
+        const uint16_t *src = v->hblocks[i];
+        float *dst = v->conv + i * blk;
+        const uint32_t rows = i + 1 < nb ? bt : n_keys - i * bt;
+        for (uint32_t r = 0; r < rows; r++) {
+            quant_f16_to_f32_rows(src + v->k_off + (size_t)r * v->k_stride,
+                                  dst + (size_t)r * head_dim, head_dim);
+            quant_f16_to_f32_rows(src + v->v_off + (size_t)r * v->v_stride,
+                                  dst + (size_t)bt * head_dim + (size_t)r * head_dim_v, head_dim_v);
+        }
+        v->wtab[i] = dst;
+    }
+    v->blocks = v->wtab;
+    v->hblocks = NULL;
+    v->k_off = 0;
+    v->v_off = (size_t)bt * head_dim;
+    v->k_stride = head_dim;
+    v->v_stride = head_dim_v;
+}

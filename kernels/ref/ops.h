@@ -87,13 +87,25 @@ void ops_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
                 size_t out_stride);
 
 /* A view of one KV head of one layer of a paged cache: key j's row is at
- * blocks[j / block_tokens] + k_off + (j % block_tokens) * k_stride (floats), values likewise. */
+ * blocks[j / block_tokens] + k_off + (j % block_tokens) * k_stride (floats), values likewise.
+ * An fp16 view (hblocks set) has the same layout in halves from hblocks' bases; only
+ * cpu_attention reads one (its SIMD kernels convert a block of keys at a time into conv, its
+ * fallback widens the view first, ops_kv_widen); the reference functions read float views. */
 struct ops_kv_view {
     float *const *blocks;  /* per block of block_tokens positions: its base */
     uint32_t block_tokens; /* positions per cache block */
     size_t k_off, v_off;   /* floats from a block's base to this layer's and head's first K / V */
     size_t k_stride, v_stride; /* floats between consecutive positions */
+    const uint16_t *const *hblocks; /* fp16 view: per block its base (blocks unused) */
+    float **wtab; /* fp16 view: room for the widened view's table (one pointer a block) */
+    float *conv;  /* fp16 view: room for the widened rows: block_tokens * (head_dim + head_dim_v)
+                     floats a block of the keys viewed (at least OPS_ATTN_BLOCK keys' worth) */
 };
+
+/* ops_kv_widen turns fp16 view v of keys [0, n_keys) into a float view in place: each block's
+ * rows converted (quant_f16_to_f32) into v->conv as blocks of block_tokens K rows of head_dim,
+ * then V rows of head_dim_v, v->wtab their table. A float view is left as it is. */
+void ops_kv_widen(struct ops_kv_view *v, uint32_t n_keys, uint32_t head_dim, uint32_t head_dim_v);
 
 /* ops_attention: out (head_dim_v) = softmax(scale * q . K^T) . V over keys [0, n_keys) of kv, in
  * blocks of OPS_ATTN_BLOCK keys with an online softmax. n_keys >= 1. */

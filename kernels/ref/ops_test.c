@@ -146,7 +146,7 @@ static void paged_attention_ex(float *out, const float *q, const float *K, const
             memcpy(blocks[b] + bt * d + s * dv, V + (b * bt + s) * dv, dv * sizeof(float));
         }
     }
-    struct ops_kv_view v = {blocks, bt, 0, (size_t)bt * d, d, dv};
+    struct ops_kv_view v = {blocks, bt, 0, (size_t)bt * d, d, dv, NULL, NULL, NULL};
     if (key_lo == 0 && sink == -INFINITY)
         ops_attention(out, q, d, dv, 1.0f / sqrtf((float)d), &v, n_keys);
     else
