@@ -56,9 +56,9 @@ static inline void cpu_att_prefetch(const struct ops_kv_view *kv, uint32_t j0, u
         const char *k = base + (kv->k_off + slot * kv->k_stride) * el;
         const char *v = base + (kv->v_off + slot * kv->v_stride) * el;
         for (size_t o = 0; o < head_dim * el; o += 64)
-            __builtin_prefetch(k + o, 0, 3);
+            __builtin_prefetch(k + o, 0, 2);
         for (size_t o = 0; o < head_dim_v * el; o += 64)
-            __builtin_prefetch(v + o, 0, 3);
+            __builtin_prefetch(v + o, 0, 2);
     }
 }
 

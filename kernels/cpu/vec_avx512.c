@@ -100,28 +100,29 @@ static void transpose_block(const void *const *krow, uint32_t nb, uint32_t head_
         transpose_rows(krow, nb, head_dim, kt, false);
 }
 
-/* scores2: s0, s1 = the scaled scores of queries q0, q1 (q1 may be NULL) over the block. */
-static inline void scores2(const float *q0, const float *q1, const float (*kt)[KB],
-                           uint32_t head_dim, float scale, float *s0, float *s1)
+/* scores4: s[i] = the scaled scores of queries q[i], i < 4, over the block: eight chains side
+ * by side, each lane summing its key's dims in index order (a missing query repeats q[0]). */
+static inline void scores4(const float *const *q, const float (*kt)[KB], uint32_t head_dim,
+                           float scale, float *const *s)
 {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    __m512 a[4][2];
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < 4; i++)
+        a[i][0] = a[i][1] = _mm512_setzero_ps();
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m512 k0 = _mm512_load_ps(&kt[d][0]), k1 = _mm512_load_ps(&kt[d][16]);
-        const __m512 x = _mm512_set1_ps(q0[d]);
-        a0 = _mm512_add_ps(a0, _mm512_mul_ps(x, k0));
-        a1 = _mm512_add_ps(a1, _mm512_mul_ps(x, k1));
-        if (q1) {
-            const __m512 y = _mm512_set1_ps(q1[d]);
-            b0 = _mm512_add_ps(b0, _mm512_mul_ps(y, k0));
-            b1 = _mm512_add_ps(b1, _mm512_mul_ps(y, k1));
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < 4; i++) {
+            const __m512 x = _mm512_set1_ps(q[i][d]);
+            a[i][0] = _mm512_add_ps(a[i][0], _mm512_mul_ps(x, k0));
+            a[i][1] = _mm512_add_ps(a[i][1], _mm512_mul_ps(x, k1));
         }
     }
     const __m512 sv = _mm512_set1_ps(scale);
-    _mm512_store_ps(s0, _mm512_mul_ps(a0, sv));
-    _mm512_store_ps(s0 + 16, _mm512_mul_ps(a1, sv));
-    if (q1) {
-        _mm512_store_ps(s1, _mm512_mul_ps(b0, sv));
-        _mm512_store_ps(s1 + 16, _mm512_mul_ps(b1, sv));
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < 4; i++) {
+        _mm512_store_ps(s[i], _mm512_mul_ps(a[i][0], sv));
+        _mm512_store_ps(s[i] + 16, _mm512_mul_ps(a[i][1], sv));
     }
 }
 
@@ -161,6 +162,64 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
             x += p[j] * ld1(vrow[j], d, h16);
         o[d] = x;
     }
+}
+
+/* values4: values_rows for four queries of one block at once where head_dim_v is a multiple of
+ * 64: sixteen chains side by side, each output lane adding p_j * v_j in key order; a query with
+ * fewer keys than the others finishes its own after the common ones. */
+static inline __attribute__((always_inline)) void
+values4_rows(float *const *o, const float *c, float *const *p, const void *const *vrow,
+             const uint32_t *nb, uint32_t head_dim_v, bool h16)
+{
+    uint32_t n = nb[0];
+    _Pragma("GCC unroll 4")
+    for (int i = 1; i < 4; i++)
+        n = nb[i] < n ? nb[i] : n;
+    for (uint32_t d = 0; d < head_dim_v; d += 64) {
+        __m512 acc[4][4];
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < 4; i++) {
+            const __m512 cv = _mm512_set1_ps(c[i]);
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++)
+                acc[i][u] = _mm512_mul_ps(_mm512_loadu_ps(o[i] + d + 16 * u), cv);
+        }
+        for (uint32_t j = 0; j < n; j++) {
+            __m512 v[4];
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++)
+                v[u] = ld16(vrow[j], d + 16 * u, h16);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < 4; i++) {
+                const __m512 pv = _mm512_set1_ps(p[i][j]);
+                _Pragma("GCC unroll 4")
+                for (int u = 0; u < 4; u++)
+                    acc[i][u] = _mm512_add_ps(acc[i][u], _mm512_mul_ps(pv, v[u]));
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < 4; i++) {
+            for (uint32_t j = n; j < nb[i]; j++) {
+                const __m512 pv = _mm512_set1_ps(p[i][j]);
+                _Pragma("GCC unroll 4")
+                for (int u = 0; u < 4; u++)
+                    acc[i][u] =
+                        _mm512_add_ps(acc[i][u], _mm512_mul_ps(pv, ld16(vrow[j], d + 16 * u, h16)));
+            }
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++)
+                _mm512_storeu_ps(o[i] + d + 16 * u, acc[i][u]);
+        }
+    }
+}
+
+static void values4(float *const *o, const float *c, float *const *p, const void *const *vrow,
+                    const uint32_t *nb, uint32_t head_dim_v, bool h16)
+{
+    if (h16)
+        values4_rows(o, c, p, vrow, nb, head_dim_v, true);
+    else
+        values4_rows(o, c, p, vrow, nb, head_dim_v, false);
 }
 
 static void values_block(float *o, float c, const float *p, const void *const *vrow, uint32_t nb,
@@ -298,9 +357,16 @@ static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *
             a0 += s[q0][j];
         sum[q0] = a0;
     }
-    for (uint32_t q = 0; q < nq; q++) {
-        *l[q] = sum[q];
+    uint32_t q = 0;
+    if (head_dim_v % 64 == 0)
+        for (; q + 4 <= nq; q += 4) {
+            float *const pq[4] = {s[q], s[q + 1], s[q + 2], s[q + 3]};
+            values4(o + q, c + q, pq, vrow, nb + q, head_dim_v, h16);
+        }
+    for (; q < nq; q++)
         values_block(o[q], c[q], s[q], vrow, nb[q], head_dim_v, h16);
+    for (q = 0; q < nq; q++) {
+        *l[q] = sum[q];
         *m[q] = mn[q];
     }
 }
@@ -328,22 +394,25 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
         cpu_att_rows(kv, j0, nbmax, head_dim, head_dim_v, false, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(krow, nbmax, head_dim, kt, h16);
-        /* queries two at a time; each takes the block only when it has keys in it (a key at
-         * or past j0, a window reaching j0 + KB): the pair's tokens may differ */
+        /* queries four at a time; each takes the block only when it has keys in it (a key at
+         * or past j0, a window reaching j0 + KB): the group's tokens may differ */
         uint32_t na = 0;
-        for (uint32_t i = 0; i < nq; i += 2) {
-            uint32_t qi[2], nq2 = 0;
-            for (uint32_t k = i; k < i + 2 && k < nq; k++) {
+        for (uint32_t i = 0; i < nq; i += 4) {
+            uint32_t qi[4], nq4 = 0;
+            for (uint32_t k = i; k < i + 4 && k < nq; k++) {
                 const uint32_t t = k / a->n_head;
-                if (a->n_keys0 + t > j0 && j0 + KB > cpu_att_lo(a, t)) qi[nq2++] = k;
+                if (a->n_keys0 + t > j0 && j0 + KB > cpu_att_lo(a, t)) qi[nq4++] = k;
             }
-            if (!nq2) continue;
-            scores2(a->q + (qi[0] / a->n_head) * a->q_tok + (qi[0] % a->n_head) * a->q_head,
-                    nq2 > 1
-                        ? a->q + (qi[1] / a->n_head) * a->q_tok + (qi[1] % a->n_head) * a->q_head
-                        : NULL,
-                    kt, head_dim, scale, sc[na], sc[na + 1]);
-            for (uint32_t k = 0; k < nq2; k++, na++) {
+            if (!nq4) continue;
+            const float *qp[4];
+            float *sp[4];
+            for (uint32_t k = 0; k < 4; k++) {
+                const uint32_t x = qi[k < nq4 ? k : 0];
+                qp[k] = a->q + (x / a->n_head) * a->q_tok + (x % a->n_head) * a->q_head;
+                sp[k] = sc[k < nq4 ? na + k : CPU_ATT_MAXQ]; /* a missing query's: the spare */
+            }
+            scores4(qp, kt, head_dim, scale, sp);
+            for (uint32_t k = 0; k < nq4; k++, na++) {
                 const uint32_t t = qi[k] / a->n_head, h = qi[k] % a->n_head;
                 const uint32_t n = a->n_keys0 + t - j0, lo = cpu_att_lo(a, t);
                 for (uint32_t j = 0; j0 + j < lo; j++)
