@@ -270,11 +270,33 @@ static void values_block(float *o, float c, const float *p, const void *const *v
         values_rows(o, c, p, vrow, nb, head_dim_v, false);
 }
 
+/* block_max: the largest of s[0..nb), s[j] > max ? s[j] : max from -inf as ops_attention's loop
+ * (a NaN never wins), on lanes: the maximum does not depend on the order (only the sign of a zero
+ * can, and a zero's sign is lost in every use: s - max and m - max only reach expf). */
+static inline float block_max(const float *s, uint32_t nb)
+{
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 v = ninf;
+    for (uint32_t g = 0; g < (nb + 7) / 8; g++) {
+        const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nb - 8 * g)), lane);
+        const __m256 x =
+            _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * g), _mm256_castsi256_ps(in));
+        v = _mm256_max_ps(x, v);
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
 void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t head_dim_v,
                         float scale, const struct ops_kv_view *kv, int vexp)
 {
     _Alignas(32) float kt[CPU_ATT_MAXD][KB];
-    _Alignas(32) float s[KB], p[KB];
+    _Alignas(32) float pb[CPU_ATT_MAXQ][KB]; /* the block's queries' weights */
+    float cq[CPU_ATT_MAXQ], sq[CPU_ATT_MAXQ];
+    uint32_t iq[CPU_ATT_MAXQ], nbq[CPU_ATT_MAXQ];
     const void *krow[KB], *vrow[KB];
     const bool h16 = kv->hblocks != NULL; /* fp16 rows read in place, converted in registers */
     float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
@@ -291,35 +313,65 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         cpu_att_rows(kv, j0, nbmax, head_dim, head_dim_v, false, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(krow, nbmax, head_dim, kt, h16);
+        /* each query's scores and weights (ops_attention's online softmax, step for step),
+         * then the sums four queries side by side (each in key order), then the values */
+        uint32_t na = 0;
         for (uint32_t i = 0; i < nq; i++) {
             const uint32_t t = i / a->n_head, h = i % a->n_head, n_keys = a->n_keys0 + t;
             const uint32_t lo = cpu_att_lo(a, t);
             if (n_keys <= j0 || j0 + KB <= lo) continue;
             const uint32_t nb = n_keys - j0 < KB ? n_keys - j0 : KB;
-            float *o = a->out + t * a->out_tok + h * a->out_head;
+            float *s = pb[na];
             scores_block(a->q + t * a->q_tok + h * a->q_head, kt, head_dim, (nb + 7) / 8, scale, s);
             for (uint32_t j = 0; j0 + j < lo; j++)
                 s[j] = -INFINITY; /* before the window: weight 0, as ops_attention_ex's */
-            /* ops_attention's online softmax, step for step */
-            float bm = -INFINITY;
-            for (uint32_t j = 0; j < nb; j++)
-                bm = s[j] > bm ? s[j] : bm;
+            const float bm = block_max(s, nb);
             const float mn = bm > m[i] ? bm : m[i];
-            const float c = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
-            float li = l[i] * c;
+            cq[na] = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
+            sq[na] = l[i] * cq[na];
             if (vexp) {
                 for (uint32_t j = 0; j < nb; j++)
-                    p[j] = s[j] - mn;
-                cpu_expf_avx2(p, p, nb);
+                    s[j] -= mn;
+                cpu_expf_avx2(s, s, nb);
             } else {
                 for (uint32_t j = 0; j < nb; j++)
-                    p[j] = expf(s[j] - mn);
+                    s[j] = expf(s[j] - mn);
             }
-            for (uint32_t j = 0; j < nb; j++)
-                li += p[j];
-            l[i] = li;
-            values_block(o, c, p, vrow, nb, head_dim_v, h16);
             m[i] = mn;
+            iq[na] = i;
+            nbq[na++] = nb;
+        }
+        uint32_t q0 = 0;
+        for (; q0 + 4 <= na; q0 += 4) {
+            float s0 = sq[q0], s1 = sq[q0 + 1], s2 = sq[q0 + 2], s3 = sq[q0 + 3];
+            uint32_t n = nbq[q0];
+            for (uint32_t q = q0 + 1; q < q0 + 4; q++)
+                n = nbq[q] < n ? nbq[q] : n;
+            uint32_t j = 0;
+            for (; j < n; j++) {
+                s0 += pb[q0][j];
+                s1 += pb[q0 + 1][j];
+                s2 += pb[q0 + 2][j];
+                s3 += pb[q0 + 3][j];
+            }
+            for (uint32_t k = j; k < nbq[q0]; k++)
+                s0 += pb[q0][k];
+            for (uint32_t k = j; k < nbq[q0 + 1]; k++)
+                s1 += pb[q0 + 1][k];
+            for (uint32_t k = j; k < nbq[q0 + 2]; k++)
+                s2 += pb[q0 + 2][k];
+            for (uint32_t k = j; k < nbq[q0 + 3]; k++)
+                s3 += pb[q0 + 3][k];
+            sq[q0] = s0, sq[q0 + 1] = s1, sq[q0 + 2] = s2, sq[q0 + 3] = s3;
+        }
+        for (; q0 < na; q0++)
+            for (uint32_t j = 0; j < nbq[q0]; j++)
+                sq[q0] += pb[q0][j];
+        for (uint32_t q = 0; q < na; q++) {
+            const uint32_t i = iq[q];
+            l[i] = sq[q];
+            values_block(a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head,
+                         cq[q], pb[q], vrow, nbq[q], head_dim_v, h16);
         }
     }
     for (uint32_t i = 0; i < nq; i++) {
