@@ -11,6 +11,7 @@
 #include "common/quant/quant_blocks.h"
 
 #include <float.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <string.h>
 
@@ -77,7 +78,16 @@ __attribute__((target("avx,f16c"))) static void f16_rows_f16c(const uint16_t *h,
 void quant_f16_to_f32_rows(const uint16_t *h, float *f, size_t n)
 {
 #if defined(__x86_64__) && !defined(STRATA_NO_QDOT_SIMD)
-    if (__builtin_cpu_supports("f16c")) {
+    /* every AVX2 CPU has F16C, and "avx2" (unlike "f16c", which clang's builtin does not know)
+     * also says the OS saves the ymm state the instruction needs; asked once */
+    static _Atomic int have; /* 0: not asked, 1: yes, 2: no */
+    int known = atomic_load_explicit(&have, memory_order_relaxed);
+    if (!known) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") ? 1 : 2;
+        atomic_store_explicit(&have, known, memory_order_relaxed);
+    }
+    if (known == 1) {
         f16_rows_f16c(h, f, n);
         return;
     }
