@@ -523,7 +523,7 @@ int hyb_copy_start(struct hyb *h, bool pick_thread)
     cudaDeviceGetAttribute(&attr, cudaDevAttrHostRegisterReadOnlySupported, h->dev);
     h->ro_flag = attr != 0;
     h->can_map = true; /* mapped registrations: the PCIe share reads them through the slot table */
-    if (h->pin != HYB_PIN_NONE && model_expert_blob(h->m, 0, 0)) {
+    if (h->pin != HYB_PIN_NONE && hyb_from_arena(h->m)) {
         if (h->pin == HYB_PIN_WHOLE)
             for (uint32_t i = 0; i < LE; i++)
                 hyb_pinset_want(&h->pins, i);

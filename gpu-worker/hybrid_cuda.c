@@ -175,6 +175,8 @@ int hyb_start(const struct model *m, const struct backend_opts *o, const struct 
     const bool zero = pm && strcmp(pm, "zero") == 0, both = pm && strcmp(pm, "stage") == 0;
     h->stage_prompt = !zero && o->pcie_threshold != 0;
     h->stage = both && (o->pcie_frac > 0 || o->pcie_threshold != 0);
+    /* staging memory only where the share can have experts: registered blobs of an arena */
+    if (h->pin == HYB_PIN_NONE || !hyb_from_arena(m)) h->stage = h->stage_prompt = false;
     h->n_stage = h->stage || h->stage_prompt ? h->NE : 0;
     const char *pf = getenv("STRATA_PCIE_PREFETCH");
     h->prefetch = h->stage_prompt && !(pf && strcmp(pf, "0") == 0);

@@ -198,4 +198,13 @@ int hyb_copy_fence(struct hyb *h);
  * caller unmaps the arena). */
 void hyb_copy_close(struct hyb *h);
 
+/* hyb_from_arena: whether the experts are an arena's blobs, which registration and the PCIe share
+ * need (asked of every layer: DeepSeek-V3's and GLM-4.5's first layers are dense, without blobs) */
+static inline bool hyb_from_arena(const struct model *m)
+{
+    for (uint32_t l = 0; l < m->hp.n_layer; l++)
+        if (model_expert_blob(m, l, 0)) return true;
+    return false;
+}
+
 #endif
