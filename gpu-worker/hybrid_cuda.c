@@ -564,7 +564,9 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
     count(h, il, ng, slot_of, route, route_ctx);
     h->pcie_pairs += sp->pcie_pairs;
     int rv;
-    bool staged = false; /* staged_launch ran (and queued the next layer's prefetch) */
+    /* the PCIe share copied into staging slots (staged_launch, which also queues the next
+     * layer's prefetch), else read zero-copy in the hits' launch */
+    const bool staged = sp->n_pcie && (prompt ? h->stage_prompt : h->stage);
     /* the GPU side first, so it runs while the CPU computes the misses */
     const int ngpu = sp->n_hit + sp->n_pcie;
     if (ngpu) {
@@ -586,7 +588,7 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
                          "pairs up")))
             return rv;
         if (h->timing) cudaEventRecord(h->ev_a[il], h->s);
-        if (!sp->n_pcie || !(prompt ? h->stage_prompt : h->stage)) {
+        if (!staged) {
             /* one launch: slots for the hits, registered host memory for the PCIe share, both
              * through the published table */
             if ((rv = cu_moe_ffn(&h->parts[il], h->d_tab[h->cur] + (uint64_t)il * h->NE,
@@ -596,7 +598,6 @@ int hyb_moe_start(struct hyb *h, const struct hyb_io *io, uint32_t il, uint32_t 
         } else if ((rv = staged_launch(h, io, il, n, prompt))) {
             return rv;
         }
-        staged = sp->n_pcie && (prompt ? h->stage_prompt : h->stage);
         if (h->timing) {
             cudaEventRecord(h->ev_b[il], h->s);
             h->ev_used[il] = 1;

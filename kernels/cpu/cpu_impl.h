@@ -11,36 +11,64 @@
 #include "kernels/ref/ops.h"
 #include "common/quant/quant.h"
 
-/* cpu_att_rows points krow[j] and vrow[j] at the K and V rows of keys j0 + j, j < nb (nb at most
- * OPS_ATTN_BLOCK): a float view's in place; an fp16 view's in place as halves, or with widen
- * converted into kv->conv (nb K rows of head_dim, then nb V rows of head_dim_v: the floats
- * ops_kv_widen gives them). */
+/* cpu_att_rows points krow[j] and vrow[j] at the K and V rows of keys j0 + j, j < nb, in place:
+ * floats of a float view, halves of an fp16 view (the kernels convert them as they load them). */
 static inline void cpu_att_rows(const struct ops_kv_view *kv, uint32_t j0, uint32_t nb,
-                                uint32_t head_dim, uint32_t head_dim_v, bool widen,
                                 const void **krow, const void **vrow)
 {
     for (uint32_t j = 0; j < nb; j++) {
-        const uint32_t key = j0 + j, slot = key % kv->block_tokens;
-        if (!kv->hblocks) {
-            const float *base = kv->blocks[key / kv->block_tokens];
-            krow[j] = base + kv->k_off + slot * kv->k_stride;
-            vrow[j] = base + kv->v_off + slot * kv->v_stride;
-            continue;
+        const uint32_t key = j0 + j, b = key / kv->block_tokens, slot = key % kv->block_tokens;
+        const size_t ko = kv->k_off + slot * kv->k_stride, vo = kv->v_off + slot * kv->v_stride;
+        if (kv->hblocks) {
+            krow[j] = kv->hblocks[b] + ko;
+            vrow[j] = kv->hblocks[b] + vo;
+        } else {
+            krow[j] = kv->blocks[b] + ko;
+            vrow[j] = kv->blocks[b] + vo;
         }
-        const uint16_t *base = kv->hblocks[key / kv->block_tokens];
-        const uint16_t *kh = base + kv->k_off + slot * kv->k_stride,
-                       *vh = base + kv->v_off + slot * kv->v_stride;
-        if (!widen) {
-            krow[j] = kh;
-            vrow[j] = vh;
-            continue;
+    }
+}
+
+/* cpu_att_ld1: element d of a row of floats or, h16, of halves, as a float (the kernels' tails) */
+static inline __attribute__((always_inline)) float cpu_att_ld1(const void *row, uint32_t d,
+                                                               bool h16)
+{
+    return h16 ? quant_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+/* cpu_att_sums: sum[q] += p[q][j] for j < nb[q] in key order (ops_attention's sum), four
+ * queries at a time in registers so that their chains of dependent adds run side by side. */
+static inline void cpu_att_sums(uint32_t nq, float *sum, const float (*p)[OPS_ATTN_BLOCK],
+                                const uint32_t *nb)
+{
+    uint32_t q0 = 0;
+    for (; q0 + 4 <= nq; q0 += 4) {
+        float a0 = sum[q0], a1 = sum[q0 + 1], a2 = sum[q0 + 2], a3 = sum[q0 + 3];
+        uint32_t n = nb[q0];
+        for (uint32_t q = q0 + 1; q < q0 + 4; q++)
+            n = nb[q] < n ? nb[q] : n;
+        uint32_t j = 0;
+        for (; j < n; j++) {
+            a0 += p[q0][j];
+            a1 += p[q0 + 1][j];
+            a2 += p[q0 + 2][j];
+            a3 += p[q0 + 3][j];
         }
-        float *kd = kv->conv + (size_t)j * head_dim,
-              *vd = kv->conv + (size_t)nb * head_dim + (size_t)j * head_dim_v;
-        quant_f16_to_f32_rows(kh, kd, head_dim);
-        quant_f16_to_f32_rows(vh, vd, head_dim_v);
-        krow[j] = kd;
-        vrow[j] = vd;
+        for (uint32_t k = j; k < nb[q0]; k++)
+            a0 += p[q0][k];
+        for (uint32_t k = j; k < nb[q0 + 1]; k++)
+            a1 += p[q0 + 1][k];
+        for (uint32_t k = j; k < nb[q0 + 2]; k++)
+            a2 += p[q0 + 2][k];
+        for (uint32_t k = j; k < nb[q0 + 3]; k++)
+            a3 += p[q0 + 3][k];
+        sum[q0] = a0, sum[q0 + 1] = a1, sum[q0 + 2] = a2, sum[q0 + 3] = a3;
+    }
+    for (; q0 < nq; q0++) {
+        float a0 = sum[q0];
+        for (uint32_t j = 0; j < nb[q0]; j++)
+            a0 += p[q0][j];
+        sum[q0] = a0;
     }
 }
 

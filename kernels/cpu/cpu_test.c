@@ -196,8 +196,12 @@ START_TEST(attention_equals_reference)
     }
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const uint32_t hd = dims[di][0], hv = dims[di][1];
-        const struct ops_kv_view v = {blocks, bt,   hd + 3, (size_t)bt * row + hv + 1, row, row,
-                                      NULL,   NULL, NULL};
+        const struct ops_kv_view v = {.blocks = blocks,
+                                      .block_tokens = bt,
+                                      .k_off = hd + 3,
+                                      .v_off = (size_t)bt * row + hv + 1,
+                                      .k_stride = row,
+                                      .v_stride = row};
         struct ops_kv_view vh = v;
         vh.blocks = NULL, vh.hblocks = (const uint16_t *const *)hblocks, vh.wtab = wtab;
         vh.conv = conv;
@@ -265,7 +269,8 @@ START_TEST(attention_mla_rows_equal_reference)
         for (size_t i = 0; i < (size_t)BT * HD; i++)
             blocks[b][i] = gauss();
     }
-    const struct ops_kv_view v = {blocks, BT, 0, 0, HD, HD, NULL, NULL, NULL};
+    const struct ops_kv_view v = {
+        .blocks = blocks, .block_tokens = BT, .k_stride = HD, .v_stride = HD};
     static float q[NT * NH * HD], want[NT * NH * HV], got[NT * NH * HV];
     for (size_t d = 0; d < sizeof q / sizeof q[0]; d++)
         q[d] = gauss();

@@ -66,18 +66,13 @@ void cpu_expf_avx2(const float *x, float *y, uint32_t n)
         y[i] = expf(x[i]);
 }
 
-/* ld8 / ld1: 8 floats / one float at element d of a row of floats or, h16, of halves (converted
+/* ld8: 8 floats at element d of a row of floats or, h16, of halves (converted
  * in registers: exact, as quant_f16_to_f32 but for a signaling NaN, which vcvtph2ps quiets; a
  * cache row never holds one, kv_store_write's conversion makes quiet NaNs only) */
 static inline __attribute__((always_inline)) __m256 ld8(const void *row, uint32_t d, bool h16)
 {
     return h16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)))
                : _mm256_loadu_ps((const float *)row + d);
-}
-
-static inline __attribute__((always_inline)) float ld1(const void *row, uint32_t d, bool h16)
-{
-    return h16 ? quant_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
 }
 
 /* scale_mul: out[i] = (x[i] * s) * w[i], the tail of RMSNorm. */
@@ -190,7 +185,7 @@ transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*
         }
         for (; d < head_dim; d++)
             for (int j = 0; j < 8; j++)
-                kt[d][8 * g + j] = ld1(k[8 * g + j], d, h16);
+                kt[d][8 * g + j] = cpu_att_ld1(k[8 * g + j], d, h16);
     }
 }
 
@@ -256,7 +251,7 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
     for (; d < head_dim_v; d++) {
         float x = o[d] * c;
         for (uint32_t j = 0; j < nb; j++)
-            x += p[j] * ld1(vrow[j], d, h16);
+            x += p[j] * cpu_att_ld1(vrow[j], d, h16);
         o[d] = x;
     }
 }
@@ -310,7 +305,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
     /* a window: blocks aligned to key 0 as ops_attention_ex's, from the first query's first */
     for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
-        cpu_att_rows(kv, j0, nbmax, head_dim, head_dim_v, false, krow, vrow);
+        cpu_att_rows(kv, j0, nbmax, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(krow, nbmax, head_dim, kt, h16);
         /* each query's scores and weights (ops_attention's online softmax, step for step),
@@ -341,32 +336,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
             iq[na] = i;
             nbq[na++] = nb;
         }
-        uint32_t q0 = 0;
-        for (; q0 + 4 <= na; q0 += 4) {
-            float s0 = sq[q0], s1 = sq[q0 + 1], s2 = sq[q0 + 2], s3 = sq[q0 + 3];
-            uint32_t n = nbq[q0];
-            for (uint32_t q = q0 + 1; q < q0 + 4; q++)
-                n = nbq[q] < n ? nbq[q] : n;
-            uint32_t j = 0;
-            for (; j < n; j++) {
-                s0 += pb[q0][j];
-                s1 += pb[q0 + 1][j];
-                s2 += pb[q0 + 2][j];
-                s3 += pb[q0 + 3][j];
-            }
-            for (uint32_t k = j; k < nbq[q0]; k++)
-                s0 += pb[q0][k];
-            for (uint32_t k = j; k < nbq[q0 + 1]; k++)
-                s1 += pb[q0 + 1][k];
-            for (uint32_t k = j; k < nbq[q0 + 2]; k++)
-                s2 += pb[q0 + 2][k];
-            for (uint32_t k = j; k < nbq[q0 + 3]; k++)
-                s3 += pb[q0 + 3][k];
-            sq[q0] = s0, sq[q0 + 1] = s1, sq[q0 + 2] = s2, sq[q0 + 3] = s3;
-        }
-        for (; q0 < na; q0++)
-            for (uint32_t j = 0; j < nbq[q0]; j++)
-                sq[q0] += pb[q0][j];
+        cpu_att_sums(na, sq, (const float(*)[KB])pb, nbq);
         for (uint32_t q = 0; q < na; q++) {
             const uint32_t i = iq[q];
             l[i] = sq[q];

@@ -53,18 +53,13 @@ static inline void transpose16(__m512 r[16])
     }
 }
 
-/* ld16 / ld1: 16 floats / one float at element d of a row of floats or, h16, of halves (in
+/* ld16: 16 floats at element d of a row of floats or, h16, of halves (in
  * registers: vcvtph2ps, exact, as quant_f16_to_f32 but for a signaling NaN, which it quiets; a
  * cache row never holds one, kv_store_write's conversion makes quiet NaNs only) */
 static inline __attribute__((always_inline)) __m512 ld16(const void *row, uint32_t d, bool h16)
 {
     return h16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + d)))
                : _mm512_loadu_ps((const float *)row + d);
-}
-
-static inline __attribute__((always_inline)) float ld1(const void *row, uint32_t d, bool h16)
-{
-    return h16 ? quant_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
 }
 
 /* transpose_block: kt[d][j] = k_j[d] for j < nb; later lanes repeat the last key (computed,
@@ -87,7 +82,7 @@ transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*
         }
         for (; d < head_dim; d++)
             for (int j = 0; j < 16; j++)
-                kt[d][16 * g + j] = ld1(k[16 * g + j], d, h16);
+                kt[d][16 * g + j] = cpu_att_ld1(k[16 * g + j], d, h16);
     }
 }
 
@@ -159,7 +154,7 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
     for (; d < head_dim_v; d++) {
         float x = o[d] * c;
         for (uint32_t j = 0; j < nb; j++)
-            x += p[j] * ld1(vrow[j], d, h16);
+            x += p[j] * cpu_att_ld1(vrow[j], d, h16);
         o[d] = x;
     }
 }
@@ -327,36 +322,7 @@ static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *
                 s[q][j] = expf(s[q][j] - mn[q]);
         }
     }
-    /* four queries' sums at a time in registers: four chains of dependent adds side by side */
-    uint32_t q0 = 0;
-    for (; q0 + 4 <= nq; q0 += 4) {
-        float a0 = sum[q0], a1 = sum[q0 + 1], a2 = sum[q0 + 2], a3 = sum[q0 + 3];
-        uint32_t n = nb[q0];
-        for (uint32_t q = q0 + 1; q < q0 + 4; q++)
-            n = nb[q] < n ? nb[q] : n;
-        uint32_t j = 0;
-        for (; j < n; j++) {
-            a0 += s[q0][j];
-            a1 += s[q0 + 1][j];
-            a2 += s[q0 + 2][j];
-            a3 += s[q0 + 3][j];
-        }
-        for (uint32_t k = j; k < nb[q0]; k++)
-            a0 += s[q0][k];
-        for (uint32_t k = j; k < nb[q0 + 1]; k++)
-            a1 += s[q0 + 1][k];
-        for (uint32_t k = j; k < nb[q0 + 2]; k++)
-            a2 += s[q0 + 2][k];
-        for (uint32_t k = j; k < nb[q0 + 3]; k++)
-            a3 += s[q0 + 3][k];
-        sum[q0] = a0, sum[q0 + 1] = a1, sum[q0 + 2] = a2, sum[q0 + 3] = a3;
-    }
-    for (; q0 < nq; q0++) {
-        float a0 = sum[q0];
-        for (uint32_t j = 0; j < nb[q0]; j++)
-            a0 += s[q0][j];
-        sum[q0] = a0;
-    }
+    cpu_att_sums(nq, sum, (const float(*)[KB])s, nb);
     uint32_t q = 0;
     if (head_dim_v % 64 == 0)
         for (; q + 4 <= nq; q += 4) {
@@ -391,7 +357,7 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
     /* a window: blocks aligned to key 0 as ops_attention_ex's, from the first query's first */
     for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
-        cpu_att_rows(kv, j0, nbmax, head_dim, head_dim_v, false, krow, vrow);
+        cpu_att_rows(kv, j0, nbmax, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(krow, nbmax, head_dim, kt, h16);
         /* queries four at a time; each takes the block only when it has keys in it (a key at

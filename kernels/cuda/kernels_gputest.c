@@ -498,15 +498,13 @@ START_TEST(attention_matches_reference)
                 int kvh = h / (n_head / n_kv);
                 for (int b = 0; b < max_blocks; b++) blocks[b] = k + (size_t)bt[s * max_blocks + b] * blk_floats;
                 float ref[128];
-                struct ops_kv_view view = {(float *const *)blocks,
-                                           bs,
-                                           (size_t)kvh * bs * hd,
-                                           (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd,
-                                           hd,
-                                           hd,
-                                           NULL,
-                                           NULL,
-                                           NULL};
+                struct ops_kv_view view = {.blocks = (float *const *)blocks,
+                                           .block_tokens = bs,
+                                           .k_off = (size_t)kvh * bs * hd,
+                                           .v_off = (size_t)n_blocks * blk_floats +
+                                                    (size_t)kvh * bs * hd,
+                                           .k_stride = hd,
+                                           .v_stride = hd};
                 ops_attention(ref, q + (s * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd), &view,
                               lens[s]);
                 for (int d = 0; d < hd; d++)
@@ -534,15 +532,13 @@ START_TEST(attention_matches_reference)
     for (int i = 0; i < n_q; i++)
         for (int h = 0; h < n_head; h++) {
             int kvh = h / (n_head / n_kv);
-            struct ops_kv_view view = {(float *const *)blocks,
-                                       bs,
-                                       (size_t)kvh * bs * hd,
-                                       (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd,
-                                       hd,
-                                       hd,
-                                       NULL,
-                                       NULL,
-                                       NULL};
+            struct ops_kv_view view = {.blocks = (float *const *)blocks,
+                                       .block_tokens = bs,
+                                       .k_off = (size_t)kvh * bs * hd,
+                                       .v_off =
+                                           (size_t)n_blocks * blk_floats + (size_t)kvh * bs * hd,
+                                       .k_stride = hd,
+                                       .v_stride = hd};
             float ref[128];
             ops_attention(ref, cq + (i * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd), &view,
                           clen[i]);
@@ -626,15 +622,12 @@ START_TEST(attention_rows_match_reference)
                 for (int b = 0; b < max_blocks; b++)
                     blocks[b] = kvf + (size_t)bt[s * max_blocks + b] * blk;
                 float ref[128];
-                struct ops_kv_view view = {(float *const *)blocks,
-                                           bs,
-                                           (size_t)kvh * bs * hd,
-                                           pool + (size_t)kvh * bs * hd,
-                                           hd,
-                                           hd,
-                                           NULL,
-                                           NULL,
-                                           NULL};
+                struct ops_kv_view view = {.blocks = (float *const *)blocks,
+                                           .block_tokens = bs,
+                                           .k_off = (size_t)kvh * bs * hd,
+                                           .v_off = pool + (size_t)kvh * bs * hd,
+                                           .k_stride = hd,
+                                           .v_stride = hd};
                 ops_attention(ref, q + (s * n_head + h) * hd, hd, hd, 1.0f / sqrtf((float)hd),
                               &view, lens[s]);
                 for (int d = 0; d < hd; d++)

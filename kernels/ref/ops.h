@@ -89,8 +89,8 @@ void ops_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
 /* A view of one KV head of one layer of a paged cache: key j's row is at
  * blocks[j / block_tokens] + k_off + (j % block_tokens) * k_stride (floats), values likewise.
  * An fp16 view (hblocks set) has the same layout in halves from hblocks' bases; only
- * cpu_attention reads one (its SIMD kernels convert a block of keys at a time into conv, its
- * fallback widens the view first, ops_kv_widen); the reference functions read float views. */
+ * cpu_attention reads one (its SIMD kernels convert each row as they load it, its fallback widens
+ * the view first, ops_kv_widen); the reference functions read float views. */
 struct ops_kv_view {
     float *const *blocks;  /* per block of block_tokens positions: its base */
     uint32_t block_tokens; /* positions per cache block */
@@ -99,7 +99,7 @@ struct ops_kv_view {
     const uint16_t *const *hblocks; /* fp16 view: per block its base (blocks unused) */
     float **wtab; /* fp16 view: room for the widened view's table (one pointer a block) */
     float *conv;  /* fp16 view: room for the widened rows: block_tokens * (head_dim + head_dim_v)
-                     floats a block of the keys viewed (at least OPS_ATTN_BLOCK keys' worth) */
+                     floats a block of the keys viewed */
 };
 
 /* ops_kv_widen turns fp16 view v of keys [0, n_keys) into a float view in place: each block's

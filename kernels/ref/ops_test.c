@@ -146,7 +146,11 @@ static void paged_attention_ex(float *out, const float *q, const float *K, const
             memcpy(blocks[b] + bt * d + s * dv, V + (b * bt + s) * dv, dv * sizeof(float));
         }
     }
-    struct ops_kv_view v = {blocks, bt, 0, (size_t)bt * d, d, dv, NULL, NULL, NULL};
+    struct ops_kv_view v = {.blocks = blocks,
+                            .block_tokens = bt,
+                            .v_off = (size_t)bt * d,
+                            .k_stride = d,
+                            .v_stride = dv};
     if (key_lo == 0 && sink == -INFINITY)
         ops_attention(out, q, d, dv, 1.0f / sqrtf((float)d), &v, n_keys);
     else
