@@ -46,19 +46,6 @@ static bool install(const char *dir)
     return system(cmd) == 0;
 }
 
-/* free_port asks the kernel for a free port on 127.0.0.1 (free when this returns). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t n = sizeof a;
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &n), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 START_TEST(official_clients)
 {
     if (!have("node") || !have("npm") || !have("curl")) {
@@ -87,7 +74,7 @@ START_TEST(official_clients)
     ck_assert_int_eq(mkdir(logs, 0700), 0);
     struct fixture_opts fo = {.type = "q8_0", .threads = 1};
     ck_assert_int_eq(fixture_write(&fo, model), 0);
-    int p = free_port();
+    int p = test_free_ports(1);
     snprintf(port, sizeof port, "%d", p);
     char strata[600];
     snprintf(strata, sizeof strata, "%s/strata", build);

@@ -108,25 +108,6 @@ struct svc {
     int port, n_frontends, n_workers;
 };
 
-/* free_ports finds n consecutive free TCP ports on 127.0.0.1. */
-static int free_ports(int n)
-{
-    for (int tries = 0; tries < 200; tries++) {
-        int base = 20000 + (int)((getpid() * 7919u + (unsigned)tries * 104729u) % 40000u);
-        bool ok = true;
-        for (int i = 0; i < n && ok; i++) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i))};
-            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-            ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-            close(fd);
-        }
-        if (ok) return base;
-    }
-    ck_abort_msg("no %d free consecutive ports", n);
-    return 0;
-}
-
 static json_t *state(const struct svc *s)
 {
     char path[800];
@@ -171,7 +152,7 @@ static void svc_launch(struct svc *s, int n_workers, int n_frontends, const char
 {
     s->n_workers = n_workers;
     s->n_frontends = n_frontends;
-    s->port = free_ports(n_frontends);
+    s->port = test_free_ports(n_frontends);
     char port[16], nw[16], nf[16], log[800];
     snprintf(port, sizeof port, "%d", s->port);
     snprintf(nw, sizeof nw, "%d", n_workers);

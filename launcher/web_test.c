@@ -32,22 +32,6 @@ static bool have(const char *prog)
     return system(cmd) == 0;
 }
 
-/* free_port finds a free TCP port on 127.0.0.1. */
-static int free_port(void)
-{
-    for (int tries = 0; tries < 200; tries++) {
-        int port = 20000 + (int)((getpid() * 7919u + (unsigned)tries * 104729u) % 40000u);
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        bool ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-        close(fd);
-        if (ok) return port;
-    }
-    ck_abort_msg("no free port");
-    return 0;
-}
-
 /* node_limit_s: the browser script's own time limit, inside Check's (the suite's below): a script
  * that hangs is ended while this test can still stop serve, whose children would outlive it. */
 static int node_limit_s(const char *soak)
@@ -97,7 +81,7 @@ START_TEST(browser)
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(write(fd, "web-test-key\n", 13), 13);
     close(fd);
-    int port = free_port();
+    int port = test_free_ports(1);
     char sport[16], strata[1024];
     snprintf(sport, sizeof sport, "%d", port);
     snprintf(strata, sizeof strata, "%s/strata", build);

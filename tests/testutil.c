@@ -4,13 +4,16 @@
 #include "common/arena/arena_layout.h"
 #include "common/base/err.h"
 
+#include <arpa/inet.h>
 #include <ftw.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <grp.h>
 #include <pwd.h>
@@ -174,6 +177,34 @@ float test_gauss(struct test_rng *r)
 {
     double u = test_unif(r), v = test_unif(r);
     return (float)(sqrt(-2 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+int test_free_ports(int n)
+{
+    /* from 10000 up to the ephemeral range's start (32768 by default: 22768 ports); where that
+     * range starts below 12000 there is no room under it, and the ports are taken from 20000 up */
+    unsigned lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%u %u", &lo, &hi) != 2) lo = 32768;
+        fclose(f);
+    }
+    const unsigned from = lo >= 12000 ? 10000 : 20000, span = lo >= 12000 ? lo - from : 40000;
+    for (int tries = 0; tries < 200; tries++) {
+        const int base =
+            (int)(from + (getpid() * 7919u + (unsigned)tries * 104729u) % (span - (unsigned)n));
+        bool ok = true;
+        for (int i = 0; i < n && ok; i++) {
+            const int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i))};
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+            if (fd >= 0) close(fd);
+        }
+        if (ok) return base;
+    }
+    ck_abort_msg("no %d free consecutive ports from %u on 127.0.0.1", n, from);
+    return 0;
 }
 
 unsigned test_other_uid(void)

@@ -68,6 +68,13 @@ struct test_rng {
 double test_unif(struct test_rng *r);
 float test_gauss(struct test_rng *r);
 
+/* test_free_ports finds n consecutive TCP ports free on 127.0.0.1 and returns the first (a failed
+ * test when none is found). They are taken below the kernel's ephemeral range
+ * (net.ipv4.ip_local_port_range), where no other test's outgoing connection can be handed one of
+ * them between this check and the server's listen; the choice is spread by pid, so tests running
+ * side by side try different ports. */
+int test_free_ports(int n);
+
 /* test_other_uid is a uid (and gid of the same number) that no account uses: "another local user"
  * for the hardening tests, which never create accounts. */
 unsigned test_other_uid(void);
