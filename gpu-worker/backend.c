@@ -50,6 +50,7 @@ void backend_kv_config(const struct model *m, uint32_t n_ctx, uint32_t n_seq, st
     /* MLA (deepseek2) stores no V rows: its values are the first head_dim_v floats of each K row,
      * the latent (kv_pos_bytes then counts what llama.cpp's MLA cache holds) */
     out->v_dim = hp->mla ? 0 : hp->n_head_kv * hp->head_dim_v;
+    out->v_head = hp->mla ? 0 : hp->head_dim_v;
     out->block_tokens = BACKEND_KV_BLOCK;
     out->n_ctx = n_ctx;
     out->max_blocks = (n_ctx + BACKEND_KV_BLOCK - 1) / BACKEND_KV_BLOCK * (n_seq ? n_seq : 1);

@@ -24,6 +24,8 @@ struct kv_config {
     uint32_t n_layer;
     uint32_t k_dim;        /* floats of one position's keys in one layer (n_head_kv*head_dim) */
     uint32_t v_dim;        /* floats of its values (n_head_kv*head_dim_v) */
+    uint32_t v_head;       /* floats of one head's values (head_dim_v): kv_store keeps a block's V
+                              head by head; 0: V rows of v_dim as they come */
     uint32_t block_tokens; /* positions per block */
     uint32_t n_ctx;        /* most positions of one sequence */
     uint32_t max_blocks;   /* blocks in the pool, over all sequences */

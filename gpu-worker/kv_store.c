@@ -2,6 +2,7 @@
 #include "common/base/err.h"
 #include "common/quant/quant.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,7 +130,24 @@ void kv_store_drop_segments(struct kv_store *st, uint32_t n)
     if (st->n_reserved > ids) st->n_reserved = ids;
 }
 
-/* piece: the memory of block id's rows of layer: K rows (block_tokens of k_dim), then V rows. */
+/* k_cols: whether the store keeps K by columns (ops.h): each piece's K is [k_dim][block_tokens],
+ * so a head's keys of a block lie together, transposed, as the attention kernels read them. An
+ * MLA cache (no V) keeps rows: its values are read out of the K rows. */
+static bool k_cols(const struct kv_config *c)
+{
+    return c->v_dim > 0;
+}
+
+/* v_head: the floats of one head's values as the store lays them: a block's V is [heads][block
+ * tokens][v_head] (v_head v_dim, one head: plain rows, where the config names no head size or
+ * one that does not divide v_dim). */
+static size_t v_head(const struct kv_config *c)
+{
+    return c->v_head && c->v_dim % c->v_head == 0 ? c->v_head : c->v_dim;
+}
+
+/* piece: the memory of block id's rows of layer: K (block_tokens positions of k_dim, by columns
+ * where k_cols), then V (head by head, v_head). */
 static void *piece(const struct kv_store *st, uint32_t id, uint32_t layer)
 {
     if (!st->seg)
@@ -175,19 +193,29 @@ void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer,
 {
     const struct kv_config *c = &st->cfg;
     const uint32_t slot = pos % c->block_tokens;
-    const size_t ko = (size_t)slot * c->k_dim,
-                 vo = (size_t)c->block_tokens * c->k_dim + (size_t)slot * c->v_dim;
+    const size_t bt = c->block_tokens, ko = k_cols(c) ? slot : (size_t)slot * c->k_dim,
+                 ks = k_cols(c) ? bt : 1, vh = v_head(c);
     void *base = piece(st, s->blocks[pos / c->block_tokens], layer);
+    /* V head by head: head h's row of this slot at bt * k_dim + (h * bt + slot) * vh */
+    for (uint32_t h = 0; vh && h < c->v_dim / vh; h++) {
+        const size_t vo = bt * c->k_dim + (h * bt + slot) * vh;
+        if (st->type == KV_F32) {
+            memcpy((float *)base + vo, v + h * vh, vh * sizeof(float));
+        } else {
+            uint16_t *vd = (uint16_t *)base + vo;
+            for (size_t i = 0; i < vh; i++)
+                vd[i] = quant_f32_to_f16(v[h * vh + i]);
+        }
+    }
     if (st->type == KV_F32) {
-        memcpy((float *)base + ko, k, c->k_dim * sizeof(float));
-        memcpy((float *)base + vo, v, c->v_dim * sizeof(float));
+        float *kd = (float *)base + ko;
+        for (uint32_t i = 0; i < c->k_dim; i++)
+            kd[i * ks] = k[i];
         return;
     }
-    uint16_t *kd = (uint16_t *)base + ko, *vd = (uint16_t *)base + vo;
+    uint16_t *kd = (uint16_t *)base + ko;
     for (uint32_t i = 0; i < c->k_dim; i++)
-        kd[i] = quant_f32_to_f16(k[i]);
-    for (uint32_t i = 0; i < c->v_dim; i++)
-        vd[i] = quant_f32_to_f16(v[i]);
+        kd[i * ks] = quant_f32_to_f16(k[i]);
 }
 
 /* the scratch's parts: the view's table, and for fp16 the widened view's table and rows */
@@ -219,10 +247,11 @@ void kv_store_view_direct(const struct kv_store *st, const struct kv_seq *s, uin
     for (uint32_t i = 0; i < nb; i++)
         bases[i] = piece(st, s->blocks[i], layer);
     out->block_tokens = bt;
-    out->k_off = (size_t)head * head_dim;
-    out->v_off = (size_t)bt * c->k_dim + (size_t)head * head_dim_v;
-    out->k_stride = c->k_dim;
-    out->v_stride = c->v_dim;
+    out->k_cols = k_cols(c);
+    out->k_off = (size_t)head * head_dim * (k_cols(c) ? bt : 1);
+    out->v_off = (size_t)bt * c->k_dim + (size_t)head * bt * v_head(c);
+    out->k_stride = k_cols(c) ? 1 : c->k_dim;
+    out->v_stride = v_head(c);
     if (st->type == KV_F32) {
         out->blocks = (float *const *)bases;
         return;

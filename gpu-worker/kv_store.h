@@ -1,14 +1,17 @@
 /* kv_store — the host storage of the KV cache: one allocation per block id (kv.h names the ids),
  * made when the id is first used, holding K/V as fp32 or fp16.
  *
- * A block of block_tokens positions holds, for each layer in order, K rows (k_dim elements each)
- * then V rows (v_dim elements). Writing a row converts floats to the store's type (fp16: round to
- * nearest even, as ggml); attention reads a float view (kv_store_view): fp32 rows in place, fp16
- * rows converted into the caller's scratch. Each type is its own bit-exact contract: a position's
- * stored bits depend only on the floats written, so logits stay the same across batches, chunks,
- * threads and re-prefill for a given type (fp16 is not fp32: the two differ by its rounding).
- * Threads: kv_store_reserve on the decode thread between passes; during a pass any thread writes
- * the rows of positions it owns and reads any row.
+ * A block of block_tokens positions holds, for each layer in order, its K (k_dim elements a
+ * position, stored by columns: [k_dim][block_tokens], each head's keys transposed together, see
+ * ops.h's k_cols; an MLA cache, v_dim 0, keeps K rows) then V (v_dim elements a position, head
+ * by head: [v_dim / v_head][block_tokens][v_head], so one head's rows lie together). Writing a row
+ * converts floats to the store's type (fp16: round to nearest even, as ggml); attention reads a
+ * float view (kv_store_view): fp32 rows in place, fp16 rows converted into the caller's scratch.
+ * Each type is its own bit-exact contract: a position's stored bits depend only on the floats
+ * written, so logits stay the same across batches, chunks, threads and re-prefill for a given type
+ * (fp16 is not fp32: the two differ by its rounding). Threads: kv_store_reserve on the decode
+ * thread between passes; during a pass any thread writes the rows of positions it owns and reads
+ * any row.
  */
 #ifndef STRATA_KV_STORE_H
 #define STRATA_KV_STORE_H

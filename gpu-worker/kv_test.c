@@ -6,8 +6,13 @@
 
 #include <string.h>
 
-static const struct kv_config cfg = {
-    .n_layer = 2, .k_dim = 8, .v_dim = 4, .block_tokens = 4, .n_ctx = 20, .max_blocks = 6};
+static const struct kv_config cfg = {.n_layer = 2,
+                                     .k_dim = 8,
+                                     .v_dim = 4,
+                                     .v_head = 2,
+                                     .block_tokens = 4,
+                                     .n_ctx = 20,
+                                     .max_blocks = 6};
 
 /* The bookkeeping holds no data: these tests keep rows in a host store beside it, as a backend
  * does, reserving storage for the ids handed out. */
@@ -33,7 +38,7 @@ static float k_at(const struct kv_store *st, const struct kv_seq *s, uint32_t l,
     ck_assert_uint_le(kv_store_scratch_bytes(st, 4, 2), sizeof scratch);
     struct ops_kv_view v;
     kv_store_view(st, s, l, i / 4, 4, 2, s->n_tokens, scratch, &v);
-    return (v.blocks[p / 4] + v.k_off + (p % 4) * v.k_stride)[i % 4];
+    return v.blocks[p / 4][ops_kv_k_at(&v, p % 4, i % 4)];
 }
 
 START_TEST(rows_stay_put_across_growth)
@@ -68,9 +73,9 @@ START_TEST(rows_stay_put_across_growth)
             struct ops_kv_view v;
             kv_store_view(st, &s, l, h, 4, 2, 9, scratch, &v);
             for (uint32_t p = 0; p < 9; p++) {
-                const float *kr = v.blocks[p / 4] + v.k_off + (p % 4) * v.k_stride;
                 const float *vr = v.blocks[p / 4] + v.v_off + (p % 4) * v.v_stride;
-                ck_assert_float_eq(kr[1], 100.0f * l + 10 * p + h * 4 + 1);
+                ck_assert_float_eq(v.blocks[p / 4][ops_kv_k_at(&v, p % 4, 1)],
+                                   100.0f * l + 10 * p + h * 4 + 1);
                 ck_assert_float_eq(vr[1], -100.0f * l - 10 * p - h * 2 - 1);
             }
             /* the direct view: an fp32 store's is the same view, an fp16 store's its halves in
@@ -78,11 +83,16 @@ START_TEST(rows_stay_put_across_growth)
             struct ops_kv_view d;
             kv_store_view_direct(st, &s, l, h, 4, 2, 9, scratch, &d);
             ck_assert(type == KV_F16 ? d.hblocks && !d.blocks : d.blocks && !d.hblocks);
+            /* K by columns: head h's keys of a block are its [4][block_tokens] array */
+            ck_assert(d.k_cols && v.k_cols);
+            ck_assert_uint_eq(d.k_off, (size_t)h * 4 * 4);
+            /* V head by head: head h's rows of a block after K, [4][2] */
+            ck_assert_uint_eq(d.v_off, 4 * 8 + (size_t)h * 4 * 2);
+            ck_assert_uint_eq(d.v_stride, 2);
             for (uint32_t p = 0; p < 9; p++) {
-                const size_t ko = d.k_off + (p % 4) * d.k_stride,
-                             vo = d.v_off + (p % 4) * d.v_stride;
-                const float kf = type == KV_F16 ? quant_f16_to_f32(d.hblocks[p / 4][ko + 1])
-                                                : d.blocks[p / 4][ko + 1];
+                const size_t ko = ops_kv_k_at(&d, p % 4, 1), vo = d.v_off + (p % 4) * d.v_stride;
+                const float kf =
+                    type == KV_F16 ? quant_f16_to_f32(d.hblocks[p / 4][ko]) : d.blocks[p / 4][ko];
                 const float vf = type == KV_F16 ? quant_f16_to_f32(d.hblocks[p / 4][vo + 1])
                                                 : d.blocks[p / 4][vo + 1];
                 ck_assert_float_eq(kf, 100.0f * l + 10 * p + h * 4 + 1);

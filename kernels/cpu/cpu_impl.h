@@ -12,13 +12,14 @@
 #include "common/quant/quant.h"
 
 /* cpu_att_rows points krow[j] and vrow[j] at the K and V rows of keys j0 + j, j < nb, in place:
- * floats of a float view, halves of an fp16 view (the kernels convert them as they load them). */
+ * floats of a float view, halves of an fp16 view (the kernels convert them as they load them).
+ * In a k_cols view krow[j] is the key's element 0, element d lying d * block_tokens further. */
 static inline void cpu_att_rows(const struct ops_kv_view *kv, uint32_t j0, uint32_t nb,
                                 const void **krow, const void **vrow)
 {
     for (uint32_t j = 0; j < nb; j++) {
         const uint32_t key = j0 + j, b = key / kv->block_tokens, slot = key % kv->block_tokens;
-        const size_t ko = kv->k_off + slot * kv->k_stride, vo = kv->v_off + slot * kv->v_stride;
+        const size_t ko = ops_kv_k_at(kv, slot, 0), vo = kv->v_off + slot * kv->v_stride;
         if (kv->hblocks) {
             krow[j] = kv->hblocks[b] + ko;
             vrow[j] = kv->hblocks[b] + vo;
@@ -78,13 +79,23 @@ static inline void cpu_att_prefetch(const struct ops_kv_view *kv, uint32_t j0, u
                                     uint32_t head_dim, uint32_t head_dim_v)
 {
     const size_t el = kv->hblocks ? 2 : 4;
+    const uint32_t bt = kv->block_tokens;
     for (uint32_t key = j0; key < n_keys && key < j0 + OPS_ATTN_BLOCK; key++) {
-        const uint32_t b = key / kv->block_tokens, slot = key % kv->block_tokens;
+        const uint32_t b = key / bt, slot = key % bt;
         const char *base = kv->hblocks ? (const char *)kv->hblocks[b] : (const char *)kv->blocks[b];
-        const char *k = base + (kv->k_off + slot * kv->k_stride) * el;
+        const char *k = base + ops_kv_k_at(kv, slot, 0) * el;
         const char *v = base + (kv->v_off + slot * kv->v_stride) * el;
-        for (size_t o = 0; o < head_dim * el; o += 64)
-            __builtin_prefetch(k + o, 0, 2);
+        if (!kv->k_cols)
+            for (size_t o = 0; o < head_dim * el; o += 64)
+                __builtin_prefetch(k + o, 0, 2);
+        else if (key == j0 || slot == 0) {
+            /* the block's keys from here on, a run of each of its column rows */
+            uint32_t n = bt - slot;
+            if (n > j0 + OPS_ATTN_BLOCK - key) n = j0 + OPS_ATTN_BLOCK - key;
+            for (uint32_t d = 0; d < head_dim; d++)
+                for (size_t o = 0; o < n * el; o += 64)
+                    __builtin_prefetch(k + (size_t)d * bt * el + o, 0, 2);
+        }
         for (size_t o = 0; o < head_dim_v * el; o += 64)
             __builtin_prefetch(v + o, 0, 2);
     }

@@ -174,7 +174,9 @@ END_TEST
 /* A paged KV view over random keys/values: block_tokens 16, so 32-key attention blocks straddle
  * cache blocks, and the head sits at an offset inside each row. The values are halves, so the same
  * cache as fp16 rows (an fp16 view: converted a block at a time, or widened on the reference path)
- * must give the same bits too. */
+ * must give the same bits too. Each case is run on K rows and on K by columns (k_cols, the
+ * store's layout), the columns also with block_tokens 12, whose blocks split the kernels' lane
+ * groups of keys. */
 START_TEST(attention_equals_reference)
 {
     enum cpu_isa isa[3];
@@ -195,56 +197,64 @@ START_TEST(attention_equals_reference)
         }
     }
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        const uint32_t hd = dims[di][0], hv = dims[di][1];
-        const struct ops_kv_view v = {.blocks = blocks,
-                                      .block_tokens = bt,
-                                      .k_off = hd + 3,
-                                      .v_off = (size_t)bt * row + hv + 1,
-                                      .k_stride = row,
-                                      .v_stride = row};
-        struct ops_kv_view vh = v;
-        vh.blocks = NULL, vh.hblocks = (const uint16_t *const *)hblocks, vh.wtab = wtab;
-        vh.conv = conv;
-        /* (tokens, heads) of one call: decode of a GQA group, prompt runs; strided apart */
-        static const uint32_t shapes[][2] = {{1, 1}, {1, 4}, {3, 2}, {9, 4}, {16, 4}, {5, 3}};
-        enum { QT = 4 * 130, QH = 130, OT = 4 * 131, OH = 131, NQ = 16 * 4 };
-        static float q[NQ * QH], want[NQ * OH], got[NQ * OH];
-        for (uint32_t d = 0; d < NQ * QH; d++)
-            q[d] = gauss() * 2;
-        const float sc = 1.0f / sqrtf((float)hd);
-        /* gpt-oss's sliding windows (none, shorter than a block, one block, across blocks) and
-         * sinks (one per head; large enough to matter) */
-        static const uint32_t windows[] = {0, 5, 32, 40};
-        static const float sink_vals[4] = {0.5f, -1.0f, 3.0f, 0.0f};
-        for (size_t wi = 0; wi < 2 * sizeof windows / sizeof windows[0]; wi++) {
-            for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
-                for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
-                    const uint32_t nt = shapes[sh][0], nh = shapes[sh][1], win = windows[wi / 2];
-                    const float *sinks = wi % 2 ? sink_vals : NULL;
-                    if (keys[ki] + nt - 1 > n_blocks * bt) continue;
-                    for (int i = 0; i < NQ * OH; i++)
-                        want[i] = GUARD_VALUE;
-                    struct cpu_att_q a = {q, QT, QH, NULL, OT, OH, nt, nh, keys[ki], win, sinks};
-                    for (uint32_t t = 0; t < nt; t++)
-                        for (uint32_t h = 0; h < nh; h++)
-                            ops_attention_ex(want + t * OT + h * OH, q + t * QT + h * QH, hd, hv,
-                                             sc, &v, cpu_att_lo(&a, t), keys[ki] + t,
-                                             sinks ? sinks[h] : -INFINITY);
-                    for (int k = 0; k < 2 * n_simd + 1; k++) {
-                        const bool f16 = k >= n_simd;
-                        ck_assert_int_eq(cpu_isa_set(isa[f16 ? k - n_simd : k]), 0);
+        for (uint32_t lay = 0; lay < 3; lay++) {
+            const uint32_t hd = dims[di][0], hv = dims[di][1], vbt = lay == 2 ? 12 : bt;
+            const struct ops_kv_view v = {.blocks = blocks,
+                                          .block_tokens = vbt,
+                                          .k_off = hd + 3,
+                                          .v_off = (size_t)bt * row + hv + 1,
+                                          .k_stride = row,
+                                          .v_stride = row,
+                                          .k_cols = lay > 0};
+            struct ops_kv_view vh = v;
+            vh.blocks = NULL, vh.hblocks = (const uint16_t *const *)hblocks, vh.wtab = wtab;
+            vh.conv = conv;
+            /* (tokens, heads) of one call: decode of a GQA group, prompt runs; strided apart */
+            static const uint32_t shapes[][2] = {{1, 1}, {1, 4}, {3, 2}, {9, 4}, {16, 4}, {5, 3}};
+            enum { QT = 4 * 130, QH = 130, OT = 4 * 131, OH = 131, NQ = 16 * 4 };
+            static float q[NQ * QH], want[NQ * OH], got[NQ * OH];
+            for (uint32_t d = 0; d < NQ * QH; d++)
+                q[d] = gauss() * 2;
+            const float sc = 1.0f / sqrtf((float)hd);
+            /* gpt-oss's sliding windows (none, shorter than a block, one block, across blocks) and
+             * sinks (one per head; large enough to matter) */
+            static const uint32_t windows[] = {0, 5, 32, 40};
+            static const float sink_vals[4] = {0.5f, -1.0f, 3.0f, 0.0f};
+            for (size_t wi = 0; wi < 2 * sizeof windows / sizeof windows[0]; wi++) {
+                for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
+                    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+                        const uint32_t nt = shapes[sh][0], nh = shapes[sh][1],
+                                       win = windows[wi / 2];
+                        const float *sinks = wi % 2 ? sink_vals : NULL;
+                        if (keys[ki] + nt - 1 > n_blocks * vbt) continue;
                         for (int i = 0; i < NQ * OH; i++)
-                            got[i] = GUARD_VALUE;
-                        a.out = got;
-                        cpu_attention(&a, hd, hv, sc, f16 ? &vh : &v);
-                        /* every output equal, the floats between and after them untouched */
-                        ck_assert_msg(memcmp(got, want, sizeof got) == 0,
-                                      "%s attention over an %s view, head_dim %u/%u, %u keys, %u "
-                                      "tokens x %u heads, window %u, %s differs",
-                                      cpu_isa_name(cpu_isa()), f16 ? "fp16" : "fp32", hd, hv,
-                                      keys[ki], nt, nh, win, sinks ? "sinks" : "no sinks");
+                            want[i] = GUARD_VALUE;
+                        struct cpu_att_q a = {q,  QT, QH,       NULL, OT,   OH,
+                                              nt, nh, keys[ki], win,  sinks};
+                        for (uint32_t t = 0; t < nt; t++)
+                            for (uint32_t h = 0; h < nh; h++)
+                                ops_attention_ex(want + t * OT + h * OH, q + t * QT + h * QH, hd,
+                                                 hv, sc, &v, cpu_att_lo(&a, t), keys[ki] + t,
+                                                 sinks ? sinks[h] : -INFINITY);
+                        for (int k = 0; k < 2 * n_simd + 1; k++) {
+                            const bool f16 = k >= n_simd;
+                            ck_assert_int_eq(cpu_isa_set(isa[f16 ? k - n_simd : k]), 0);
+                            for (int i = 0; i < NQ * OH; i++)
+                                got[i] = GUARD_VALUE;
+                            a.out = got;
+                            cpu_attention(&a, hd, hv, sc, f16 ? &vh : &v);
+                            /* every output equal, the floats between and after them untouched */
+                            ck_assert_msg(
+                                memcmp(got, want, sizeof got) == 0,
+                                "%s attention over an %s view (K %s, %u-key blocks), "
+                                "head_dim %u/%u, %u keys, %u tokens x %u heads, window %u, "
+                                "%s differs",
+                                cpu_isa_name(cpu_isa()), f16 ? "fp16" : "fp32",
+                                lay ? "by columns" : "rows", vbt, hd, hv, keys[ki], nt, nh, win,
+                                sinks ? "sinks" : "no sinks");
+                        }
                     }
-                }
+            }
         }
     }
     for (uint32_t b = 0; b < n_blocks; b++) {

@@ -144,7 +144,7 @@ void cpu_rope_avx2(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot,
 }
 
 /* transpose8: rows r[0..7] (8 floats each) -> columns. */
-static inline void transpose8(__m256 r[8])
+static inline __attribute__((always_inline)) void transpose8(__m256 r[8])
 {
     __m256 t[8], u[8];
     for (int i = 0; i < 8; i += 2) {
@@ -189,10 +189,38 @@ transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*
     }
 }
 
-static void transpose_block(const void *const *krow, uint32_t nb, uint32_t head_dim,
-                            float (*kt)[KB], bool h16)
+/* cols_rows is transpose_rows for a k_cols view (keys j0.. from slot `slot` of their cache block
+ * of bt): 8 keys in one block are a run of each column row, loaded as they lie (lanes past nb
+ * read the block's unwritten slots: computed, never read); a group split across blocks is read
+ * key by key, its lanes past nb repeating the last key. */
+static inline __attribute__((always_inline)) void cols_rows(const void *const *krow, uint32_t nb,
+                                                            uint32_t head_dim, uint32_t bt,
+                                                            uint32_t slot, float (*kt)[KB],
+                                                            bool h16)
 {
-    if (h16)
+    for (uint32_t g = 0; g < (nb + 7) / 8; g++) {
+        if ((slot + 8 * g) % bt + 8 <= bt) {
+            for (uint32_t d = 0; d < head_dim; d++)
+                _mm256_store_ps(&kt[d][8 * g], ld8(krow[8 * g], d * bt, h16));
+            continue;
+        }
+        for (uint32_t j = 8 * g; j < 8 * g + 8; j++) {
+            const void *k = krow[j < nb ? j : nb - 1];
+            for (uint32_t d = 0; d < head_dim; d++)
+                kt[d][j] = cpu_att_ld1(k, d * bt, h16);
+        }
+    }
+}
+
+static void transpose_block(const struct ops_kv_view *kv, uint32_t j0, const void *const *krow,
+                            uint32_t nb, uint32_t head_dim, float (*kt)[KB], bool h16)
+{
+    const uint32_t bt = kv->block_tokens, slot = j0 % bt;
+    if (kv->k_cols && h16)
+        cols_rows(krow, nb, head_dim, bt, slot, kt, true);
+    else if (kv->k_cols)
+        cols_rows(krow, nb, head_dim, bt, slot, kt, false);
+    else if (h16)
         transpose_rows(krow, nb, head_dim, kt, true);
     else
         transpose_rows(krow, nb, head_dim, kt, false);
@@ -307,7 +335,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
-        transpose_block(krow, nbmax, head_dim, kt, h16);
+        transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* each query's scores and weights (ops_attention's online softmax, step for step),
          * then the sums four queries side by side (each in key order), then the values */
         uint32_t na = 0;

@@ -27,7 +27,7 @@
 #define KB OPS_ATTN_BLOCK /* keys per block: 2 lane vectors of 16 */
 
 /* transpose16: rows r[0..15] (16 floats each) -> columns. */
-static inline void transpose16(__m512 r[16])
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
 {
     __m512 t[16], u[16];
     for (int i = 0; i < 16; i += 2) {
@@ -86,10 +86,38 @@ transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*
     }
 }
 
-static void transpose_block(const void *const *krow, uint32_t nb, uint32_t head_dim,
-                            float (*kt)[KB], bool h16)
+/* cols_rows is transpose_rows for a k_cols view (keys j0.. from slot `slot` of their cache block
+ * of bt): 16 keys in one block are a run of each column row, loaded as they lie (lanes past nb
+ * read the block's unwritten slots: computed, never read); a group split across blocks is read
+ * key by key, its lanes past nb repeating the last key. */
+static inline __attribute__((always_inline)) void cols_rows(const void *const *krow, uint32_t nb,
+                                                            uint32_t head_dim, uint32_t bt,
+                                                            uint32_t slot, float (*kt)[KB],
+                                                            bool h16)
 {
-    if (h16)
+    for (uint32_t g = 0; g < (nb + 15) / 16; g++) {
+        if ((slot + 16 * g) % bt + 16 <= bt) {
+            for (uint32_t d = 0; d < head_dim; d++)
+                _mm512_store_ps(&kt[d][16 * g], ld16(krow[16 * g], d * bt, h16));
+            continue;
+        }
+        for (uint32_t j = 16 * g; j < 16 * g + 16; j++) {
+            const void *k = krow[j < nb ? j : nb - 1];
+            for (uint32_t d = 0; d < head_dim; d++)
+                kt[d][j] = cpu_att_ld1(k, d * bt, h16);
+        }
+    }
+}
+
+static void transpose_block(const struct ops_kv_view *kv, uint32_t j0, const void *const *krow,
+                            uint32_t nb, uint32_t head_dim, float (*kt)[KB], bool h16)
+{
+    const uint32_t bt = kv->block_tokens, slot = j0 % bt;
+    if (kv->k_cols && h16)
+        cols_rows(krow, nb, head_dim, bt, slot, kt, true);
+    else if (kv->k_cols)
+        cols_rows(krow, nb, head_dim, bt, slot, kt, false);
+    else if (h16)
         transpose_rows(krow, nb, head_dim, kt, true);
     else
         transpose_rows(krow, nb, head_dim, kt, false);
@@ -359,7 +387,7 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
-        transpose_block(krow, nbmax, head_dim, kt, h16);
+        transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* queries four at a time; each takes the block only when it has keys in it (a key at
          * or past j0, a window reaching j0 + KB): the group's tokens may differ */
         uint32_t na = 0;

@@ -177,6 +177,7 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
     float s[OPS_ATTN_BLOCK];
     const float *vrow[OPS_ATTN_BLOCK];
     float m = -INFINITY, l = 0.0f;
+    const size_t kstep = kv->k_cols ? kv->block_tokens : 1; /* floats between a key's dims */
     for (uint32_t d = 0; d < head_dim_v; d++) out[d] = 0.0f;
     for (uint32_t j0 = key_lo / OPS_ATTN_BLOCK * OPS_ATTN_BLOCK; j0 < n_keys;
          j0 += OPS_ATTN_BLOCK) {
@@ -186,14 +187,15 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
             const uint32_t key = j0 + j;
             const float *base = kv->blocks[key / kv->block_tokens];
             const uint32_t slot = key % kv->block_tokens;
-            const float *k = base + kv->k_off + slot * kv->k_stride;
+            const float *k = base + kv->k_off + (kv->k_cols ? slot : slot * kv->k_stride);
             vrow[j] = base + kv->v_off + slot * kv->v_stride;
             if (key < key_lo) {
                 s[j] = -INFINITY; /* outside the window: weight expf(-inf) = 0 */
                 continue;
             }
             float dot = 0.0f;
-            for (uint32_t d = 0; d < head_dim; d++) dot += q[d] * k[d];
+            for (uint32_t d = 0; d < head_dim; d++)
+                dot += q[d] * k[d * kstep];
             s[j] = dot * scale;
             bm = s[j] > bm ? s[j] : bm;
         }
@@ -222,9 +224,12 @@ void ops_kv_widen(struct ops_kv_view *v, uint32_t n_keys, uint32_t head_dim, uin
         const uint16_t *src = v->hblocks[i];
         float *dst = v->conv + i * blk;
         const uint32_t rows = i + 1 < nb ? bt : n_keys - i * bt;
+        if (v->k_cols) /* the columns are rows of bt halves: converted as they lie */
+            quant_f16_to_f32_rows(src + v->k_off, dst, (size_t)head_dim * bt);
         for (uint32_t r = 0; r < rows; r++) {
-            quant_f16_to_f32_rows(src + v->k_off + (size_t)r * v->k_stride,
-                                  dst + (size_t)r * head_dim, head_dim);
+            if (!v->k_cols)
+                quant_f16_to_f32_rows(src + v->k_off + (size_t)r * v->k_stride,
+                                      dst + (size_t)r * head_dim, head_dim);
             quant_f16_to_f32_rows(src + v->v_off + (size_t)r * v->v_stride,
                                   dst + (size_t)bt * head_dim + (size_t)r * head_dim_v, head_dim_v);
         }
@@ -234,6 +239,6 @@ void ops_kv_widen(struct ops_kv_view *v, uint32_t n_keys, uint32_t head_dim, uin
     v->hblocks = NULL;
     v->k_off = 0;
     v->v_off = (size_t)bt * head_dim;
-    v->k_stride = head_dim;
+    v->k_stride = v->k_cols ? 1 : head_dim;
     v->v_stride = head_dim_v;
 }

@@ -87,7 +87,11 @@ void ops_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in
                 size_t out_stride);
 
 /* A view of one KV head of one layer of a paged cache: key j's row is at
- * blocks[j / block_tokens] + k_off + (j % block_tokens) * k_stride (floats), values likewise.
+ * blocks[j / block_tokens] + k_off + (j % block_tokens) * k_stride (floats), values likewise;
+ * with k_cols the keys are stored by columns instead, element d of key j at
+ * blocks[j / block_tokens] + k_off + d * block_tokens + j % block_tokens (k_stride unused): a
+ * block's keys of one head are then one array [head_dim][block_tokens], the transposed keys the
+ * SIMD kernels compute scores from (values stay rows).
  * An fp16 view (hblocks set) has the same layout in halves from hblocks' bases; only
  * cpu_attention reads one (its SIMD kernels convert each row as they load it, its fallback widens
  * the view first, ops_kv_widen); the reference functions read float views. */
@@ -96,15 +100,25 @@ struct ops_kv_view {
     uint32_t block_tokens; /* positions per cache block */
     size_t k_off, v_off;   /* floats from a block's base to this layer's and head's first K / V */
     size_t k_stride, v_stride; /* floats between consecutive positions */
+    uint32_t k_cols;           /* nonzero: K by columns (above), k_stride unused */
     const uint16_t *const *hblocks; /* fp16 view: per block its base (blocks unused) */
     float **wtab; /* fp16 view: room for the widened view's table (one pointer a block) */
     float *conv;  /* fp16 view: room for the widened rows: block_tokens * (head_dim + head_dim_v)
                      floats a block of the keys viewed */
 };
 
+/* ops_kv_k_at: where element d of the key in slot `slot` of a block lies, in elements from the
+ * block's base (rows or, k_cols, columns). */
+static inline size_t ops_kv_k_at(const struct ops_kv_view *v, uint32_t slot, uint32_t d)
+{
+    return v->k_off +
+           (v->k_cols ? (size_t)d * v->block_tokens + slot : (size_t)slot * v->k_stride + d);
+}
+
 /* ops_kv_widen turns fp16 view v of keys [0, n_keys) into a float view in place: each block's
- * rows converted (quant_f16_to_f32) into v->conv as blocks of block_tokens K rows of head_dim,
- * then V rows of head_dim_v, v->wtab their table. A float view is left as it is. */
+ * rows converted (quant_f16_to_f32) into v->conv as blocks of block_tokens K rows of head_dim
+ * (by columns for a k_cols view), then V rows of head_dim_v, v->wtab their table. A float view
+ * is left as it is. */
 void ops_kv_widen(struct ops_kv_view *v, uint32_t n_keys, uint32_t head_dim, uint32_t head_dim_v);
 
 /* ops_attention: out (head_dim_v) = softmax(scale * q . K^T) . V over keys [0, n_keys) of kv, in
