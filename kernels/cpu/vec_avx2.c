@@ -1,6 +1,7 @@
 /* vec_avx2 — RMSNorm, RoPE and attention for AVX2, equal bit for bit to kernels/ref/ops.c: every
  * lane computes one independent element (a key's score, a dim of the output) with the reference's
- * operations in the reference's order, so only the element-wise parts are vectorized: the double
+ * operations in the reference's order (attention's multiply-adds fused, as its fmaf), so only
+ * the element-wise parts are vectorized: the double
  * sum of RMSNorm stays one sequential chain, and sinf/cosf stay libm's scalar calls; the
  * softmax's expf is glibc's method on 4 double lanes where it matches this libm (cpu_vexp2_ok),
  * else libm's. An fp16 cache is read in place, each row converted as it is loaded. */
@@ -226,18 +227,18 @@ static void transpose_block(const struct ops_kv_view *kv, uint32_t j0, const voi
         transpose_rows(krow, nb, head_dim, kt, false);
 }
 
-/* scores_block: s[j] = (sum_d q[d] * k_j[d], d in order) * scale for the ng lane vectors of the
- * block; one chain per lane vector, the ng chains side by side. */
+/* scores_block: s[j] = (fmaf chain of q[d] * k_j[d], d in order) * scale for the ng lane vectors of
+ * the block; one chain per lane vector, the ng chains side by side. */
 static inline void scores_block(const float *q, const float (*kt)[KB], uint32_t head_dim,
                                 uint32_t ng, float scale, float *s)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m256 qv = _mm256_set1_ps(q[d]);
-        a0 = _mm256_add_ps(a0, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][0])));
-        if (ng > 1) a1 = _mm256_add_ps(a1, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][8])));
-        if (ng > 2) a2 = _mm256_add_ps(a2, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][16])));
-        if (ng > 3) a3 = _mm256_add_ps(a3, _mm256_mul_ps(qv, _mm256_load_ps(&kt[d][24])));
+        a0 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][0]), a0);
+        if (ng > 1) a1 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][8]), a1);
+        if (ng > 2) a2 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][16]), a2);
+        if (ng > 3) a3 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][24]), a3);
     }
     const __m256 sv = _mm256_set1_ps(scale);
     _mm256_store_ps(s, _mm256_mul_ps(a0, sv));
@@ -246,7 +247,7 @@ static inline void scores_block(const float *q, const float (*kt)[KB], uint32_t 
     _mm256_store_ps(s + 24, _mm256_mul_ps(a3, sv));
 }
 
-/* values_block: o = o * c, then o += p_j * v_j for j < nb in order, 32 dims at a time. */
+/* values_block: o = o * c, then o = fma(p_j, v_j, o) for j < nb in order, 32 dims at a time. */
 static inline __attribute__((always_inline)) void values_rows(float *o, float c, const float *p,
                                                               const void *const *vrow, uint32_t nb,
                                                               uint32_t head_dim_v, bool h16)
@@ -260,10 +261,10 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
         __m256 o3 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 24), cv);
         for (uint32_t j = 0; j < nb; j++) {
             const __m256 pv = _mm256_set1_ps(p[j]);
-            o0 = _mm256_add_ps(o0, _mm256_mul_ps(pv, ld8(vrow[j], d, h16)));
-            o1 = _mm256_add_ps(o1, _mm256_mul_ps(pv, ld8(vrow[j], d + 8, h16)));
-            o2 = _mm256_add_ps(o2, _mm256_mul_ps(pv, ld8(vrow[j], d + 16, h16)));
-            o3 = _mm256_add_ps(o3, _mm256_mul_ps(pv, ld8(vrow[j], d + 24, h16)));
+            o0 = _mm256_fmadd_ps(pv, ld8(vrow[j], d, h16), o0);
+            o1 = _mm256_fmadd_ps(pv, ld8(vrow[j], d + 8, h16), o1);
+            o2 = _mm256_fmadd_ps(pv, ld8(vrow[j], d + 16, h16), o2);
+            o3 = _mm256_fmadd_ps(pv, ld8(vrow[j], d + 24, h16), o3);
         }
         _mm256_storeu_ps(o + d, o0);
         _mm256_storeu_ps(o + d + 8, o1);
@@ -273,15 +274,98 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
     for (; d + 8 <= head_dim_v; d += 8) {
         __m256 o0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), cv);
         for (uint32_t j = 0; j < nb; j++)
-            o0 = _mm256_add_ps(o0, _mm256_mul_ps(_mm256_set1_ps(p[j]), ld8(vrow[j], d, h16)));
+            o0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), ld8(vrow[j], d, h16), o0);
         _mm256_storeu_ps(o + d, o0);
     }
     for (; d < head_dim_v; d++) {
         float x = o[d] * c;
         for (uint32_t j = 0; j < nb; j++)
-            x += p[j] * cpu_att_ld1(vrow[j], d, h16);
+            x = fmaf(p[j], cpu_att_ld1(vrow[j], d, h16), x);
         o[d] = x;
     }
+}
+
+/* scores2: scores_block for two queries side by side, eight chains (each still one lane vector
+ * summing its keys' dims in order); ng the lane vectors the longer of the two needs. */
+static inline void scores2(const float *const *q, const float (*kt)[KB], uint32_t head_dim,
+                           uint32_t ng, float scale, float *const *s)
+{
+    __m256 a[2][4];
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+    for (uint32_t d = 0; d < head_dim; d++) {
+        const __m256 x0 = _mm256_set1_ps(q[0][d]), x1 = _mm256_set1_ps(q[1][d]);
+        const __m256 k0 = _mm256_load_ps(&kt[d][0]);
+        a[0][0] = _mm256_fmadd_ps(x0, k0, a[0][0]);
+        a[1][0] = _mm256_fmadd_ps(x1, k0, a[1][0]);
+        if (ng > 1) {
+            const __m256 k1 = _mm256_load_ps(&kt[d][8]);
+            a[0][1] = _mm256_fmadd_ps(x0, k1, a[0][1]);
+            a[1][1] = _mm256_fmadd_ps(x1, k1, a[1][1]);
+        }
+        if (ng > 2) {
+            const __m256 k2 = _mm256_load_ps(&kt[d][16]);
+            a[0][2] = _mm256_fmadd_ps(x0, k2, a[0][2]);
+            a[1][2] = _mm256_fmadd_ps(x1, k2, a[1][2]);
+        }
+        if (ng > 3) {
+            const __m256 k3 = _mm256_load_ps(&kt[d][24]);
+            a[0][3] = _mm256_fmadd_ps(x0, k3, a[0][3]);
+            a[1][3] = _mm256_fmadd_ps(x1, k3, a[1][3]);
+        }
+    }
+    const __m256 sv = _mm256_set1_ps(scale);
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+            _mm256_store_ps(s[i] + 8 * u, _mm256_mul_ps(a[i][u], sv));
+}
+
+/* values2: values_rows for two queries of one block at once where head_dim_v is a multiple of
+ * 32: eight chains side by side sharing each value load, every output lane adding p_j * v_j in
+ * key order; a query with fewer keys than the other finishes its own after the common ones. */
+static inline __attribute__((always_inline)) void
+values2_rows(float *const *o, const float *c, const float *const *p, const void *const *vrow,
+             const uint32_t *nb, uint32_t head_dim_v, bool h16)
+{
+    const uint32_t n = nb[0] < nb[1] ? nb[0] : nb[1];
+    for (uint32_t d = 0; d < head_dim_v; d += 32) {
+        __m256 acc[2][4];
+        _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        {
+            const __m256 cv = _mm256_set1_ps(c[i]);
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
+                _mm256_mul_ps(_mm256_loadu_ps(o[i] + d + 8 * u), cv);
+        }
+        for (uint32_t j = 0; j < n; j++) {
+            __m256 v[4];
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) v[u] = ld8(vrow[j], d + 8 * u, h16);
+            _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+            {
+                const __m256 pv = _mm256_set1_ps(p[i][j]);
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
+                    _mm256_fmadd_ps(pv, v[u], acc[i][u]);
+            }
+        }
+        _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
+        {
+            for (uint32_t j = n; j < nb[i]; j++) {
+                const __m256 pv = _mm256_set1_ps(p[i][j]);
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
+                    _mm256_fmadd_ps(pv, ld8(vrow[j], d + 8 * u, h16), acc[i][u]);
+            }
+            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+                _mm256_storeu_ps(o[i] + d + 8 * u, acc[i][u]);
+        }
+    }
+}
+
+static void values2(float *const *o, const float *c, const float *const *p, const void *const *vrow,
+                    const uint32_t *nb, uint32_t head_dim_v, bool h16)
+{
+    if (h16)
+        values2_rows(o, c, p, vrow, nb, head_dim_v, true);
+    else
+        values2_rows(o, c, p, vrow, nb, head_dim_v, false);
 }
 
 static void values_block(float *o, float c, const float *p, const void *const *vrow, uint32_t nb,
@@ -336,22 +420,39 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
-        /* each query's scores and weights (ops_attention's online softmax, step for step),
-         * then the sums four queries side by side (each in key order), then the values */
+        /* the queries with keys in the block; their scores two at a time; each one's weights
+         * (ops_attention's online softmax, step for step); the sums four queries side by side
+         * (each in key order); the values two at a time */
         uint32_t na = 0;
         for (uint32_t i = 0; i < nq; i++) {
-            const uint32_t t = i / a->n_head, h = i % a->n_head, n_keys = a->n_keys0 + t;
-            const uint32_t lo = cpu_att_lo(a, t);
-            if (n_keys <= j0 || j0 + KB <= lo) continue;
-            const uint32_t nb = n_keys - j0 < KB ? n_keys - j0 : KB;
-            float *s = pb[na];
-            scores_block(a->q + t * a->q_tok + h * a->q_head, kt, head_dim, (nb + 7) / 8, scale, s);
+            const uint32_t t = i / a->n_head, n_keys = a->n_keys0 + t;
+            if (n_keys <= j0 || j0 + KB <= cpu_att_lo(a, t)) continue;
+            iq[na] = i;
+            nbq[na++] = n_keys - j0 < KB ? n_keys - j0 : KB;
+        }
+        const float *qp[CPU_ATT_MAXQ];
+        float *op[CPU_ATT_MAXQ];
+        for (uint32_t q = 0; q < na; q++) {
+            const uint32_t t = iq[q] / a->n_head, h = iq[q] % a->n_head;
+            qp[q] = a->q + t * a->q_tok + h * a->q_head;
+            op[q] = a->out + t * a->out_tok + h * a->out_head;
+        }
+        uint32_t q = 0;
+        for (; q + 2 <= na; q += 2) {
+            const uint32_t nb = nbq[q] > nbq[q + 1] ? nbq[q] : nbq[q + 1];
+            float *const sp[2] = {pb[q], pb[q + 1]};
+            scores2(qp + q, kt, head_dim, (nb + 7) / 8, scale, sp);
+        }
+        if (q < na) scores_block(qp[q], kt, head_dim, (nbq[q] + 7) / 8, scale, pb[q]);
+        for (q = 0; q < na; q++) {
+            const uint32_t i = iq[q], lo = cpu_att_lo(a, i / a->n_head), nb = nbq[q];
+            float *s = pb[q];
             for (uint32_t j = 0; j0 + j < lo; j++)
                 s[j] = -INFINITY; /* before the window: weight 0, as ops_attention_ex's */
             const float bm = block_max(s, nb);
             const float mn = bm > m[i] ? bm : m[i];
-            cq[na] = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
-            sq[na] = l[i] * cq[na];
+            cq[q] = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
+            sq[q] = l[i] * cq[q];
             if (vexp) {
                 for (uint32_t j = 0; j < nb; j++)
                     s[j] -= mn;
@@ -361,16 +462,18 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
                     s[j] = expf(s[j] - mn);
             }
             m[i] = mn;
-            iq[na] = i;
-            nbq[na++] = nb;
         }
         cpu_att_sums(na, sq, (const float(*)[KB])pb, nbq);
-        for (uint32_t q = 0; q < na; q++) {
-            const uint32_t i = iq[q];
-            l[i] = sq[q];
-            values_block(a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head,
-                         cq[q], pb[q], vrow, nbq[q], head_dim_v, h16);
-        }
+        q = 0;
+        if (head_dim_v % 32 == 0)
+            for (; q + 2 <= na; q += 2) {
+                const float *const pq[2] = {pb[q], pb[q + 1]};
+                values2(op + q, cq + q, pq, vrow, nbq + q, head_dim_v, h16);
+            }
+        for (; q < na; q++)
+            values_block(op[q], cq[q], pb[q], vrow, nbq[q], head_dim_v, h16);
+        for (q = 0; q < na; q++)
+            l[iq[q]] = sq[q];
     }
     for (uint32_t i = 0; i < nq; i++) {
         float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;

@@ -1,8 +1,9 @@
 /* vec_avx512 — attention for AVX-512, equal bit for bit to ops_attention (and to vec_avx2.c's):
- * the same scheme on 16 lanes. A block of 32 keys is transposed in 16 x 16 tiles once for all
- * the queries of a call; a query's scores are two lane vectors of 16 keys (each lane summing its
- * key's dims in index order), two queries side by side so four chains hide the add latency; values
- * are accumulated 64 dims per pass. expf stays libm's scalar call, as the reference's. */
+ * the same scheme on 16 lanes. A block of 32 keys is loaded as it lies from a cache that keeps K
+ * by columns (else transposed in 16 x 16 tiles) once for all the queries of a call; a query's
+ * scores are two lane vectors of 16 keys (each lane a chain of FMAs over its key's dims in index
+ * order), four queries side by side so eight chains hide the latency; values are accumulated 64
+ * dims per pass. expf is glibc's method on lanes where it matches libm (below). */
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/cpu_impl.h"
 
@@ -137,8 +138,8 @@ static inline void scores4(const float *const *q, const float (*kt)[KB], uint32_
         _Pragma("GCC unroll 4")
         for (int i = 0; i < 4; i++) {
             const __m512 x = _mm512_set1_ps(q[i][d]);
-            a[i][0] = _mm512_add_ps(a[i][0], _mm512_mul_ps(x, k0));
-            a[i][1] = _mm512_add_ps(a[i][1], _mm512_mul_ps(x, k1));
+            a[i][0] = _mm512_fmadd_ps(x, k0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(x, k1, a[i][1]);
         }
     }
     const __m512 sv = _mm512_set1_ps(scale);
@@ -149,7 +150,7 @@ static inline void scores4(const float *const *q, const float (*kt)[KB], uint32_
     }
 }
 
-/* values_block: o = o * c, then o += p_j * v_j for j < nb in order. */
+/* values_block: o = o * c, then o = fma(p_j, v_j, o) for j < nb in order. */
 static inline __attribute__((always_inline)) void values_rows(float *o, float c, const float *p,
                                                               const void *const *vrow, uint32_t nb,
                                                               uint32_t head_dim_v, bool h16)
@@ -163,10 +164,10 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
         __m512 o3 = _mm512_mul_ps(_mm512_loadu_ps(o + d + 48), cv);
         for (uint32_t j = 0; j < nb; j++) {
             const __m512 pv = _mm512_set1_ps(p[j]);
-            o0 = _mm512_add_ps(o0, _mm512_mul_ps(pv, ld16(vrow[j], d, h16)));
-            o1 = _mm512_add_ps(o1, _mm512_mul_ps(pv, ld16(vrow[j], d + 16, h16)));
-            o2 = _mm512_add_ps(o2, _mm512_mul_ps(pv, ld16(vrow[j], d + 32, h16)));
-            o3 = _mm512_add_ps(o3, _mm512_mul_ps(pv, ld16(vrow[j], d + 48, h16)));
+            o0 = _mm512_fmadd_ps(pv, ld16(vrow[j], d, h16), o0);
+            o1 = _mm512_fmadd_ps(pv, ld16(vrow[j], d + 16, h16), o1);
+            o2 = _mm512_fmadd_ps(pv, ld16(vrow[j], d + 32, h16), o2);
+            o3 = _mm512_fmadd_ps(pv, ld16(vrow[j], d + 48, h16), o3);
         }
         _mm512_storeu_ps(o + d, o0);
         _mm512_storeu_ps(o + d + 16, o1);
@@ -176,13 +177,13 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
     for (; d + 16 <= head_dim_v; d += 16) {
         __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(o + d), cv);
         for (uint32_t j = 0; j < nb; j++)
-            o0 = _mm512_add_ps(o0, _mm512_mul_ps(_mm512_set1_ps(p[j]), ld16(vrow[j], d, h16)));
+            o0 = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), ld16(vrow[j], d, h16), o0);
         _mm512_storeu_ps(o + d, o0);
     }
     for (; d < head_dim_v; d++) {
         float x = o[d] * c;
         for (uint32_t j = 0; j < nb; j++)
-            x += p[j] * cpu_att_ld1(vrow[j], d, h16);
+            x = fmaf(p[j], cpu_att_ld1(vrow[j], d, h16), x);
         o[d] = x;
     }
 }
@@ -215,19 +216,16 @@ values4_rows(float *const *o, const float *c, float *const *p, const void *const
             _Pragma("GCC unroll 4")
             for (int i = 0; i < 4; i++) {
                 const __m512 pv = _mm512_set1_ps(p[i][j]);
-                _Pragma("GCC unroll 4")
-                for (int u = 0; u < 4; u++)
-                    acc[i][u] = _mm512_add_ps(acc[i][u], _mm512_mul_ps(pv, v[u]));
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
+                    _mm512_fmadd_ps(pv, v[u], acc[i][u]);
             }
         }
         _Pragma("GCC unroll 4")
         for (int i = 0; i < 4; i++) {
             for (uint32_t j = n; j < nb[i]; j++) {
                 const __m512 pv = _mm512_set1_ps(p[i][j]);
-                _Pragma("GCC unroll 4")
-                for (int u = 0; u < 4; u++)
-                    acc[i][u] =
-                        _mm512_add_ps(acc[i][u], _mm512_mul_ps(pv, ld16(vrow[j], d + 16 * u, h16)));
+                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
+                    _mm512_fmadd_ps(pv, ld16(vrow[j], d + 16 * u, h16), acc[i][u]);
             }
             _Pragma("GCC unroll 4")
             for (int u = 0; u < 4; u++)

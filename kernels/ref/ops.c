@@ -195,7 +195,7 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
             }
             float dot = 0.0f;
             for (uint32_t d = 0; d < head_dim; d++)
-                dot += q[d] * k[d * kstep];
+                dot = fmaf(q[d], k[d * kstep], dot);
             s[j] = dot * scale;
             bm = s[j] > bm ? s[j] : bm;
         }
@@ -206,7 +206,8 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
         for (uint32_t j = 0; j < nb; j++) {
             const float p = expf(s[j] - mn);
             l += p;
-            for (uint32_t d = 0; d < head_dim_v; d++) out[d] += p * vrow[j][d];
+            for (uint32_t d = 0; d < head_dim_v; d++)
+                out[d] = fmaf(p, vrow[j][d], out[d]);
         }
         m = mn;
     }

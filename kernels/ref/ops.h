@@ -9,7 +9,8 @@
  * Activations: weights are never dequantized for a matmul; activations are quantized with
  * quant_activations (Q8_0 / Q8_K, or kept F32 for float weights) and dotted with qdot_ref, the
  * arithmetic the fast kernels reproduce. Attention, norms and softmax are F32 (sums of squares and
- * softmax denominators in double, as ggml).
+ * softmax denominators in double, as ggml); attention's dot products and value sums are chains of
+ * fmaf, dims and keys in order (the CUDA kernels' operations as well).
  * All functions are pure and thread-safe; callers split rows or heads across threads.
  */
 #ifndef STRATA_OPS_H
