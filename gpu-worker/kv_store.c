@@ -188,34 +188,27 @@ uint64_t kv_store_bytes(const struct kv_store *st)
     return (uint64_t)st->n_reserved * st->block_elems * st->elem;
 }
 
+/* put stores x as element i from base in the store's type (fp16: rounded as ggml rounds). */
+static inline void put(const struct kv_store *st, void *base, size_t i, float x)
+{
+    if (st->type == KV_F32)
+        ((float *)base)[i] = x;
+    else
+        ((uint16_t *)base)[i] = quant_f32_to_f16(x);
+}
+
 void kv_store_write(struct kv_store *st, const struct kv_seq *s, uint32_t layer, uint32_t pos,
                     const float *k, const float *v)
 {
     const struct kv_config *c = &st->cfg;
-    const uint32_t slot = pos % c->block_tokens;
-    const size_t bt = c->block_tokens, ko = k_cols(c) ? slot : (size_t)slot * c->k_dim,
-                 ks = k_cols(c) ? bt : 1, vh = v_head(c);
-    void *base = piece(st, s->blocks[pos / c->block_tokens], layer);
-    /* V head by head: head h's row of this slot at bt * k_dim + (h * bt + slot) * vh */
-    for (uint32_t h = 0; vh && h < c->v_dim / vh; h++) {
-        const size_t vo = bt * c->k_dim + (h * bt + slot) * vh;
-        if (st->type == KV_F32) {
-            memcpy((float *)base + vo, v + h * vh, vh * sizeof(float));
-        } else {
-            uint16_t *vd = (uint16_t *)base + vo;
-            for (size_t i = 0; i < vh; i++)
-                vd[i] = quant_f32_to_f16(v[h * vh + i]);
-        }
-    }
-    if (st->type == KV_F32) {
-        float *kd = (float *)base + ko;
-        for (uint32_t i = 0; i < c->k_dim; i++)
-            kd[i * ks] = k[i];
-        return;
-    }
-    uint16_t *kd = (uint16_t *)base + ko;
+    const size_t bt = c->block_tokens, slot = pos % bt, vh = v_head(c);
+    void *base = piece(st, s->blocks[pos / bt], layer);
+    /* K element i at i * bt + slot (columns) or slot * k_dim + i (rows); V element i, head i / vh,
+     * after K at (head * bt + slot) * vh + i % vh */
     for (uint32_t i = 0; i < c->k_dim; i++)
-        kd[i * ks] = quant_f32_to_f16(k[i]);
+        put(st, base, k_cols(c) ? i * bt + slot : slot * c->k_dim + i, k[i]);
+    for (uint32_t i = 0; i < c->v_dim; i++)
+        put(st, base, bt * c->k_dim + (i / vh * bt + slot) * vh + i % vh, v[i]);
 }
 
 /* the scratch's parts: the view's table, and for fp16 the widened view's table and rows */

@@ -37,6 +37,21 @@ static inline __attribute__((always_inline)) float cpu_att_ld1(const void *row, 
     return h16 ? quant_f16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
 }
 
+/* cpu_att_col_keys fills kt[d][j] = k_j[d] for lanes j in [j_lo, j_hi) from a k_cols view's
+ * keys (krow as cpu_att_rows points them, bt the view's block_tokens), one key at a time: the
+ * kernels' way for a lane group of keys split across cache blocks. Lanes at or past nb repeat the
+ * last key (computed, never read). */
+static inline void cpu_att_col_keys(const void *const *krow, uint32_t j_lo, uint32_t j_hi,
+                                    uint32_t nb, uint32_t head_dim, uint32_t bt,
+                                    float (*kt)[OPS_ATTN_BLOCK], bool h16)
+{
+    for (uint32_t j = j_lo; j < j_hi; j++) {
+        const void *k = krow[j < nb ? j : nb - 1];
+        for (uint32_t d = 0; d < head_dim; d++)
+            kt[d][j] = cpu_att_ld1(k, d * bt, h16);
+    }
+}
+
 /* cpu_att_sums: sum[q] += p[q][j] for j < nb[q] in key order (ops_attention's sum), four
  * queries at a time in registers so that their chains of dependent adds run side by side. */
 static inline void cpu_att_sums(uint32_t nq, float *sum, const float (*p)[OPS_ATTN_BLOCK],

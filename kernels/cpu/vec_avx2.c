@@ -193,7 +193,7 @@ transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*
 /* cols_rows is transpose_rows for a k_cols view (keys j0.. from slot `slot` of their cache block
  * of bt): 8 keys in one block are a run of each column row, loaded as they lie (lanes past nb
  * read the block's unwritten slots: computed, never read); a group split across blocks is read
- * key by key, its lanes past nb repeating the last key. */
+ * key by key (cpu_att_col_keys). */
 static inline __attribute__((always_inline)) void cols_rows(const void *const *krow, uint32_t nb,
                                                             uint32_t head_dim, uint32_t bt,
                                                             uint32_t slot, float (*kt)[KB],
@@ -205,11 +205,7 @@ static inline __attribute__((always_inline)) void cols_rows(const void *const *k
                 _mm256_store_ps(&kt[d][8 * g], ld8(krow[8 * g], d * bt, h16));
             continue;
         }
-        for (uint32_t j = 8 * g; j < 8 * g + 8; j++) {
-            const void *k = krow[j < nb ? j : nb - 1];
-            for (uint32_t d = 0; d < head_dim; d++)
-                kt[d][j] = cpu_att_ld1(k, d * bt, h16);
-        }
+        cpu_att_col_keys(krow, 8 * g, 8 * g + 8, nb, head_dim, bt, kt, h16);
     }
 }
 
@@ -291,33 +287,25 @@ static inline void scores2(const float *const *q, const float (*kt)[KB], uint32_
                            uint32_t ng, float scale, float *const *s)
 {
     __m256 a[2][4];
-    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) a[i][u] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 4")
+    for (uint32_t u = 0; u < 4; u++)
+        a[0][u] = a[1][u] = _mm256_setzero_ps();
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m256 x0 = _mm256_set1_ps(q[0][d]), x1 = _mm256_set1_ps(q[1][d]);
-        const __m256 k0 = _mm256_load_ps(&kt[d][0]);
-        a[0][0] = _mm256_fmadd_ps(x0, k0, a[0][0]);
-        a[1][0] = _mm256_fmadd_ps(x1, k0, a[1][0]);
-        if (ng > 1) {
-            const __m256 k1 = _mm256_load_ps(&kt[d][8]);
-            a[0][1] = _mm256_fmadd_ps(x0, k1, a[0][1]);
-            a[1][1] = _mm256_fmadd_ps(x1, k1, a[1][1]);
-        }
-        if (ng > 2) {
-            const __m256 k2 = _mm256_load_ps(&kt[d][16]);
-            a[0][2] = _mm256_fmadd_ps(x0, k2, a[0][2]);
-            a[1][2] = _mm256_fmadd_ps(x1, k2, a[1][2]);
-        }
-        if (ng > 3) {
-            const __m256 k3 = _mm256_load_ps(&kt[d][24]);
-            a[0][3] = _mm256_fmadd_ps(x0, k3, a[0][3]);
-            a[1][3] = _mm256_fmadd_ps(x1, k3, a[1][3]);
-        }
+        _Pragma("GCC unroll 4")
+        for (uint32_t u = 0; u < 4; u++)
+            if (u < ng) {
+                const __m256 k = _mm256_load_ps(&kt[d][8 * u]);
+                a[0][u] = _mm256_fmadd_ps(x0, k, a[0][u]);
+                a[1][u] = _mm256_fmadd_ps(x1, k, a[1][u]);
+            }
     }
     const __m256 sv = _mm256_set1_ps(scale);
-    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
-        _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
-            _mm256_store_ps(s[i] + 8 * u, _mm256_mul_ps(a[i][u], sv));
+    _Pragma("GCC unroll 4")
+    for (uint32_t u = 0; u < 4; u++) {
+        _mm256_store_ps(s[0] + 8 * u, _mm256_mul_ps(a[0][u], sv));
+        _mm256_store_ps(s[1] + 8 * u, _mm256_mul_ps(a[1][u], sv));
+    }
 }
 
 /* values2: values_rows for two queries of one block at once where head_dim_v is a multiple of
@@ -330,30 +318,36 @@ values2_rows(float *const *o, const float *c, const float *const *p, const void 
     const uint32_t n = nb[0] < nb[1] ? nb[0] : nb[1];
     for (uint32_t d = 0; d < head_dim_v; d += 32) {
         __m256 acc[2][4];
-        _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
-        {
+        _Pragma("GCC unroll 2")
+        for (int i = 0; i < 2; i++) {
             const __m256 cv = _mm256_set1_ps(c[i]);
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
-                _mm256_mul_ps(_mm256_loadu_ps(o[i] + d + 8 * u), cv);
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++)
+                acc[i][u] = _mm256_mul_ps(_mm256_loadu_ps(o[i] + d + 8 * u), cv);
         }
         for (uint32_t j = 0; j < n; j++) {
             __m256 v[4];
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) v[u] = ld8(vrow[j], d + 8 * u, h16);
-            _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
-            {
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++)
+                v[u] = ld8(vrow[j], d + 8 * u, h16);
+            _Pragma("GCC unroll 2")
+            for (int i = 0; i < 2; i++) {
                 const __m256 pv = _mm256_set1_ps(p[i][j]);
-                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
-                    _mm256_fmadd_ps(pv, v[u], acc[i][u]);
+                _Pragma("GCC unroll 4")
+                for (int u = 0; u < 4; u++)
+                    acc[i][u] = _mm256_fmadd_ps(pv, v[u], acc[i][u]);
             }
         }
-        _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
-        {
+        _Pragma("GCC unroll 2")
+        for (int i = 0; i < 2; i++) {
             for (uint32_t j = n; j < nb[i]; j++) {
                 const __m256 pv = _mm256_set1_ps(p[i][j]);
-                _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] =
-                    _mm256_fmadd_ps(pv, ld8(vrow[j], d + 8 * u, h16), acc[i][u]);
+                _Pragma("GCC unroll 4")
+                for (int u = 0; u < 4; u++)
+                    acc[i][u] = _mm256_fmadd_ps(pv, ld8(vrow[j], d + 8 * u, h16), acc[i][u]);
             }
-            _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
+            _Pragma("GCC unroll 4")
+            for (int u = 0; u < 4; u++)
                 _mm256_storeu_ps(o[i] + d + 8 * u, acc[i][u]);
         }
     }

@@ -90,7 +90,7 @@ transpose_rows(const void *const *krow, uint32_t nb, uint32_t head_dim, float (*
 /* cols_rows is transpose_rows for a k_cols view (keys j0.. from slot `slot` of their cache block
  * of bt): 16 keys in one block are a run of each column row, loaded as they lie (lanes past nb
  * read the block's unwritten slots: computed, never read); a group split across blocks is read
- * key by key, its lanes past nb repeating the last key. */
+ * key by key (cpu_att_col_keys). */
 static inline __attribute__((always_inline)) void cols_rows(const void *const *krow, uint32_t nb,
                                                             uint32_t head_dim, uint32_t bt,
                                                             uint32_t slot, float (*kt)[KB],
@@ -102,11 +102,7 @@ static inline __attribute__((always_inline)) void cols_rows(const void *const *k
                 _mm512_store_ps(&kt[d][16 * g], ld16(krow[16 * g], d * bt, h16));
             continue;
         }
-        for (uint32_t j = 16 * g; j < 16 * g + 16; j++) {
-            const void *k = krow[j < nb ? j : nb - 1];
-            for (uint32_t d = 0; d < head_dim; d++)
-                kt[d][j] = cpu_att_ld1(k, d * bt, h16);
-        }
+        cpu_att_col_keys(krow, 16 * g, 16 * g + 16, nb, head_dim, bt, kt, h16);
     }
 }
 

@@ -187,7 +187,7 @@ void ops_attention_ex(float *out, const float *q, uint32_t head_dim, uint32_t he
             const uint32_t key = j0 + j;
             const float *base = kv->blocks[key / kv->block_tokens];
             const uint32_t slot = key % kv->block_tokens;
-            const float *k = base + kv->k_off + (kv->k_cols ? slot : slot * kv->k_stride);
+            const float *k = base + ops_kv_k_at(kv, slot, 0);
             vrow[j] = base + kv->v_off + slot * kv->v_stride;
             if (key < key_lo) {
                 s[j] = -INFINITY; /* outside the window: weight expf(-inf) = 0 */
