@@ -62,6 +62,8 @@ struct ipc_server {
     atomic_uint pipes;  /* connections whose handshake completed (the listener works) */
     pthread_t watchdog;
     bool watchdog_running;
+    bool watchdog_done;  /* under mtx: the watchdog returned (ipc_server_stop's bounded wait) */
+    bool watchdog_stuck; /* it did not return in time: srv stays allocated for it */
     struct ipc_call *calls;
     int n_calls;
 };
@@ -327,7 +329,7 @@ static int listen_now(struct ipc_server *srv)
  * listener broke would still answer, so only a fresh one proves that new clients get in. */
 static int ping(struct ipc_server *srv)
 {
-    struct ipc_client_opts co = {.reconnect_min_ms = 10, .reconnect_max_ms = 100};
+    struct ipc_client_opts co = {.reconnect_min_ms = 10, .reconnect_max_ms = 100, .no_redial = true};
     struct ipc_client *cli;
     struct msg_builder b;
     struct msg reply;
@@ -387,7 +389,10 @@ static void *watchdog_main(void *arg)
                       srv->name, srv->opts.watchdog_timeout_ms);
             rv = 0;
         }
-        if (rv != 0) {
+        pthread_mutex_lock(&srv->mtx);
+        bool stopping = srv->stopping; /* a ping that outlived ipc_server_stop: no re-listen */
+        pthread_mutex_unlock(&srv->mtx);
+        if (rv != 0 && !stopping) {
             char why[256];
             snprintf(why, sizeof why, "%s", strata_errdetail());
             nng_listener_close(srv->listener);
@@ -407,8 +412,40 @@ static void *watchdog_main(void *arg)
         }
         pthread_mutex_lock(&srv->mtx);
     }
+    srv->watchdog_done = true;
+    pthread_cond_broadcast(&srv->cv);
     pthread_mutex_unlock(&srv->mtx);
     return NULL;
+}
+
+/* join_watchdog waits for the watchdog to return, at most a ping's timeout plus two seconds: a
+ * ping stuck in nng (an nng_close that never returns, nng #1498) must not keep the process from
+ * stopping. A watchdog that did not return is left running, and srv is not freed under it. */
+static void join_watchdog(struct ipc_server *srv)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long ms = srv->opts.watchdog_timeout_ms + 2000L;
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += ms % 1000 * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&srv->mtx);
+    while (!srv->watchdog_done && pthread_cond_timedwait(&srv->cv, &srv->mtx, &until) == 0) {
+    }
+    bool done = srv->watchdog_done;
+    pthread_mutex_unlock(&srv->mtx);
+    if (done) {
+        pthread_join(srv->watchdog, NULL);
+        return;
+    }
+    LOG_WARN("ipc %s: the watchdog's ping did not return in %ld ms (nng is stuck closing its "
+             "connection): stopping without it",
+             srv->name, ms);
+    pthread_detach(srv->watchdog);
+    srv->watchdog_stuck = true;
 }
 
 int ipc_server_start(const char *url, ipc_handler_fn handler, void *ctx,
@@ -505,7 +542,7 @@ void ipc_server_stop(struct ipc_server *srv)
         pthread_cond_wait(&srv->cv, &srv->mtx);
     pthread_mutex_unlock(&srv->mtx);
 
-    if (srv->watchdog_running) pthread_join(srv->watchdog, NULL);
+    if (srv->watchdog_running) join_watchdog(srv);
     srv->watchdog_running = false;
     if (srv->sock_open) nng_close(srv->sock); /* closes the contexts and the listener */
     srv->sock_open = false;
@@ -535,6 +572,9 @@ void ipc_server_close(struct ipc_server *srv)
         nng_aio_free(c->aio);
     }
     free(srv->calls);
+    srv->calls = NULL;
+    srv->n_calls = 0;
+    if (srv->watchdog_stuck) return; /* the watchdog may still wake and lock srv->mtx */
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mtx);
     free(srv);
@@ -629,6 +669,7 @@ struct ipc_client {
     nng_dialer dialer;
     pthread_mutex_t mu;      /* guards dialer and last_redial_ms */
     int64_t last_redial_ms;
+    bool no_redial;
     char url[256];
 };
 
@@ -650,6 +691,7 @@ int ipc_client_open(const char *url, const struct ipc_client_opts *opts, struct 
     if (!(cli = calloc(1, sizeof *cli)))
         return strata_errf(STRATA_ENOMEM, "no memory for a client");
     snprintf(cli->url, sizeof cli->url, "%s", url);
+    cli->no_redial = o.no_redial;
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
         free(cli);
         return nng_fail(rv, "cannot open a req0 socket for", url);
@@ -685,9 +727,13 @@ static int64_t now_ms(void)
 /* redial replaces the client's dialer (at most once a second). With nng 1.5.2 a dialer whose peer
  * was killed and restarted can stay without a working pipe for good (seen: one of four frontends'
  * sockets timed out for 30 s while the other three had reconnected in 0.3 s); a fresh dialer
- * connects at once. Calls still waiting on the old pipes fail or are resent by req0. */
+ * connects at once. Calls still waiting on the old pipes fail or are resent by req0. Not for a
+ * client that is closed right after its call (opts.no_redial): closing a socket whose fresh dialer
+ * is still connecting can hang nng 1.5.2's nng_close for good (nng #1498; seen: the watchdog's
+ * ping after a SIGSTOP, and the worker never exited). */
 static void redial(struct ipc_client *cli)
 {
+    if (cli->no_redial) return;
     pthread_mutex_lock(&cli->mu);
     int64_t now = now_ms();
     if (now - cli->last_redial_ms >= 1000) {
