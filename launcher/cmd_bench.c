@@ -68,6 +68,7 @@ static void usage(FILE *out)
 /* The llama.cpp side: its JSON line parsed, or why there is none. */
 struct peer {
     bool ok;
+    bool haswell; /* llama.cpp ran its haswell (AVX2) CPU variant, as strata's kernels */
     double prefill_tok_s, decode_tok_s, prefill_s, decode_s;
     char why[4400];
 };
@@ -76,6 +77,35 @@ static bool is_dir(const char *p)
 {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* haswell_only makes tmp (a new directory) a copy of node-llama-cpp's install dir, hard-linked
+ * where it can be, holding only ggml's haswell CPU variant (AVX2, FMA, F16C): ggml loads the best
+ * variant the CPU runs, so with strata's kernels forced to AVX2 on an AVX-512 machine llama.cpp
+ * would still run AVX-512 code. Returns 0, or -1 with why (tmp removed). */
+static int haswell_only(const char *dir, char *tmp, size_t cap, char *why, size_t why_cap)
+{
+    const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(tmp, cap, "%s/strata-bench-nlc-XXXXXX", base);
+    if (strchr(tmp, '\'') || !mkdtemp(tmp)) {
+        snprintf(why, why_cap, "cannot make a directory in %s for llama.cpp's AVX2 variant", base);
+        return -1;
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "{ cp -al '%s/.' '%s/' 2>/dev/null || cp -a '%s/.' '%s/'; } && "
+             "find '%s' -name 'libggml-cpu-*.so' ! -name 'libggml-cpu-haswell.so' -delete && "
+             "test -n \"$(find '%s' -name libggml-cpu-haswell.so)\"",
+             dir, tmp, dir, tmp, tmp, tmp);
+    if (system(cmd) == 0) return 0;
+    snprintf(why, why_cap,
+             "node-llama-cpp in %s has no libggml-cpu-haswell.so (or it could not be copied to "
+             "%s): llama.cpp would not run AVX2 code as strata does; unset STRATA_CPU to compare "
+             "both at their best",
+             dir, base);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "strata bench: could not remove %s\n", tmp);
+    return -1;
 }
 
 static void run_llama(const char *model, const char *nlc, uint32_t threads, uint32_t prompt,
@@ -107,6 +137,13 @@ static void run_llama(const char *model, const char *nlc, uint32_t threads, uint
         snprintf(p->why, sizeof p->why, "paths with a single quote are not passed to node");
         return;
     }
+    /* strata forced to AVX2 on an AVX-512 machine: llama.cpp on AVX2 too */
+    char tmp[1100] = "";
+    if (cpu_isa() == CPU_AVX2 && cpu_isa_supported(CPU_AVX512)) {
+        if (haswell_only(dir, tmp, sizeof tmp, p->why, sizeof p->why) != 0) return;
+        snprintf(dir, sizeof dir, "%s", tmp);
+        p->haswell = true;
+    }
     snprintf(cmd, sizeof cmd, "STRATA_NLC='%s' node '%s/tools/bench_llama.mjs' '%s' %u %u %u %u",
              dir, STRATA_SOURCE_DIR, model, threads, prompt, gen, reps);
     FILE *f = popen(cmd, "r");
@@ -119,6 +156,11 @@ static void run_llama(const char *model, const char *nlc, uint32_t threads, uint
             continue;
         int st = pclose(f);
         if (st == 0 && line[0] == '{') j = json_loads(line, 0, NULL);
+    }
+    if (tmp[0]) {
+        char rm[1200];
+        snprintf(rm, sizeof rm, "rm -rf '%s'", tmp);
+        if (system(rm) != 0) fprintf(stderr, "strata bench: could not remove %s\n", tmp);
     }
     if (!j) {
         snprintf(p->why, sizeof p->why, "node-llama-cpp gave no timings: run `%s` to see why", cmd);
@@ -174,6 +216,9 @@ static void table(const char *model, const struct bench_opts *o, const struct be
                r->drafts_proposed ? 100.0 * r->drafts_accepted / r->drafts_proposed : 0.0,
                r->decode_passes ? (double)o->gen / r->decode_passes : 0.0);
     if (asked && !p->ok) printf("  llama.cpp: %s\n", p->why);
+    if (p->ok && p->haswell)
+        printf("  llama.cpp ran ggml's haswell CPU variant (AVX2), as strata's kernels "
+               "(STRATA_CPU=avx2 on an AVX-512 machine)\n");
     const struct backend_stats *P = &r->prefill, *D = &r->decode;
     printf("\n  %-22s %18s %18s\n", "where the time goes", "prefill", "decode");
     row("attention", P->attention_s, P->total_s, D->attention_s, D->total_s);
@@ -534,8 +579,9 @@ static int run(int argc, char **argv)
            (unsigned long long)r.drafts_proposed, (unsigned long long)r.drafts_accepted,
            (unsigned long long)r.decode_passes);
     if (p.ok)
-        printf(", \"llama\": {\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f}", p.prefill_tok_s,
-               p.decode_tok_s);
+        printf(", \"llama\": {\"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"cpu_variant\": "
+               "\"%s\"}",
+               p.prefill_tok_s, p.decode_tok_s, p.haswell ? "haswell" : "best");
     printf("}\n");
     return extra_tables(&o, threads, kernels, experts, sweep, true);
 }

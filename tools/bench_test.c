@@ -6,6 +6,7 @@
 #include "common/gguf/gguf.h"
 #include "common/arena/model.h"
 #include "common/quant/qtype.h"
+#include "kernels/cpu/cpu.h"
 #include "launcher/cmd.h"
 #include "tests/testutil.h"
 #include "tools/bench.h"
@@ -13,7 +14,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <dirent.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 START_TEST(measures_a_tiny_model)
@@ -225,6 +228,71 @@ START_TEST(command_prints_table_and_json)
 }
 END_TEST
 
+/* leftovers: entries of dir whose name starts with prefix. */
+static int leftovers(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    if (d) closedir(d);
+    return n;
+}
+
+/* With strata's kernels forced to AVX2 on an AVX-512 machine, llama.cpp must run AVX2 code too:
+ * bench runs it from a copy of node-llama-cpp's directory holding only ggml's haswell variant,
+ * says so when there is none, leaves the original as it was and removes the copy. */
+START_TEST(llama_follows_forced_avx2)
+{
+    if (!cpu_isa_supported(CPU_AVX512) || system("node --version >/dev/null 2>&1") != 0) {
+        printf("SKIP bench llama_follows_forced_avx2: needs an AVX-512 CPU and node\n");
+        return;
+    }
+    const char *tmp = test_tmpdir();
+    char path[600], nlc[600], bins[800], f[900], cmd[3000];
+    snprintf(path, sizeof path, "%s/bench-hsw.gguf", tmp);
+    struct fixture_opts fo = {.seed = 5};
+    ck_assert_int_eq(fixture_write(&fo, path), 0);
+    snprintf(nlc, sizeof nlc, "%s/nlc", tmp);
+    snprintf(bins, sizeof bins, "%s/node_modules/@node-llama-cpp/linux-x64/bins/linux-x64", nlc);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p '%s/node_modules/node-llama-cpp' '%s' && touch '%s/libggml-cpu-icelake.so'",
+             nlc, bins, bins);
+    ck_assert_int_eq(system(cmd), 0);
+    const char *old_tmp = getenv("TMPDIR");
+    char *saved = old_tmp ? strdup(old_tmp) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    const enum cpu_isa was = cpu_isa();
+    ck_assert_int_eq(cpu_isa_set(CPU_AVX2), 0);
+    char *args[] = {"bench",  path, "--prompt", "8",     "--gen", "2",
+                    "--reps", "1",  "--llama",  "--nlc", nlc};
+    char *out;
+    ck_assert_int_eq(run_cmd(args, 11, &out), 0);
+    ck_assert_msg(strstr(out, "has no libggml-cpu-haswell.so"), "%s", out);
+    free(out);
+    snprintf(f, sizeof f, "%s/libggml-cpu-haswell.so", bins);
+    FILE *h = fopen(f, "w");
+    ck_assert_ptr_nonnull(h);
+    fclose(h);
+    /* the copy is made and node runs in it; this package is empty, so no timings come back */
+    ck_assert_int_eq(run_cmd(args, 11, &out), 0);
+    ck_assert_msg(strstr(out, "gave no timings") && strstr(out, "strata-bench-nlc-"), "%s", out);
+    free(out);
+    snprintf(f, sizeof f, "%s/libggml-cpu-icelake.so", bins);
+    ck_assert_msg(access(f, F_OK) == 0, "the original install lost its other variants");
+    ck_assert_int_eq(leftovers(tmp, "strata-bench-nlc-"), 0);
+    ck_assert_int_eq(cpu_isa_set(was), 0);
+    if (saved)
+        setenv("TMPDIR", saved, 1);
+    else
+        unsetenv("TMPDIR");
+    free(saved);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", nlc);
+    ck_assert_int_eq(system(cmd), 0);
+    unlink(path);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("bench");
@@ -236,6 +304,7 @@ int main(void)
     tcase_add_test(tc, decodes_random_ids);
     tcase_add_test(tc, kernels_and_expert_step);
     tcase_add_test(tc, command_prints_table_and_json);
+    tcase_add_test(tc, llama_follows_forced_avx2);
     suite_add_tcase(s, tc);
     return test_run(s);
 }
