@@ -4,6 +4,7 @@
 #include "arena-server/arena_serve.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/ipc/ipc.h"
 
 #include <getopt.h>
 #include <signal.h>
@@ -124,6 +125,7 @@ static int serve_main(int argc, char **argv)
     if (atomic_load(&g_signaled)) arena_serve_stop(s, false);
     rv = arena_serve_run(s);
     atomic_store(&g_server, NULL);
+    ipc_stop_deadline("arena", 30);
     arena_serve_fini(s);
     return rv == 0 ? 0 : 1;
 }

@@ -3,6 +3,7 @@
  */
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/ipc/ipc.h"
 #include "common/base/own.h"
 #include "frontend/chat.h"
 #include "frontend/fe.h"
@@ -196,6 +197,7 @@ int main(int argc, char **argv)
     int sig;
     sigwait(&sigs, &sig);
     LOG_INFO("signal %d: stopping", sig);
+    ipc_stop_deadline("frontend", 30);
     fe_fini(f);
     return 0;
 fail:

@@ -2,6 +2,7 @@
  * struct worker_config -> worker_init/run/fini. */
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/ipc/ipc.h"
 #include "gpu-worker/backend.h"
 #include "gpu-worker/worker.h"
 
@@ -173,6 +174,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     worker_run(w);
     atomic_store(&g_worker, NULL);
+    ipc_stop_deadline("worker", 60); /* a GPU's teardown can take seconds */
     worker_fini(w);
     return 0;
 }

@@ -833,6 +833,42 @@ int ipc_request(struct ipc_client *cli, struct msg_builder *b, struct msg *reply
     return rv;
 }
 
+struct deadline {
+    char who[64];
+    int seconds;
+};
+
+static void *deadline_main(void *arg)
+{
+    struct deadline d = *(struct deadline *)arg;
+    free(arg);
+    struct timespec ts = {d.seconds, 0};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    LOG_ERROR("%s: stopping took more than %d s (stuck in nng, as nng 1.5.2 can be): exiting now",
+              d.who, d.seconds);
+    _exit(1);
+}
+
+int ipc_stop_deadline(const char *who, int seconds)
+{
+    struct deadline *d = malloc(sizeof *d);
+    if (!d) return strata_errf(STRATA_ENOMEM, "no memory for the stop deadline");
+    snprintf(d->who, sizeof d->who, "%s", who);
+    d->seconds = seconds;
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rv = pthread_create(&t, &a, deadline_main, d);
+    pthread_attr_destroy(&a);
+    if (rv != 0) {
+        free(d);
+        return strata_errf(strata_errno(rv), "cannot start the stop deadline: %s", strerror(rv));
+    }
+    return 0;
+}
+
 void ipc_client_close(struct ipc_client *cli)
 {
     if (!cli) return;

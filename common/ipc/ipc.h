@@ -135,4 +135,11 @@ int ipc_request(struct ipc_client *cli, struct msg_builder *b, struct msg *reply
 /* ipc_client_close closes the socket and frees cli. No call may be in flight or start after it. */
 void ipc_client_close(struct ipc_client *cli);
 
+/* ipc_stop_deadline bounds a process's way out: called when it decides to stop, it starts a
+ * detached thread that, if the process is still running `seconds` later, logs that who's stop
+ * hung and exits with status 1 (_exit: no cleanup that could hang again). nng 1.5.2 can hang an
+ * nng_close for good (nng #1498); a process told to stop must stop. Returns 0, or an error (the
+ * thread could not start: no deadline, nothing else changes). */
+int ipc_stop_deadline(const char *who, int seconds);
+
 #endif

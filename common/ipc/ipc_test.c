@@ -4,8 +4,10 @@
 #include "tests/testutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <nng/nng.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -573,6 +575,50 @@ START_TEST(stop_with_a_deferred_call_pending)
 }
 END_TEST
 
+/* A process whose stop hangs exits at its deadline, with status 1 and a message saying why; one
+ * that stops in time exits as it would. */
+START_TEST(stop_deadline_ends_a_hung_stop)
+{
+    char log[600];
+    snprintf(log, sizeof log, "%s/deadline.log", test_tmpdir());
+    for (int hang = 0; hang < 2; hang++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (fd < 0 || dup2(fd, 2) < 0) _exit(3);
+            if (ipc_stop_deadline("test", 1) != 0) _exit(4);
+            if (hang) sleep(30); /* the stop that never ends */
+            _exit(0);
+        }
+        int st = 0;
+        for (int i = 0; i < 1500 && waitpid(pid, &st, WNOHANG) == 0; i++)
+            usleep(10 * 1000);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        const double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (waitpid(pid, &st, WNOHANG) == 0) { /* still running: the deadline did not fire */
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            ck_abort_msg("a stop that hangs was still running after %.1f s", s);
+        }
+        ck_assert(WIFEXITED(st));
+        ck_assert_int_eq(WEXITSTATUS(st), hang ? 1 : 0);
+        char *text = test_read_file(log, NULL);
+        ck_assert_ptr_nonnull(text);
+        if (hang) {
+            ck_assert_msg(s >= 0.9, "exited after %.2f s, before its 1 s deadline", s);
+            ck_assert_msg(strstr(text, "test: stopping took more than 1 s"), "%s", text);
+        } else {
+            ck_assert_msg(!strstr(text, "stopping took"), "%s", text);
+        }
+        free(text);
+    }
+    unlink(log);
+}
+END_TEST
+
 START_TEST(runtime_dir_rules)
 {
     char out[512], url[200];
@@ -685,6 +731,7 @@ int main(void)
     tcase_add_test(tc, watchdog_revives_the_listener);
     tcase_add_test(tc, default_watchdog_relistens_within_a_second);
     tcase_add_test(tc, stop_with_a_deferred_call_pending);
+    tcase_add_test(tc, stop_deadline_ends_a_hung_stop);
     tcase_add_test(tc, runtime_dir_rules);
     tcase_add_test(tc, peers_of_another_uid_are_dropped);
     suite_add_tcase(s, tc);
