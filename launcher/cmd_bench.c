@@ -91,7 +91,7 @@ static int haswell_only(const char *dir, char *tmp, size_t cap, char *why, size_
         snprintf(why, why_cap, "cannot make a directory in %s for llama.cpp's AVX2 variant", base);
         return -1;
     }
-    char cmd[4096];
+    char cmd[8192];
     snprintf(cmd, sizeof cmd,
              "{ cp -al '%s/.' '%s/' 2>/dev/null || cp -a '%s/.' '%s/'; } && "
              "find '%s' -name 'libggml-cpu-*.so' ! -name 'libggml-cpu-haswell.so' -delete && "
@@ -138,7 +138,7 @@ static void run_llama(const char *model, const char *nlc, uint32_t threads, uint
         return;
     }
     /* strata forced to AVX2 on an AVX-512 machine: llama.cpp on AVX2 too */
-    char tmp[1100] = "";
+    char tmp[sizeof dir] = "";
     if (cpu_isa() == CPU_AVX2 && cpu_isa_supported(CPU_AVX512)) {
         if (haswell_only(dir, tmp, sizeof tmp, p->why, sizeof p->why) != 0) return;
         snprintf(dir, sizeof dir, "%s", tmp);
