@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
@@ -325,20 +327,142 @@ static int listen_now(struct ipc_server *srv)
     return 0;
 }
 
-/* ping makes a real round trip to srv over a new connection: a connection opened before the
- * listener broke would still answer, so only a fresh one proves that new clients get in. */
+static int64_t now_ms(void);
+
+#define PING_GRACE_MS 1500 /* after a ping's timeout, how long its connection may take to attach   \
+                            */
+
+/* xfer sends out[0..n_out) on the non-blocking socket fd and receives exactly n_in bytes into in,
+ * both by deadline (ms, now_ms's clock). Returns 0, STRATA_ETIMEDOUT or STRATA_ECLOSED. */
+static int xfer(int fd, const void *out, size_t n_out, void *in, size_t n_in, int64_t deadline)
+{
+    size_t sent = 0, have = 0;
+    while (sent < n_out || have < n_in) {
+        const int64_t left = deadline - now_ms();
+        if (left <= 0) return STRATA_ETIMEDOUT;
+        struct pollfd p = {.fd = fd,
+                           .events = (have < n_in ? POLLIN : 0) | (sent < n_out ? POLLOUT : 0)};
+        int n = poll(&p, 1, (int)left);
+        if (n <= 0) continue; /* EINTR, or the time is up: checked above */
+        if (sent < n_out && (p.revents & POLLOUT)) {
+            ssize_t w = send(fd, (const uint8_t *)out + sent, n_out - sent, MSG_NOSIGNAL);
+            if (w > 0)
+                sent += (size_t)w;
+            else if (errno != EAGAIN && errno != EINTR)
+                return STRATA_ECLOSED;
+        }
+        if (have < n_in && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+            ssize_t r = recv(fd, (uint8_t *)in + have, n_in - have, 0);
+            if (r > 0)
+                have += (size_t)r;
+            else if (r == 0 || (errno != EAGAIN && errno != EINTR))
+                return STRATA_ECLOSED;
+        } else if (p.revents & (POLLHUP | POLLERR)) {
+            return STRATA_ECLOSED;
+        }
+    }
+    return 0;
+}
+
+static void put_be(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+/* slow_not_broken: after a ping timed out, whether its connection (still open) or any other is
+ * attached to the socket within PING_GRACE_MS: then the server is slow (a loaded machine, a
+ * sanitizer, a backlog after SIGSTOP and SIGCONT), not broken by #1518, whose new connections
+ * finish the handshake but are never attached. Re-listening on a slow server is worse than
+ * useless: it drops every client's connection, and closing a listener while it accepts can hang
+ * nng 1.5.2 for good (nng #1498: a worker stopped and continued never finished its SIGTERM). */
+static bool slow_not_broken(struct ipc_server *srv, unsigned pipes0)
+{
+    for (int i = 0; i < PING_GRACE_MS / 10; i++) {
+        if (atomic_load(&srv->pipes) != pipes0) {
+            LOG_DEBUG("ipc %s: the watchdog's ping was accepted but not answered in %d ms: the "
+                      "server is slow, the listener works",
+                      srv->name, srv->opts.watchdog_timeout_ms);
+            return true;
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000000}, NULL);
+    }
+    return false;
+}
+
+/* ping makes a real round trip to srv over a new connection (a connection opened before nng
+ * 1.5.2's listener broke, #1518, would still answer: only a fresh one proves that new clients
+ * get in), speaking req0 over nng's IPC framing on a plain AF_UNIX socket: the SP header both
+ * ways, then one request (type 1, 64-bit big-endian length, a 32-bit request id with its top bit
+ * set, the body) and its reply, whose id must match. Not an nng client: an nng req0 socket opened
+ * and closed here could hang nng_close for good after the process was stopped (SIGSTOP) and
+ * continued, and the worker then never finished a SIGTERM. */
 static int ping(struct ipc_server *srv)
 {
-    struct ipc_client_opts co = {.reconnect_min_ms = 10, .reconnect_max_ms = 100, .no_redial = true};
-    struct ipc_client *cli;
+    static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0, 0x30 /* req0 */, 0, 0};
+    const int64_t deadline = now_ms() + srv->opts.watchdog_timeout_ms;
+    const uint32_t id = 0x80000000u | (uint32_t)(now_ms() & 0x7fffffff);
+    const unsigned pipes0 = atomic_load(&srv->pipes);
+    uint8_t got[9], *frame = NULL, idb[4];
+    void *body = NULL;
+    size_t blen = 0;
     struct msg_builder b;
-    struct msg reply;
-    int rv = ipc_client_open(srv->url, &co, &cli);
-    if (rv != 0) return rv;
     msg_begin_request(&b, IPC_PING_OP);
-    rv = ipc_request(cli, &b, &reply, srv->opts.watchdog_timeout_ms);
-    if (rv == 0) msg_free(&reply);
-    ipc_client_close(cli);
+    int rv = msg_finish(&b, &body, &blen);
+    if (rv != 0) return rv;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        rv = strata_errf(strata_errno(errno), "watchdog: socket: %s", strerror(errno));
+        goto done;
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", srv->path);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS &&
+        errno != EAGAIN) {
+        rv = strata_errf(strata_errno(errno), "watchdog: cannot connect to %s: %s", srv->path,
+                         strerror(errno));
+        goto done;
+    }
+    if (!(frame = malloc(13 + blen))) {
+        rv = strata_errf(STRATA_ENOMEM, "watchdog: no memory for a ping");
+        goto done;
+    }
+    frame[0] = 1;
+    put_be(frame + 1, 4 + blen, 8);
+    put_be(frame + 9, id, 4);
+    memcpy(frame + 13, body, blen);
+    uint64_t len = 0;
+    if ((rv = xfer(fd, hdr, sizeof hdr, got, 8, deadline)) != 0) goto io;
+    if (memcmp(got, "\0SP\0\0\x31", 6) != 0) {
+        rv = strata_errf(STRATA_EPROTO, "watchdog: %s answered a handshake that is not rep0's",
+                         srv->path);
+        goto done;
+    }
+    if ((rv = xfer(fd, frame, 13 + blen, got, 9, deadline)) != 0) goto io;
+    for (int i = 1; i < 9; i++)
+        len = len << 8 | got[i];
+    if (got[0] != 1 || len < 4 || len > 65536) {
+        rv = strata_errf(STRATA_EPROTO, "watchdog: %s answered a ping with a bad frame", srv->path);
+        goto done;
+    }
+    if ((rv = xfer(fd, NULL, 0, idb, 4, deadline)) != 0) goto io;
+    put_be(frame, id, 4);
+    if (memcmp(idb, frame, 4) != 0)
+        rv = strata_errf(STRATA_EPROTO, "watchdog: %s answered another request id", srv->path);
+    goto done;
+io:
+    if (rv == STRATA_ETIMEDOUT && slow_not_broken(srv, pipes0)) {
+        rv = 0;
+        goto done;
+    }
+    rv = rv == STRATA_ETIMEDOUT
+             ? strata_errf(rv, "watchdog: no ping reply from %s within %d ms", srv->path,
+                           srv->opts.watchdog_timeout_ms)
+             : strata_errf(rv, "watchdog: %s closed a new connection", srv->path);
+done:
+    if (fd >= 0) close(fd);
+    free(frame);
+    free(body);
     return rv;
 }
 
@@ -378,17 +502,7 @@ static void *watchdog_main(void *arg)
          * would say nothing about the listener */
         bool all_busy = busy_calls(srv) == srv->n_calls;
         pthread_mutex_unlock(&srv->mtx);
-        unsigned pipes = atomic_load(&srv->pipes);
         int rv = all_busy ? 0 : ping(srv);
-        /* A ping that timed out after its connection was accepted and handshaken met a slow
-         * server (a loaded machine, a sanitizer), not the broken listener of #1518: re-listening
-         * would close every client's connection for nothing. */
-        if (rv == STRATA_ETIMEDOUT && atomic_load(&srv->pipes) != pipes) {
-            LOG_DEBUG("ipc %s: the watchdog's ping was accepted but not answered in %d ms: the "
-                      "server is slow, the listener works",
-                      srv->name, srv->opts.watchdog_timeout_ms);
-            rv = 0;
-        }
         pthread_mutex_lock(&srv->mtx);
         bool stopping = srv->stopping; /* a ping that outlived ipc_server_stop: no re-listen */
         pthread_mutex_unlock(&srv->mtx);
@@ -418,14 +532,15 @@ static void *watchdog_main(void *arg)
     return NULL;
 }
 
-/* join_watchdog waits for the watchdog to return, at most a ping's timeout plus two seconds: a
- * ping stuck in nng (an nng_close that never returns, nng #1498) must not keep the process from
- * stopping. A watchdog that did not return is left running, and srv is not freed under it. */
+/* join_watchdog waits for the watchdog to return, at most a ping's timeout and grace plus two
+ * seconds: a re-listen stuck in nng (nng 1.5.2 has hung closes, nng #1498) must not keep the
+ * process from stopping. A watchdog that did not return is left running, and srv is not freed under
+ * it. */
 static void join_watchdog(struct ipc_server *srv)
 {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
-    long ms = srv->opts.watchdog_timeout_ms + 2000L;
+    long ms = srv->opts.watchdog_timeout_ms + PING_GRACE_MS + 2000L;
     until.tv_sec += ms / 1000;
     until.tv_nsec += ms % 1000 * 1000000;
     if (until.tv_nsec >= 1000000000) {
@@ -441,8 +556,7 @@ static void join_watchdog(struct ipc_server *srv)
         pthread_join(srv->watchdog, NULL);
         return;
     }
-    LOG_WARN("ipc %s: the watchdog's ping did not return in %ld ms (nng is stuck closing its "
-             "connection): stopping without it",
+    LOG_WARN("ipc %s: the watchdog did not return in %ld ms (stuck in nng): stopping without it",
              srv->name, ms);
     pthread_detach(srv->watchdog);
     srv->watchdog_stuck = true;
@@ -475,8 +589,9 @@ int ipc_server_start(const char *url, ipc_handler_fn handler, void *ctx,
     if (srv->opts.n_ctx <= 0) srv->opts.n_ctx = 16;
     if (srv->opts.recv_max == 0) srv->opts.recv_max = MSG_MAX_BYTES;
     /* A connect-and-close (a port scanner, a health probe) can break nng 1.5.2's listener
-     * (#1518): ping twice a second, and give up on a ping after half a second, so that a broken
-     * listener is replaced within about a second. A ping is one local round trip. */
+     * (#1518): ping twice a second, and give up on a ping after half a second (and the grace a
+     * slow server gets), so that a broken listener is replaced within about 2.5 s. A ping is one
+     * local round trip. */
     if (srv->opts.watchdog_ms == 0) srv->opts.watchdog_ms = 500;
     if (srv->opts.watchdog_timeout_ms <= 0) srv->opts.watchdog_timeout_ms = 500;
 
@@ -669,7 +784,6 @@ struct ipc_client {
     nng_dialer dialer;
     pthread_mutex_t mu;      /* guards dialer and last_redial_ms */
     int64_t last_redial_ms;
-    bool no_redial;
     char url[256];
 };
 
@@ -691,7 +805,6 @@ int ipc_client_open(const char *url, const struct ipc_client_opts *opts, struct 
     if (!(cli = calloc(1, sizeof *cli)))
         return strata_errf(STRATA_ENOMEM, "no memory for a client");
     snprintf(cli->url, sizeof cli->url, "%s", url);
-    cli->no_redial = o.no_redial;
     if ((rv = nng_req0_open(&cli->sock)) != 0) {
         free(cli);
         return nng_fail(rv, "cannot open a req0 socket for", url);
@@ -727,13 +840,9 @@ static int64_t now_ms(void)
 /* redial replaces the client's dialer (at most once a second). With nng 1.5.2 a dialer whose peer
  * was killed and restarted can stay without a working pipe for good (seen: one of four frontends'
  * sockets timed out for 30 s while the other three had reconnected in 0.3 s); a fresh dialer
- * connects at once. Calls still waiting on the old pipes fail or are resent by req0. Not for a
- * client that is closed right after its call (opts.no_redial): closing a socket whose fresh dialer
- * is still connecting can hang nng 1.5.2's nng_close for good (nng #1498; seen: the watchdog's
- * ping after a SIGSTOP, and the worker never exited). */
+ * connects at once. Calls still waiting on the old pipes fail or are resent by req0. */
 static void redial(struct ipc_client *cli)
 {
-    if (cli->no_redial) return;
     pthread_mutex_lock(&cli->mu);
     int64_t now = now_ms();
     if (now - cli->last_redial_ms >= 1000) {

@@ -25,7 +25,6 @@
 
 #include "common/ipc/msg.h"
 
-#include <stdbool.h>
 #include <stddef.h>
 
 #define IPC_PING_OP "ping" /* reserved: answered {"v", "ok": true} by the server itself */
@@ -111,8 +110,6 @@ struct ipc_client_opts {
     int resend_ms;        /* NNG_OPT_REQ_RESENDTIME: well above the server's longest poll (a few
                              seconds); default 60000 */
     size_t recv_max;      /* NNG_OPT_RECVMAXSZ for replies; default MSG_MAX_BYTES */
-    bool no_redial;       /* a timed-out call leaves the dialer as it is (for a client closed
-                             right after one call: see redial in ipc.c) */
 };
 
 /* ipc_client_open makes a req0 socket dialing url. The dial does not wait: a server that is not up
