@@ -47,7 +47,8 @@ static void usage(FILE *out)
             "  --draft FILE.gguf   decode with this draft model's drafts (same vocabulary)\n"
             "  --draft-max N       its drafts a pass (default 4, <= 8)\n"
             "  --llama       also run llama.cpp on the same file, threads and lengths through\n"
-            "                node-llama-cpp, side by side\n"
+            "                node-llama-cpp, side by side (with STRATA_CPU=avx2 on an AVX-512\n"
+            "                machine, its AVX2 variant: both sides run AVX2 code)\n"
             BACKEND_OPTS_USAGE
             "  --nlc DIR     where `npm install --prefix DIR " NLC_PACKAGE "` put the package\n"
             "                (default: $STRATA_NLC, else build/nlc under the source tree)\n"
