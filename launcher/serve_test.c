@@ -915,7 +915,9 @@ static void moving_run(struct moving *m, int n, struct wclient **c, int kill_pid
             const char *ids[1] = {m[k].id};
             uint32_t from = m[k].n_got - m[k].base;
             struct wclient_poll_result pr = {0};
-            ck_assert_int_eq(wclient_poll(c[m[k].w], ids, &from, 1, 0, &pr), 0);
+            const int prv = wclient_poll(c[m[k].w], ids, &from, 1, 0, &pr);
+            ck_assert_msg(prv == 0, "poll of %s on worker %d: %s: %s", m[k].id, m[k].w,
+                          strata_strerror(prv), strata_errdetail());
             const struct wclient_update *u = &pr.u[0];
             ck_assert_int_eq(u->code, 0);
             ck_assert_uint_eq(u->from, from);
