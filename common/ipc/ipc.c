@@ -417,10 +417,17 @@ static int ping(struct ipc_server *srv)
     }
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof a.sun_path, "%s", srv->path);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS &&
-        errno != EAGAIN) {
-        rv = strata_errf(strata_errno(errno), "watchdog: cannot connect to %s: %s", srv->path,
-                         strerror(errno));
+    /* a full backlog (EAGAIN: the server is slow to accept) is retried until the deadline */
+    while (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno != EINPROGRESS) {
+        if (errno == EAGAIN && now_ms() < deadline) {
+            nanosleep(&(struct timespec){0, 10 * 1000000}, NULL);
+            continue;
+        }
+        rv = errno == EAGAIN
+                 ? STRATA_ETIMEDOUT
+                 : strata_errf(strata_errno(errno), "watchdog: cannot connect to %s: %s", srv->path,
+                               strerror(errno));
+        if (rv == STRATA_ETIMEDOUT) goto io;
         goto done;
     }
     if (!(frame = malloc(13 + blen))) {
