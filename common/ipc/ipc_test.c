@@ -577,6 +577,63 @@ START_TEST(stop_with_a_deferred_call_pending)
 }
 END_TEST
 
+static volatile sig_atomic_t g_term;
+static void on_term(int sig)
+{
+    (void)sig;
+    g_term = 1;
+}
+
+/* A healthy server's watchdog never re-listens, however its process is scheduled: a server in a
+ * child process is stopped (SIGSTOP) for 2 s while a call waits on it, continued, keeps serving
+ * with no re-listen (re-listening on a busy server once hung nng 1.5.2: the worker never finished
+ * its SIGTERM), and stops on SIGTERM in time. The child's exit status is its re-listen count. */
+START_TEST(stopped_and_continued_server_keeps_its_listener)
+{
+    char dir[512], url[600];
+    setup("sigstop", dir, url);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        signal(SIGTERM, on_term);
+        struct ipc_server_opts o = {.name = "child", .n_ctx = 8}; /* the default watchdog */
+        struct ipc_server *srv;
+        if (ipc_server_start(url, handler, NULL, &o, &srv) != 0) _exit(100);
+        while (!g_term)
+            usleep(10 * 1000);
+        unsigned n = ipc_server_relistens(srv);
+        ipc_server_close(srv);
+        _exit(n > 99 ? 99 : (int)n);
+    }
+    struct ipc_client *cli;
+    ck_assert_int_eq(ipc_client_open(url, NULL, &cli), 0);
+    int rv = STRATA_ETIMEDOUT;
+    for (int i = 0; i < 100 && rv != 0; i++)
+        rv = echo(cli, i, 100);
+    ck_assert_int_eq(rv, 0);
+    usleep(1000 * 1000); /* a few healthy pings */
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    usleep(2000 * 1000);
+    ck_assert_int_eq(kill(pid, SIGCONT), 0);
+    ck_assert_int_eq(echo(cli, 7, 5000), 0);
+    usleep(2500 * 1000); /* pings after the continue, and their grace */
+    ck_assert_int_eq(echo(cli, 8, 5000), 0);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    int st = 0;
+    for (int i = 0; i < 1500 && waitpid(pid, &st, WNOHANG) == 0; i++)
+        usleep(10 * 1000);
+    if (waitpid(pid, &st, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        ck_abort_msg("the server did not stop within 15 s of SIGTERM");
+    }
+    ipc_client_close(cli);
+    ck_assert(WIFEXITED(st));
+    ck_assert_msg(WEXITSTATUS(st) == 0, "the server re-listened %d time(s) (status %d)",
+                  WEXITSTATUS(st), WEXITSTATUS(st));
+}
+END_TEST
+
 /* A process whose stop hangs exits at its deadline, with status 1 and a message saying why; one
  * that stops in time exits as it would. */
 START_TEST(stop_deadline_ends_a_hung_stop)
@@ -734,6 +791,7 @@ int main(void)
     tcase_add_test(tc, default_watchdog_relistens_within_a_second);
     tcase_add_test(tc, stop_with_a_deferred_call_pending);
     tcase_add_test(tc, stop_deadline_ends_a_hung_stop);
+    tcase_add_test(tc, stopped_and_continued_server_keeps_its_listener);
     tcase_add_test(tc, runtime_dir_rules);
     tcase_add_test(tc, peers_of_another_uid_are_dropped);
     suite_add_tcase(s, tc);
