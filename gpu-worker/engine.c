@@ -1132,8 +1132,11 @@ out:
 
 int engine_poll(struct engine *e, const char *id, uint32_t from, struct engine_update *out)
 {
-    const int64_t now = now_ns();
     pthread_mutex_lock(&e->mu);
+    /* the clock is read under mu: read before, a request admitted (or its first token made)
+     * while this waited for the lock had a later t_admit than now, and a negative prefill_ms
+     * failed the client's whole poll */
+    const int64_t now = now_ns();
     struct ereq *r = lookup(e, id);
     if (!r) {
         pthread_mutex_unlock(&e->mu);

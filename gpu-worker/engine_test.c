@@ -133,6 +133,11 @@ static void drain(struct engine *e, struct job *j, double timeout_s)
         j->u.toks = t;
         j->u.cap = 8; /* small: drain must page through from */
         ck_assert_int_eq(engine_poll(e, j->id, j->n_got, &j->u), 0);
+        /* every poll's timings are durations: never negative (the clock read before the lock
+         * once gave a prefill_ms of -0.03 ms, which the client refuses, failing the poll) */
+        ck_assert_msg(j->u.t.queue_ms >= 0 && j->u.t.prefill_ms >= 0 && j->u.t.decode_ms >= 0,
+                      "%s: queue %g, prefill %g, decode %g ms", j->id, j->u.t.queue_ms,
+                      j->u.t.prefill_ms, j->u.t.decode_ms);
         for (uint32_t i = 0; i < j->u.n; i++) {
             ck_assert_uint_lt(j->n_got, MAX_GEN);
             j->got[j->n_got++] = t[i].id;
