@@ -50,15 +50,8 @@ static void stop(pid_t pid)
 {
     int st;
     kill(pid, SIGTERM);
-    for (int i = 0; i < 3000; i++) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        ck_assert_int_ne(r, -1);
-        if (r == pid) return;
-        usleep(10 * 1000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    ck_abort_msg("pid %d did not exit within 30 s of SIGTERM", (int)pid);
+    ck_assert_msg(test_wait_exit(pid, 30, &st), "pid %d did not exit within 30 s of SIGTERM",
+                  (int)pid);
 }
 
 /* port_of waits for "listening on port N" in a frontend's log. */

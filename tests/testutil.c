@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <grp.h>
 #include <pwd.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -256,4 +257,18 @@ void test_arena_build(struct gguf_file *f, const char *path, const char *dir, co
     shm_close(&s);
     arena_layout_fini(L);
     ck_assert_int_eq(arena_open(dir, name, a), 0);
+}
+
+bool test_wait_exit(pid_t pid, double seconds, int *status)
+{
+    for (int i = 0; i < (int)(seconds * 100); i++) {
+        pid_t r = waitpid(pid, status, WNOHANG);
+        ck_assert_int_ne(r, -1);
+        if (r == pid) return true;
+        usleep(10 * 1000);
+    }
+    if (waitpid(pid, status, WNOHANG) == pid) return true;
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return false;
 }

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* test_data_path returns "<data>/<rel>" in a static buffer if it exists, else NULL after printing
  * a SKIP line that says how to provide it. */
@@ -74,6 +75,10 @@ float test_gauss(struct test_rng *r);
  * them between this check and the server's listen; the choice is spread by pid, so tests running
  * side by side try different ports. */
 int test_free_ports(int n);
+
+/* test_wait_exit waits up to `seconds` for child pid to exit: true, with its wait status in
+ * *status. false when it is still running then: it is killed (SIGKILL) and reaped first. */
+bool test_wait_exit(pid_t pid, double seconds, int *status);
 
 /* test_other_uid is a uid (and gid of the same number) that no account uses: "another local user"
  * for the hardening tests, which never create accounts. */

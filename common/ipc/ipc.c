@@ -64,8 +64,6 @@ struct ipc_server {
     atomic_uint pipes;  /* connections whose handshake completed (the listener works) */
     pthread_t watchdog;
     bool watchdog_running;
-    bool watchdog_done;  /* under mtx: the watchdog returned (ipc_server_stop's bounded wait) */
-    bool watchdog_stuck; /* it did not return in time: srv stays allocated for it */
     struct ipc_call *calls;
     int n_calls;
 };
@@ -329,8 +327,8 @@ static int listen_now(struct ipc_server *srv)
 
 static int64_t now_ms(void);
 
-#define PING_GRACE_MS 1500 /* after a ping's timeout, how long its connection may take to attach   \
-                            */
+/* after a ping's timeout, how long its connection may still take to be attached */
+#define PING_GRACE_MS 1500
 
 /* xfer sends out[0..n_out) on the non-blocking socket fd and receives exactly n_in bytes into in,
  * both by deadline (ms, now_ms's clock). Returns 0, STRATA_ETIMEDOUT or STRATA_ECLOSED. */
@@ -453,8 +451,7 @@ static int ping(struct ipc_server *srv)
         goto done;
     }
     if ((rv = xfer(fd, NULL, 0, idb, 4, deadline)) != 0) goto io;
-    put_be(frame, id, 4);
-    if (memcmp(idb, frame, 4) != 0)
+    if (((uint32_t)idb[0] << 24 | (uint32_t)idb[1] << 16 | (uint32_t)idb[2] << 8 | idb[3]) != id)
         rv = strata_errf(STRATA_EPROTO, "watchdog: %s answered another request id", srv->path);
     goto done;
 io:
@@ -533,40 +530,8 @@ static void *watchdog_main(void *arg)
         }
         pthread_mutex_lock(&srv->mtx);
     }
-    srv->watchdog_done = true;
-    pthread_cond_broadcast(&srv->cv);
     pthread_mutex_unlock(&srv->mtx);
     return NULL;
-}
-
-/* join_watchdog waits for the watchdog to return, at most a ping's timeout and grace plus two
- * seconds: a re-listen stuck in nng (nng 1.5.2 has hung closes, nng #1498) must not keep the
- * process from stopping. A watchdog that did not return is left running, and srv is not freed under
- * it. */
-static void join_watchdog(struct ipc_server *srv)
-{
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    long ms = srv->opts.watchdog_timeout_ms + PING_GRACE_MS + 2000L;
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += ms % 1000 * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
-    pthread_mutex_lock(&srv->mtx);
-    while (!srv->watchdog_done && pthread_cond_timedwait(&srv->cv, &srv->mtx, &until) == 0) {
-    }
-    bool done = srv->watchdog_done;
-    pthread_mutex_unlock(&srv->mtx);
-    if (done) {
-        pthread_join(srv->watchdog, NULL);
-        return;
-    }
-    LOG_WARN("ipc %s: the watchdog did not return in %ld ms (stuck in nng): stopping without it",
-             srv->name, ms);
-    pthread_detach(srv->watchdog);
-    srv->watchdog_stuck = true;
 }
 
 int ipc_server_start(const char *url, ipc_handler_fn handler, void *ctx,
@@ -664,7 +629,7 @@ void ipc_server_stop(struct ipc_server *srv)
         pthread_cond_wait(&srv->cv, &srv->mtx);
     pthread_mutex_unlock(&srv->mtx);
 
-    if (srv->watchdog_running) join_watchdog(srv);
+    if (srv->watchdog_running) pthread_join(srv->watchdog, NULL);
     srv->watchdog_running = false;
     if (srv->sock_open) nng_close(srv->sock); /* closes the contexts and the listener */
     srv->sock_open = false;
@@ -694,9 +659,6 @@ void ipc_server_close(struct ipc_server *srv)
         nng_aio_free(c->aio);
     }
     free(srv->calls);
-    srv->calls = NULL;
-    srv->n_calls = 0;
-    if (srv->watchdog_stuck) return; /* the watchdog may still wake and lock srv->mtx */
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mtx);
     free(srv);
@@ -973,11 +935,8 @@ int ipc_stop_deadline(const char *who, int seconds)
     snprintf(d->who, sizeof d->who, "%s", who);
     d->seconds = seconds;
     pthread_t t;
-    pthread_attr_t a;
-    pthread_attr_init(&a);
-    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-    int rv = pthread_create(&t, &a, deadline_main, d);
-    pthread_attr_destroy(&a);
+    int rv = pthread_create(&t, NULL, deadline_main, d);
+    if (rv == 0) pthread_detach(t);
     if (rv != 0) {
         free(d);
         return strata_errf(strata_errno(rv), "cannot start the stop deadline: %s", strerror(rv));

@@ -620,13 +620,7 @@ START_TEST(stopped_and_continued_server_keeps_its_listener)
     ck_assert_int_eq(echo(cli, 8, 5000), 0);
     ck_assert_int_eq(kill(pid, SIGTERM), 0);
     int st = 0;
-    for (int i = 0; i < 1500 && waitpid(pid, &st, WNOHANG) == 0; i++)
-        usleep(10 * 1000);
-    if (waitpid(pid, &st, WNOHANG) == 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-        ck_abort_msg("the server did not stop within 15 s of SIGTERM");
-    }
+    ck_assert_msg(test_wait_exit(pid, 15, &st), "the server did not stop within 15 s of SIGTERM");
     ipc_client_close(cli);
     ck_assert(WIFEXITED(st));
     ck_assert_msg(WEXITSTATUS(st) == 0, "the server re-listened %d time(s) (status %d)",
@@ -653,15 +647,10 @@ START_TEST(stop_deadline_ends_a_hung_stop)
             _exit(0);
         }
         int st = 0;
-        for (int i = 0; i < 1500 && waitpid(pid, &st, WNOHANG) == 0; i++)
-            usleep(10 * 1000);
+        const bool exited = test_wait_exit(pid, 15, &st);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         const double s = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
-        if (waitpid(pid, &st, WNOHANG) == 0) { /* still running: the deadline did not fire */
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            ck_abort_msg("a stop that hangs was still running after %.1f s", s);
-        }
+        ck_assert_msg(exited, "a stop that hangs was still running after %.1f s", s);
         ck_assert(WIFEXITED(st));
         ck_assert_int_eq(WEXITSTATUS(st), hang ? 1 : 0);
         char *text = test_read_file(log, NULL);
