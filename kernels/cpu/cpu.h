@@ -41,7 +41,7 @@ const char *cpu_isa_name(enum cpu_isa isa);
  * tokens' activations (made by ops_quantize_acts for wtype). Rows are taken 8 at a time and each
  * weight block is decoded once for up to CPU_TOKEN_TILE tokens, so a prompt chunk reads each row
  * from memory once per tile; for 1..16 tokens (decode, an expert's share of a decode window) the
- * AVX2 kernels dot the levels in registers straight from the weight bytes (9..16 in two passes
+ * kernels dot the levels in registers straight from the weight bytes (9..16 in two passes
  * over 64-row chunks, the second from L2), so one call streams its rows at memory speed up to a
  * few tokens. Any computable wtype; any row range and token count. */
 void cpu_matmul(uint32_t wtype, const void *w, uint64_t row_bytes, uint32_t n_in, uint32_t row0,

@@ -156,7 +156,7 @@ START_TEST(matmul_equals_reference)
         check_matmul(t, 13, n_in, 1, 0, 13, raw);       /* decode: one token, a partial row group */
         check_matmul(t, 21, n_in, 37, 3, 20, raw);      /* prompt chunk across the token tile */
         check_matmul(t, 8, k ? 256 : 32, 5, 0, 8, raw); /* one block per row */
-        /* the direct path (AVX2, 1..16 tokens: decode, an expert's share of a decode window) and
+        /* the direct path (1..16 tokens: decode, an expert's share of a decode window) and
          * the first count past it, on ranges that start and end inside a row group */
         for (uint32_t nt = 1; nt <= 17; nt++) {
             check_matmul(t, 29, n_in, nt, 5, 27, raw);
