@@ -30,12 +30,14 @@ const ctx_opts = {
 };
 const ids = Array.from({length: n_prompt}, (_, i) => (i * 7919 + 13) % vocab);
 
-// warm-up in a context of its own (its counters are dropped): page the weights in, as strata
-// bench does
-const warm = await model.createContext(ctx_opts);
-for await (const t of warm.getSequence().evaluate(ids.slice(0, Math.min(64, n_prompt)),
-                                                  {temperature: 0})) break;
-await warm.dispose();
+// warm-up, as llama-bench's and strata bench's: the whole prompt once in the context the reps
+// use, so the weights are paged in and its compute buffers and KV cache are faulted in before
+// the clock starts; printTimings resets llama.cpp's counters, and the warm-up's are dropped
+const ctx = await model.createContext(ctx_opts);
+const seq = ctx.getSequence();
+for await (const t of seq.evaluate(ids, {temperature: 0})) break;
+await ctx.printTimings();
+perf.length = 0;
 const now = () => Number(process.hrtime.bigint()) / 1e9;
 const ms = (re) => {
     for (const l of perf) { const m = re.exec(l); if (m) return [Number(m[1]), Number(m[2])]; }
@@ -44,8 +46,7 @@ const ms = (re) => {
 const best = {prefill_tok_s: 0, decode_tok_s: 0, wall_prefill_tok_s: 0, wall_decode_tok_s: 0};
 let gen = 0;
 for (let rep = 0; rep < reps; rep++) {
-    const ctx = await model.createContext(ctx_opts);
-    const seq = ctx.getSequence();
+    await seq.clearHistory();
     const t0 = now();
     let t1 = 0, got = 0;
     for await (const t of seq.evaluate(ids, {temperature: 0})) {
@@ -65,8 +66,8 @@ for (let rep = 0; rep < reps; rep++) {
     };
     for (const k of Object.keys(best)) best[k] = Math.max(best[k], r[k]);
     gen = got - 1;
-    await ctx.dispose();
 }
+await ctx.dispose();
 console.log(JSON.stringify({
     engine: "llama.cpp (node-llama-cpp 3.21.1)", threads, prompt: n_prompt, gen, reps, ...best,
 }));
