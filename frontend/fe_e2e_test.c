@@ -52,6 +52,9 @@ static void stop(pid_t pid)
     kill(pid, SIGTERM);
     ck_assert_msg(test_wait_exit(pid, 30, &st), "pid %d did not exit within 30 s of SIGTERM",
                   (int)pid);
+    if (WIFEXITED(st) && WEXITSTATUS(st) != 0)
+        fprintf(stderr, "note: pid %d exited with status %d after SIGTERM (1: its stop deadline)\n",
+                (int)pid, WEXITSTATUS(st));
 }
 
 /* port_of waits for "listening on port N" in a frontend's log. */
