@@ -1,5 +1,6 @@
 #include "gpu-worker/backend.h"
 #include "common/base/err.h"
+#include "kernels/ref/ops.h"
 #include "tests/testutil.h"
 #include "tools/fixture.h"
 
@@ -95,14 +96,6 @@ static void all_logits(struct env *e, const char *name, enum kv_type kt, float *
     backend_close(b);
 }
 
-static uint32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t a = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[a]) a = i;
-    return a;
-}
-
 START_TEST(logits_match_the_cpu)
 {
     const struct model_case *mc = &cases[_i / 2];
@@ -128,7 +121,7 @@ START_TEST(logits_match_the_cpu)
         const double range = hi - lo;
         if (d / range > worst) worst = d / range;
         if (d > LOGIT_TOL * range && bad_logit < 0) bad_logit = p;
-        const uint32_t ac = argmax(c, e.V), ag = argmax(g, e.V);
+        const uint32_t ac = ops_argmax(c, e.V), ag = ops_argmax(g, e.V);
         same_argmax += ac == ag;
         const double gap = (g[ag] - g[ac]) / range;
         if (gap > worst_eps) worst_eps = gap;
@@ -174,7 +167,7 @@ static void greedy(struct env *e, uint32_t max_tokens, uint32_t chunk, int n_seq
         ck_assert_msg(backend_eval(b, t, n, logits) == 0, "%s", strata_errdetail());
         if (i + c == N_PROMPT)
             for (int k = 0; k < n_seq; k++)
-                next[k] = (int32_t)argmax(logits + (size_t)k * e->V, e->V);
+                next[k] = (int32_t)ops_argmax(logits + (size_t)k * e->V, e->V);
     }
     for (int step = 0; step < N_GREEDY; step++) {
         ids[step] = next[0];
@@ -182,7 +175,7 @@ static void greedy(struct env *e, uint32_t max_tokens, uint32_t chunk, int n_seq
             t[k] = (struct backend_token){&s[k], next[k], true};
         ck_assert_msg(backend_eval(b, t, (uint32_t)n_seq, logits) == 0, "%s", strata_errdetail());
         for (int k = 0; k < n_seq; k++)
-            next[k] = (int32_t)argmax(logits + (size_t)k * e->V, e->V);
+            next[k] = (int32_t)ops_argmax(logits + (size_t)k * e->V, e->V);
     }
     memcpy(last, logits, e->V * sizeof(float));
     for (int k = 0; k < n_seq; k++)
@@ -235,7 +228,7 @@ static void decode_steps(struct env *e, enum kv_type kt, float *out, uint64_t *r
             t[i] = (struct backend_token){&s[k], i == 0 ? (e->hist[0] + (int32_t)k) % (int32_t)e->V : e->hist[i],
                                           i == 9 + 3 * k};
         ck_assert_msg(backend_eval(b, t, 10 + 3 * k, logits) == 0, "%s", strata_errdetail());
-        next[k] = (int32_t)argmax(logits, e->V);
+        next[k] = (int32_t)ops_argmax(logits, e->V);
     }
     for (int step = 0; step < N_STEPS; step++) {
         const int n = step % 3 == 0 ? 4 : step % 3 == 1 ? 1 : 3;
@@ -245,7 +238,7 @@ static void decode_steps(struct env *e, enum kv_type kt, float *out, uint64_t *r
         memset(out + (size_t)step * 4 * e->V, 0, 4 * e->V * sizeof(float));
         memcpy(out + (size_t)step * 4 * e->V, logits, (size_t)n * e->V * sizeof(float));
         for (int k = 0; k < n; k++)
-            next[k] = (int32_t)argmax(logits + (size_t)k * e->V, e->V);
+            next[k] = (int32_t)ops_argmax(logits + (size_t)k * e->V, e->V);
     }
     struct backend_info bi;
     backend_info(b, &bi);

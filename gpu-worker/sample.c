@@ -1,7 +1,9 @@
 #include "gpu-worker/sample.h"
 #include "common/base/err.h"
+#include "kernels/ref/ops.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 struct cand {
@@ -109,6 +111,15 @@ int sample_token(struct sample *s, const struct sample_params *p, const float *l
             return strata_errf(STRATA_EINVAL, "penalty window token %d is outside the vocabulary "
                                "of %u", window[i], n);
 
+    /* greedy over the raw logits needs no candidate list: neutral penalties leave every logit's
+     * bits as they are */
+    const bool penalized = n_window && (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
+                                        p->frequency_penalty != 0.0f);
+    if (p->temperature <= 0.0f && !p->allow && !penalized) {
+        out->id = (int32_t)ops_argmax(logits, n);
+        logprobs(p, logits, n, out);
+        return 0;
+    }
     for (uint32_t i = 0; i < n; i++) s->c[i] = (struct cand){(int32_t)i, logits[i]};
     for (uint32_t i = 0; i < n_window; i++) s->count[window[i]]++;
     for (uint32_t i = 0; i < n_window; i++) {

@@ -2,6 +2,7 @@
 #include "common/base/err.h"
 #include "common/gguf/gguf.h"
 #include "gpu-worker/backend.h"
+#include "kernels/ref/ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -136,14 +137,6 @@ static int pass(struct spec_draft *d, uint32_t n)
     return rv;
 }
 
-static int32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return (int32_t)best;
-}
-
 int spec_draft_propose(struct spec_draft *d, struct spec_draft_item *items, uint32_t n)
 {
     int rv;
@@ -185,7 +178,8 @@ int spec_draft_propose(struct spec_draft *d, struct spec_draft_item *items, uint
         m = 0;
         for (uint32_t i = 0; i < n; i++)
             if (j < items[i].k)
-                items[i].out[j] = argmax(d->logits + (size_t)m++ * d->n_vocab, d->n_vocab);
+                items[i].out[j] =
+                    (int32_t)ops_argmax(d->logits + (size_t)m++ * d->n_vocab, d->n_vocab);
     }
     return 0; /* the last draft was never fed: seq holds hist and out[0 .. k-1) */
 }

@@ -77,14 +77,6 @@ fail:
     return rv;
 }
 
-static uint32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 /* prompt_ids: the prompt, o->prompt synthetic ids or the tokens of o->prompt_text. */
 static int prompt_ids(const struct bench_opts *o, const struct gguf_file *gf, uint32_t V,
                       struct tok_ids *ids)
@@ -223,7 +215,7 @@ int bench_run(const struct bench_opts *o, struct bench_result *out)
         uint64_t seed = 0x9e3779b97f4a7c15ull; /* the same ids every rep */
         for (uint32_t i = 0;; i++) {
             ids.v[n++] = o->decode_random ? (int32_t)(xorshift(&seed) % V)
-                                          : (int32_t)argmax(logits + (size_t)ss.row * V, V);
+                                          : (int32_t)ops_argmax(logits + (size_t)ss.row * V, V);
             if (i == o->gen) break;
             if (spec_seq_take(&ss, ids.v[n - 1])) continue;
             if ((rv = spec_seq_pass(&ss, ids.v, n, o->gen - i, n_ctx, bo.max_pass_tokens,

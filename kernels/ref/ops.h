@@ -63,6 +63,10 @@ void ops_softmax(float *x, uint32_t n);
  * lower index, so the choice is a pure function of x. */
 void ops_topk(const float *x, uint32_t n, uint32_t k, uint32_t *idx);
 
+/* ops_argmax: the first index of x[0..n)'s largest value, as a scan keeping the first strictly
+ * greater one gives it: NaNs never win (0 when x[0] is one), and +0 and -0 tie. 0 for n = 0. */
+uint32_t ops_argmax(const float *x, uint32_t n);
+
 /* ops_silu: x * sigmoid(x). */
 float ops_silu(float x);
 

@@ -75,6 +75,38 @@ START_TEST(softmax_topk_silu)
 }
 END_TEST
 
+/* scan_argmax: the loop ops_argmax stands for. */
+static uint32_t scan_argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+START_TEST(argmax_is_the_scans_pick)
+{
+    /* lengths around the lanes' multiples; few distinct values, so ties, +0 / -0 and NaNs
+     * (x[0] among them) fall anywhere, the maximum in the tail too */
+    const float vals[] = {-1.0f, 0.0f, -0.0f, 2.0f, 2.0f, NAN, -INFINITY, INFINITY, 0.5f};
+    static float x[1000];
+    for (uint32_t n = 0; n <= 40; n++)
+        for (int rep = 0; rep < 400; rep++) {
+            const int nv = rep % 3 == 0 ? 9 : rep % 3 == 1 ? 5 : 3; /* some without NaN or inf */
+            for (uint32_t i = 0; i < n; i++)
+                x[i] = vals[(uint32_t)((frand() + 1.0f) * 1000.0f) % (uint32_t)nv];
+            ck_assert_msg(ops_argmax(x, n) == scan_argmax(x, n), "n %u rep %d: %u, the scan %u", n,
+                          rep, ops_argmax(x, n), scan_argmax(x, n));
+        }
+    for (uint32_t i = 0; i < 1000; i++)
+        x[i] = frand();
+    x[777] = 3.0f;
+    ck_assert_uint_eq(ops_argmax(x, 1000), 777);
+    x[3] = 3.0f; /* the first of a tie */
+    ck_assert_uint_eq(ops_argmax(x, 1000), 3);
+}
+END_TEST
+
 /* A weight matrix of rows x n in type, and its float values. */
 static void *make_weights(uint32_t type, uint32_t rows, uint32_t n, uint64_t *row_bytes)
 {
@@ -307,6 +339,7 @@ int main(void)
     tcase_add_test(tc, rmsnorm_matches_the_formula);
     tcase_add_test(tc, rope_rotates_the_right_pairs);
     tcase_add_test(tc, softmax_topk_silu);
+    tcase_add_test(tc, argmax_is_the_scans_pick);
     tcase_add_test(tc, matmul_is_one_row_dot_per_element);
     tcase_add_test(tc, attention_is_softmax_in_fixed_blocks);
     tcase_add_test(tc, attention_window_and_sink_match_the_softmax);
