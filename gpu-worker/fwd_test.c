@@ -109,7 +109,8 @@ static void check_rows(struct env *e, const float *got, uint32_t from, uint32_t 
 /* Chunk sizes and thread counts: a prompt in one pass, in chunks of 7 on 2 threads, of 5 on 3. */
 static void chunks_and_threads(struct env *e)
 {
-    static const uint32_t cfg[][2] = {{N_HIST, 2}, {7, 2}, {5, 3}};
+    /* {1, 4}: decode steps on more threads than KV heads, which cut their query heads apart */
+    static const uint32_t cfg[][2] = {{N_HIST, 2}, {7, 2}, {5, 3}, {1, 4}};
     float *got = malloc((size_t)N_HIST * e->V * sizeof(float));
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
         struct backend *f = start(e, cfg[c][1], N_HIST);

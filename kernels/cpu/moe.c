@@ -224,7 +224,10 @@ int cpu_moe_ffn(struct cpu_moe *w, struct pool *pool, const struct cpu_moe_parts
             w->bias[3 * g + b] = part(ctx, e, 3 + b);
     }
     bytes += cpu_mm_run(pool, w->tasks, nt, w->first);
-    pool_for(pool, n_pairs, 8, glu_rows, &j);
+    /* a decode step's few pairs go one or two to a thread: SwiGLU's expf and the quantization
+     * ran on one thread while the others waited */
+    const uint32_t per = n_pairs / pool_threads(pool);
+    pool_for(pool, n_pairs, per < 1 ? 1 : per > 8 ? 8 : per, glu_rows, &j);
     if (atomic_load(&j.rv)) return atomic_load(&j.rv);
     nt = 0;
     for (int g = 0; g < n_groups; g++) {
