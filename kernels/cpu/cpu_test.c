@@ -186,21 +186,27 @@ START_TEST(attention_equals_reference)
     isa[n_simd] = CPU_REF; /* the fp16 view's widening; the float view's reference is `want` */
     static const uint32_t dims[][2] = {{64, 64}, {72, 40}, {13, 21}, {128, 128}};
     static const uint32_t keys[] = {1, 7, 32, 33, 70};
-    const uint32_t bt = 16, n_blocks = 8, row = 2 * 160; /* floats: K then V of 2 heads */
+    /* floats: K then V of 2 heads; room for blocks of up to 32 positions */
+    const uint32_t bt = 16, bt_max = 32, n_blocks = 8, row = 2 * 160;
     float *blocks[8], *wtab[8];
     uint16_t *hblocks[8];
-    float *conv = malloc((size_t)n_blocks * bt * (128 + 128) * sizeof(float));
+    float *conv = malloc((size_t)n_blocks * bt_max * (128 + 128) * sizeof(float));
     for (uint32_t b = 0; b < n_blocks; b++) {
-        blocks[b] = malloc((size_t)bt * row * 2 * sizeof(float));
-        hblocks[b] = malloc((size_t)bt * row * 2 * sizeof(uint16_t));
-        for (size_t i = 0; i < (size_t)bt * row * 2; i++) {
+        blocks[b] = malloc((size_t)bt_max * row * 2 * sizeof(float));
+        hblocks[b] = malloc((size_t)bt_max * row * 2 * sizeof(uint16_t));
+        for (size_t i = 0; i < (size_t)bt_max * row * 2; i++) {
             hblocks[b][i] = quant_f32_to_f16(gauss());
             blocks[b][i] = quant_f16_to_f32(hblocks[b][i]);
         }
     }
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        for (uint32_t lay = 0; lay < 3; lay++) {
-            const uint32_t hd = dims[di][0], hv = dims[di][1], vbt = lay == 2 ? 12 : bt;
+        /* layouts: K rows; K by columns in blocks of 16, 12, and 32 (the backend's: a decode
+         * step's scores from the columns in place) */
+        for (uint32_t lay = 0; lay < 4; lay++) {
+            const uint32_t hd = dims[di][0], hv = dims[di][1],
+                           vbt = lay == 2   ? 12
+                                 : lay == 3 ? bt_max
+                                            : bt;
             const struct ops_kv_view v = {.blocks = blocks,
                                           .block_tokens = vbt,
                                           .k_off = hd + 3,

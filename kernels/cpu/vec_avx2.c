@@ -223,18 +223,29 @@ static void transpose_block(const struct ops_kv_view *kv, uint32_t j0, const voi
         transpose_rows(krow, nb, head_dim, kt, false);
 }
 
+/* kcol8: lanes 8u.. of dim d of the block's keys: from kt, or (cols) from a k_cols view's block
+ * in place, its 32 keys a run of each column row (krow: key j0's element 0; bt the view's
+ * block_tokens). */
+static inline __attribute__((always_inline)) __m256 kcol8(const float (*kt)[KB], const void *krow,
+                                                          uint32_t bt, uint32_t d, uint32_t u,
+                                                          bool cols, bool h16)
+{
+    return cols ? ld8(krow, d * bt + 8 * u, h16) : _mm256_load_ps(&kt[d][8 * u]);
+}
+
 /* scores_block: s[j] = (fmaf chain of q[d] * k_j[d], d in order) * scale for the ng lane vectors of
  * the block; one chain per lane vector, the ng chains side by side. */
-static inline void scores_block(const float *q, const float (*kt)[KB], uint32_t head_dim,
-                                uint32_t ng, float scale, float *s)
+static inline __attribute__((always_inline)) void
+scores_block_from(const float *q, const float (*kt)[KB], const void *krow, uint32_t bt,
+                  uint32_t head_dim, uint32_t ng, float scale, float *s, bool cols, bool h16)
 {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m256 qv = _mm256_set1_ps(q[d]);
-        a0 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][0]), a0);
-        if (ng > 1) a1 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][8]), a1);
-        if (ng > 2) a2 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][16]), a2);
-        if (ng > 3) a3 = _mm256_fmadd_ps(qv, _mm256_load_ps(&kt[d][24]), a3);
+        a0 = _mm256_fmadd_ps(qv, kcol8(kt, krow, bt, d, 0, cols, h16), a0);
+        if (ng > 1) a1 = _mm256_fmadd_ps(qv, kcol8(kt, krow, bt, d, 1, cols, h16), a1);
+        if (ng > 2) a2 = _mm256_fmadd_ps(qv, kcol8(kt, krow, bt, d, 2, cols, h16), a2);
+        if (ng > 3) a3 = _mm256_fmadd_ps(qv, kcol8(kt, krow, bt, d, 3, cols, h16), a3);
     }
     const __m256 sv = _mm256_set1_ps(scale);
     _mm256_store_ps(s, _mm256_mul_ps(a0, sv));
@@ -283,8 +294,9 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
 
 /* scores2: scores_block for two queries side by side, eight chains (each still one lane vector
  * summing its keys' dims in order); ng the lane vectors the longer of the two needs. */
-static inline void scores2(const float *const *q, const float (*kt)[KB], uint32_t head_dim,
-                           uint32_t ng, float scale, float *const *s)
+static inline __attribute__((always_inline)) void
+scores2_from(const float *const *q, const float (*kt)[KB], const void *krow, uint32_t bt,
+             uint32_t head_dim, uint32_t ng, float scale, float *const *s, bool cols, bool h16)
 {
     __m256 a[2][4];
     _Pragma("GCC unroll 4")
@@ -295,9 +307,9 @@ static inline void scores2(const float *const *q, const float (*kt)[KB], uint32_
         _Pragma("GCC unroll 4")
         for (uint32_t u = 0; u < 4; u++)
             if (u < ng) {
-                const __m256 k = _mm256_load_ps(&kt[d][8 * u]);
-                a[0][u] = _mm256_fmadd_ps(x0, k, a[0][u]);
-                a[1][u] = _mm256_fmadd_ps(x1, k, a[1][u]);
+            const __m256 k = kcol8(kt, krow, bt, d, u, cols, h16);
+            a[0][u] = _mm256_fmadd_ps(x0, k, a[0][u]);
+            a[1][u] = _mm256_fmadd_ps(x1, k, a[1][u]);
             }
     }
     const __m256 sv = _mm256_set1_ps(scale);
@@ -306,6 +318,37 @@ static inline void scores2(const float *const *q, const float (*kt)[KB], uint32_
         _mm256_store_ps(s[0] + 8 * u, _mm256_mul_ps(a[0][u], sv));
         _mm256_store_ps(s[1] + 8 * u, _mm256_mul_ps(a[1][u], sv));
     }
+}
+
+/* scores: the scores of the block's na queries qp, two at a time: from kt, or (cols) from a
+ * k_cols view's block in place. A decode step makes one pass of its few queries over each
+ * block, where staging it in kt (its stores, then its loads) cost more than converting each
+ * key twice as it is loaded. */
+static inline __attribute__((always_inline)) void
+scores_from(const float *const *qp, uint32_t na, const uint32_t *nbq, const float (*kt)[KB],
+            const void *krow, uint32_t bt, uint32_t head_dim, float scale, float (*pb)[KB],
+            bool cols, bool h16)
+{
+    uint32_t q = 0;
+    for (; q + 2 <= na; q += 2) {
+        const uint32_t nb = nbq[q] > nbq[q + 1] ? nbq[q] : nbq[q + 1];
+        float *const sp[2] = {pb[q], pb[q + 1]};
+        scores2_from(qp + q, kt, krow, bt, head_dim, (nb + 7) / 8, scale, sp, cols, h16);
+    }
+    if (q < na)
+        scores_block_from(qp[q], kt, krow, bt, head_dim, (nbq[q] + 7) / 8, scale, pb[q], cols, h16);
+}
+
+static void scores(const float *const *qp, uint32_t na, const uint32_t *nbq, const float (*kt)[KB],
+                   const void *krow, uint32_t bt, uint32_t head_dim, float scale, float (*pb)[KB],
+                   bool cols, bool h16)
+{
+    if (!cols)
+        scores_from(qp, na, nbq, kt, NULL, 0, head_dim, scale, pb, false, false);
+    else if (h16)
+        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, true);
+    else
+        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, false);
 }
 
 /* values2: values_rows for two queries of one block at once where head_dim_v is a multiple of
@@ -402,6 +445,9 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
     const bool h16 = kv->hblocks != NULL; /* fp16 rows read in place, converted in registers */
     float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
     const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
+    /* <= 4 queries (a decode step's group) over a k_cols view whose blocks hold whole key
+     * blocks (the default, BACKEND_KV_BLOCK = KB): their scores from the view in place */
+    const bool in_place = nq <= 4 && kv->k_cols && kv->block_tokens % KB == 0;
     for (uint32_t t = 0; t < a->n_tok; t++)
         for (uint32_t h = 0; h < a->n_head; h++) {
             m[t * a->n_head + h] = -INFINITY;
@@ -413,7 +459,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
         cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
-        transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
+        if (!in_place) transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* the queries with keys in the block; their scores two at a time; each one's weights
          * (ops_attention's online softmax, step for step); the sums four queries side by side
          * (each in key order); the values two at a time */
@@ -431,13 +477,9 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
             qp[q] = a->q + t * a->q_tok + h * a->q_head;
             op[q] = a->out + t * a->out_tok + h * a->out_head;
         }
-        uint32_t q = 0;
-        for (; q + 2 <= na; q += 2) {
-            const uint32_t nb = nbq[q] > nbq[q + 1] ? nbq[q] : nbq[q + 1];
-            float *const sp[2] = {pb[q], pb[q + 1]};
-            scores2(qp + q, kt, head_dim, (nb + 7) / 8, scale, sp);
-        }
-        if (q < na) scores_block(qp[q], kt, head_dim, (nbq[q] + 7) / 8, scale, pb[q]);
+        scores(qp, na, nbq, (const float(*)[KB])kt, krow[0], kv->block_tokens, head_dim, scale, pb,
+               in_place, h16);
+        uint32_t q;
         for (q = 0; q < na; q++) {
             const uint32_t i = iq[q], lo = cpu_att_lo(a, i / a->n_head), nb = nbq[q];
             float *s = pb[q];
