@@ -198,8 +198,7 @@ int main(int argc, char **argv)
     sigwait(&sigs, &sig);
     LOG_INFO("signal %d: stopping", sig);
     /* a frontend has nothing to save (its streams are cancelled, its workers keep their state):
-     * 10 s bounds a stop stuck in nng, seen once in CI under load (a frontend that had just seen
-     * a stopped worker answer again did not exit in 30 s) */
+     * 10 s bounds a stop stuck in nng */
     ipc_stop_deadline("frontend", 10);
     fe_fini(f);
     return 0;
