@@ -4,6 +4,7 @@
 #ifndef STRATA_CPU_IMPL_H
 #define STRATA_CPU_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -86,6 +87,14 @@ static inline void cpu_att_sums(uint32_t nq, float *sum, const float (*p)[OPS_AT
             a0 += p[q0][j];
         sum[q0] = a0;
     }
+}
+
+/* cpu_att_in_place: whether a call of nq queries takes its scores from a k_cols view's blocks
+ * in place rather than from a transposed copy: one pass of <= 4 queries (a decode step's group)
+ * over each block, and blocks that hold whole key blocks (the default, BACKEND_KV_BLOCK). */
+static inline bool cpu_att_in_place(const struct ops_kv_view *kv, uint32_t nq)
+{
+    return nq <= 4 && kv->k_cols && kv->block_tokens % OPS_ATTN_BLOCK == 0;
 }
 
 /* cpu_att_prefetch asks for the K and V rows of the block of keys at j0 (when there is one), so

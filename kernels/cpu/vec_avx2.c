@@ -445,9 +445,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
     const bool h16 = kv->hblocks != NULL; /* fp16 rows read in place, converted in registers */
     float m[CPU_ATT_MAXQ], l[CPU_ATT_MAXQ];
     const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
-    /* <= 4 queries (a decode step's group) over a k_cols view whose blocks hold whole key
-     * blocks (the default, BACKEND_KV_BLOCK = KB): their scores from the view in place */
-    const bool in_place = nq <= 4 && kv->k_cols && kv->block_tokens % KB == 0;
+    const bool in_place = cpu_att_in_place(kv, nq);
     for (uint32_t t = 0; t < a->n_tok; t++)
         for (uint32_t h = 0; h < a->n_head; h++) {
             m[t * a->n_head + h] = -INFINITY;

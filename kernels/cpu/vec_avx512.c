@@ -400,9 +400,7 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
     float *oq[CPU_ATT_MAXQ], *mq[CPU_ATT_MAXQ], *lq[CPU_ATT_MAXQ];
     uint32_t nbq[CPU_ATT_MAXQ];
     const uint32_t nq = a->n_tok * a->n_head, max_keys = a->n_keys0 + a->n_tok - 1;
-    /* one pass of <= 4 queries over each block of a k_cols view whose blocks hold whole key
-     * blocks (the default, BACKEND_KV_BLOCK = KB): scores from the view in place */
-    const bool in_place = nq <= 4 && kv->k_cols && kv->block_tokens % KB == 0;
+    const bool in_place = cpu_att_in_place(kv, nq);
     for (uint32_t i = 0; i < nq; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
