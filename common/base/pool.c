@@ -26,13 +26,19 @@ struct job {
     _Atomic uint32_t n, grain;
 };
 
+/* A thread's share of a loop: the next item of its own contiguous range, on a line of its own.
+ * (gen & 0xffffffff) << 32 | item, so a claim made for an older loop fails. */
+struct cursor {
+    _Alignas(64) _Atomic uint64_t next;
+};
+
 struct pool {
     uint32_t n_threads, started;
     pthread_t *th;
     struct worker *w;
+    struct cursor *cur; /* n_threads of them */
     struct job jobs[2];
     _Atomic uint64_t gen;  /* loops started */
-    _Atomic uint64_t cur;  /* (gen & 0xffffffff) << 32 | next item of that loop */
     _Atomic uint32_t done; /* items finished in the current loop */
     _Atomic uint32_t sleeping;
     _Atomic bool stop;
@@ -47,7 +53,21 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-/* work claims chunks of loop g until none is left or another loop has started. */
+/* range: thread t's share of a loop of n items in chunks of grain, [*lo, *hi): whole chunks, in
+ * thread order, so each thread's items are consecutive (a matmul thread's rows follow each other,
+ * and its prefetch past one item runs into the next). */
+static void range(uint32_t n, uint32_t grain, uint32_t t, uint32_t threads, uint32_t *lo,
+                  uint32_t *hi)
+{
+    const uint64_t chunks = (n + (uint64_t)grain - 1) / grain;
+    const uint64_t c0 = chunks * t / threads, c1 = chunks * (t + 1) / threads;
+    *lo = (uint32_t)(c0 * grain < n ? c0 * grain : n);
+    *hi = (uint32_t)(c1 * grain < n ? c1 * grain : n);
+}
+
+/* work claims chunks of loop g, first from the calling thread's own range, then from the others'
+ * (a thread that got a core to itself does the share of one that did not), until none is left
+ * or another loop has started. */
 static void work(struct pool *p, uint64_t g, uint32_t thread)
 {
     struct job *j = &p->jobs[g & 1];
@@ -55,16 +75,22 @@ static void work(struct pool *p, uint64_t g, uint32_t thread)
     void *ctx = atomic_load(&j->ctx);
     const uint32_t n = atomic_load(&j->n), grain = atomic_load(&j->grain);
     const uint64_t tag = (g & 0xffffffffu) << 32;
-    uint64_t v = atomic_load(&p->cur);
-    for (;;) {
-        if ((v & ~(uint64_t)0xffffffffu) != tag) return;
-        const uint32_t lo = (uint32_t)v;
-        if (lo >= n) return;
-        const uint32_t hi = n - lo < grain ? n : lo + grain;
-        if (!atomic_compare_exchange_weak(&p->cur, &v, tag | hi)) continue;
-        fn(ctx, lo, hi, thread);
-        atomic_fetch_add(&p->done, hi - lo);
-        v = atomic_load(&p->cur);
+    for (uint32_t k = 0; k < p->n_threads; k++) {
+        const uint32_t owner = (thread + k) % p->n_threads;
+        uint32_t start, end;
+        range(n, grain, owner, p->n_threads, &start, &end);
+        _Atomic uint64_t *c = &p->cur[owner].next;
+        uint64_t v = atomic_load(c);
+        for (;;) {
+            if ((v & ~(uint64_t)0xffffffffu) != tag) return;
+            const uint32_t lo = (uint32_t)v;
+            if (lo >= end) break;
+            const uint32_t hi = end - lo < grain ? end : lo + grain;
+            if (!atomic_compare_exchange_weak(c, &v, tag | hi)) continue;
+            fn(ctx, lo, hi, thread);
+            atomic_fetch_add(&p->done, hi - lo);
+            v = atomic_load(c);
+        }
     }
 }
 
@@ -102,7 +128,8 @@ int pool_start(uint32_t n_threads, struct pool **out)
     pthread_cond_init(&p->cv, NULL);
     p->th = calloc(p->n_threads, sizeof *p->th);
     p->w = calloc(p->n_threads, sizeof *p->w);
-    if (!p->th || !p->w) {
+    p->cur = aligned_alloc(64, p->n_threads * sizeof *p->cur);
+    if (!p->th || !p->w || !p->cur) {
         rv = strata_errf(STRATA_ENOMEM, "out of memory for %u threads", p->n_threads);
         goto fail;
     }
@@ -138,6 +165,7 @@ void pool_close(struct pool *p)
     pthread_cond_destroy(&p->cv);
     free(p->th);
     free(p->w);
+    free(p->cur);
     free(p);
 }
 
@@ -160,7 +188,11 @@ void pool_for(struct pool *p, uint32_t n, uint32_t grain, pool_fn fn, void *ctx)
     atomic_store(&j->n, n);
     atomic_store(&j->grain, grain);
     atomic_store(&p->done, 0);
-    atomic_store(&p->cur, (g & 0xffffffffu) << 32);
+    for (uint32_t t = 0; t < p->n_threads; t++) {
+        uint32_t lo, hi;
+        range(n, grain, t, p->n_threads, &lo, &hi);
+        atomic_store(&p->cur[t].next, (g & 0xffffffffu) << 32 | lo);
+    }
     atomic_store(&p->gen, g);
     if (atomic_load(&p->sleeping)) {
         pthread_mutex_lock(&p->mu);

@@ -1,9 +1,13 @@
 /* pool — a fixed set of compute threads that run one parallel loop at a time (the forward pass's
  * matmuls, attention heads, expert rows).
  *
- * pool_for(n items) hands out chunks of `grain` consecutive items through one atomic counter, so
- * a thread that got a core to itself takes more chunks than one sharing its core; items must be
- * independent (distinct output rows), which is what keeps results independent of the split.
+ * pool_for(n items) gives each thread a contiguous share of the items, which it claims a chunk of
+ * `grain` at a time through a counter of its own; a thread done with its share takes chunks of
+ * the others', so a thread that got a core to itself does more than one sharing its core. Each
+ * thread walks consecutive items: a matmul thread streams one run of rows, its prefetch running
+ * on from one chunk into the next (chunks handed out in turn through one counter left each
+ * thread every other chunk: a 1024-row product, 2 threads, Zen 4, 47 us against 22). Items must
+ * be independent (distinct output rows), which is what keeps results independent of the split.
  * The calling thread works too. Between loops workers spin for POOL_SPIN_US, then sleep on a
  * condition variable: back-to-back loops of a forward pass start in microseconds, an idle pool
  * costs nothing. Nothing is allocated after pool_start.

@@ -1,5 +1,6 @@
 /* pool_test — every item of every loop runs exactly once, on up to n_threads threads, across many
- * back-to-back loops (workers spinning) and after idle gaps (workers asleep). */
+ * back-to-back loops (workers spinning) and after idle gaps (workers asleep); each thread starts
+ * on its own contiguous share. */
 #include "common/base/pool.h"
 #include "tests/testutil.h"
 
@@ -65,6 +66,45 @@ START_TEST(workers_share_the_items)
 }
 END_TEST
 
+struct firsts {
+    _Atomic uint32_t first[3]; /* each thread's first item, + 1 (0: none yet) */
+};
+
+static void note_first(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
+{
+    struct firsts *f = ctx;
+    ck_assert_uint_lt(thread, 3);
+    uint32_t none = 0;
+    if (!atomic_compare_exchange_strong(&f->first[thread], &none, lo + 1)) return;
+    /* Each thread holds its first item until all three have claimed one (or 10 s have gone by,
+     * so a broken pool fails the assertions rather than hangs): whatever the scheduler does,
+     * no thread can have run out of its own share and taken another's first. */
+    for (int i = 0; i < 10000; i++) {
+        if (atomic_load(&f->first[0]) && atomic_load(&f->first[1]) && atomic_load(&f->first[2]))
+            break;
+        usleep(1000);
+    }
+    (void)hi;
+}
+
+START_TEST(each_thread_starts_its_own_range)
+{
+    /* 3 threads, 96 items: the caller starts at item 0, the workers at 32 and 64, so each walks
+     * consecutive items (a matmul thread's rows, its prefetch running on into the next). */
+    struct pool *p;
+    ck_assert_int_eq(pool_start(3, &p), 0);
+    for (int rep = 0; rep < 20; rep++) {
+        struct firsts f = {{0, 0, 0}};
+        pool_for(p, 96, 1, note_first, &f);
+        ck_assert_uint_eq(f.first[0], 1);
+        ck_assert_uint_eq(f.first[1], 33);
+        ck_assert_uint_eq(f.first[2], 65);
+        if (rep % 4 == 3) usleep(20000); /* and after the workers have gone to sleep */
+    }
+    pool_close(p);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("pool");
@@ -72,6 +112,7 @@ int main(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, every_item_once);
     tcase_add_test(tc, workers_share_the_items);
+    tcase_add_test(tc, each_thread_starts_its_own_range);
     suite_add_tcase(s, tc);
     return test_run(s);
 }
