@@ -516,7 +516,7 @@ static int wrap(struct parser *ps, struct vec *seq, uint32_t from, uint32_t *ite
 /* repeat_rule makes `R ::= item R | ` (star) or `R ::= item next | ` (one optional more). */
 static int repeat_rule(struct parser *ps, uint32_t item, bool star, uint32_t next, uint32_t *out)
 {
-    uint32_t r;
+    uint32_t r = 0;
     int rv = add_rule(ps, star ? "star" : "opt", star ? 4 : 3, &r);
     if (rv) return rv;
     ps->rules[r].defined = true;

@@ -613,7 +613,7 @@ int grammar_from_schemas(const json_t *const *schemas, const char *const *names,
     struct sbuf out = {0};
     int rv = 0;
     for (size_t i = 0; i < n && rv == 0; i++) {
-        unsigned root;
+        unsigned root = 0;
         g.root = schemas[i];
         g.depth = 0;
         /* a $ref is local to its schema: the next one starts a table of its own */
