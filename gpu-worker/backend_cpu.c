@@ -755,7 +755,7 @@ static int swiglu_ffn(struct fwd *f, uint32_t n, const struct model_mat *gate,
     if (gate_inp) f->tasks[2] = task(f, gate_inp, gate_inp->data, as, n, f->shg, 1);
     run_tasks(f, gate_inp ? 3 : 2);
     for (uint32_t t = 0; t < n; t++)
-        ops_swiglu(f->g + t * F, f->g + t * F, f->u + t * F, F);
+        cpu_swiglu(f->g + t * F, f->g + t * F, f->u + t * F, F);
     if ((rv = matmul(f, down, f->g, F, n, f->y, E))) return rv;
     for (uint32_t t = 0; t < n; t++) {
         const float s = gate_inp ? 1.0f / (1.0f + expf(-f->shg[t])) : 1.0f;

@@ -167,6 +167,63 @@ int cpu_vexp2_ok(void)
     return g_vexp2_ok;
 }
 
+/* vexp_fn: the vector expf of the ISA in use where it is libm's, else NULL. */
+typedef void (*vexp_fn)(const float *x, float *y, uint32_t n);
+
+static vexp_fn vexp_in_use(void)
+{
+    switch (cpu_isa()) {
+    case CPU_AVX512:
+        return cpu_vexp_ok() ? cpu_expf_avx512 : NULL;
+    case CPU_AVX2:
+        return cpu_vexp2_ok() ? cpu_expf_avx2 : NULL;
+    default:
+        return NULL;
+    }
+}
+
+#define GLU_CHUNK 256 /* elements whose exponentials are taken at once */
+
+void cpu_swiglu(float *out, const float *gate, const float *up, uint32_t n)
+{
+    const vexp_fn vexp = vexp_in_use();
+    if (!vexp) {
+        ops_swiglu(out, gate, up, n);
+        return;
+    }
+    float e[GLU_CHUNK];
+    for (uint32_t i0 = 0; i0 < n; i0 += GLU_CHUNK) {
+        const uint32_t m = n - i0 < GLU_CHUNK ? n - i0 : GLU_CHUNK;
+        for (uint32_t i = 0; i < m; i++)
+            e[i] = -gate[i0 + i];
+        vexp(e, e, m);
+        /* ops_silu(g) * u: g / (1 + expf(-g)) * u */
+        for (uint32_t i = 0; i < m; i++)
+            out[i0 + i] = gate[i0 + i] / (1.0f + e[i]) * up[i0 + i];
+    }
+}
+
+void cpu_swiglu_oai(float *out, const float *gate, const float *up, uint32_t n, float alpha,
+                    float limit)
+{
+    const vexp_fn vexp = vexp_in_use();
+    if (!vexp) {
+        ops_swiglu_oai(out, gate, up, n, alpha, limit);
+        return;
+    }
+    float e[GLU_CHUNK];
+    for (uint32_t i0 = 0; i0 < n; i0 += GLU_CHUNK) {
+        const uint32_t m = n - i0 < GLU_CHUNK ? n - i0 : GLU_CHUNK;
+        for (uint32_t i = 0; i < m; i++)
+            e[i] = alpha * -fminf(gate[i0 + i], limit);
+        vexp(e, e, m);
+        for (uint32_t i = 0; i < m; i++) {
+            const float g = fminf(gate[i0 + i], limit), u = fmaxf(fminf(up[i0 + i], limit), -limit);
+            out[i0 + i] = g / (1.0f + e[i]) * (u + 1.0f);
+        }
+    }
+}
+
 int cpu_quantize_acts(uint32_t wtype, const float *x, size_t x_stride, uint32_t n_in,
                       uint32_t n_tok, void *dst, size_t act_stride)
 {

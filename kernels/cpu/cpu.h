@@ -60,6 +60,13 @@ float cpu_qdot(uint32_t wtype, int64_t n, const void *w_row, const void *act);
 /* cpu_rmsnorm is ops_rmsnorm. */
 void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 
+/* cpu_swiglu is ops_swiglu and cpu_swiglu_oai ops_swiglu_oai (same bits; out may alias gate or
+ * up): expf from the vector copy of glibc's where it matches this libm (attention's), the rest
+ * the reference's expression per element. */
+void cpu_swiglu(float *out, const float *gate, const float *up, uint32_t n);
+void cpu_swiglu_oai(float *out, const float *gate, const float *up, uint32_t n, float alpha,
+                    float limit);
+
 /* cpu_rope is ops_rope: the angles of position pos are computed once for all heads. */
 void cpu_rope(float *x, uint32_t n_head, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
               float theta, bool neox);

@@ -467,6 +467,51 @@ START_TEST(vector_expf_equals_libm)
 }
 END_TEST
 
+/* SwiGLU (both forms) on every ISA: gaussians of several widths, the range where expf leaves its
+ * main path (|x| >= 88), +-inf, NaN, +-0, the clamp's edges; in place as the forward pass runs
+ * it (out aliasing gate), lengths across the chunk boundary. */
+START_TEST(swiglu_equals_reference)
+{
+    enum cpu_isa isa[2];
+    const int n_isa = isas(isa);
+    enum { N = 700 };
+    static float g[N], u[N], want[N], got[N];
+    const float special[] = {INFINITY, -INFINITY, NAN,     0.0f, -0.0f, 88.0f,  -88.0f, 88.8f,
+                             -104.0f,  120.0f,    -120.0f, 7.0f, -7.0f, 6.999f, 1e-30f, -1e-30f};
+    static const uint32_t lens[] = {1, 15, 256, 257, N};
+    for (int form = 0; form < 2; form++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+            const uint32_t n = lens[l];
+            for (uint32_t i = 0; i < n; i++) {
+                const float sc = i % 3 == 0 ? 1.0f : i % 3 == 1 ? 8.0f : 60.0f;
+                g[i] = i % 5 == 4 ? special[(i / 5) % 16] : gauss() * sc;
+                u[i] = i % 7 == 6 ? special[(i / 7 + 3) % 16] : gauss() * sc;
+            }
+            if (form)
+                ops_swiglu_oai(want, g, u, n, 1.702f, 7.0f);
+            else
+                ops_swiglu(want, g, u, n);
+            for (int k = 0; k < n_isa; k++) {
+                ck_assert_int_eq(cpu_isa_set(isa[k]), 0);
+                memcpy(got, g, n * sizeof *g);
+                if (form)
+                    cpu_swiglu_oai(got, got, u, n, 1.702f, 7.0f);
+                else
+                    cpu_swiglu(got, got, u, n);
+                uint32_t bad = n;
+                for (uint32_t i = 0; i < n && bad == n; i++)
+                    if (memcmp(&got[i], &want[i], 4) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                        bad = i;
+                ck_assert_msg(bad == n,
+                              "%s swiglu%s of %u: element %u (gate %a, up %a) %a, "
+                              "reference %a",
+                              cpu_isa_name(isa[k]), form ? "_oai" : "", n, bad % n, g[bad % n],
+                              u[bad % n], got[bad % n], want[bad % n]);
+            }
+        }
+}
+END_TEST
+
 START_TEST(isa_choice)
 {
     /* the reference is always there; an ISA the CPU lacks is refused by name */
@@ -488,6 +533,7 @@ int main(void)
     tcase_add_test(tc, attention_mla_rows_equal_reference);
     tcase_add_test(tc, rope_and_norm_equal_reference);
     tcase_add_test(tc, quantize_acts_equal_reference);
+    tcase_add_test(tc, swiglu_equals_reference);
     tcase_add_loop_test(tc, vector_expf_equals_libm, 0, 2);
     tcase_add_test(tc, isa_choice);
     suite_add_tcase(s, tc);

@@ -133,9 +133,9 @@ static void glu_rows(void *ctx, uint32_t lo, uint32_t hi, uint32_t thread)
             }
         }
         if (pt->glu_oai)
-            ops_swiglu_oai(g, g, u, F, pt->alpha, pt->limit);
+            cpu_swiglu_oai(g, g, u, F, pt->alpha, pt->limit);
         else
-            ops_swiglu(g, g, u, F);
+            cpu_swiglu(g, g, u, F);
     }
     int rv = cpu_quantize_acts(j->parts->down.type, w->g + (size_t)lo * F, F, F, hi - lo,
                                w->hacts + lo * w->act_stride, w->act_stride);
