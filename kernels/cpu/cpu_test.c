@@ -165,6 +165,11 @@ START_TEST(matmul_equals_reference)
         /* 9..16 tokens go in two passes over chunks of 64 rows: ranges across chunk edges */
         check_matmul(t, 150, k ? 256 : 64, 9, 3, 147, raw);
         check_matmul(t, 150, k ? 256 : 64, 16, 61, 150, raw);
+        /* the types whose direct path takes every count: passes of 7, 7 and 7 / 6 + 6 + 6 + 7
+         * tokens over those chunks, and a prompt past the token tile */
+        check_matmul(t, 150, k ? 256 : 64, 21, 3, 147, raw);
+        check_matmul(t, 150, k ? 256 : 64, 25, 61, 150, raw);
+        check_matmul(t, 70, n_in, 67, 1, 69, raw);
         check_matmul(t, 40, k ? 2560 : 1056, 1, 0, 40, raw); /* longer rows, 5 groups */
     }
     if (t == QT_F32) /* float rows of any length, one token (4 row groups a pass) or more */
