@@ -190,7 +190,9 @@ START_TEST(attention_equals_reference)
     const int n_simd = isas(isa);
     isa[n_simd] = CPU_REF; /* the fp16 view's widening; the float view's reference is `want` */
     static const uint32_t dims[][2] = {{64, 64}, {72, 40}, {13, 21}, {128, 128}};
-    static const uint32_t keys[] = {1, 7, 32, 33, 70};
+    /* 130: a decode step's in-place blocks prefetch CPU_ATT_AHEAD blocks ahead for the first
+     * ones (cpu_att_ahead), the rest the next block at once */
+    static const uint32_t keys[] = {1, 7, 32, 33, 70, 130};
     /* floats: K then V of 2 heads; room for blocks of up to 32 positions */
     const uint32_t bt = 16, bt_max = 32, n_blocks = 8, row = 2 * 160;
     float *blocks[8], *wtab[8];

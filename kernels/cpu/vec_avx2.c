@@ -296,14 +296,20 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
  * summing its keys' dims in order); ng the lane vectors the longer of the two needs. */
 static inline __attribute__((always_inline)) void
 scores2_from(const float *const *q, const float (*kt)[KB], const void *krow, uint32_t bt,
-             uint32_t head_dim, uint32_t ng, float scale, float *const *s, bool cols, bool h16)
+             uint32_t head_dim, uint32_t ng, float scale, float *const *s, bool cols, bool h16,
+             bool pf, const char *pk)
 {
+    const size_t pstep = (size_t)bt * (h16 ? 2 : 4);
     __m256 a[2][4];
     _Pragma("GCC unroll 4")
     for (uint32_t u = 0; u < 4; u++)
         a[0][u] = a[1][u] = _mm256_setzero_ps();
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m256 x0 = _mm256_set1_ps(q[0][d]), x1 = _mm256_set1_ps(q[1][d]);
+        if (pf) { /* cpu_att_ahead's block: its column row d */
+            _mm_prefetch(pk + d * pstep, _MM_HINT_T1);
+            if (!h16) _mm_prefetch(pk + d * pstep + 64, _MM_HINT_T1);
+        }
         _Pragma("GCC unroll 4")
         for (uint32_t u = 0; u < 4; u++)
             if (u < ng) {
@@ -327,13 +333,20 @@ scores2_from(const float *const *q, const float (*kt)[KB], const void *krow, uin
 static inline __attribute__((always_inline)) void
 scores_from(const float *const *qp, uint32_t na, const uint32_t *nbq, const float (*kt)[KB],
             const void *krow, uint32_t bt, uint32_t head_dim, float scale, float (*pb)[KB],
-            bool cols, bool h16)
+            bool cols, bool h16, bool pf, const char *pk)
 {
     uint32_t q = 0;
+    if (pf && na >= 2) { /* the first pair prefetches cpu_att_ahead's block */
+        const uint32_t nb = nbq[0] > nbq[1] ? nbq[0] : nbq[1];
+        float *const sp[2] = {pb[0], pb[1]};
+        scores2_from(qp, kt, krow, bt, head_dim, (nb + 7) / 8, scale, sp, cols, h16, true, pk);
+        q = 2;
+    }
     for (; q + 2 <= na; q += 2) {
         const uint32_t nb = nbq[q] > nbq[q + 1] ? nbq[q] : nbq[q + 1];
         float *const sp[2] = {pb[q], pb[q + 1]};
-        scores2_from(qp + q, kt, krow, bt, head_dim, (nb + 7) / 8, scale, sp, cols, h16);
+        scores2_from(qp + q, kt, krow, bt, head_dim, (nb + 7) / 8, scale, sp, cols, h16, false,
+                     NULL);
     }
     if (q < na)
         scores_block_from(qp[q], kt, krow, bt, head_dim, (nbq[q] + 7) / 8, scale, pb[q], cols, h16);
@@ -344,11 +357,22 @@ static void scores(const float *const *qp, uint32_t na, const uint32_t *nbq, con
                    bool cols, bool h16)
 {
     if (!cols)
-        scores_from(qp, na, nbq, kt, NULL, 0, head_dim, scale, pb, false, false);
+        scores_from(qp, na, nbq, kt, NULL, 0, head_dim, scale, pb, false, false, false, NULL);
     else if (h16)
-        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, true);
+        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, true, false, NULL);
     else
-        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, false);
+        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, false, false, NULL);
+}
+
+/* scores_pf: scores of a k_cols view's block in place, prefetching cpu_att_ahead's block (pk). */
+static void scores_pf(const float *const *qp, uint32_t na, const uint32_t *nbq, const void *krow,
+                      uint32_t bt, uint32_t head_dim, float scale, float (*pb)[KB], bool h16,
+                      const char *pk)
+{
+    if (h16)
+        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, true, true, pk);
+    else
+        scores_from(qp, na, nbq, NULL, krow, bt, head_dim, scale, pb, true, false, true, pk);
 }
 
 /* values2: values_rows for two queries of one block at once where head_dim_v is a multiple of
@@ -356,8 +380,10 @@ static void scores(const float *const *qp, uint32_t na, const uint32_t *nbq, con
  * key order; a query with fewer keys than the other finishes its own after the common ones. */
 static inline __attribute__((always_inline)) void
 values2_rows(float *const *o, const float *c, const float *const *p, const void *const *vrow,
-             const uint32_t *nb, uint32_t head_dim_v, bool h16)
+             const uint32_t *nb, uint32_t head_dim_v, bool h16, bool pf, const char *pv,
+             size_t pv_step)
 {
+    const uint32_t vbytes = head_dim_v * (h16 ? 2 : 4);
     const uint32_t n = nb[0] < nb[1] ? nb[0] : nb[1];
     for (uint32_t d = 0; d < head_dim_v; d += 32) {
         __m256 acc[2][4];
@@ -369,6 +395,9 @@ values2_rows(float *const *o, const float *c, const float *const *p, const void 
                 acc[i][u] = _mm256_mul_ps(_mm256_loadu_ps(o[i] + d + 8 * u), cv);
         }
         for (uint32_t j = 0; j < n; j++) {
+            if (pf && d == 0) /* cpu_att_ahead's block: key j's V row */
+                for (uint32_t b = 0; b < vbytes; b += 64)
+                    _mm_prefetch(pv + j * pv_step + b, _MM_HINT_T1);
             __m256 v[4];
             _Pragma("GCC unroll 4")
             for (int u = 0; u < 4; u++)
@@ -400,9 +429,20 @@ static void values2(float *const *o, const float *c, const float *const *p, cons
                     const uint32_t *nb, uint32_t head_dim_v, bool h16)
 {
     if (h16)
-        values2_rows(o, c, p, vrow, nb, head_dim_v, true);
+        values2_rows(o, c, p, vrow, nb, head_dim_v, true, false, NULL, 0);
     else
-        values2_rows(o, c, p, vrow, nb, head_dim_v, false);
+        values2_rows(o, c, p, vrow, nb, head_dim_v, false, false, NULL, 0);
+}
+
+/* values2_pf: values2, prefetching cpu_att_ahead's block's V rows (pv, pv_step bytes apart). */
+static void values2_pf(float *const *o, const float *c, const float *const *p,
+                       const void *const *vrow, const uint32_t *nb, uint32_t head_dim_v, bool h16,
+                       const char *pv, size_t pv_step)
+{
+    if (h16)
+        values2_rows(o, c, p, vrow, nb, head_dim_v, true, true, pv, pv_step);
+    else
+        values2_rows(o, c, p, vrow, nb, head_dim_v, false, true, pv, pv_step);
 }
 
 static void values_block(float *o, float c, const float *p, const void *const *vrow, uint32_t nb,
@@ -456,7 +496,10 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
     for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
-        cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
+        const char *pk = NULL, *pv = NULL;
+        size_t pv_step = 0;
+        const bool spread = cpu_att_ahead(kv, j0, max_keys, in_place, &pk, &pv, &pv_step);
+        if (!spread) cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         if (!in_place) transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* the queries with keys in the block; their scores two at a time; each one's weights
          * (ops_attention's online softmax, step for step); the sums four queries side by side
@@ -475,8 +518,11 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
             qp[q] = a->q + t * a->q_tok + h * a->q_head;
             op[q] = a->out + t * a->out_tok + h * a->out_head;
         }
-        scores(qp, na, nbq, (const float(*)[KB])kt, krow[0], kv->block_tokens, head_dim, scale, pb,
-               in_place, h16);
+        if (spread && na >= 2)
+            scores_pf(qp, na, nbq, krow[0], kv->block_tokens, head_dim, scale, pb, h16, pk);
+        else
+            scores(qp, na, nbq, (const float(*)[KB])kt, krow[0], kv->block_tokens, head_dim, scale,
+                   pb, in_place, h16);
         uint32_t q;
         for (q = 0; q < na; q++) {
             const uint32_t i = iq[q], lo = cpu_att_lo(a, i / a->n_head), nb = nbq[q];
@@ -502,7 +548,10 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         if (head_dim_v % 32 == 0)
             for (; q + 2 <= na; q += 2) {
                 const float *const pq[2] = {pb[q], pb[q + 1]};
-                values2(op + q, cq + q, pq, vrow, nbq + q, head_dim_v, h16);
+                if (spread && q == 0)
+                    values2_pf(op + q, cq + q, pq, vrow, nbq + q, head_dim_v, h16, pv, pv_step);
+                else
+                    values2(op + q, cq + q, pq, vrow, nbq + q, head_dim_v, h16);
             }
         for (; q < na; q++)
             values_block(op[q], cq[q], pb[q], vrow, nbq[q], head_dim_v, h16);

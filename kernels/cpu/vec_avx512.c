@@ -133,8 +133,10 @@ kcol16(const float (*kt)[KB], const void *krow, uint32_t bt, uint32_t d, int u, 
  * by side, each lane summing its key's dims in index order (a missing query repeats q[0]). */
 static inline __attribute__((always_inline)) void
 scores4_from(const float *const *q, const float (*kt)[KB], const void *krow, uint32_t bt,
-             uint32_t head_dim, float scale, float *const *s, bool cols, bool h16)
+             uint32_t head_dim, float scale, float *const *s, bool cols, bool h16, bool pf,
+             const char *pk)
 {
+    const size_t pstep = (size_t)bt * (h16 ? 2 : 4);
     __m512 a[4][2];
     _Pragma("GCC unroll 4")
     for (int i = 0; i < 4; i++)
@@ -142,6 +144,10 @@ scores4_from(const float *const *q, const float (*kt)[KB], const void *krow, uin
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m512 k0 = kcol16(kt, krow, bt, d, 0, cols, h16),
                      k1 = kcol16(kt, krow, bt, d, 1, cols, h16);
+        if (pf) {
+            _mm_prefetch(pk + d * pstep, _MM_HINT_T1);
+            if (!h16) _mm_prefetch(pk + d * pstep + 64, _MM_HINT_T1);
+        }
         _Pragma("GCC unroll 4")
         for (int i = 0; i < 4; i++) {
             const __m512 x = _mm512_set1_ps(q[i][d]);
@@ -160,7 +166,7 @@ scores4_from(const float *const *q, const float (*kt)[KB], const void *krow, uin
 static void scores4(const float *const *q, const float (*kt)[KB], uint32_t head_dim, float scale,
                     float *const *s)
 {
-    scores4_from(q, kt, NULL, 0, head_dim, scale, s, false, false);
+    scores4_from(q, kt, NULL, 0, head_dim, scale, s, false, false, false, NULL);
 }
 
 /* scores4_cols: scores4 from a k_cols view's block in place: a decode step makes one pass of
@@ -171,9 +177,18 @@ static void scores4_cols(const float *const *q, const void *krow, uint32_t bt, u
                          float scale, float *const *s, bool h16)
 {
     if (h16)
-        scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, true);
+        scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, true, false, NULL);
     else
-        scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, false);
+        scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, false, false, NULL);
+}
+
+static void scores4_cols_pf(const float *const *q, const void *krow, uint32_t bt, uint32_t head_dim,
+                            float scale, float *const *s, bool h16, const char *pk)
+{
+    if (h16)
+        scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, true, true, pk);
+    else
+        scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, false, true, pk);
 }
 
 /* values_block: o = o * c, then o = fma(p_j, v_j, o) for j < nb in order. */
@@ -219,8 +234,10 @@ static inline __attribute__((always_inline)) void values_rows(float *o, float c,
  * fewer keys than the others finishes its own after the common ones. */
 static inline __attribute__((always_inline)) void
 values4_rows(float *const *o, const float *c, float *const *p, const void *const *vrow,
-             const uint32_t *nb, uint32_t head_dim_v, bool h16)
+             const uint32_t *nb, uint32_t head_dim_v, bool h16, bool pf, const char *pv,
+             size_t pv_step)
 {
+    const uint32_t vbytes = head_dim_v * (h16 ? 2 : 4);
     uint32_t n = nb[0];
     _Pragma("GCC unroll 4")
     for (int i = 1; i < 4; i++)
@@ -235,6 +252,9 @@ values4_rows(float *const *o, const float *c, float *const *p, const void *const
                 acc[i][u] = _mm512_mul_ps(_mm512_loadu_ps(o[i] + d + 16 * u), cv);
         }
         for (uint32_t j = 0; j < n; j++) {
+            if (pf && d == 0)
+                for (uint32_t o2 = 0; o2 < vbytes; o2 += 64)
+                    _mm_prefetch(pv + j * pv_step + o2, _MM_HINT_T1);
             __m512 v[4];
             _Pragma("GCC unroll 4")
             for (int u = 0; u < 4; u++)
@@ -264,9 +284,19 @@ static void values4(float *const *o, const float *c, float *const *p, const void
                     const uint32_t *nb, uint32_t head_dim_v, bool h16)
 {
     if (h16)
-        values4_rows(o, c, p, vrow, nb, head_dim_v, true);
+        values4_rows(o, c, p, vrow, nb, head_dim_v, true, false, NULL, 0);
     else
-        values4_rows(o, c, p, vrow, nb, head_dim_v, false);
+        values4_rows(o, c, p, vrow, nb, head_dim_v, false, false, NULL, 0);
+}
+
+static void values4_pf(float *const *o, const float *c, float *const *p, const void *const *vrow,
+                       const uint32_t *nb, uint32_t head_dim_v, bool h16, const char *pv,
+                       size_t pv_step)
+{
+    if (h16)
+        values4_rows(o, c, p, vrow, nb, head_dim_v, true, true, pv, pv_step);
+    else
+        values4_rows(o, c, p, vrow, nb, head_dim_v, false, true, pv, pv_step);
 }
 
 static void values_block(float *o, float c, const float *p, const void *const *vrow, uint32_t nb,
@@ -357,7 +387,7 @@ static inline float block_max(const float *s, uint32_t nb)
  * adds them) overlap, then each query's values. */
 static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *const *l,
                           float (*s)[KB], const uint32_t *nb, const void *const *vrow, bool h16,
-                          uint32_t head_dim_v, int vexp)
+                          uint32_t head_dim_v, int vexp, const char *pv, size_t pv_step)
 {
     float c[CPU_ATT_MAXQ], mn[CPU_ATT_MAXQ], sum[CPU_ATT_MAXQ];
     for (uint32_t q = 0; q < nq; q++) {
@@ -379,7 +409,10 @@ static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *
     if (head_dim_v % 64 == 0)
         for (; q + 4 <= nq; q += 4) {
             float *const pq[4] = {s[q], s[q + 1], s[q + 2], s[q + 3]};
-            values4(o + q, c + q, pq, vrow, nb + q, head_dim_v, h16);
+            if (pv)
+                values4_pf(o + q, c + q, pq, vrow, nb + q, head_dim_v, h16, pv, pv_step);
+            else
+                values4(o + q, c + q, pq, vrow, nb + q, head_dim_v, h16);
         }
     for (; q < nq; q++)
         values_block(o[q], c[q], s[q], vrow, nb[q], head_dim_v, h16);
@@ -411,7 +444,10 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
     for (uint32_t j0 = cpu_att_lo(a, 0) / KB * KB; j0 < max_keys; j0 += KB) {
         const uint32_t nbmax = max_keys - j0 < KB ? max_keys - j0 : KB;
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
-        cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
+        const char *pk = NULL, *pv = NULL;
+        size_t pv_step = 0;
+        const bool spread = cpu_att_ahead(kv, j0, max_keys, in_place, &pk, &pv, &pv_step);
+        if (!spread) cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         if (!in_place) transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* queries four at a time; each takes the block only when it has keys in it (a key at
          * or past j0, a window reaching j0 + KB): the group's tokens may differ */
@@ -430,7 +466,9 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
                 qp[k] = a->q + (x / a->n_head) * a->q_tok + (x % a->n_head) * a->q_head;
                 sp[k] = sc[k < nq4 ? na + k : CPU_ATT_MAXQ]; /* a missing query's: the spare */
             }
-            if (in_place)
+            if (spread)
+                scores4_cols_pf(qp, krow[0], kv->block_tokens, head_dim, scale, sp, h16, pk);
+            else if (in_place)
                 scores4_cols(qp, krow[0], kv->block_tokens, head_dim, scale, sp, h16);
             else
                 scores4(qp, kt, head_dim, scale, sp);
@@ -445,7 +483,7 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
                 lq[na] = &l[qi[k]];
             }
         }
-        softmax_block(na, oq, mq, lq, sc, nbq, vrow, h16, head_dim_v, vexp);
+        softmax_block(na, oq, mq, lq, sc, nbq, vrow, h16, head_dim_v, vexp, pv, pv_step);
     }
     for (uint32_t i = 0; i < nq; i++) {
         float *o = a->out + (i / a->n_head) * a->out_tok + (i % a->n_head) * a->out_head;
