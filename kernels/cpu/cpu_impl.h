@@ -102,7 +102,7 @@ static inline bool cpu_att_in_place(const struct ops_kv_view *kv, uint32_t nq)
  * line at a time, spread over the block's work (the K columns in the scores' loop over dims, the
  * V rows in the values' loop over keys), into L2. A prefetch of the whole next block at its
  * start, as prompts do, left one thread streaming the cache at 8 GB/s (fp16, 4K keys, 32 heads,
- * Zen 4: 1.03 us a block of 32 keys and 4 queries; spread, 2 blocks ahead: 0.67-0.77). */
+ * Zen 4: 1.03 us a block of 32 keys and 4 queries; spread, 2 blocks ahead: 0.72-0.77). */
 #define CPU_ATT_AHEAD 2
 
 /* cpu_att_ahead: for the in-place block at j0, where the block CPU_ATT_AHEAD further starts (its
