@@ -41,30 +41,39 @@ static inline __m128 exp4(__m128 x)
     return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
 }
 
+/* exp8v: y[0..8) = expf(x[0..8)) (y may be x). */
+static inline __attribute__((always_inline)) void exp8v(const float *x, float *y)
+{
+    const __m256 v = _mm256_loadu_ps(x);
+    const __m256 e =
+        _mm256_set_m128(exp4(_mm256_extractf128_ps(v, 1)), exp4(_mm256_castps256_ps128(v)));
+    /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
+    const __m256i top =
+        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 20), _mm256_set1_epi32(0x7ff));
+    unsigned odd = (unsigned)_mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a))));
+    /* the others from libm, from a copy of the inputs (y may be x) */
+    _Alignas(32) float in[8];
+    if (odd) _mm256_store_ps(in, v);
+    _mm256_storeu_ps(y, e);
+    while (odd) {
+        const int j = __builtin_ctz(odd);
+        y[j] = expf(in[j]);
+        odd &= odd - 1;
+    }
+}
+
 void cpu_expf_avx2(const float *x, float *y, uint32_t n)
 {
     uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 e =
-            _mm256_set_m128(exp4(_mm256_extractf128_ps(v, 1)), exp4(_mm256_castps256_ps128(v)));
-        /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
-        const __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 20),
-                                             _mm256_set1_epi32(0x7ff));
-        unsigned odd = (unsigned)_mm256_movemask_ps(
-            _mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(0x42a))));
-        /* the others from libm, from a copy of the inputs (y may be x) */
-        _Alignas(32) float in[8];
-        if (odd) _mm256_store_ps(in, v);
-        _mm256_storeu_ps(y + i, e);
-        while (odd) {
-            const int j = __builtin_ctz(odd);
-            y[i + j] = expf(in[j]);
-            odd &= odd - 1;
-        }
+    for (; i + 8 <= n; i += 8)
+        exp8v(x + i, y + i);
+    if (i < n) { /* the tail through a padded copy (each lane is its own): no scalar calls */
+        _Alignas(32) float t[8] = {0};
+        memcpy(t, x + i, (n - i) * sizeof(float));
+        exp8v(t, t);
+        memcpy(y + i, t, (n - i) * sizeof(float));
     }
-    for (; i < n; i++)
-        y[i] = expf(x[i]);
 }
 
 /* ld8: 8 floats at element d of a row of floats or, h16, of halves (converted
@@ -531,8 +540,7 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
                 s[j] = -INFINITY; /* before the window: weight 0, as ops_attention_ex's */
             const float bm = block_max(s, nb);
             const float mn = bm > m[i] ? bm : m[i];
-            cq[q] = expf(m[i] - mn); /* 0 on the first block, where m is -inf */
-            sq[q] = l[i] * cq[q];
+            cq[q] = m[i] - mn; /* its expf below: 0 on the first block, where m is -inf */
             if (vexp) {
                 for (uint32_t j = 0; j < nb; j++)
                     s[j] -= mn;
@@ -543,6 +551,13 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
             }
             m[i] = mn;
         }
+        if (vexp) /* the queries' rescales in vectors, not one libm call a query */
+            cpu_expf_avx2(cq, cq, na);
+        else
+            for (q = 0; q < na; q++)
+                cq[q] = expf(cq[q]);
+        for (q = 0; q < na; q++)
+            sq[q] = l[iq[q]] * cq[q];
         cpu_att_sums(na, sq, (const float(*)[KB])pb, nbq);
         q = 0;
         if (head_dim_v % 32 == 0)

@@ -340,30 +340,39 @@ static inline __m256 exp8(__m256 x)
     return _mm512_cvtpd_ps(_mm512_mul_pd(y, _mm512_castsi512_pd(t)));
 }
 
+/* exp16: y[0..16) = expf(x[0..16)) (y may be x). */
+static inline __attribute__((always_inline)) void exp16(const float *x, float *y)
+{
+    const __m512 v = _mm512_loadu_ps(x);
+    const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(v))),
+                                        exp8(_mm512_extractf32x8_ps(v, 1)), 1);
+    /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
+    const __m512i top =
+        _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20), _mm512_set1_epi32(0x7ff));
+    __mmask16 odd = _mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a));
+    /* the others from libm, from a copy of the inputs: y may be x (a softmax in place), and
+     * the store below overwrites them (exp8 of -inf, a masked key's score, is not 0) */
+    _Alignas(64) float in[16];
+    if (odd) _mm512_store_ps(in, v);
+    _mm512_storeu_ps(y, e);
+    while (odd) {
+        const int j = __builtin_ctz(odd);
+        y[j] = expf(in[j]);
+        odd &= odd - 1;
+    }
+}
+
 void cpu_expf_avx512(const float *x, float *y, uint32_t n)
 {
     uint32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        const __m512 e = _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(v))),
-                                            exp8(_mm512_extractf32x8_ps(v, 1)), 1);
-        /* glibc's main path takes (bits >> 20 & 0x7ff) <= 0x42a: |x| below about 88 */
-        const __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(v), 20),
-                                             _mm512_set1_epi32(0x7ff));
-        __mmask16 odd = _mm512_cmpgt_epi32_mask(top, _mm512_set1_epi32(0x42a));
-        /* the others from libm, from a copy of the inputs: y may be x (a softmax in place), and
-         * the store below overwrites them (exp8 of -inf, a masked key's score, is not 0) */
-        _Alignas(64) float in[16];
-        if (odd) _mm512_store_ps(in, v);
-        _mm512_storeu_ps(y + i, e);
-        while (odd) {
-            const int j = __builtin_ctz(odd);
-            y[i + j] = expf(in[j]);
-            odd &= odd - 1;
-        }
+    for (; i + 16 <= n; i += 16)
+        exp16(x + i, y + i);
+    if (i < n) { /* the tail through a padded copy (each lane is its own): no scalar calls */
+        _Alignas(64) float t[16] = {0};
+        memcpy(t, x + i, (n - i) * sizeof(float));
+        exp16(t, t);
+        memcpy(y + i, t, (n - i) * sizeof(float));
     }
-    for (; i < n; i++)
-        y[i] = expf(x[i]);
 }
 
 /* block_max: the largest of s[0..nb), s[j] > max ? s[j] : max from -inf as ops_attention's loop
@@ -393,8 +402,7 @@ static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *
     for (uint32_t q = 0; q < nq; q++) {
         const float bm = block_max(s[q], nb[q]);
         mn[q] = bm > *m[q] ? bm : *m[q];
-        c[q] = expf(*m[q] - mn[q]); /* 0 on the first block, where m is -inf */
-        sum[q] = *l[q] * c[q];
+        c[q] = *m[q] - mn[q]; /* its expf below: 0 on the first block, where m is -inf */
         if (vexp) {
             for (uint32_t j = 0; j < nb[q]; j++)
                 s[q][j] -= mn[q];
@@ -404,6 +412,13 @@ static void softmax_block(uint32_t nq, float *const *o, float *const *m, float *
                 s[q][j] = expf(s[q][j] - mn[q]);
         }
     }
+    if (vexp) /* the queries' rescales in vectors, not one libm call a query */
+        cpu_expf_avx512(c, c, nq);
+    else
+        for (uint32_t q = 0; q < nq; q++)
+            c[q] = expf(c[q]);
+    for (uint32_t q = 0; q < nq; q++)
+        sum[q] = *l[q] * c[q];
     cpu_att_sums(nq, sum, (const float(*)[KB])s, nb);
     uint32_t q = 0;
     if (head_dim_v % 64 == 0)
