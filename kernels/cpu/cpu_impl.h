@@ -105,14 +105,16 @@ static inline bool cpu_att_in_place(const struct ops_kv_view *kv, uint32_t nq)
  * Zen 4: 1.03 us a block of 32 keys and 4 queries; spread, 2 blocks ahead: 0.72-0.77). */
 #define CPU_ATT_AHEAD 2
 
-/* cpu_att_ahead: for the in-place block at j0, where the block CPU_ATT_AHEAD further starts (its
- * K columns at *pk, its V rows at *pv, pv_step bytes apart) when there is a whole one; false
- * otherwise (the caller prefetches the next block at once with cpu_att_prefetch). */
+/* cpu_att_ahead: for the block at j0, where the block CPU_ATT_AHEAD further starts (its K
+ * columns at *pk, its V rows at *pv, pv_step bytes apart) when there is a whole one and the
+ * kernels prefetch in their loops (`loops`: in place, and the query groups and value widths
+ * whose kernels take pk and pv); false otherwise (the caller prefetches the next block at once
+ * with cpu_att_prefetch). */
 static inline bool cpu_att_ahead(const struct ops_kv_view *kv, uint32_t j0, uint32_t n_keys,
-                                 bool in_place, const char **pk, const char **pv, size_t *pv_step)
+                                 bool loops, const char **pk, const char **pv, size_t *pv_step)
 {
     const uint32_t jn = j0 + CPU_ATT_AHEAD * OPS_ATTN_BLOCK;
-    if (!in_place || jn + OPS_ATTN_BLOCK > n_keys) return false;
+    if (!loops || jn + OPS_ATTN_BLOCK > n_keys) return false;
     const void *k, *v;
     cpu_att_rows(kv, jn, 1, &k, &v);
     *pk = k;

@@ -507,7 +507,9 @@ void cpu_attention_avx2(const struct cpu_att_q *a, uint32_t head_dim, uint32_t h
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
         const char *pk = NULL, *pv = NULL;
         size_t pv_step = 0;
-        const bool spread = cpu_att_ahead(kv, j0, max_keys, in_place, &pk, &pv, &pv_step);
+        /* in the loops when the first pair takes the block: scores_pf, values2_pf */
+        const bool spread = cpu_att_ahead(
+            kv, j0, max_keys, in_place && nq >= 2 && head_dim_v % 32 == 0, &pk, &pv, &pv_step);
         if (!spread) cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         if (!in_place) transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* the queries with keys in the block; their scores two at a time; each one's weights

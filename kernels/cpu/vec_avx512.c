@@ -461,7 +461,9 @@ void cpu_attention_avx512(const struct cpu_att_q *a, uint32_t head_dim, uint32_t
         cpu_att_rows(kv, j0, nbmax, krow, vrow);
         const char *pk = NULL, *pv = NULL;
         size_t pv_step = 0;
-        const bool spread = cpu_att_ahead(kv, j0, max_keys, in_place, &pk, &pv, &pv_step);
+        /* in the loops when one group of 4 takes the block: scores4_cols_pf, values4_pf */
+        const bool spread = cpu_att_ahead(
+            kv, j0, max_keys, in_place && nq == 4 && head_dim_v % 64 == 0, &pk, &pv, &pv_step);
         if (!spread) cpu_att_prefetch(kv, j0 + KB, max_keys, head_dim, head_dim_v);
         if (!in_place) transpose_block(kv, j0, krow, nbmax, head_dim, kt, h16);
         /* queries four at a time; each takes the block only when it has keys in it (a key at
