@@ -144,7 +144,7 @@ scores4_from(const float *const *q, const float (*kt)[KB], const void *krow, uin
     for (uint32_t d = 0; d < head_dim; d++) {
         const __m512 k0 = kcol16(kt, krow, bt, d, 0, cols, h16),
                      k1 = kcol16(kt, krow, bt, d, 1, cols, h16);
-        if (pf) {
+        if (pf) { /* cpu_att_ahead's block: its column row d */
             _mm_prefetch(pk + d * pstep, _MM_HINT_T1);
             if (!h16) _mm_prefetch(pk + d * pstep + 64, _MM_HINT_T1);
         }
@@ -182,6 +182,9 @@ static void scores4_cols(const float *const *q, const void *krow, uint32_t bt, u
         scores4_from(q, NULL, krow, bt, head_dim, scale, s, true, false, false, NULL);
 }
 
+/* scores4_cols_pf: scores4_cols, prefetching cpu_att_ahead's block's K columns (pk) a column row
+ * a dim: a variant of its own, as a runtime flag in the shared loop cost up to a fifth where the
+ * cache was in L3 */
 static void scores4_cols_pf(const float *const *q, const void *krow, uint32_t bt, uint32_t head_dim,
                             float scale, float *const *s, bool h16, const char *pk)
 {
@@ -252,7 +255,7 @@ values4_rows(float *const *o, const float *c, float *const *p, const void *const
                 acc[i][u] = _mm512_mul_ps(_mm512_loadu_ps(o[i] + d + 16 * u), cv);
         }
         for (uint32_t j = 0; j < n; j++) {
-            if (pf && d == 0)
+            if (pf && d == 0) /* cpu_att_ahead's block: key j's V row */
                 for (uint32_t o2 = 0; o2 < vbytes; o2 += 64)
                     _mm_prefetch(pv + j * pv_step + o2, _MM_HINT_T1);
             __m512 v[4];
@@ -289,6 +292,8 @@ static void values4(float *const *o, const float *c, float *const *p, const void
         values4_rows(o, c, p, vrow, nb, head_dim_v, false, false, NULL, 0);
 }
 
+/* values4_pf: values4, prefetching cpu_att_ahead's block's V rows (pv, pv_step bytes apart) a
+ * row a key */
 static void values4_pf(float *const *o, const float *c, float *const *p, const void *const *vrow,
                        const uint32_t *nb, uint32_t head_dim_v, bool h16, const char *pv,
                        size_t pv_step)
