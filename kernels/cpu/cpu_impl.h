@@ -4,6 +4,7 @@
 #ifndef STRATA_CPU_IMPL_H
 #define STRATA_CPU_IMPL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -96,6 +97,17 @@ static inline void cpu_att_sums(uint32_t nq, float *sum, const float (*p)[OPS_AT
 static inline bool cpu_att_in_place(const struct ops_kv_view *kv, uint32_t nq)
 {
     return nq <= 4 && kv->k_cols && kv->block_tokens % OPS_ATTN_BLOCK == 0;
+}
+
+/* cpu_expf_libm_lanes: the vector expfs' lanes outside glibc's main path (|x| >= 88, inf, NaN):
+ * y[j] = expf(in[j]) for each bit j of odd (in a copy of the inputs, as y may be them). */
+static inline void cpu_expf_libm_lanes(float *y, const float *in, unsigned odd)
+{
+    while (odd) {
+        const int j = __builtin_ctz(odd);
+        y[j] = expf(in[j]);
+        odd &= odd - 1;
+    }
 }
 
 /* CPU_ATT_AHEAD: blocks ahead a decode step's in-place scores and values prefetch the cache: one

@@ -56,11 +56,7 @@ static inline __attribute__((always_inline)) void exp8v(const float *x, float *y
     _Alignas(32) float in[8];
     if (odd) _mm256_store_ps(in, v);
     _mm256_storeu_ps(y, e);
-    while (odd) {
-        const int j = __builtin_ctz(odd);
-        y[j] = expf(in[j]);
-        odd &= odd - 1;
-    }
+    cpu_expf_libm_lanes(y, in, odd);
 }
 
 void cpu_expf_avx2(const float *x, float *y, uint32_t n)

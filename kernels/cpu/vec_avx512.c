@@ -360,11 +360,7 @@ static inline __attribute__((always_inline)) void exp16(const float *x, float *y
     _Alignas(64) float in[16];
     if (odd) _mm512_store_ps(in, v);
     _mm512_storeu_ps(y, e);
-    while (odd) {
-        const int j = __builtin_ctz(odd);
-        y[j] = expf(in[j]);
-        odd &= odd - 1;
-    }
+    cpu_expf_libm_lanes(y, in, odd);
 }
 
 void cpu_expf_avx512(const float *x, float *y, uint32_t n)
